@@ -1,0 +1,107 @@
+"""Validation shared by every source: each input record is kept or rejected with one reason.
+
+A source (places, tweets) turns its raw records into a *candidate frame* with the columns
+
+``source`` (input file), ``raw`` (the original record text), ``pre_reason`` (a reason the source
+itself found -- malformed JSON or CSV, a non-Point geometry -- or null), ``id``, ``lon_s``,
+``lat_s`` (coordinates as text), ``t`` (int64 epoch ms or null) and ``texts`` (array<string>:
+the text the keywords come from).
+
+:func:`validate` adds ``lon``, ``lat``, ``keywords`` and ``reason`` -- null for a kept record,
+else the first failing rule of :data:`REJECT_REASONS`, in that order -- and marks all but one
+record of each id as ``duplicate_id`` (the newest ``t`` is kept). Every record ends with exactly
+one outcome, so ``kept + rejected == read``.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from knnmon.ingest.keywords import normalize_keywords
+
+__all__ = ["REJECT_REASONS", "validate", "keywords_udf", "candidate_columns"]
+
+#: Reject reasons, in the order they are checked, with what each means.
+REJECT_REASONS: dict[str, str] = {
+    "malformed_json": "not valid JSON, not a JSON object, or a field of the wrong JSON type",
+    "malformed_csv": "a CSV row with the wrong number of fields or broken quoting",
+    "not_a_point": "a place whose geometry is not a GeoJSON Point",
+    "missing_id": "no id (GeoJSON `id`; tweet `id_str`/`id`)",
+    "missing_coordinates": "no longitude or latitude",
+    "non_numeric_coordinates": "a coordinate that is not a finite number",
+    "latitude_out_of_range": "latitude outside [-90, 90]",
+    "longitude_out_of_range": "longitude outside [-180, 180]",
+    "bad_time": "no parseable time (places: version after '@' in the id; tweets: created_at)",
+    "no_keywords": "no keyword left after normalisation",
+    "duplicate_id": "an id seen before; the record with the newest time is kept",
+}
+
+#: Columns a source must provide to :func:`validate`.
+candidate_columns = ("source", "raw", "pre_reason", "id", "lon_s", "lat_s", "t", "texts")
+
+
+def keywords_udf(stem: bool):
+    """A pandas UDF ``array<string> -> array<string>`` applying :func:`normalize_keywords`."""
+
+    @F.pandas_udf(T.ArrayType(T.StringType()))
+    def keywords(texts: pd.Series) -> pd.Series:
+        return pd.Series([normalize_keywords(x, stem=stem) if x is not None else [] for x in texts])
+
+    return keywords
+
+
+def _not_finite(c: Column) -> Column:
+    return c.isNull() | F.isnan(c) | (F.abs(c) == float("inf"))
+
+
+def validate(candidates: DataFrame, *, stem: bool = False, dedupe: bool = True) -> DataFrame:
+    """Apply the reject rules to a candidate frame.
+
+    Parameters
+    ----------
+    candidates
+        Columns :data:`candidate_columns` (see the module docstring).
+    stem
+        Stem keywords (see :func:`~knnmon.ingest.keywords.normalize_keywords`).
+    dedupe
+        Reject all but the newest record of each id as ``duplicate_id`` (costs one shuffle).
+
+    Returns
+    -------
+    DataFrame
+        ``id`` string, ``lon``/``lat`` float64 degrees, ``t`` int64 epoch ms, ``keywords``
+        array<string>, ``reason`` string (null when kept), ``source`` string, ``raw`` string
+        (null when kept, to keep the persisted frame small).
+    """
+    lon = F.expr("try_cast(lon_s as double)")
+    lat = F.expr("try_cast(lat_s as double)")
+    df = candidates.select(
+        "source", "raw", "pre_reason", "id", "lon_s", "lat_s", "t",
+        lon.alias("lon"), lat.alias("lat"), keywords_udf(stem)(F.col("texts")).alias("keywords"),
+    )
+    reason = (
+        F.when(F.col("pre_reason").isNotNull(), F.col("pre_reason"))
+        .when(F.col("id").isNull() | (F.trim("id") == ""), "missing_id")
+        .when(F.col("lon_s").isNull() | F.col("lat_s").isNull(), "missing_coordinates")
+        .when(_not_finite(F.col("lon")) | _not_finite(F.col("lat")), "non_numeric_coordinates")
+        .when((F.col("lat") < -90) | (F.col("lat") > 90), "latitude_out_of_range")
+        .when((F.col("lon") < -180) | (F.col("lon") > 180), "longitude_out_of_range")
+        .when(F.col("t").isNull(), "bad_time")
+        .when(F.size("keywords") == 0, "no_keywords")
+    )
+    df = df.withColumn("reason", reason)
+    if dedupe:
+        kept = F.col("reason").isNull()
+        order = Window.partitionBy("id", kept).orderBy(
+            F.col("t").desc(), "lon", "lat", "source", "raw"
+        )
+        df = df.withColumn(
+            "reason", F.when(kept & (F.row_number().over(order) > 1), "duplicate_id").otherwise(F.col("reason"))
+        )
+    return df.select(
+        "id", "lon", "lat", F.col("t").cast("long").alias("t"), "keywords", "reason", "source",
+        F.when(F.col("reason").isNotNull(), F.col("raw")).alias("raw"),
+    )

@@ -1,0 +1,50 @@
+"""SparkSession wiring for the ingest jobs (kept apart from the pure transforms)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+__all__ = ["spark_session", "DEFAULT_MASTER"]
+
+DEFAULT_MASTER = "local[*]"
+
+
+def spark_session(master: str = DEFAULT_MASTER, app_name: str = "knnmon-ingest", *, shuffle_partitions: int = 4,
+                  driver_memory: str = "4g"):
+    """Start (or join) a SparkSession configured for knnmon.
+
+    Parameters
+    ----------
+    master
+        Any Spark master URL (``local[*]``, ``spark://host:7077``, ``yarn``, ...).
+    shuffle_partitions
+        ``spark.sql.shuffle.partitions``; small by default because the reference machine has
+        2 cores (the data is ~1.4 M rows).
+    driver_memory
+        ``spark.driver.memory``; only takes effect when this call starts the JVM.
+
+    Notes
+    -----
+    ``PYSPARK_PYTHON`` is set to this interpreter (unless already set) so that Python UDFs run
+    with the same environment as the driver. The Spark UI is off: ingest is a batch job.
+    """
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    if master.startswith("local"):
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # a local job needs no external interface
+    from pyspark.sql import SparkSession
+
+    spark = (
+        SparkSession.builder.master(master)
+        .appName(app_name)
+        .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+        .config("spark.driver.memory", driver_memory)
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .config("spark.sql.session.timeZone", "UTC")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
