@@ -8,7 +8,8 @@ The rules, in order, applied to each input text:
 
 1. Unicode NFKC; typographic apostrophes (U+2018, U+2019, U+02BC) become ``'``.
 2. Tokenise with nltk's :class:`~nltk.tokenize.TweetTokenizer` (lower-cased, ``@handles``
-   stripped, runs of 3+ repeated characters shortened to 3).
+   stripped, runs of 3+ repeated characters shortened to 3). The tokenizer keeps the case of
+   what it takes for emoticons (``8P``), so every token is lower-cased again.
 3. Drop URL tokens (``http://``, ``https://``, ``www.``, or any token containing ``://``).
 4. Strip leading ``#`` (hashtags are kept as words: ``#Coffee`` -> ``coffee``).
 5. Drop tokens that are English stop words (NLTK's list of 181 words, as shipped in pyspark's
@@ -16,10 +17,14 @@ The rules, in order, applied to each input text:
 6. Delete apostrophes (``o'reilly's`` -> ``oreillys``); split the rest at every character that
    is neither a letter nor a digit (``auto-repair`` -> ``auto``, ``repair``; ``Food & Drink`` ->
    ``food``, ``drink``).
-7. Keep a piece only if it has at least 2 characters, at least one letter, and is not a stop
-   word (so numbers, emoji and punctuation go).
-8. Optionally stem with the Snowball (Porter2) English stemmer (``stem=True``).
-9. The result is sorted and unique.
+7. Keep a piece only if it has at least 2 characters, at least one letter (``str.isalpha``),
+   and is not a stop word (so numbers, emoji and punctuation go); lower-case it.
+8. Normalise each piece again by rules 1-7 until it maps to itself. The tokenizer splits
+   ``covid19`` into ``covid`` and ``19`` but keeps ``#covid19`` whole; with this rule both give
+   ``covid``. Every keyword is then a fixed point: ``normalize_keywords(kw) == [kw]``, so a query
+   registered with an object's keyword matches that object.
+9. Optionally stem with the Snowball (Porter2) English stemmer (``stem=True``).
+10. The result is sorted and unique.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ STOPWORDS_RESOURCE = "org/apache/spark/ml/feature/stopwords/english.txt"
 _APOSTROPHES = str.maketrans({"\u2018": "'", "\u2019": "'", "\u02bc": "'"})
 _URL = re.compile(r"^(?:https?://|www\.)|://")
 _NON_ALNUM = re.compile(r"[^\w]|_")
-_HAS_LETTER = re.compile(r"[^\W\d_]")
+_MAX_DEPTH = 4
 
 
 @functools.cache
@@ -68,9 +73,8 @@ def _stemmer():
     return SnowballStemmer("english")
 
 
-@functools.lru_cache(maxsize=1 << 18)
-def _terms(text: str, stem: bool) -> tuple[str, ...]:
-    """Keywords of one text (rules 1-8), cached: place classifiers and tags repeat a lot."""
+def _pieces(text: str) -> list[str]:
+    """Rules 1-7 on one text."""
     stops = stop_words()
     text = unicodedata.normalize("NFKC", text).translate(_APOSTROPHES)
     out: list[str] = []
@@ -80,10 +84,30 @@ def _terms(text: str, stem: bool) -> tuple[str, ...]:
         token = token.lstrip("#")
         if token in stops:
             continue
-        for piece in _NON_ALNUM.split(token.replace("'", "")):
-            if len(piece) >= 2 and piece not in stops and _HAS_LETTER.search(piece):
-                out.append(_stemmer().stem(piece) if stem else piece)
+        for piece in _NON_ALNUM.split(token.replace("'", "").lower()):
+            if len(piece) >= 2 and piece not in stops and any(c.isalpha() for c in piece):
+                out.append(piece)
+    return out
+
+
+@functools.lru_cache(maxsize=1 << 18)
+def _words(text: str, depth: int = 0) -> tuple[str, ...]:
+    """Rule 8: rules 1-7, then each piece again until it maps to itself (a fixed point)."""
+    out: list[str] = []
+    for piece in _pieces(text):
+        again = _pieces(piece)
+        if again == [piece] or depth >= _MAX_DEPTH:
+            out.append(piece)
+        else:
+            out.extend(_words(piece, depth + 1))
     return tuple(out)
+
+
+@functools.lru_cache(maxsize=1 << 18)
+def _terms(text: str, stem: bool) -> tuple[str, ...]:
+    """Keywords of one text (rules 1-9 but sorting), cached: place classifiers and tags repeat."""
+    words = _words(text)
+    return tuple(_stemmer().stem(w) for w in words) if stem else words
 
 
 def normalize_keywords(texts: str | Iterable[str | None] | None, *, stem: bool = False) -> list[str]:
@@ -108,6 +132,10 @@ def normalize_keywords(texts: str | Iterable[str | None] | None, *, stem: bool =
     ['coffee', 'great', 'oreillys']
     >>> normalize_keywords(["Food & Drink", "Coffee Shop", "coffee"])
     ['coffee', 'drink', 'food', 'shop']
+    >>> normalize_keywords("8P")  # an emoticon to nltk, a keyword here
+    ['8p']
+    >>> normalize_keywords(["#covid19", "covid19"])
+    ['covid']
     >>> normalize_keywords("running shoes", stem=True)
     ['run', 'shoe']
     """

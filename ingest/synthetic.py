@@ -121,6 +121,10 @@ def synthetic_block(spec: SyntheticSpec, block: int) -> pd.DataFrame:
     """
     first = block * BLOCK
     size = max(0, min(spec.n, first + BLOCK) - first)
+    if size == 0:
+        return pd.DataFrame({"id": pd.Series(dtype=object), "lon": pd.Series(dtype=np.float64),
+                             "lat": pd.Series(dtype=np.float64), "t": pd.Series(dtype=np.int64),
+                             "keywords": pd.Series(dtype=object)})
     rng = np.random.default_rng((spec.seed, 1, block))
     centres, cum_w, sigma = _clusters(spec)
     c = np.searchsorted(cum_w, rng.random(size))

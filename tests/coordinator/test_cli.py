@@ -1,0 +1,58 @@
+"""The ``knnmon`` command line: exit codes and messages, run as a user runs it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from knnmon.coordinator.cli import main
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "knnmon.coordinator.cli", *args], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+
+
+def test_missing_path_is_a_clear_error_before_spark(tmp_path):
+    code = ("import sys; from knnmon.coordinator.cli import main; from pyspark import SparkContext\n"
+            f"rc = main(['ingest', 'places', {str(tmp_path / 'nope.gz')!r}, '--out', {str(tmp_path / 'o')!r}])\n"
+            "print('spark started' if SparkContext._active_spark_context else 'no spark'); sys.exit(rc)")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2
+    assert "input path does not exist" in p.stderr and "nope.gz" in p.stderr
+    assert p.stdout.strip() == "no spark"
+    assert not (tmp_path / "o").exists()
+
+
+def test_unreadable_and_empty_inputs(tmp_path):
+    (tmp_path / "corrupt.geojson.gz").write_bytes(b"this is not gzip")
+    (tmp_path / "empty").mkdir()
+    p = run_cli("ingest", "places", str(tmp_path / "corrupt.geojson.gz"), "--out", str(tmp_path / "o"))
+    assert p.returncode == 2 and "cannot read input file" in p.stderr
+    p = run_cli("ingest", "tweets", str(tmp_path / "empty"), "--out", str(tmp_path / "o"))
+    assert p.returncode == 2 and "input directory has no files" in p.stderr
+
+
+def test_usage_errors():
+    p = run_cli("ingest", "places")
+    assert p.returncode == 2 and "PATH" in p.stderr
+    p = run_cli("frobnicate")
+    assert p.returncode == 2 and "invalid choice" in p.stderr
+
+
+def test_ingest_and_generate_through_the_cli(spark, shared_data, tmp_path, capsys):
+    assert main(["ingest", "places", str(shared_data / "places" / "places-us-dc.geojson.gz"),
+                 "--out", str(tmp_path / "dc"), "--grid", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "places: read" in out and "distinct keywords" in out
+    assert main(["queries", "generate", "--objects", str(tmp_path / "dc"), "--n", "50", "--kmax", "4",
+                 "--seed", "2", "--out", str(tmp_path / "q.parquet")]) == 0
+    assert pq.read_table(tmp_path / "q.parquet").num_rows == 50
+    assert main(["queries", "generate", "--objects", str(tmp_path / "dc"), "--n", "10000000", "--kmax", "4",
+                 "--out", str(tmp_path / "q2.parquet")]) == 2
+    assert "cannot seed 10000000 queries" in capsys.readouterr().err
+    assert not Path(tmp_path / "q2.parquet").exists()

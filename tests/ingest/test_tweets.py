@@ -1,0 +1,132 @@
+"""``ingest tweets`` on real tweets in both forms (CSV, API v1.1 JSON lines) plus injected bad records."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from collections import Counter
+from datetime import datetime
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from knnmon.errors import InputPathError
+from knnmon.ingest.jobs import ingest_tweets
+from knnmon.ingest.keywords import normalize_keywords
+
+N_CSV, N_JSON = 600, 600
+
+
+def created_ms(s: str) -> int:
+    return int(datetime.strptime(s, "%a %b %d %H:%M:%S %z %Y").timestamp() * 1000)
+
+
+def api_json(row: dict, extended: bool) -> dict:
+    """A tweet in Twitter API v1.1 form, as the streaming API delivered it."""
+    d = {"created_at": row["created_at"], "id": int(row["id"]), "id_str": row["id"],
+         "user": {"screen_name": row["username"]}, "truncated": extended,
+         "coordinates": {"type": "Point", "coordinates": [float(row["lng"]), float(row["lat"])]},
+         "text": row["text"][:20] + "…" if extended else row["text"]}
+    if extended:
+        d["extended_tweet"] = {"full_text": row["text"]}
+    return d
+
+
+def read_rows(path: Path, n: int) -> list[dict]:
+    with path.open(newline="", encoding="utf-8") as fh:
+        return [r for _, r in zip(range(n), csv.DictReader(fh))]
+
+
+def natural_outcome(row: dict) -> str | None:
+    """Reason a real tweet is rejected, by the documented rules (None = kept)."""
+    lon, lat = float(row["lng"]), float(row["lat"])
+    assert math.isfinite(lon) and -180 <= lon <= 180 and -90 <= lat <= 90
+    return None if normalize_keywords(row["text"]) else "no_keywords"
+
+
+BASE = {"created_at": "Sat Apr 23 18:00:00 +0000 2022", "id_str": "900", "text": "zebra crossing",
+        "coordinates": {"type": "Point", "coordinates": [-100.0, 40.0]}}
+JSON_INJECTED = [
+    ('{"created_at": "Sat Apr 23 18:00:00 +0000 2022", "id_str": ', "malformed_json"),
+    (json.dumps({**BASE, "id_str": "901", "coordinates": None, "place": {"full_type": "city"}}), "missing_coordinates"),
+    (json.dumps({**BASE, "id_str": "902", "coordinates": {"type": "Point", "coordinates": [-100.0, -91.0]}}),
+     "latitude_out_of_range"),
+    (json.dumps({**BASE, "id_str": "903", "coordinates": {"type": "Point", "coordinates": [200.0, 40.0]}}),
+     "longitude_out_of_range"),
+    (json.dumps({**BASE, "id_str": "904", "coordinates": {"type": "Point", "coordinates": ["x", "y"]}}),
+     "non_numeric_coordinates"),
+    (json.dumps({**BASE, "id_str": "905", "created_at": "yesterday"}), "bad_time"),
+    (json.dumps({**BASE, "id_str": "906", "text": "@bob 🥰 https://t.co/x"}), "no_keywords"),
+    (json.dumps({k: v for k, v in BASE.items() if k != "id_str"}), "missing_id"),
+    (json.dumps({**BASE, "created_at": "Fri Apr 22 18:00:00 +0000 2022"}), "duplicate_id"),  # older copy of 900
+]
+CSV_INJECTED = [
+    ('7001,someone,Sat Apr 23 18:00:00 +0000 2022,-100.0', "malformed_csv"),
+    ('7002,someone,Sat Apr 23 18:00:00 +0000 2022,-100.0,40.0,text,extra,fields', "malformed_csv"),
+]
+
+
+@pytest.fixture(scope="module")
+def tweets_run(spark, shared_data, tmp_path_factory):
+    src = tmp_path_factory.mktemp("tweets_in")
+    csv_rows = read_rows(shared_data / "tweets" / "geotweets01.csv", N_CSV)
+    json_rows = read_rows(shared_data / "tweets" / "geotweets02.csv", N_JSON)
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=["id", "username", "created_at", "lng", "lat", "text"], lineterminator="\n")
+    w.writeheader()
+    w.writerows(csv_rows)
+    w.writerow({"id": "7003", "username": "multi", "created_at": "Sat Apr 23 18:00:00 +0000 2022",
+                "lng": "-100.5", "lat": "40.5", "text": 'Line one, "quoted"\nline two walrus'})
+    (src / "tweets.csv").write_text(buf.getvalue() + "\n".join(r for r, _ in CSV_INJECTED) + "\n")
+    lines = [json.dumps(api_json(r, extended=i % 3 == 0)) for i, r in enumerate(json_rows)]
+    lines += [json.dumps(BASE)]
+    lines += [json.dumps({**BASE, "id_str": "908", "created_at": None, "timestamp_ms": "1650736800000"})]
+    lines += [r for r, _ in JSON_INJECTED]
+    (src / "tweets.jsonl").write_text("\n".join(lines) + "\n")
+    out = tmp_path_factory.mktemp("tweets_out")
+    manifest = ingest_tweets([str(src / "tweets.csv"), str(src / "tweets.jsonl")], str(out), grid_n=8)
+    return {"out": Path(out), "manifest": manifest, "csv_rows": csv_rows, "json_rows": json_rows}
+
+
+def test_counts_and_reasons(tweets_run):
+    expected = Counter(r for _, r in JSON_INJECTED + CSV_INJECTED)
+    for row in tweets_run["csv_rows"] + tweets_run["json_rows"]:
+        if natural_outcome(row):
+            expected[natural_outcome(row)] += 1
+    rec = tweets_run["manifest"]["records"]
+    assert rec["rejected_by_reason"] == dict(expected)
+    read = N_CSV + 1 + len(CSV_INJECTED) + N_JSON + 2 + len(JSON_INJECTED)
+    assert rec["read"] == read == rec["kept"] + rec["rejected"]
+    assert tweets_run["manifest"]["forms"] == {"json": 1, "csv": 1}
+
+
+def test_rejects_keep_the_original_record(tweets_run):
+    rejects = [json.loads(x) for f in (tweets_run["out"] / "rejects").glob("*.json") for x in f.open()]
+    by_record = {r["record"]: r["reason"] for r in rejects}
+    for record, reason in JSON_INJECTED + CSV_INJECTED:
+        assert by_record[record] == reason, record
+
+
+def test_kept_tweets_from_both_forms(tweets_run):
+    got = {o["id"]: o for o in pq.read_table(tweets_run["out"] / "objects.parquet").to_pylist()}
+    for i, row in enumerate(tweets_run["csv_rows"] + tweets_run["json_rows"]):
+        if natural_outcome(row):
+            assert row["id"] not in got
+            continue
+        o = got[row["id"]]  # ids are the exact source strings (no float rounding of 19-digit ids)
+        assert o["t"] == created_ms(row["created_at"])
+        assert (o["lon"], o["lat"]) == (float(row["lng"]), float(row["lat"]))
+        assert o["keywords"] == normalize_keywords(row["text"])  # extended_tweet.full_text, not the cut text
+    assert got["7003"]["keywords"] == ["line", "one", "quoted", "two", "walrus"]  # quoted newline in CSV
+    assert got["900"]["t"] == created_ms(BASE["created_at"])  # the newer of the duplicates
+    assert got["908"]["t"] == 1650736800000  # timestamp_ms when created_at is missing
+
+
+def test_a_file_in_neither_form_fails_before_spark(tmp_path):
+    bad = tmp_path / "x.csv"
+    bad.write_text("a,b,c\n1,2,3\n")
+    with pytest.raises(InputPathError, match="not a tweet file"):
+        ingest_tweets([str(bad)], str(tmp_path / "out"))
