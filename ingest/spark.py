@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from importlib import resources
 
 __all__ = ["spark_session", "DEFAULT_MASTER"]
 
@@ -27,7 +28,8 @@ def spark_session(master: str = DEFAULT_MASTER, app_name: str = "knnmon-ingest",
     Notes
     -----
     ``PYSPARK_PYTHON`` is set to this interpreter (unless already set) so that Python UDFs run
-    with the same environment as the driver. The Spark UI is off: ingest is a batch job.
+    with the same environment as the driver. The Spark UI and console progress bars are off
+    (ingest is a batch job) and Spark logs only errors (``knnmon/data/log4j2.properties``).
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -35,6 +37,7 @@ def spark_session(master: str = DEFAULT_MASTER, app_name: str = "knnmon-ingest",
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # a local job needs no external interface
     from pyspark.sql import SparkSession
 
+    log_config = resources.files("knnmon").joinpath("data", "log4j2.properties")
     spark = (
         SparkSession.builder.master(master)
         .appName(app_name)
@@ -44,6 +47,7 @@ def spark_session(master: str = DEFAULT_MASTER, app_name: str = "knnmon-ingest",
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{log_config}")
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
