@@ -28,3 +28,27 @@ def spark():
     yield session
     session.stop()
 
+
+
+@pytest.fixture(scope="session")
+def places_slice(spark, shared_data, tmp_path_factory) -> Path:
+    """An ingest output of real places: the first 6,000 of New Hampshire and 4,000 of Vermont."""
+    from knnmon.ingest.jobs import ingest_places
+    from knnmon.testing import head_lines
+
+    root = tmp_path_factory.mktemp("places_slice")
+    lines = head_lines(shared_data / "places" / "places-us-nh.geojson.gz", 6000)
+    lines += head_lines(shared_data / "places" / "places-us-vt.geojson.gz", 4000)
+    (root / "in.geojson").write_text("\n".join(lines) + "\n")
+    ingest_places([str(root / "in.geojson")], str(root / "objects"), grid_n=32)
+    return root / "objects"
+
+
+@pytest.fixture(scope="session")
+def slice_queries(places_slice, tmp_path_factory) -> Path:
+    """4,000 queries (k <= 10) drawn from :func:`places_slice`."""
+    from knnmon.ingest.queries import QueryWorkload, generate_queries, read_objects, write_queries
+
+    path = tmp_path_factory.mktemp("slice_queries") / "queries.parquet"
+    write_queries(generate_queries(read_objects(str(places_slice)), QueryWorkload(n=4000, k_max=10, seed=5)), str(path))
+    return path

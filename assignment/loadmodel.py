@@ -1,0 +1,259 @@
+"""The load model (Tsuruoka et al. 2019, §4.2, formulas (7)-(10); ``SPEC.md``).
+
+- ``P(c, key) = cnt[c][key] / N`` (formula (7)): the probability that the next object falls in
+  grid cell ``c`` and carries ``key``, from the ingest statistics (``stats.parquet``; ``N`` =
+  objects counted there).
+- ``R_q``: the grid cells of the **bounding box of the kNN circle** of ``q`` (radius ``r_q``
+  around the query). This is a superset of the cells that meet the circle; a bounding box keeps
+  every region an integer cell rectangle, so region sums are four look-ups in a summed-area
+  table. The box of a spherical cap is computed exactly on the sphere (its longitude half-width
+  is ``asin(sin(delta) / cos(lat))``), widened by ``1e-9`` relative + 1 mm against rounding. A cap
+  over a pole or across the 180th meridian, or ``r_q = inf`` (fewer than ``k`` objects seen),
+  takes the full longitude range. Cells are clamped like objects (:class:`Grid`), so an object
+  routed by its cell is always inside the rectangle of every query it can affect.
+- **Query load** (8): ``L(q) = sum_{key in q} P(R_q, key)``, the expected keyword matches per
+  arriving object that reach ``q``. A keyword absent from the statistics has ``P = 0``.
+- **Set and worker load** (9), (10): sums of query loads.
+- **Deliveries** ``D(S)`` [ours]: the expected (object, keyword) matches per arriving object
+  that make the router send the object to set ``S``:
+  ``D(S) = sum_key sum_{c in Cov_S(key)} P(c, key)``, with ``Cov_S(key)`` the union of the
+  ``R_q`` of the members of ``S`` that carry ``key``. It counts an object once per covered keyword,
+  which is the number of routing-table hits it causes (an upper bound on the objects delivered).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from knnmon.errors import InputPathError
+from knnmon.geo import EARTH_RADIUS_M
+from knnmon.ingest.grid import Grid
+
+__all__ = ["LoadModel", "QueryRects"]
+
+#: Keywords per chunk in coverage computations (bounds memory: chunk x (n+1)^2 int32).
+COVERAGE_CHUNK = 256
+
+
+@dataclass(frozen=True)
+class QueryRects:
+    """Integer cell rectangles ``R_q`` of queries, inclusive: ``(m,)`` int32 each."""
+
+    x0: np.ndarray
+    y0: np.ndarray
+    x1: np.ndarray
+    y1: np.ndarray
+
+    def take(self, idx: np.ndarray) -> QueryRects:
+        """The rectangles of queries ``idx``."""
+        return QueryRects(self.x0[idx], self.y0[idx], self.x1[idx], self.y1[idx])
+
+
+class LoadModel:
+    """``P(c, key)`` over a grid, with region sums and coverage (see the module docstring).
+
+    Parameters
+    ----------
+    grid
+        The statistics grid.
+    keywords
+        ``(K,)`` vocabulary, sorted; code ``i`` is ``keywords[i]``.
+    ptr, cells, counts
+        CSR by keyword code: the cells of keyword ``i`` are ``cells[ptr[i]:ptr[i+1]]`` (int32,
+        sorted) with object counts ``counts[...]`` (int64).
+    n_objects
+        ``N`` of formula (7); must be ``>= 1``.
+    """
+
+    def __init__(self, grid: Grid, keywords: list[str], ptr: np.ndarray, cells: np.ndarray, counts: np.ndarray,
+                 n_objects: int) -> None:
+        if n_objects < 1:
+            raise InputPathError("the statistics count no objects: nothing to build a load model from")
+        self.grid = grid
+        self.keywords = keywords
+        self.code = {w: i for i, w in enumerate(keywords)}
+        self.ptr, self.cells, self.counts = ptr, cells, counts
+        self.n_objects = int(n_objects)
+        self._vocab = pa.array(keywords, type=pa.string())
+
+    @classmethod
+    def from_ingest(cls, objects_dir: str) -> LoadModel:
+        """Load ``stats.parquet`` and the grid of ``manifest.json`` from an ingest output.
+
+        Raises
+        ------
+        InputPathError
+            If the directory lacks ``stats.parquet`` or ``manifest.json``.
+        """
+        stats_path = os.path.join(objects_dir, "stats.parquet")
+        manifest_path = os.path.join(objects_dir, "manifest.json")
+        if not (os.path.exists(stats_path) and os.path.exists(manifest_path)):
+            raise InputPathError(f"{objects_dir} is not an ingest output (no stats.parquet / manifest.json)")
+        with open(manifest_path, encoding="utf-8") as fh:
+            manifest = json.load(fh)
+        if not manifest.get("bbox"):
+            raise InputPathError(f"{objects_dir}: the ingest kept no objects")
+        t = pq.read_table(stats_path, columns=["cell", "keyword", "count"])
+        t = t.take(pc.sort_indices(t, sort_keys=[("keyword", "ascending"), ("cell", "ascending")]))
+        enc = pc.dictionary_encode(t.column("keyword").combine_chunks())
+        keywords = enc.dictionary.to_pylist()
+        code = enc.indices.to_numpy()
+        # The dictionary of a sorted column is in sorted order, so codes ascend with the rows.
+        ptr = np.searchsorted(code, np.arange(len(keywords) + 1)).astype(np.int64)
+        return cls(Grid.from_dict(manifest["grid"]), keywords, ptr, t.column("cell").to_numpy().astype(np.int32),
+                   t.column("count").to_numpy().astype(np.int64), manifest["records"]["kept"])
+
+    @property
+    def grid_region(self) -> tuple[float, float, float, float]:
+        """The grid's box ``(min_lon, min_lat, max_lon, max_lat)`` in degrees."""
+        g = self.grid
+        return (g.min_lon, g.min_lat, g.max_lon, g.max_lat)
+
+    # -- codes -------------------------------------------------------------------------------
+    def encode(self, keywords: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+        """``(owner, code)`` int64 arrays for a list<string> array; unknown keywords get ``-1``."""
+        if isinstance(keywords, pa.ChunkedArray):
+            keywords = keywords.combine_chunks()
+        owner = pc.list_parent_indices(keywords).to_numpy().astype(np.int64)
+        codes = pc.index_in(keywords.flatten(), value_set=self._vocab).fill_null(-1).to_numpy()
+        return owner, codes.astype(np.int64)
+
+    # -- regions -----------------------------------------------------------------------------
+    def rects(self, lon: np.ndarray, lat: np.ndarray, radius_m: np.ndarray) -> QueryRects:
+        """``R_q`` of each query: the cells of the bounding box of its kNN circle.
+
+        Parameters
+        ----------
+        lon, lat
+            ``(m,)`` float64 degrees.
+        radius_m
+            ``(m,)`` float64 meters, ``inf`` allowed.
+        """
+        lon = np.asarray(lon, dtype=np.float64)
+        lat = np.asarray(lat, dtype=np.float64)
+        r = np.asarray(radius_m, dtype=np.float64)
+        delta = np.where(np.isfinite(r), r * (1 + 1e-9) + 1e-3, np.inf) / EARTH_RADIUS_M  # radians
+        phi = np.radians(lat)
+        lat0 = np.degrees(np.maximum(phi - delta, -np.pi / 2))
+        lat1 = np.degrees(np.minimum(phi + delta, np.pi / 2))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            polar = (phi + delta >= np.pi / 2) | (phi - delta <= -np.pi / 2) | ~np.isfinite(delta)
+            half = np.degrees(np.arcsin(np.clip(np.sin(np.minimum(delta, np.pi / 2)) / np.cos(phi), -1, 1)))
+        full = polar | (half >= 180) | (lon - half < -180) | (lon + half > 180)
+        lon0 = np.where(full, -180.0, lon - np.where(full, 0, half))
+        lon1 = np.where(full, 180.0, lon + np.where(full, 0, half))
+        x0, y0 = self.grid.cell_xy(lon0, lat0)
+        x1, y1 = self.grid.cell_xy(lon1, lat1)
+        return QueryRects(x0, y0, x1, y1)
+
+    # -- sums --------------------------------------------------------------------------------
+    def _dense(self, code: int) -> np.ndarray:
+        n = self.grid.n
+        g = np.zeros(n * n, dtype=np.float64)
+        s = slice(self.ptr[code], self.ptr[code + 1])
+        g[self.cells[s]] = self.counts[s] / self.n_objects
+        return g.reshape(n, n)
+
+    def entry_loads(self, owner: np.ndarray, code: np.ndarray, rects: QueryRects) -> np.ndarray:
+        """``P(R_q, key)`` of each (query, keyword) entry: ``(e,)`` float64.
+
+        ``owner`` indexes ``rects``; a code outside the vocabulary (``< 0`` or
+        ``>= len(keywords)``: a keyword absent from the statistics) gives 0.
+        """
+        out = np.zeros(len(code), dtype=np.float64)
+        known = np.flatnonzero((code >= 0) & (code < len(self.keywords)))
+        if not len(known):
+            return out
+        order = known[np.argsort(code[known], kind="stable")]
+        bounds = np.flatnonzero(np.diff(code[order])) + 1
+        n = self.grid.n
+        for grp in np.split(order, bounds):
+            sat = np.zeros((n + 1, n + 1))
+            sat[1:, 1:] = self._dense(int(code[grp[0]])).cumsum(0).cumsum(1)
+            q = owner[grp]
+            x0, y0, x1, y1 = rects.x0[q], rects.y0[q], rects.x1[q] + 1, rects.y1[q] + 1
+            out[grp] = sat[y1, x1] - sat[y0, x1] - sat[y1, x0] + sat[y0, x0]
+        return out
+
+    def keyword_total(self, code: int) -> float:
+        """``P(all cells, key)``: the share of objects carrying keyword ``code`` (0 if unknown)."""
+        if not 0 <= code < len(self.keywords):
+            return 0.0
+        return float(self.counts[self.ptr[code]:self.ptr[code + 1]].sum()) / self.n_objects
+
+    def coverage(self, owner: np.ndarray, code: np.ndarray, rects: QueryRects):
+        """Cells covered per keyword by the union of the entries' rectangles.
+
+        Parameters
+        ----------
+        owner, code
+            ``(e,)`` int64 (query index into ``rects``, keyword code; ``-1`` entries are skipped).
+
+        Yields
+        ------
+        (codes, covered, (wx0, wy0))
+            First ``(full_codes, None, None)``: keywords with a rectangle spanning the whole grid
+            (every cell covered). Then, per chunk of at most :data:`COVERAGE_CHUNK` keywords,
+            ``codes (c,)`` and ``covered (c, h, w)`` bool over the window of cells
+            ``[wx0, wx0 + w) x [wy0, wy0 + h)`` that holds the chunk's rectangles, computed
+            exactly with 2-D difference arrays.
+        """
+        keep = code >= 0
+        owner, code = owner[keep], code[keep]
+        n = self.grid.n
+        x0, y0, x1, y1 = rects.x0[owner], rects.y0[owner], rects.x1[owner], rects.y1[owner]
+        whole = (x0 == 0) & (y0 == 0) & (x1 == n - 1) & (y1 == n - 1)
+        full_codes = np.unique(code[whole])
+        yield full_codes, None, None
+        part = ~np.isin(code, full_codes)
+        code, x0, y0, x1, y1 = code[part], x0[part], y0[part], x1[part], y1[part]
+        keys, local = np.unique(code, return_inverse=True)
+        for start in range(0, len(keys), COVERAGE_CHUNK):
+            sel = (local >= start) & (local < start + COVERAGE_CHUNK)
+            lk = local[sel] - start
+            nk = min(COVERAGE_CHUNK, len(keys) - start)
+            wx0, wy0 = int(x0[sel].min()), int(y0[sel].min())
+            w, h = int(x1[sel].max()) - wx0 + 1, int(y1[sel].max()) - wy0 + 1
+            sx0, sy0 = x0[sel] - wx0, y0[sel] - wy0
+            sx1, sy1 = x1[sel] - wx0 + 1, y1[sel] - wy0 + 1
+            base = lk * ((h + 1) * (w + 1))
+            flat = np.concatenate([base + sy0 * (w + 1) + sx0, base + sy0 * (w + 1) + sx1,
+                                   base + sy1 * (w + 1) + sx0, base + sy1 * (w + 1) + sx1])
+            sign = np.repeat(np.array([1.0, -1.0, -1.0, 1.0]), len(lk))
+            diff = np.bincount(flat, weights=sign, minlength=nk * (h + 1) * (w + 1))
+            covered = diff.reshape(nk, h + 1, w + 1).cumsum(1).cumsum(2)[:, :h, :w] > 0
+            yield keys[start:start + nk], covered, (wx0, wy0)
+
+    def stats_rows(self, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Rows of the statistics of ``codes`` (in the vocabulary): ``(row, j)`` int64 arrays,
+        ``j`` the position in ``codes`` of each row's keyword."""
+        codes = np.asarray(codes, dtype=np.int64)
+        lens = self.ptr[codes + 1] - self.ptr[codes]
+        j = np.repeat(np.arange(len(codes)), lens)
+        row = np.repeat(self.ptr[codes] - (np.cumsum(lens) - lens), lens) + np.arange(int(lens.sum()))
+        return row, j
+
+    def deliveries(self, owner: np.ndarray, code: np.ndarray, rects: QueryRects) -> float:
+        """``D(S)`` of the set whose (query, keyword) entries are given (module docstring)."""
+        total = 0.0
+        n = self.grid.n
+        for codes, covered, window in self.coverage(owner, code, rects):
+            if covered is None:
+                total += sum(self.keyword_total(int(c)) for c in codes)
+                continue
+            known = np.flatnonzero(codes < len(self.keywords))  # others have probability 0
+            row, j = self.stats_rows(codes[known])
+            cx = self.cells[row] % n - window[0]
+            cy = self.cells[row] // n - window[1]
+            _, h, w = covered.shape
+            inside = (cx >= 0) & (cx < w) & (cy >= 0) & (cy < h)
+            hit = covered[known[j[inside]], cy[inside], cx[inside]]
+            total += float(self.counts[row[inside]][hit].sum()) / self.n_objects
+        return total

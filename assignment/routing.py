@@ -1,0 +1,114 @@
+"""The routing table: for an arriving object, the workers that must receive it.
+
+An object in cell ``c`` carrying keyword ``key`` must reach every worker holding a query ``q``
+with ``key in q.keywords`` and ``c in R_q``: only such queries can have the object in their kNN
+(``SPEC.md``: it must share a keyword and lie within ``r_q``; ``R_q`` holds the whole kNN circle,
+see :mod:`knnmon.assignment.loadmodel`). The table stores, per keyword, the bitmask of workers
+that need the keyword **everywhere** (a rectangle spanning the grid, e.g. ``r_q = inf``), and,
+sparsely, ``(keyword, cell) -> bitmask`` for the rest. The table is complete by construction: it
+is the exact union of the rectangles per worker and keyword. Bitmasks are uint64, so ``W <= 64``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from knnmon.assignment.base import Plan
+from knnmon.assignment.loadmodel import LoadModel
+from knnmon.assignment.workload import Workload
+from knnmon.ingest.grid import Grid
+
+__all__ = ["RoutingTable", "popcount"]
+
+
+def popcount(masks: np.ndarray) -> np.ndarray:
+    """Number of set bits of each uint64: ``(n,)`` int64."""
+    m = np.asarray(masks, dtype=np.uint64)
+    return np.unpackbits(m.view(np.uint8).reshape(-1, 8), axis=1).sum(axis=1).astype(np.int64)
+
+
+class RoutingTable:
+    """``(cell, keyword) -> workers`` as uint64 bitmasks (see the module docstring).
+
+    Attributes
+    ----------
+    grid : Grid
+    vocabulary : list of str, keyword of each code
+    always : ``(K,)`` uint64, workers needing keyword ``code`` in every cell
+    keys : ``(p,)`` int64 sorted, ``code * n_cells + cell``
+    masks : ``(p,)`` uint64, workers for ``keys``
+    """
+
+    def __init__(self, grid: Grid, vocabulary: list[str], always: np.ndarray, keys: np.ndarray,
+                 masks: np.ndarray) -> None:
+        self.grid, self.vocabulary = grid, vocabulary
+        self.always, self.keys, self.masks = always, keys, masks
+        self._vocab = pa.array(vocabulary, type=pa.string())
+
+    @classmethod
+    def build(cls, workload: Workload, model: LoadModel, plan: Plan) -> RoutingTable:
+        """The table of ``plan`` (every worker's queries, rectangles and keywords)."""
+        n_cells = model.grid.n_cells
+        always = np.zeros(len(workload.vocabulary), dtype=np.uint64)
+        key_parts, bit_parts = [], []
+        owner = workload.owner
+        entry_worker = plan.worker[owner]
+        for w in range(plan.workers):
+            e = np.flatnonzero(entry_worker == w)
+            bit = np.uint64(1) << np.uint64(w)
+            for codes, covered, window in model.coverage(owner[e], workload.code[e], workload.rects):
+                if covered is None:
+                    always[codes] |= bit
+                    continue
+                j, cy, cx = np.nonzero(covered)
+                cell = (cy + window[1]) * model.grid.n + (cx + window[0])
+                key_parts.append(codes[j].astype(np.int64) * n_cells + cell)
+                bit_parts.append(np.full(len(cell), bit, dtype=np.uint64))
+        if key_parts:
+            keys, inv = np.unique(np.concatenate(key_parts), return_inverse=True)
+            masks = np.zeros(len(keys), dtype=np.uint64)
+            np.bitwise_or.at(masks, inv, np.concatenate(bit_parts))
+        else:
+            keys, masks = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.uint64)
+        return cls(model.grid, list(workload.vocabulary), always, keys, masks)
+
+    def route_v(self, cells: np.ndarray, owner: np.ndarray, codes: np.ndarray) -> np.ndarray:
+        """Worker bitmasks of objects.
+
+        Parameters
+        ----------
+        cells
+            ``(n,)`` int cell of each object (:meth:`Grid.cell_of`).
+        owner, codes
+            ``(e,)`` int64: object index and keyword code of each (object, keyword) pair;
+            ``code < 0`` (a keyword no query has) is skipped.
+
+        Returns
+        -------
+        ``(n,)`` uint64 bitmask of workers per object.
+        """
+        out = np.zeros(len(cells), dtype=np.uint64)
+        ok = codes >= 0
+        owner, codes = owner[ok], codes[ok]
+        np.bitwise_or.at(out, owner, self.always[codes])
+        if len(self.keys):
+            key = codes * self.grid.n_cells + np.asarray(cells, dtype=np.int64)[owner]
+            pos = np.minimum(np.searchsorted(self.keys, key), len(self.keys) - 1)
+            hit = self.keys[pos] == key
+            np.bitwise_or.at(out, owner[hit], self.masks[pos[hit]])
+        return out
+
+    def route_objects(self, lon: np.ndarray, lat: np.ndarray, keywords: pa.Array) -> np.ndarray:
+        """Worker bitmasks of objects given as degrees and a list<string> keyword array."""
+        if isinstance(keywords, pa.ChunkedArray):
+            keywords = keywords.combine_chunks()
+        owner = pc.list_parent_indices(keywords).to_numpy().astype(np.int64)
+        codes = pc.index_in(keywords.flatten(), value_set=self._vocab).fill_null(-1).to_numpy().astype(np.int64)
+        return self.route_v(self.grid.cell_of(lon, lat), owner, codes)
+
+    @property
+    def nbytes(self) -> int:
+        """Memory of the table's arrays in bytes."""
+        return int(self.always.nbytes + self.keys.nbytes + self.masks.nbytes)
