@@ -13,7 +13,7 @@ from knnmon.assignment.loadmodel import LoadModel
 from knnmon.assignment.workload import Workload
 from knnmon.errors import InvalidArgumentError
 
-__all__ = ["Assigner", "Plan", "QuerySet", "lpt"]
+__all__ = ["Assigner", "Plan", "QuerySet", "deal_keywords", "lpt"]
 
 
 @dataclass
@@ -73,6 +73,30 @@ def lpt(costs: np.ndarray, workers: int) -> np.ndarray:
         out[i] = w
         loads[w] += costs[i]
     return out
+
+
+def deal_keywords(owner: np.ndarray, code: np.ndarray, entry_load: np.ndarray, groups: int):
+    """Deal keywords onto ``groups`` by load (LPT) and put each query with its heaviest keyword.
+
+    Parameters
+    ----------
+    owner, code, entry_load
+        ``(e,)`` (query, keyword code, ``P(R_q, key)``) entries.
+
+    Returns
+    -------
+    keys : ``(u,)`` int64 distinct codes; key_load : ``(u,)`` float64 summed entry loads;
+    key_group : ``(u,)`` int32 group of each keyword; queries : ``(q,)`` int64 the queries with
+    entries; query_group : ``(q,)`` int32 the group of each one's heaviest keyword (ties: the
+    keyword that comes first in the query's entries).
+    """
+    keys, inv = np.unique(code, return_inverse=True)
+    key_load = np.bincount(inv, weights=entry_load, minlength=len(keys))
+    key_group = lpt(key_load, groups)
+    order = np.lexsort((-key_load[inv], owner))
+    first = np.ones(len(order), dtype=bool)
+    first[1:] = owner[order][1:] != owner[order][:-1]
+    return keys, key_load, key_group, owner[order][first], key_group[inv][order][first]
 
 
 class Assigner(ABC):

@@ -2,15 +2,14 @@
 
 Keywords are dealt to workers by decreasing total load (``sum_q P(R_q, key)`` over the queries
 carrying it), each to the least-loaded worker (LPT). A query goes to the worker of its heaviest
-keyword; a query whose keywords are all absent from the statistics goes to worker 0. Regions
-play no part.
+keyword (a keyword absent from the statistics has load 0). Regions play no part.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from knnmon.assignment.base import Assigner, Plan, QuerySet, lpt
+from knnmon.assignment.base import Assigner, Plan, QuerySet, deal_keywords
 from knnmon.assignment.loadmodel import LoadModel
 from knnmon.assignment.workload import Workload
 
@@ -24,20 +23,10 @@ class KeywordAssigner(Assigner):
 
     def assign(self, workload: Workload, model: LoadModel, workers: int) -> Plan:
         self.check_workers(workers)
-        code, owner, load = workload.code, workload.owner, workload.entry_load
-        known = code >= 0
-        keys, inv = np.unique(code[known], return_inverse=True)
-        key_load = np.bincount(inv, weights=load[known]) if len(keys) else np.zeros(0)
-        key_worker = lpt(key_load, workers)
-        entry_worker = np.zeros(len(code), dtype=np.int32)
-        weight = np.full(len(code), -1.0)
-        entry_worker[known] = key_worker[inv]
-        weight[known] = key_load[inv]
-        order = np.lexsort((-weight, owner))
-        first = np.ones(len(order), dtype=bool)
-        first[1:] = owner[order][1:] != owner[order][:-1]
+        keys, key_load, key_worker, queries, query_worker = deal_keywords(
+            workload.owner, workload.code, workload.entry_load, workers)
         worker = np.zeros(len(workload), dtype=np.int32)
-        worker[owner[order][first]] = entry_worker[order][first]
+        worker[queries] = query_worker
         sets = []
         for w in range(workers):
             members = np.flatnonzero(worker == w)

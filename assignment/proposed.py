@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from knnmon.assignment.base import Assigner, Plan, QuerySet, lpt
+from knnmon.assignment.base import Assigner, Plan, QuerySet, deal_keywords, lpt
 from knnmon.assignment.loadmodel import LoadModel
 from knnmon.assignment.workload import Workload
 from knnmon.errors import InvalidArgumentError
@@ -103,25 +103,9 @@ class ProposedAssigner(Assigner):
 
     def _text(self, wl: Workload, s: QuerySet) -> list[QuerySet]:
         e = wl.entries(s.members)
-        owner, code, load = wl.owner[e], wl.code[e], wl.entry_load[e]
-        known = code >= 0
-        keys, inv = np.unique(code[known], return_inverse=True)
+        keys, key_load, key_group, q_of, g_of = deal_keywords(wl.owner[e], wl.code[e], wl.entry_load[e], 4)
         if len(keys) < 2:
             return []
-        key_load = np.bincount(inv, weights=load[known])
-        key_group = lpt(key_load, 4)
-        group_load = np.bincount(key_group, weights=key_load, minlength=4)
-        # Each query joins the group of its heaviest keyword; queries with only unknown
-        # keywords join the lightest group.
-        entry_group = np.full(len(code), int(np.argmin(group_load)), dtype=np.int64)
-        entry_weight = np.full(len(code), -1.0)
-        entry_group[known] = key_group[inv]
-        entry_weight[known] = key_load[inv]
-        order = np.lexsort((-entry_weight, owner))
-        first = np.ones(len(order), dtype=bool)
-        first[1:] = owner[order][1:] != owner[order][:-1]
-        q_of = owner[order][first]
-        g_of = entry_group[order][first]
         out = []
         for g in range(4):
             members = q_of[g_of == g]
