@@ -4,12 +4,10 @@
   grid cell ``c`` and carries ``key``, from the ingest statistics (``stats.parquet``; ``N`` =
   objects counted there).
 - ``R_q``: the grid cells of the **bounding box of the kNN circle** of ``q`` (radius ``r_q``
-  around the query). This is a superset of the cells that meet the circle; a bounding box keeps
-  every region an integer cell rectangle, so region sums are four look-ups in a summed-area
-  table. The box of a spherical cap is computed exactly on the sphere (its longitude half-width
-  is ``asin(sin(delta) / cos(lat))``), widened by ``1e-9`` relative + 1 mm against rounding. A cap
-  over a pole or across the 180th meridian, or ``r_q = inf`` (fewer than ``k`` objects seen),
-  takes the full longitude range. Cells are clamped like objects (:class:`Grid`), so an object
+  around the query; :func:`knnmon.geo.cap_bbox`, exact on the sphere, full longitude range over
+  a pole, across the 180th meridian or for ``r_q = inf``). This is a superset of the cells that
+  meet the circle; a bounding box keeps every region an integer cell rectangle, so region sums
+  are four look-ups in a summed-area table. Cells are clamped like objects (:class:`Grid`), so an object
   routed by its cell is always inside the rectangle of every query it can affect.
 - **Query load** (8): ``L(q) = sum_{key in q} P(R_q, key)``, the expected keyword matches per
   arriving object that reach ``q``. A keyword absent from the statistics has ``P = 0``.
@@ -33,7 +31,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from knnmon.errors import InputPathError
-from knnmon.geo import EARTH_RADIUS_M
+from knnmon.geo import cap_bbox
 from knnmon.ingest.grid import Grid
 
 __all__ = ["LoadModel", "QueryRects"]
@@ -136,19 +134,7 @@ class LoadModel:
         radius_m
             ``(m,)`` float64 meters, ``inf`` allowed.
         """
-        lon = np.asarray(lon, dtype=np.float64)
-        lat = np.asarray(lat, dtype=np.float64)
-        r = np.asarray(radius_m, dtype=np.float64)
-        delta = np.where(np.isfinite(r), r * (1 + 1e-9) + 1e-3, np.inf) / EARTH_RADIUS_M  # radians
-        phi = np.radians(lat)
-        lat0 = np.degrees(np.maximum(phi - delta, -np.pi / 2))
-        lat1 = np.degrees(np.minimum(phi + delta, np.pi / 2))
-        with np.errstate(invalid="ignore", divide="ignore"):
-            polar = (phi + delta >= np.pi / 2) | (phi - delta <= -np.pi / 2) | ~np.isfinite(delta)
-            half = np.degrees(np.arcsin(np.clip(np.sin(np.minimum(delta, np.pi / 2)) / np.cos(phi), -1, 1)))
-        full = polar | (half >= 180) | (lon - half < -180) | (lon + half > 180)
-        lon0 = np.where(full, -180.0, lon - np.where(full, 0, half))
-        lon1 = np.where(full, 180.0, lon + np.where(full, 0, half))
+        lon0, lat0, lon1, lat1 = cap_bbox(lon, lat, radius_m)
         x0, y0 = self.grid.cell_xy(lon0, lat0)
         x1, y1 = self.grid.cell_xy(lon1, lat1)
         return QueryRects(x0, y0, x1, y1)

