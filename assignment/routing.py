@@ -108,6 +108,34 @@ class RoutingTable:
         codes = pc.index_in(keywords.flatten(), value_set=self._vocab).fill_null(-1).to_numpy().astype(np.int64)
         return self.route_v(self.grid.cell_of(lon, lat), owner, codes)
 
+    def code(self, keyword: str) -> int:
+        """The code of ``keyword``, added to the vocabulary if new (a query registered at run time)."""
+        if not hasattr(self, "_code"):
+            self._code = {w: i for i, w in enumerate(self.vocabulary)}
+        c = self._code.get(keyword)
+        if c is None:
+            c = self._code[keyword] = len(self.vocabulary)
+            self.vocabulary.append(keyword)
+            self.always = np.append(self.always, np.uint64(0))
+            self._vocab = pa.array(self.vocabulary, type=pa.string())
+        return c
+
+    def add(self, codes: list[int], x0: int, y0: int, x1: int, y1: int, worker: int) -> None:
+        """Route keywords ``codes`` in cells ``[x0, x1] x [y0, y1]`` (inclusive) to ``worker`` too."""
+        bit = np.uint64(1) << np.uint64(worker)
+        n = self.grid.n
+        for c in codes:
+            if (x0, y0, x1, y1) == (0, 0, n - 1, n - 1):
+                self.always[c] |= bit
+                continue
+            cells = (np.arange(y0, y1 + 1)[:, None] * n + np.arange(x0, x1 + 1)[None, :]).ravel()
+            keys = np.int64(c) * self.grid.n_cells + cells
+            pos = np.searchsorted(self.keys, keys)
+            found = (pos < len(self.keys)) & (self.keys[np.minimum(pos, len(self.keys) - 1)] == keys)
+            self.masks[pos[found]] |= bit
+            self.keys = np.insert(self.keys, pos[~found], keys[~found])
+            self.masks = np.insert(self.masks, pos[~found], bit)
+
     @property
     def nbytes(self) -> int:
         """Memory of the table's arrays in bytes."""

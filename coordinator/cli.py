@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from knnmon import __version__
 from knnmon.coordinator.demo import add_demo_command
 from knnmon.coordinator.plan import add_plan_command
+from knnmon.coordinator.run import add_run_commands
 from knnmon.errors import KnnmonError
 from knnmon.ingest.cli import add_ingest_commands, add_queries_commands
 
@@ -27,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_ingest_commands(sub)
     add_queries_commands(sub)
     add_plan_command(sub)
+    add_run_commands(sub)
     return parser
 
 

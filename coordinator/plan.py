@@ -35,7 +35,7 @@ from knnmon.assignment.summary import summarize
 from knnmon.errors import InputPathError, InvalidArgumentError
 from knnmon.ingest.queries import read_objects
 
-__all__ = ["PlanResult", "make_plan", "write_plan", "explain", "format_summary", "load_queries",
+__all__ = ["PlanResult", "make_plan", "plan_workload", "write_plan", "explain", "format_summary", "load_queries",
            "initial_objects", "add_plan_command"]
 
 #: The paper's number of objects seen before the stream starts.
@@ -113,6 +113,48 @@ def initial_objects(objects_dir: str, n: int) -> pa.Table:
     return objects.slice(0, min(n, objects.num_rows)).select(["id", "lon", "lat", "keywords"])
 
 
+def plan_workload(model: LoadModel, queries: pa.Table, objects: pa.Table, radius: np.ndarray, workers: int,
+                  algorithm: str, *, beta: int = 100_000, sets_per_worker: int = 8, delivery_cost: float = 1.0,
+                  handout: str = "set", seed: int = 0, sample_size: int = 100_000,
+                  timings: dict[str, float] | None = None) -> PlanResult:
+    """Assign queries whose kNN radii are known; route and summarise the plan.
+
+    ``objects`` are the initial objects (a sample of them measures ``deliveries_per_object``).
+    """
+    timings = dict(timings or {})
+    assigner = make_assigner(algorithm, beta=beta, sets_per_worker=sets_per_worker, delivery_cost=delivery_cost,
+                             handout=handout, seed=seed)
+    assigner.check_workers(workers)
+    t0 = time.perf_counter()
+    workload = Workload.build(model, queries, radius)
+    plan = assigner.assign(workload, model, workers)
+    timings["assign_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    routing = RoutingTable.build(workload, model, plan)
+    timings["routing_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    sample = None
+    if objects.num_rows:
+        pick = np.sort(np.random.default_rng(seed).choice(objects.num_rows, min(sample_size, objects.num_rows),
+                                                          replace=False))
+        sample = objects.take(pa.array(pick))
+    summary = summarize(plan, workload, model, routing, delivery_cost=delivery_cost, sample=sample)
+    g = model.grid
+    lon, lat = workload.lon, workload.lat
+    outside = (lon < g.min_lon) | (lon > g.max_lon) | (lat < g.min_lat) | (lat > g.max_lat)
+    unknown = np.zeros(len(workload), dtype=bool)
+    unknown[workload.owner[workload.code >= len(model.keywords)]] = True
+    timings["summary_s"] = time.perf_counter() - t0
+    summary.update({
+        "initial_objects": objects.num_rows,
+        "radius_inf_queries": int(np.isinf(radius).sum()),
+        "queries_outside_stats_bbox": int(outside.sum()),
+        "queries_with_keywords_absent_from_stats": int(unknown.sum()),
+        "timings_s": {key: round(v, 3) for key, v in timings.items()},
+    })
+    return PlanResult(plan, workload, model, routing, summary)
+
+
 def make_plan(objects_dir: str, queries_path: str, workers: int, algorithm: str, *,
               initial: int = DEFAULT_INITIAL, beta: int = 100_000, sets_per_worker: int = 8,
               delivery_cost: float = 1.0, handout: str = "set", seed: int = 0, processes: int = 2,
@@ -138,17 +180,12 @@ def make_plan(objects_dir: str, queries_path: str, workers: int, algorithm: str,
     from knnmon.workers.object_index import ObjectIndex
 
     started = time.perf_counter()
-    timings: dict[str, float] = {}
-    if algorithm not in ALGORITHMS:
-        make_assigner(algorithm)  # raises with the valid options
-    assigner = make_assigner(algorithm, beta=beta, sets_per_worker=sets_per_worker, delivery_cost=delivery_cost,
-                             handout=handout, seed=seed)
-    assigner.check_workers(workers)
+    make_assigner(algorithm, beta=beta, sets_per_worker=sets_per_worker, delivery_cost=delivery_cost,
+                  handout=handout, seed=seed).check_workers(workers)
     model = LoadModel.from_ingest(objects_dir)
     queries = load_queries(queries_path)
     objects = initial_objects(objects_dir, initial)
-    timings["read_s"] = time.perf_counter() - started
-
+    timings = {"read_s": time.perf_counter() - started}
     t0 = time.perf_counter()
     k = queries.column("k").to_numpy()
     lon, lat = queries.column("lon").to_numpy(), queries.column("lat").to_numpy()
@@ -157,36 +194,11 @@ def make_plan(objects_dir: str, queries_path: str, workers: int, algorithm: str,
     else:
         radius = np.full(queries.num_rows, np.inf)
     timings["radii_s"] = time.perf_counter() - t0
-
-    t0 = time.perf_counter()
-    workload = Workload.build(model, queries, radius)
-    plan = assigner.assign(workload, model, workers)
-    timings["assign_s"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    routing = RoutingTable.build(workload, model, plan)
-    timings["routing_s"] = time.perf_counter() - t0
-
-    t0 = time.perf_counter()
-    sample = None
-    if objects.num_rows:
-        pick = np.sort(np.random.default_rng(seed).choice(objects.num_rows, min(sample_size, objects.num_rows),
-                                                          replace=False))
-        sample = objects.take(pa.array(pick))
-    summary = summarize(plan, workload, model, routing, delivery_cost=delivery_cost, sample=sample)
-    g = model.grid
-    outside = (lon < g.min_lon) | (lon > g.max_lon) | (lat < g.min_lat) | (lat > g.max_lat)
-    unknown = np.zeros(len(workload), dtype=bool)
-    unknown[workload.owner[workload.code >= len(model.keywords)]] = True
-    timings["summary_s"] = time.perf_counter() - t0
-    summary.update({
-        "initial_objects": objects.num_rows,
-        "radius_inf_queries": int(np.isinf(radius).sum()),
-        "queries_outside_stats_bbox": int(outside.sum()),
-        "queries_with_keywords_absent_from_stats": int(unknown.sum()),
-        "timings_s": {key: round(v, 3) for key, v in timings.items()},
-        "elapsed_s": round(time.perf_counter() - started, 3),
-    })
-    return PlanResult(plan, workload, model, routing, summary)
+    result = plan_workload(model, queries, objects, radius, workers, algorithm, beta=beta,
+                           sets_per_worker=sets_per_worker, delivery_cost=delivery_cost, handout=handout, seed=seed,
+                           sample_size=sample_size, timings=timings)
+    result.summary["elapsed_s"] = round(time.perf_counter() - started, 3)
+    return result
 
 
 def write_plan(result: PlanResult, out_dir: str) -> None:

@@ -155,14 +155,19 @@ class KnnWorker:
         return {"queries": len(ids), "index_entries": self.index.entries, "seconds": time.perf_counter() - t0}
 
     def register_query(self, qid: str, lon: float, lat: float, keywords: Sequence[str], k: int,
-                       topk: Sequence[tuple[str, float]], objects: Mapping[str, ObjectInfo]) -> None:
+                       topk: Sequence[tuple[str, float]], objects: Mapping[str, ObjectInfo],
+                       vocabulary: Mapping[str, int] | None = None) -> None:
         """Add one query at run time with its initial kNN; it is a candidate from the next batch on.
+
+        ``vocabulary`` gives the codes of its keywords when the coordinator encodes batches.
 
         Raises
         ------
         InvalidQueryError
             Duplicate id, ``k < 1`` or no keyword.
         """
+        if vocabulary:
+            self.vocab.update(vocabulary)
         slot = self._append([qid], [lon], [lat], [k], [list(keywords)], [topk])[0]
         if self.writer is not None:
             self.writer.write_queries(self._next_tag(), [(qid, self._fields(slot), [(o, d) for d, o in self.topk[slot]])],

@@ -1,0 +1,449 @@
+"""The distributed runtime: plan, start workers, load the initial kNN, stream object batches.
+
+:class:`Runtime` is what ``knnmon run`` and ``knnmon demo`` drive:
+
+1. read objects in stream order ``(t, id)`` (or shuffled), the first ``initial`` of them seen
+   before the stream starts, and the queries;
+2. exact initial kNN of every query over those objects (:class:`ObjectIndex`), whose k-th
+   distances are the radii the plan (:func:`plan_workload`) balances;
+3. start ``W`` workers (Ray actors, or in-process objects with ``executor="inline"``) and hand
+   each its queries with their initial kNN; the workers write them to Redis;
+4. stream the rest in batches: drop ids seen before (counted), encode keywords, send each
+   object only to the workers the routing table names, wait for all, and measure the **update
+   time** (dispatch to all workers done, ms), each worker's busy time, and the **load
+   imbalance** (busiest minus idlest worker, ms);
+5. register and unregister queries at run time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from knnmon.assignment.routing import popcount
+from knnmon.connection import connect, redis_url_from_env
+from knnmon.coordinator.object_store import ObjectStore
+from knnmon.coordinator.plan import PlanResult, load_queries, plan_workload
+from knnmon.errors import InvalidArgumentError, InvalidQueryError
+from knnmon.ingest.keywords import normalize_keywords
+from knnmon.ingest.queries import read_objects
+from knnmon.keys import DEFAULT_NAMESPACE
+from knnmon.redis_server import EmbeddedRedis
+from knnmon.workers.object_index import ObjectIndex
+
+__all__ = ["RunConfig", "Runtime", "stream_order"]
+
+log = logging.getLogger("knnmon.runtime")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Parameters of a run (the ``knnmon run`` flags).
+
+    Raises
+    ------
+    InvalidArgumentError
+        ``workers`` outside 1..64, ``batch < 1``, ``initial < 0``, ``batches < 1``, an unknown
+        ``executor``.
+    """
+
+    workers: int = 4
+    algorithm: str = "proposed"
+    initial: int = 1_000_000
+    batch: int = 1000
+    batches: int | None = None
+    shuffle: int | None = None
+    redis_url: str | None = None
+    data_dir: str = "knnmon-data"
+    namespace: str = DEFAULT_NAMESPACE
+    ray_address: str | None = None
+    executor: str = "ray"
+    beta: int = 100_000
+    sets_per_worker: int = 8
+    delivery_cost: float = 1.0
+    processes: int = 2
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.workers <= 64:
+            raise InvalidArgumentError(f"--workers must be between 1 and 64; got {self.workers}")
+        if self.batch < 1:
+            raise InvalidArgumentError(f"--batch must be >= 1; got {self.batch}")
+        if self.initial < 0:
+            raise InvalidArgumentError(f"--initial must be >= 0; got {self.initial}")
+        if self.batches is not None and self.batches < 1:
+            raise InvalidArgumentError(f"--batches must be >= 1; got {self.batches}")
+        if self.executor not in ("ray", "inline"):
+            raise InvalidArgumentError(f"Invalid executor: {self.executor!r}.\nValid options are: ('ray', 'inline')")
+
+
+def stream_order(objects: pa.Table, shuffle: int | None) -> pa.Table:
+    """Objects in ``(t, id)`` order, or shuffled with seed ``shuffle``."""
+    if shuffle is None:
+        return objects.take(pc.sort_indices(objects, sort_keys=[("t", "ascending"), ("id", "ascending")]))
+    return objects.take(pa.array(np.random.default_rng(shuffle).permutation(objects.num_rows)))
+
+
+class _Inline:
+    """In-process stand-in for a Ray actor handle (``executor="inline"``)."""
+
+    def __init__(self, obj: Any) -> None:
+        self._obj = obj
+
+    def __getattr__(self, name: str):
+        method = getattr(self._obj, name)
+
+        class _Remote:
+            @staticmethod
+            def remote(*args, **kwargs):
+                return method(*args, **kwargs)
+
+        return _Remote
+
+
+class Runtime:
+    """One run of knnmon (module docstring). Use as a context manager, or call :meth:`close`.
+
+    Parameters
+    ----------
+    objects_dir
+        An ingest output directory.
+    queries
+        A query file path, or a query table (``id``, ``lon``, ``lat``, ``keywords``, ``k``).
+    config
+        :class:`RunConfig`.
+    """
+
+    def __init__(self, objects_dir: str, queries: str | pa.Table, config: RunConfig) -> None:
+        self.config = config
+        self.objects_dir = objects_dir
+        self._queries_arg = queries
+        self.redis: EmbeddedRedis | None = None
+        self.redis_url: str | None = None
+        self._ray_started = False
+        self.actors: list[Any] = []
+        self.plan: PlanResult | None = None
+        self.store: ObjectStore | None = None
+        self.seen: set[str] = set()
+        self.next_batch = 0
+        self.stream_table: pa.Table | None = None
+        self.query_worker: dict[str, int] = {}
+        self.timings: dict[str, float] = {}
+
+    # -- start -------------------------------------------------------------------------------
+    def _start_redis(self) -> None:
+        url = redis_url_from_env(self.config.redis_url)
+        if url is None:
+            self.redis = EmbeddedRedis(os.path.join(self.config.data_dir, "redis")).start()
+            url = self.redis.url
+        self.redis_url = url
+        client = connect(url)
+        ns = self.config.namespace
+        for keys in _chunks(client.scan_iter(match=f"{ns}:*", count=10_000), 10_000):
+            client.unlink(*keys)  # a run starts from an empty namespace
+        client.close()
+
+    def _start_workers(self, vocabulary: dict[str, int]) -> None:
+        from knnmon.workers.worker import KnnWorker
+
+        W = self.config.workers
+        if self.config.executor == "inline":
+            self.actors = [_Inline(KnnWorker(w, self.redis_url, self.config.namespace, vocabulary=vocabulary))
+                           for w in range(W)]
+            return
+        import ray
+
+        from knnmon.workers.actor import WorkerActor
+
+        if not ray.is_initialized():
+            address = self.config.ray_address or os.environ.get("RAY_ADDRESS")
+            if address:
+                ray.init(address=address, log_to_driver=False)
+            else:
+                ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False,
+                         object_store_memory=512 * 1024 * 1024, log_to_driver=False)
+            self._ray_started = True
+        actor = WorkerActor(num_cpus=0, scheduling_strategy="SPREAD")
+        self.actors = [actor.remote(w, self.redis_url, self.config.namespace, vocabulary=vocabulary) for w in range(W)]
+
+    def _get(self, refs):
+        if self.config.executor == "inline":
+            return refs
+        import ray
+
+        return ray.get(refs)
+
+    def start(self) -> Runtime:
+        """Read, plan, start Redis and the workers, load every query's initial kNN."""
+        c = self.config
+        t0 = time.perf_counter()
+        from knnmon.assignment import LoadModel
+
+        model = LoadModel.from_ingest(self.objects_dir)
+        queries = self._queries_arg if isinstance(self._queries_arg, pa.Table) else load_queries(self._queries_arg)
+        objects = stream_order(read_objects(self.objects_dir, ["id", "lon", "lat", "t", "keywords"]), c.shuffle)
+        initial = objects.slice(0, min(c.initial, objects.num_rows))
+        rest = objects.slice(initial.num_rows)
+        if c.batches is not None:
+            rest = rest.slice(0, c.batches * c.batch)
+        self.stream_table = rest
+        self.timings["read_s"] = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        index = ObjectIndex(initial) if initial.num_rows else None
+        self.store = ObjectStore(initial, index) if index is not None else None
+        lon, lat = queries.column("lon").to_numpy(), queries.column("lat").to_numpy()
+        k = queries.column("k").to_numpy().astype(np.int64)
+        if index is not None:
+            idx, counts, dist = index.knn_v(lon, lat, queries.column("keywords"), k, processes=c.processes)
+        else:
+            idx, counts, dist = np.empty(0, np.int64), np.zeros(len(lon), np.int64), np.empty(0)
+        ends = np.cumsum(counts)
+        radius = np.full(len(lon), np.inf)
+        full = counts >= k
+        radius[full] = dist[ends[full] - 1]
+        self.seen.update(initial.column("id").to_pylist())
+        self.timings["initial_knn_s"] = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        self.plan = plan_workload(model, queries, initial.select(["id", "lon", "lat", "keywords"]), radius, c.workers,
+                                  c.algorithm, beta=c.beta, sets_per_worker=c.sets_per_worker,
+                                  delivery_cost=c.delivery_cost, seed=c.seed)
+        self.timings["plan_s"] = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        self._start_redis()
+        vocabulary = {w: i for i, w in enumerate(self.plan.routing.vocabulary)}
+        self._start_workers(vocabulary)
+        self.timings["start_workers_s"] = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        starts = ends - counts
+        ids = queries.column("id").to_pylist()
+        kws = queries.column("keywords").to_pylist()
+        obj_ids = index.ids if index is not None else np.empty(0, dtype=object)
+        pending = []
+        for w in range(c.workers):
+            mine = np.flatnonzero(self.plan.plan.worker == w)
+            topk = [[(obj_ids[idx[j]], float(dist[j])) for j in range(starts[q], ends[q])] for q in mine.tolist()]
+            rows = np.concatenate([idx[starts[q]:ends[q]] for q in mine.tolist()] + [np.empty(0, np.int64)])
+            info = self.store.initial_info(rows) if self.store is not None else {}
+            pending.append(self.actors[w].load_queries.remote(
+                [ids[q] for q in mine], lon[mine], lat[mine], k[mine], [kws[q] for q in mine], topk, info))
+            for q in mine.tolist():
+                self.query_worker[ids[q]] = w
+        self._get(pending)
+        self.timings["load_s"] = time.perf_counter() - t0
+        return self
+
+    # -- stream ------------------------------------------------------------------------------
+    def _encode(self, keywords: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+        routing = self.plan.routing
+        owner = pc.list_parent_indices(keywords).to_numpy().astype(np.int64)
+        codes = pc.index_in(keywords.flatten(), value_set=routing._vocab).fill_null(-1).to_numpy().astype(np.int64)
+        keep = codes >= 0
+        return owner[keep], codes[keep]
+
+    def process(self, batch: pa.Table) -> dict[str, Any]:
+        """Stream one batch of objects (columns ``id``, ``lon``, ``lat``, ``t``, ``keywords``).
+
+        Returns
+        -------
+        dict
+            ``batch``, ``objects``, ``duplicates``, ``update_ms``, ``route_ms``, ``busy_ms``
+            (list per worker), ``imbalance_ms``, ``deliveries``, ``candidates``, ``passed``,
+            ``changed``.
+        """
+        t0 = time.perf_counter()
+        ids_all = batch.column("id").to_pylist()
+        fresh = []
+        dup = 0
+        for i, oid in enumerate(ids_all):
+            if oid in self.seen:
+                dup += 1
+            else:
+                self.seen.add(oid)
+                fresh.append(i)
+        if dup:
+            batch = batch.take(pa.array(fresh, type=pa.int64()))
+        ids = batch.column("id").to_pylist()
+        lon, lat = batch.column("lon").to_numpy(), batch.column("lat").to_numpy()
+        t = batch.column("t").to_numpy()
+        keywords = batch.column("keywords").combine_chunks()
+        kw_list = keywords.to_pylist()
+        pair_obj, pair_code = self._encode(keywords)
+        routing = self.plan.routing
+        masks = routing.route_v(routing.grid.cell_of(lon, lat), pair_obj, pair_code)
+        b = self.next_batch
+        self.next_batch += 1
+        refs, sent = [], 0
+        for w, actor in enumerate(self.actors):
+            mine = np.flatnonzero((masks >> np.uint64(w)) & np.uint64(1))
+            if not len(mine):
+                continue
+            remap = np.full(len(ids), -1, dtype=np.int64)
+            remap[mine] = np.arange(len(mine))
+            sel = remap[pair_obj] >= 0
+            refs.append(actor.process_batch.remote(b, [ids[i] for i in mine.tolist()], lon[mine], lat[mine], t[mine],
+                                                   [kw_list[i] for i in mine.tolist()],
+                                                   (remap[pair_obj[sel]], pair_code[sel])))
+            sent += len(mine)
+        route_ms = (time.perf_counter() - t0) * 1e3
+        reports = self._get(refs)
+        update_ms = (time.perf_counter() - t0) * 1e3
+        busy = np.zeros(len(self.actors))
+        for r in reports:
+            busy[r["worker"]] = r["busy_s"] * 1e3
+        if self.store is not None:
+            self.store.append(batch.select(["id", "lon", "lat", "t", "keywords"]))
+        return {"batch": b, "objects": len(ids), "duplicates": dup, "update_ms": update_ms, "route_ms": route_ms,
+                "busy_ms": busy.tolist(), "imbalance_ms": float(busy.max() - busy.min()),
+                "sim_update_ms": route_ms + float(busy.max()), "deliveries": sent,
+                "candidates": sum(r["candidates"] for r in reports), "passed": sum(r["passed"] for r in reports),
+                "changed": sum(r["changed"] for r in reports),
+                "deliveries_per_object_batch": float(popcount(masks).mean()) if len(masks) else 0.0}
+
+    def batches(self) -> Iterator[pa.Table]:
+        """The stream's batches, in order."""
+        s, B = self.stream_table, self.config.batch
+        for start in range(0, s.num_rows, B):
+            yield s.slice(start, B)
+
+    def run(self, progress: bool = True) -> dict[str, Any]:
+        """Stream every batch; returns the run summary (see :func:`summarize_run`)."""
+        from tqdm import tqdm
+
+        rows = []
+        t0 = time.perf_counter()
+        total = -(-self.stream_table.num_rows // self.config.batch)
+        with tqdm(total=self.stream_table.num_rows, unit="obj", disable=not progress, smoothing=0.1) as bar:
+            for batch in self.batches():
+                rows.append(self.process(batch))
+                bar.update(batch.num_rows)
+                if len(rows) == total:
+                    break
+        wall = time.perf_counter() - t0
+        return self.summarize_run(rows, wall)
+
+    def summarize_run(self, rows: Sequence[dict[str, Any]], wall_s: float) -> dict[str, Any]:
+        """Update time mean/p50/p99 (ms), imbalance, objects/s, deliveries, changes."""
+        upd = np.array([r["update_ms"] for r in rows]) if rows else np.zeros(1)
+        sim = np.array([r["sim_update_ms"] for r in rows]) if rows else np.zeros(1)
+        objects = sum(r["objects"] for r in rows)
+        changed = sum(r["changed"] for r in rows)
+        cand = sum(r["candidates"] for r in rows)
+        return {
+            "config": asdict(self.config), "queries": len(self.plan.workload), "workers": self.config.workers,
+            "algorithm": self.config.algorithm, "initial_objects": self.store.initial.num_rows if self.store else 0,
+            "batches": len(rows), "objects": objects, "duplicates_ignored": sum(r["duplicates"] for r in rows),
+            "wall_s": round(wall_s, 3), "objects_per_s": objects / wall_s if wall_s > 0 else 0.0,
+            "update_ms_mean": float(upd.mean()), "update_ms_p50": float(np.percentile(upd, 50)),
+            "update_ms_p99": float(np.percentile(upd, 99)), "update_ms_max": float(upd.max()),
+            "update_ms_sim_mean": float(sim.mean()), "update_ms_sim_p99": float(np.percentile(sim, 99)),
+            "imbalance_ms_mean": float(np.mean([r["imbalance_ms"] for r in rows])) if rows else 0.0,
+            "deliveries_per_object": sum(r["deliveries"] for r in rows) / objects if objects else 0.0,
+            "results_changed": changed, "candidates": cand, "pairs_within_radius": sum(r["passed"] for r in rows),
+            "candidates_per_change": cand / changed if changed else None,
+            "busy_ms_per_worker": np.sum([r["busy_ms"] for r in rows], axis=0).round(1).tolist() if rows else [],
+            "predicted_worker_loads": self.plan.summary["worker_loads"],
+            "startup_s": {k: round(v, 3) for k, v in self.timings.items()},
+            "redis_url": self.redis_url,
+        }
+
+    # -- runtime registration ----------------------------------------------------------------
+    def register_query(self, qid: str, lon: float, lat: float, keywords: Sequence[str], k: int) -> int:
+        """Add a query at run time; returns its worker.
+
+        Its keywords are normalised (:func:`normalize_keywords`); its initial kNN is exact over
+        every object seen. It joins the worker of a plan set whose region holds it (the least
+        loaded of those), unless that worker is above 1.1x the mean predicted load; then the
+        least-loaded worker. The routing table learns its region.
+
+        Raises
+        ------
+        InvalidQueryError
+            Duplicate id, ``k < 1``, bad coordinates, or no keyword after normalisation.
+        """
+        words = normalize_keywords(" ".join(keywords))
+        if qid in self.query_worker:
+            raise InvalidQueryError(f"query {qid!r} is already registered")
+        if int(k) < 1 or not words or not (abs(lon) <= 180 and abs(lat) <= 90):
+            raise InvalidQueryError(f"query {qid!r}: needs k >= 1, a keyword and valid coordinates "
+                                    f"(k={k}, keywords={list(keywords)}, lon={lon}, lat={lat})")
+        if self.store is not None:
+            topk, info = self.store.knn(lon, lat, words, int(k))
+        else:
+            topk, info = [], {}
+        radius = topk[-1][1] if len(topk) == k else np.inf
+        loads = np.array(self.plan.summary["worker_loads"], dtype=np.float64)
+        holders = [self.plan.plan.set_worker[i] for i, s in enumerate(self.plan.plan.sets)
+                   if s.region[0] <= lon <= s.region[2] and s.region[1] <= lat <= s.region[3]
+                   and self.plan.plan.set_worker[i] >= 0]
+        w = int(min(holders, key=lambda x: loads[x])) if holders else int(np.argmin(loads))
+        if loads[w] > 1.1 * loads.mean():
+            w = int(np.argmin(loads))
+        routing = self.plan.routing
+        codes = [routing.code(x) for x in words]
+        rect = self.plan.model.rects(np.array([lon]), np.array([lat]), np.array([radius]))
+        routing.add(codes, int(rect.x0[0]), int(rect.y0[0]), int(rect.x1[0]), int(rect.y1[0]), w)
+        self._get(self.actors[w].register_query.remote(qid, float(lon), float(lat), words, int(k), topk, info,
+                                                       vocabulary={x: routing.code(x) for x in words}))
+        self.query_worker[qid] = w
+        return w
+
+    def unregister_query(self, qid: str) -> bool:
+        """Remove a query and delete its keys; ``False`` if no such query."""
+        w = self.query_worker.pop(qid, None)
+        if w is None:
+            return False
+        return bool(self._get(self.actors[w].unregister_query.remote(qid)))
+
+    def result(self, qid: str) -> list[tuple[str, float]]:
+        """A query's current kNN as its worker holds it (Redis holds the same)."""
+        return self._get(self.actors[self.query_worker[qid]].result.remote(qid))
+
+    def worker_stats(self) -> list[dict[str, Any]]:
+        """Each worker's :meth:`KnnWorker.stats`."""
+        return self._get([a.stats.remote() for a in self.actors])
+
+    # -- stop --------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop the workers (and Ray if this run started it) and the embedded Redis (saved)."""
+        if self.config.executor == "ray" and self.actors:
+            import ray
+
+            for a in self.actors:
+                with contextlib.suppress(Exception):
+                    ray.kill(a)
+            if self._ray_started:
+                ray.shutdown()
+        self.actors = []
+        if self.redis is not None:
+            self.redis.stop()
+            self.redis = None
+
+    def __enter__(self) -> Runtime:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _chunks(it, n: int):
+    buf = []
+    for x in it:
+        buf.append(x)
+        if len(buf) == n:
+            yield buf
+            buf = []
+    if buf:
+        yield buf
