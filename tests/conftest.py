@@ -52,3 +52,31 @@ def slice_queries(places_slice, tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("slice_queries") / "queries.parquet"
     write_queries(generate_queries(read_objects(str(places_slice)), QueryWorkload(n=4000, k_max=10, seed=5)), str(path))
     return path
+
+
+@pytest.fixture(scope="session")
+def redis_url():
+    """A real redis-server (the embedded binary) on a free loopback port, for the whole session."""
+    from knnmon.redis_server import EmbeddedRedis
+
+    with EmbeddedRedis() as server:
+        yield server.url
+
+
+@pytest.fixture
+def namespace() -> str:
+    """A key prefix of this test's own."""
+    import uuid
+
+    return f"t{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture(scope="session")
+def ray_instance():
+    """One local Ray instance (2 CPUs, small object store) for the session; stopped by shutdown."""
+    import ray
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=256 * 1024 * 1024,
+             log_to_driver=False)
+    yield ray
+    ray.shutdown()

@@ -58,7 +58,7 @@ class BruteForceKnn:
         lists = [self._postings[w] for w in set(keywords) if w in self._postings]
         if not lists:
             return np.empty(0, dtype=np.int64)
-        return np.unique(np.concatenate(lists))
+        return lists[0] if len(lists) == 1 else np.unique(np.concatenate(lists))
 
     def knn(self, lon: float, lat: float, keywords: Iterable[str], k: int) -> list[tuple[str, float]]:
         """The ``k`` nearest matching objects as ``[(object id, distance m), ...]``, nearest first.
@@ -68,5 +68,8 @@ class BruteForceKnn:
         """
         cand = self.matching(keywords)
         d = haversine_m(lon, lat, self.lon[cand], self.lat[cand])
+        if len(d) > k:  # every distance is computed; only those up to the k-th (ties included) are sorted
+            keep = d <= np.partition(d, k - 1)[k - 1]
+            cand, d = cand[keep], d[keep]
         top = np.lexsort((self._id_rank[cand], d))[:k]
         return [(str(self.ids[cand[i]]), float(d[i])) for i in top]
