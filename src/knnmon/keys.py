@@ -15,7 +15,7 @@ class Keys:
 
     - ``result(qid)``: sorted set, member object id, score distance in meters;
     - ``query(qid)``: hash ``lon``, ``lat``, ``keywords`` (space separated), ``k``, ``worker``,
-      ``version``;
+      ``version`` (at registration; later versions are in ``changes``);
     - ``object(oid)``: hash ``lon``, ``lat``, ``t``, ``keywords``, ``refs`` (results holding it);
     - ``changes``: stream of ``qid``, ``entered``, ``left``, ``version`` per changed result;
     - ``ingest_objects``, ``ingest_queries``: streams ``knnmon serve`` consumes;
