@@ -332,7 +332,9 @@ class Runtime:
                 if len(rows) == total:
                     break
         wall = time.perf_counter() - t0
-        return self.summarize_run(rows, wall)
+        summary = self.summarize_run(rows, wall)
+        summary["workers_stats"] = self.worker_stats()
+        return summary
 
     def summarize_run(self, rows: Sequence[dict[str, Any]], wall_s: float) -> dict[str, Any]:
         """Update time mean/p50/p99 (ms), imbalance, objects/s, deliveries, changes."""

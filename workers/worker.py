@@ -289,6 +289,9 @@ class KnnWorker:
                 "redis_s": redis_s, "index_s": index_s}
 
     def stats(self) -> dict[str, Any]:
-        """Queries held, index entries and rebuilds so far."""
+        """Queries held, index entries, queries re-indexed so far, and this process's peak RSS (MB)."""
+        import resource
+
         return {"worker": self.worker_id, "queries": int(self.alive.sum()), "index_entries": self.index.entries,
-                "refreshed": self.refreshed, "keywords": len(self.vocab)}
+                "refreshed": self.refreshed, "keywords": len(self.vocab),
+                "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}

@@ -157,3 +157,30 @@ def test_antimeridian_and_high_latitudes(spark, ray_instance, redis_url, namespa
         rt.run(progress=False)
         objects = stream_order(read_objects(str(tmp_path / "objects")), None)
         assert_exact(redis_url, namespace, q, BruteForceKnn(objects))
+
+
+def test_run_and_results_commands(small, ray_instance, redis_url, namespace, tmp_path, capsys):
+    from knnmon.coordinator.cli import main
+
+    objects_dir, queries, objects = small
+    qfile = tmp_path / "q.parquet"
+    import pyarrow.parquet as pq
+
+    pq.write_table(queries.slice(0, 300), qfile)
+    report = tmp_path / "run.json"
+    rc = main(["run", "--objects", objects_dir, "--queries", str(qfile), "--workers", "2", "--algorithm", "space",
+               "--initial", "5000", "--batch", "1000", "--batches", "3", "--redis", redis_url, "--namespace", namespace,
+               "--report", str(report), "--quiet"])
+    assert rc == 0
+    s = json.loads(report.read_text())
+    for key in ("update_ms_mean", "update_ms_p50", "update_ms_p99", "imbalance_ms_mean", "objects_per_s",
+                "deliveries_per_object", "results_changed", "workers_stats"):
+        assert key in s
+    assert s["batches"] == 3 and s["objects"] == 3000 and len(s["workers_stats"]) == 2
+    assert "throughput" in capsys.readouterr().out
+    assert main(["results", "q0", "--redis", redis_url, "--namespace", namespace]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("query q0: k=") and " m  " in out
+    assert main(["results", "nosuch", "--redis", redis_url, "--namespace", namespace]) == 2
+    assert "no query 'nosuch'" in capsys.readouterr().err
+    assert main(["run", "--objects", objects_dir, "--queries", str(qfile), "--workers", "0", "--redis", redis_url]) == 2
