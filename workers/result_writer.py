@@ -9,8 +9,9 @@ Layout: :class:`knnmon.keys.Keys`. A batch's writes travel as one msgpack payloa
    distance in meters), ``ZREM`` those that left (the whole query hash is written on
    registration), and appends one ``changes`` stream entry (``qid``, ``entered``, ``left``,
    ``version``: the query's change count);
-3. counts in an object's ``refs`` the results holding it, writes the object's hash when the
-   first result takes it, and deletes the hash when the last one lets it go;
+3. counts in an object's ``refs`` the results holding it (the batch's net change per object, one
+   ``HINCRBY`` each), writes the object's hash when the first result takes it, and deletes the
+   hash when the last one lets it go;
 4. sets the marker ``<session>:<tag>``.
 
 Sending one payload instead of thousands of pipelined commands was measured at 158 ms -> a few
@@ -56,22 +57,13 @@ for j = 1, #p.q do
       args[#args + 1] = e[i + 1]
       args[#args + 1] = e[i]
       ent[#ent + 1] = e[i]
-      local okey = ns .. ':object:' .. e[i]
-      if redis.call('HINCRBY', okey, 'refs', 1) == 1 then
-        local o = at[e[i]]
-        redis.call('HSET', okey, 'lon', obj[o + 1], 'lat', obj[o + 2], 't', obj[o + 3], 'keywords', obj[o + 4])
-      end
     end
     redis.call('ZADD', rkey, unpack(args))
     ei = ei + 2 * ne
   end
   local gone = {}
   if nl > 0 then
-    for i = li, li + nl - 1 do
-      gone[#gone + 1] = l[i]
-      local okey = ns .. ':object:' .. l[i]
-      if redis.call('HINCRBY', okey, 'refs', -1) <= 0 then redis.call('DEL', okey) end
-    end
+    for i = li, li + nl - 1 do gone[#gone + 1] = l[i] end
     redis.call('ZREM', rkey, unpack(gone))
     li = li + nl
   end
@@ -84,6 +76,16 @@ for j = 1, #p.q do
   if p.log == 1 then
     redis.call('XADD', ns .. ':changes', 'MAXLEN', '~', p.maxlen, '*', 'qid', qid,
                'entered', table.concat(ent, ' '), 'left', table.concat(gone, ' '), 'version', p.v[j])
+  end
+end
+for i = 1, #p.ro do
+  local okey = ns .. ':object:' .. p.ro[i]
+  local n = redis.call('HINCRBY', okey, 'refs', p.rd[i])
+  if n <= 0 then
+    redis.call('DEL', okey)
+  elseif n == p.rd[i] then
+    local o = at[p.ro[i]]
+    redis.call('HSET', okey, 'lon', obj[o + 1], 'lat', obj[o + 2], 't', obj[o + 3], 'keywords', obj[o + 4])
   end
 end
 for _, qid in ipairs(p.del) do
@@ -138,6 +140,13 @@ class ResultWriter:
         for _, _, entered, _, _ in rows:
             for oid, dist in entered:
                 e += [oid, float(dist)]
+        refs: dict[str, int] = {}  # net reference change per object: one HINCRBY each
+        for _, _, entered, left, _ in rows:
+            for oid, _ in entered:
+                refs[oid] = refs.get(oid, 0) + 1
+            for oid in left:
+                refs[oid] = refs.get(oid, 0) - 1
+        refs = {oid: d for oid, d in refs.items() if d}
         obj: list[Any] = []
         for oid, o in objects.items():
             obj += [oid, repr(float(o.lon)), repr(float(o.lat)), str(int(o.t)), " ".join(o.keywords)]
@@ -147,7 +156,7 @@ class ResultWriter:
             "q": [r[0] for r in rows], "v": [r[1] for r in rows], "rep": [int(replace)] * n,
             "ne": [len(r[2]) for r in rows], "e": e, "nl": [len(r[3]) for r in rows],
             "l": [oid for r in rows for oid in r[3]], "nf": [len(r[4]) for r in rows],
-            "f": [x for r in rows for x in r[4]],
+            "f": [x for r in rows for x in r[4]], "ro": list(refs), "rd": list(refs.values()),
         })
         # The script ignores a tag it has applied already, so a plain retry is exactly-once.
         with_retries(lambda: self._apply(args=[payload]), f"writing batch {tag} of worker {self.worker}", self.url)
