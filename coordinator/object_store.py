@@ -43,9 +43,10 @@ class ObjectStore:
 
     def initial_info(self, rows: np.ndarray) -> dict[str, ObjectInfo]:
         """:class:`ObjectInfo` of initial objects by row (for ``knn:object:{oid}``)."""
-        kw = self.initial.column("keywords")
-        return {str(self.index.ids[r]): ObjectInfo(float(self.index.lon[r]), float(self.index.lat[r]),
-                                                   int(self._t[r]), kw[int(r)].as_py()) for r in np.unique(rows)}
+        rows = np.unique(np.asarray(rows, dtype=np.int64))
+        kws = self.initial.column("keywords").take(pa.array(rows)).to_pylist()
+        ids, lon, lat, t = self.index.ids[rows], self.index.lon[rows], self.index.lat[rows], self._t[rows]
+        return {str(ids[i]): ObjectInfo(float(lon[i]), float(lat[i]), int(t[i]), kws[i]) for i in range(len(rows))}
 
     def knn(self, lon: float, lat: float, keywords: Sequence[str], k: int) -> tuple[list[tuple[str, float]],
                                                                                     dict[str, ObjectInfo]]:

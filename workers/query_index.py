@@ -58,7 +58,7 @@ class QueryIndex:
 
     The grid lists are two aligned arrays, ``keys`` (int64, sorted, repeated per query) and
     ``slots``, so that :meth:`refresh` can replace the entries of a few queries in O(entries)
-    without re-sorting.
+    without re-sorting. Keyword codes must be below ``2**24``.
     """
 
     def __init__(self) -> None:

@@ -112,7 +112,7 @@ def test_rejects_keep_the_original_record(tweets_run):
 
 def test_kept_tweets_from_both_forms(tweets_run):
     got = {o["id"]: o for o in pq.read_table(tweets_run["out"] / "objects.parquet").to_pylist()}
-    for i, row in enumerate(tweets_run["csv_rows"] + tweets_run["json_rows"]):
+    for row in tweets_run["csv_rows"] + tweets_run["json_rows"]:
         if natural_outcome(row):
             assert row["id"] not in got
             continue
