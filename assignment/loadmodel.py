@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from knnmon.encoding import keyword_codes
 from knnmon.errors import InputPathError
 from knnmon.geo import cap_bbox
 from knnmon.ingest.grid import Grid
@@ -117,11 +118,7 @@ class LoadModel:
     # -- codes -------------------------------------------------------------------------------
     def encode(self, keywords: pa.Array) -> tuple[np.ndarray, np.ndarray]:
         """``(owner, code)`` int64 arrays for a list<string> array; unknown keywords get ``-1``."""
-        if isinstance(keywords, pa.ChunkedArray):
-            keywords = keywords.combine_chunks()
-        owner = pc.list_parent_indices(keywords).to_numpy().astype(np.int64)
-        codes = pc.index_in(keywords.flatten(), value_set=self._vocab).fill_null(-1).to_numpy()
-        return owner, codes.astype(np.int64)
+        return keyword_codes(keywords, self._vocab)
 
     # -- regions -----------------------------------------------------------------------------
     def rects(self, lon: np.ndarray, lat: np.ndarray, radius_m: np.ndarray) -> QueryRects:

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from knnmon.assignment.base import Plan
 from knnmon.assignment.loadmodel import LoadModel
 from knnmon.assignment.workload import Workload
+from knnmon.encoding import keyword_codes
 from knnmon.ingest.grid import Grid
 
 __all__ = ["RoutingTable", "popcount"]
@@ -102,11 +102,12 @@ class RoutingTable:
 
     def route_objects(self, lon: np.ndarray, lat: np.ndarray, keywords: pa.Array) -> np.ndarray:
         """Worker bitmasks of objects given as degrees and a list<string> keyword array."""
-        if isinstance(keywords, pa.ChunkedArray):
-            keywords = keywords.combine_chunks()
-        owner = pc.list_parent_indices(keywords).to_numpy().astype(np.int64)
-        codes = pc.index_in(keywords.flatten(), value_set=self._vocab).fill_null(-1).to_numpy().astype(np.int64)
+        owner, codes = self.encode(keywords)
         return self.route_v(self.grid.cell_of(lon, lat), owner, codes)
+
+    def encode(self, keywords: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+        """``(object, keyword code)`` int64 arrays of a list<string> array; ``-1``: no query has it."""
+        return keyword_codes(keywords, self._vocab)
 
     def code(self, keyword: str) -> int:
         """The code of ``keyword``, added to the vocabulary if new (a query registered at run time)."""

@@ -247,9 +247,7 @@ class Runtime:
 
     # -- stream ------------------------------------------------------------------------------
     def _encode(self, keywords: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-        routing = self.plan.routing
-        owner = pc.list_parent_indices(keywords).to_numpy().astype(np.int64)
-        codes = pc.index_in(keywords.flatten(), value_set=routing._vocab).fill_null(-1).to_numpy().astype(np.int64)
+        owner, codes = self.plan.routing.encode(keywords)
         keep = codes >= 0
         return owner[keep], codes[keep]
 

@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from rtree import index as rtree_index
 
+from knnmon.encoding import keyword_codes
 from knnmon.geo import haversine_m
 
 __all__ = ["ObjectIndex", "unit_vectors", "morton_codes"]
@@ -92,6 +93,7 @@ class ObjectIndex:
         kw = objects.column("keywords").combine_chunks()
         owner = pc.list_parent_indices(kw).to_numpy()
         codes = pc.dictionary_encode(kw.flatten())
+        self._vocab_array = codes.dictionary
         self.vocabulary: dict[str, int] = {w: i for i, w in enumerate(codes.dictionary.to_pylist())}
         code = codes.indices.to_numpy()
         order = np.argsort(code, kind="stable")
@@ -124,15 +126,11 @@ class ObjectIndex:
         ``keywords`` is a pyarrow list<string> array (fast path) or a sequence of iterables of
         strings. Returns two ``(p,)`` int64 arrays; a keyword repeated in a query counts once.
         """
-        if isinstance(keywords, pa.ChunkedArray):
-            keywords = keywords.combine_chunks()
-        if not isinstance(keywords, pa.Array):
+        if not isinstance(keywords, (pa.Array, pa.ChunkedArray)):
             keywords = pa.array([sorted(set(kws)) for kws in keywords], type=pa.list_(pa.string()))
-        owner = pc.list_parent_indices(keywords).to_numpy()
-        vocab = pa.array(list(self.vocabulary), type=pa.string())
-        codes = pc.index_in(keywords.flatten(), value_set=vocab).to_numpy(zero_copy_only=False)
-        known = ~np.isnan(codes.astype(np.float64))
-        q, c = owner[known].astype(np.int64), codes[known].astype(np.int64)
+        owner, code = keyword_codes(keywords, self._vocab_array)
+        known = code >= 0
+        q, c = owner[known], code[known]
         key = np.unique(q * (len(self.vocabulary) + 1) + c)
         return key // (len(self.vocabulary) + 1), key % (len(self.vocabulary) + 1)
 
