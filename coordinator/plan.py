@@ -35,7 +35,7 @@ from knnmon.assignment.summary import summarize
 from knnmon.errors import InputPathError, InvalidArgumentError
 from knnmon.ingest.queries import read_objects
 
-__all__ = ["PlanResult", "make_plan", "plan_workload", "write_plan", "explain", "format_summary", "load_queries",
+__all__ = ["PlanResult", "make_plan", "plan_workload", "stream_order", "write_plan", "explain", "format_summary", "load_queries",
            "initial_objects", "add_plan_command"]
 
 #: The paper's number of objects seen before the stream starts.
@@ -94,22 +94,31 @@ def load_queries(path: str) -> pa.Table:
     return t
 
 
+def stream_order(objects: pa.Table, shuffle: int | None = None) -> pa.Table:
+    """Objects in stream order ``(t, id)``, or shuffled with seed ``shuffle``.
+
+    Ingest writes ``objects.parquet`` in ``(t, id)`` order already; that is checked (one pass)
+    and the sort skipped then.
+    """
+    if shuffle is not None:
+        return objects.take(pa.array(np.random.default_rng(shuffle).permutation(objects.num_rows)))
+    t = objects.column("t").to_numpy()
+    ordered = bool(np.all(np.diff(t) >= 0))
+    tie = np.flatnonzero(np.diff(t) == 0) if ordered else np.empty(0, dtype=np.int64)
+    if len(tie):
+        ids = objects.column("id")
+        ordered = bool(pc.all(pc.less(ids.take(pa.array(tie)), ids.take(pa.array(tie + 1)))).as_py())
+    if ordered:
+        return objects
+    return objects.take(pc.sort_indices(objects, sort_keys=[("t", "ascending"), ("id", "ascending")]))
+
+
 def initial_objects(objects_dir: str, n: int) -> pa.Table:
     """The first ``n`` objects in stream order ``(t, id)`` (all if fewer), with ``id``, ``lon``,
     ``lat``, ``keywords``."""
     if n < 0:
         raise InvalidArgumentError(f"--initial must be >= 0; got {n}")
-    objects = read_objects(objects_dir, ["id", "lon", "lat", "t", "keywords"])
-    t = objects.column("t").to_numpy()
-    ids = objects.column("id")
-    ordered = bool(np.all(np.diff(t) >= 0))
-    if ordered and len(t) > 1:
-        tie = np.flatnonzero(np.diff(t) == 0)
-        if len(tie):
-            a, b = ids.take(pa.array(tie)), ids.take(pa.array(tie + 1))
-            ordered = bool(pc.all(pc.less(a, b)).as_py())
-    if not ordered:
-        objects = objects.take(pc.sort_indices(objects, sort_keys=[("t", "ascending"), ("id", "ascending")]))
+    objects = stream_order(read_objects(objects_dir, ["id", "lon", "lat", "t", "keywords"]), None)
     return objects.slice(0, min(n, objects.num_rows)).select(["id", "lon", "lat", "keywords"])
 
 

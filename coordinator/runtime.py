@@ -27,12 +27,10 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from knnmon.assignment.routing import popcount
 from knnmon.connection import connect, redis_url_from_env
 from knnmon.coordinator.object_store import ObjectStore
-from knnmon.coordinator.plan import PlanResult, load_queries, plan_workload
+from knnmon.coordinator.plan import PlanResult, load_queries, plan_workload, stream_order
 from knnmon.errors import InvalidArgumentError, InvalidQueryError
 from knnmon.ingest.keywords import normalize_keywords
 from knnmon.ingest.queries import read_objects
@@ -84,13 +82,6 @@ class RunConfig:
             raise InvalidArgumentError(f"--batches must be >= 1; got {self.batches}")
         if self.executor not in ("ray", "inline"):
             raise InvalidArgumentError(f"Invalid executor: {self.executor!r}.\nValid options are: ('ray', 'inline')")
-
-
-def stream_order(objects: pa.Table, shuffle: int | None) -> pa.Table:
-    """Objects in ``(t, id)`` order, or shuffled with seed ``shuffle``."""
-    if shuffle is None:
-        return objects.take(pc.sort_indices(objects, sort_keys=[("t", "ascending"), ("id", "ascending")]))
-    return objects.take(pa.array(np.random.default_rng(shuffle).permutation(objects.num_rows)))
 
 
 class _Inline:
@@ -307,8 +298,7 @@ class Runtime:
                 "busy_ms": busy.tolist(), "imbalance_ms": float(busy.max() - busy.min()),
                 "sim_update_ms": route_ms + float(busy.max()), "deliveries": sent,
                 "candidates": sum(r["candidates"] for r in reports), "passed": sum(r["passed"] for r in reports),
-                "changed": sum(r["changed"] for r in reports),
-                "deliveries_per_object_batch": float(popcount(masks).mean()) if len(masks) else 0.0}
+                "changed": sum(r["changed"] for r in reports)}
 
     def batches(self) -> Iterator[pa.Table]:
         """The stream's batches, in order."""
@@ -322,13 +312,10 @@ class Runtime:
 
         rows = []
         t0 = time.perf_counter()
-        total = -(-self.stream_table.num_rows // self.config.batch)
         with tqdm(total=self.stream_table.num_rows, unit="obj", disable=not progress, smoothing=0.1) as bar:
             for batch in self.batches():
                 rows.append(self.process(batch))
                 bar.update(batch.num_rows)
-                if len(rows) == total:
-                    break
         wall = time.perf_counter() - t0
         summary = self.summarize_run(rows, wall)
         summary["workers_stats"] = self.worker_stats()

@@ -183,8 +183,8 @@ class ResultWriter:
         """Write one batch's result changes (module docstring)."""
         self._send(tag, [(c.qid, c.version, c.entered, c.left, []) for c in changes], objects)
 
-    def delete_query(self, tag: int, qid: str, result: Sequence[str] = ()) -> None:
-        """Delete a query's keys and release the objects of its result."""
+    def delete_query(self, tag: int, qid: str) -> None:
+        """Delete a query's keys and release the objects of its result (read by the script)."""
         self._send(tag, [], {}, delete=[qid])
 
     def close(self) -> None:

@@ -9,7 +9,8 @@ actor at the edge. Per batch (``SPEC.md``, "The worker"; Tsuruoka et al. 2019, Â
 3. top-k update, ordered by ``(distance m, object id)``; ``r_q`` shrinks and the query is
    re-indexed with its smaller region (:meth:`QueryIndex.refresh`, O(entries), no re-sort);
 4. every changed result, the objects now in results, and one ``changes`` entry per changed
-   query written in one MULTI/EXEC (:class:`~knnmon.workers.result_writer.ResultWriter`).
+   query written in one atomic, exactly-once script call
+   (:class:`~knnmon.workers.result_writer.ResultWriter`).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ class KnnWorker:
         Redis key prefix.
     vocabulary
         Keyword -> code map shared with the coordinator, so batches can arrive pre-encoded
-        (``kw_codes``); keywords first seen here get new codes.
+        (``pairs`` of :meth:`process_batch`); keywords first seen here get new codes.
     """
 
     def __init__(self, worker_id: int, redis_url: str | None, namespace: str = "knn", *,
@@ -148,8 +149,7 @@ class KnnWorker:
         slots = self._append(ids, lon, lat, k, keywords, topk)
         if self.writer is not None:
             for s in range(slots.start, slots.stop, chunk):
-                rows = [(self.qids[j], self._fields(j), [(o, d) for d, o in self.topk[j]])
-                        for j in range(s, min(s + chunk, slots.stop))]
+                rows = [(self.qids[j], self._fields(j), self._result(j)) for j in range(s, min(s + chunk, slots.stop))]
                 self.writer.write_queries(self._next_tag(), rows, objects)
         self.rebuild_index()
         return {"queries": len(ids), "index_entries": self.index.entries, "seconds": time.perf_counter() - t0}
@@ -170,8 +170,7 @@ class KnnWorker:
             self.vocab.update(vocabulary)
         slot = self._append([qid], [lon], [lat], [k], [list(keywords)], [topk])[0]
         if self.writer is not None:
-            self.writer.write_queries(self._next_tag(), [(qid, self._fields(slot), [(o, d) for d, o in self.topk[slot]])],
-                                      objects)
+            self.writer.write_queries(self._next_tag(), [(qid, self._fields(slot), self._result(slot))], objects)
         self._refresh([slot])
 
     def unregister_query(self, qid: str) -> bool:
@@ -181,14 +180,17 @@ class KnnWorker:
             return False
         self.alive[slot] = False
         if self.writer is not None:
-            self.writer.delete_query(self._next_tag(), qid, [o for _, o in self.topk[slot]])
+            self.writer.delete_query(self._next_tag(), qid)
         self.topk[slot] = []
         self._refresh([slot])
         return True
 
+    def _result(self, slot: int) -> list[tuple[str, float]]:
+        return [(o, d) for d, o in self.topk[slot]]
+
     def result(self, qid: str) -> list[tuple[str, float]]:
         """The current kNN of ``qid``: ``[(object id, distance m), ...]`` nearest first."""
-        return [(o, d) for d, o in self.topk[self.slot_of[qid]]]
+        return self._result(self.slot_of[qid])
 
     # -- objects -----------------------------------------------------------------------------
     def encode(self, keywords: Sequence[Sequence[str]]) -> tuple[np.ndarray, np.ndarray]:
