@@ -7,6 +7,7 @@ import sys
 from collections.abc import Sequence
 
 from knnmon import __version__
+from knnmon.coordinator.bench import add_bench_command
 from knnmon.coordinator.demo import add_demo_command
 from knnmon.coordinator.plan import add_plan_command
 from knnmon.coordinator.run import add_run_commands
@@ -29,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_queries_commands(sub)
     add_plan_command(sub)
     add_run_commands(sub)
+    add_bench_command(sub)
     return parser
 
 

@@ -38,7 +38,7 @@ from knnmon.keys import DEFAULT_NAMESPACE
 from knnmon.redis_server import EmbeddedRedis
 from knnmon.workers.object_index import ObjectIndex
 
-__all__ = ["RunConfig", "Runtime", "stream_order"]
+__all__ = ["Prepared", "RunConfig", "Runtime", "init_ray", "prepare", "stream_order"]
 
 log = logging.getLogger("knnmon.runtime")
 
@@ -51,7 +51,7 @@ class RunConfig:
     ------
     InvalidArgumentError
         ``workers`` outside 1..64, ``batch < 1``, ``initial < 0``, ``batches < 1``, an unknown
-        ``executor``.
+        ``executor`` or ``index`` (the worker's query index, :data:`knnmon.workers.worker.INDEXES`).
     """
 
     workers: int = 4
@@ -70,6 +70,7 @@ class RunConfig:
     delivery_cost: float = 1.0
     processes: int = 2
     seed: int = 0
+    index: str = "grid"
 
     def __post_init__(self) -> None:
         if not 1 <= self.workers <= 64:
@@ -80,8 +81,86 @@ class RunConfig:
             raise InvalidArgumentError(f"--initial must be >= 0; got {self.initial}")
         if self.batches is not None and self.batches < 1:
             raise InvalidArgumentError(f"--batches must be >= 1; got {self.batches}")
+        if self.index not in ("grid", "keyword-lists"):
+            raise InvalidArgumentError(f"Invalid index: {self.index!r}.\nValid options are: ('grid', 'keyword-lists')")
         if self.executor not in ("ray", "inline"):
             raise InvalidArgumentError(f"Invalid executor: {self.executor!r}.\nValid options are: ('ray', 'inline')")
+
+
+@dataclass
+class Prepared:
+    """What every run over the same objects, queries and split shares (:func:`prepare`).
+
+    ``initial`` and ``stream`` are tables in stream order; ``idx``, ``counts``, ``dist`` are the
+    initial kNN as :meth:`ObjectIndex.knn_v` returns it (rows into ``initial``, per-query counts,
+    meters), ``radius`` each query's k-th distance (``inf`` below ``k`` matches), ``timings``
+    seconds spent reading and searching.
+    """
+
+    model: Any
+    queries: pa.Table
+    initial: pa.Table
+    stream: pa.Table
+    index: ObjectIndex | None
+    idx: np.ndarray
+    counts: np.ndarray
+    dist: np.ndarray
+    radius: np.ndarray
+    timings: dict[str, float]
+
+
+def prepare(objects_dir: str, queries: str | pa.Table, config: RunConfig) -> Prepared:
+    """Read the objects in stream order, split initial/stream, and compute the exact initial kNN.
+
+    Raises
+    ------
+    InvalidArgumentError
+        A missing or invalid ingest directory or query file.
+    """
+    from knnmon.assignment import LoadModel
+
+    c = config
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    model = LoadModel.from_ingest(objects_dir)
+    queries = queries if isinstance(queries, pa.Table) else load_queries(queries)
+    objects = stream_order(read_objects(objects_dir, ["id", "lon", "lat", "t", "keywords"]), c.shuffle)
+    initial = objects.slice(0, min(c.initial, objects.num_rows))
+    rest = objects.slice(initial.num_rows)
+    if c.batches is not None:
+        rest = rest.slice(0, c.batches * c.batch)
+    timings["read_s"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    index = ObjectIndex(initial) if initial.num_rows else None
+    lon, lat = queries.column("lon").to_numpy(), queries.column("lat").to_numpy()
+    k = queries.column("k").to_numpy().astype(np.int64)
+    if index is not None:
+        idx, counts, dist = index.knn_v(lon, lat, queries.column("keywords"), k, processes=c.processes)
+    else:
+        idx, counts, dist = np.empty(0, np.int64), np.zeros(len(lon), np.int64), np.empty(0)
+    ends = np.cumsum(counts)
+    radius = np.full(len(lon), np.inf)
+    full = counts >= k
+    radius[full] = dist[ends[full] - 1]
+    timings["initial_knn_s"] = time.perf_counter() - t0
+    return Prepared(model, queries, initial, rest, index, idx, counts, dist, radius, timings)
+
+
+def init_ray(address: str | None = None) -> bool:
+    """Join the Ray cluster at ``address`` (or ``RAY_ADDRESS``), else start a local instance
+    (all cores, no dashboard, 512 MiB object store); returns ``True`` if it started Ray."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    address = address or os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address, log_to_driver=False)
+    else:
+        ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False,
+                 object_store_memory=512 * 1024 * 1024, log_to_driver=False)
+    return True
 
 
 class _Inline:
@@ -112,10 +191,15 @@ class Runtime:
         A query file path, or a query table (``id``, ``lon``, ``lat``, ``keywords``, ``k``).
     config
         :class:`RunConfig`.
+    prepared
+        The stream and initial kNN from :func:`prepare`, to reuse across runs (benchmarks);
+        computed by :meth:`start` when omitted.
     """
 
-    def __init__(self, objects_dir: str, queries: str | pa.Table, config: RunConfig) -> None:
+    def __init__(self, objects_dir: str, queries: str | pa.Table, config: RunConfig,
+                 prepared: Prepared | None = None) -> None:
         self.config = config
+        self.prepared = prepared
         self.objects_dir = objects_dir
         self._queries_arg = queries
         self.redis: EmbeddedRedis | None = None
@@ -129,6 +213,7 @@ class Runtime:
         self.stream_table: pa.Table | None = None
         self.query_worker: dict[str, int] = {}
         self.timings: dict[str, float] = {}
+        self.rows: list[dict[str, Any]] = []  # per-batch measurements of :meth:`run`
 
     # -- start -------------------------------------------------------------------------------
     def _start_redis(self) -> None:
@@ -148,23 +233,17 @@ class Runtime:
 
         W = self.config.workers
         if self.config.executor == "inline":
-            self.actors = [_Inline(KnnWorker(w, self.redis_url, self.config.namespace, vocabulary=vocabulary))
+            self.actors = [_Inline(KnnWorker(w, self.redis_url, self.config.namespace, vocabulary=vocabulary,
+                                     index=self.config.index))
                            for w in range(W)]
             return
-        import ray
 
         from knnmon.workers.actor import WorkerActor
 
-        if not ray.is_initialized():
-            address = self.config.ray_address or os.environ.get("RAY_ADDRESS")
-            if address:
-                ray.init(address=address, log_to_driver=False)
-            else:
-                ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False,
-                         object_store_memory=512 * 1024 * 1024, log_to_driver=False)
-            self._ray_started = True
+        self._ray_started = init_ray(self.config.ray_address)
         actor = WorkerActor(num_cpus=0, scheduling_strategy="SPREAD")
-        self.actors = [actor.remote(w, self.redis_url, self.config.namespace, vocabulary=vocabulary) for w in range(W)]
+        self.actors = [actor.remote(w, self.redis_url, self.config.namespace, vocabulary=vocabulary,
+                                     index=self.config.index) for w in range(W)]
 
     def _get(self, refs):
         if self.config.executor == "inline":
@@ -176,34 +255,17 @@ class Runtime:
     def start(self) -> Runtime:
         """Read, plan, start Redis and the workers, load every query's initial kNN."""
         c = self.config
-        t0 = time.perf_counter()
-        from knnmon.assignment import LoadModel
-
-        model = LoadModel.from_ingest(self.objects_dir)
-        queries = self._queries_arg if isinstance(self._queries_arg, pa.Table) else load_queries(self._queries_arg)
-        objects = stream_order(read_objects(self.objects_dir, ["id", "lon", "lat", "t", "keywords"]), c.shuffle)
-        initial = objects.slice(0, min(c.initial, objects.num_rows))
-        rest = objects.slice(initial.num_rows)
-        if c.batches is not None:
-            rest = rest.slice(0, c.batches * c.batch)
-        self.stream_table = rest
-        self.timings["read_s"] = time.perf_counter() - t0
-
-        t0 = time.perf_counter()
-        index = ObjectIndex(initial) if initial.num_rows else None
+        p = self.prepared if self.prepared is not None else prepare(self.objects_dir, self._queries_arg, c)
+        self.prepared = p
+        self.timings.update(p.timings)
+        model, queries, initial, index = p.model, p.queries, p.initial, p.index
+        self.stream_table = p.stream
         self.store = ObjectStore(initial, index) if index is not None else None
         lon, lat = queries.column("lon").to_numpy(), queries.column("lat").to_numpy()
         k = queries.column("k").to_numpy().astype(np.int64)
-        if index is not None:
-            idx, counts, dist = index.knn_v(lon, lat, queries.column("keywords"), k, processes=c.processes)
-        else:
-            idx, counts, dist = np.empty(0, np.int64), np.zeros(len(lon), np.int64), np.empty(0)
+        idx, counts, dist, radius = p.idx, p.counts, p.dist, p.radius
         ends = np.cumsum(counts)
-        radius = np.full(len(lon), np.inf)
-        full = counts >= k
-        radius[full] = dist[ends[full] - 1]
         self.seen.update(initial.column("id").to_pylist())
-        self.timings["initial_knn_s"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
         self.plan = plan_workload(model, queries, initial.select(["id", "lon", "lat", "keywords"]), radius, c.workers,
@@ -310,7 +372,7 @@ class Runtime:
         """Stream every batch; returns the run summary (see :func:`summarize_run`)."""
         from tqdm import tqdm
 
-        rows = []
+        rows = self.rows = []
         t0 = time.perf_counter()
         with tqdm(total=self.stream_table.num_rows, unit="obj", disable=not progress, smoothing=0.1) as bar:
             for batch in self.batches():

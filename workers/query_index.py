@@ -27,7 +27,7 @@ from rtree import index as rtree_index
 
 from knnmon.geo import cap_bbox
 
-__all__ = ["QueryIndex", "LEVELS", "FINEST"]
+__all__ = ["FINEST", "LEVELS", "QueryIndex"]
 
 #: Grid levels 0..LEVELS-1; level l has 2**(FINEST - l) cells per side.
 LEVELS = 11
@@ -67,7 +67,8 @@ class QueryIndex:
         self._tree: rtree_index.Index | None = None
         self._tree_codes = np.empty(0, dtype=np.int64)
         self._tree_slot = np.empty(0, dtype=np.int64)
-        self._tree_entries: tuple[np.ndarray, ...] = tuple(np.empty(0) for _ in range(5))
+        self._tree_entries: tuple[np.ndarray, ...] = (np.empty(0, np.int64), np.empty(0, np.int64),
+                                                      *(np.empty(0) for _ in range(4)))
 
     @property
     def entries(self) -> int:
@@ -137,14 +138,17 @@ class QueryIndex:
         ones (``slot``, ``code``, ... as in :meth:`rebuild`, only for those queries; none for a
         removed query). O(entries): a mask and one sorted insert, no re-sort."""
         changed = np.asarray(changed, dtype=np.int64)
-        keep = ~np.isin(self._slots, changed)
+        old = self._tree_entries
+        size = max(int(a.max(initial=-1)) for a in (self._slots, changed, old[0])) + 1
+        gone = np.zeros(size, dtype=bool)  # a mask, not np.isin: no sort of the O(entries) arrays
+        gone[changed] = True
+        keep = ~gone[self._slots]
         keys, slots, big = self._grid_entries(slot, code, lon, lat, radius_m)
         order = np.argsort(keys, kind="stable")
         base_k, base_s = self._keys[keep], self._slots[keep]
         pos = np.searchsorted(base_k, keys[order])
         self._keys, self._slots = np.insert(base_k, pos, keys[order]), np.insert(base_s, pos, slots[order])
-        old = self._tree_entries
-        stay = ~np.isin(old[0], changed)
+        stay = ~gone[old[0]]
         if len(big[0]) or not stay.all():
             self._set_tree(*(np.concatenate([o[stay], b]) for o, b in zip(old, big)))
 

@@ -31,7 +31,7 @@ import msgpack
 from knnmon.connection import connect, with_retries
 from knnmon.keys import Keys
 
-__all__ = ["ResultWriter", "Change", "ObjectInfo", "CHANGES_MAXLEN"]
+__all__ = ["CHANGES_MAXLEN", "Change", "ObjectInfo", "ResultWriter"]
 
 #: Approximate cap of the ``changes`` stream (XADD MAXLEN ~).
 CHANGES_MAXLEN = 1_000_000
@@ -131,35 +131,43 @@ class ResultWriter:
         self._marker = self.keys.worker_batch(worker)
         self.session = uuid.uuid4().hex[:12]  # markers of earlier runs never match
 
-    def _send(self, tag: int, rows: Sequence[tuple[str, int, Sequence[tuple[str, float]], Sequence[str], list[Any]]],
-              objects: Mapping[str, ObjectInfo], *, replace: bool = False, log: bool = True,
+    def _send(self, tag: int, q: Sequence[str], v: Sequence[int], ne: Sequence[int], e: list[Any],
+              nl: Sequence[int], left: Sequence[str], refs: Mapping[str, int], objects: Mapping[str, ObjectInfo], *,
+              nf: Sequence[int] | None = None, f: Sequence[str] = (), replace: bool = False, log: bool = True,
               delete: Sequence[str] = ()) -> None:
-        """One script call: ``rows`` are ``(qid, version, entered, left, query hash fields)``."""
-        n = len(rows)
-        e: list[Any] = []
-        for _, _, entered, _, _ in rows:
-            for oid, dist in entered:
-                e += [oid, float(dist)]
-        refs: dict[str, int] = {}  # net reference change per object: one HINCRBY each
-        for _, _, entered, left, _ in rows:
-            for oid, _ in entered:
-                refs[oid] = refs.get(oid, 0) + 1
-            for oid in left:
-                refs[oid] = refs.get(oid, 0) - 1
-        refs = {oid: d for oid, d in refs.items() if d}
+        """One script call. Per changed query ``q[j]`` (version ``v[j]``): ``ne[j]`` entered
+        objects as ``oid, distance`` pairs in ``e``, ``nl[j]`` left ids in ``left``, and
+        ``nf[j]`` query hash fields (key, value, ...) in ``f``; ``refs`` is the net change of
+        each object's reference count, ``objects`` the details of objects entering."""
+        n = len(q)
         obj: list[Any] = []
         for oid, o in objects.items():
             obj += [oid, repr(float(o.lon)), repr(float(o.lat)), str(int(o.t)), " ".join(o.keywords)]
         payload = msgpack.packb({
             "ns": self.keys.namespace, "marker": self._marker, "tag": f"{self.session}:{tag}",
             "maxlen": CHANGES_MAXLEN, "log": int(log), "del": list(delete), "obj": obj,
-            "q": [r[0] for r in rows], "v": [r[1] for r in rows], "rep": [int(replace)] * n,
-            "ne": [len(r[2]) for r in rows], "e": e, "nl": [len(r[3]) for r in rows],
-            "l": [oid for r in rows for oid in r[3]], "nf": [len(r[4]) for r in rows],
-            "f": [x for r in rows for x in r[4]], "ro": list(refs), "rd": list(refs.values()),
+            "q": list(q), "v": list(v), "rep": [int(replace)] * n, "ne": list(ne), "e": e, "nl": list(nl),
+            "l": list(left), "nf": list(nf) if nf is not None else [0] * n, "f": list(f),
+            "ro": list(refs), "rd": list(refs.values()),
         })
         # The script ignores a tag it has applied already, so a plain retry is exactly-once.
         with_retries(lambda: self._apply(args=[payload]), f"writing batch {tag} of worker {self.worker}", self.url)
+
+    def _rows(self, tag: int, rows: Sequence[tuple[str, int, Sequence[tuple[str, float]], Sequence[str], list[Any]]],
+              objects: Mapping[str, ObjectInfo], **options: Any) -> None:
+        """:meth:`_send` from ``(qid, version, entered, left, query hash fields)`` rows."""
+        e: list[Any] = []
+        refs: dict[str, int] = {}  # net reference change per object: one HINCRBY each
+        for _, _, entered, left, _ in rows:
+            for oid, dist in entered:
+                e += [oid, float(dist)]
+                refs[oid] = refs.get(oid, 0) + 1
+            for oid in left:
+                refs[oid] = refs.get(oid, 0) - 1
+        self._send(tag, [r[0] for r in rows], [r[1] for r in rows], [len(r[2]) for r in rows], e,
+                   [len(r[3]) for r in rows], [oid for r in rows for oid in r[3]],
+                   {oid: d for oid, d in refs.items() if d}, objects,
+                   nf=[len(r[4]) for r in rows], f=[x for r in rows for x in r[4]], **options)
 
     def write_queries(self, tag: int, queries: Iterable[tuple[str, Mapping[str, object], Sequence[tuple[str, float]]]],
                       objects: Mapping[str, ObjectInfo]) -> None:
@@ -177,15 +185,29 @@ class ResultWriter:
             rows.append((qid, int(fields.get("version", 0)), topk, (), flat))
             for oid, _ in topk:
                 used[oid] = objects[oid]
-        self._send(tag, rows, used, replace=True, log=False)
+        self._rows(tag, rows, used, replace=True, log=False)
 
     def write_changes(self, tag: int, changes: Sequence[Change], objects: Mapping[str, ObjectInfo]) -> None:
         """Write one batch's result changes (module docstring)."""
-        self._send(tag, [(c.qid, c.version, c.entered, c.left, []) for c in changes], objects)
+        self._rows(tag, [(c.qid, c.version, c.entered, c.left, []) for c in changes], objects)
+
+    def write_batch(self, tag: int, qids: Sequence[str], versions: Sequence[int], n_entered: Sequence[int],
+                    entered: Sequence[str], distances: Sequence[float], n_left: Sequence[int], left: Sequence[str],
+                    ref_ids: Sequence[str], ref_deltas: Sequence[int], objects: Mapping[str, ObjectInfo]) -> None:
+        """Write one batch's result changes from flat lists (the worker's vectorised merge).
+
+        ``qids[j]`` (new version ``versions[j]``) gained the next ``n_entered[j]`` of
+        ``entered`` (at ``distances``, meters) and lost the next ``n_left[j]`` of ``left``;
+        ``ref_deltas`` is the net change of the reference count of each of ``ref_ids``;
+        ``objects`` holds the details of every object in ``entered``.
+        """
+        e: list[Any] = [None] * (2 * len(entered))
+        e[0::2], e[1::2] = entered, distances
+        self._send(tag, qids, versions, n_entered, e, n_left, left, dict(zip(ref_ids, ref_deltas)), objects)
 
     def delete_query(self, tag: int, qid: str) -> None:
         """Delete a query's keys and release the objects of its result (read by the script)."""
-        self._send(tag, [], {}, delete=[qid])
+        self._send(tag, [], [], [], [], [], [], {}, {}, delete=[qid])
 
     def close(self) -> None:
         """Close the connection pool."""

@@ -21,16 +21,26 @@ from typing import Any
 
 import numpy as np
 
-from knnmon.errors import InvalidQueryError
+from knnmon.errors import InvalidArgumentError, InvalidQueryError
 from knnmon.geo import haversine_m
+from knnmon.workers.keyword_lists import KeywordLists
 from knnmon.workers.query_index import QueryIndex
-from knnmon.workers.result_writer import Change, ObjectInfo, ResultWriter
+from knnmon.workers.result_writer import ObjectInfo, ResultWriter
 
-__all__ = ["KnnWorker"]
+__all__ = ["INDEXES", "KnnWorker"]
+
+#: Query-region index by name: knnmon's keyword-aware grid, or the reference's keyword lists.
+INDEXES = {"grid": QueryIndex, "keyword-lists": KeywordLists}
 
 
 class KnnWorker:
     """Exact kNN maintenance for a set of queries.
+
+    Each query's top-k is a row of two padded matrices, ``top_d`` (float64 meters, ``inf``
+    padded) and ``top_h`` (int64 object handles, ``-1`` padded), ``(queries, width)`` with
+    ``width`` the largest ``k``; a batch merges them with its candidates in one ``lexsort``
+    (no Python loop over queries or objects). Handles index ``oids``, the ids of objects that
+    entered a result here.
 
     Parameters
     ----------
@@ -43,10 +53,20 @@ class KnnWorker:
     vocabulary
         Keyword -> code map shared with the coordinator, so batches can arrive pre-encoded
         (``pairs`` of :meth:`process_batch`); keywords first seen here get new codes.
+    index
+        ``"grid"`` (the keyword-aware :class:`QueryIndex`) or ``"keyword-lists"`` (the
+        single-process reference's :class:`~knnmon.workers.keyword_lists.KeywordLists`).
+
+    Raises
+    ------
+    InvalidArgumentError
+        An unknown ``index``.
     """
 
     def __init__(self, worker_id: int, redis_url: str | None, namespace: str = "knn", *,
-                 vocabulary: Mapping[str, int] | None = None) -> None:
+                 vocabulary: Mapping[str, int] | None = None, index: str = "grid") -> None:
+        if index not in INDEXES:
+            raise InvalidArgumentError(f"Invalid index: {index!r}.\nValid options are: {tuple(INDEXES)}")
         self.worker_id = worker_id
         self.writer = ResultWriter(redis_url, namespace, worker_id) if redis_url else None
         self.qids: list[str] = []
@@ -57,10 +77,16 @@ class KnnWorker:
         self.radius = np.empty(0)
         self.alive = np.empty(0, dtype=bool)
         self.version = np.empty(0, dtype=np.int64)
-        self.topk: list[list[tuple[float, str]]] = []
+        self.top_d = np.empty((0, 1))
+        self.top_h = np.empty((0, 1), dtype=np.int64)
+        self.count = np.empty(0, dtype=np.int64)
+        self.oids: list[str] = []
+        self.handle_of: dict[str, int] = {}
         self.keywords: list[tuple[str, ...]] = []
+        self.kw_ptr = np.zeros(1, dtype=np.int64)  # CSR: query slot -> its keyword codes
+        self.kw_code = np.empty(0, dtype=np.int64)
         self.vocab: dict[str, int] = dict(vocabulary or {})
-        self.index = QueryIndex()
+        self.index = INDEXES[index]()
         self._tag = 0
         self.refreshed = 0
 
@@ -68,54 +94,78 @@ class KnnWorker:
     def _codes(self, words: Sequence[str]) -> list[int]:
         return [self.vocab.setdefault(w, len(self.vocab)) for w in words]
 
+    def _handle(self, oid: str) -> int:
+        h = self.handle_of.get(oid)
+        if h is None:
+            h = self.handle_of[oid] = len(self.oids)
+            self.oids.append(oid)
+        return h
+
+    def _widen(self, width: int) -> None:
+        extra = width - self.top_d.shape[1]
+        if extra > 0:
+            self.top_d = np.pad(self.top_d, ((0, 0), (0, extra)), constant_values=np.inf)
+            self.top_h = np.pad(self.top_h, ((0, 0), (0, extra)), constant_values=-1)
+
     def _append(self, ids: Sequence[str], lon: Sequence[float], lat: Sequence[float], k: Sequence[int],
                 keywords: Sequence[Sequence[str]], topk: Sequence[Sequence[tuple[str, float]]]) -> range:
         """Add queries in bulk (one array concatenation); returns their slots."""
-        first = len(self.qids)
-        radii = []
+        first, n = len(self.qids), len(ids)
+        k = np.asarray(k, dtype=np.int64).reshape(n)
+        self._widen(int(k.max(initial=1)))
+        width = self.top_d.shape[1]
+        top_d, top_h = np.full((n, width), np.inf), np.full((n, width), -1, dtype=np.int64)
+        count, radii, codes = np.zeros(n, dtype=np.int64), np.full(n, np.inf), []
         for i, qid in enumerate(ids):
             qid, kk, words = str(qid), int(k[i]), tuple(keywords[i])
             if qid in self.slot_of:
                 raise InvalidQueryError(f"worker {self.worker_id}: query {qid!r} is already registered")
             if kk < 1 or not words:
                 raise InvalidQueryError(f"query {qid!r}: k must be >= 1 and it needs a keyword (k={kk}, {list(words)})")
-            self.slot_of[qid] = len(self.qids)
+            self.slot_of[qid] = first + i
             self.qids.append(qid)
             self.keywords.append(words)
-            self._codes(words)
+            row = self._codes(words)
+            codes.append(row)
             lst = sorted((float(d), str(o)) for o, d in topk[i])[:kk]
-            self.topk.append(lst)
-            radii.append(lst[-1][0] if len(lst) == kk else np.inf)
-        n = len(ids)
+            count[i] = len(lst)
+            for j, (d, o) in enumerate(lst):
+                top_d[i, j], top_h[i, j] = d, self._handle(o)
+            if len(lst) == kk:
+                radii[i] = lst[-1][0]
+        self.kw_ptr = np.concatenate([self.kw_ptr, self.kw_ptr[-1] + np.cumsum([len(c) for c in codes], dtype=np.int64)])
+        self.kw_code = np.concatenate([self.kw_code, np.fromiter((c for row in codes for c in row), dtype=np.int64)])
         self.lon = np.concatenate([self.lon, np.asarray(lon, dtype=np.float64)])
         self.lat = np.concatenate([self.lat, np.asarray(lat, dtype=np.float64)])
-        self.k = np.concatenate([self.k, np.asarray(k, dtype=np.int64)])
+        self.k = np.concatenate([self.k, k])
         self.alive = np.concatenate([self.alive, np.ones(n, dtype=bool)])
         self.version = np.concatenate([self.version, np.zeros(n, dtype=np.int64)])
-        self.radius = np.concatenate([self.radius, np.asarray(radii, dtype=np.float64)])
+        self.radius = np.concatenate([self.radius, radii])
+        self.top_d = np.concatenate([self.top_d, top_d])
+        self.top_h = np.concatenate([self.top_h, top_h])
+        self.count = np.concatenate([self.count, count])
         return range(first, first + n)
 
-    def _entries(self, slots: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-        slot_list, code_list = [], []
-        for s in slots:
-            for c in self._codes(self.keywords[s]):
-                slot_list.append(s)
-                code_list.append(c)
-        return np.asarray(slot_list, dtype=np.int64), np.asarray(code_list, dtype=np.int64)
+    def _entries(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(slot, keyword code)`` int64 index entries of ``slots`` (one per query keyword)."""
+        slots = np.asarray(slots, dtype=np.int64)
+        a = self.kw_ptr[slots]
+        n = self.kw_ptr[slots + 1] - a
+        at = np.repeat(a - (np.cumsum(n) - n), n) + np.arange(int(n.sum()))
+        return np.repeat(slots, n), self.kw_code[at]
 
     def rebuild_index(self) -> float:
         """Rebuild the query index from the current radii; returns seconds spent."""
         t0 = time.perf_counter()
-        slot, code = self._entries(np.flatnonzero(self.alive).tolist())
+        slot, code = self._entries(np.flatnonzero(self.alive))
         self.index.rebuild(slot, code, self.lon[slot], self.lat[slot], self.radius[slot])
         return time.perf_counter() - t0
 
-    def _refresh(self, slots: Sequence[int]) -> None:
+    def _refresh(self, slots: np.ndarray) -> None:
         """Re-index queries whose region changed (shrunk, new, removed)."""
-        live = [s for s in slots if self.alive[s]]
-        slot, code = self._entries(live)
-        self.index.refresh(np.asarray(slots, dtype=np.int64), slot, code, self.lon[slot], self.lat[slot],
-                           self.radius[slot])
+        slots = np.asarray(slots, dtype=np.int64)
+        slot, code = self._entries(slots[self.alive[slots]])
+        self.index.refresh(slots, slot, code, self.lon[slot], self.lat[slot], self.radius[slot])
         self.refreshed += len(slots)
 
     def _fields(self, slot: int) -> dict[str, Any]:
@@ -171,7 +221,7 @@ class KnnWorker:
         slot = self._append([qid], [lon], [lat], [k], [list(keywords)], [topk])[0]
         if self.writer is not None:
             self.writer.write_queries(self._next_tag(), [(qid, self._fields(slot), self._result(slot))], objects)
-        self._refresh([slot])
+        self._refresh(np.array([slot]))
 
     def unregister_query(self, qid: str) -> bool:
         """Remove a query and delete its Redis keys; ``False`` if this worker does not hold it."""
@@ -181,12 +231,13 @@ class KnnWorker:
         self.alive[slot] = False
         if self.writer is not None:
             self.writer.delete_query(self._next_tag(), qid)
-        self.topk[slot] = []
-        self._refresh([slot])
+        self.top_d[slot], self.top_h[slot], self.count[slot] = np.inf, -1, 0
+        self._refresh(np.array([slot]))
         return True
 
     def _result(self, slot: int) -> list[tuple[str, float]]:
-        return [(o, d) for d, o in self.topk[slot]]
+        c = int(self.count[slot])
+        return [(self.oids[h], d) for h, d in zip(self.top_h[slot, :c].tolist(), self.top_d[slot, :c].tolist())]
 
     def result(self, qid: str) -> list[tuple[str, float]]:
         """The current kNN of ``qid``: ``[(object id, distance m), ...]`` nearest first."""
@@ -203,6 +254,82 @@ class KnnWorker:
                     pair_obj.append(j)
                     pair_code.append(c)
         return np.asarray(pair_obj, dtype=np.int64), np.asarray(pair_code, dtype=np.int64)
+
+    def _passed(self, lon: np.ndarray, lat: np.ndarray, pair_obj: np.ndarray, pair_code: np.ndarray
+                ) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
+        """Candidates, then the (object, slot, distance m) pairs within ``r_q``: one per pair,
+        sorted by (slot, distance, object), only each query's ``k`` nearest (ties at the k-th
+        kept, so ties by id are decided exactly in the merge)."""
+        obj, slot = self.index.candidates(lon, lat, pair_obj, pair_code)
+        n_candidates = len(obj)
+        d = haversine_m(lon[obj], lat[obj], self.lon[slot], self.lat[slot])
+        ok = (d <= self.radius[slot]) & self.alive[slot]
+        obj, slot, d = obj[ok], slot[ok], d[ok]
+        order = np.lexsort((obj, d, slot))
+        obj, slot, d = obj[order], slot[order], d[order]
+        first = np.ones(len(slot), dtype=bool)  # a query sharing 2 keywords with an object: once
+        first[1:] = (slot[1:] != slot[:-1]) | (obj[1:] != obj[:-1])
+        obj, slot, d = obj[first], slot[first], d[first]
+        start = np.searchsorted(slot, slot, side="left")
+        count = np.searchsorted(slot, slot, side="right") - start
+        kk = self.k[slot]
+        kth = d[np.where(count >= kk, start + kk - 1, start + count - 1)]
+        keep = d <= kth
+        return n_candidates, obj[keep], slot[keep], d[keep]
+
+    def _merge(self, ids: Sequence[str], obj: np.ndarray, slot: np.ndarray, d: np.ndarray) -> dict[str, Any]:
+        """Merge a batch's passed pairs into the touched queries' top-k, all queries at once.
+
+        The old entries and the new pairs of every touched query are sorted together by
+        (slot, distance, object id); a query keeps its first ``k``. Exact ties in distance are
+        ordered by id with one string sort over the tied entries only.
+
+        Returns
+        -------
+        dict
+            ``changed`` (sorted slots whose result changed), ``ent`` / ``left`` (masks over the
+            merged arrays ``S``, ``D``, ``H``: new entries that entered, old ones that left).
+        """
+        touched = slot[np.r_[True, slot[1:] != slot[:-1]]]
+        old_h = self.top_h[touched]
+        valid = old_h >= 0
+        S = np.concatenate([np.broadcast_to(touched[:, None], old_h.shape)[valid], slot])
+        D = np.concatenate([self.top_d[touched][valid], d])
+        H = np.concatenate([old_h[valid], -1 - obj])  # negative: -1 - the object's batch position
+        order = np.lexsort((D, S))
+        S, D, H = S[order], D[order], H[order]
+        tie = np.zeros(len(S), dtype=bool)
+        eq = (S[1:] == S[:-1]) & (D[1:] == D[:-1])
+        tie[1:] |= eq
+        tie[:-1] |= eq
+        if tie.any():
+            at = np.flatnonzero(tie)
+            names = np.array([ids[-1 - h] if h < 0 else self.oids[h] for h in H[at].tolist()], dtype=object)
+            rank = np.zeros(len(S), dtype=np.int64)
+            rank[at[np.argsort(names, kind="stable")]] = np.arange(len(at))
+            order = np.lexsort((rank, D, S))
+            S, D, H = S[order], D[order], H[order]
+        pos = np.arange(len(S)) - np.searchsorted(S, S, side="left")
+        kept = pos < self.k[S]
+        new = H < 0
+        ent, left = kept & new, ~kept & ~new
+        changed = np.unique(S[ent])
+        # Handles for the objects that entered; write the changed rows back.
+        entered_obj = -1 - H[ent]
+        uniq = np.unique(entered_obj)
+        base = len(self.oids)
+        for j in uniq.tolist():
+            self.handle_of[ids[j]] = len(self.oids)
+            self.oids.append(ids[j])
+        H[ent] = base + np.searchsorted(uniq, entered_obj)
+        is_changed = np.zeros(len(self.k), dtype=bool)
+        is_changed[changed] = True
+        put = kept & is_changed[S]
+        self.top_d[S[put], pos[put]] = D[put]
+        self.top_h[S[put], pos[put]] = H[put]
+        self.count[changed] = np.bincount(S[put], minlength=len(self.k))[changed]
+        self.version[changed] += 1
+        return {"changed": changed, "S": S, "D": D, "H": H, "ent": ent, "left": left, "entered_obj": uniq}
 
     def process_batch(self, batch: int, ids: Sequence[str], lon: np.ndarray, lat: np.ndarray, t: np.ndarray,
                       keywords: Sequence[Sequence[str]], pairs: tuple[np.ndarray, np.ndarray] | None = None
@@ -231,64 +358,45 @@ class KnnWorker:
         lon = np.asarray(lon, dtype=np.float64)
         lat = np.asarray(lat, dtype=np.float64)
         po, pc_ = pairs if pairs is not None else self.encode(keywords)
-        obj, slot = self.index.candidates(lon, lat, po, pc_)
-        n_candidates = len(obj)
-        d = haversine_m(lon[obj], lat[obj], self.lon[slot], self.lat[slot])
-        ok = (d <= self.radius[slot]) & self.alive[slot]
-        obj, slot, d = obj[ok], slot[ok], d[ok]
-        changes: list[Change] = []
-        entered_objects: set[str] = set()
-        changed_slots: list[int] = []
-        if len(slot):
-            order = np.lexsort((obj, d, slot))
-            obj, slot, d = obj[order], slot[order], d[order]
-            first = np.ones(len(slot), dtype=bool)  # a query sharing 2 keywords with an object: once
-            first[1:] = (slot[1:] != slot[:-1]) | (obj[1:] != obj[:-1])
-            obj, slot, d = obj[first], slot[first], d[first]
-            # Only a query's k nearest new candidates can enter: keep those at most as far as the
-            # k-th (ties at the k-th distance all stay, so ties by id are decided exactly below).
-            start = np.searchsorted(slot, slot, side="left")
-            count = np.searchsorted(slot, slot, side="right") - start
-            kk = self.k[slot]
-            kth = d[np.where(count >= kk, start + kk - 1, start + count - 1)]
-            keep = d <= kth
-            obj, slot, d = obj[keep].tolist(), slot[keep], d[keep].tolist()
-            bounds = np.flatnonzero(np.diff(slot)).tolist()
-            starts, ends = [0] + [b + 1 for b in bounds], [b + 1 for b in bounds] + [len(slot)]
-            slot = slot.tolist()
-            for a, b in zip(starts, ends):
-                s = slot[a]
-                old = self.topk[s]
-                k = int(self.k[s])
-                new = sorted(old + [(d[i], ids[obj[i]]) for i in range(a, b)])[:k]
-                if new == old:
-                    continue
-                old_ids = {o for _, o in old}
-                new_ids = {o for _, o in new}
-                entered = [(o, dd) for dd, o in new if o not in old_ids]
-                left = [o for _, o in old if o not in new_ids]
-                self.topk[s] = new
-                self.version[s] += 1
-                if len(new) == k and new[-1][0] < self.radius[s]:
-                    self.radius[s] = new[-1][0]
-                    changed_slots.append(s)
-                changes.append(Change(self.qids[s], int(self.version[s]), entered, left))
-                entered_objects.update(o for o, _ in entered)
+        n_candidates, obj, slot, d = self._passed(lon, lat, po, pc_)
+        changed = np.empty(0, dtype=np.int64)
+        m = self._merge(ids, obj, slot, d) if len(slot) else None
+        if m is not None:
+            changed = m["changed"]
         busy_core = time.perf_counter() - t0
         t1 = time.perf_counter()
-        if changes and self.writer is not None:
-            pos = {o: j for j, o in enumerate(ids)}
-            info = {o: ObjectInfo(float(lon[pos[o]]), float(lat[pos[o]]), int(t[pos[o]]), list(keywords[pos[o]]))
-                    for o in entered_objects}
-            self.writer.write_changes(batch, changes, info)
+        if len(changed) and self.writer is not None:
+            self._write(batch, ids, lon, lat, t, keywords, m)
         redis_s = time.perf_counter() - t1
         t2 = time.perf_counter()
-        if changed_slots:
-            self._refresh(changed_slots)
+        if len(changed):
+            kth = self.top_d[changed, self.k[changed] - 1]  # inf unless the result is full
+            shrunk = changed[kth < self.radius[changed]]
+            if len(shrunk):
+                self.radius[shrunk] = self.top_d[shrunk, self.k[shrunk] - 1]
+                self._refresh(shrunk)
         index_s = time.perf_counter() - t2
         return {"worker": self.worker_id, "batch": batch, "objects": len(ids), "candidates": n_candidates,
-                "passed": int(len(slot)), "changed": len(changes), "busy_s": busy_core + redis_s + index_s,
+                "passed": len(slot), "changed": len(changed), "busy_s": busy_core + redis_s + index_s,
                 "redis_s": redis_s, "index_s": index_s}
+
+    def _write(self, batch: int, ids: Sequence[str], lon: np.ndarray, lat: np.ndarray, t: np.ndarray,
+               keywords: Sequence[Sequence[str]], m: dict[str, Any]) -> None:
+        """One script call with the batch's changes, flattened per changed query (slot order)."""
+        changed, S, D, H, ent, left = m["changed"], m["S"], m["D"], m["H"], m["ent"], m["left"]
+        oids = self.oids
+        ref_h, ref_n = np.unique(np.concatenate([H[ent], H[left]]), return_inverse=True)
+        delta = np.bincount(ref_n, weights=np.r_[np.ones(int(ent.sum())), -np.ones(int(left.sum()))])
+        nz = np.flatnonzero(delta)
+        info = {ids[j]: ObjectInfo(float(lon[j]), float(lat[j]), int(t[j]), keywords[j])
+                for j in m["entered_obj"].tolist()}
+        self.writer.write_batch(
+            batch, [self.qids[s] for s in changed.tolist()], self.version[changed].tolist(),
+            np.bincount(np.searchsorted(changed, S[ent]), minlength=len(changed)).tolist(),
+            [oids[h] for h in H[ent].tolist()], D[ent].tolist(),
+            np.bincount(np.searchsorted(changed, S[left]), minlength=len(changed)).tolist(),
+            [oids[h] for h in H[left].tolist()],
+            [oids[h] for h in ref_h[nz].tolist()], delta[nz].astype(np.int64).tolist(), info)
 
     def stats(self) -> dict[str, Any]:
         """Queries held, index entries, queries re-indexed so far, and this process's peak RSS (MB)."""

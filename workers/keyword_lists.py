@@ -1,0 +1,36 @@
+"""The single-process reference's index: keyword inverted lists, no spatial pruning.
+
+What a user might write instead of knnmon (``SPEC.md``, first row of the worker-index table):
+keyword -> queries lists, every query sharing a keyword with an object is a candidate wherever
+it is. ``knnmon bench`` runs it in one process, with no assignment, on the same stream, to show
+what the keyword-aware spatial index and the distribution buy. Same interface as
+:class:`~knnmon.workers.query_index.QueryIndex`, so the worker's exact checks, top-k merge and
+Redis writes are shared.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from knnmon.workers.query_index import QueryIndex
+
+__all__ = ["KeywordLists"]
+
+_NONE = (np.empty(0, np.int64), np.empty(0, np.int64), *(np.empty(0) for _ in range(4)))
+
+
+class KeywordLists(QueryIndex):
+    """Keyword inverted lists over query slots (module docstring); regions are ignored."""
+
+    @staticmethod
+    def _grid_entries(slot, code, lon, lat, radius_m):
+        """One entry per (query, keyword), keyed by the keyword code alone; nothing for the R-tree."""
+        return np.asarray(code, dtype=np.int64).copy(), np.asarray(slot, dtype=np.int64), _NONE
+
+    def candidates(self, lon: np.ndarray, lat: np.ndarray, pair_obj: np.ndarray,
+                   pair_code: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Every (object, query slot) pair sharing a keyword (``(c,)`` int64 each)."""
+        lo = np.searchsorted(self._keys, pair_code, side="left")
+        n = np.searchsorted(self._keys, pair_code, side="right") - lo
+        at = np.repeat(lo - (np.cumsum(n) - n), n) + np.arange(int(n.sum()))
+        return np.repeat(pair_obj, n), self._slots[at]
