@@ -1,0 +1,69 @@
+"""Regenerate docs/bench/: the paper's three experiments (Tsuruoka et al. 2019, §5, Table 2) with
+``knnmon bench`` on the real places, plus markdown tables of the results.
+
+    python benchmarks/paper_experiments.py --objects /tmp/full_default --out docs/bench
+
+Experiments (all 1,000,000 initial objects, then batches of 1,000):
+
+- ``workers``: W = 4, 8, 12, 16, 20, 24; 100,000 queries; k_max = 10; plus the single-process
+  reference;
+- ``kmax``: k_max = 5, 10, 15, 20; W = 12; 100,000 queries;
+- ``queries``: 100,000, 250,000, 500,000, 1,000,000 queries; W = 12; k_max = 10 (fewer batches: the
+  1 M-query runs spend most of their time loading initial results into Redis).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+from knnmon.coordinator.bench import BenchConfig, run_bench
+from knnmon.coordinator.bench_plots import plot_report
+
+ALGS = ("proposed", "keyword", "space", "random")
+EXPERIMENTS = {
+    "workers": {"queries": (100_000,), "kmax": (10,), "workers": (4, 8, 12, 16, 20, 24),
+                "algorithms": (*ALGS, "single")},
+    "kmax": {"queries": (100_000,), "kmax": (5, 10, 15, 20), "workers": (12,), "algorithms": ALGS},
+    "queries": {"queries": (100_000, 250_000, 500_000, 1_000_000), "kmax": (10,), "workers": (12,),
+                "algorithms": ALGS, "batches": 50},
+}
+COLUMNS = [("algorithm", "algorithm", "{}"), ("workers", "W", "{}"), ("kmax", "k_max", "{}"),
+           ("queries", "queries", "{:,}"), ("update_ms_sim_mean", "sim update ms", "{:.1f}"),
+           ("update_ms_sim_p99", "sim p99 ms", "{:.1f}"), ("update_ms_wall_mean", "wall ms", "{:.1f}"),
+           ("imbalance_ms_mean", "imbalance ms", "{:.1f}"), ("slowest_over_mean_busy", "slowest / mean", "{:.2f}"),
+           ("objects_per_s", "objects/s", "{:,.0f}"), ("deliveries_per_object", "deliveries/object", "{:.2f}"),
+           ("spearman_predicted_vs_busy", "Spearman", "{:.2f}")]
+
+
+def table(rows: list[dict]) -> str:
+    """A markdown table of report rows."""
+    out = ["| " + " | ".join(h for _, h, _ in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    for r in rows:
+        out.append("| " + " | ".join("-" if r.get(k) is None else f.format(r[k]) for k, _, f in COLUMNS) + " |")
+    return "\n".join(out)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--objects", required=True)
+    p.add_argument("--out", default="docs/bench")
+    p.add_argument("--batches", type=int, default=100)
+    p.add_argument("--only", choices=sorted(EXPERIMENTS), action="append")
+    a = p.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    for name in a.only or EXPERIMENTS:
+        spec = dict(EXPERIMENTS[name])
+        batches = spec.pop("batches", a.batches)
+        report = os.path.join(a.out, f"{name}.json")
+        out = run_bench(BenchConfig(objects=a.objects, batches=batches, **spec), report, progress=False)
+        plot_report(out["rows"], a.out, prefix=f"{name}_")
+        with open(os.path.join(a.out, f"{name}.md"), "w") as f:
+            f.write(table(out["rows"]) + "\n")
+        print(json.dumps(out["machine"]))
+        print(table(out["rows"]))
+
+
+if __name__ == "__main__":
+    main()
