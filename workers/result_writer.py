@@ -12,7 +12,8 @@ Layout: :class:`knnmon.keys.Keys`. A batch's writes travel as one msgpack payloa
 3. counts in an object's ``refs`` the results holding it (the batch's net change per object, one
    ``HINCRBY`` each), writes the object's hash when the first result takes it, and deletes the
    hash when the last one lets it go;
-4. sets the marker ``<session>:<tag>``.
+4. sets the marker ``<session>:<tag>``;
+5. returns the microseconds it ran (server clock), for the worker's busy time.
 
 Sending one payload instead of thousands of pipelined commands was measured at 158 ms -> a few
 ms per 1,000-object batch with ~1,600 changed results (docs/runtime.md). The script addresses
@@ -37,6 +38,7 @@ __all__ = ["CHANGES_MAXLEN", "Change", "ObjectInfo", "ResultWriter"]
 CHANGES_MAXLEN = 1_000_000
 
 _APPLY = """
+local t0 = redis.call('TIME')
 local p = cmsgpack.unpack(ARGV[1])
 if redis.call('GET', p.marker) == p.tag then return -1 end
 local ns = p.ns
@@ -97,7 +99,8 @@ for _, qid in ipairs(p.del) do
   redis.call('DEL', rkey, ns .. ':query:' .. qid)
 end
 redis.call('SET', p.marker, p.tag)
-return #p.q
+local t1 = redis.call('TIME')
+return (t1[1] - t0[1]) * 1000000 + (t1[2] - t0[2])
 """
 
 
@@ -134,8 +137,8 @@ class ResultWriter:
     def _send(self, tag: int, q: Sequence[str], v: Sequence[int], ne: Sequence[int], e: list[Any],
               nl: Sequence[int], left: Sequence[str], refs: Mapping[str, int], objects: Mapping[str, ObjectInfo], *,
               nf: Sequence[int] | None = None, f: Sequence[str] = (), replace: bool = False, log: bool = True,
-              delete: Sequence[str] = ()) -> None:
-        """One script call. Per changed query ``q[j]`` (version ``v[j]``): ``ne[j]`` entered
+              delete: Sequence[str] = ()) -> float:
+        """One script call; returns the server's seconds running it (0 for a repeated tag). Per changed query ``q[j]`` (version ``v[j]``): ``ne[j]`` entered
         objects as ``oid, distance`` pairs in ``e``, ``nl[j]`` left ids in ``left``, and
         ``nf[j]`` query hash fields (key, value, ...) in ``f``; ``refs`` is the net change of
         each object's reference count, ``objects`` the details of objects entering."""
@@ -151,7 +154,8 @@ class ResultWriter:
             "ro": list(refs), "rd": list(refs.values()),
         })
         # The script ignores a tag it has applied already, so a plain retry is exactly-once.
-        with_retries(lambda: self._apply(args=[payload]), f"writing batch {tag} of worker {self.worker}", self.url)
+        us = with_retries(lambda: self._apply(args=[payload]), f"writing batch {tag} of worker {self.worker}", self.url)
+        return max(int(us), 0) / 1e6
 
     def _rows(self, tag: int, rows: Sequence[tuple[str, int, Sequence[tuple[str, float]], Sequence[str], list[Any]]],
               objects: Mapping[str, ObjectInfo], **options: Any) -> None:
@@ -193,17 +197,18 @@ class ResultWriter:
 
     def write_batch(self, tag: int, qids: Sequence[str], versions: Sequence[int], n_entered: Sequence[int],
                     entered: Sequence[str], distances: Sequence[float], n_left: Sequence[int], left: Sequence[str],
-                    ref_ids: Sequence[str], ref_deltas: Sequence[int], objects: Mapping[str, ObjectInfo]) -> None:
+                    ref_ids: Sequence[str], ref_deltas: Sequence[int], objects: Mapping[str, ObjectInfo]) -> float:
         """Write one batch's result changes from flat lists (the worker's vectorised merge).
 
         ``qids[j]`` (new version ``versions[j]``) gained the next ``n_entered[j]`` of
         ``entered`` (at ``distances``, meters) and lost the next ``n_left[j]`` of ``left``;
         ``ref_deltas`` is the net change of the reference count of each of ``ref_ids``;
-        ``objects`` holds the details of every object in ``entered``.
+        ``objects`` holds the details of every object in ``entered``. Returns the server's
+        seconds running the script.
         """
         e: list[Any] = [None] * (2 * len(entered))
         e[0::2], e[1::2] = entered, distances
-        self._send(tag, qids, versions, n_entered, e, n_left, left, dict(zip(ref_ids, ref_deltas)), objects)
+        return self._send(tag, qids, versions, n_entered, e, n_left, left, dict(zip(ref_ids, ref_deltas)), objects)
 
     def delete_query(self, tag: int, qid: str) -> None:
         """Delete a query's keys and release the objects of its result (read by the script)."""
