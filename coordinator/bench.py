@@ -16,7 +16,8 @@ run (:func:`knnmon.coordinator.runtime.prepare`). The **single-process reference
 (``single``) is one in-process worker with keyword inverted lists and no assignment
 (:class:`~knnmon.workers.keyword_lists.KeywordLists`), on the same stream, writing the same
 Redis results. The report is rewritten after every run, so an interrupted bench (Ctrl-C) keeps
-what it measured, including the batches of the interrupted run.
+what it measured, including the batches of the interrupted run; SIGTERM is handled the same
+way.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import signal
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -132,7 +134,8 @@ def _row(rt: Runtime, summary: dict[str, Any], algorithm: str, kmax: int, repeat
         "slowest_over_mean_busy": float(total.max() / total.mean()) if total.mean() > 0 else None,
         "objects_per_s": summary["objects_per_s"], "deliveries_per_object": summary["deliveries_per_object"],
         "results_changed": summary["results_changed"], "candidates_per_change": summary["candidates_per_change"],
-        "busy_ms_per_worker": total.round(1).tolist(), "predicted_worker_loads": predicted,
+        "route_cpu_ms_mean": summary["route_cpu_ms_mean"], "busy_ms_per_worker": total.round(1).tolist(),
+        "per_worker_totals": summary["per_worker_totals"], "predicted_worker_loads": predicted,
         "spearman_predicted_vs_busy": spearman(predicted, total) if algorithm != REFERENCE else None,
         "worker_peak_rss_mb": [round(s["peak_rss_mb"], 1) for s in summary.get("workers_stats", [])],
         "startup_s": summary["startup_s"], "exact": None, "mismatched_queries": None,
@@ -198,6 +201,7 @@ def run_bench(cfg: BenchConfig, report: str | None = None, *, progress: bool = T
                 json.dump(out, f, indent=1)
 
     server, ray_started = None, False
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt) if _main_thread() else None
     try:
         redis_url = cfg.redis_url
         if redis_url is None:
@@ -235,7 +239,20 @@ def run_bench(cfg: BenchConfig, report: str | None = None, *, progress: bool = T
             import ray
 
             ray.shutdown()
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     return out
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    """SIGTERM stops a bench like Ctrl-C: the report keeps what was measured."""
+    raise KeyboardInterrupt
 
 
 def _ints(text: str) -> tuple[int, ...]:

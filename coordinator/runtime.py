@@ -314,10 +314,12 @@ class Runtime:
             ``batch``, ``objects``, ``duplicates``, ``update_ms``, ``route_ms``, ``busy_ms``
             (list per worker: CPU plus Redis server time, the busy time on a dedicated core),
             ``busy_wall_ms`` (call to return), ``imbalance_ms`` (of ``busy_ms``), ``sim_update_ms``
-            (``route_ms`` + the largest ``busy_ms``: the update time with one core per worker), ``deliveries``, ``candidates``, ``passed``,
+            (``route_cpu_ms``, the coordinator's CPU time routing, + the largest ``busy_ms``: the
+            update time with one core per worker), ``per_worker`` (3 x W: objects delivered,
+            candidates, results changed), ``deliveries``, ``candidates``, ``passed``,
             ``changed``.
         """
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         ids_all = batch.column("id").to_pylist()
         fresh = []
         dup = 0
@@ -333,38 +335,43 @@ class Runtime:
         lon, lat = batch.column("lon").to_numpy(), batch.column("lat").to_numpy()
         t = batch.column("t").to_numpy()
         keywords = batch.column("keywords").combine_chunks()
-        kw_list = keywords.to_pylist()
         pair_obj, pair_code = self._encode(keywords)
         routing = self.plan.routing
         masks = routing.route_v(routing.grid.cell_of(lon, lat), pair_obj, pair_code)
         b = self.next_batch
         self.next_batch += 1
+        # The batch is serialised once (Arrow columns, into Ray's object store); each worker gets
+        # it with the rows the routing table names for it.
+        shared = (b, pa.table({"id": batch.column("id"), "lon": lon, "lat": lat, "t": t, "keywords": keywords}),
+                  pair_obj, pair_code)
+        if self.config.executor == "ray":
+            import ray
+
+            shared = ray.put(shared)
         refs, sent = [], 0
         for w, actor in enumerate(self.actors):
             mine = np.flatnonzero((masks >> np.uint64(w)) & np.uint64(1))
-            if not len(mine):
-                continue
-            remap = np.full(len(ids), -1, dtype=np.int64)
-            remap[mine] = np.arange(len(mine))
-            sel = remap[pair_obj] >= 0
-            refs.append(actor.process_batch.remote(b, [ids[i] for i in mine.tolist()], lon[mine], lat[mine], t[mine],
-                                                   [kw_list[i] for i in mine.tolist()],
-                                                   (remap[pair_obj[sel]], pair_code[sel])))
-            sent += len(mine)
+            if len(mine):
+                refs.append(actor.process_rows.remote(shared, mine))
+                sent += len(mine)
         route_ms = (time.perf_counter() - t0) * 1e3
+        route_cpu_ms = (time.thread_time() - c0) * 1e3  # not inflated by workers already running
         reports = self._get(refs)
         update_ms = (time.perf_counter() - t0) * 1e3
-        busy = np.zeros(len(self.actors))  # on a dedicated core: CPU + Redis server time
-        busy_wall = np.zeros(len(self.actors))
+        W = len(self.actors)
+        busy, busy_wall = np.zeros(W), np.zeros(W)  # busy: on a dedicated core (CPU + Redis server)
+        per_worker = np.zeros((3, W))  # objects delivered, candidates, results changed
         for r in reports:
             busy[r["worker"]] = r["cpu_s"] * 1e3
             busy_wall[r["worker"]] = r["busy_s"] * 1e3
+            per_worker[:, r["worker"]] = (r["objects"], r["candidates"], r["changed"])
         if self.store is not None:
             self.store.append(batch.select(["id", "lon", "lat", "t", "keywords"]))
-        return {"batch": b, "objects": len(ids), "duplicates": dup, "update_ms": update_ms, "route_ms": route_ms,
+        return {"batch": b, "objects": len(ids), "duplicates": dup, "update_ms": update_ms,
                 "busy_ms": busy.tolist(), "busy_wall_ms": busy_wall.tolist(),
                 "imbalance_ms": float(busy.max() - busy.min()),
-                "sim_update_ms": route_ms + float(busy.max()), "deliveries": sent,
+                "route_ms": route_ms, "route_cpu_ms": route_cpu_ms, "per_worker": per_worker.tolist(),
+                "sim_update_ms": route_cpu_ms + float(busy.max()), "deliveries": sent,
                 "candidates": sum(r["candidates"] for r in reports), "passed": sum(r["passed"] for r in reports),
                 "changed": sum(r["changed"] for r in reports)}
 
@@ -409,6 +416,10 @@ class Runtime:
             "results_changed": changed, "candidates": cand, "pairs_within_radius": sum(r["passed"] for r in rows),
             "candidates_per_change": cand / changed if changed else None,
             "busy_ms_per_worker": np.sum([r["busy_ms"] for r in rows], axis=0).round(1).tolist() if rows else [],
+            "route_cpu_ms_mean": float(np.mean([r["route_cpu_ms"] for r in rows])) if rows else 0.0,
+            "per_worker_totals": dict(zip(("objects", "candidates", "changed"),
+                                          np.sum([r["per_worker"] for r in rows], axis=0).astype(int).tolist()))
+            if rows else {},
             "predicted_worker_loads": self.plan.summary["worker_loads"],
             "startup_s": {k: round(v, 3) for k, v in self.timings.items()},
             "redis_url": self.redis_url,

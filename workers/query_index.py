@@ -64,6 +64,7 @@ class QueryIndex:
     def __init__(self) -> None:
         self._keys = np.empty(0, dtype=np.int64)
         self._slots = np.empty(0, dtype=np.int64)
+        self._levels = np.zeros((0, LEVELS), dtype=np.int32)  # grid entries per (keyword code, level)
         self._tree: rtree_index.Index | None = None
         self._tree_codes = np.empty(0, dtype=np.int64)
         self._tree_slot = np.empty(0, dtype=np.int64)
@@ -104,6 +105,18 @@ class QueryIndex:
         return (np.concatenate(keys), np.concatenate(slots),
                 (slot[big], code[big], x0d[big], y0d[big], x1d[big], y1d[big]))
 
+    def _count_levels(self, keys: np.ndarray, sign: int) -> None:
+        """Add ``sign`` per entry to the (keyword code, level) counts of grid ``keys``."""
+        if not len(keys):
+            return
+        level = keys >> (_CODE_BITS + _CELL_BITS)
+        code = (keys >> _CELL_BITS) & ((1 << _CODE_BITS) - 1)
+        need = int(code.max()) + 1
+        if need > len(self._levels):
+            self._levels = np.vstack([self._levels, np.zeros((max(need, 2 * len(self._levels)) - len(self._levels),
+                                                              LEVELS), dtype=np.int32)])
+        np.add.at(self._levels, (code, level), sign)
+
     def _set_tree(self, slot, code, x0, y0, x1, y1) -> None:
         self._tree_entries = (slot, code, x0, y0, x1, y1)
         self._tree_slot, self._tree_codes = slot, np.unique(code)
@@ -130,6 +143,8 @@ class QueryIndex:
         keys, slots, big = self._grid_entries(slot, code, lon, lat, radius_m)
         order = np.argsort(keys, kind="stable")
         self._keys, self._slots = keys[order], slots[order]
+        self._levels[:] = 0
+        self._count_levels(self._keys, 1)
         self._set_tree(*big)
 
     def refresh(self, changed: np.ndarray, slot: np.ndarray, code: np.ndarray, lon: np.ndarray, lat: np.ndarray,
@@ -143,7 +158,9 @@ class QueryIndex:
         gone = np.zeros(size, dtype=bool)  # a mask, not np.isin: no sort of the O(entries) arrays
         gone[changed] = True
         keep = ~gone[self._slots]
+        self._count_levels(self._keys[~keep], -1)
         keys, slots, big = self._grid_entries(slot, code, lon, lat, radius_m)
+        self._count_levels(keys, 1)
         order = np.argsort(keys, kind="stable")
         base_k, base_s = self._keys[keep], self._slots[keep]
         pos = np.searchsorted(base_k, keys[order])
@@ -172,15 +189,24 @@ class QueryIndex:
         """
         objs, slots = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
         if len(self._keys) and len(pair_obj):
-            plon, plat = lon[pair_obj], lat[pair_obj]
-            probe = np.concatenate([_key(lv, pair_code, *_cell_xy(plon, plat, lv)) for lv in range(LEVELS)])
+            # Probe a (pair, level) only where the pair's keyword has grid entries at that level.
+            known = pair_code < len(self._levels)
+            po, pcode = pair_obj[known], pair_code[known]
+            at_level = self._levels[pcode] > 0  # (pairs, LEVELS)
+            probes, owners = [], []
+            for lv in np.flatnonzero(at_level.any(axis=0)).tolist():
+                sel = np.flatnonzero(at_level[:, lv])
+                o = po[sel]
+                probes.append(_key(lv, pcode[sel], *_cell_xy(lon[o], lat[o], lv)))
+                owners.append(o)
+            probe = np.concatenate(probes) if probes else np.empty(0, np.int64)
             lo = np.searchsorted(self._keys, probe, side="left")
             hi = np.searchsorted(self._keys, probe, side="right")
             n = hi - lo
             hit = np.flatnonzero(n)
             if len(hit):
                 n = n[hit]
-                owner = np.tile(pair_obj, LEVELS)[hit]
+                owner = np.concatenate(owners)[hit]
                 objs.append(np.repeat(owner, n))
                 slots.append(self._slots[np.repeat(lo[hit] - (np.cumsum(n) - n), n) + np.arange(int(n.sum()))])
         if self._tree is not None and len(pair_obj):

@@ -385,6 +385,29 @@ class KnnWorker:
                 "cpu_s": time.thread_time() - c0 + server_s, "redis_s": redis_s, "redis_server_s": server_s,
                 "index_s": index_s}
 
+    def process_rows(self, shared: tuple[int, Any, np.ndarray, np.ndarray], rows: np.ndarray) -> dict[str, Any]:
+        """:meth:`process_batch` for the rows ``rows`` of a whole batch that every worker shares.
+
+        ``shared`` is ``(batch number, table, pair_obj, pair_code)``: a pyarrow Table (``id``,
+        ``lon``, ``lat``, ``t``, ``keywords``) of ``n`` objects and its ``(p,)`` int64
+        (object row, keyword code) pairs; ``rows`` ``(m,)`` int64 are this worker's objects. The
+        coordinator puts ``shared`` once into Ray's object store instead of one copy per worker.
+        """
+        t0, c0 = time.perf_counter(), time.thread_time()
+        b, table, pair_obj, pair_code = shared
+        rows = np.asarray(rows, dtype=np.int64)
+        remap = np.full(table.num_rows, -1, dtype=np.int64)
+        remap[rows] = np.arange(len(rows))
+        sel = remap[pair_obj] >= 0
+        part = table.take(rows)
+        args = (b, part.column("id").to_pylist(), part.column("lon").to_numpy(), part.column("lat").to_numpy(),
+                part.column("t").to_numpy(), part.column("keywords").to_pylist(), (remap[pair_obj[sel]], pair_code[sel]))
+        wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
+        report = self.process_batch(*args)
+        report["busy_s"] += wall  # selecting the rows is part of this worker's work
+        report["cpu_s"] += cpu
+        return report
+
     def _write(self, batch: int, ids: Sequence[str], lon: np.ndarray, lat: np.ndarray, t: np.ndarray,
                keywords: Sequence[Sequence[str]], m: dict[str, Any]) -> float:
         """One script call with the batch's changes, flattened per changed query (slot order);
