@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from knnmon.assignment.costs import CostModel
 from knnmon.assignment.loadmodel import LoadModel, QueryRects
 from knnmon.errors import InvalidArgumentError
 
@@ -29,8 +30,10 @@ class Workload:
     code : ``(e,)`` int64 keyword code per entry, into ``vocabulary``
     vocabulary : list of str, the model's keywords followed by query keywords absent from the
         statistics (codes ``>= len(model.keywords)``: probability 0, load 0, but routed)
-    entry_load : ``(e,)`` float64, ``P(R_q, key)``
-    load : ``(m,)`` float64, ``L(q)`` (formula (8))
+    entry_p : ``(e,)`` float64, ``P(R_q, key)``
+    entry_load : ``(e,)`` float64, the entry's share of its query's cost (``P(R_q, key)`` under
+        the paper's model; see :mod:`knnmon.assignment.costs`)
+    load : ``(m,)`` float64, the query's cost: ``L(q)`` (formula (8)) under the paper's model
     """
 
     ids: np.ndarray
@@ -44,15 +47,21 @@ class Workload:
     entry_load: np.ndarray
     load: np.ndarray
     vocabulary: list[str]
+    entry_p: np.ndarray
 
     @classmethod
-    def build(cls, model: LoadModel, queries: pa.Table, radius_m: np.ndarray) -> Workload:
+    def build(cls, model: LoadModel, queries: pa.Table, radius_m: np.ndarray, *, costs: CostModel | None = None,
+              change_rate: np.ndarray | None = None) -> Workload:
         """Prepare ``queries`` (the query file's columns) with their kNN radii.
+
+        ``costs`` (default: the paper's model) weighs ``L(q)`` and ``change_rate`` (``(m,)``
+        expected result changes per arriving object, ``count_q / N0``; required when
+        ``costs.change`` is not 0) into each query's cost (:mod:`knnmon.assignment.costs`).
 
         Raises
         ------
         InvalidArgumentError
-            No queries, or ``radius_m`` not of the same length.
+            No queries, or ``radius_m`` / ``change_rate`` not of the same length.
         """
         m = queries.num_rows
         if m == 0:
@@ -76,11 +85,18 @@ class Workload:
         order = np.argsort(owner, kind="stable")
         owner, code = owner[order], code[order]
         ptr = np.searchsorted(owner, np.arange(m + 1)).astype(np.int64)
-        entry_load = model.entry_loads(owner, code, rects)
+        entry_p = model.entry_loads(owner, code, rects)
+        costs = costs or CostModel.named("paper")
+        entry_load = costs.candidate * entry_p
+        if costs.change:
+            rate = np.asarray(change_rate, dtype=np.float64) if change_rate is not None else None
+            if rate is None or rate.shape != (m,):
+                raise InvalidArgumentError(f"the {costs.name!r} cost model needs {m} change rates")
+            entry_load = entry_load + costs.change * (rate / np.diff(ptr))[owner]  # split over the entries
         load = np.bincount(owner, weights=entry_load, minlength=m)
         return cls(np.asarray(queries.column("id").to_pylist(), dtype=object), lon, lat,
                    queries.column("k").to_numpy().astype(np.int32), radius_m, rects, ptr, code, entry_load, load,
-                   vocabulary)
+                   vocabulary, entry_p)
 
     def __len__(self) -> int:
         return len(self.ids)

@@ -69,6 +69,7 @@ class BenchConfig:
     batch: int = 1000
     batches: int | None = None
     repeat: int = 1
+    shuffle: int | None = None
     check: bool = False
     seed: int = 0
     redis_url: str | None = None
@@ -146,7 +147,8 @@ def _one_run(cfg: BenchConfig, prepared: Prepared, all_objects: pa.Table | None,
              kmax: int, repeat: int, redis_url: str, progress: bool) -> dict[str, Any]:
     reference = algorithm == REFERENCE
     config = RunConfig(workers=1 if reference else workers, algorithm="random" if reference else algorithm,
-                       initial=cfg.initial, batch=cfg.batch, batches=cfg.batches, redis_url=redis_url,
+                       initial=cfg.initial, batch=cfg.batch, batches=cfg.batches, shuffle=cfg.shuffle,
+                       redis_url=redis_url,
                        namespace="bench", executor="inline" if reference else "ray",
                        index="keyword-lists" if reference else "grid", seed=cfg.seed, **cfg.extra)
     rt = Runtime(cfg.objects, prepared.queries, config, prepared=prepared)
@@ -211,7 +213,7 @@ def run_bench(cfg: BenchConfig, report: str | None = None, *, progress: bool = T
         for n in cfg.queries:
             for kmax in cfg.kmax:
                 queries = generate_queries(objects, QueryWorkload(n=n, k_max=kmax, seed=cfg.seed))
-                base = RunConfig(initial=cfg.initial, batch=cfg.batch, batches=cfg.batches)
+                base = RunConfig(initial=cfg.initial, batch=cfg.batch, batches=cfg.batches, shuffle=cfg.shuffle)
                 prepared = prepare(cfg.objects, queries, base)
                 streamed = pa.concat_tables([prepared.initial, prepared.stream]) if cfg.check else None
                 combos = [(a, w) for w in cfg.workers for a in cfg.algorithms if a != REFERENCE]
@@ -267,7 +269,8 @@ def _bench(a: Any) -> int:
 
     cfg = BenchConfig(objects=a.objects, queries=_ints(a.queries), kmax=_ints(a.kmax), workers=_ints(a.workers),
                       algorithms=tuple(x.strip() for x in a.algorithms.split(",") if x.strip()),
-                      initial=a.initial, batch=a.batch, batches=a.batches, repeat=a.repeat, check=a.check,
+                      initial=a.initial, batch=a.batch, batches=a.batches, repeat=a.repeat, shuffle=a.shuffle,
+                      check=a.check,
                       seed=a.seed, redis_url=a.redis, ray_address=a.ray_address)
     out = run_bench(cfg, a.report, progress=not a.quiet)
     if a.plot:
@@ -300,6 +303,8 @@ def add_bench_command(sub: Any) -> None:
     b.add_argument("--batch", type=int, default=1000, metavar="B", help="objects per batch (default 1000)")
     b.add_argument("--batches", type=int, metavar="M", help="batches per run (default: all objects)")
     b.add_argument("--repeat", type=int, default=1, metavar="R", help="runs per combination (default 1)")
+    b.add_argument("--shuffle", type=int, metavar="SEED",
+                   help="stream objects in random order (stationary) instead of (t, id)")
     b.add_argument("--check", action="store_true", help="check every result against the brute-force oracle")
     b.add_argument("--seed", type=int, default=0, help="query generation and random-assignment seed")
     b.add_argument("--report", metavar="FILE.json", help="write {machine, config, rows} as JSON")

@@ -21,7 +21,7 @@ import argparse
 import json
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -30,6 +30,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from knnmon.assignment import ALGORITHMS, LoadModel, Plan, Workload, make_assigner
+from knnmon.assignment.costs import COST_MODELS, CostModel
 from knnmon.assignment.routing import RoutingTable
 from knnmon.assignment.summary import summarize
 from knnmon.errors import InputPathError, InvalidArgumentError
@@ -123,19 +124,27 @@ def initial_objects(objects_dir: str, n: int) -> pa.Table:
 
 
 def plan_workload(model: LoadModel, queries: pa.Table, objects: pa.Table, radius: np.ndarray, workers: int,
-                  algorithm: str, *, beta: int = 100_000, sets_per_worker: int = 8, delivery_cost: float = 1.0,
-                  handout: str = "set", seed: int = 0, sample_size: int = 100_000,
-                  timings: dict[str, float] | None = None) -> PlanResult:
+                  algorithm: str, *, beta: int = 100_000, sets_per_worker: int = 8, delivery_cost: float | None = None,
+                  cost_model: str = "measured", counts: np.ndarray | None = None, handout: str = "set", seed: int = 0,
+                  sample_size: int = 100_000, timings: dict[str, float] | None = None) -> PlanResult:
     """Assign queries whose kNN radii are known; route and summarise the plan.
 
     ``objects`` are the initial objects (a sample of them measures ``deliveries_per_object``).
+    ``cost_model`` is what the plan balances (:mod:`knnmon.assignment.costs`); ``counts`` ``(m,)``
+    are the sizes of the queries' initial kNN (``min(k, matches)``; default ``k``, an
+    over-estimate for queries with fewer matches), for the expected changes.
     """
     timings = dict(timings or {})
+    costs = CostModel.named(cost_model, delivery_cost)
+    delivery_cost = costs.delivery
     assigner = make_assigner(algorithm, beta=beta, sets_per_worker=sets_per_worker, delivery_cost=delivery_cost,
                              handout=handout, seed=seed)
     assigner.check_workers(workers)
     t0 = time.perf_counter()
-    workload = Workload.build(model, queries, radius)
+    if counts is None:
+        counts = queries.column("k").to_numpy()
+    rate = np.asarray(counts, dtype=np.float64) / max(objects.num_rows, 1)
+    workload = Workload.build(model, queries, radius, costs=costs, change_rate=rate)
     plan = assigner.assign(workload, model, workers)
     timings["assign_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
@@ -155,6 +164,7 @@ def plan_workload(model: LoadModel, queries: pa.Table, objects: pa.Table, radius
     unknown[workload.owner[workload.code >= len(model.keywords)]] = True
     timings["summary_s"] = time.perf_counter() - t0
     summary.update({
+        "cost_model": asdict(costs),
         "initial_objects": objects.num_rows,
         "radius_inf_queries": int(np.isinf(radius).sum()),
         "queries_outside_stats_bbox": int(outside.sum()),
@@ -166,7 +176,8 @@ def plan_workload(model: LoadModel, queries: pa.Table, objects: pa.Table, radius
 
 def make_plan(objects_dir: str, queries_path: str, workers: int, algorithm: str, *,
               initial: int = DEFAULT_INITIAL, beta: int = 100_000, sets_per_worker: int = 8,
-              delivery_cost: float = 1.0, handout: str = "set", seed: int = 0, processes: int = 2,
+              delivery_cost: float | None = None, cost_model: str = "measured", handout: str = "set",
+              seed: int = 0, processes: int = 2,
               sample_size: int = 100_000) -> PlanResult:
     """Plan the assignment of a query file's queries to ``workers`` workers.
 
@@ -189,7 +200,8 @@ def make_plan(objects_dir: str, queries_path: str, workers: int, algorithm: str,
     from knnmon.workers.object_index import ObjectIndex
 
     started = time.perf_counter()
-    make_assigner(algorithm, beta=beta, sets_per_worker=sets_per_worker, delivery_cost=delivery_cost,
+    make_assigner(algorithm, beta=beta, sets_per_worker=sets_per_worker,
+                  delivery_cost=CostModel.named(cost_model, delivery_cost).delivery,
                   handout=handout, seed=seed).check_workers(workers)
     model = LoadModel.from_ingest(objects_dir)
     queries = load_queries(queries_path)
@@ -204,7 +216,8 @@ def make_plan(objects_dir: str, queries_path: str, workers: int, algorithm: str,
         radius = np.full(queries.num_rows, np.inf)
     timings["radii_s"] = time.perf_counter() - t0
     result = plan_workload(model, queries, objects, radius, workers, algorithm, beta=beta,
-                           sets_per_worker=sets_per_worker, delivery_cost=delivery_cost, handout=handout, seed=seed,
+                           sets_per_worker=sets_per_worker, delivery_cost=delivery_cost, cost_model=cost_model,
+                           handout=handout, seed=seed,
                            sample_size=sample_size, timings=timings)
     result.summary["elapsed_s"] = round(time.perf_counter() - started, 3)
     return result
@@ -252,8 +265,9 @@ def explain(result: PlanResult, query_id: str) -> str:
         f"query {query_id}: k={wl.k[i]} at ({wl.lon[i]:.6f}, {wl.lat[i]:.6f}), keywords {' '.join(words)}",
         f"  kNN radius r_q = {wl.radius_m[i]:,.1f} m over the first {result.summary['initial_objects']:,} objects",
         f"  R_q = grid cells x {r.x0[i]}..{r.x1[i]}, y {r.y0[i]}..{r.y1[i]} (of {result.model.grid.n} x {result.model.grid.n})",
-        f"  predicted load L(q) = {wl.load[i]:.6g} = " + " + ".join(
-            f"P(R_q, {wd}) {ld:.3g}" for wd, ld in zip(words, wl.entry_load[e])),
+        f"  L(q) = {wl.entry_p[e].sum():.6g} = " + " + ".join(
+            f"P(R_q, {wd}) {ld:.3g}" for wd, ld in zip(words, wl.entry_p[e])),
+        f"  predicted cost {wl.load[i]:.6g} ({result.summary.get('cost_model', {}).get('name', 'paper')} cost model)",
         f"  set {int(plan.set_of[i])}: {len(s.members):,} queries, work L(Q) = {s.work:.6g}",
     ]
     lines += [f"    {n}. {step}" for n, step in enumerate(s.history, 1)] or ["    (the only set: no split)"]
@@ -282,7 +296,8 @@ def format_summary(s: dict[str, Any]) -> str:
 
 def _run(a: argparse.Namespace) -> int:
     result = make_plan(a.objects, a.queries, a.workers, a.algorithm, initial=a.initial, beta=a.beta,
-                       sets_per_worker=a.sets_per_worker, delivery_cost=a.delivery_cost, handout=a.handout,
+                       sets_per_worker=a.sets_per_worker, delivery_cost=a.delivery_cost, cost_model=a.cost_model,
+                       handout=a.handout,
                        seed=a.seed, processes=a.processes)
     write_plan(result, a.out)
     print(format_summary(result.summary))
@@ -303,8 +318,12 @@ def add_plan_command(sub: Any) -> None:
                    help=f"objects seen before the stream; r_q is exact over them (default {DEFAULT_INITIAL:,})")
     p.add_argument("--beta", type=int, default=100_000, help="sets above BETA queries split by space (default 100,000)")
     p.add_argument("--sets-per-worker", type=int, default=8, help="proposed: stop at this many sets per worker (default 8)")
-    p.add_argument("--delivery-cost", type=float, default=1.0,
-                   help="cost of one delivery relative to one keyword match (default 1.0)")
+    p.add_argument("--cost-model", choices=COST_MODELS, default="measured",
+                   help="what the plan balances: the measured worker cost (deliveries and expected result "
+                        "changes; default) or the paper's L(q) (expected keyword matches)")
+    p.add_argument("--delivery-cost", type=float, default=None,
+                   help="weight of one delivery (lambda; default: 10.9 us under the measured model, 1 under the "
+                        "paper's)")
     p.add_argument("--handout", choices=("set", "query"), default="set",
                    help="proposed: assign whole sets (default) or query by query as the paper prints it")
     p.add_argument("--seed", type=int, default=0, help="random assignment and delivery sample seed")

@@ -68,7 +68,8 @@ class RunConfig:
     executor: str = "ray"
     beta: int = 100_000
     sets_per_worker: int = 8
-    delivery_cost: float = 1.0
+    delivery_cost: float | None = None
+    cost_model: str = "measured"
     processes: int = 2
     seed: int = 0
     index: str = "grid"
@@ -271,7 +272,8 @@ class Runtime:
         t0 = time.perf_counter()
         self.plan = plan_workload(model, queries, initial.select(["id", "lon", "lat", "keywords"]), radius, c.workers,
                                   c.algorithm, beta=c.beta, sets_per_worker=c.sets_per_worker,
-                                  delivery_cost=c.delivery_cost, seed=c.seed)
+                                  delivery_cost=c.delivery_cost, cost_model=c.cost_model, counts=counts,
+                                  seed=c.seed)
         self.timings["plan_s"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()

@@ -85,3 +85,23 @@ def test_every_point_within_r_lies_in_a_cell_of_R_q(lon, lat, r, bearing, frac, 
     rect = m.rects(np.array([lon]), np.array([lat]), np.array([r]))
     cx, cy = m.grid.cell_xy(np.array([plon]), np.array([plat]))
     assert rect.x0[0] <= cx[0] <= rect.x1[0] and rect.y0[0] <= cy[0] <= rect.y1[0]
+
+
+def test_measured_cost_model_weighs_candidates_and_expected_changes():
+    from knnmon.assignment.costs import CostModel
+    from knnmon.errors import InvalidArgumentError
+
+    m = tiny_model()
+    table = queries([(0.5, 0.5, ["a"]), (0.5, 0.5, ["a", "b"])])
+    radius = np.array([1000.0, np.inf])
+    rate = np.array([1 / 8, 3 / 8])  # count_q / N0
+    costs = CostModel.named("measured")
+    wl = Workload.build(m, table, radius, costs=costs, change_rate=rate)
+    assert wl.load.tolist() == pytest.approx([0.036 * 2 / 8 + 33 * 1 / 8, 0.036 * 5 / 8 + 33 * 3 / 8])
+    assert wl.entry_p.tolist() == pytest.approx([2 / 8, 4 / 8, 1 / 8])  # P(R_q, key) kept for --explain
+    assert wl.entry_load.sum() == pytest.approx(wl.load.sum())
+    assert CostModel.named("paper").delivery == 1.0 and CostModel.named("measured", 2.5).delivery == 2.5
+    with pytest.raises(InvalidArgumentError, match="needs 2 change rates"):
+        Workload.build(m, table, radius, costs=costs)
+    with pytest.raises(InvalidArgumentError, match="Invalid cost model"):
+        CostModel.named("guess")

@@ -31,7 +31,7 @@ def test_plan_writes_summary_assignment_sets_and_routing(places_slice, slice_que
     assert len(json.loads((out / "sets.json").read_text())) == s["sets"]
     assert set(np.load(out / "routing.npz", allow_pickle=True).files) >= {"always", "keys", "masks"}
     printed = capsys.readouterr().out
-    assert "imbalance (max/mean)" in printed and "query q7:" in printed and "predicted load L(q)" in printed
+    assert "imbalance (max/mean)" in printed and "query q7:" in printed and "L(q) = " in printed and "predicted cost" in printed
     worker_of_q7 = a.filter(pa.compute.equal(a.column("id"), "q7")).column("worker")[0].as_py()
     assert f"worker {worker_of_q7} (" in printed
 
