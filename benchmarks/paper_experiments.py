@@ -10,7 +10,9 @@ Experiments (all 1,000,000 initial objects, then batches of 1,000):
 - ``workers_time_order``: the same in the data's (t, id) order, which is not stationary;
 - ``kmax``: k_max = 5, 10, 15, 20; W = 12; 100,000 queries; random order;
 - ``queries``: 100,000, 300,000, 1,000,000 queries; W = 12; k_max = 10; random order (30 batches: the
-  1 M-query runs spend most of their time loading initial results into Redis).
+  1 M-query runs spend most of their time loading initial results into Redis);
+- ``synthetic``: W = 4 and 12 on the **synthetic** Twitter-shaped stream given by ``--synthetic DIR``
+  (``knnmon ingest synthetic --n 1060000 --seed 0 --out DIR``), in its own order.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ EXPERIMENTS = {
     "kmax": {"queries": (100_000,), "kmax": (5, 10, 15, 20), "workers": (12,), "algorithms": ALGS, "shuffle": 1},
     "queries": {"queries": (100_000, 300_000, 1_000_000), "kmax": (10,), "workers": (12,), "algorithms": ALGS,
                 "batches": 30, "shuffle": 1},
+    # On --synthetic DIR (knnmon ingest synthetic --n 1060000 --seed 0): Twitter-shaped, SYNTHETIC.
+    "synthetic": {"queries": (100_000,), "kmax": (10,), "workers": (4, 12), "algorithms": ALGS, "synthetic": True},
 }
 COLUMNS = [("algorithm", "algorithm", "{}"), ("workers", "W", "{}"), ("kmax", "k_max", "{}"),
            ("queries", "queries", "{:,}"), ("update_ms_sim_mean", "sim update ms", "{:.1f}"),
@@ -51,16 +55,20 @@ def table(rows: list[dict]) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--objects", required=True)
+    p.add_argument("--synthetic", metavar="DIR", help="a synthetic ingest output (for the synthetic experiment)")
     p.add_argument("--out", default="docs/bench")
     p.add_argument("--batches", type=int, default=60)
     p.add_argument("--only", choices=sorted(EXPERIMENTS), action="append")
     a = p.parse_args()
     os.makedirs(a.out, exist_ok=True)
-    for name in a.only or EXPERIMENTS:
+    for name in a.only or [e for e in EXPERIMENTS if a.synthetic or not EXPERIMENTS[e].get("synthetic")]:
         spec = dict(EXPERIMENTS[name])
         batches = spec.pop("batches", a.batches)
+        objects = a.synthetic if spec.pop("synthetic", False) else a.objects
+        if objects is None:
+            p.error(f"the {name} experiment needs --synthetic DIR")
         report = os.path.join(a.out, f"{name}.json")
-        out = run_bench(BenchConfig(objects=a.objects, batches=batches, **spec), report, progress=False)
+        out = run_bench(BenchConfig(objects=objects, batches=batches, **spec), report, progress=False)
         plot_report(out["rows"], a.out, prefix=f"{name}_")
         with open(os.path.join(a.out, f"{name}.md"), "w") as f:
             f.write(table(out["rows"]) + "\n")
