@@ -38,6 +38,7 @@ from knnmon.ingest.queries import read_objects
 from knnmon.keys import DEFAULT_NAMESPACE
 from knnmon.redis_server import EmbeddedRedis
 from knnmon.workers.object_index import ObjectIndex
+from knnmon.workers.worker import INDEXES
 
 __all__ = ["Prepared", "RunConfig", "Runtime", "init_ray", "prepare", "stream_order"]
 
@@ -83,8 +84,8 @@ class RunConfig:
             raise InvalidArgumentError(f"--initial must be >= 0; got {self.initial}")
         if self.batches is not None and self.batches < 1:
             raise InvalidArgumentError(f"--batches must be >= 1; got {self.batches}")
-        if self.index not in ("grid", "keyword-lists"):
-            raise InvalidArgumentError(f"Invalid index: {self.index!r}.\nValid options are: ('grid', 'keyword-lists')")
+        if self.index not in INDEXES:
+            raise InvalidArgumentError(f"Invalid index: {self.index!r}.\nValid options are: {tuple(INDEXES)}")
         if self.executor not in ("ray", "inline"):
             raise InvalidArgumentError(f"Invalid executor: {self.executor!r}.\nValid options are: ('ray', 'inline')")
 

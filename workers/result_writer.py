@@ -138,10 +138,12 @@ class ResultWriter:
               nl: Sequence[int], left: Sequence[str], refs: Mapping[str, int], objects: Mapping[str, ObjectInfo], *,
               nf: Sequence[int] | None = None, f: Sequence[str] = (), replace: bool = False, log: bool = True,
               delete: Sequence[str] = ()) -> float:
-        """One script call; returns the server's seconds running it (0 for a repeated tag). Per changed query ``q[j]`` (version ``v[j]``): ``ne[j]`` entered
-        objects as ``oid, distance`` pairs in ``e``, ``nl[j]`` left ids in ``left``, and
-        ``nf[j]`` query hash fields (key, value, ...) in ``f``; ``refs`` is the net change of
-        each object's reference count, ``objects`` the details of objects entering."""
+        """One script call; returns the server's seconds running it (0 for a repeated tag).
+
+        Per changed query ``q[j]`` (version ``v[j]``): ``ne[j]`` entered objects as
+        ``oid, distance`` pairs in ``e``, ``nl[j]`` left ids in ``left``, and ``nf[j]`` query hash
+        fields (key, value, ...) in ``f``; ``refs`` is the net change of each object's reference
+        count, ``objects`` the details of objects entering."""
         n = len(q)
         obj: list[Any] = []
         for oid, o in objects.items():

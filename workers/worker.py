@@ -317,11 +317,8 @@ class KnnWorker:
         # Handles for the objects that entered; write the changed rows back.
         entered_obj = -1 - H[ent]
         uniq = np.unique(entered_obj)
-        base = len(self.oids)
-        for j in uniq.tolist():
-            self.handle_of[ids[j]] = len(self.oids)
-            self.oids.append(ids[j])
-        H[ent] = base + np.searchsorted(uniq, entered_obj)
+        handles = np.array([self._handle(ids[j]) for j in uniq.tolist()], dtype=np.int64)
+        H[ent] = handles[np.searchsorted(uniq, entered_obj)]
         is_changed = np.zeros(len(self.k), dtype=bool)
         is_changed[changed] = True
         put = kept & is_changed[S]
@@ -375,10 +372,10 @@ class KnnWorker:
         t2 = time.perf_counter()
         if len(changed):
             kth = self.top_d[changed, self.k[changed] - 1]  # inf unless the result is full
-            shrunk = changed[kth < self.radius[changed]]
-            if len(shrunk):
-                self.radius[shrunk] = self.top_d[shrunk, self.k[shrunk] - 1]
-                self._refresh(shrunk)
+            shrink = kth < self.radius[changed]
+            if shrink.any():
+                self.radius[changed[shrink]] = kth[shrink]
+                self._refresh(changed[shrink])
         index_s = time.perf_counter() - t2
         return {"worker": self.worker_id, "batch": batch, "objects": len(ids), "candidates": n_candidates,
                 "passed": len(slot), "changed": len(changed), "busy_s": busy_core + redis_s + index_s,
