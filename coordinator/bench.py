@@ -36,6 +36,7 @@ import pandas as pd
 import pyarrow as pa
 
 from knnmon.assignment import ALGORITHMS
+from knnmon.assignment.costs import COST_MODELS, CostModel
 from knnmon.coordinator.runtime import Prepared, RunConfig, Runtime, init_ray, prepare
 from knnmon.coordinator.verify import mismatches
 from knnmon.errors import InputPathError, InvalidArgumentError
@@ -55,7 +56,7 @@ class BenchConfig:
     ------
     InvalidArgumentError
         An unknown algorithm, workers outside 1..64, queries, ``k_max``, ``batch``, ``batches``
-        or ``repeat`` below 1, ``initial < 0``.
+        or ``repeat`` below 1, ``initial < 0``, an unknown ``cost_model``.
     InputPathError
         ``objects`` is not an ingest output directory.
     """
@@ -70,6 +71,7 @@ class BenchConfig:
     batches: int | None = None
     repeat: int = 1
     shuffle: int | None = None
+    cost_model: str = "measured"
     check: bool = False
     seed: int = 0
     redis_url: str | None = None
@@ -87,6 +89,7 @@ class BenchConfig:
                 raise InvalidArgumentError(f"{name} values must be >= {low}; got {list(values)}")
         if max(self.workers) > 64:
             raise InvalidArgumentError(f"--workers values must be <= 64; got {list(self.workers)}")
+        CostModel.named(self.cost_model)  # an unknown name is an error here, before any work
         if self.repeat < 1:
             raise InvalidArgumentError(f"--repeat must be >= 1; got {self.repeat}")
         RunConfig(workers=1, initial=self.initial, batch=self.batch, batches=self.batches)  # same checks
@@ -123,8 +126,7 @@ def spearman(predicted: Sequence[float], measured: Sequence[float]) -> float | N
 
 
 def _row(rt: Runtime, summary: dict[str, Any], algorithm: str, kmax: int, repeat: int) -> dict[str, Any]:
-    busy = np.array([r["busy_ms"] for r in rt.rows]) if rt.rows else np.zeros((1, rt.config.workers))
-    total = busy.sum(axis=0)
+    total = np.array(summary["busy_ms_per_worker"] or [0.0] * rt.config.workers)
     predicted = summary["predicted_worker_loads"]
     return {
         "algorithm": algorithm, "workers": rt.config.workers, "kmax": kmax, "queries": summary["queries"],
@@ -135,7 +137,7 @@ def _row(rt: Runtime, summary: dict[str, Any], algorithm: str, kmax: int, repeat
         "slowest_over_mean_busy": float(total.max() / total.mean()) if total.mean() > 0 else None,
         "objects_per_s": summary["objects_per_s"], "deliveries_per_object": summary["deliveries_per_object"],
         "results_changed": summary["results_changed"], "candidates_per_change": summary["candidates_per_change"],
-        "route_cpu_ms_mean": summary["route_cpu_ms_mean"], "busy_ms_per_worker": total.round(1).tolist(),
+        "route_cpu_ms_mean": summary["route_cpu_ms_mean"], "busy_ms_per_worker": total.tolist(),
         "per_worker_totals": summary["per_worker_totals"], "predicted_worker_loads": predicted,
         "spearman_predicted_vs_busy": spearman(predicted, total) if algorithm != REFERENCE else None,
         "worker_peak_rss_mb": [round(s["peak_rss_mb"], 1) for s in summary.get("workers_stats", [])],
@@ -148,7 +150,7 @@ def _one_run(cfg: BenchConfig, prepared: Prepared, all_objects: pa.Table | None,
     reference = algorithm == REFERENCE
     config = RunConfig(workers=1 if reference else workers, algorithm="random" if reference else algorithm,
                        initial=cfg.initial, batch=cfg.batch, batches=cfg.batches, shuffle=cfg.shuffle,
-                       redis_url=redis_url,
+                       cost_model=cfg.cost_model, redis_url=redis_url,
                        namespace="bench", executor="inline" if reference else "ray",
                        index="keyword-lists" if reference else "grid", seed=cfg.seed, **cfg.extra)
     rt = Runtime(cfg.objects, prepared.queries, config, prepared=prepared)
@@ -270,6 +272,7 @@ def _bench(a: Any) -> int:
     cfg = BenchConfig(objects=a.objects, queries=_ints(a.queries), kmax=_ints(a.kmax), workers=_ints(a.workers),
                       algorithms=tuple(x.strip() for x in a.algorithms.split(",") if x.strip()),
                       initial=a.initial, batch=a.batch, batches=a.batches, repeat=a.repeat, shuffle=a.shuffle,
+                      cost_model=a.cost_model,
                       check=a.check,
                       seed=a.seed, redis_url=a.redis, ray_address=a.ray_address)
     out = run_bench(cfg, a.report, progress=not a.quiet)
@@ -305,6 +308,8 @@ def add_bench_command(sub: Any) -> None:
     b.add_argument("--repeat", type=int, default=1, metavar="R", help="runs per combination (default 1)")
     b.add_argument("--shuffle", type=int, metavar="SEED",
                    help="stream objects in random order (stationary) instead of (t, id)")
+    b.add_argument("--cost-model", choices=COST_MODELS, default="measured",
+                   help="what the plans balance (default: the measured worker cost; `paper`: L(q))")
     b.add_argument("--check", action="store_true", help="check every result against the brute-force oracle")
     b.add_argument("--seed", type=int, default=0, help="query generation and random-assignment seed")
     b.add_argument("--report", metavar="FILE.json", help="write {machine, config, rows} as JSON")
