@@ -83,6 +83,16 @@ class LoadModel:
         self._vocab = pa.array(keywords, type=pa.string())
 
     @classmethod
+    def uniform(cls, n: int = 256) -> LoadModel:
+        """A model with no statistics over a world grid (``n x n`` cells of 360/n x 180/n
+        degrees): every ``P(c, key)`` is 0. For a service started without historical objects,
+        where the grid only serves routing; loads then count queries (the runtime's fallback)."""
+        from knnmon.ingest.grid import Grid
+
+        return cls(Grid(-180.0, -90.0, 180.0, 90.0, n), [], np.zeros(1, dtype=np.int64), np.empty(0, dtype=np.int32),
+                   np.empty(0, dtype=np.int64), 1)
+
+    @classmethod
     def from_ingest(cls, objects_dir: str) -> LoadModel:
         """Load ``stats.parquet`` and the grid of ``manifest.json`` from an ingest output.
 

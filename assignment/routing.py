@@ -149,7 +149,9 @@ class RoutingTable:
             cells = (np.arange(y0, y1 + 1)[:, None] * n + np.arange(x0, x1 + 1)[None, :]).ravel()
             keys = np.int64(c) * self.grid.n_cells + cells
             pos = np.searchsorted(self.keys, keys)
-            found = (pos < len(self.keys)) & (self.keys[np.minimum(pos, len(self.keys) - 1)] == keys)
+            found = np.zeros(len(keys), dtype=bool)
+            if len(self.keys):
+                found = (pos < len(self.keys)) & (self.keys[np.minimum(pos, len(self.keys) - 1)] == keys)
             self.masks[pos[found]] |= bit
             self.keys = np.insert(self.keys, pos[~found], keys[~found])
             self.masks = np.insert(self.masks, pos[~found], bit)

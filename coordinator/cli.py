@@ -11,6 +11,7 @@ from knnmon.coordinator.bench import add_bench_command
 from knnmon.coordinator.demo import add_demo_command
 from knnmon.coordinator.plan import add_plan_command
 from knnmon.coordinator.run import add_run_commands
+from knnmon.coordinator.serve_cli import add_serve_commands
 from knnmon.errors import KnnmonError
 from knnmon.ingest.cli import add_ingest_commands, add_queries_commands
 
@@ -31,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_plan_command(sub)
     add_run_commands(sub)
     add_bench_command(sub)
+    add_serve_commands(sub)
     return parser
 
 

@@ -36,7 +36,7 @@ from knnmon.assignment.summary import summarize
 from knnmon.errors import InputPathError, InvalidArgumentError
 from knnmon.ingest.queries import read_objects
 
-__all__ = ["PlanResult", "make_plan", "plan_workload", "stream_order", "write_plan", "explain", "format_summary", "load_queries",
+__all__ = ["PlanResult", "empty_plan", "make_plan", "plan_workload", "stream_order", "write_plan", "explain", "format_summary", "load_queries",
            "initial_objects", "add_plan_command"]
 
 #: The paper's number of objects seen before the stream starts.
@@ -48,7 +48,7 @@ class PlanResult:
     """Everything :func:`make_plan` computed."""
 
     plan: Plan
-    workload: Workload
+    workload: Workload | None  # None for :func:`empty_plan`
     model: LoadModel
     routing: RoutingTable
     summary: dict[str, Any]
@@ -172,6 +172,24 @@ def plan_workload(model: LoadModel, queries: pa.Table, objects: pa.Table, radius
         "timings_s": {key: round(v, 3) for key, v in timings.items()},
     })
     return PlanResult(plan, workload, model, routing, summary)
+
+
+def empty_plan(model: LoadModel, workers: int, algorithm: str) -> PlanResult:
+    """The plan of a service that starts with no queries: no sets, an empty routing table,
+    zero loads. Queries registered later join it one by one (:meth:`Runtime.register_query`).
+
+    Raises
+    ------
+    InvalidArgumentError
+        An unknown ``algorithm`` or ``workers`` outside 1..64.
+    """
+    make_assigner(algorithm).check_workers(workers)
+    empty = np.empty(0, dtype=np.int32)
+    plan = Plan(algorithm, workers, empty, empty, [], empty, {})
+    routing = RoutingTable(model.grid, list(model.keywords), np.zeros(len(model.keywords), dtype=np.uint64),
+                           np.empty(0, dtype=np.int64), np.empty(0, dtype=np.uint64))
+    summary = {"algorithm": algorithm, "workers": workers, "queries": 0, "worker_loads": [0.0] * workers, "sets": 0}
+    return PlanResult(plan, None, model, routing, summary)
 
 
 def make_plan(objects_dir: str, queries_path: str, workers: int, algorithm: str, *,

@@ -16,7 +16,7 @@ from knnmon.errors import KnnmonError
 from knnmon.keys import DEFAULT_NAMESPACE, Keys
 from knnmon.redis_server import EmbeddedRedis
 
-__all__ = ["add_run_commands", "fetch_result", "format_run_summary", "redis_for_reading"]
+__all__ = ["add_run_commands", "add_store_arguments", "fetch_result", "format_run_summary", "redis_for_reading"]
 
 
 def format_run_summary(s: dict[str, Any]) -> str:
@@ -121,7 +121,8 @@ def _results(a: argparse.Namespace) -> int:
     return 0
 
 
-def _common(p: argparse.ArgumentParser) -> None:
+def add_store_arguments(p: argparse.ArgumentParser) -> None:
+    """``--redis``, ``--namespace``, ``--data-dir``: where results live."""
     p.add_argument("--redis", metavar="URL", help="Redis URL (default $KNNMON_REDIS_URL, else the embedded server)")
     p.add_argument("--namespace", default=DEFAULT_NAMESPACE, help=f"Redis key prefix (default {DEFAULT_NAMESPACE})")
     p.add_argument("--data-dir", default="knnmon-data", help="where the embedded Redis keeps its data (default ./knnmon-data)")
@@ -142,10 +143,10 @@ def add_run_commands(sub: Any) -> None:
     r.add_argument("--executor", choices=("ray", "inline"), default="ray", help="workers as Ray actors (default) or in process")
     r.add_argument("--report", metavar="FILE.json", help="write the summary as JSON")
     r.add_argument("--quiet", action="store_true", help="no progress bar")
-    _common(r)
+    add_store_arguments(r)
     r.set_defaults(func=_run)
     q = sub.add_parser("results", help="print a query's current kNN from Redis")
     q.add_argument("qid", metavar="QID")
     q.add_argument("--json", action="store_true", help="print JSON")
-    _common(q)
+    add_store_arguments(q)
     q.set_defaults(func=_results)

@@ -29,18 +29,18 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from knnmon.connection import connect, redis_url_from_env
+from knnmon.connection import connect, redis_url_from_env, with_retries
 from knnmon.coordinator.object_store import ObjectStore
-from knnmon.coordinator.plan import PlanResult, load_queries, plan_workload, stream_order
+from knnmon.coordinator.plan import PlanResult, empty_plan, load_queries, plan_workload, stream_order
 from knnmon.errors import InvalidArgumentError, InvalidQueryError
 from knnmon.ingest.keywords import normalize_keywords
 from knnmon.ingest.queries import read_objects
-from knnmon.keys import DEFAULT_NAMESPACE
+from knnmon.keys import DEFAULT_NAMESPACE, Keys
 from knnmon.redis_server import EmbeddedRedis
 from knnmon.workers.object_index import ObjectIndex
 from knnmon.workers.worker import INDEXES
 
-__all__ = ["Prepared", "RunConfig", "Runtime", "init_ray", "prepare", "stream_order"]
+__all__ = ["Prepared", "RunConfig", "Runtime", "init_ray", "prepare", "prepare_tables", "stream_order"]
 
 log = logging.getLogger("knnmon.runtime")
 
@@ -97,7 +97,8 @@ class Prepared:
     ``initial`` and ``stream`` are tables in stream order; ``idx``, ``counts``, ``dist`` are the
     initial kNN as :meth:`ObjectIndex.knn_v` returns it (rows into ``initial``, per-query counts,
     meters), ``radius`` each query's k-th distance (``inf`` below ``k`` matches), ``timings``
-    seconds spent reading and searching.
+    seconds spent reading and searching; ``versions`` ``(m,)`` int64 the queries' change counts
+    when a service resumes them (else ``None``: all 0).
     """
 
     model: Any
@@ -110,6 +111,7 @@ class Prepared:
     dist: np.ndarray
     radius: np.ndarray
     timings: dict[str, float]
+    versions: np.ndarray | None = None
 
 
 def prepare(objects_dir: str, queries: str | pa.Table, config: RunConfig) -> Prepared:
@@ -134,12 +136,21 @@ def prepare(objects_dir: str, queries: str | pa.Table, config: RunConfig) -> Pre
         rest = rest.slice(0, c.batches * c.batch)
     timings["read_s"] = time.perf_counter() - t0
 
+    return prepare_tables(model, queries, initial, rest, processes=c.processes, timings=timings)
+
+
+def prepare_tables(model: Any, queries: pa.Table, initial: pa.Table, stream: pa.Table, *, processes: int = 2,
+                   timings: dict[str, float] | None = None) -> Prepared:
+    """:class:`Prepared` from tables already in memory: the exact kNN of ``queries`` (``id``,
+    ``lon``, ``lat``, ``keywords``, ``k``; may be empty) over ``initial`` (``id``, ``lon``,
+    ``lat``, ``t``, ``keywords``; may be empty), with ``stream`` still to come."""
+    timings = dict(timings or {})
     t0 = time.perf_counter()
     index = ObjectIndex(initial) if initial.num_rows else None
     lon, lat = queries.column("lon").to_numpy(), queries.column("lat").to_numpy()
     k = queries.column("k").to_numpy().astype(np.int64)
-    if index is not None:
-        idx, counts, dist = index.knn_v(lon, lat, queries.column("keywords"), k, processes=c.processes)
+    if index is not None and len(lon):
+        idx, counts, dist = index.knn_v(lon, lat, queries.column("keywords"), k, processes=processes)
     else:
         idx, counts, dist = np.empty(0, np.int64), np.zeros(len(lon), np.int64), np.empty(0)
     ends = np.cumsum(counts)
@@ -147,7 +158,7 @@ def prepare(objects_dir: str, queries: str | pa.Table, config: RunConfig) -> Pre
     full = counts >= k
     radius[full] = dist[ends[full] - 1]
     timings["initial_knn_s"] = time.perf_counter() - t0
-    return Prepared(model, queries, initial, rest, index, idx, counts, dist, radius, timings)
+    return Prepared(model, queries, initial, stream, index, idx, counts, dist, radius, timings)
 
 
 def init_ray(address: str | None = None) -> bool:
@@ -195,13 +206,18 @@ class Runtime:
     config
         :class:`RunConfig`.
     prepared
-        The stream and initial kNN from :func:`prepare`, to reuse across runs (benchmarks);
-        computed by :meth:`start` when omitted.
+        The stream and initial kNN from :func:`prepare` or :func:`prepare_tables`, to reuse
+        across runs (benchmarks); computed by :meth:`start` when omitted.
+    resume
+        Redis already holds these queries and exactly these results (a service resuming,
+        :mod:`knnmon.coordinator.serve`): keep the namespace, do not rewrite the results, only
+        record each query's new ``worker``. Default: a run starts from an empty namespace.
     """
 
-    def __init__(self, objects_dir: str, queries: str | pa.Table, config: RunConfig,
-                 prepared: Prepared | None = None) -> None:
+    def __init__(self, objects_dir: str | None, queries: str | pa.Table | None, config: RunConfig,
+                 prepared: Prepared | None = None, *, resume: bool = False) -> None:
         self.config = config
+        self.resume = resume
         self.prepared = prepared
         self.objects_dir = objects_dir
         self._queries_arg = queries
@@ -215,6 +231,8 @@ class Runtime:
         self.next_batch = 0
         self.stream_table: pa.Table | None = None
         self.query_worker: dict[str, int] = {}
+        self.worker_loads = np.zeros(config.workers)  # predicted, plus queries registered later
+        self.worker_queries = np.zeros(config.workers, dtype=np.int64)
         self.timings: dict[str, float] = {}
         self.rows: list[dict[str, Any]] = []  # per-batch measurements of :meth:`run`
 
@@ -225,6 +243,8 @@ class Runtime:
             self.redis = EmbeddedRedis(os.path.join(self.config.data_dir, "redis")).start()
             url = self.redis.url
         self.redis_url = url
+        if self.resume:
+            return
         client = connect(url)
         ns = self.config.namespace
         for keys in _chunks(client.scan_iter(match=f"{ns}:*", count=10_000), 10_000):
@@ -263,7 +283,7 @@ class Runtime:
         self.timings.update(p.timings)
         model, queries, initial, index = p.model, p.queries, p.initial, p.index
         self.stream_table = p.stream
-        self.store = ObjectStore(initial, index) if index is not None else None
+        self.store = ObjectStore(initial, index)
         lon, lat = queries.column("lon").to_numpy(), queries.column("lat").to_numpy()
         k = queries.column("k").to_numpy().astype(np.int64)
         idx, counts, dist, radius = p.idx, p.counts, p.dist, p.radius
@@ -271,10 +291,15 @@ class Runtime:
         self.seen.update(initial.column("id").to_pylist())
 
         t0 = time.perf_counter()
-        self.plan = plan_workload(model, queries, initial.select(["id", "lon", "lat", "keywords"]), radius, c.workers,
-                                  c.algorithm, beta=c.beta, sets_per_worker=c.sets_per_worker,
-                                  delivery_cost=c.delivery_cost, cost_model=c.cost_model, counts=counts,
-                                  seed=c.seed)
+        if queries.num_rows:
+            self.plan = plan_workload(model, queries, initial.select(["id", "lon", "lat", "keywords"]), radius,
+                                      c.workers, c.algorithm, beta=c.beta, sets_per_worker=c.sets_per_worker,
+                                      delivery_cost=c.delivery_cost, cost_model=c.cost_model, counts=counts,
+                                      seed=c.seed)
+        else:
+            self.plan = empty_plan(model, c.workers, c.algorithm)
+        self.worker_loads = np.array(self.plan.summary["worker_loads"], dtype=np.float64)
+        self.worker_queries = np.bincount(self.plan.plan.worker, minlength=c.workers).astype(np.int64)
         self.timings["plan_s"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
@@ -293,14 +318,32 @@ class Runtime:
             mine = np.flatnonzero(self.plan.plan.worker == w)
             topk = [[(obj_ids[idx[j]], float(dist[j])) for j in range(starts[q], ends[q])] for q in mine.tolist()]
             rows = np.concatenate([idx[starts[q]:ends[q]] for q in mine.tolist()] + [np.empty(0, np.int64)])
-            info = self.store.initial_info(rows) if self.store is not None else {}
+            info = self.store.initial_info(rows) if not self.resume else {}
+            versions = p.versions[mine] if p.versions is not None else None
             pending.append(self.actors[w].load_queries.remote(
-                [ids[q] for q in mine], lon[mine], lat[mine], k[mine], [kws[q] for q in mine], topk, info))
+                [ids[q] for q in mine], lon[mine], lat[mine], k[mine], [kws[q] for q in mine], topk, info,
+                versions=versions, write=not self.resume))
             for q in mine.tolist():
                 self.query_worker[ids[q]] = w
         self._get(pending)
+        if self.resume and self.query_worker:
+            self._record_workers()
         self.timings["load_s"] = time.perf_counter() - t0
         return self
+
+    def _record_workers(self, chunk: int = 10_000) -> None:
+        """Write each query's worker into its hash (a resumed service may place it anew)."""
+        keys = Keys(self.config.namespace)
+        client = connect(self.redis_url)
+        try:
+            items = list(self.query_worker.items())
+            for s in range(0, len(items), chunk):
+                pipe = client.pipeline(transaction=False)
+                for qid, w in items[s:s + chunk]:
+                    pipe.hset(keys.query(qid), "worker", w)
+                with_retries(pipe.execute, "recording the queries' workers", self.redis_url)
+        finally:
+            client.close()
 
     # -- stream ------------------------------------------------------------------------------
     def _encode(self, keywords: pa.Array) -> tuple[np.ndarray, np.ndarray]:
@@ -371,8 +414,7 @@ class Runtime:
             busy[r["worker"]] = r["cpu_s"] * 1e3
             busy_wall[r["worker"]] = r["busy_s"] * 1e3
             per_worker[:, r["worker"]] = (r["objects"], r["candidates"], r["changed"])
-        if self.store is not None:
-            self.store.append(batch.select(["id", "lon", "lat", "t", "keywords"]))
+        self.store.append(batch.select(["id", "lon", "lat", "t", "keywords"]))
         return {"batch": b, "objects": len(ids), "duplicates": dup, "update_ms": update_ms,
                 "busy_ms": busy.tolist(), "busy_wall_ms": busy_wall.tolist(),
                 "imbalance_ms": float(busy.max() - busy.min()),
@@ -410,8 +452,8 @@ class Runtime:
         changed = sum(r["changed"] for r in rows)
         cand = sum(r["candidates"] for r in rows)
         return {
-            "config": asdict(self.config), "queries": len(self.plan.workload), "workers": self.config.workers,
-            "algorithm": self.config.algorithm, "initial_objects": self.store.initial.num_rows if self.store else 0,
+            "config": asdict(self.config), "queries": len(self.query_worker), "workers": self.config.workers,
+            "algorithm": self.config.algorithm, "initial_objects": self.store.initial.num_rows,
             "batches": len(rows), "objects": objects, "duplicates_ignored": sum(r["duplicates"] for r in rows),
             "wall_s": round(wall_s, 3), "objects_per_s": objects / wall_s if wall_s > 0 else 0.0,
             "update_ms_mean": float(upd.mean()), "update_ms_p50": float(np.percentile(upd, 50)),
@@ -451,18 +493,9 @@ class Runtime:
         if int(k) < 1 or not words or not (abs(lon) <= 180 and abs(lat) <= 90):
             raise InvalidQueryError(f"query {qid!r}: needs k >= 1, a keyword and valid coordinates "
                                     f"(k={k}, keywords={list(keywords)}, lon={lon}, lat={lat})")
-        if self.store is not None:
-            topk, info = self.store.knn(lon, lat, words, int(k))
-        else:
-            topk, info = [], {}
+        topk, info = self.store.knn(lon, lat, words, int(k))
         radius = topk[-1][1] if len(topk) == k else np.inf
-        loads = np.array(self.plan.summary["worker_loads"], dtype=np.float64)
-        holders = [self.plan.plan.set_worker[i] for i, s in enumerate(self.plan.plan.sets)
-                   if s.region[0] <= lon <= s.region[2] and s.region[1] <= lat <= s.region[3]
-                   and self.plan.plan.set_worker[i] >= 0]
-        w = int(min(holders, key=lambda x: loads[x])) if holders else int(np.argmin(loads))
-        if loads[w] > 1.1 * loads.mean():
-            w = int(np.argmin(loads))
+        w = self._place(lon, lat)
         routing = self.plan.routing
         codes = [routing.code(x) for x in words]
         rect = self.plan.model.rects(np.array([lon]), np.array([lat]), np.array([radius]))
@@ -470,13 +503,31 @@ class Runtime:
         self._get(self.actors[w].register_query.remote(qid, float(lon), float(lat), words, int(k), topk, info,
                                                        vocabulary={x: routing.code(x) for x in words}))
         self.query_worker[qid] = w
+        self.worker_queries[w] += 1
+        self.worker_loads[w] += self.worker_loads.sum() / max(int(self.worker_queries.sum()) - 1, 1)
         return w
+
+    def _place(self, lon: float, lat: float) -> int:
+        """The worker of a new query: of the plan's sets whose region holds it, the one on the
+        least-loaded worker, unless that worker is above 1.1x the mean load; else the
+        least-loaded worker (``SPEC.md``, "Runtime registration"). Load = predicted load plus
+        the mean query load per query registered since; ties by fewer queries."""
+        loads, counts = self.worker_loads, self.worker_queries
+        sets, set_worker = self.plan.plan.sets, self.plan.plan.set_worker
+        holders = [int(set_worker[i]) for i, s in enumerate(sets)
+                   if s.region[0] <= lon <= s.region[2] and s.region[1] <= lat <= s.region[3] and set_worker[i] >= 0]
+        least = int(np.lexsort((counts, loads))[0])
+        if not holders:
+            return least
+        w = min(holders, key=lambda x: (loads[x], counts[x]))
+        return least if loads[w] > 1.1 * loads.mean() else w
 
     def unregister_query(self, qid: str) -> bool:
         """Remove a query and delete its keys; ``False`` if no such query."""
         w = self.query_worker.pop(qid, None)
         if w is None:
             return False
+        self.worker_queries[w] -= 1
         return bool(self._get(self.actors[w].unregister_query.remote(qid)))
 
     def result(self, qid: str) -> list[tuple[str, float]]:

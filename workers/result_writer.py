@@ -7,8 +7,9 @@ Layout: :class:`knnmon.keys.Keys`. A batch's writes travel as one msgpack payloa
    batch re-sent after a lost reply changes nothing (exactly once);
 2. for every changed query: ``ZADD`` the objects that entered its result sorted set (score =
    distance in meters), ``ZREM`` those that left (the whole query hash is written on
-   registration), and appends one ``changes`` stream entry (``qid``, ``entered``, ``left``,
-   ``version``: the query's change count);
+   registration, and the id added to the ``queries`` set), sets the hash's ``version`` (the
+   query's change count) and appends one ``changes`` stream entry (``qid``, ``entered``,
+   ``left``, ``version``);
 3. counts in an object's ``refs`` the results holding it (the batch's net change per object, one
    ``HINCRBY`` each), writes the object's hash when the first result takes it, and deletes the
    hash when the last one lets it go;
@@ -73,9 +74,11 @@ for j = 1, #p.q do
     local args = {}
     for i = fi, fi + nf - 1 do args[#args + 1] = f[i] end
     redis.call('HSET', ns .. ':query:' .. qid, unpack(args))
+    redis.call('SADD', ns .. ':queries', qid)
     fi = fi + nf
   end
   if p.log == 1 then
+    redis.call('HSET', ns .. ':query:' .. qid, 'version', p.v[j])
     redis.call('XADD', ns .. ':changes', 'MAXLEN', '~', p.maxlen, '*', 'qid', qid,
                'entered', table.concat(ent, ' '), 'left', table.concat(gone, ' '), 'version', p.v[j])
   end
@@ -97,6 +100,7 @@ for _, qid in ipairs(p.del) do
     if redis.call('HINCRBY', okey, 'refs', -1) <= 0 then redis.call('DEL', okey) end
   end
   redis.call('DEL', rkey, ns .. ':query:' .. qid)
+  redis.call('SREM', ns .. ':queries', qid)
 end
 redis.call('SET', p.marker, p.tag)
 local t1 = redis.call('TIME')

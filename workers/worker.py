@@ -178,7 +178,8 @@ class KnnWorker:
 
     def load_queries(self, ids: Sequence[str], lon: Sequence[float], lat: Sequence[float], k: Sequence[int],
                      keywords: Sequence[Sequence[str]], topk: Sequence[Sequence[tuple[str, float]]],
-                     objects: Mapping[str, ObjectInfo], *, chunk: int = 5000) -> dict[str, Any]:
+                     objects: Mapping[str, ObjectInfo], *, versions: Sequence[int] | None = None, write: bool = True,
+                     chunk: int = 5000) -> dict[str, Any]:
         """Take queries with their initial kNN (exact over the objects seen so far).
 
         Parameters
@@ -189,6 +190,11 @@ class KnnWorker:
             ``m`` lists of ``(object id, distance m)``: each query's exact kNN so far.
         objects
             Details of every object in those lists (for ``knn:object:{oid}``).
+        versions
+            ``m`` change counts to continue from (a service resuming); default 0.
+        write
+            Write the queries and results to Redis; ``False`` when Redis holds them already
+            (a service resuming after it reconciled them).
 
         Returns
         -------
@@ -197,7 +203,9 @@ class KnnWorker:
         """
         t0 = time.perf_counter()
         slots = self._append(ids, lon, lat, k, keywords, topk)
-        if self.writer is not None:
+        if versions is not None:
+            self.version[slots.start:slots.stop] = np.asarray(versions, dtype=np.int64)
+        if self.writer is not None and write:
             for s in range(slots.start, slots.stop, chunk):
                 rows = [(self.qids[j], self._fields(j), self._result(j)) for j in range(s, min(s + chunk, slots.stop))]
                 self.writer.write_queries(self._next_tag(), rows, objects)
@@ -425,9 +433,18 @@ class KnnWorker:
             [oids[h] for h in ref_h[nz].tolist()], delta[nz].astype(np.int64).tolist(), info)
 
     def stats(self) -> dict[str, Any]:
-        """Queries held, index entries, queries re-indexed so far, and this process's peak RSS (MB)."""
+        """Queries held, index entries, queries re-indexed so far, this process's peak RSS (MB),
+        and the Ray node it runs on (``None`` outside Ray)."""
         import resource
 
-        return {"worker": self.worker_id, "queries": int(self.alive.sum()), "index_entries": self.index.entries,
+        node = None
+        try:
+            import ray
+
+            if ray.is_initialized():
+                node = ray.get_runtime_context().get_node_id()
+        except ImportError:  # pragma: no cover - ray is a dependency
+            pass
+        return {"worker": self.worker_id, "node": node, "queries": int(self.alive.sum()), "index_entries": self.index.entries,
                 "refreshed": self.refreshed, "keywords": len(self.vocab),
                 "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}

@@ -15,10 +15,14 @@ class Keys:
 
     - ``result(qid)``: sorted set, member object id, score distance in meters;
     - ``query(qid)``: hash ``lon``, ``lat``, ``keywords`` (space separated), ``k``, ``worker``,
-      ``version`` (at registration; later versions are in ``changes``);
+      ``version`` (the number of result changes so far, as in ``changes``);
+    - ``queries``: set of the registered query ids;
     - ``object(oid)``: hash ``lon``, ``lat``, ``t``, ``keywords``, ``refs`` (results holding it);
     - ``changes``: stream of ``qid``, ``entered``, ``left``, ``version`` per changed result;
-    - ``ingest_objects``, ``ingest_queries``: streams ``knnmon serve`` consumes;
+    - ``ingest_objects``, ``ingest_queries``: streams ``knnmon serve`` consumes (consumer group
+      ``knnmon``); ``ingest_rejects``: the entries it rejected, with a reason;
+    - ``serve_status``: hash the running service refreshes (``knnmon status``);
+      ``serve_batches``: stream, one entry per processed batch (latency measurements);
     - ``worker_batch(w)``: the last batch number worker ``w`` applied (idempotent writes).
 
     Examples
@@ -39,6 +43,10 @@ class Keys:
         return f"{self.namespace}:object:{oid}"
 
     @property
+    def queries(self) -> str:
+        return f"{self.namespace}:queries"
+
+    @property
     def changes(self) -> str:
         return f"{self.namespace}:changes"
 
@@ -49,6 +57,18 @@ class Keys:
     @property
     def ingest_queries(self) -> str:
         return f"{self.namespace}:ingest:queries"
+
+    @property
+    def ingest_rejects(self) -> str:
+        return f"{self.namespace}:ingest:rejects"
+
+    @property
+    def serve_status(self) -> str:
+        return f"{self.namespace}:serve:status"
+
+    @property
+    def serve_batches(self) -> str:
+        return f"{self.namespace}:serve:batches"
 
     def worker_batch(self, worker: int) -> str:
         return f"{self.namespace}:worker:{worker}:batch"

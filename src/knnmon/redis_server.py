@@ -58,6 +58,12 @@ class EmbeddedRedis:
         TCP port; default: a free one.
     start_timeout_s
         Seconds to wait for the server to answer PING.
+    durable
+        Also keep an append-only file (fsync every second), so the data survives the server
+        being killed, not only a clean stop (``knnmon serve``).
+    reuse
+        If a server this class started earlier for the same ``data_dir`` still runs (its owner
+        was killed), attach to it instead of starting a second one; this object then stops it.
 
     Examples
     --------
@@ -66,7 +72,8 @@ class EmbeddedRedis:
     True
     """
 
-    def __init__(self, data_dir: str | None = None, port: int | None = None, start_timeout_s: float = 20.0) -> None:
+    def __init__(self, data_dir: str | None = None, port: int | None = None, start_timeout_s: float = 20.0, *,
+                 durable: bool = False, reuse: bool = False) -> None:
         self._tmp = data_dir is None
         if data_dir is None:
             import tempfile
@@ -75,7 +82,9 @@ class EmbeddedRedis:
         self.data_dir = os.path.abspath(data_dir)
         self.port = port or free_port()
         self.start_timeout_s = start_timeout_s
+        self.durable, self.reuse = durable, reuse
         self.proc: subprocess.Popen | None = None
+        self._adopted_pid: int | None = None
 
     @property
     def url(self) -> str:
@@ -91,11 +100,14 @@ class EmbeddedRedis:
             If it exits or does not answer within ``start_timeout_s``.
         """
         os.makedirs(self.data_dir, exist_ok=True)
+        if self.reuse and self._adopt():
+            return self
         log = open(os.path.join(self.data_dir, "redis.log"), "ab")
         self.proc = subprocess.Popen(
             [redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--dir", self.data_dir,
-             "--dbfilename", "knnmon.rdb", "--save", "", "--appendonly", "no", "--protected-mode", "yes",
-             "--daemonize", "no"],
+             "--dbfilename", "knnmon.rdb", "--save", "", "--protected-mode", "yes", "--daemonize", "no",
+             *(["--appendonly", "yes", "--appendfilename", "knnmon.aof", "--appendfsync", "everysec"]
+               if self.durable else ["--appendonly", "no"])],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         )
         log.close()
@@ -116,10 +128,39 @@ class EmbeddedRedis:
                 raise KnnmonError(f"embedded redis-server did not answer within {self.start_timeout_s} s")
             time.sleep(0.05)
         client.close()
+        with open(self._pid_file, "w", encoding="utf-8") as fh:
+            fh.write(f"{self.proc.pid} {self.port}\n")
         return self
+
+    @property
+    def _pid_file(self) -> str:
+        return os.path.join(self.data_dir, "server.pid")
+
+    def _adopt(self) -> bool:
+        """Attach to the server an earlier, killed owner left running for this ``data_dir``."""
+        try:
+            with open(self._pid_file, encoding="utf-8") as fh:
+                pid, port = (int(x) for x in fh.read().split())
+            os.kill(pid, 0)
+            client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=1.0)
+            alive = client.ping() and client.config_get("dir").get(b"dir", b"").decode() == self.data_dir
+            client.close()
+        except (OSError, ValueError, redis.RedisError):
+            return False
+        if alive:
+            self.port, self._adopted_pid = port, pid
+            atexit.register(self.stop)
+        return bool(alive)
 
     def stop(self) -> None:
         """Save the snapshot (unless temporary) and stop the server; idempotent."""
+        if self._adopted_pid is not None:
+            self._adopted_pid = None
+            try:
+                redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=60).shutdown(save=True)
+            except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError):
+                pass
+            return
         proc, self.proc = self.proc, None
         if proc is None or proc.poll() is not None:
             return

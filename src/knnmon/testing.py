@@ -1,11 +1,22 @@
-"""Helpers for tests of knnmon and of code built on it: slices of real data files."""
+"""Helpers for tests of knnmon and of code built on it: slices of real data files, and checking
+the results in Redis against the brute-force oracle."""
 
 from __future__ import annotations
 
 import gzip
+import math
+import subprocess
+import time
 from os import PathLike
 
-__all__ = ["head_lines"]
+import pyarrow as pa
+import redis
+
+from knnmon.connection import connect
+from knnmon.keys import Keys
+from knnmon.oracle import BruteForceKnn
+
+__all__ = ["assert_exact", "expected", "head_lines", "object_fields", "redis_results", "register_fields", "wait_processed"]
 
 
 def head_lines(path: str | PathLike[str], n: int) -> list[str]:
@@ -18,3 +29,81 @@ def head_lines(path: str | PathLike[str], n: int) -> list[str]:
             if len(out) == n:
                 break
     return out
+
+
+def redis_results(url: str, namespace: str, qids: list[str]) -> list[list[tuple[str, float]]]:
+    """``knn:result:{qid}`` of each query: ``[(object id, distance m), ...]`` nearest first."""
+    client, keys = connect(url), Keys(namespace)
+    pipe = client.pipeline(transaction=False)
+    for q in qids:
+        pipe.zrange(keys.result(q), 0, -1, withscores=True)
+    out = pipe.execute()
+    client.close()
+    return out
+
+
+def expected(queries: pa.Table, oracle: BruteForceKnn) -> list[list[tuple[str, float]]]:
+    """The oracle's kNN of every query (``id``, ``lon``, ``lat``, ``keywords``, ``k``)."""
+    return [oracle.knn(r["lon"], r["lat"], r["keywords"], r["k"]) for r in queries.to_pylist()]
+
+
+def assert_exact(url: str, namespace: str, queries: pa.Table, oracle: BruteForceKnn | list) -> int:
+    """Assert every query's Redis result equals the oracle's kNN (ids in order; distances to
+    1e-6 relative); returns the number of queries checked.
+
+    Raises
+    ------
+    AssertionError
+        Naming the first query whose result differs, with both results.
+    """
+    rows = queries.to_pylist()
+    got = redis_results(url, namespace, [r["id"] for r in rows])
+    wants = expected(queries, oracle) if isinstance(oracle, BruteForceKnn) else oracle
+    for r, g, want in zip(rows, got, wants):
+        same = [x[0] for x in g] == [x[0] for x in want] and all(
+            math.isclose(a[1], b[1], rel_tol=1e-6, abs_tol=1e-9) for a, b in zip(g, want))
+        if not same:
+            raise AssertionError(f"query {r['id']}: Redis holds {g}, the oracle says {want}")
+    return len(rows)
+
+
+def wait_processed(r: redis.Redis, keys: Keys, proc: subprocess.Popen | None = None, timeout_s: float = 120) -> None:
+    """Wait until ``knnmon serve`` has read every entry of both ingest streams and none is pending.
+
+    Raises
+    ------
+    AssertionError
+        ``proc`` (the service's process, if given) exited, or ``timeout_s`` passed.
+    """
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"serve exited with {proc.returncode}")
+        done = True
+        for key in (keys.ingest_objects, keys.ingest_queries):
+            if not r.exists(key):
+                continue
+            last = r.xrevrange(key, count=1)[0][0]
+            from knnmon.coordinator.serve import GROUP
+
+            g = {x["name"]: x for x in r.xinfo_groups(key)}.get(GROUP)
+            if g is None or g["last-delivered-id"] != last or g["pending"]:
+                done = False
+        if done:
+            return
+        time.sleep(0.1)
+    raise AssertionError("serve did not catch up in time")
+
+
+def object_fields(o: dict, use_text: bool = False) -> dict:
+    """An object (``id``, ``lon``, ``lat``, ``t``, ``keywords`` list) as ``knn:ingest:objects``
+    fields; its keywords as ``text`` if ``use_text``."""
+    f = {"id": o["id"], "lon": repr(o["lon"]), "lat": repr(o["lat"]), "t": str(o["t"])}
+    f["text" if use_text else "keywords"] = " ".join(o["keywords"])
+    return f
+
+
+def register_fields(q: dict, k: int | None = None) -> dict:
+    """A query row as ``op=register`` fields of ``knn:ingest:queries`` (``k`` overrides its k)."""
+    return {"op": "register", "id": q["id"], "lon": repr(q["lon"]), "lat": repr(q["lat"]),
+            "keywords": " ".join(q["keywords"]), "k": str(k or q["k"])}

@@ -15,33 +15,7 @@ from knnmon.ingest.jobs import ingest_places
 from knnmon.ingest.queries import QueryWorkload, generate_queries, read_objects
 from knnmon.keys import Keys
 from knnmon.oracle import BruteForceKnn
-from knnmon.testing import head_lines
-
-
-def redis_results(url: str, namespace: str, qids: list[str]) -> list[list[tuple[str, float]]]:
-    client, keys = connect(url), Keys(namespace)
-    pipe = client.pipeline(transaction=False)
-    for q in qids:
-        pipe.zrange(keys.result(q), 0, -1, withscores=True)
-    out = pipe.execute()
-    client.close()
-    return out
-
-
-def expected(queries: pa.Table, oracle: BruteForceKnn) -> list[list[tuple[str, float]]]:
-    """The oracle's kNN of every query."""
-    return [oracle.knn(r["lon"], r["lat"], r["keywords"], r["k"]) for r in queries.to_pylist()]
-
-
-def assert_exact(url: str, namespace: str, queries: pa.Table, oracle: BruteForceKnn | list) -> int:
-    """Every query's Redis result equals the oracle's kNN (ids in order; distances to 1e-6 relative)."""
-    rows = queries.to_pylist()
-    got = redis_results(url, namespace, [r["id"] for r in rows])
-    wants = expected(queries, oracle) if isinstance(oracle, BruteForceKnn) else oracle
-    for r, g, want in zip(rows, got, wants):
-        assert [x[0] for x in g] == [x[0] for x in want], r["id"]
-        assert [x[1] for x in g] == pytest.approx([x[1] for x in want], rel=1e-6, abs=1e-9), r["id"]
-    return len(rows)
+from knnmon.testing import assert_exact, expected, head_lines
 
 
 @pytest.fixture(scope="module")

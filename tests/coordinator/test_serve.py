@@ -1,0 +1,166 @@
+"""``knnmon serve`` as a separate process, driven by a plain redis-py client through the ingest
+streams, on real places, checked against the brute-force oracle; killed with SIGKILL and restarted."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import redis
+
+from knnmon.coordinator.plan import stream_order
+from knnmon.ingest.queries import read_objects
+from knnmon.keys import Keys
+from knnmon.oracle import BruteForceKnn
+from knnmon.testing import assert_exact, object_fields, register_fields, wait_processed
+
+
+def start_serve(url: str, namespace: str, tmp_path, *extra: str) -> subprocess.Popen:
+    """``knnmon serve`` in a child process (workers in process: this file tests the service)."""
+    log = open(tmp_path / f"serve-{time.monotonic_ns()}.log", "w")
+    cmd = [sys.executable, "-m", "knnmon.coordinator.cli", "serve", "--redis", url, "--namespace", namespace,
+           "--workers", "3", "--executor", "inline", "--max-delay-ms", "5", "--data-dir", str(tmp_path / "data"),
+           *extra]
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+
+
+def stop(proc: subprocess.Popen) -> int:
+    proc.send_signal(signal.SIGTERM)
+    return proc.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def places(places_slice):
+    """The 10,000 real places of the slice in stream order, as dicts."""
+    return stream_order(read_objects(str(places_slice)), None).to_pylist()
+
+
+def test_streams_from_a_plain_redis_client_are_exact_and_rejects_are_kept(redis_url, namespace, places,
+                                                                          slice_queries, tmp_path):
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    keys = Keys(namespace)
+    queries = pq.read_table(slice_queries).slice(0, 300).to_pylist()
+    # Before the service starts: 150 queries and 4,000 objects are waiting in the streams.
+    for q in queries[:150]:
+        r.xadd(keys.ingest_queries, register_fields(q))
+    for o in places[:4000]:
+        r.xadd(keys.ingest_objects, object_fields(o))
+    proc = start_serve(redis_url, namespace, tmp_path)
+    try:
+        bad_objects = [
+            ({"lon": "1", "lat": "2", "keywords": "x"}, "missing_id"),
+            ({"id": "b1", "lon": "abc", "lat": "2", "keywords": "x"}, "non_numeric_coordinates"),
+            ({"id": "b2", "lon": "10", "lat": "95", "keywords": "x"}, "latitude_out_of_range"),
+            ({"id": "b3", "lon": "10", "lat": "5"}, "no_keywords"),
+            ({"id": "b4", "lon": "10", "lat": "5", "keywords": "x", "t": "noon"}, "bad_time"),
+            ({**object_fields(places[0]), "lon": "1.5"}, "duplicate_id"),
+        ]
+        for fields, _ in bad_objects:
+            r.xadd(keys.ingest_objects, fields)
+        # While it runs: the rest of the objects (1,000 of them as raw text), queries registered
+        # mid-stream, an update, an unregister, and bad operations.
+        for i, o in enumerate(places[4000:]):
+            r.xadd(keys.ingest_objects, object_fields(o, use_text=3000 <= i < 4000))
+            if i % 40 == 0 and 150 + i // 40 < len(queries):
+                r.xadd(keys.ingest_queries, register_fields(queries[150 + i // 40]))
+        bad_ops = [
+            ({"op": "fly", "id": "z"}, "unknown_op"),
+            ({**register_fields(queries[0]), "k": "0"}, "bad_k"),
+            ({"op": "register", "id": "z2", "lat": "1", "keywords": "a", "k": "1"}, "missing_coordinates"),
+            ({**register_fields(queries[0]), "id": "z3", "keywords": "the of"}, "no_keywords"),
+        ]
+        for fields, _ in bad_ops:
+            r.xadd(keys.ingest_queries, fields)
+        r.xadd(keys.ingest_queries, {"op": "unregister", "id": "never-registered"})
+        r.xadd(keys.ingest_queries, register_fields(queries[1], k=queries[1]["k"] + 3))  # an update
+        r.xadd(keys.ingest_queries, {"op": "unregister", "id": queries[2]["id"]})
+        wait_processed(r, keys, proc)
+        assert stop(proc) == 0  # SIGTERM: drains and exits cleanly
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    registered = [q for q in queries if q["id"] != queries[2]["id"]]
+    registered[1] = {**registered[1], "k": registered[1]["k"] + 3}
+    oracle = BruteForceKnn(pa.Table.from_pylist(places))
+    assert assert_exact(redis_url, namespace, pa.Table.from_pylist(registered), oracle) == 299
+    assert not r.exists(keys.result(queries[2]["id"])) and not r.exists(keys.query(queries[2]["id"]))
+    assert r.scard(keys.queries) == 299
+    rejects = r.xrange(keys.ingest_rejects)
+    want = Counter(reason for _, reason in bad_objects + bad_ops)
+    assert Counter(f["_reason"] for _, f in rejects) == want
+    dup = next(f for _, f in rejects if f["_reason"] == "duplicate_id")
+    assert dup["lon"] == "1.5" and dup["_stream"] == keys.ingest_objects  # the original fields are kept
+    status = r.get(keys.serve_status)
+    assert '"unregister_unknown": 1' in status and '"updated": 1' in status
+
+
+def test_serve_killed_mid_stream_loses_nothing_and_duplicates_nothing(redis_url, namespace, places, slice_queries,
+                                                                       tmp_path):
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    keys = Keys(namespace)
+    queries = pq.read_table(slice_queries).slice(0, 1500).to_pylist()
+    for q in queries:
+        r.xadd(keys.ingest_queries, register_fields(q))
+    pipe = r.pipeline(transaction=False)
+    for o in places:
+        pipe.xadd(keys.ingest_objects, object_fields(o))
+    pipe.execute()
+    r.xadd(keys.ingest_objects, {"id": "bad", "lon": "x", "lat": "0", "keywords": "a"})
+    proc = start_serve(redis_url, namespace, tmp_path, "--batch", "100")
+    kills = 0
+    try:
+        for after in (5, 50):  # SIGKILL once that many object batches are done, then start again
+            deadline = time.monotonic() + 120
+            while (not r.exists(keys.serve_batches) or r.xlen(keys.serve_batches) < after) and time.monotonic() < deadline:
+                time.sleep(0.005)
+            proc.kill()
+            proc.wait()
+            kills += 1
+            proc = start_serve(redis_url, namespace, tmp_path, "--batch", "100")
+        wait_processed(r, keys, proc, timeout_s=300)
+        assert stop(proc) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert kills == 2
+    oracle = BruteForceKnn(pa.Table.from_pylist(places))
+    assert_exact(redis_url, namespace, pa.Table.from_pylist(queries), oracle)
+    # Nothing duplicated: each query's change versions are 1..version, once each.
+    versions: dict[str, list[int]] = {}
+    for _, f in r.xrange(keys.changes):
+        versions.setdefault(f["qid"], []).append(int(f["version"]))
+    for q in queries:
+        v = versions.get(q["id"], [])
+        assert v == list(range(1, len(v) + 1)), q["id"]
+        assert int(r.hget(keys.query(q["id"]), "version")) == len(v)
+    # Object hashes: exactly the objects in some result, each counting the results holding it.
+    holders = Counter(o for q in queries for o in r.zrange(keys.result(q["id"]), 0, -1))
+    stored = {k.split(":", 2)[2]: int(r.hget(k, "refs")) for k in r.scan_iter(f"{namespace}:object:*", count=10_000)}
+    assert stored == dict(holders)
+    assert [f["_entry"] for _, f in r.xrange(keys.ingest_rejects)] == [r.xrevrange(keys.ingest_objects, count=1)[0][0]]
+
+
+@pytest.mark.parametrize("fields, reason", [
+    ({"id": "a", "lon": "1", "lat": "2", "keywords": "Coffee tea coffee"}, None),
+    ({"id": "a", "lon": "1", "lat": "2", "text": "Great #Coffee!"}, None),
+    ({"id": " ", "lon": "1", "lat": "2", "keywords": "x"}, "missing_id"),
+    ({"id": "a", "lon": "nan", "lat": "2", "keywords": "x"}, "non_numeric_coordinates"),
+    ({"id": "a", "lon": "181", "lat": "2", "keywords": "x"}, "longitude_out_of_range"),
+    ({"id": "a", "lon": "1", "lat": "2", "text": "the and of"}, "no_keywords"),
+])
+def test_object_entries_parse_or_are_rejected_with_a_reason(fields, reason):
+    from knnmon.coordinator.stream_entries import Rejected, parse_object
+
+    if reason is None:
+        o = parse_object("1700000000000-0", fields)
+        assert o.t == 1700000000000 and o.keywords in (("coffee", "tea"), ("coffee", "great"))
+    else:
+        with pytest.raises(Rejected) as ex:
+            parse_object("1700000000000-0", fields)
+        assert ex.value.reason == reason

@@ -1,0 +1,112 @@
+"""``knnmon run`` and ``knnmon serve`` on the real 3-node Ray cluster of ``deploy/local-cluster.sh``:
+workers on more than one node, results exact against the brute-force oracle."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import redis
+
+from knnmon.coordinator.plan import stream_order
+from knnmon.ingest.queries import read_objects
+from knnmon.keys import Keys
+from knnmon.oracle import BruteForceKnn
+from knnmon.testing import assert_exact, object_fields, register_fields, wait_processed
+
+SCRIPT = Path(__file__).resolve().parents[2] / "deploy" / "local-cluster.sh"
+
+
+def _free_block() -> int:
+    """A base port whose block of 400 (the script's ports) looks free."""
+    for _ in range(50):
+        base = random.randrange(20_000, 40_000, 500)
+        try:
+            for p in (base, base + 10, base + 20, base + 30, base + 100, base + 300):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", p))
+            return base
+        except OSError:
+            continue
+    pytest.skip("no free port block for a local Ray cluster")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """The script's cluster (head + 2 worker nodes), stopped by PID at the end."""
+    ray_exe = shutil.which("ray", path=os.path.dirname(sys.executable)) or shutil.which("ray")
+    if ray_exe is None:
+        pytest.skip("no ray executable")
+    root = tmp_path_factory.mktemp("cluster")
+    port = _free_block()
+    env = {**os.environ, "KNNMON_CLUSTER_DIR": str(root), "KNNMON_RAY_PORT": str(port), "KNNMON_RAY": ray_exe}
+    started = subprocess.run([str(SCRIPT), "start"], env=env, capture_output=True, text=True, timeout=300)
+    assert started.returncode == 0, started.stdout + started.stderr
+    driver_env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(root / "auth_token")}
+    driver_env.pop("RAY_ADDRESS", None)
+    try:
+        yield f"127.0.0.1:{port}", driver_env
+    finally:
+        stopped = subprocess.run([str(SCRIPT), "stop"], env=env, capture_output=True, text=True, timeout=180)
+        assert stopped.returncode == 0, stopped.stderr
+        assert "running" not in subprocess.run([str(SCRIPT), "status"], env=env, capture_output=True,
+                                               text=True).stdout.replace("NOT running", "")
+
+
+def knnmon(*args: str, env: dict, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "knnmon.coordinator.cli", *args], env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_run_on_the_local_cluster_spreads_workers_and_stays_exact(cluster, places_slice, slice_queries, redis_url,
+                                                                  namespace, tmp_path):
+    address, env = cluster
+    report = tmp_path / "run.json"
+    out = knnmon("run", "--objects", str(places_slice), "--queries", str(slice_queries), "--workers", "3",
+                 "--initial", "5000", "--ray-address", address, "--redis", redis_url, "--namespace", namespace,
+                 "--report", str(report), "--quiet", env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    nodes = {w["node"] for w in json.loads(report.read_text())["workers_stats"]}
+    assert len(nodes) > 1 and None not in nodes
+    objects = read_objects(str(places_slice))
+    assert assert_exact(redis_url, namespace, pq.read_table(slice_queries), BruteForceKnn(objects)) == 4000
+
+
+def test_serve_on_the_local_cluster_spreads_workers_and_stays_exact(cluster, places_slice, slice_queries, redis_url,
+                                                                    namespace, tmp_path):
+    address, env = cluster
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    keys = Keys(namespace)
+    places = stream_order(read_objects(str(places_slice)), None).to_pylist()
+    queries = pq.read_table(slice_queries).slice(0, 300)
+    for q in queries.to_pylist():
+        r.xadd(keys.ingest_queries, register_fields(q))
+    log = open(tmp_path / "serve.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "knnmon.coordinator.cli", "serve", "--workers", "3",
+                             "--ray-address", address, "--redis", redis_url, "--namespace", namespace,
+                             "--data-dir", str(tmp_path / "data")], env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        pipe = r.pipeline(transaction=False)
+        for o in places:
+            pipe.xadd(keys.ingest_objects, object_fields(o))
+        pipe.execute()
+        wait_processed(r, keys, proc, timeout_s=300)
+        status = knnmon("status", "--json", "--redis", redis_url, "--namespace", namespace, env=env, timeout=60)
+        assert status.returncode == 0, status.stderr
+        service = json.loads(status.stdout)["service"]
+        assert len(set(service["worker_nodes"])) > 1 and sum(service["queries_per_worker"]) == 300
+        proc.terminate()
+        assert proc.wait(timeout=120) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert assert_exact(redis_url, namespace, queries, BruteForceKnn(pa.Table.from_pylist(places))) == 300
