@@ -164,3 +164,42 @@ def test_object_entries_parse_or_are_rejected_with_a_reason(fields, reason):
         with pytest.raises(Rejected) as ex:
             parse_object("1700000000000-0", fields)
         assert ex.value.reason == reason
+
+
+def test_serve_rides_out_redis_going_away(places, slice_queries, tmp_path):
+    from knnmon.redis_server import EmbeddedRedis, free_port
+
+    port = free_port()
+    server = EmbeddedRedis(str(tmp_path / "redis"), port=port, durable=True).start()
+    url, namespace = server.url, "gone"
+    r = redis.Redis.from_url(url, decode_responses=True)
+    keys = Keys(namespace)
+    queries = pq.read_table(slice_queries).slice(0, 200).to_pylist()
+    for q in queries:
+        r.xadd(keys.ingest_queries, register_fields(q))
+    for o in places[:5000]:
+        r.xadd(keys.ingest_objects, object_fields(o))
+    proc = start_serve(url, namespace, tmp_path)
+    try:
+        wait_processed(r, keys, proc)
+        server.stop()  # Redis goes away (saving), and comes back two seconds later
+        time.sleep(2.0)
+        assert proc.poll() is None  # serve waits, retrying
+        server = EmbeddedRedis(str(tmp_path / "redis"), port=port, durable=True).start()
+        r = redis.Redis.from_url(url, decode_responses=True)
+        for o in places[5000:]:
+            r.xadd(keys.ingest_objects, object_fields(o))
+        wait_processed(r, keys, proc)
+        assert stop(proc) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        server.stop()
+        server = EmbeddedRedis(str(tmp_path / "redis"), port=port, durable=True).start()
+    try:
+        oracle = BruteForceKnn(pa.Table.from_pylist(places))
+        assert assert_exact(url, namespace, pa.Table.from_pylist(queries), oracle) == 200
+        log = "".join(p.read_text() for p in tmp_path.glob("serve-*.log"))
+        assert "unreachable" in log and '"recoveries": 1' in log
+    finally:
+        server.stop()
