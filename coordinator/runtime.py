@@ -475,37 +475,65 @@ class Runtime:
 
     # -- runtime registration ----------------------------------------------------------------
     def register_query(self, qid: str, lon: float, lat: float, keywords: Sequence[str], k: int) -> int:
-        """Add a query at run time; returns its worker.
-
-        Its keywords are normalised (:func:`normalize_keywords`); its initial kNN is exact over
-        every object seen. It joins the worker of a plan set whose region holds it (the least
-        loaded of those), unless that worker is above 1.1x the mean predicted load; then the
-        least-loaded worker. The routing table learns its region.
+        """Add a query at run time; returns its worker (:meth:`register_queries` for one).
 
         Raises
         ------
         InvalidQueryError
             Duplicate id, ``k < 1``, bad coordinates, or no keyword after normalisation.
         """
-        words = normalize_keywords(" ".join(keywords))
-        if qid in self.query_worker:
-            raise InvalidQueryError(f"query {qid!r} is already registered")
-        if int(k) < 1 or not words or not (abs(lon) <= 180 and abs(lat) <= 90):
-            raise InvalidQueryError(f"query {qid!r}: needs k >= 1, a keyword and valid coordinates "
-                                    f"(k={k}, keywords={list(keywords)}, lon={lon}, lat={lat})")
-        topk, info = self.store.knn(lon, lat, words, int(k))
-        radius = topk[-1][1] if len(topk) == k else np.inf
-        w = self._place(lon, lat)
+        return self.register_queries([(qid, lon, lat, keywords, k)])[0]
+
+    def register_queries(self, queries: Sequence[tuple[str, float, float, Sequence[str], int]]) -> list[int]:
+        """Add queries ``(id, lon, lat, keywords, k)`` at run time; returns their workers.
+
+        Keywords are normalised (:func:`normalize_keywords`); each query's initial kNN is exact
+        over every object seen (one vectorised search for all). Each joins a worker by
+        :meth:`_place`; the routing table learns its region; each worker gets its new queries
+        in one call.
+
+        Raises
+        ------
+        InvalidQueryError
+            Before anything is registered: a duplicate id (registered, or twice in
+            ``queries``), ``k < 1``, bad coordinates, or no keyword after normalisation.
+        """
+        rows = []
+        for qid, lon, lat, keywords, k in queries:
+            words = normalize_keywords(" ".join(keywords))
+            if qid in self.query_worker or any(qid == r[0] for r in rows):
+                raise InvalidQueryError(f"query {qid!r} is already registered")
+            if int(k) < 1 or not words or not (abs(lon) <= 180 and abs(lat) <= 90):
+                raise InvalidQueryError(f"query {qid!r}: needs k >= 1, a keyword and valid coordinates "
+                                        f"(k={k}, keywords={list(keywords)}, lon={lon}, lat={lat})")
+            rows.append((str(qid), float(lon), float(lat), words, int(k)))
+        if not rows:
+            return []
+        topk, info = self.store.knn_v([r[1] for r in rows], [r[2] for r in rows], [r[3] for r in rows],
+                                      [r[4] for r in rows])
+        radius = np.array([t[-1][1] if len(t) == r[4] else np.inf for r, t in zip(rows, topk)])
+        rect = self.plan.model.rects(np.array([r[1] for r in rows]), np.array([r[2] for r in rows]), radius)
         routing = self.plan.routing
-        codes = [routing.code(x) for x in words]
-        rect = self.plan.model.rects(np.array([lon]), np.array([lat]), np.array([radius]))
-        routing.add(codes, int(rect.x0[0]), int(rect.y0[0]), int(rect.x1[0]), int(rect.y1[0]), w)
-        self._get(self.actors[w].register_query.remote(qid, float(lon), float(lat), words, int(k), topk, info,
-                                                       vocabulary={x: routing.code(x) for x in words}))
-        self.query_worker[qid] = w
-        self.worker_queries[w] += 1
-        self.worker_loads[w] += self.worker_loads.sum() / max(int(self.worker_queries.sum()) - 1, 1)
-        return w
+        mean_load = self.worker_loads.sum() / max(int(self.worker_queries.sum()), 1)
+        workers, mine = [], {}
+        for i, (qid, lon, lat, words, k) in enumerate(rows):
+            w = self._place(lon, lat)
+            routing.add([routing.code(x) for x in words], int(rect.x0[i]), int(rect.y0[i]), int(rect.x1[i]),
+                        int(rect.y1[i]), w)
+            self.query_worker[qid] = w
+            self.worker_queries[w] += 1
+            self.worker_loads[w] += mean_load
+            workers.append(w)
+            mine.setdefault(w, []).append(i)
+        pending = []
+        for w, sel in mine.items():
+            used = {o for i in sel for o, _ in topk[i]}
+            pending.append(self.actors[w].register_queries.remote(
+                [rows[i][0] for i in sel], [rows[i][1] for i in sel], [rows[i][2] for i in sel],
+                [rows[i][4] for i in sel], [rows[i][3] for i in sel], [topk[i] for i in sel],
+                {o: info[o] for o in used}, vocabulary={x: routing.code(x) for i in sel for x in rows[i][3]}))
+        self._get(pending)
+        return workers
 
     def _place(self, lon: float, lat: float) -> int:
         """The worker of a new query: of the plan's sets whose region holds it, the one on the

@@ -84,6 +84,7 @@ class ServeConfig:
     workers: int = 2
     algorithm: str = "proposed"
     objects_dir: str | None = None
+    initial: int | None = None
     redis_url: str | None = None
     namespace: str = DEFAULT_NAMESPACE
     data_dir: str = "knnmon-data"
@@ -100,6 +101,8 @@ class ServeConfig:
             raise InvalidArgumentError(f"--batch must be >= 1; got {self.batch}")
         if self.max_delay_ms < 0:
             raise InvalidArgumentError(f"--max-delay-ms must be >= 0; got {self.max_delay_ms}")
+        if self.initial is not None and self.initial < 0:
+            raise InvalidArgumentError(f"--initial must be >= 0; got {self.initial}")
         if self.block_ms < 1:
             raise InvalidArgumentError(f"--block-ms must be >= 1; got {self.block_ms}")
         if self.objects_dir is not None and not os.path.isdir(self.objects_dir):
@@ -164,7 +167,9 @@ class Service:
         if self.config.objects_dir:
             self._model = LoadModel.from_ingest(self.config.objects_dir)
             table = read_objects(self.config.objects_dir, ["id", "lon", "lat", "t", "keywords"])
-            self._preload = stream_order(table, None).cast(_OBJECT_SCHEMA)
+            table = stream_order(table, None).cast(_OBJECT_SCHEMA)
+            n = table.num_rows if self.config.initial is None else min(self.config.initial, table.num_rows)
+            self._preload = table.slice(0, n)
         else:
             self._model = LoadModel.uniform()
             self._preload = _OBJECT_SCHEMA.empty_table()
@@ -455,38 +460,60 @@ class Service:
         return bool(got)
 
     def _apply_query_ops(self, entries: list) -> None:
+        """Apply query operations in order (consecutive registrations in one vectorised call),
+        then acknowledge them with their rejects."""
         rt = self.runtime
-        rejects = []
+        rejects: list = []
+        batch: list = []  # consecutive registrations: (entry id, fields, op)
+        queued: set[str] = set()  # their ids
+
+        def flush() -> None:
+            if not batch:
+                return
+            try:
+                rt.register_queries([(op.id, op.lon, op.lat, op.keywords, op.k) for _, _, op in batch])
+                done = batch
+            except InvalidQueryError:  # validated by the parser already; find the culprit one by one
+                done = []
+                for eid, fields, op in batch:
+                    try:
+                        rt.register_query(op.id, op.lon, op.lat, op.keywords, op.k)
+                        done.append((eid, fields, op))
+                    except InvalidQueryError as ex:
+                        rejects.append((eid, fields, Rejected("no_keywords", str(ex))))
+            for _, _, op in done:
+                self.specs[op.id] = _spec(op.lon, op.lat, op.keywords, op.k)
+            self.counters["registered"] += len(done)
+            batch.clear()
+            queued.clear()
+
         for eid, fields in entries:
             try:
                 op = parse_query_op(fields)
-                if op.op == "unregister":
-                    self.specs.pop(op.id, None)
-                    if rt.unregister_query(op.id):
-                        self.counters["unregistered"] += 1
-                    else:
-                        self.counters["unregister_unknown"] += 1
-                    continue
-                spec = _spec(op.lon, op.lat, op.keywords, op.k)
-                if op.id in rt.query_worker:
-                    if self.specs.get(op.id) == spec:
-                        self.counters["unchanged"] += 1
-                        continue
-                    rt.unregister_query(op.id)
-                    self.counters["updated"] += 1
-                try:
-                    rt.register_query(op.id, op.lon, op.lat, op.keywords, op.k)
-                except InvalidQueryError as ex:
-                    raise Rejected("no_keywords", str(ex)) from None
-                self.specs[op.id] = spec
-                self.counters["registered"] += 1
             except Rejected as r:
                 rejects.append((eid, fields, r))
+                continue
+            if op.op == "unregister" or op.id in queued:
+                flush()
+            if op.op == "unregister":
+                self.specs.pop(op.id, None)
+                self.counters["unregistered" if rt.unregister_query(op.id) else "unregister_unknown"] += 1
+                continue
+            if op.id in rt.query_worker:
+                if self.specs.get(op.id) == _spec(op.lon, op.lat, op.keywords, op.k):
+                    self.counters["unchanged"] += 1
+                    continue
+                rt.unregister_query(op.id)
+                self.counters["updated"] += 1
+            batch.append((eid, fields, op))
+            queued.add(op.id)
+        flush()
         self._ack(self.keys.ingest_queries, [e for e, _ in entries], rejects)
 
     def _process_objects(self, entries: list) -> None:
         """Parse, reject, process one batch on the workers, then acknowledge it."""
         rt = self.runtime
+        t0 = time.perf_counter()
         parsed, rejects, in_batch = [], [], set()
         for eid, fields in entries:
             try:
@@ -497,11 +524,14 @@ class Service:
                 parsed.append(o)
             except Rejected as r:
                 rejects.append((eid, fields, r))
-        row = rt.process(_objects_table(parsed)) if parsed else None
-        done_ms = time.time() * 1000
+        table = _objects_table(parsed)
+        t1 = time.perf_counter()
+        row = rt.process(table) if parsed else None
+        t2 = time.perf_counter()
         ids = [e for e, _ in entries]
         record = {"first": ids[0], "last": ids[-1], "n": len(ids), "objects": len(parsed), "rejects": len(rejects),
-                  "done_ms": f"{done_ms:.1f}", "update_ms": f"{row['update_ms']:.2f}" if row else "0"}
+                  "done_ms": f"{time.time() * 1000:.1f}", "parse_ms": f"{(t1 - t0) * 1e3:.2f}",
+                  "update_ms": f"{(t2 - t1) * 1e3:.2f}"}
         self._ack(self.keys.ingest_objects, ids, rejects, record)
         acked_ms = time.time() * 1000
         self.latencies.append(acked_ms - np.array([entry_time_ms(e) for e in ids], dtype=np.float64))

@@ -18,7 +18,8 @@ __all__ = ["add_serve_commands"]
 
 def _serve(a: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    config = ServeConfig(workers=a.workers, algorithm=a.algorithm, objects_dir=a.objects, redis_url=a.redis,
+    config = ServeConfig(workers=a.workers, algorithm=a.algorithm, objects_dir=a.objects, initial=a.initial,
+                         redis_url=a.redis,
                          namespace=a.namespace, data_dir=a.data_dir, ray_address=a.ray_address, executor=a.executor,
                          batch=a.batch, max_delay_ms=a.max_delay_ms)
     with Service(config) as svc:
@@ -45,6 +46,8 @@ def add_serve_commands(sub: Any) -> None:
     s.add_argument("--algorithm", default="proposed", choices=sorted(ALGORITHMS),
                    help="assignment of the queries found in Redis at start (default proposed)")
     s.add_argument("--objects", metavar="DIR", help="preload an ingest output: objects seen before the stream")
+    s.add_argument("--initial", type=int, metavar="N",
+                   help="preload only the first N objects of --objects in stream order (t, id) (default all)")
     s.add_argument("--batch", type=int, default=1000, metavar="B", help="largest object batch (default 1000)")
     s.add_argument("--max-delay-ms", type=float, default=20.0, metavar="MS",
                    help="wait at most this long after a batch's first object for more (default 20)")

@@ -212,12 +212,12 @@ class KnnWorker:
         self.rebuild_index()
         return {"queries": len(ids), "index_entries": self.index.entries, "seconds": time.perf_counter() - t0}
 
-    def register_query(self, qid: str, lon: float, lat: float, keywords: Sequence[str], k: int,
-                       topk: Sequence[tuple[str, float]], objects: Mapping[str, ObjectInfo],
-                       vocabulary: Mapping[str, int] | None = None) -> None:
-        """Add one query at run time with its initial kNN; it is a candidate from the next batch on.
-
-        ``vocabulary`` gives the codes of its keywords when the coordinator encodes batches.
+    def register_queries(self, ids: Sequence[str], lon: Sequence[float], lat: Sequence[float], k: Sequence[int],
+                         keywords: Sequence[Sequence[str]], topk: Sequence[Sequence[tuple[str, float]]],
+                         objects: Mapping[str, ObjectInfo], vocabulary: Mapping[str, int] | None = None) -> None:
+        """Add queries at run time with their initial kNN (one Redis script call for all); they
+        are candidates from the next batch on. Arguments as :meth:`load_queries`;
+        ``vocabulary`` gives the codes of their keywords when the coordinator encodes batches.
 
         Raises
         ------
@@ -226,10 +226,17 @@ class KnnWorker:
         """
         if vocabulary:
             self.vocab.update(vocabulary)
-        slot = self._append([qid], [lon], [lat], [k], [list(keywords)], [topk])[0]
+        slots = self._append(ids, lon, lat, k, keywords, topk)
         if self.writer is not None:
-            self.writer.write_queries(self._next_tag(), [(qid, self._fields(slot), self._result(slot))], objects)
-        self._refresh(np.array([slot]))
+            self.writer.write_queries(self._next_tag(), [(self.qids[j], self._fields(j), self._result(j)) for j in slots],
+                                      objects)
+        self._refresh(np.arange(slots.start, slots.stop))
+
+    def register_query(self, qid: str, lon: float, lat: float, keywords: Sequence[str], k: int,
+                       topk: Sequence[tuple[str, float]], objects: Mapping[str, ObjectInfo],
+                       vocabulary: Mapping[str, int] | None = None) -> None:
+        """:meth:`register_queries` for one query."""
+        self.register_queries([qid], [lon], [lat], [k], [list(keywords)], [topk], objects, vocabulary)
 
     def unregister_query(self, qid: str) -> bool:
         """Remove a query and delete its Redis keys; ``False`` if this worker does not hold it."""

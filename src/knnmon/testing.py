@@ -81,9 +81,10 @@ def wait_processed(r: redis.Redis, keys: Keys, proc: subprocess.Popen | None = N
             raise AssertionError(f"serve exited with {proc.returncode}")
         done = True
         for key in (keys.ingest_objects, keys.ingest_queries):
-            if not r.exists(key):
+            tail = r.xrevrange(key, count=1) if r.exists(key) else []
+            if not tail:
                 continue
-            last = r.xrevrange(key, count=1)[0][0]
+            last = tail[0][0]
             from knnmon.coordinator.serve import GROUP
 
             g = {x["name"]: x for x in r.xinfo_groups(key)}.get(GROUP)
