@@ -140,21 +140,29 @@ class RoutingTable:
 
     def add(self, codes: list[int], x0: int, y0: int, x1: int, y1: int, worker: int) -> None:
         """Route keywords ``codes`` in cells ``[x0, x1] x [y0, y1]`` (inclusive) to ``worker`` too."""
-        bit = np.uint64(1) << np.uint64(worker)
+        self.add_many([codes], [x0], [y0], [x1], [y1], [worker])
+
+    def add_many(self, codes: list[list[int]], x0, y0, x1, y1, workers) -> None:
+        """:meth:`add` for many queries at once: query ``i``'s keyword codes ``codes[i]`` in cells
+        ``[x0[i], x1[i]] x [y0[i], y1[i]]`` to worker ``workers[i]``; one merge of the sorted
+        table for all (registering one by one would re-copy the table per query)."""
         n = self.grid.n
-        for c in codes:
-            if (x0, y0, x1, y1) == (0, 0, n - 1, n - 1):
-                self.always[c] |= bit
+        key_parts, bit_parts = [self.keys], [self.masks]
+        for i, cs in enumerate(codes):
+            bit = np.uint64(1) << np.uint64(int(workers[i]))
+            if (int(x0[i]), int(y0[i]), int(x1[i]), int(y1[i])) == (0, 0, n - 1, n - 1):
+                self.always[np.asarray(cs, dtype=np.int64)] |= bit
                 continue
-            cells = (np.arange(y0, y1 + 1)[:, None] * n + np.arange(x0, x1 + 1)[None, :]).ravel()
-            keys = np.int64(c) * self.grid.n_cells + cells
-            pos = np.searchsorted(self.keys, keys)
-            found = np.zeros(len(keys), dtype=bool)
-            if len(self.keys):
-                found = (pos < len(self.keys)) & (self.keys[np.minimum(pos, len(self.keys) - 1)] == keys)
-            self.masks[pos[found]] |= bit
-            self.keys = np.insert(self.keys, pos[~found], keys[~found])
-            self.masks = np.insert(self.masks, pos[~found], bit)
+            cells = (np.arange(int(y0[i]), int(y1[i]) + 1)[:, None] * n
+                     + np.arange(int(x0[i]), int(x1[i]) + 1)[None, :]).ravel()
+            for c in cs:
+                key_parts.append(np.int64(c) * self.grid.n_cells + cells)
+                bit_parts.append(np.full(len(cells), bit, dtype=np.uint64))
+        if len(key_parts) == 1:
+            return
+        self.keys, inv = np.unique(np.concatenate(key_parts), return_inverse=True)
+        self.masks = np.zeros(len(self.keys), dtype=np.uint64)
+        np.bitwise_or.at(self.masks, inv, np.concatenate(bit_parts))
 
     @property
     def nbytes(self) -> int:

@@ -74,6 +74,19 @@ def latencies(r: redis.Redis, keys: Keys, first_id: str) -> tuple[np.ndarray, fl
     return np.concatenate(lat) if lat else np.zeros(0), first_ms or 0.0, last_ms, n
 
 
+def start_serve(url: str, a: argparse.Namespace, r: redis.Redis, keys: Keys) -> subprocess.Popen:
+    """``knnmon serve`` in a child process; returns once it has published its status."""
+    r.delete(keys.serve_status)
+    proc = subprocess.Popen([sys.executable, "-m", "knnmon.coordinator.cli", "serve", "--redis", url,
+                             "--namespace", "load", "--objects", a.objects, "--initial", str(a.initial),
+                             "--workers", str(a.workers), "--batch", str(a.batch), "--max-delay-ms", str(a.max_delay_ms)])
+    while not r.exists(keys.serve_status):
+        if proc.poll() is not None:
+            raise SystemExit(f"serve exited with {proc.returncode}")
+        time.sleep(0.2)
+    return proc
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--objects", required=True, help="an ingest output directory")
@@ -86,6 +99,8 @@ def main(argv=None) -> int:
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--batch", type=int, default=1000)
     ap.add_argument("--max-delay-ms", type=float, default=20.0)
+    ap.add_argument("--replan", action="store_true",
+                    help="restart the service after the registrations, so that it plans them with its algorithm")
     ap.add_argument("--check", type=int, default=0, help="queries to check against the brute-force oracle")
     ap.add_argument("--report", help="write the measurements as JSON")
     a = ap.parse_args(argv)
@@ -97,15 +112,8 @@ def main(argv=None) -> int:
         r = redis.Redis.from_url(server.url, decode_responses=True)
         keys = Keys("load")
         t0 = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "-m", "knnmon.coordinator.cli", "serve", "--redis", server.url,
-                                 "--namespace", "load", "--objects", a.objects, "--initial", str(a.initial),
-                                 "--workers", str(a.workers), "--batch", str(a.batch),
-                                 "--max-delay-ms", str(a.max_delay_ms)])
+        proc = start_serve(server.url, a, r, keys)
         try:
-            while not r.exists(keys.serve_status):
-                if proc.poll() is not None:
-                    raise SystemExit(f"serve exited with {proc.returncode}")
-                time.sleep(0.2)
             start_s = time.perf_counter() - t0
             t1 = time.perf_counter()
             pipe = r.pipeline(transaction=False)
@@ -116,6 +124,14 @@ def main(argv=None) -> int:
             register_s = time.perf_counter() - t1
             print(f"serve up in {start_s:.1f} s; {queries.num_rows:,} queries registered through the stream in "
                   f"{register_s:.1f} s", flush=True)
+            restart_s = None
+            if a.replan:
+                proc.terminate()
+                proc.wait(timeout=300)
+                t2 = time.perf_counter()
+                proc = start_serve(server.url, a, r, keys)
+                restart_s = time.perf_counter() - t2
+                print(f"restarted (recovery and plan of {queries.num_rows:,} queries) in {restart_s:.1f} s", flush=True)
             first = r.xadd(keys.ingest_objects, object_fields(stream[0]))
             sent, publish_s = publish(r, keys.ingest_objects, stream[1:], a.rate, a.duration_s)
             wait_processed(r, keys, proc, timeout_s=3600)
@@ -134,6 +150,7 @@ def main(argv=None) -> int:
         "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpus": __import__("os").cpu_count()},
         "config": vars(a), "serve_start_s": round(start_s, 2), "register_s": round(register_s, 2),
         "registrations_per_s": queries.num_rows / register_s if register_s else None,
+        "restart_s": restart_s, "placement": "planned at restart" if a.replan else "registration-time",
         "objects_published": n, "publish_s": round(publish_s, 2), "offered_objects_per_s": n / publish_s,
         "objects_per_s": n / ((last_ms - first_ms) / 1000) if last_ms > first_ms else None,
         "latency_ms_p50": float(np.percentile(lat, 50)), "latency_ms_p99": float(np.percentile(lat, 99)),

@@ -518,13 +518,12 @@ class Runtime:
         workers, mine = [], {}
         for i, (qid, lon, lat, words, k) in enumerate(rows):
             w = self._place(lon, lat)
-            routing.add([routing.code(x) for x in words], int(rect.x0[i]), int(rect.y0[i]), int(rect.x1[i]),
-                        int(rect.y1[i]), w)
             self.query_worker[qid] = w
             self.worker_queries[w] += 1
             self.worker_loads[w] += mean_load
             workers.append(w)
             mine.setdefault(w, []).append(i)
+        routing.add_many([[routing.code(x) for x in r[3]] for r in rows], rect.x0, rect.y0, rect.x1, rect.y1, workers)
         pending = []
         for w, sel in mine.items():
             used = {o for i in sel for o, _ in topk[i]}

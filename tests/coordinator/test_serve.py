@@ -96,8 +96,15 @@ def test_streams_from_a_plain_redis_client_are_exact_and_rejects_are_kept(redis_
     assert Counter(f["_reason"] for _, f in rejects) == want
     dup = next(f for _, f in rejects if f["_reason"] == "duplicate_id")
     assert dup["lon"] == "1.5" and dup["_stream"] == keys.ingest_objects  # the original fields are kept
-    status = r.get(keys.serve_status)
-    assert '"unregister_unknown": 1' in status and '"updated": 1' in status
+    from knnmon.coordinator.status import format_status, read_status
+
+    status = read_status(redis_url, namespace)
+    svc = status["service"]
+    assert (svc["unregister_unknown"], svc["updated"], svc["registered"], svc["objects"]) == (1, 1, 301, 10_000)
+    assert not status["running"] and status["queries"] == 299 and status["rejects"] == len(rejects)
+    assert status["objects_stream"]["pending"] == 0 and status["objects_stream"]["undelivered"] == 0
+    text = format_status(status)
+    assert "NOT running" in text and f"rejects: {len(rejects)}" in text
 
 
 def test_serve_killed_mid_stream_loses_nothing_and_duplicates_nothing(redis_url, namespace, places, slice_queries,
