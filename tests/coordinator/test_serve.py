@@ -3,6 +3,7 @@ streams, on real places, checked against the brute-force oracle; killed with SIG
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -210,3 +211,60 @@ def test_serve_rides_out_redis_going_away(places, slice_queries, tmp_path):
         assert "unreachable" in log and '"recoveries": 1' in log
     finally:
         server.stop()
+
+
+def test_python_client_round_trip_on_an_embedded_redis_that_survives_a_killed_serve(places, tmp_path):
+    """No --redis: serve starts its embedded, durable Redis; after SIGKILL the restarted serve
+    adopts the server that is still running; the Python client sees exact results and changes."""
+    from knnmon.coordinator.client import KnnClient
+
+    def serve() -> subprocess.Popen:
+        log = open(tmp_path / f"serve-{time.monotonic_ns()}.log", "w")
+        env = {k: v for k, v in os.environ.items() if k != "KNNMON_REDIS_URL"}
+        return subprocess.Popen([sys.executable, "-m", "knnmon.coordinator.cli", "serve", "--workers", "2",
+                                 "--executor", "inline", "--data-dir", str(tmp_path / "data")],
+                                stdout=log, stderr=subprocess.STDOUT, env=env)
+
+    def server_url() -> str:
+        pid_file = tmp_path / "data" / "redis" / "server.pid"
+        deadline = time.monotonic() + 60
+        while not pid_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return f"redis://127.0.0.1:{pid_file.read_text().split()[1]}/0"
+
+    proc = serve()
+    try:
+        url = server_url()
+        client = KnnClient(url)
+        q = places[100]
+        client.register("c1", q["lon"], q["lat"], q["keywords"][:1], k=4)
+        client.publish({"id": o["id"], "lon": o["lon"], "lat": o["lat"], "t": o["t"], "keywords": o["keywords"]}
+                       for o in places[:3000])
+        client.wait(timeout_s=120)
+        proc.kill()  # the service dies; its Redis keeps running
+        proc.wait()
+        proc = serve()
+        client.wait(client.register("c0", q["lon"], q["lat"], ["zzz"], k=1), timeout_s=120)
+        assert server_url() == url  # the same server, adopted: nothing was lost
+        client.unregister("c0")
+        client.publish({"id": o["id"], "lon": o["lon"], "lat": o["lat"], "t": o["t"], "keywords": o["keywords"]}
+                       for o in places[3000:6000])
+        client.wait(timeout_s=120)
+        want = BruteForceKnn(pa.Table.from_pylist(places[:6000])).knn(q["lon"], q["lat"], q["keywords"][:1], 4)
+        got = client.results("c1")
+        assert [o for o, _ in got] == [o for o, _ in want]
+        assert client.query("c1")["k"] == "4"
+        changes = client.changes()
+        assert changes and all(f["qid"] == "c1" for _, f in changes)
+        assert [int(f["version"]) for _, f in changes] == list(range(1, len(changes) + 1))
+        assert client.changes(since=changes[-1][0]) == []
+        client.unregister("c1")
+        client.wait(timeout_s=60)
+        assert client.results("c1") == [] and client.query("c1") == {}
+        assert stop(proc) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    # A clean stop also stopped the embedded server.
+    with pytest.raises(redis.ConnectionError):
+        redis.Redis.from_url(server_url()).ping()
