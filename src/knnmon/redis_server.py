@@ -142,8 +142,8 @@ class EmbeddedRedis:
             with open(self._pid_file, encoding="utf-8") as fh:
                 pid, port = (int(x) for x in fh.read().split())
             os.kill(pid, 0)
-            client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=1.0)
-            alive = client.ping() and client.config_get("dir").get(b"dir", b"").decode() == self.data_dir
+            client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=1.0, decode_responses=True)
+            alive = client.ping() and client.config_get("dir").get("dir") == self.data_dir
             client.close()
         except (OSError, ValueError, redis.RedisError):
             return False
