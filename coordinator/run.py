@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from knnmon.assignment import ALGORITHMS
+from knnmon.assignment.costs import COST_MODELS
 from knnmon.connection import connect, redis_url_from_env, with_retries
 from knnmon.coordinator.runtime import RunConfig, Runtime
 from knnmon.errors import KnnmonError
@@ -37,7 +38,7 @@ def format_run_summary(s: dict[str, Any]) -> str:
 def _run(a: argparse.Namespace) -> int:
     config = RunConfig(workers=a.workers, algorithm=a.algorithm, initial=a.initial, batch=a.batch, batches=a.batches,
                        shuffle=a.shuffle, redis_url=a.redis, data_dir=a.data_dir, namespace=a.namespace,
-                       ray_address=a.ray_address, executor=a.executor)
+                       ray_address=a.ray_address, executor=a.executor, cost_model=a.cost_model)
     embedded = redis_url_from_env(a.redis) is None
     with Runtime(a.objects, a.queries, config) as rt:
         summary = rt.run(progress=not a.quiet)
@@ -139,6 +140,8 @@ def add_run_commands(sub: Any) -> None:
     r.add_argument("--batch", type=int, default=1000, metavar="B", help="objects per batch (default 1000)")
     r.add_argument("--batches", type=int, metavar="M", help="stop after M batches (default: all objects)")
     r.add_argument("--shuffle", type=int, metavar="SEED", help="stream in random order instead of (t, id)")
+    r.add_argument("--cost-model", choices=COST_MODELS, default="measured",
+                   help="what the plan balances (default measured; docs/assignment.md)")
     r.add_argument("--ray-address", metavar="ADDR", help="join a Ray cluster (default: a local Ray instance)")
     r.add_argument("--executor", choices=("ray", "inline"), default="ray", help="workers as Ray actors (default) or in process")
     r.add_argument("--report", metavar="FILE.json", help="write the summary as JSON")

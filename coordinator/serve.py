@@ -201,8 +201,10 @@ class Service:
                     raise
         objects, pending, rejects = self._read_object_log()
         queries, versions = self._read_queries()
-        prepared = prepare_tables(self._model, queries, objects, _OBJECT_SCHEMA.empty_table(),
-                                  processes=self.config.processes)
+        # The initial kNN forks helper processes, which is unsafe once Ray's threads run here
+        # (a restart while connected to a cluster): then it searches in this process only.
+        processes = 1 if _ray_running() else self.config.processes
+        prepared = prepare_tables(self._model, queries, objects, _OBJECT_SCHEMA.empty_table(), processes=processes)
         prepared.versions = self._reconcile(prepared, versions)
         self.runtime = Runtime(None, None, self.config.run_config(self.redis_url), prepared, resume=True).start()
         self.specs = {r["id"]: _spec(r["lon"], r["lat"], r["keywords"], r["k"]) for r in queries.to_pylist()}
@@ -417,6 +419,9 @@ class Service:
         if self.runtime is not None:
             self.runtime.close()
             self.runtime = None
+        if self.client is not None:
+            self.client.close()
+            self.client = None
         time.sleep(0.5)
         self._recover()
         self._apply_pending_query_ops()
@@ -594,6 +599,12 @@ def _objects_table(objects: list[ObjectEntry]) -> pa.Table:
                     schema=_OBJECT_SCHEMA)
 
 
+
+
+def _ray_running() -> bool:
+    import sys
+
+    return "ray" in sys.modules and sys.modules["ray"].is_initialized()
 
 
 def _spec(lon: float, lat: float, keywords, k: int) -> tuple:
