@@ -11,7 +11,11 @@ Experiments (all 1,000,000 initial objects, then batches of 1,000):
 - ``kmax``: k_max = 5, 10, 15, 20; W = 12; 100,000 queries; random order;
 - ``queries``: 100,000, 300,000, 1,000,000 queries; W = 12; k_max = 10; random order (30 batches: the
   1 M-query runs spend most of their time loading initial results into Redis);
-- ``synthetic``: W = 4 and 12 on the **synthetic** Twitter-shaped stream given by ``--synthetic DIR``
+- ``repeats``: W = 12, 100,000 queries, k_max = 10, random order, every algorithm three times
+  (run-to-run spread);
+- ``check``: the proposed plan at W = 12 with 100,000 queries, every result checked against the
+  brute-force oracle over the 1,060,000 objects seen (the oracle takes about 10 minutes);
+- ``synthetic``: W = 4-24 on the **synthetic** Twitter-shaped stream given by ``--synthetic DIR``
   (``knnmon ingest synthetic --n 1060000 --seed 0 --out DIR``), in its own order.
 """
 
@@ -33,8 +37,12 @@ EXPERIMENTS = {
     "kmax": {"queries": (100_000,), "kmax": (5, 10, 15, 20), "workers": (12,), "algorithms": ALGS, "shuffle": 1},
     "queries": {"queries": (100_000, 300_000, 1_000_000), "kmax": (10,), "workers": (12,), "algorithms": ALGS,
                 "batches": 30, "shuffle": 1},
+    "repeats": {"queries": (100_000,), "kmax": (10,), "workers": (12,), "algorithms": ALGS, "shuffle": 1, "repeat": 3},
+    "check": {"queries": (100_000,), "kmax": (10,), "workers": (12,), "algorithms": ("proposed",), "shuffle": 1,
+              "check": True},
     # On --synthetic DIR (knnmon ingest synthetic --n 1060000 --seed 0): Twitter-shaped, SYNTHETIC.
-    "synthetic": {"queries": (100_000,), "kmax": (10,), "workers": (4, 12), "algorithms": ALGS, "synthetic": True},
+    "synthetic": {"queries": (100_000,), "kmax": (10,), "workers": (4, 8, 12, 16, 20, 24), "algorithms": ALGS,
+                  "synthetic": True},
 }
 COLUMNS = [("algorithm", "algorithm", "{}"), ("workers", "W", "{}"), ("kmax", "k_max", "{}"),
            ("queries", "queries", "{:,}"), ("update_ms_sim_mean", "sim update ms", "{:.1f}"),

@@ -58,7 +58,12 @@ class BruteForceKnn:
         lists = [self._postings[w] for w in set(keywords) if w in self._postings]
         if not lists:
             return np.empty(0, dtype=np.int64)
-        return lists[0] if len(lists) == 1 else np.unique(np.concatenate(lists))
+        if len(lists) == 1:
+            return lists[0]
+        hit = np.zeros(len(self.ids), dtype=bool)  # a union without sorting (np.unique sorted)
+        for p in lists:
+            hit[p] = True
+        return np.flatnonzero(hit)
 
     def knn(self, lon: float, lat: float, keywords: Iterable[str], k: int) -> list[tuple[str, float]]:
         """The ``k`` nearest matching objects as ``[(object id, distance m), ...]``, nearest first.
