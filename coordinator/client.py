@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from knnmon.connection import connect
-from knnmon.coordinator.serve import GROUP
+from knnmon.coordinator.serve import GROUP, group_info
 from knnmon.coordinator.stream_entries import entry_order
 from knnmon.errors import KnnmonError
 from knnmon.keys import DEFAULT_NAMESPACE, Keys
@@ -110,8 +110,7 @@ class KnnClient:
         for key in (self.keys.ingest_objects, self.keys.ingest_queries):
             if not self.client.xrange(key, min=entry_id, max=entry_id):
                 continue
-            groups = {g["name"]: g for g in self.client.xinfo_groups(key)} if self.client.exists(key) else {}
-            g = groups.get(GROUP)
+            g = group_info(self.client, key)
             if g is None or entry_order(g["last-delivered-id"]) < entry_order(entry_id):
                 return False
             return not self.client.xpending_range(key, GROUP, min=entry_id, max=entry_id, count=1)

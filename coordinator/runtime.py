@@ -414,7 +414,7 @@ class Runtime:
             busy[r["worker"]] = r["cpu_s"] * 1e3
             busy_wall[r["worker"]] = r["busy_s"] * 1e3
             per_worker[:, r["worker"]] = (r["objects"], r["candidates"], r["changed"])
-        self.store.append(batch.select(["id", "lon", "lat", "t", "keywords"]))
+        self.store.append(batch)
         return {"batch": b, "objects": len(ids), "duplicates": dup, "update_ms": update_ms,
                 "busy_ms": busy.tolist(), "busy_wall_ms": busy_wall.tolist(),
                 "imbalance_ms": float(busy.max() - busy.min()),

@@ -56,7 +56,7 @@ from knnmon.errors import InvalidArgumentError, InvalidQueryError
 from knnmon.keys import DEFAULT_NAMESPACE, Keys
 from knnmon.redis_server import EmbeddedRedis
 
-__all__ = ["GROUP", "ServeConfig", "Service"]
+__all__ = ["GROUP", "ServeConfig", "Service", "group_info"]
 
 log = logging.getLogger("knnmon.serve")
 
@@ -65,6 +65,14 @@ GROUP = "knnmon"
 #: Approximate caps of the service's own streams (XADD MAXLEN ~).
 REJECTS_MAXLEN = 1_000_000
 BATCHES_MAXLEN = 100_000
+
+def group_info(client: redis.Redis, key: str) -> dict[str, Any] | None:
+    """XINFO GROUPS of stream ``key`` for the group ``knnmon`` (``pending``,
+    ``last-delivered-id``, ...); ``None`` if the stream or the group does not exist."""
+    if not client.exists(key):
+        return None
+    return next((g for g in client.xinfo_groups(key) if g["name"] == GROUP), None)
+
 
 _OBJECT_SCHEMA = pa.schema([("id", pa.string()), ("lon", pa.float64()), ("lat", pa.float64()), ("t", pa.int64()),
                             ("keywords", pa.list_(pa.string()))])
@@ -77,8 +85,9 @@ class ServeConfig:
     Raises
     ------
     InvalidArgumentError
-        ``batch < 1``, ``max_delay_ms < 0``, ``block_ms < 1``, or what :class:`RunConfig`
-        rejects (workers outside 1..64, unknown algorithm or executor).
+        ``max_delay_ms < 0``, ``initial < 0``, ``block_ms < 1``, a missing ``objects_dir``, or
+        what :class:`RunConfig` rejects (workers outside 1..64, ``batch < 1``, an unknown
+        executor).
     """
 
     workers: int = 2
@@ -97,8 +106,6 @@ class ServeConfig:
     processes: int = 2
 
     def __post_init__(self) -> None:
-        if self.batch < 1:
-            raise InvalidArgumentError(f"--batch must be >= 1; got {self.batch}")
         if self.max_delay_ms < 0:
             raise InvalidArgumentError(f"--max-delay-ms must be >= 0; got {self.max_delay_ms}")
         if self.initial is not None and self.initial < 0:
@@ -107,7 +114,7 @@ class ServeConfig:
             raise InvalidArgumentError(f"--block-ms must be >= 1; got {self.block_ms}")
         if self.objects_dir is not None and not os.path.isdir(self.objects_dir):
             raise InvalidArgumentError(f"--objects: no such directory: {self.objects_dir}")
-        self.run_config("redis://unused")  # validates workers, executor
+        self.run_config("redis://unused")  # validates workers, batch, executor
 
     def run_config(self, redis_url: str) -> RunConfig:
         """The :class:`RunConfig` of the runtime the service drives."""
@@ -201,6 +208,8 @@ class Service:
                     raise
         objects, pending, rejects = self._read_object_log()
         queries, versions = self._read_queries()
+        self.counters["queries_entries_read"] = client.xlen(self.keys.ingest_queries) - self._undelivered(
+            self.keys.ingest_queries)
         # The initial kNN forks helper processes, which is unsafe once Ray's threads run here
         # (a restart while connected to a cluster): then it searches in this process only.
         processes = 1 if _ray_running() else self.config.processes
@@ -216,10 +225,10 @@ class Service:
         self._publish_status(force=True)
 
     def _group_info(self, key: str) -> dict[str, Any]:
-        for g in self.client.xinfo_groups(key):
-            if g["name"] == GROUP:
-                return g
-        raise StoreUnavailableError(f"consumer group {GROUP!r} vanished from {key}")
+        g = group_info(self.client, key)
+        if g is None:
+            raise StoreUnavailableError(f"consumer group {GROUP!r} vanished from {key}")
+        return g
 
     def _read_object_log(self, chunk: int = 10_000) -> tuple[pa.Table, list[str], list[tuple[str, dict, Rejected]]]:
         """Preloaded objects plus every delivered entry of the objects stream; the ids of the
@@ -253,8 +262,6 @@ class Service:
                 break
             start = "(" + entries[-1][0]
         self.counters["objects_entries_read"] = read
-        self.counters["queries_entries_read"] = self.client.xlen(self.keys.ingest_queries) - self._undelivered(
-            self.keys.ingest_queries)
         table = pa.concat_tables([self._preload, _objects_table(parsed)]) if parsed else self._preload
         return table, sorted(pending, key=entry_order), rejects
 
@@ -416,12 +423,7 @@ class Service:
     def _restart(self) -> None:
         """Drop the workers and rebuild everything from Redis."""
         self.counters["recoveries"] += 1
-        if self.runtime is not None:
-            self.runtime.close()
-            self.runtime = None
-        if self.client is not None:
-            self.client.close()
-            self.client = None
+        self._drop_workers()
         time.sleep(0.5)
         self._recover()
         self._apply_pending_query_ops()
@@ -574,14 +576,18 @@ class Service:
             log.warning("could not publish status: %s", ex)
 
     # -- stop --------------------------------------------------------------------------------
-    def close(self) -> None:
-        """Stop the workers and the embedded Redis (saved); idempotent."""
+    def _drop_workers(self) -> None:
+        """Stop the workers and close the Redis client (the embedded server stays up)."""
         if self.runtime is not None:
             self.runtime.close()
             self.runtime = None
         if self.client is not None:
             self.client.close()
             self.client = None
+
+    def close(self) -> None:
+        """Stop the workers and the embedded Redis (saved); idempotent."""
+        self._drop_workers()
         if self.redis is not None:
             self.redis.stop()
             self.redis = None

@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 from knnmon.connection import connect
-from knnmon.coordinator.serve import GROUP
+from knnmon.coordinator.serve import GROUP, group_info
 from knnmon.coordinator.stream_entries import entry_time_ms
 from knnmon.keys import DEFAULT_NAMESPACE, Keys
 
@@ -23,7 +23,7 @@ def _stream(client, key: str, read: int | None) -> dict[str, Any]:
                            "undelivered": None, "oldest_waiting_ms": None}
     if not out["length"]:
         return out
-    group = next((g for g in client.xinfo_groups(key) if g["name"] == GROUP), None)
+    group = group_info(client, key)
     if group is None:
         out["undelivered"] = out["length"]
         return out

@@ -75,6 +75,8 @@ def wait_processed(r: redis.Redis, keys: Keys, proc: subprocess.Popen | None = N
     AssertionError
         ``proc`` (the service's process, if given) exited, or ``timeout_s`` passed.
     """
+    from knnmon.coordinator.serve import group_info
+
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
@@ -85,9 +87,7 @@ def wait_processed(r: redis.Redis, keys: Keys, proc: subprocess.Popen | None = N
             if not tail:
                 continue
             last = tail[0][0]
-            from knnmon.coordinator.serve import GROUP
-
-            g = {x["name"]: x for x in r.xinfo_groups(key)}.get(GROUP)
+            g = group_info(r, key)
             if g is None or g["last-delivered-id"] != last or g["pending"]:
                 done = False
         if done:
