@@ -263,10 +263,17 @@ class Runtime:
 
         from knnmon.workers.actor import WorkerActor
 
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
         self._ray_started = init_ray(self.config.ray_address)
-        actor = WorkerActor(num_cpus=0, scheduling_strategy="SPREAD")
-        self.actors = [actor.remote(w, self.redis_url, self.config.namespace, vocabulary=vocabulary,
-                                     index=self.config.index) for w in range(W)]
+        # Worker w goes to node w mod (alive nodes), softly (elsewhere if that node cannot take
+        # it): Ray's SPREAD is best effort and was seen placing 3 workers on one of 3 nodes.
+        nodes = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"])
+        self.actors = [WorkerActor(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(
+            nodes[w % len(nodes)], soft=True)).remote(w, self.redis_url, self.config.namespace,
+                                                       vocabulary=vocabulary, index=self.config.index)
+                       for w in range(W)]
 
     def _get(self, refs):
         if self.config.executor == "inline":

@@ -75,8 +75,9 @@ def test_run_on_the_local_cluster_spreads_workers_and_stays_exact(cluster, place
                  "--initial", "5000", "--ray-address", address, "--redis", redis_url, "--namespace", namespace,
                  "--report", str(report), "--quiet", env=env)
     assert out.returncode == 0, out.stderr[-3000:]
-    nodes = {w["node"] for w in json.loads(report.read_text())["workers_stats"]}
-    assert len(nodes) > 1 and None not in nodes
+    stats = json.loads(report.read_text())["workers_stats"]
+    nodes = {w["node"] for w in stats}
+    assert len(nodes) > 1 and None not in nodes, stats
     objects = read_objects(str(places_slice))
     assert assert_exact(redis_url, namespace, pq.read_table(slice_queries), BruteForceKnn(objects)) == 4000
 
@@ -103,7 +104,7 @@ def test_serve_on_the_local_cluster_spreads_workers_and_stays_exact(cluster, pla
         status = knnmon("status", "--json", "--redis", redis_url, "--namespace", namespace, env=env, timeout=60)
         assert status.returncode == 0, status.stderr
         service = json.loads(status.stdout)["service"]
-        assert len(set(service["worker_nodes"])) > 1 and sum(service["queries_per_worker"]) == 300
+        assert len(set(service["worker_nodes"])) > 1 and sum(service["queries_per_worker"]) == 300, service
         proc.terminate()
         assert proc.wait(timeout=120) == 0
     finally:
