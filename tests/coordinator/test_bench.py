@@ -24,7 +24,7 @@ def test_small_bench_is_exact_for_every_algorithm(places_slice, redis_url, ray_i
     out = run_bench(cfg, str(report), progress=False, log=lambda _: None)
     saved = json.loads(report.read_text())
     assert saved["rows"] == json.loads(json.dumps(out["rows"]))
-    assert saved["machine"]["cpus"] >= 1 and not saved["interrupted"]
+    assert saved["machine"]["cpus"] >= 1 and saved["machine"]["speed_probe_ms"] > 0 and not saved["interrupted"]
     rows = saved["rows"]
     assert [(r["algorithm"], r["kmax"]) for r in rows] == [
         (a, k) for k in (3, 6) for a in ("proposed", "keyword", "space", "random", "single")]
@@ -33,6 +33,7 @@ def test_small_bench_is_exact_for_every_algorithm(places_slice, redis_url, ray_i
         assert r["exact"] is True and r["mismatched_queries"] == 0, r["algorithm"]
         assert r["queries"] == 600 and r["objects"] == 2000 and r["batches"] == 4
         assert r["update_ms_sim_mean"] > 0 and r["objects_per_s"] > 0
+        assert len(r["speed_probe_ms"]) == 2 and min(r["speed_probe_ms"]) > 0
         assert len(r["busy_ms_per_worker"]) == (1 if r["algorithm"] == "single" else 3)
     assert all(r["workers"] == 1 and 0 < r["deliveries_per_object"] <= 1 for r in rows if r["algorithm"] == "single")
     paths = plot_report(rows, str(tmp_path / "plots"))
