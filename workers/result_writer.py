@@ -46,42 +46,28 @@ local ns = p.ns
 local obj = p.obj
 local at = {}
 for i = 1, #obj, 5 do at[obj[i]] = i end
-local e, l, f = p.e, p.l, p.f
+local e, eid, l, f = p.e, p.eid, p.l, p.f
 local ei, li, fi = 1, 1, 1
 for j = 1, #p.q do
   local qid = p.q[j]
   local rkey = ns .. ':result:' .. qid
   if p.rep[j] == 1 then redis.call('DEL', rkey) end
   local ne, nl, nf = p.ne[j], p.nl[j], p.nf[j]
-  local ent = {}
-  if ne > 0 then
-    local args = {}
-    for i = ei, ei + 2 * ne - 1, 2 do
-      args[#args + 1] = e[i + 1]
-      args[#args + 1] = e[i]
-      ent[#ent + 1] = e[i]
-    end
-    redis.call('ZADD', rkey, unpack(args))
-    ei = ei + 2 * ne
-  end
-  local gone = {}
-  if nl > 0 then
-    for i = li, li + nl - 1 do gone[#gone + 1] = l[i] end
-    redis.call('ZREM', rkey, unpack(gone))
-    li = li + nl
-  end
+  if ne > 0 then redis.call('ZADD', rkey, unpack(e, 2 * ei - 1, 2 * (ei + ne - 1))) end
+  if nl > 0 then redis.call('ZREM', rkey, unpack(l, li, li + nl - 1)) end
   if nf > 0 then
-    local args = {}
-    for i = fi, fi + nf - 1 do args[#args + 1] = f[i] end
-    redis.call('HSET', ns .. ':query:' .. qid, unpack(args))
+    redis.call('HSET', ns .. ':query:' .. qid, unpack(f, fi, fi + nf - 1))
     redis.call('SADD', ns .. ':queries', qid)
     fi = fi + nf
   end
   if p.log == 1 then
     redis.call('HSET', ns .. ':query:' .. qid, 'version', p.v[j])
     redis.call('XADD', ns .. ':changes', 'MAXLEN', '~', p.maxlen, '*', 'qid', qid,
-               'entered', table.concat(ent, ' '), 'left', table.concat(gone, ' '), 'version', p.v[j])
+               'entered', table.concat(eid, ' ', ei, ei + ne - 1), 'left', table.concat(l, ' ', li, li + nl - 1),
+               'version', p.v[j])
   end
+  ei = ei + ne
+  li = li + nl
 end
 for i = 1, #p.ro do
   local okey = ns .. ':object:' .. p.ro[i]
@@ -138,24 +124,26 @@ class ResultWriter:
         self._marker = self.keys.worker_batch(worker)
         self.session = uuid.uuid4().hex[:12]  # markers of earlier runs never match
 
-    def _send(self, tag: int, q: Sequence[str], v: Sequence[int], ne: Sequence[int], e: list[Any],
-              nl: Sequence[int], left: Sequence[str], refs: Mapping[str, int], objects: Mapping[str, ObjectInfo], *,
+    def _send(self, tag: int, q: Sequence[str], v: Sequence[int], ne: Sequence[int], entered: Sequence[str],
+              distances: Sequence[float], nl: Sequence[int], left: Sequence[str], refs: Mapping[str, int], objects: Mapping[str, ObjectInfo], *,
               nf: Sequence[int] | None = None, f: Sequence[str] = (), replace: bool = False, log: bool = True,
               delete: Sequence[str] = ()) -> float:
         """One script call; returns the server's seconds running it (0 for a repeated tag).
 
-        Per changed query ``q[j]`` (version ``v[j]``): ``ne[j]`` entered objects as
-        ``oid, distance`` pairs in ``e``, ``nl[j]`` left ids in ``left``, and ``nf[j]`` query hash
+        Per changed query ``q[j]`` (version ``v[j]``): the next ``ne[j]`` of ``entered`` (at
+        ``distances``, meters), the next ``nl[j]`` ids of ``left``, and ``nf[j]`` query hash
         fields (key, value, ...) in ``f``; ``refs`` is the net change of each object's reference
         count, ``objects`` the details of objects entering."""
         n = len(q)
+        e: list[Any] = [None] * (2 * len(entered))  # ZADD's score, member pairs
+        e[0::2], e[1::2] = distances, entered
         obj: list[Any] = []
         for oid, o in objects.items():
             obj += [oid, repr(float(o.lon)), repr(float(o.lat)), str(int(o.t)), " ".join(o.keywords)]
         payload = msgpack.packb({
             "ns": self.keys.namespace, "marker": self._marker, "tag": f"{self.session}:{tag}",
             "maxlen": CHANGES_MAXLEN, "log": int(log), "del": list(delete), "obj": obj,
-            "q": list(q), "v": list(v), "rep": [int(replace)] * n, "ne": list(ne), "e": e, "nl": list(nl),
+            "q": list(q), "v": list(v), "rep": [int(replace)] * n, "ne": list(ne), "e": e, "eid": list(entered), "nl": list(nl),
             "l": list(left), "nf": list(nf) if nf is not None else [0] * n, "f": list(f),
             "ro": list(refs), "rd": list(refs.values()),
         })
@@ -166,15 +154,17 @@ class ResultWriter:
     def _rows(self, tag: int, rows: Sequence[tuple[str, int, Sequence[tuple[str, float]], Sequence[str], list[Any]]],
               objects: Mapping[str, ObjectInfo], **options: Any) -> None:
         """:meth:`_send` from ``(qid, version, entered, left, query hash fields)`` rows."""
-        e: list[Any] = []
+        ids: list[str] = []
+        dists: list[float] = []
         refs: dict[str, int] = {}  # net reference change per object: one HINCRBY each
         for _, _, entered, left, _ in rows:
             for oid, dist in entered:
-                e += [oid, float(dist)]
+                ids.append(oid)
+                dists.append(float(dist))
                 refs[oid] = refs.get(oid, 0) + 1
             for oid in left:
                 refs[oid] = refs.get(oid, 0) - 1
-        self._send(tag, [r[0] for r in rows], [r[1] for r in rows], [len(r[2]) for r in rows], e,
+        self._send(tag, [r[0] for r in rows], [r[1] for r in rows], [len(r[2]) for r in rows], ids, dists,
                    [len(r[3]) for r in rows], [oid for r in rows for oid in r[3]],
                    {oid: d for oid, d in refs.items() if d}, objects,
                    nf=[len(r[4]) for r in rows], f=[x for r in rows for x in r[4]], **options)
@@ -212,13 +202,12 @@ class ResultWriter:
         ``objects`` holds the details of every object in ``entered``. Returns the server's
         seconds running the script.
         """
-        e: list[Any] = [None] * (2 * len(entered))
-        e[0::2], e[1::2] = entered, distances
-        return self._send(tag, qids, versions, n_entered, e, n_left, left, dict(zip(ref_ids, ref_deltas)), objects)
+        return self._send(tag, qids, versions, n_entered, entered, distances, n_left, left,
+                          dict(zip(ref_ids, ref_deltas)), objects)
 
     def delete_query(self, tag: int, qid: str) -> None:
         """Delete a query's keys and release the objects of its result (read by the script)."""
-        self._send(tag, [], [], [], [], [], [], {}, {}, delete=[qid])
+        self._send(tag, [], [], [], [], [], [], [], {}, {}, delete=[qid])
 
     def close(self) -> None:
         """Close the connection pool."""

