@@ -155,7 +155,8 @@ def _one_run(cfg: BenchConfig, prepared: Prepared, all_objects: pa.Table | None,
                        initial=cfg.initial, batch=cfg.batch, batches=cfg.batches, shuffle=cfg.shuffle,
                        cost_model=cfg.cost_model, redis_url=redis_url,
                        namespace="bench", executor="inline" if reference else "ray",
-                       index="keyword-lists" if reference else "grid", seed=cfg.seed, **cfg.extra)
+                       index="keyword-lists" if reference else "grid", seed=cfg.seed,
+                       **{"in_flight": 1, **cfg.extra})  # the paper's update time: one batch at a time
     rt = Runtime(cfg.objects, prepared.queries, config, prepared=prepared)
     probe_before = speed_probe_ms()
     try:

@@ -22,6 +22,7 @@ import contextlib
 import logging
 import os
 import time
+from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -52,8 +53,14 @@ class RunConfig:
     Raises
     ------
     InvalidArgumentError
-        ``workers`` outside 1..64, ``batch < 1``, ``initial < 0``, ``batches < 1``, an unknown
-        ``executor`` or ``index`` (the worker's query index, :data:`knnmon.workers.worker.INDEXES`).
+        ``workers`` outside 1..64, ``batch < 1``, ``initial < 0``, ``batches < 1``,
+        ``in_flight < 1``, an unknown ``executor`` or ``index`` (the worker's query index,
+        :data:`knnmon.workers.worker.INDEXES`).
+
+    ``in_flight`` is how many batches :meth:`Runtime.run` keeps dispatched but not yet collected:
+    with 2, the coordinator routes batch ``b + 1`` while the workers and Redis still work on
+    ``b``. Each worker (a Ray actor) runs its batches in the order sent, so results stay exact;
+    a batch's update time then includes its wait behind the previous one.
     """
 
     workers: int = 4
@@ -74,6 +81,7 @@ class RunConfig:
     processes: int = 2
     seed: int = 0
     index: str = "grid"
+    in_flight: int = 2
 
     def __post_init__(self) -> None:
         if not 1 <= self.workers <= 64:
@@ -88,6 +96,8 @@ class RunConfig:
             raise InvalidArgumentError(f"Invalid index: {self.index!r}.\nValid options are: {tuple(INDEXES)}")
         if self.executor not in ("ray", "inline"):
             raise InvalidArgumentError(f"Invalid executor: {self.executor!r}.\nValid options are: ('ray', 'inline')")
+        if self.in_flight < 1:
+            raise InvalidArgumentError(f"--in-flight must be >= 1; got {self.in_flight}")
 
 
 @dataclass
@@ -359,7 +369,8 @@ class Runtime:
         return owner[keep], codes[keep]
 
     def process(self, batch: pa.Table) -> dict[str, Any]:
-        """Stream one batch of objects (columns ``id``, ``lon``, ``lat``, ``t``, ``keywords``).
+        """Stream one batch of objects (columns ``id``, ``lon``, ``lat``, ``t``, ``keywords``)
+        and wait for it: :meth:`collect` of :meth:`dispatch`.
 
         Returns
         -------
@@ -372,6 +383,12 @@ class Runtime:
             candidates, results changed), ``deliveries``, ``candidates``, ``passed``,
             ``changed``.
         """
+        return self.collect(self.dispatch(batch))
+
+    def dispatch(self, batch: pa.Table) -> dict[str, Any]:
+        """Route one batch and send each worker its objects, without waiting; returns the
+        pending batch for :meth:`collect`. Repeated ids are dropped here, and the batch joins the
+        object store (so a query registered next starts from a kNN over it)."""
         t0, c0 = time.perf_counter(), time.thread_time()
         ids_all = batch.column("id").to_pylist()
         fresh = []
@@ -409,7 +426,14 @@ class Runtime:
                 sent += len(mine)
         route_ms = (time.perf_counter() - t0) * 1e3
         route_cpu_ms = (time.thread_time() - c0) * 1e3  # not inflated by workers already running
-        reports = self._get(refs)
+        self.store.append(batch)
+        return {"batch": b, "objects": len(ids), "duplicates": dup, "refs": refs, "sent": sent, "t0": t0,
+                "route_ms": route_ms, "route_cpu_ms": route_cpu_ms}
+
+    def collect(self, pending: dict[str, Any]) -> dict[str, Any]:
+        """Wait for a dispatched batch's workers; returns its row (as :meth:`process`)."""
+        reports = self._get(pending["refs"])
+        t0, route_ms, route_cpu_ms = pending["t0"], pending["route_ms"], pending["route_cpu_ms"]
         if self.config.executor == "inline":  # the workers ran inside the dispatch loop: not routing
             route_cpu_ms -= sum(r["cpu_s"] - r["redis_server_s"] for r in reports) * 1e3
             route_ms -= sum(r["busy_s"] for r in reports) * 1e3
@@ -421,12 +445,12 @@ class Runtime:
             busy[r["worker"]] = r["cpu_s"] * 1e3
             busy_wall[r["worker"]] = r["busy_s"] * 1e3
             per_worker[:, r["worker"]] = (r["objects"], r["candidates"], r["changed"])
-        self.store.append(batch)
-        return {"batch": b, "objects": len(ids), "duplicates": dup, "update_ms": update_ms,
+        return {"batch": pending["batch"], "objects": pending["objects"], "duplicates": pending["duplicates"],
+                "update_ms": update_ms,
                 "busy_ms": busy.tolist(), "busy_wall_ms": busy_wall.tolist(),
                 "imbalance_ms": float(busy.max() - busy.min()),
                 "route_ms": route_ms, "route_cpu_ms": route_cpu_ms, "per_worker": per_worker.tolist(),
-                "sim_update_ms": route_cpu_ms + float(busy.max()), "deliveries": sent,
+                "sim_update_ms": route_cpu_ms + float(busy.max()), "deliveries": pending["sent"],
                 "candidates": sum(r["candidates"] for r in reports), "passed": sum(r["passed"] for r in reports),
                 "changed": sum(r["changed"] for r in reports)}
 
@@ -437,15 +461,21 @@ class Runtime:
             yield s.slice(start, B)
 
     def run(self, progress: bool = True) -> dict[str, Any]:
-        """Stream every batch; returns the run summary (see :func:`summarize_run`)."""
+        """Stream every batch, ``config.in_flight`` at a time; returns the run summary (see
+        :func:`summarize_run`)."""
         from tqdm import tqdm
 
         rows = self.rows = []
+        pending: deque[dict[str, Any]] = deque()
         t0 = time.perf_counter()
         with tqdm(total=self.stream_table.num_rows, unit="obj", disable=not progress, smoothing=0.1) as bar:
             for batch in self.batches():
-                rows.append(self.process(batch))
+                pending.append(self.dispatch(batch))
                 bar.update(batch.num_rows)
+                while len(pending) >= self.config.in_flight:
+                    rows.append(self.collect(pending.popleft()))
+            while pending:
+                rows.append(self.collect(pending.popleft()))
         wall = time.perf_counter() - t0
         summary = self.summarize_run(rows, wall)
         summary["workers_stats"] = self.worker_stats()

@@ -56,3 +56,12 @@ def test_ingest_and_generate_through_the_cli(spark, shared_data, tmp_path, capsy
                  "--out", str(tmp_path / "q2.parquet")]) == 2
     assert "cannot seed 10000000 queries" in capsys.readouterr().err
     assert not Path(tmp_path / "q2.parquet").exists()
+
+
+def test_run_rejects_bad_numbers_before_any_work(places_slice, tmp_path, capsys):
+    base = ["run", "--objects", str(places_slice), "--queries", str(tmp_path / "none.parquet")]
+    for flag, value, message in (("--in-flight", "0", "--in-flight must be >= 1"),
+                                 ("--workers", "0", "--workers must be between 1 and 64"),
+                                 ("--batch", "0", "--batch must be >= 1")):
+        assert main([*base, flag, value]) == 2
+        assert message in capsys.readouterr().err
