@@ -49,7 +49,8 @@ COLUMNS = [("algorithm", "algorithm", "{}"), ("workers", "W", "{}"), ("kmax", "k
            ("update_ms_sim_p99", "sim p99 ms", "{:.1f}"), ("update_ms_wall_mean", "wall ms", "{:.1f}"),
            ("imbalance_ms_mean", "imbalance ms", "{:.1f}"), ("slowest_over_mean_busy", "slowest / mean", "{:.2f}"),
            ("objects_per_s", "objects/s", "{:,.0f}"), ("deliveries_per_object", "deliveries/object", "{:.2f}"),
-           ("spearman_predicted_vs_busy", "Spearman", "{:.2f}")]
+           ("spearman_predicted_vs_busy", "Spearman", "{:.2f}"),
+           ("speed_probe_ms", "probe ms before / after", "{0[0]:.0f} / {0[1]:.0f}")]
 
 
 def table(rows: list[dict]) -> str:
