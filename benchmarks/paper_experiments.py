@@ -16,7 +16,13 @@ Experiments (all 1,000,000 initial objects, then batches of 1,000):
 - ``check``: the proposed plan at W = 12 with 100,000 queries, every result checked against the
   brute-force oracle over the 1,060,000 objects seen (the oracle takes about 10 minutes);
 - ``synthetic``: W = 4-24 on the **synthetic** Twitter-shaped stream given by ``--synthetic DIR``
-  (``knnmon ingest synthetic --n 1060000 --seed 0 --out DIR``), in its own order.
+  (``knnmon ingest synthetic --n 1060000 --seed 0 --out DIR``), in its own order;
+- ``synthetic_kmax`` and ``synthetic_queries``: the ``kmax`` and ``queries`` experiments on that
+  stream.
+
+Every row records the speed probe before and after its run (``coordinator/speed_probe.py``);
+rows whose probes differ much from the rest of their experiment were measured while this
+shared machine ran slower.
 """
 
 from __future__ import annotations
@@ -43,6 +49,10 @@ EXPERIMENTS = {
     # On --synthetic DIR (knnmon ingest synthetic --n 1060000 --seed 0): Twitter-shaped, SYNTHETIC.
     "synthetic": {"queries": (100_000,), "kmax": (10,), "workers": (4, 8, 12, 16, 20, 24), "algorithms": ALGS,
                   "synthetic": True},
+    "synthetic_kmax": {"queries": (100_000,), "kmax": (5, 10, 15, 20), "workers": (12,), "algorithms": ALGS,
+                       "synthetic": True},
+    "synthetic_queries": {"queries": (100_000, 300_000, 1_000_000), "kmax": (10,), "workers": (12,),
+                          "algorithms": ALGS, "batches": 30, "synthetic": True},
 }
 COLUMNS = [("algorithm", "algorithm", "{}"), ("workers", "W", "{}"), ("kmax", "k_max", "{}"),
            ("queries", "queries", "{:,}"), ("update_ms_sim_mean", "sim update ms", "{:.1f}"),
