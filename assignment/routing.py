@@ -19,6 +19,7 @@ from knnmon.assignment.base import Plan
 from knnmon.assignment.loadmodel import LoadModel
 from knnmon.assignment.workload import Workload
 from knnmon.encoding import keyword_codes
+from knnmon.sorted_search import searchsorted_batch
 from knnmon.ingest.grid import Grid
 
 __all__ = ["RoutingTable", "popcount"]
@@ -96,7 +97,8 @@ class RoutingTable:
         np.bitwise_or.at(out, owner, self.always[codes])
         if len(self.keys):
             key = codes * self.grid.n_cells + np.asarray(cells, dtype=np.int64)[owner]
-            pos = np.minimum(np.searchsorted(self.keys, key), len(self.keys) - 1)
+            pos = searchsorted_batch(self.keys, key)
+            pos = np.minimum(pos, len(self.keys) - 1)
             hit = self.keys[pos] == key
             np.bitwise_or.at(out, owner[hit], self.masks[pos[hit]])
         return out

@@ -26,6 +26,7 @@ import numpy as np
 from rtree import index as rtree_index
 
 from knnmon.geo import cap_bbox
+from knnmon.sorted_search import equal_range
 
 __all__ = ["FINEST", "LEVELS", "QueryIndex"]
 
@@ -200,8 +201,7 @@ class QueryIndex:
                 probes.append(_key(lv, pcode[sel], *_cell_xy(lon[o], lat[o], lv)))
                 owners.append(o)
             probe = np.concatenate(probes) if probes else np.empty(0, np.int64)
-            lo = np.searchsorted(self._keys, probe, side="left")
-            hi = np.searchsorted(self._keys, probe, side="right")
+            lo, hi = equal_range(self._keys, probe)
             n = hi - lo
             hit = np.flatnonzero(n)
             if len(hit):

@@ -1,0 +1,43 @@
+"""Binary search of many probes in one large sorted array, cache-friendly."""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["equal_range", "searchsorted_batch"]
+
+
+def searchsorted_batch(keys: np.ndarray, probes: np.ndarray, side: str = "left") -> np.ndarray:
+    """``numpy.searchsorted(keys, probes, side)``, with the probes searched in sorted order.
+
+    Over a table far larger than the CPU caches (the routing table's or a worker's grid keys:
+    millions of int64), sorted probes make consecutive binary searches share cache lines:
+    5,500 random probes into 30 M keys took 10.4 ms unsorted and 4.4 ms sorted on this machine,
+    the sort included.
+
+    Parameters
+    ----------
+    keys
+        ``(n,)`` sorted array.
+    probes
+        ``(m,)`` values to look up, in any order.
+
+    Returns
+    -------
+    ``(m,)`` int64 insertion positions, in the order of ``probes``.
+    """
+    order = np.argsort(probes)
+    out = np.empty(len(probes), dtype=np.int64)
+    out[order] = np.searchsorted(keys, probes[order], side=side)
+    return out
+
+
+def equal_range(keys: np.ndarray, probes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(lo, hi)``: :func:`searchsorted_batch` with ``side="left"`` and ``"right"``, sorting the
+    probes once; ``keys[lo[i]:hi[i]]`` are the entries equal to ``probes[i]``. Shapes as there."""
+    order = np.argsort(probes)
+    sorted_probes = probes[order]
+    lo, hi = np.empty(len(probes), dtype=np.int64), np.empty(len(probes), dtype=np.int64)
+    lo[order] = np.searchsorted(keys, sorted_probes, side="left")
+    hi[order] = np.searchsorted(keys, sorted_probes, side="right")
+    return lo, hi
