@@ -19,8 +19,8 @@ from knnmon.assignment.base import Plan
 from knnmon.assignment.loadmodel import LoadModel
 from knnmon.assignment.workload import Workload
 from knnmon.encoding import keyword_codes
-from knnmon.sorted_search import searchsorted_batch
 from knnmon.ingest.grid import Grid
+from knnmon.sorted_search import searchsorted_batch
 
 __all__ = ["RoutingTable", "popcount"]
 
@@ -97,8 +97,7 @@ class RoutingTable:
         np.bitwise_or.at(out, owner, self.always[codes])
         if len(self.keys):
             key = codes * self.grid.n_cells + np.asarray(cells, dtype=np.int64)[owner]
-            pos = searchsorted_batch(self.keys, key)
-            pos = np.minimum(pos, len(self.keys) - 1)
+            pos = np.minimum(searchsorted_batch(self.keys, key), len(self.keys) - 1)
             hit = self.keys[pos] == key
             np.bitwise_or.at(out, owner[hit], self.masks[pos[hit]])
         return out

@@ -17,9 +17,9 @@ run (:func:`knnmon.coordinator.runtime.prepare`). The **single-process reference
 (:class:`~knnmon.workers.keyword_lists.KeywordLists`), on the same stream, writing the same
 Redis results. Each row also records :func:`~knnmon.coordinator.speed_probe.speed_probe_ms`
 before and after its run (``speed_probe_ms``), and ``machine`` the value at the start: rows
-measured while the shared machine ran slower show it. The report is rewritten after every run, so an interrupted bench (Ctrl-C) keeps
-what it measured, including the batches of the interrupted run; SIGTERM is handled the same
-way.
+measured while the shared machine ran slower show it. The report is rewritten after every run,
+so an interrupted bench (Ctrl-C) keeps what it measured, including the batches of the
+interrupted run; SIGTERM is handled the same way.
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ import pyarrow as pa
 
 from knnmon.assignment import ALGORITHMS
 from knnmon.assignment.costs import COST_MODELS, CostModel
-from knnmon.coordinator.speed_probe import speed_probe_ms
 from knnmon.coordinator.runtime import Prepared, RunConfig, Runtime, init_ray, prepare
+from knnmon.coordinator.speed_probe import speed_probe_ms
 from knnmon.coordinator.verify import mismatches
 from knnmon.errors import InputPathError, InvalidArgumentError
 from knnmon.ingest.queries import QueryWorkload, generate_queries, read_objects
@@ -116,7 +116,8 @@ def machine_info() -> dict[str, Any]:
     return {"cpus": os.cpu_count(), "memory_gib": round(mem, 1), "platform": platform.platform(),
             "processor": platform.processor() or platform.machine(), "python": platform.python_version(),
             "numpy": np.__version__, "ray": ray.__version__, "redis_py": redis.__version__,
-            "redis_server": redis_server, "date": time.strftime("%Y-%m-%d"), "speed_probe_ms": round(speed_probe_ms(), 1)}
+            "redis_server": redis_server, "date": time.strftime("%Y-%m-%d"),
+            "speed_probe_ms": round(speed_probe_ms(), 1)}
 
 
 def spearman(predicted: Sequence[float], measured: Sequence[float]) -> float | None:

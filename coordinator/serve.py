@@ -66,6 +66,7 @@ GROUP = "knnmon"
 REJECTS_MAXLEN = 1_000_000
 BATCHES_MAXLEN = 100_000
 
+
 def group_info(client: redis.Redis, key: str) -> dict[str, Any] | None:
     """XINFO GROUPS of stream ``key`` for the group ``knnmon`` (``pending``,
     ``last-delivered-id``, ...); ``None`` if the stream or the group does not exist."""

@@ -125,7 +125,8 @@ class ResultWriter:
         self.session = uuid.uuid4().hex[:12]  # markers of earlier runs never match
 
     def _send(self, tag: int, q: Sequence[str], v: Sequence[int], ne: Sequence[int], entered: Sequence[str],
-              distances: Sequence[float], nl: Sequence[int], left: Sequence[str], refs: Mapping[str, int], objects: Mapping[str, ObjectInfo], *,
+              distances: Sequence[float], nl: Sequence[int], left: Sequence[str], refs: Mapping[str, int],
+              objects: Mapping[str, ObjectInfo], *,
               nf: Sequence[int] | None = None, f: Sequence[str] = (), replace: bool = False, log: bool = True,
               delete: Sequence[str] = ()) -> float:
         """One script call; returns the server's seconds running it (0 for a repeated tag).
@@ -143,8 +144,8 @@ class ResultWriter:
         payload = msgpack.packb({
             "ns": self.keys.namespace, "marker": self._marker, "tag": f"{self.session}:{tag}",
             "maxlen": CHANGES_MAXLEN, "log": int(log), "del": list(delete), "obj": obj,
-            "q": list(q), "v": list(v), "rep": [int(replace)] * n, "ne": list(ne), "e": e, "eid": list(entered), "nl": list(nl),
-            "l": list(left), "nf": list(nf) if nf is not None else [0] * n, "f": list(f),
+            "q": list(q), "v": list(v), "rep": [int(replace)] * n, "ne": list(ne), "e": e, "eid": list(entered),
+            "nl": list(nl), "l": list(left), "nf": list(nf) if nf is not None else [0] * n, "f": list(f),
             "ro": list(refs), "rd": list(refs.values()),
         })
         # The script ignores a tag it has applied already, so a plain retry is exactly-once.
