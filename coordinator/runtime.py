@@ -280,6 +280,7 @@ class Runtime:
         # Worker w goes to node w mod (alive nodes), softly (elsewhere if that node cannot take
         # it): Ray's SPREAD is best effort and was seen placing 3 workers on one of 3 nodes.
         nodes = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"])
+        log.info("starting %d workers on %d alive Ray nodes: %s", W, len(nodes), ", ".join(n[:8] for n in nodes))
         self.actors = [WorkerActor(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(
             nodes[w % len(nodes)], soft=True)).remote(w, self.redis_url, self.config.namespace,
                                                        vocabulary=vocabulary, index=self.config.index)

@@ -30,7 +30,4 @@ class KeywordLists(QueryIndex):
     def candidates(self, lon: np.ndarray, lat: np.ndarray, pair_obj: np.ndarray,
                    pair_code: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Every (object, query slot) pair sharing a keyword (``(c,)`` int64 each)."""
-        lo = np.searchsorted(self._keys, pair_code, side="left")
-        n = np.searchsorted(self._keys, pair_code, side="right") - lo
-        at = np.repeat(lo - (np.cumsum(n) - n), n) + np.arange(int(n.sum()))
-        return np.repeat(pair_obj, n), self._slots[at]
+        return self._grid_hits(np.asarray(pair_code, dtype=np.int64), np.asarray(pair_obj, dtype=np.int64))

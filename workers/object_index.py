@@ -23,19 +23,12 @@ import pyarrow.compute as pc
 from rtree import index as rtree_index
 
 from knnmon.encoding import keyword_codes
-from knnmon.geo import haversine_m
+from knnmon.geo import haversine_m, unit_vectors
 
-__all__ = ["ObjectIndex", "unit_vectors", "morton_codes"]
+__all__ = ["ObjectIndex", "morton_codes"]
 
 #: Extra neighbours asked of each per-keyword tree beyond ``k`` (near-tie safety).
 TIE_MARGIN = 2
-
-
-def unit_vectors(lon: np.ndarray, lat: np.ndarray) -> np.ndarray:
-    """ECEF unit vectors of points: ``(m, 3)`` float64 from ``(m,)`` degrees."""
-    lam, phi = np.radians(lon), np.radians(lat)
-    c = np.cos(phi)
-    return np.column_stack([c * np.cos(lam), c * np.sin(lam), np.sin(phi)])
 
 
 #: The index and queries forked children work on (set only while forking).

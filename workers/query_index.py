@@ -8,25 +8,27 @@ loop over objects or queries:
 - **Grid inverted lists** (the paper's §4.4 layout, multi-level): level ``l`` (0..10) cuts the
   world ``[-180, 180] x [-90, 90]`` into ``2**(14 - l)`` squares per side (level 0: 0.022 deg x
   0.011 deg cells; level 10: 16 x 16). A query is listed under ``(level, keyword, cell)`` for each
-  of at most 2 x 2 cells at the finest level where its region fits in so few. The lists are one
-  sorted int64 key array with a CSR of query slots; a batch probes every level with one
-  ``numpy.searchsorted``.
+  of at most 2 x 2 cells at the finest level where its region fits in so few. The lists are
+  sorted int64 key arrays aligned with query slots (a base and a small delta); a batch probes
+  every level with one ``numpy.searchsorted`` per array.
 - **A 3-D R-tree** (``rtree``; longitude, latitude, keyword code) holds the few regions too
   large for level 10, continent-sized (e.g. ``r_q = inf``: fewer than ``k`` matches so far). It is bulk-loaded and
   probed with one ``intersection_v`` call per batch, only for pairs whose keyword it holds.
 
-Regions shrink lazily: when ``r_q`` shrinks the old, larger entries stay (a superset, so no
-candidate is missed) until :meth:`QueryIndex.rebuild`. Candidates are then checked exactly
-against the current ``r_q`` by the worker.
+When ``r_q`` shrinks, the worker re-indexes the query (:meth:`QueryIndex.refresh`): its new,
+smaller entries go into the delta and its old ones are skipped until the next merge drops them.
+Candidates are then checked exactly against the current ``r_q`` by the worker.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 from rtree import index as rtree_index
 
 from knnmon.geo import cap_bbox
-from knnmon.sorted_search import equal_range
+from knnmon.sorted_search import searchsorted_batch
 
 __all__ = ["FINEST", "LEVELS", "QueryIndex"]
 
@@ -54,28 +56,87 @@ def _key(level, code, x, y) -> np.ndarray:
             | (np.asarray(code, dtype=np.int64) << _CELL_BITS) | (y * n + x))
 
 
+@dataclass
+class _Run:
+    """Grid entries sorted by key: ``keys`` (int64), ``slots`` (int64) and ``gens`` (int32, the
+    generation of the slot's entries each one belongs to), all ``(e,)``; plus the distinct keys
+    ``ukeys`` ``(u,)`` and where each one's entries start, ``ustart`` ``(u + 1,)``."""
+
+    keys: np.ndarray
+    slots: np.ndarray
+    gens: np.ndarray
+
+    def __post_init__(self) -> None:
+        first = np.flatnonzero(np.r_[True, self.keys[1:] != self.keys[:-1]]) if len(self.keys) else np.empty(0, np.int64)
+        self.ukeys, self.ustart = self.keys[first], np.r_[first, len(self.keys)]
+
+    def find(self, probes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(lo, n)`` int64 ``(m,)``: the entries equal to ``probes[i]`` are ``lo[i]:lo[i] + n[i]``.
+
+        One binary search per probe among the distinct keys (probes sorted first), not two among
+        all entries: 4.7 instead of 8.2 ms for 57,000 probes into 4.8 M entries (2.2 M distinct)
+        on this machine (timed ad hoc)."""
+        if not len(self.ukeys):
+            return np.zeros(len(probes), np.int64), np.zeros(len(probes), np.int64)
+        i = np.minimum(searchsorted_batch(self.ukeys, probes), len(self.ukeys) - 1)
+        hit = self.ukeys[i] == probes
+        return self.ustart[i], np.where(hit, self.ustart[i + 1] - self.ustart[i], 0)
+
+    @classmethod
+    def empty(cls) -> _Run:
+        return cls(np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int32))
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def merged(self, other: _Run) -> _Run:
+        """This run with ``other``'s entries inserted in key order: O(entries), no re-sort."""
+        if not len(other):
+            return self
+        at = np.searchsorted(self.keys, other.keys) + np.arange(len(other))  # other's places in the result
+        mine = np.ones(len(self) + len(other), dtype=bool)
+        mine[at] = False
+        out = []
+        for a, b in zip((self.keys, self.slots, self.gens), (other.keys, other.slots, other.gens)):
+            c = np.empty(len(mine), dtype=a.dtype)
+            c[at], c[mine] = b, a
+            out.append(c)
+        return _Run(*out)
+
+
 class QueryIndex:
     """Grid lists + R-tree over query regions (module docstring); slots are ints the worker owns.
 
-    The grid lists are two aligned arrays, ``keys`` (int64, sorted, repeated per query) and
-    ``slots``, so that :meth:`refresh` can replace the entries of a few queries in O(entries)
-    without re-sorting. Keyword codes must be below ``2**24``.
+    The grid lists are sorted runs of aligned arrays (:class:`_Run`): a large **base** and a
+    small **delta** (a two-level log-structured merge). Re-indexing a query (:meth:`refresh`)
+    bumps its generation and inserts its new entries into the delta only; its older entries stay
+    in place, superseded, and :meth:`candidates` skips entries whose generation is not their
+    slot's current one. When the delta reaches ``max(DELTA_MIN, base / DELTA_SHARE)`` entries,
+    both are merged and the superseded entries dropped. A refresh thus costs O(delta), not
+    O(all entries): at 1 M queries (about 5 M entries), replacing the whole entry arrays per
+    batch took 122 ms of a worker's 333 ms. Keyword codes must be below ``2**24``.
     """
 
+    #: The delta is merged into the base when it holds at least ``max(DELTA_MIN, len(base) // DELTA_SHARE)``.
+    DELTA_SHARE = 16
+    DELTA_MIN = 1 << 16
+
     def __init__(self) -> None:
-        self._keys = np.empty(0, dtype=np.int64)
-        self._slots = np.empty(0, dtype=np.int64)
+        self._base = _Run.empty()
+        self._delta = _Run.empty()
+        self._gen = np.zeros(0, dtype=np.int32)  # per slot: the generation of its current entries
         self._levels = np.zeros((0, LEVELS), dtype=np.int32)  # grid entries per (keyword code, level)
         self._tree: rtree_index.Index | None = None
         self._tree_codes = np.empty(0, dtype=np.int64)
         self._tree_slot = np.empty(0, dtype=np.int64)
         self._tree_entries: tuple[np.ndarray, ...] = (np.empty(0, np.int64), np.empty(0, np.int64),
                                                       *(np.empty(0) for _ in range(4)))
+        self.compactions = 0
 
     @property
     def entries(self) -> int:
-        """Number of grid entries plus R-tree entries."""
-        return len(self._keys) + len(self._tree_slot)
+        """Number of grid entries (superseded ones not yet merged away included) plus R-tree entries."""
+        return len(self._base) + len(self._delta) + len(self._tree_slot)
 
     @staticmethod
     def _grid_entries(slot, code, lon, lat, radius_m):
@@ -106,17 +167,34 @@ class QueryIndex:
         return (np.concatenate(keys), np.concatenate(slots),
                 (slot[big], code[big], x0d[big], y0d[big], x1d[big], y1d[big]))
 
+    def _grow_gen(self, size: int) -> None:
+        if size > len(self._gen):
+            self._gen = np.concatenate([self._gen, np.zeros(max(size, 2 * len(self._gen)) - len(self._gen), np.int32)])
+
     def _count_levels(self, keys: np.ndarray, sign: int) -> None:
-        """Add ``sign`` per entry to the (keyword code, level) counts of grid ``keys``."""
+        """Add ``sign`` per grid key to the (keyword code, level) table that :meth:`candidates`
+        uses to skip levels. Superseded entries count until a merge drops them (at worst a
+        wasted probe)."""
         if not len(keys):
             return
-        level = keys >> (_CODE_BITS + _CELL_BITS)
-        code = (keys >> _CELL_BITS) & ((1 << _CODE_BITS) - 1)
+        group, n = np.unique(keys >> _CELL_BITS, return_counts=True)  # (level, code) per key
+        level = group >> _CODE_BITS
+        code = group & ((1 << _CODE_BITS) - 1)
         need = int(code.max()) + 1
         if need > len(self._levels):
             self._levels = np.vstack([self._levels, np.zeros((max(need, 2 * len(self._levels)) - len(self._levels),
                                                               LEVELS), dtype=np.int32)])
-        np.add.at(self._levels, (code, level), sign)
+        self._levels[code, level] += sign * n.astype(np.int32)
+
+    def _compact(self) -> None:
+        """Merge the delta into the base, dropping superseded entries (and their level counts)."""
+        live = []
+        for run in (self._base, self._delta):
+            current = run.gens == self._gen[run.slots]
+            self._count_levels(run.keys[~current], -1)
+            live.append(_Run(run.keys[current], run.slots[current], run.gens[current]))
+        self._base, self._delta = live[0].merged(live[1]), _Run.empty()
+        self.compactions += 1
 
     def _set_tree(self, slot, code, x0, y0, x1, y1) -> None:
         self._tree_entries = (slot, code, x0, y0, x1, y1)
@@ -143,32 +221,50 @@ class QueryIndex:
         """
         keys, slots, big = self._grid_entries(slot, code, lon, lat, radius_m)
         order = np.argsort(keys, kind="stable")
-        self._keys, self._slots = keys[order], slots[order]
+        self._grow_gen(int(max(slots.max(initial=-1), big[0].max(initial=-1))) + 1)
+        self._gen[:] = 0
+        self._base = _Run(keys[order], slots[order], np.zeros(len(keys), np.int32))
+        self._delta = _Run.empty()
         self._levels[:] = 0
-        self._count_levels(self._keys, 1)
+        self._count_levels(self._base.keys, 1)
         self._set_tree(*big)
 
     def refresh(self, changed: np.ndarray, slot: np.ndarray, code: np.ndarray, lon: np.ndarray, lat: np.ndarray,
                 radius_m: np.ndarray) -> None:
         """Replace the entries of the queries ``changed`` (new, shrunk or removed) with the given
         ones (``slot``, ``code``, ... as in :meth:`rebuild`, only for those queries; none for a
-        removed query). O(entries): a mask and one sorted insert, no re-sort."""
+        removed query). O(delta + changed entries): see the class docstring."""
         changed = np.asarray(changed, dtype=np.int64)
         old = self._tree_entries
-        size = max(int(a.max(initial=-1)) for a in (self._slots, changed, old[0])) + 1
-        gone = np.zeros(size, dtype=bool)  # a mask, not np.isin: no sort of the O(entries) arrays
-        gone[changed] = True
-        keep = ~gone[self._slots]
-        self._count_levels(self._keys[~keep], -1)
+        self._grow_gen(int(max(changed.max(initial=-1), np.max(slot, initial=-1), old[0].max(initial=-1))) + 1)
+        self._gen[changed] += 1
         keys, slots, big = self._grid_entries(slot, code, lon, lat, radius_m)
         self._count_levels(keys, 1)
         order = np.argsort(keys, kind="stable")
-        base_k, base_s = self._keys[keep], self._slots[keep]
-        pos = np.searchsorted(base_k, keys[order])
-        self._keys, self._slots = np.insert(base_k, pos, keys[order]), np.insert(base_s, pos, slots[order])
+        self._delta = self._delta.merged(_Run(keys[order], slots[order], self._gen[slots[order]]))
+        if len(self._delta) >= max(self.DELTA_MIN, len(self._base) // self.DELTA_SHARE):
+            self._compact()
+        gone = np.zeros(len(self._gen), dtype=bool)
+        gone[changed] = True
         stay = ~gone[old[0]]
         if len(big[0]) or not stay.all():
             self._set_tree(*(np.concatenate([o[stay], b]) for o, b in zip(old, big)))
+
+    def _grid_hits(self, probe: np.ndarray, owner: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(owner, slot)`` ``(h,)`` int64 for every current grid entry whose key equals a probe
+        (``probe``, ``owner``: ``(m,)`` int64 keys and the object each belongs to)."""
+        objs, slots = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
+        for run in (self._base, self._delta):
+            lo, n = run.find(probe)
+            hit = np.flatnonzero(n)
+            if len(hit):
+                n = n[hit]
+                at = np.repeat(lo[hit] - (np.cumsum(n) - n), n) + np.arange(int(n.sum()))
+                s = run.slots[at]
+                current = run.gens[at] == self._gen[s]  # skip superseded entries
+                objs.append(np.repeat(owner[hit], n)[current])
+                slots.append(s[current])
+        return np.concatenate(objs), np.concatenate(slots)
 
     def candidates(self, lon: np.ndarray, lat: np.ndarray, pair_obj: np.ndarray,
                    pair_code: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -189,7 +285,7 @@ class QueryIndex:
             with an object appears once per keyword.
         """
         objs, slots = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
-        if len(self._keys) and len(pair_obj):
+        if len(self._base) + len(self._delta) and len(pair_obj):
             # Probe a (pair, level) only where the pair's keyword has grid entries at that level.
             known = pair_code < len(self._levels)
             po, pcode = pair_obj[known], pair_code[known]
@@ -201,14 +297,10 @@ class QueryIndex:
                 probes.append(_key(lv, pcode[sel], *_cell_xy(lon[o], lat[o], lv)))
                 owners.append(o)
             probe = np.concatenate(probes) if probes else np.empty(0, np.int64)
-            lo, hi = equal_range(self._keys, probe)
-            n = hi - lo
-            hit = np.flatnonzero(n)
-            if len(hit):
-                n = n[hit]
-                owner = np.concatenate(owners)[hit]
-                objs.append(np.repeat(owner, n))
-                slots.append(self._slots[np.repeat(lo[hit] - (np.cumsum(n) - n), n) + np.arange(int(n.sum()))])
+            owner = np.concatenate(owners) if owners else np.empty(0, np.int64)
+            o, sl = self._grid_hits(probe, owner)
+            objs.append(o)
+            slots.append(sl)
         if self._tree is not None and len(pair_obj):
             sel = np.flatnonzero(np.isin(pair_code, self._tree_codes))
             if len(sel):

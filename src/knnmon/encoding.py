@@ -1,4 +1,5 @@
-"""Keyword lists to integer codes, vectorised with pyarrow (one helper for every vocabulary)."""
+"""Strings to integers: keyword lists to vocabulary codes (vectorised with pyarrow, one helper for
+every vocabulary) and ids to order-preserving prefix keys."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["keyword_codes"]
+__all__ = ["id_prefix_keys", "keyword_codes"]
 
 
 def keyword_codes(keywords: pa.Array | pa.ChunkedArray, vocabulary: pa.Array) -> tuple[np.ndarray, np.ndarray]:
@@ -30,3 +31,23 @@ def keyword_codes(keywords: pa.Array | pa.ChunkedArray, vocabulary: pa.Array) ->
     owner = pc.list_parent_indices(keywords).to_numpy().astype(np.int64)
     code = pc.index_in(keywords.flatten(), value_set=vocabulary).fill_null(-1).to_numpy().astype(np.int64)
     return owner, code
+
+
+def id_prefix_keys(ids) -> np.ndarray:
+    """Order-preserving integer keys of ids: their first 8 UTF-8 bytes, big-endian, NUL-padded.
+
+    ``key(a) < key(b)`` implies ``a < b`` (Python's string order is code-point order, which UTF-8
+    byte order preserves); equal keys say nothing, and such pairs must be compared as strings.
+
+    Parameters
+    ----------
+    ids
+        ``m`` strings (a sequence).
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(m,)`` uint64.
+    """
+    raw = np.array([s.encode()[:8] for s in ids], dtype="S8") if len(ids) else np.empty(0, "S8")
+    return raw.view(">u8").astype(np.uint64)

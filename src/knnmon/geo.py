@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["EARTH_RADIUS_M", "cap_bbox", "haversine_m"]
+__all__ = ["EARTH_RADIUS_M", "cap_bbox", "chord2_bound", "haversine_m", "unit_vectors"]
 
 #: Mean Earth radius in meters (IUGG), the radius every distance in knnmon uses.
 EARTH_RADIUS_M = 6_371_008.8
@@ -66,3 +66,36 @@ def cap_bbox(lon, lat, radius_m) -> tuple[np.ndarray, np.ndarray, np.ndarray, np
     lon0 = np.where(full, -180.0, lon - np.where(full, 0, half))
     lon1 = np.where(full, 180.0, lon + np.where(full, 0, half))
     return lon0, lat0, lon1, lat1
+
+
+def unit_vectors(lon, lat) -> np.ndarray:
+    """ECEF unit vectors of points: ``(m, 3)`` float64 from ``(m,)`` degrees."""
+    lam, phi = np.radians(np.asarray(lon, dtype=np.float64)), np.radians(np.asarray(lat, dtype=np.float64))
+    c = np.cos(phi)
+    return np.column_stack([c * np.cos(lam), c * np.sin(lam), np.sin(phi)])
+
+
+def chord2_bound(radius_m) -> np.ndarray:
+    """An upper bound on the squared chord between the :func:`unit_vectors` of any two points
+    whose :func:`haversine_m` distance is at most ``radius_m``.
+
+    The chord of a great-circle distance ``r`` is ``2 sin(r / 2R)``, increasing in ``r`` up to
+    half the circumference, so ``2 - 2 u.v <= chord2_bound(r)`` is a cheap pre-test for
+    ``haversine_m <= r`` (a dot product, no trigonometry). It is a superset: widened by ``1e-9``
+    relative plus ``1e-14`` absolute (the squared chord of about 0.6 m), more than the rounding
+    error of ``2 - 2 u.v`` in float64 (a few ``1e-16``), so no true pair is dropped.
+
+    Parameters
+    ----------
+    radius_m
+        float64 meters, any shape; ``inf`` allowed.
+
+    Returns
+    -------
+    numpy.ndarray
+        float64, the same shape: the bound, ``inf`` where the radius reaches half the circumference.
+    """
+    half = np.asarray(radius_m, dtype=np.float64) / (2 * EARTH_RADIUS_M)
+    with np.errstate(invalid="ignore"):
+        chord = 2 * np.sin(np.minimum(half, np.pi / 2))
+    return np.where(half >= np.pi / 2 * (1 - 1e-9), np.inf, chord * chord * (1 + 1e-9) + 1e-14)

@@ -104,7 +104,8 @@ def test_serve_on_the_local_cluster_spreads_workers_and_stays_exact(cluster, pla
         status = knnmon("status", "--json", "--redis", redis_url, "--namespace", namespace, env=env, timeout=60)
         assert status.returncode == 0, status.stderr
         service = json.loads(status.stdout)["service"]
-        assert len(set(service["worker_nodes"])) > 1 and sum(service["queries_per_worker"]) == 300, service
+        assert len(set(service["worker_nodes"])) > 1 and sum(service["queries_per_worker"]) == 300, (
+            service, (tmp_path / "serve.log").read_text()[-3000:])
         proc.terminate()
         assert proc.wait(timeout=120) == 0
     finally:

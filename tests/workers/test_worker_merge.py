@@ -13,9 +13,10 @@ from knnmon.workers.worker import KnnWorker
 WORDS = ["cafe", "bar", "park"]
 
 
-def _objects(rng: np.random.Generator, n: int, start: int) -> pa.Table:
-    """Objects on a coarse grid (many share a location, so distances tie exactly); ids out of order."""
-    ids = [f"o{(start + i) * 7919 % 100_003:06d}" for i in range(n)]
+def _objects(rng: np.random.Generator, n: int, start: int, prefix: str = "o") -> pa.Table:
+    """Objects on a coarse grid (many share a location, so distances tie exactly); ids out of order.
+    With ``prefix="object-"`` ids share their first 8 bytes, so ties are ordered by the full ids."""
+    ids = [f"{prefix}{(start + i) * 7919 % 100_003:06d}" for i in range(n)]
     kws = [sorted(set(rng.choice(WORDS, size=rng.integers(1, 3)).tolist())) for _ in range(n)]
     return pa.table({"id": ids, "lon": rng.integers(-3, 4, n) * 0.01, "lat": rng.integers(-3, 4, n) * 0.01,
                      "t": np.arange(start, start + n, dtype=np.int64), "keywords": kws})
@@ -23,10 +24,11 @@ def _objects(rng: np.random.Generator, n: int, start: int) -> pa.Table:
 
 @settings(max_examples=25, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), n_initial=st.integers(0, 40), batches=st.lists(st.integers(1, 30), min_size=1,
-                                                                                      max_size=4))
-def test_merge_equals_oracle_with_ties(seed, n_initial, batches):
+                                                                                      max_size=4),
+       prefix=st.sampled_from(["o", "object-"]))
+def test_merge_equals_oracle_with_ties(seed, n_initial, batches, prefix):
     rng = np.random.default_rng(seed)
-    seen = _objects(rng, n_initial, 0)
+    seen = _objects(rng, n_initial, 0, prefix)
     nq = 12
     q = {"id": [f"q{i}" for i in range(nq)], "lon": rng.integers(-3, 4, nq) * 0.01,
          "lat": rng.integers(-3, 4, nq) * 0.01, "k": rng.integers(1, 5, nq),
@@ -38,7 +40,7 @@ def test_merge_equals_oracle_with_ties(seed, n_initial, batches):
     w.load_queries(q["id"], q["lon"], q["lat"], q["k"], q["keywords"], initial, {})
     start = n_initial
     for b, size in enumerate(batches):
-        batch = _objects(rng, size, start)
+        batch = _objects(rng, size, start, prefix)
         start += size
         w.process_batch(b, batch.column("id").to_pylist(), batch.column("lon").to_numpy(),
                         batch.column("lat").to_numpy(), batch.column("t").to_numpy(),
