@@ -64,3 +64,16 @@ def test_unreachable_redis_is_a_clear_error_after_retries():
     with pytest.raises(StoreUnavailableError, match=r"unreachable while pinging .*gave up after 3 attempts"):
         with_retries(op, "pinging", "redis://127.0.0.1:1/0", attempts=3, backoff_s=0.01)
     assert len(attempts) == 3
+
+
+def test_the_changes_stream_is_trimmed_after_each_batch(redis_url, namespace, monkeypatch):
+    import knnmon.workers.result_writer as result_writer
+
+    monkeypatch.setattr(result_writer, "CHANGES_MAXLEN", 10)
+    w, keys, c = ResultWriter(redis_url, namespace, 0), Keys(namespace), connect(redis_url)
+    w.write_queries(-1, [(f"q{i}", {"k": 1, "version": 0}, []) for i in range(300)], {})
+    for b in range(3):  # 300 entries per batch; approximate trimming drops whole stream nodes
+        w.write_changes(b, [Change(f"q{i}", b + 1, [(f"o{b % 5}", 1.0)], [f"o{(b - 1) % 5}"] if b else [])
+                            for i in range(300)], OBJ)
+    assert 10 <= c.xlen(keys.changes) < 300
+    assert c.xrevrange(keys.changes, count=1)[0][1]["version"] == "3"  # the newest entries stay
