@@ -67,7 +67,7 @@ class _Run:
     gens: np.ndarray
 
     def __post_init__(self) -> None:
-        first = np.flatnonzero(np.r_[True, self.keys[1:] != self.keys[:-1]]) if len(self.keys) else np.empty(0, np.int64)
+        first = np.flatnonzero(np.r_[True, self.keys[1:] != self.keys[:-1]]) if len(self.keys) else self.keys
         self.ukeys, self.ustart = self.keys[first], np.r_[first, len(self.keys)]
 
     def find(self, probes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -132,6 +132,14 @@ class QueryIndex:
         self._tree_entries: tuple[np.ndarray, ...] = (np.empty(0, np.int64), np.empty(0, np.int64),
                                                       *(np.empty(0) for _ in range(4)))
         self.compactions = 0
+
+    def __getstate__(self) -> dict:
+        # An rtree Index loses its entries when pickled (Toblerity/rtree#87); rebuild it instead.
+        return {k: v for k, v in self.__dict__.items() if k != "_tree"}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._set_tree(*self._tree_entries)
 
     @property
     def entries(self) -> int:

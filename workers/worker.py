@@ -49,8 +49,10 @@ class KnnWorker:
     Each query's top-k is a row of two padded matrices, ``top_d`` (float64 meters, ``inf``
     padded) and ``top_h`` (int64 object handles, ``-1`` padded), ``(queries, width)`` with
     ``width`` the largest ``k``, nearest first (entries at equal distance in any order); a batch
-    merges them with its candidates in one ``lexsort`` (no Python loop over queries or objects). Handles index ``oids``, the ids of objects that
-    entered a result here.
+    merges them with its candidates in one ``lexsort`` (no Python loop over queries or objects).
+    Handles index ``oids``, the ids of objects that entered a result here. Each query also keeps
+    ``reach``: its unit vector and :func:`~knnmon.geo.chord2_bound` of ``r_q`` (``-1`` once
+    removed), the cheap pre-test of a candidate.
 
     Parameters
     ----------

@@ -107,3 +107,19 @@ def test_merge_drops_superseded_entries():
     assert index.compactions == 1 and index.entries == fresh.entries
     n = min(len(index._levels), len(fresh._levels))  # the level counts dropped the superseded entries
     assert (index._levels[:n] == fresh._levels[:n]).all() and not index._levels[n:].any()
+
+
+def test_pickled_index_answers_the_same():
+    """rtree's Index loses its entries when pickled (Toblerity/rtree#87); the query index does not."""
+    import pickle
+
+    state = _State(np.random.default_rng(2), 80)  # 10 % of the radii are inf: R-tree entries
+    index = QueryIndex()
+    index.rebuild(*state.entries(np.arange(80)))
+    assert len(index._tree_slot) > 0
+    rng = np.random.default_rng(3)
+    lon, lat = rng.uniform(-2, 2, 100), rng.uniform(-2, 2, 100)
+    pair_obj, pair_code = np.arange(100), rng.integers(0, N_CODES, 100)
+    copy = pickle.loads(pickle.dumps(index))
+    assert _pairs(*copy.candidates(lon, lat, pair_obj, pair_code)) == _pairs(*index.candidates(lon, lat, pair_obj,
+                                                                                                  pair_code))
