@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from knnmon.sorted_search import equal_range, searchsorted_batch
+from knnmon.sorted_search import searchsorted_batch
 
 ints = st.lists(st.integers(-50, 50), max_size=60)
 
@@ -16,7 +16,3 @@ def test_matches_numpy(keys, probes):
     keys, probes = np.sort(np.array(keys, dtype=np.int64)), np.array(probes, dtype=np.int64)
     for side in ("left", "right"):
         assert np.array_equal(searchsorted_batch(keys, probes, side), np.searchsorted(keys, probes, side=side))
-    lo, hi = equal_range(keys, probes)
-    assert np.array_equal(lo, np.searchsorted(keys, probes, side="left"))
-    assert np.array_equal(hi, np.searchsorted(keys, probes, side="right"))
-    assert all((keys[a:b] == p).all() and (a == b) == (p not in keys) for a, b, p in zip(lo, hi, probes))
