@@ -280,13 +280,14 @@ class KnnWorker:
         return True
 
     def _result(self, slot: int) -> list[tuple[str, float]]:
+        """The row as stored: nearest first, ties at equal distance in any order (Redis orders a
+        sorted set's ties by member itself, so the writes need no sort)."""
         c = int(self.count[slot])
-        return sorted(((self.oids[h], d) for h, d in zip(self.top_h[slot, :c].tolist(), self.top_d[slot, :c].tolist())),
-                      key=lambda e: (e[1], e[0]))
+        return list(zip((self.oids[h] for h in self.top_h[slot, :c].tolist()), self.top_d[slot, :c].tolist()))
 
     def result(self, qid: str) -> list[tuple[str, float]]:
-        """The current kNN of ``qid``: ``[(object id, distance m), ...]`` nearest first."""
-        return self._result(self.slot_of[qid])
+        """The current kNN of ``qid``: ``[(object id, distance m), ...]`` by (distance, id)."""
+        return sorted(self._result(self.slot_of[qid]), key=lambda e: (e[1], e[0]))
 
     # -- objects -----------------------------------------------------------------------------
     def encode(self, keywords: Sequence[Sequence[str]]) -> tuple[np.ndarray, np.ndarray]:
@@ -378,7 +379,7 @@ class KnnWorker:
         straddle their query's k-th place (``None`` if there are none); arrays as in :meth:`_merge`.
 
         Only those runs decide by id which entries are kept; elsewhere the order within a run
-        does not matter (a row stores its ties in any order and :meth:`_result` orders them).
+        does not matter (a row stores its ties in any order and :meth:`result` orders them).
         Places share coordinates often: at 1 M queries a batch had ~4,000 such runs of ~5
         entries. They are sorted on the ids' 8-byte prefix keys, and with the ids themselves only
         if two entries of a run share a prefix key.
