@@ -28,6 +28,7 @@ from functools import cached_property
 import numpy as np
 from rtree import index as rtree_index
 
+from knnmon.arrays import with_capacity
 from knnmon.geo import cap_bbox
 from knnmon.sorted_search import searchsorted_batch
 
@@ -180,10 +181,6 @@ class QueryIndex:
         return (np.concatenate(keys), np.concatenate(slots),
                 (slot[big], code[big], x0d[big], y0d[big], x1d[big], y1d[big]))
 
-    def _grow_gen(self, size: int) -> None:
-        if size > len(self._gen):
-            self._gen = np.concatenate([self._gen, np.zeros(max(size, 2 * len(self._gen)) - len(self._gen), np.int32)])
-
     def _count_levels(self, keys: np.ndarray, sign: int) -> None:
         """Add ``sign`` per grid key to the (keyword code, level) table that :meth:`candidates`
         uses to skip levels. Superseded entries count until a merge drops them (at worst a
@@ -193,10 +190,7 @@ class QueryIndex:
         group, n = np.unique(keys >> _CELL_BITS, return_counts=True)  # (level, code) per key
         level = group >> _CODE_BITS
         code = group & ((1 << _CODE_BITS) - 1)
-        need = int(code.max()) + 1
-        if need > len(self._levels):
-            self._levels = np.vstack([self._levels, np.zeros((max(need, 2 * len(self._levels)) - len(self._levels),
-                                                              LEVELS), dtype=np.int32)])
+        self._levels = with_capacity(self._levels, int(code.max()) + 1)
         self._levels[code, level] += sign * n.astype(np.int32)
 
     def _compact(self) -> None:
@@ -234,7 +228,7 @@ class QueryIndex:
         """
         keys, slots, big = self._grid_entries(slot, code, lon, lat, radius_m)
         order = np.argsort(keys, kind="stable")
-        self._grow_gen(int(max(slots.max(initial=-1), big[0].max(initial=-1))) + 1)
+        self._gen = with_capacity(self._gen, int(max(slots.max(initial=-1), big[0].max(initial=-1))) + 1)
         self._gen[:] = 0
         self._base = _Run(keys[order], slots[order], np.zeros(len(keys), np.int32))
         self._delta = _Run.empty()
@@ -249,7 +243,8 @@ class QueryIndex:
         removed query). O(delta + changed entries): see the class docstring."""
         changed = np.asarray(changed, dtype=np.int64)
         old = self._tree_entries
-        self._grow_gen(int(max(changed.max(initial=-1), np.max(slot, initial=-1), old[0].max(initial=-1))) + 1)
+        self._gen = with_capacity(self._gen, int(max(changed.max(initial=-1), np.max(slot, initial=-1),
+                                                     old[0].max(initial=-1))) + 1)
         self._gen[changed] += 1
         keys, slots, big = self._grid_entries(slot, code, lon, lat, radius_m)
         self._count_levels(keys, 1)

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from knnmon.arrays import with_capacity
 from knnmon.encoding import id_prefix_keys
 from knnmon.errors import InvalidArgumentError, InvalidQueryError
 from knnmon.geo import chord2_bound, haversine_m, unit_vectors
@@ -121,9 +122,7 @@ class KnnWorker:
         """Extend the handles' id prefix keys (:func:`~knnmon.encoding.id_prefix_keys`) to new handles."""
         n = len(self.oids)
         if n > self._keyed:
-            if n > len(self._oid_key):
-                self._oid_key = np.concatenate([self._oid_key[:self._keyed],
-                                                np.zeros(max(n, 2 * len(self._oid_key)) - self._keyed, np.uint64)])
+            self._oid_key = with_capacity(self._oid_key, n)
             self._oid_key[self._keyed:n] = id_prefix_keys(self.oids[self._keyed:n])
             self._keyed = n
 
@@ -399,12 +398,13 @@ class KnnWorker:
         key = np.empty(len(at), dtype=np.uint64)
         key[new] = id_prefix_keys([ids[-1 - j] for j in h[new].tolist()])
         key[~new] = self._oid_key[h[~new]]
-        by = np.lexsort((key, run[at]))
-        r, kk = run[at][by], key[by]
+        run = run[at]
+        by = np.lexsort((key, run))
+        r, kk = run[by], key[by]
         if ((r[1:] == r[:-1]) & (kk[1:] == kk[:-1])).any():  # shared prefixes: compare the ids
             names = np.array([ids[-1 - j] if j < 0 else self.oids[j] for j in h.tolist()], dtype=object)
             by_id = np.argsort(names, kind="stable")
-            by = by_id[np.argsort(run[at][by_id], kind="stable")]
+            by = by_id[np.argsort(run[by_id], kind="stable")]
         order = np.arange(len(S))
         order[at] = at[by]
         return order

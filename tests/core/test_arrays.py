@@ -1,0 +1,20 @@
+"""``knnmon.arrays.with_capacity``: keeps the rows, pads with zeros, doubles."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
+
+from knnmon.arrays import with_capacity
+
+
+@given(st.integers(0, 20), st.integers(0, 50), st.sampled_from([(), (3,)]))
+def test_with_capacity(m, n, tail):
+    a = np.arange(m * int(np.prod(tail, dtype=int)), dtype=np.int32).reshape(m, *tail) + 1
+    b = with_capacity(a, n)
+    if n <= m:
+        assert b is a
+    else:
+        assert b.shape == (max(n, 2 * m), *tail) and b.dtype == a.dtype
+        assert np.array_equal(b[:m], a) and not b[m:].any()
