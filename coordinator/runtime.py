@@ -45,6 +45,10 @@ __all__ = ["Prepared", "RunConfig", "Runtime", "init_ray", "prepare", "prepare_t
 
 log = logging.getLogger("knnmon.runtime")
 
+#: CPUs each worker actor reserves: a token share (1,000 workers per core), only so that Ray
+#: honours its soft node affinity (an actor that reserves nothing is placed on a random node).
+WORKER_CPUS = 0.001
+
 
 @dataclass(frozen=True)
 class RunConfig:
@@ -278,10 +282,13 @@ class Runtime:
 
         self._ray_started = init_ray(self.config.ray_address)
         # Worker w goes to node w mod (alive nodes), softly (elsewhere if that node cannot take
-        # it): Ray's SPREAD is best effort and was seen placing 3 workers on one of 3 nodes.
+        # it): Ray's SPREAD is best effort and was seen placing 3 workers on one of 3 nodes. The
+        # actor asks for a token CPU share: Ray places an actor that asks for no resources on a
+        # random node unless its node affinity is hard (ClusterResourceScheduler::
+        # GetBestSchedulableNode), which put all 3 workers on one of 3 nodes in 1 of 9 runs.
         nodes = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"])
         log.info("starting %d workers on %d alive Ray nodes: %s", W, len(nodes), ", ".join(n[:8] for n in nodes))
-        self.actors = [WorkerActor(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(
+        self.actors = [WorkerActor(num_cpus=WORKER_CPUS, scheduling_strategy=NodeAffinitySchedulingStrategy(
             nodes[w % len(nodes)], soft=True)).remote(w, self.redis_url, self.config.namespace,
                                                        vocabulary=vocabulary, index=self.config.index)
                        for w in range(W)]
