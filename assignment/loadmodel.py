@@ -233,20 +233,41 @@ class LoadModel:
         row = np.repeat(self.ptr[codes] - (np.cumsum(lens) - lens), lens) + np.arange(int(lens.sum()))
         return row, j
 
+    def covered_probability(self, codes: np.ndarray, covered: np.ndarray,
+                            window: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+        """``P(Cov(key), key)`` and ``P(key)`` of one :meth:`coverage` chunk.
+
+        Parameters
+        ----------
+        codes, covered, window
+            A chunk as :meth:`coverage` yields it: ``(c,)`` codes, ``(c, h, w)`` bool cells.
+
+        Returns
+        -------
+        ``(covered_p, total_p)``: ``(c,)`` float64 each, the share of objects that carry the
+        keyword and fall in a covered cell, and the share that carry it anywhere (formula (7));
+        both 0 for a keyword absent from the statistics.
+        """
+        n = self.grid.n
+        covered_p, total_p = np.zeros(len(codes)), np.zeros(len(codes))
+        known = np.flatnonzero(codes < len(self.keywords))  # others have probability 0
+        row, j = self.stats_rows(codes[known])
+        p = self.counts[row] / self.n_objects
+        np.add.at(total_p, known[j], p)
+        cx = self.cells[row] % n - window[0]
+        cy = self.cells[row] // n - window[1]
+        _, h, w = covered.shape
+        inside = np.flatnonzero((cx >= 0) & (cx < w) & (cy >= 0) & (cy < h))
+        hit = inside[covered[known[j[inside]], cy[inside], cx[inside]]]
+        np.add.at(covered_p, known[j[hit]], p[hit])
+        return covered_p, total_p
+
     def deliveries(self, owner: np.ndarray, code: np.ndarray, rects: QueryRects) -> float:
         """``D(S)`` of the set whose (query, keyword) entries are given (module docstring)."""
         total = 0.0
-        n = self.grid.n
         for codes, covered, window in self.coverage(owner, code, rects):
             if covered is None:
                 total += sum(self.keyword_total(int(c)) for c in codes)
-                continue
-            known = np.flatnonzero(codes < len(self.keywords))  # others have probability 0
-            row, j = self.stats_rows(codes[known])
-            cx = self.cells[row] % n - window[0]
-            cy = self.cells[row] // n - window[1]
-            _, h, w = covered.shape
-            inside = (cx >= 0) & (cx < w) & (cy >= 0) & (cy < h)
-            hit = covered[known[j[inside]], cy[inside], cx[inside]]
-            total += float(self.counts[row[inside]][hit].sum()) / self.n_objects
+            else:
+                total += float(self.covered_probability(codes, covered, window)[0].sum())
         return total

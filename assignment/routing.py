@@ -19,10 +19,16 @@ from knnmon.assignment.base import Plan
 from knnmon.assignment.loadmodel import LoadModel
 from knnmon.assignment.workload import Workload
 from knnmon.encoding import keyword_codes
+from knnmon.errors import InvalidArgumentError
 from knnmon.ingest.grid import Grid
 from knnmon.sorted_search import searchsorted_batch
 
-__all__ = ["RoutingTable", "popcount"]
+__all__ = ["MAX_ENTRIES", "RoutingTable", "popcount"]
+
+#: Default bound on the table's (keyword, cell) entries, counted per worker before merging:
+#: 16 M entries are at most 256 MiB of keys and masks (the build holds ~3x that at its peak).
+#: 300 k synthetic queries on 12 workers would need 747 M (4.2 GB after merging).
+MAX_ENTRIES = 16_000_000
 
 
 def popcount(masks: np.ndarray) -> np.ndarray:
@@ -47,34 +53,64 @@ class RoutingTable:
                  masks: np.ndarray) -> None:
         self.grid, self.vocabulary = grid, vocabulary
         self.always, self.keys, self.masks = always, keys, masks
+        #: How :meth:`build` made the table (pairs, promotions); empty otherwise.
+        self.stats: dict[str, int | float] = {}
         self._vocab = pa.array(vocabulary, type=pa.string())
 
     @classmethod
-    def build(cls, workload: Workload, model: LoadModel, plan: Plan) -> RoutingTable:
-        """The table of ``plan`` (every worker's queries, rectangles and keywords)."""
-        n_cells = model.grid.n_cells
+    def build(cls, workload: Workload, model: LoadModel, plan: Plan,
+              max_entries: int = MAX_ENTRIES) -> RoutingTable:
+        """The table of ``plan`` (every worker's queries, rectangles and keywords).
+
+        A (worker, keyword) pair whose rectangles cover every cell goes to ``always`` (no loss).
+        If the other pairs' cells exceed ``max_entries`` (counted per worker, before merging
+        workers), the pairs that save the most cells per extra expected delivery go to
+        ``always`` too, until the rest fit: a pair sent everywhere adds ``P(key) - P(Cov, key)``
+        deliveries per object (:meth:`LoadModel.covered_probability`). Keywords absent from the
+        statistics go last (the model cannot price them). Either way the table stays a superset
+        of what the queries need, so results stay exact; only deliveries grow. ``summary`` has
+        the counts.
+
+        Raises
+        ------
+        InvalidArgumentError
+            ``max_entries < 0``.
+        """
+        if max_entries < 0:
+            raise InvalidArgumentError(f"the routing table's max_entries must be >= 0; got {max_entries}")
         always = np.zeros(len(workload.vocabulary), dtype=np.uint64)
-        key_parts, bit_parts = [], []
-        owner = workload.owner
-        entry_worker = plan.worker[owner]
-        for w in range(plan.workers):
-            e = np.flatnonzero(entry_worker == w)
-            bit = np.uint64(1) << np.uint64(w)
-            for codes, covered, window in model.coverage(owner[e], workload.code[e], workload.rects):
-                if covered is None:
-                    always[codes] |= bit
-                    continue
-                j, cy, cx = np.nonzero(covered)
-                cell = (cy + window[1]) * model.grid.n + (cx + window[0])
-                key_parts.append(codes[j].astype(np.int64) * n_cells + cell)
-                bit_parts.append(np.full(len(cell), bit, dtype=np.uint64))
-        if key_parts:
-            keys, inv = np.unique(np.concatenate(key_parts), return_inverse=True)
-            masks = np.zeros(len(keys), dtype=np.uint64)
-            np.bitwise_or.at(masks, inv, np.concatenate(bit_parts))
-        else:
-            keys, masks = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.uint64)
-        return cls(model.grid, list(workload.vocabulary), always, keys, masks)
+        pairs = _PairStats()
+        key_parts, bit_parts, total, n_full = [], [], 0, 0
+        for w, bit, codes, covered, window in _coverages(workload, model, plan):
+            if covered is None:
+                always[codes] |= bit
+                continue
+            cells = covered.sum(axis=(1, 2))
+            full = cells == model.grid.n_cells
+            always[codes[full]] |= bit
+            n_full += int(full.sum())
+            part = ~full
+            codes, covered, cells = codes[part], covered[part], cells[part]
+            covered_p, total_p = model.covered_probability(codes, covered, window)
+            extra = np.where(codes < len(model.keywords), np.maximum(total_p - covered_p, 0.0), np.inf)
+            pairs.add(w, codes, cells, extra)
+            total += int(cells.sum())
+            if total <= max_entries:
+                _append_entries(key_parts, bit_parts, model, bit, codes, covered, window)
+        if total > max_entries:  # promote pairs, then collect the others' cells again
+            promote = pairs.cheapest_to_drop(total - max_entries)
+            always |= pairs.masks(promote, len(always))
+            key_parts, bit_parts = [], []
+            for w, bit, codes, covered, window in _coverages(workload, model, plan):
+                if covered is not None:
+                    keep = (always[codes] & bit) == 0
+                    _append_entries(key_parts, bit_parts, model, bit, codes[keep], covered[keep], window)
+        keys, masks = _merge_entries(key_parts, bit_parts)
+        table = cls(model.grid, list(workload.vocabulary), always, keys, masks)
+        table.stats = {"routing_pairs_full": n_full, "routing_pairs": pairs.n, "routing_pairs_promoted": pairs.promoted,
+                       "routing_promoted_extra_deliveries": pairs.promoted_extra, "routing_pair_cells": total, "routing_entries": len(keys),
+                       "routing_max_entries": int(max_entries)}
+        return table
 
     def route_v(self, cells: np.ndarray, owner: np.ndarray, codes: np.ndarray) -> np.ndarray:
         """Worker bitmasks of objects.
@@ -169,3 +205,72 @@ class RoutingTable:
     def nbytes(self) -> int:
         """Memory of the table's arrays in bytes."""
         return int(self.always.nbytes + self.keys.nbytes + self.masks.nbytes)
+
+
+def _coverages(workload: Workload, model: LoadModel, plan: Plan):
+    """``(worker, bit, codes, covered, window)`` of every worker's :meth:`LoadModel.coverage` chunks."""
+    owner = workload.owner
+    entry_worker = plan.worker[owner]
+    for w in range(plan.workers):
+        e = np.flatnonzero(entry_worker == w)
+        bit = np.uint64(1) << np.uint64(w)
+        for codes, covered, window in model.coverage(owner[e], workload.code[e], workload.rects):
+            yield w, bit, codes, covered, window
+
+
+def _append_entries(key_parts: list, bit_parts: list, model: LoadModel, bit: np.uint64, codes: np.ndarray,
+                    covered: np.ndarray, window: tuple[int, int]) -> None:
+    """Append the ``code * n_cells + cell`` keys of a coverage chunk, each with ``bit``."""
+    j, cy, cx = np.nonzero(covered)
+    cell = (cy + window[1]) * model.grid.n + (cx + window[0])
+    key_parts.append(codes[j].astype(np.int64) * model.grid.n_cells + cell)
+    bit_parts.append(np.full(len(cell), bit, dtype=np.uint64))
+
+
+def _merge_entries(key_parts: list, bit_parts: list) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted unique keys ``(p,)`` int64 and the OR of their bits ``(p,)`` uint64."""
+    if not key_parts:
+        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.uint64)
+    keys, inv = np.unique(np.concatenate(key_parts), return_inverse=True)
+    masks = np.zeros(len(keys), dtype=np.uint64)
+    np.bitwise_or.at(masks, inv, np.concatenate(bit_parts))
+    return keys, masks
+
+
+class _PairStats:
+    """Per (worker, keyword) pair held as cells: its cell count and the extra deliveries per
+    object if it went to ``always`` instead (``inf``: unknown keyword)."""
+
+    def __init__(self) -> None:
+        self.parts: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]] = []
+        self.promoted, self.promoted_extra = 0, 0.0
+
+    def add(self, worker: int, codes: np.ndarray, cells: np.ndarray, extra: np.ndarray) -> None:
+        self.parts.append((worker, codes, cells, extra))
+
+    @property
+    def n(self) -> int:
+        return sum(len(p[1]) for p in self.parts)
+
+    def cheapest_to_drop(self, excess: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(worker, code)`` int64 arrays of the pairs to promote: fewest extra deliveries per
+        cell saved first, until at least ``excess`` cells are saved."""
+        worker = np.concatenate([np.full(len(p[1]), p[0], dtype=np.int64) for p in self.parts])
+        code = np.concatenate([p[1] for p in self.parts]).astype(np.int64)
+        cells = np.concatenate([p[2] for p in self.parts]).astype(np.int64)
+        extra = np.concatenate([p[3] for p in self.parts])
+        order = np.lexsort((-cells, extra / np.maximum(cells, 1)))
+        take = int(np.searchsorted(np.cumsum(cells[order]), excess)) + 1
+        pick = order[:take]
+        self.promoted = len(pick)
+        finite = extra[pick][np.isfinite(extra[pick])]
+        self.promoted_extra = float(finite.sum())
+        return worker[pick], code[pick]
+
+    @staticmethod
+    def masks(pairs: tuple[np.ndarray, np.ndarray], n_codes: int) -> np.ndarray:
+        """``(n_codes,)`` uint64: the bits of ``pairs`` OR-ed per code."""
+        out = np.zeros(n_codes, dtype=np.uint64)
+        worker, code = pairs
+        np.bitwise_or.at(out, code, np.left_shift(np.uint64(1), worker.astype(np.uint64)))
+        return out

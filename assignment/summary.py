@@ -51,7 +51,9 @@ def summarize(plan: Plan, workload: Workload, model: LoadModel, routing: Routing
         ``worker_loads`` (list, ``L(w) + lambda * D(w)``), ``worker_work`` (``L(w)``, formula
         (10)), ``worker_deliveries`` (``D(w)``), ``imbalance`` (max / mean of ``worker_loads``),
         ``deliveries_per_object`` (workers an object is routed to, mean over ``sample``),
-        ``worker_queries``, ``sets``, ``routing_table_bytes``.
+        ``worker_queries``, ``sets``, ``routing_table_bytes`` and the routing table's
+        :attr:`~RoutingTable.stats` (``routing_pairs_promoted`` ...: pairs sent everywhere to keep
+        it within ``routing_max_entries``).
     """
     W = plan.workers
     work = np.bincount(plan.worker, weights=workload.load, minlength=W)
@@ -71,6 +73,7 @@ def summarize(plan: Plan, workload: Workload, model: LoadModel, routing: Routing
         "sets": len(plan.sets),
         "delivery_cost": delivery_cost,
         "routing_table_bytes": routing.nbytes,
+        **routing.stats,
         "params": plan.params,
     }
     if sample is not None and sample.num_rows:

@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 
 from knnmon.assignment import ALGORITHMS, LoadModel, Plan, Workload, make_assigner
 from knnmon.assignment.costs import COST_MODELS, CostModel
-from knnmon.assignment.routing import RoutingTable
+from knnmon.assignment.routing import MAX_ENTRIES, RoutingTable
 from knnmon.assignment.summary import summarize
 from knnmon.errors import InputPathError, InvalidArgumentError
 from knnmon.ingest.queries import read_objects
@@ -126,13 +126,15 @@ def initial_objects(objects_dir: str, n: int) -> pa.Table:
 def plan_workload(model: LoadModel, queries: pa.Table, objects: pa.Table, radius: np.ndarray, workers: int,
                   algorithm: str, *, beta: int = 100_000, sets_per_worker: int = 8, delivery_cost: float | None = None,
                   cost_model: str = "measured", counts: np.ndarray | None = None, handout: str = "set", seed: int = 0,
-                  sample_size: int = 100_000, timings: dict[str, float] | None = None) -> PlanResult:
+                  sample_size: int = 100_000, routing_entries: int = MAX_ENTRIES,
+                  timings: dict[str, float] | None = None) -> PlanResult:
     """Assign queries whose kNN radii are known; route and summarise the plan.
 
     ``objects`` are the initial objects (a sample of them measures ``deliveries_per_object``).
     ``cost_model`` is what the plan balances (:mod:`knnmon.assignment.costs`); ``counts`` ``(m,)``
     are the sizes of the queries' initial kNN (``min(k, matches)``; default ``k``, an
-    over-estimate for queries with fewer matches), for the expected changes.
+    over-estimate for queries with fewer matches), for the expected changes. ``routing_entries``
+    bounds the routing table (:meth:`RoutingTable.build`'s ``max_entries``).
     """
     timings = dict(timings or {})
     costs = CostModel.named(cost_model, delivery_cost)
@@ -148,7 +150,7 @@ def plan_workload(model: LoadModel, queries: pa.Table, objects: pa.Table, radius
     plan = assigner.assign(workload, model, workers)
     timings["assign_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    routing = RoutingTable.build(workload, model, plan)
+    routing = RoutingTable.build(workload, model, plan, max_entries=routing_entries)
     timings["routing_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     sample = None
@@ -196,7 +198,7 @@ def make_plan(objects_dir: str, queries_path: str, workers: int, algorithm: str,
               initial: int = DEFAULT_INITIAL, beta: int = 100_000, sets_per_worker: int = 8,
               delivery_cost: float | None = None, cost_model: str = "measured", handout: str = "set",
               seed: int = 0, processes: int = 2,
-              sample_size: int = 100_000) -> PlanResult:
+              sample_size: int = 100_000, routing_entries: int = MAX_ENTRIES) -> PlanResult:
     """Plan the assignment of a query file's queries to ``workers`` workers.
 
     Parameters
@@ -235,8 +237,8 @@ def make_plan(objects_dir: str, queries_path: str, workers: int, algorithm: str,
     timings["radii_s"] = time.perf_counter() - t0
     result = plan_workload(model, queries, objects, radius, workers, algorithm, beta=beta,
                            sets_per_worker=sets_per_worker, delivery_cost=delivery_cost, cost_model=cost_model,
-                           handout=handout, seed=seed,
-                           sample_size=sample_size, timings=timings)
+                           handout=handout, seed=seed, sample_size=sample_size,
+                           routing_entries=routing_entries, timings=timings)
     result.summary["elapsed_s"] = round(time.perf_counter() - started, 3)
     return result
 
@@ -307,7 +309,11 @@ def format_summary(s: dict[str, Any]) -> str:
                 f"{s['elapsed_s']:.1f} s")
     notes = [(s["queries_outside_stats_bbox"], "queries lie outside the statistics' bounding box (clamped to edge cells)"),
              (s["queries_with_keywords_absent_from_stats"], "queries have keywords absent from the statistics (load 0 for those, still routed)"),
-             (s["radius_inf_queries"], "queries have fewer than k matching initial objects (r_q = inf)")]
+             (s["radius_inf_queries"], "queries have fewer than k matching initial objects (r_q = inf)"),
+             (s.get("routing_pairs_promoted", 0),
+              f"(worker, keyword) pairs of {s.get('routing_pairs', 0):,} are routed everywhere to keep the routing "
+              f"table within {s.get('routing_max_entries', 0):,} entries (+{s.get('routing_promoted_extra_deliveries', 0):.4f} "
+              "expected deliveries per object)")]
     rows += [f"note: {n:,} {text}" for n, text in notes if n]
     return "\n".join(rows)
 
@@ -315,14 +321,22 @@ def format_summary(s: dict[str, Any]) -> str:
 def _run(a: argparse.Namespace) -> int:
     result = make_plan(a.objects, a.queries, a.workers, a.algorithm, initial=a.initial, beta=a.beta,
                        sets_per_worker=a.sets_per_worker, delivery_cost=a.delivery_cost, cost_model=a.cost_model,
-                       handout=a.handout,
-                       seed=a.seed, processes=a.processes)
+                       handout=a.handout, seed=a.seed, processes=a.processes,
+                       routing_entries=a.routing_entries)
     write_plan(result, a.out)
     print(format_summary(result.summary))
     if a.explain:
         print()
         print(explain(result, a.explain))
     return 0
+
+
+def add_routing_entries_argument(p: argparse.ArgumentParser) -> None:
+    """``--routing-entries N``: the routing table's bound (``knnmon plan`` and ``knnmon run``)."""
+    p.add_argument("--routing-entries", type=int, default=MAX_ENTRIES, metavar="N",
+                   help=f"bound the routing table at N (keyword, cell) entries, ~16 bytes each (default "
+                        f"{MAX_ENTRIES:,}); beyond it, the (worker, keyword) pairs that add the fewest deliveries "
+                        "are routed everywhere instead (results stay exact)")
 
 
 def add_plan_command(sub: Any) -> None:
@@ -345,6 +359,7 @@ def add_plan_command(sub: Any) -> None:
     p.add_argument("--handout", choices=("set", "query"), default="set",
                    help="proposed: assign whole sets (default) or query by query as the paper prints it")
     p.add_argument("--seed", type=int, default=0, help="random assignment and delivery sample seed")
+    add_routing_entries_argument(p)
     p.add_argument("--processes", type=int, default=2, help="processes for the kNN radii (default 2)")
     p.add_argument("--out", required=True, metavar="PLANDIR")
     p.add_argument("--explain", metavar="QID", help="also say how query QID was placed")

@@ -12,6 +12,7 @@ from typing import Any
 from knnmon.assignment import ALGORITHMS
 from knnmon.assignment.costs import COST_MODELS
 from knnmon.connection import connect, redis_url_from_env, with_retries
+from knnmon.coordinator.plan import add_routing_entries_argument
 from knnmon.coordinator.runtime import RunConfig, Runtime
 from knnmon.errors import KnnmonError
 from knnmon.keys import DEFAULT_NAMESPACE, Keys
@@ -38,7 +39,8 @@ def format_run_summary(s: dict[str, Any]) -> str:
 def _run(a: argparse.Namespace) -> int:
     config = RunConfig(workers=a.workers, algorithm=a.algorithm, initial=a.initial, batch=a.batch, batches=a.batches,
                        shuffle=a.shuffle, redis_url=a.redis, data_dir=a.data_dir, namespace=a.namespace,
-                       ray_address=a.ray_address, executor=a.executor, cost_model=a.cost_model, in_flight=a.in_flight)
+                       ray_address=a.ray_address, executor=a.executor, cost_model=a.cost_model, in_flight=a.in_flight,
+                       routing_entries=a.routing_entries)
     embedded = redis_url_from_env(a.redis) is None
     with Runtime(a.objects, a.queries, config) as rt:
         summary = rt.run(progress=not a.quiet)
@@ -146,6 +148,7 @@ def add_run_commands(sub: Any) -> None:
     r.add_argument("--executor", choices=("ray", "inline"), default="ray", help="workers as Ray actors (default) or in process")
     r.add_argument("--in-flight", type=int, default=2, metavar="N",
                    help="batches dispatched before the oldest is waited for (default 2; 1 = one at a time)")
+    add_routing_entries_argument(r)
     r.add_argument("--report", metavar="FILE.json", help="write the summary as JSON")
     r.add_argument("--quiet", action="store_true", help="no progress bar")
     add_store_arguments(r)

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from knnmon.assignment.routing import MAX_ENTRIES
 from knnmon.connection import connect, redis_url_from_env, with_retries
 from knnmon.coordinator.object_store import ObjectStore
 from knnmon.coordinator.plan import PlanResult, empty_plan, load_queries, plan_workload, stream_order
@@ -86,6 +87,7 @@ class RunConfig:
     seed: int = 0
     index: str = "grid"
     in_flight: int = 2
+    routing_entries: int = MAX_ENTRIES
 
     def __post_init__(self) -> None:
         if not 1 <= self.workers <= 64:
@@ -96,6 +98,8 @@ class RunConfig:
             raise InvalidArgumentError(f"--initial must be >= 0; got {self.initial}")
         if self.batches is not None and self.batches < 1:
             raise InvalidArgumentError(f"--batches must be >= 1; got {self.batches}")
+        if self.routing_entries < 0:
+            raise InvalidArgumentError(f"--routing-entries must be >= 0; got {self.routing_entries}")
         if self.index not in INDEXES:
             raise InvalidArgumentError(f"Invalid index: {self.index!r}.\nValid options are: {tuple(INDEXES)}")
         if self.executor not in ("ray", "inline"):
@@ -320,6 +324,7 @@ class Runtime:
             self.plan = plan_workload(model, queries, initial.select(["id", "lon", "lat", "keywords"]), radius,
                                       c.workers, c.algorithm, beta=c.beta, sets_per_worker=c.sets_per_worker,
                                       delivery_cost=c.delivery_cost, cost_model=c.cost_model, counts=counts,
+                                      routing_entries=c.routing_entries,
                                       seed=c.seed)
         else:
             self.plan = empty_plan(model, c.workers, c.algorithm)
