@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from knnmon.coordinator.bench import BenchConfig, run_bench, spearman
+import pyarrow as pa
+
+from knnmon.coordinator.bench import BenchConfig, _check_sample, run_bench, spearman
 from knnmon.coordinator.bench_plots import plot_report
 from knnmon.coordinator.cli import main
 
@@ -30,7 +32,7 @@ def test_small_bench_is_exact_for_every_algorithm(places_slice, redis_url, ray_i
         (a, k) for k in (3, 6) for a in ("proposed", "keyword", "space", "random", "single")]
     for r in rows:
         assert ROW_KEYS <= set(r)
-        assert r["exact"] is True and r["mismatched_queries"] == 0, r["algorithm"]
+        assert r["exact"] is True and r["mismatched_queries"] == 0 and r["checked_queries"] == 600, r["algorithm"]
         assert r["queries"] == 600 and r["objects"] == 2000 and r["batches"] == 4
         assert r["update_ms_sim_mean"] > 0 and r["objects_per_s"] > 0
         assert len(r["speed_probe_ms"]) == 2 and min(r["speed_probe_ms"]) > 0
@@ -39,6 +41,16 @@ def test_small_bench_is_exact_for_every_algorithm(places_slice, redis_url, ray_i
     paths = plot_report(rows, str(tmp_path / "plots"))
     assert [p.rsplit("/", 1)[1] for p in paths] == ["update_vs_kmax.png"]
     assert (tmp_path / "plots" / "update_vs_kmax.png").stat().st_size > 10_000
+
+
+def test_check_sample_draws_distinct_queries_reproducibly():
+    queries = pa.table({"id": [f"q{i}" for i in range(600)], "k": list(range(600))})
+    part = _check_sample(queries, 50, seed=3)
+    ids = part.column("id").to_pylist()
+    assert len(set(ids)) == 50 and set(ids) < set(queries.column("id").to_pylist())
+    assert ids == _check_sample(queries, 50, seed=3).column("id").to_pylist()
+    assert ids != _check_sample(queries, 50, seed=4).column("id").to_pylist()
+    assert _check_sample(queries, None, seed=3) is queries and _check_sample(queries, 600, seed=3) is queries
 
 
 def test_spearman():
@@ -53,6 +65,8 @@ def test_bad_input_fails_before_any_work(places_slice, tmp_path, capsys):
         BenchConfig(**base, algorithms=("proposed", "fastest"))
     with pytest.raises(InvalidArgumentError, match="--workers"):
         BenchConfig(**base, workers=(0, 4))
+    with pytest.raises(InvalidArgumentError, match="--check-sample"):
+        BenchConfig(**base, check=True, check_sample=0)
     with pytest.raises(InputPathError, match="not an ingest output"):
         BenchConfig(objects=str(tmp_path / "missing"), queries=(10,))
     with pytest.raises(InvalidArgumentError, match="exceeds the 10,000 objects"):
