@@ -13,12 +13,13 @@ Experiments (all 1,000,000 initial objects, then batches of 1,000):
   1 M-query runs spend most of their time loading initial results into Redis);
 - ``repeats``: W = 12, 100,000 queries, k_max = 10, random order, every algorithm three times
   (run-to-run spread);
-- ``check``: the proposed plan at W = 12 with 100,000 queries, every result checked against the
-  brute-force oracle over the 1,060,000 objects seen (the oracle takes about 10 minutes);
+- ``check``: the proposed plan at W = 12 with 100,000 queries; 2,000 of them (seeded sample)
+  checked against the brute-force oracle over the 1,060,000 objects seen;
 - ``synthetic``: W = 4-24 on the **synthetic** Twitter-shaped stream given by ``--synthetic DIR``
   (``knnmon ingest synthetic --n 1060000 --seed 0 --out DIR``), in its own order;
 - ``synthetic_kmax`` and ``synthetic_queries``: the ``kmax`` and ``queries`` experiments on that
-  stream.
+  stream; ``synthetic_check``: 300,000 synthetic queries (a routing table that had to be bounded),
+  2,000 checked against the oracle.
 
 Every row records the speed probe before and after its run (``coordinator/speed_probe.py``);
 rows whose probes differ much from the rest of their experiment were measured while this
@@ -44,8 +45,9 @@ EXPERIMENTS = {
     "queries": {"queries": (100_000, 300_000, 1_000_000), "kmax": (10,), "workers": (12,), "algorithms": ALGS,
                 "batches": 30, "shuffle": 1},
     "repeats": {"queries": (100_000,), "kmax": (10,), "workers": (12,), "algorithms": ALGS, "shuffle": 1, "repeat": 3},
+    # The brute-force oracle takes ~10 ms per query over 1 M objects: a seeded sample of 2,000 queries.
     "check": {"queries": (100_000,), "kmax": (10,), "workers": (12,), "algorithms": ("proposed",), "shuffle": 1,
-              "check": True},
+              "check": True, "check_sample": 2000},
     # On --synthetic DIR (knnmon ingest synthetic --n 1060000 --seed 0): Twitter-shaped, SYNTHETIC.
     "synthetic": {"queries": (100_000,), "kmax": (10,), "workers": (4, 8, 12, 16, 20, 24), "algorithms": ALGS,
                   "synthetic": True},
@@ -53,6 +55,9 @@ EXPERIMENTS = {
                        "synthetic": True},
     "synthetic_queries": {"queries": (100_000, 300_000, 1_000_000), "kmax": (10,), "workers": (12,),
                           "algorithms": ALGS, "batches": 30, "synthetic": True},
+    # Exactness where the routing table is bounded (pairs sent everywhere): 300 k synthetic queries.
+    "synthetic_check": {"queries": (300_000,), "kmax": (10,), "workers": (12,), "algorithms": ("proposed",),
+                        "batches": 30, "synthetic": True, "check": True, "check_sample": 2000},
 }
 COLUMNS = [("algorithm", "algorithm", "{}"), ("workers", "W", "{}"), ("kmax", "k_max", "{}"),
            ("queries", "queries", "{:,}"), ("update_ms_sim_mean", "sim update ms", "{:.1f}"),
