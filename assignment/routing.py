@@ -68,8 +68,8 @@ class RoutingTable:
         ``always`` too, until the rest fit: a pair sent everywhere adds ``P(key) - P(Cov, key)``
         deliveries per object (:meth:`LoadModel.covered_probability`). Keywords absent from the
         statistics go last (the model cannot price them). Either way the table stays a superset
-        of what the queries need, so results stay exact; only deliveries grow. ``summary`` has
-        the counts.
+        of what the queries need, so results stay exact; only deliveries grow. :attr:`stats`
+        has the counts.
 
         Raises
         ------
@@ -107,8 +107,10 @@ class RoutingTable:
                     _append_entries(key_parts, bit_parts, model, bit, codes[keep], covered[keep], window)
         keys, masks = _merge_entries(key_parts, bit_parts)
         table = cls(model.grid, list(workload.vocabulary), always, keys, masks)
-        table.stats = {"routing_pairs_full": n_full, "routing_pairs": pairs.n, "routing_pairs_promoted": pairs.promoted,
-                       "routing_promoted_extra_deliveries": pairs.promoted_extra, "routing_pair_cells": total, "routing_entries": len(keys),
+        table.stats = {"routing_pairs_full": n_full, "routing_pairs": pairs.n,
+                       "routing_pairs_promoted": pairs.promoted,
+                       "routing_promoted_extra_deliveries": pairs.promoted_extra,
+                       "routing_pair_cells": total, "routing_entries": len(keys),
                        "routing_max_entries": int(max_entries)}
         return table
 
@@ -195,11 +197,8 @@ class RoutingTable:
             for c in cs:
                 key_parts.append(np.int64(c) * self.grid.n_cells + cells)
                 bit_parts.append(np.full(len(cells), bit, dtype=np.uint64))
-        if len(key_parts) == 1:
-            return
-        self.keys, inv = np.unique(np.concatenate(key_parts), return_inverse=True)
-        self.masks = np.zeros(len(self.keys), dtype=np.uint64)
-        np.bitwise_or.at(self.masks, inv, np.concatenate(bit_parts))
+        if len(key_parts) > 1:
+            self.keys, self.masks = _merge_entries(key_parts, bit_parts)
 
     @property
     def nbytes(self) -> int:
