@@ -149,6 +149,7 @@ def _row(rt: Runtime, summary: dict[str, Any], algorithm: str, kmax: int, repeat
         "spearman_predicted_vs_busy": spearman(predicted, total) if algorithm != REFERENCE else None,
         "worker_peak_rss_mb": [round(s["peak_rss_mb"], 1) for s in summary.get("workers_stats", [])],
         "startup_s": summary["startup_s"], "exact": None, "mismatched_queries": None, "checked_queries": None,
+        "routing": {k: v for k, v in rt.plan.summary.items() if k.startswith("routing")},
     }
 
 

