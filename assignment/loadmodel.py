@@ -40,6 +40,10 @@ __all__ = ["LoadModel", "QueryRects"]
 #: Keywords per chunk in coverage computations (bounds memory: chunk x (n+1)^2 int32).
 COVERAGE_CHUNK = 256
 
+#: :meth:`LoadModel.deliveries` prices a keyword cell by cell when its statistics rows times its
+#: rectangles are at most this (cheaper than a coverage window of up to the whole grid).
+SPARSE_PAIRS = 4096
+
 
 @dataclass(frozen=True)
 class QueryRects:
@@ -262,12 +266,53 @@ class LoadModel:
         np.add.at(covered_p, known[j[hit]], p[hit])
         return covered_p, total_p
 
-    def deliveries(self, owner: np.ndarray, code: np.ndarray, rects: QueryRects) -> float:
-        """``D(S)`` of the set whose (query, keyword) entries are given (module docstring)."""
-        total = 0.0
+    def deliveries(self, owner: np.ndarray, code: np.ndarray, rects: QueryRects,
+                   sparse_pairs: int = SPARSE_PAIRS) -> float:
+        """``D(S)`` of the set whose (query, keyword) entries are given (module docstring).
+
+        A keyword whose statistics rows times rectangles in the set are at most
+        ``sparse_pairs`` is priced by testing each of its cells against each rectangle; the
+        others through :meth:`coverage`'s cell arrays, whose cost is the area of their window.
+        Both are exact; rare keywords with large regions (Zipf text) take the first way.
+        """
+        keep = (code >= 0) & (code < len(self.keywords))  # others have probability 0
+        owner, code = owner[keep], code[keep]
+        codes, n_rects = np.unique(code, return_counts=True)
+        n_rows = self.ptr[codes + 1] - self.ptr[codes]
+        sparse = np.isin(code, codes[n_rows * n_rects <= sparse_pairs])
+        total = self._sparse_deliveries(owner[sparse], code[sparse], rects)
+        owner, code = owner[~sparse], code[~sparse]
         for codes, covered, window in self.coverage(owner, code, rects):
             if covered is None:
                 total += sum(self.keyword_total(int(c)) for c in codes)
             else:
                 total += float(self.covered_probability(codes, covered, window)[0].sum())
         return total
+
+    def _sparse_deliveries(self, owner: np.ndarray, code: np.ndarray, rects: QueryRects,
+                           chunk: int = 1 << 22) -> float:
+        """``D`` of entries (known codes) by testing every statistics cell of each keyword
+        against every rectangle of that keyword: ``(cell, rectangle)`` pairs in chunks."""
+        if not len(code):
+            return 0.0
+        order = np.argsort(code, kind="stable")
+        owner, code = owner[order], code[order]
+        codes, first, n_rects = np.unique(code, return_index=True, return_counts=True)
+        row, j = self.stats_rows(codes)
+        m = n_rects[j]  # rectangles to test per statistics row
+        ends = np.cumsum(m)
+        covered = np.zeros(len(row), dtype=bool)
+        n = self.grid.n
+        lo = 0
+        while lo < len(row):
+            base = ends[lo] - m[lo]  # pairs before row lo
+            hi = max(int(np.searchsorted(ends, base + chunk, side="right")), lo + 1)
+            mm = m[lo:hi]
+            r = np.repeat(np.arange(lo, hi), mm)
+            offset = np.arange(len(r)) - np.repeat(ends[lo:hi] - mm - base, mm)  # rectangle within the row's
+            q = owner[np.repeat(first[j[lo:hi]], mm) + offset]
+            cx, cy = self.cells[row[r]] % n, self.cells[row[r]] // n
+            inside = (rects.x0[q] <= cx) & (cx <= rects.x1[q]) & (rects.y0[q] <= cy) & (cy <= rects.y1[q])
+            covered[r[inside]] = True
+            lo = hi
+        return float(self.counts[row[covered]].sum()) / self.n_objects

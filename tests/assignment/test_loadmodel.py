@@ -105,3 +105,23 @@ def test_measured_cost_model_weighs_candidates_and_expected_changes():
         Workload.build(m, table, radius, costs=costs)
     with pytest.raises(InvalidArgumentError, match="Invalid cost model"):
         CostModel.named("guess")
+
+
+def test_deliveries_cell_by_cell_equal_the_coverage_arrays(setup):
+    """On real places: pricing every keyword cell by cell (sparse), through coverage arrays
+    (dense) or mixed (the default threshold) gives the same D(S), for random query sets."""
+    model, wl, _ = setup
+    rng = np.random.default_rng(7)
+    mixed_seen = False
+    for size in (1, 10, 300, len(wl)):
+        q = np.sort(rng.choice(len(wl), size, replace=False))
+        e = wl.entries(q)
+        owner, code = wl.owner[e], wl.code[e]
+        dense = model.deliveries(owner, code, wl.rects, sparse_pairs=0)
+        sparse = model.deliveries(owner, code, wl.rects, sparse_pairs=1 << 62)
+        assert dense > 0 and sparse == pytest.approx(dense, rel=1e-12)
+        assert model.deliveries(owner, code, wl.rects) == pytest.approx(dense, rel=1e-12)
+        codes, n = np.unique(code[code < len(model.keywords)], return_counts=True)
+        pairs = (model.ptr[codes + 1] - model.ptr[codes]) * n
+        mixed_seen |= bool((pairs <= 4096).any() and (pairs > 4096).any())
+    assert mixed_seen  # the default threshold took both ways on some set
