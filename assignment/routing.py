@@ -23,12 +23,19 @@ from knnmon.errors import InvalidArgumentError
 from knnmon.ingest.grid import Grid
 from knnmon.sorted_search import searchsorted_batch
 
-__all__ = ["MAX_ENTRIES", "RoutingTable", "popcount"]
+__all__ = ["MAX_ENTRIES", "RoutingTable", "check_max_entries", "popcount"]
 
 #: Default bound on the table's (keyword, cell) entries, counted per worker before merging:
 #: 16 M entries are at most 256 MiB of keys and masks (the build holds ~3x that at its peak).
 #: 300 k synthetic queries on 12 workers would need 747 M (4.2 GB after merging).
 MAX_ENTRIES = 16_000_000
+
+
+def check_max_entries(max_entries: int) -> None:
+    """Raise :class:`InvalidArgumentError` unless ``max_entries`` (``--routing-entries``) is ``>= 0``."""
+    if max_entries < 0:
+        raise InvalidArgumentError(f"--routing-entries (the routing table's max_entries) must be >= 0; "
+                                   f"got {max_entries}")
 
 
 def popcount(masks: np.ndarray) -> np.ndarray:
@@ -76,8 +83,7 @@ class RoutingTable:
         InvalidArgumentError
             ``max_entries < 0``.
         """
-        if max_entries < 0:
-            raise InvalidArgumentError(f"the routing table's max_entries must be >= 0; got {max_entries}")
+        check_max_entries(max_entries)
         always = np.zeros(len(workload.vocabulary), dtype=np.uint64)
         pairs = _PairStats()
         key_parts, bit_parts, total, n_full = [], [], 0, 0

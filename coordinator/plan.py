@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 
 from knnmon.assignment import ALGORITHMS, LoadModel, Plan, Workload, make_assigner
 from knnmon.assignment.costs import COST_MODELS, CostModel
-from knnmon.assignment.routing import MAX_ENTRIES, RoutingTable
+from knnmon.assignment.routing import MAX_ENTRIES, RoutingTable, check_max_entries
 from knnmon.assignment.summary import summarize
 from knnmon.errors import InputPathError, InvalidArgumentError
 from knnmon.ingest.queries import read_objects
@@ -223,6 +223,7 @@ def make_plan(objects_dir: str, queries_path: str, workers: int, algorithm: str,
     make_assigner(algorithm, beta=beta, sets_per_worker=sets_per_worker,
                   delivery_cost=CostModel.named(cost_model, delivery_cost).delivery,
                   handout=handout, seed=seed).check_workers(workers)
+    check_max_entries(routing_entries)
     model = LoadModel.from_ingest(objects_dir)
     queries = load_queries(queries_path)
     objects = initial_objects(objects_dir, initial)

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from knnmon.assignment.routing import MAX_ENTRIES
+from knnmon.assignment.routing import MAX_ENTRIES, check_max_entries
 from knnmon.connection import connect, redis_url_from_env, with_retries
 from knnmon.coordinator.object_store import ObjectStore
 from knnmon.coordinator.plan import PlanResult, empty_plan, load_queries, plan_workload, stream_order
@@ -98,8 +98,7 @@ class RunConfig:
             raise InvalidArgumentError(f"--initial must be >= 0; got {self.initial}")
         if self.batches is not None and self.batches < 1:
             raise InvalidArgumentError(f"--batches must be >= 1; got {self.batches}")
-        if self.routing_entries < 0:
-            raise InvalidArgumentError(f"--routing-entries must be >= 0; got {self.routing_entries}")
+        check_max_entries(self.routing_entries)
         if self.index not in INDEXES:
             raise InvalidArgumentError(f"Invalid index: {self.index!r}.\nValid options are: {tuple(INDEXES)}")
         if self.executor not in ("ray", "inline"):

@@ -84,11 +84,7 @@ def test_a_pair_covering_every_cell_goes_to_always_without_cost(setup):
     table = RoutingTable.build(wl, model, plan)
     assert table.always[code] == 1 and table.stats["routing_pairs_full"] >= 1
     assert not ((table.keys // model.grid.n_cells) == code).any()
-    assert worker_deliveries(table, model, 1)[0] == pytest.approx(exact_deliveries_one(model, wl), rel=1e-9)
-
-
-def exact_deliveries_one(model, wl) -> float:
-    return model.deliveries(wl.owner, wl.code, wl.rects)
+    assert worker_deliveries(table, model, 1)[0] == pytest.approx(model.deliveries(wl.owner, wl.code, wl.rects), rel=1e-9)
 
 
 def test_a_negative_bound_is_rejected(planned):

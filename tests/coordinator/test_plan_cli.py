@@ -46,7 +46,8 @@ def test_the_proposed_plan_is_more_even_than_keyword_and_space(places_slice, sli
     ("args", "message"),
     [(["--algorithm", "fancy"], "invalid choice: 'fancy'"),
      (["--workers", "0"], "--workers must be between 1 and 64"),
-     (["--initial", "-1"], "--initial must be >= 0")],
+     (["--initial", "-1"], "--initial must be >= 0"),
+     (["--routing-entries", "-1"], "--routing-entries (the routing table's max_entries) must be >= 0")],
 )
 def test_bad_arguments(places_slice, slice_queries, tmp_path, capsys, args, message):
     base = {"--objects": str(places_slice), "--queries": str(slice_queries), "--workers": "2",
