@@ -32,6 +32,8 @@ def format_run_summary(s: dict[str, Any]) -> str:
         f"deliveries per object {s['deliveries_per_object']:.2f}; results changed {s['results_changed']:,}; "
         f"candidate pairs checked {s['candidates']:,}"
         + (f" ({s['candidates_per_change']:.1f} per change)" if s["candidates_per_change"] else ""),
+        f"Redis server time per batch (result scripts, serial): mean {s['redis_server_ms_mean']:.1f} ms, "
+        f"p99 {s['redis_server_ms_p99']:.1f} ms",
         f"results in Redis at {s['redis_url']} (namespace {s['config']['namespace']!r})",
     ])
 

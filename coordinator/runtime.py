@@ -393,7 +393,8 @@ class Runtime:
             (``route_cpu_ms``, the coordinator's CPU time routing, + the largest ``busy_ms``: the
             update time with one core per worker), ``per_worker`` (3 x W: objects delivered,
             candidates, results changed), ``deliveries``, ``candidates``, ``passed``,
-            ``changed``.
+            ``changed``, ``redis_server_ms`` (the Redis server's time running the workers'
+            result scripts, summed: Redis is single-threaded, so this much of the batch is serial).
         """
         return self.collect(self.dispatch(batch))
 
@@ -463,6 +464,7 @@ class Runtime:
                 "imbalance_ms": float(busy.max() - busy.min()),
                 "route_ms": route_ms, "route_cpu_ms": route_cpu_ms, "per_worker": per_worker.tolist(),
                 "sim_update_ms": route_cpu_ms + float(busy.max()), "deliveries": pending["sent"],
+                "redis_server_ms": sum(r["redis_server_s"] for r in reports) * 1e3,
                 "candidates": sum(r["candidates"] for r in reports), "passed": sum(r["passed"] for r in reports),
                 "changed": sum(r["changed"] for r in reports)}
 
@@ -497,6 +499,7 @@ class Runtime:
         """Update time mean/p50/p99 (ms), imbalance, objects/s, deliveries, changes."""
         upd = np.array([r["update_ms"] for r in rows]) if rows else np.zeros(1)
         sim = np.array([r["sim_update_ms"] for r in rows]) if rows else np.zeros(1)
+        redis = np.array([r["redis_server_ms"] for r in rows]) if rows else np.zeros(1)
         objects = sum(r["objects"] for r in rows)
         changed = sum(r["changed"] for r in rows)
         cand = sum(r["candidates"] for r in rows)
@@ -514,6 +517,7 @@ class Runtime:
             "candidates_per_change": cand / changed if changed else None,
             "busy_ms_per_worker": np.sum([r["busy_ms"] for r in rows], axis=0).round(1).tolist() if rows else [],
             "route_cpu_ms_mean": float(np.mean([r["route_cpu_ms"] for r in rows])) if rows else 0.0,
+            "redis_server_ms_mean": float(redis.mean()), "redis_server_ms_p99": float(np.percentile(redis, 99)),
             "per_worker_totals": dict(zip(("objects", "candidates", "changed"),
                                           np.sum([r["per_worker"] for r in rows], axis=0).astype(int).tolist()))
             if rows else {},

@@ -151,6 +151,7 @@ def test_run_and_results_commands(small, ray_instance, redis_url, namespace, tmp
                 "deliveries_per_object", "results_changed", "workers_stats"):
         assert key in s
     assert s["batches"] == 3 and s["objects"] == 3000 and len(s["workers_stats"]) == 2
+    assert 0 < s["redis_server_ms_mean"] <= s["redis_server_ms_p99"]  # the scripts ran on the server
     assert "throughput" in capsys.readouterr().out
     assert main(["results", "q0", "--redis", redis_url, "--namespace", namespace]) == 0
     out = capsys.readouterr().out
