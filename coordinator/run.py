@@ -42,7 +42,7 @@ def _run(a: argparse.Namespace) -> int:
     config = RunConfig(workers=a.workers, algorithm=a.algorithm, initial=a.initial, batch=a.batch, batches=a.batches,
                        shuffle=a.shuffle, redis_url=a.redis, data_dir=a.data_dir, namespace=a.namespace,
                        ray_address=a.ray_address, executor=a.executor, cost_model=a.cost_model, in_flight=a.in_flight,
-                       routing_entries=a.routing_entries)
+                       routing_entries=a.routing_entries, overlap_writes=not a.sync_writes)
     embedded = redis_url_from_env(a.redis) is None
     with Runtime(a.objects, a.queries, config) as rt:
         summary = rt.run(progress=not a.quiet)
@@ -150,6 +150,9 @@ def add_run_commands(sub: Any) -> None:
     r.add_argument("--executor", choices=("ray", "inline"), default="ray", help="workers as Ray actors (default) or in process")
     r.add_argument("--in-flight", type=int, default=2, metavar="N",
                    help="batches dispatched before the oldest is waited for (default 2; 1 = one at a time)")
+    r.add_argument("--sync-writes", action="store_true",
+                   help="each worker waits for a batch's Redis write before its next batch (default: it computes "
+                        "the next batch while Redis writes)")
     add_routing_entries_argument(r)
     r.add_argument("--report", metavar="FILE.json", help="write the summary as JSON")
     r.add_argument("--quiet", action="store_true", help="no progress bar")

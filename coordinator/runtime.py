@@ -66,6 +66,11 @@ class RunConfig:
     with 2, the coordinator routes batch ``b + 1`` while the workers and Redis still work on
     ``b``. Each worker (a Ray actor) runs its batches in the order sent, so results stay exact;
     a batch's update time then includes its wait behind the previous one.
+
+    ``overlap_writes``: each worker writes a batch's changes to Redis on a background thread
+    (:class:`~knnmon.workers.write_queue.WriteQueue`) and computes the next batch meanwhile;
+    :meth:`Runtime.collect` still waits for the write before the batch counts as done. It helps
+    only with ``in_flight >= 2`` (something to compute while Redis writes).
     """
 
     workers: int = 4
@@ -88,6 +93,7 @@ class RunConfig:
     index: str = "grid"
     in_flight: int = 2
     routing_entries: int = MAX_ENTRIES
+    overlap_writes: bool = True
 
     def __post_init__(self) -> None:
         if not 1 <= self.workers <= 64:
@@ -274,7 +280,7 @@ class Runtime:
         W = self.config.workers
         if self.config.executor == "inline":
             self.actors = [_Inline(KnnWorker(w, self.redis_url, self.config.namespace, vocabulary=vocabulary,
-                                     index=self.config.index))
+                                             index=self.config.index, overlap_writes=self.config.overlap_writes))
                            for w in range(W)]
             return
 
@@ -293,7 +299,8 @@ class Runtime:
         log.info("starting %d workers on %d alive Ray nodes: %s", W, len(nodes), ", ".join(n[:8] for n in nodes))
         self.actors = [WorkerActor(num_cpus=WORKER_CPUS, scheduling_strategy=NodeAffinitySchedulingStrategy(
             nodes[w % len(nodes)], soft=True)).remote(w, self.redis_url, self.config.namespace,
-                                                       vocabulary=vocabulary, index=self.config.index)
+                                                       vocabulary=vocabulary, index=self.config.index,
+                                                       overlap_writes=self.config.overlap_writes)
                        for w in range(W)]
 
     def _get(self, refs):
@@ -450,6 +457,12 @@ class Runtime:
         if self.config.executor == "inline":  # the workers ran inside the dispatch loop: not routing
             route_cpu_ms -= sum(r["cpu_s"] - r["redis_server_s"] for r in reports) * 1e3
             route_ms -= sum(r["busy_s"] for r in reports) * 1e3
+        queued = [r for r in reports if r.get("write_queued")]
+        if queued:  # the batch is done when its writes are in Redis
+            writes = self._get([self.actors[r["worker"]].written.remote(pending["batch"]) for r in queued])
+            for r, w in zip(queued, writes):
+                r["redis_s"], r["redis_server_s"] = w["redis_s"], w["redis_server_s"]
+                r["cpu_s"] += w["writer_cpu_s"] + w["redis_server_s"]
         update_ms = (time.perf_counter() - t0) * 1e3
         W = len(self.actors)
         busy, busy_wall = np.zeros(W), np.zeros(W)  # busy: on a dedicated core (CPU + Redis server)

@@ -28,6 +28,7 @@ from knnmon.geo import chord2_bound, haversine_m, unit_vectors
 from knnmon.workers.keyword_lists import KeywordLists
 from knnmon.workers.query_index import QueryIndex
 from knnmon.workers.result_writer import ObjectInfo, ResultWriter
+from knnmon.workers.write_queue import WriteQueue
 
 __all__ = ["INDEXES", "KnnWorker"]
 
@@ -69,6 +70,10 @@ class KnnWorker:
     index
         ``"grid"`` (the keyword-aware :class:`QueryIndex`) or ``"keyword-lists"`` (the
         single-process reference's :class:`~knnmon.workers.keyword_lists.KeywordLists`).
+    overlap_writes
+        Write each batch's changes on a background thread (:class:`WriteQueue`) while the next
+        batch is computed; the caller then gets the write's figures from :meth:`written`.
+        Default: the batch's call returns after its write.
 
     Raises
     ------
@@ -77,11 +82,12 @@ class KnnWorker:
     """
 
     def __init__(self, worker_id: int, redis_url: str | None, namespace: str = "knn", *,
-                 vocabulary: Mapping[str, int] | None = None, index: str = "grid") -> None:
+                 vocabulary: Mapping[str, int] | None = None, index: str = "grid", overlap_writes: bool = False) -> None:
         if index not in INDEXES:
             raise InvalidArgumentError(f"Invalid index: {index!r}.\nValid options are: {tuple(INDEXES)}")
         self.worker_id = worker_id
         self.writer = ResultWriter(redis_url, namespace, worker_id) if redis_url else None
+        self.queue = WriteQueue(self.writer) if self.writer is not None and overlap_writes else None
         self.qids: list[str] = []
         self.slot_of: dict[str, int] = {}
         self.lon = np.empty(0)
@@ -199,6 +205,28 @@ class KnnWorker:
         return {"lon": repr(float(self.lon[slot])), "lat": repr(float(self.lat[slot])),
                 "keywords": " ".join(self.keywords[slot]), "k": int(self.k[slot]), "version": int(self.version[slot])}
 
+    def _write_now(self, fn, *args) -> Any:
+        """Call a writer method now, after any batch writes still queued (in stream order)."""
+        return self.queue.now(fn, *args) if self.queue is not None else fn(*args)
+
+    def written(self, batch: int) -> dict[str, float]:
+        """Wait until batch ``batch``'s changes are in Redis (with ``overlap_writes``).
+
+        Returns
+        -------
+        dict
+            ``redis_s``, ``redis_server_s``, ``writer_cpu_s`` (seconds; all 0 without
+            ``overlap_writes`` or when the batch changed nothing): see :meth:`WriteQueue.wait`.
+
+        Raises
+        ------
+        StoreUnavailableError
+            The write, or an earlier one, failed after every retry.
+        """
+        if self.queue is None:
+            return {"redis_s": 0.0, "redis_server_s": 0.0, "writer_cpu_s": 0.0}
+        return self.queue.wait(batch)
+
     def _next_tag(self) -> int:
         self._tag -= 1  # initial loads and registrations use negative tags, batches their number
         return self._tag
@@ -235,7 +263,7 @@ class KnnWorker:
         if self.writer is not None and write:
             for s in range(slots.start, slots.stop, chunk):
                 rows = [(self.qids[j], self._fields(j), self._result(j)) for j in range(s, min(s + chunk, slots.stop))]
-                self.writer.write_queries(self._next_tag(), rows, objects)
+                self._write_now(self.writer.write_queries, self._next_tag(), rows, objects)
         self.rebuild_index()
         return {"queries": len(ids), "index_entries": self.index.entries, "seconds": time.perf_counter() - t0}
 
@@ -255,8 +283,8 @@ class KnnWorker:
             self.vocab.update(vocabulary)
         slots = self._append(ids, lon, lat, k, keywords, topk)
         if self.writer is not None:
-            self.writer.write_queries(self._next_tag(), [(self.qids[j], self._fields(j), self._result(j)) for j in slots],
-                                      objects)
+            self._write_now(self.writer.write_queries, self._next_tag(),
+                            [(self.qids[j], self._fields(j), self._result(j)) for j in slots], objects)
         self._refresh(np.arange(slots.start, slots.stop))
 
     def register_query(self, qid: str, lon: float, lat: float, keywords: Sequence[str], k: int,
@@ -273,7 +301,7 @@ class KnnWorker:
         self.alive[slot] = False
         self.reach[slot, 3] = -1.0
         if self.writer is not None:
-            self.writer.delete_query(self._next_tag(), qid)
+            self._write_now(self.writer.delete_query, self._next_tag(), qid)
         self.top_d[slot], self.top_h[slot], self.count[slot] = np.inf, -1, 0
         self._refresh(np.array([slot]))
         return True
@@ -433,7 +461,9 @@ class KnnWorker:
             seconds from call to return), ``cpu_s`` (this thread's CPU seconds plus the Redis
             server's seconds running the batch's script: the busy time on a dedicated core,
             which CPU contention on a machine with fewer cores than workers does not inflate),
-            ``redis_s`` (wall seconds writing), ``redis_server_s``, ``index_s``.
+            ``redis_s`` (wall seconds writing), ``redis_server_s``, ``index_s``,
+            ``write_queued`` (with ``overlap_writes``: the write went to the queue, and
+            ``redis_s`` / ``redis_server_s`` are 0 here and come from :meth:`written`).
         """
         t0, c0 = time.perf_counter(), time.thread_time()
         lon = np.asarray(lon, dtype=np.float64)
@@ -448,7 +478,11 @@ class KnnWorker:
         t1 = time.perf_counter()
         server_s = 0.0
         if len(changed) and self.writer is not None:
-            server_s = self._write(batch, ids, lon, lat, t, keywords, m)
+            args = self._write_args(ids, lon, lat, t, keywords, m)
+            if self.queue is not None:
+                self.queue.submit_batch(batch, *args)
+            else:
+                server_s = self.writer.write_batch(batch, *args)
         redis_s = time.perf_counter() - t1
         t2 = time.perf_counter()
         if len(changed):
@@ -462,7 +496,7 @@ class KnnWorker:
         return {"worker": self.worker_id, "batch": batch, "objects": len(ids), "candidates": n_candidates,
                 "passed": len(slot), "changed": len(changed), "busy_s": busy_core + redis_s + index_s,
                 "cpu_s": time.thread_time() - c0 + server_s, "redis_s": redis_s, "redis_server_s": server_s,
-                "index_s": index_s}
+                "index_s": index_s, "write_queued": self.queue is not None and bool(len(changed))}
 
     def process_rows(self, shared: tuple[int, Any, np.ndarray, np.ndarray], rows: np.ndarray) -> dict[str, Any]:
         """:meth:`process_batch` for the rows ``rows`` of a whole batch that every worker shares.
@@ -487,10 +521,10 @@ class KnnWorker:
         report["cpu_s"] += cpu
         return report
 
-    def _write(self, batch: int, ids: Sequence[str], lon: np.ndarray, lat: np.ndarray, t: np.ndarray,
-               keywords: Sequence[Sequence[str]], m: dict[str, Any]) -> float:
-        """One script call with the batch's changes, flattened per changed query (slot order);
-        returns the server's seconds running it."""
+    def _write_args(self, ids: Sequence[str], lon: np.ndarray, lat: np.ndarray, t: np.ndarray,
+                    keywords: Sequence[Sequence[str]], m: dict[str, Any]) -> tuple:
+        """The arguments after the tag of :meth:`ResultWriter.write_batch` for a batch's changes,
+        flattened per changed query (slot order); fresh lists, so a queued write may use them."""
         changed, S, D, H, ent, left = m["changed"], m["S"], m["D"], m["H"], m["ent"], m["left"]
         oids = self.oids
         ref_h, ref_n = np.unique(np.concatenate([H[ent], H[left]]), return_inverse=True)
@@ -498,8 +532,8 @@ class KnnWorker:
         nz = np.flatnonzero(delta)
         info = {ids[j]: ObjectInfo(float(lon[j]), float(lat[j]), int(t[j]), keywords[j])
                 for j in m["entered_obj"].tolist()}
-        return self.writer.write_batch(
-            batch, [self.qids[s] for s in changed.tolist()], self.version[changed].tolist(),
+        return (
+            [self.qids[s] for s in changed.tolist()], self.version[changed].tolist(),
             np.bincount(np.searchsorted(changed, S[ent]), minlength=len(changed)).tolist(),
             [oids[h] for h in H[ent].tolist()], D[ent].tolist(),
             np.bincount(np.searchsorted(changed, S[left]), minlength=len(changed)).tolist(),
