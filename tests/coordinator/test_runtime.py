@@ -51,13 +51,16 @@ def small(places_slice, slice_queries):
     return str(places_slice), load_queries(str(slice_queries)).slice(0, 1500), objects
 
 
-def test_one_inline_worker(small, redis_url, namespace, tmp_path):
+@pytest.mark.parametrize("overlap", [True, False], ids=["writes-overlapped", "sync-writes"])
+def test_one_inline_worker(small, redis_url, namespace, tmp_path, overlap):
     objects_dir, queries, objects = small
     config = RunConfig(workers=1, initial=4000, batch=500, redis_url=redis_url, namespace=namespace,
-                       data_dir=str(tmp_path), executor="inline")
+                       data_dir=str(tmp_path), executor="inline", overlap_writes=overlap)
     with Runtime(objects_dir, queries, config) as rt:
-        rt.run(progress=False)
+        summary = rt.run(progress=False)
         assert_exact(redis_url, namespace, queries, BruteForceKnn(objects))
+    # Either way each batch's row carries its script's server time (from KnnWorker.written when queued).
+    assert summary["results_changed"] > 0 and summary["redis_server_ms_mean"] > 0
 
 
 def test_register_mid_stream_unregister_and_duplicates(small, ray_instance, redis_url, namespace, tmp_path):
