@@ -154,18 +154,21 @@ class RoutingTable:
     def encode(self, keywords: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
         """``(object, keyword code)`` int64 arrays of a list<string> array; ``-1``: no query has it.
 
-        Fewer keywords than the vocabulary (a stream batch) are looked up in a dict: pyarrow's
-        ``index_in`` would rebuild a hash set of the whole vocabulary on every call (130 ms per
-        batch with the synthetic stream's 880 k keywords)."""
+        Fewer keywords than the vocabulary (a stream batch) are looked up in a dict, each
+        distinct keyword once: pyarrow's ``index_in`` would rebuild a hash set of the whole
+        vocabulary on every call (130 ms per batch with the synthetic stream's 880 k keywords).
+        A 1,000-place batch has ~5,500 keywords but ~700 distinct ones: 0.58 -> 0.22 ms per
+        batch (timed ad hoc on 200 batches of places)."""
         if isinstance(keywords, pa.ChunkedArray):
             keywords = keywords.combine_chunks()
         if len(keywords.values) >= len(self.vocabulary):
             return keyword_codes(keywords, self._vocab)
         index = self._code_index()
         owner = pc.list_parent_indices(keywords).to_numpy().astype(np.int64)
-        codes = np.fromiter((index.get(w, -1) for w in keywords.flatten().to_pylist()), dtype=np.int64,
-                            count=len(owner))
-        return owner, codes
+        words = keywords.flatten().dictionary_encode()
+        distinct = np.fromiter((index.get(w, -1) for w in words.dictionary.to_pylist()), dtype=np.int64,
+                               count=len(words.dictionary))
+        return owner, distinct[words.indices.to_numpy(zero_copy_only=False)].astype(np.int64, copy=False)
 
     def _code_index(self) -> dict[str, int]:
         if not hasattr(self, "_code"):
