@@ -53,17 +53,26 @@ def capture(work: Workload) -> tuple[list[bytes], list[bytes], int]:
     return calls[:loads], calls[loads:], changes
 
 
-def replay(script: str, loads: list[bytes], batches: list[bytes], binary: str | None = None) -> float:
-    """Server milliseconds per batch call of ``script`` after replaying ``loads``."""
+def replay(script: str, loads: list[bytes], batches: list[bytes], binary: str | None = None, *,
+           plain: bool = False) -> float:
+    """Server milliseconds per batch call of ``script`` after replaying ``loads``; with
+    ``plain``, of the batches' :func:`plain_commands` in one MULTI/EXEC each instead (the
+    EXEC's time, which includes running the queued commands)."""
+    commands = [plain_commands(p) for p in batches] if plain else []
     with EmbeddedRedis(binary=binary) as server:
         r = connect(server.url)
         sha = r.script_load(script)
         for p in loads:
             r.evalsha(sha, 0, p)
         r.config_resetstat()
-        for p in batches:
+        for p in batches if not plain else ():
             r.evalsha(sha, 0, p)
-        stats = r.info("commandstats")["cmdstat_evalsha"]
+        for cmds in commands:
+            pipe = r.pipeline(transaction=True)
+            for c in cmds:
+                pipe.execute_command(*c)
+            pipe.execute()
+        stats = r.info("commandstats")["cmdstat_exec" if plain else "cmdstat_evalsha"]
         return stats["usec_per_call"] / 1e3
 
 
@@ -98,24 +107,6 @@ def plain_commands(payload: bytes) -> list[tuple]:
     return cmds
 
 
-def replay_plain(loads: list[bytes], batches: list[bytes], binary: str | None = None) -> float:
-    """Server milliseconds per batch of :func:`plain_commands` in one MULTI/EXEC (the EXEC's
-    time, which includes running the queued commands), after replaying ``loads`` as scripts."""
-    commands = [plain_commands(p) for p in batches]
-    with EmbeddedRedis(binary=binary) as server:
-        r = connect(server.url)
-        sha = r.script_load(_APPLY)
-        for p in loads:
-            r.evalsha(sha, 0, p)
-        r.config_resetstat()
-        for cmds in commands:
-            pipe = r.pipeline(transaction=True)
-            for c in cmds:
-                pipe.execute_command(*c)
-            pipe.execute()
-        return r.info("commandstats")["cmdstat_exec"]["usec_per_call"] / 1e3
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_arguments(p)
@@ -144,7 +135,7 @@ def main() -> None:
         line = (f"round {i + 1}: script {times[-1]:.1f} ms server time per batch "
                 f"({times[-1] * 1e3 / per_batch:.1f} us per changed result)")
         if a.plain:
-            plain.append(replay_plain(loads, batches, a.redis_server))
+            plain.append(replay(_APPLY, loads, batches, a.redis_server, plain=True))
             line += f"; plain commands {plain[-1]:.1f} ms ({plain[-1] * 1e3 / per_batch:.1f} us per changed result)"
         print(f"{line}; speed probe {probe:.0f} ms")
     print(f"median {statistics.median(times):.1f} ms per batch" +
