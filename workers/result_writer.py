@@ -127,12 +127,23 @@ class ResultWriter:
         self._marker = self.keys.worker_batch(worker)
         self.session = uuid.uuid4().hex[:12]  # markers of earlier runs never match
 
-    def _send(self, tag: int, q: Sequence[str], v: Sequence[int], ne: Sequence[int], entered: Sequence[str],
-              distances: Sequence[float], nl: Sequence[int], left: Sequence[str], refs: Mapping[str, int],
-              objects: Mapping[str, ObjectInfo], *,
-              nf: Sequence[int] | None = None, f: Sequence[str] = (), replace: bool = False, log: bool = True,
-              delete: Sequence[str] = ()) -> float:
-        """One script call; returns the server's seconds running it (0 for a repeated tag).
+    def apply(self, tag: int, payload: bytes) -> float:
+        """One script call with a payload built for ``tag``; returns the server's seconds running
+        it (0 for a repeated tag)."""
+        # The script ignores a tag it has applied already, so a plain retry is exactly-once.
+        us = with_retries(lambda: self._apply(args=[payload]), f"writing batch {tag} of worker {self.worker}", self.url)
+        return max(int(us), 0) / 1e6
+
+    def _send(self, tag: int, *args: Any, **options: Any) -> float:
+        """:meth:`apply` of :meth:`_payload`."""
+        return self.apply(tag, self._payload(tag, *args, **options))
+
+    def _payload(self, tag: int, q: Sequence[str], v: Sequence[int], ne: Sequence[int], entered: Sequence[str],
+                 distances: Sequence[float], nl: Sequence[int], left: Sequence[str], refs: Mapping[str, int],
+                 objects: Mapping[str, ObjectInfo], *,
+                 nf: Sequence[int] | None = None, f: Sequence[str] = (), replace: bool = False, log: bool = True,
+                 delete: Sequence[str] = ()) -> bytes:
+        """The msgpack payload of one script call.
 
         Per changed query ``q[j]`` (version ``v[j]``): the next ``ne[j]`` of ``entered`` (at
         ``distances``, meters), the next ``nl[j]`` ids of ``left``, and ``nf[j]`` query hash
@@ -144,20 +155,18 @@ class ResultWriter:
         obj: list[Any] = []
         for oid, o in objects.items():
             obj += [oid, repr(float(o.lon)), repr(float(o.lat)), str(int(o.t)), " ".join(o.keywords)]
-        payload = msgpack.packb({
+        payload: bytes = msgpack.packb({
             "ns": self.keys.namespace, "marker": self._marker, "tag": f"{self.session}:{tag}",
             "maxlen": CHANGES_MAXLEN, "log": int(log), "del": list(delete), "obj": obj,
             "q": list(q), "v": list(v), "rep": [int(replace)] * n, "ne": list(ne), "e": e, "eid": list(entered),
             "nl": list(nl), "l": list(left), "nf": list(nf) if nf is not None else [0] * n, "f": list(f),
             "ro": list(refs), "rd": list(refs.values()),
         })
-        # The script ignores a tag it has applied already, so a plain retry is exactly-once.
-        us = with_retries(lambda: self._apply(args=[payload]), f"writing batch {tag} of worker {self.worker}", self.url)
-        return max(int(us), 0) / 1e6
+        return payload
 
     def _rows(self, tag: int, rows: Sequence[tuple[str, int, Sequence[tuple[str, float]], Sequence[str], list[Any]]],
-              objects: Mapping[str, ObjectInfo], **options: Any) -> None:
-        """:meth:`_send` from ``(qid, version, entered, left, query hash fields)`` rows."""
+              objects: Mapping[str, ObjectInfo], **options: Any) -> bytes:
+        """:meth:`_payload` from ``(qid, version, entered, left, query hash fields)`` rows."""
         ids: list[str] = []
         dists: list[float] = []
         refs: dict[str, int] = {}  # net reference change per object: one HINCRBY each
@@ -168,7 +177,7 @@ class ResultWriter:
                 refs[oid] = refs.get(oid, 0) + 1
             for oid in left:
                 refs[oid] = refs.get(oid, 0) - 1
-        self._send(tag, [r[0] for r in rows], [r[1] for r in rows], [len(r[2]) for r in rows], ids, dists,
+        return self._payload(tag, [r[0] for r in rows], [r[1] for r in rows], [len(r[2]) for r in rows], ids, dists,
                    [len(r[3]) for r in rows], [oid for r in rows for oid in r[3]],
                    {oid: d for oid, d in refs.items() if d}, objects,
                    nf=[len(r[4]) for r in rows], f=[x for r in rows for x in r[4]], **options)
@@ -180,6 +189,12 @@ class ResultWriter:
         ``queries``: ``(qid, query hash fields, [(oid, distance m), ...])``. A previous result of
         the same id is replaced (callers unregister first to release its objects).
         """
+        self.apply(tag, self.queries_payload(tag, queries, objects))
+
+    def queries_payload(self, tag: int,
+                        queries: Iterable[tuple[str, Mapping[str, object], Sequence[tuple[str, float]]]],
+                        objects: Mapping[str, ObjectInfo]) -> bytes:
+        """The payload of :meth:`write_queries`, for :meth:`apply` (e.g. on another thread)."""
         rows = []
         used: dict[str, ObjectInfo] = {}
         for qid, fields, topk in queries:
@@ -189,11 +204,11 @@ class ResultWriter:
             rows.append((qid, int(fields.get("version", 0)), topk, (), flat))
             for oid, _ in topk:
                 used[oid] = objects[oid]
-        self._rows(tag, rows, used, replace=True, log=False)
+        return self._rows(tag, rows, used, replace=True, log=False)
 
     def write_changes(self, tag: int, changes: Sequence[Change], objects: Mapping[str, ObjectInfo]) -> None:
         """Write one batch's result changes (module docstring)."""
-        self._rows(tag, [(c.qid, c.version, c.entered, c.left, []) for c in changes], objects)
+        self.apply(tag, self._rows(tag, [(c.qid, c.version, c.entered, c.left, []) for c in changes], objects))
 
     def write_batch(self, tag: int, qids: Sequence[str], versions: Sequence[int], n_entered: Sequence[int],
                     entered: Sequence[str], distances: Sequence[float], n_left: Sequence[int], left: Sequence[str],

@@ -16,6 +16,7 @@ actor at the edge. Per batch (``SPEC.md``, "The worker"; Tsuruoka et al. 2019, Â
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -261,9 +262,21 @@ class KnnWorker:
         if versions is not None:
             self.version[slots.start:slots.stop] = np.asarray(versions, dtype=np.int64)
         if self.writer is not None and write:
+            # With the write queue, Redis runs chunk i's script while this thread builds the
+            # payload of chunk i + 1 (at most 2 chunks wait, to bound memory).
+            queued: deque = deque()
             for s in range(slots.start, slots.stop, chunk):
                 rows = [(self.qids[j], self._fields(j), self._result(j)) for j in range(s, min(s + chunk, slots.stop))]
-                self._write_now(self.writer.write_queries, self._next_tag(), rows, objects)
+                tag = self._next_tag()
+                payload = self.writer.queries_payload(tag, rows, objects)
+                if self.queue is None:
+                    self.writer.apply(tag, payload)
+                    continue
+                queued.append(self.queue.submit(self.writer.apply, tag, payload))
+                if len(queued) > 2:
+                    queued.popleft().result()
+            for f in queued:
+                f.result()
         self.rebuild_index()
         return {"queries": len(ids), "index_entries": self.index.entries, "seconds": time.perf_counter() - t0}
 

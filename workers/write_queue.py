@@ -54,10 +54,14 @@ class WriteQueue:
             raise
         return time.perf_counter() - t0, time.thread_time() - c0, out
 
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
+        """Queue ``fn(*args)`` (a writer method; the arguments must not change afterwards). The
+        future's result is ``(wall s, CPU s, fn's result)``; it raises what the write raised."""
+        return self._thread.submit(self._run, fn, *args)
+
     def submit_batch(self, tag: int, *args: Any) -> None:
-        """Queue :meth:`ResultWriter.write_batch` ``(tag, *args)``; the arguments must not change
-        afterwards (the worker builds fresh lists per batch)."""
-        self._pending[tag] = self._thread.submit(self._run, self.writer.write_batch, tag, *args)
+        """Queue :meth:`ResultWriter.write_batch` ``(tag, *args)`` for :meth:`wait`."""
+        self._pending[tag] = self.submit(self.writer.write_batch, tag, *args)
 
     def wait(self, tag: int) -> dict[str, float]:
         """Wait until batch ``tag`` is written (with every write queued before it).
@@ -82,7 +86,7 @@ class WriteQueue:
 
     def now(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run ``fn(*args)`` (a writer method) after every queued write, and return its result."""
-        return self._thread.submit(self._run, fn, *args).result()[2]
+        return self.submit(fn, *args).result()[2]
 
     def close(self) -> None:
         """Finish the queued writes and stop the thread (errors of unwaited writes are dropped
