@@ -184,16 +184,14 @@ class QueryIndex:
         for lv in range(LEVELS - 1, -1, -1):
             level[((bx1 >> lv) - (bx0 >> lv) <= 1) & ((by1 >> lv) - (by0 >> lv) <= 1)] = lv
         keys, slots = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
-        for lv in range(LEVELS):
-            sel = np.flatnonzero(level == lv)
-            if not len(sel):
-                continue
-            ax0, ay0, ax1, ay1 = bx0[sel] >> lv, by0[sel] >> lv, bx1[sel] >> lv, by1[sel] >> lv
-            for dx in (0, 1):
-                for dy in (0, 1):
-                    ok = (ax0 + dx <= ax1) & (ay0 + dy <= ay1)
-                    keys.append(_key(lv, code[sel][ok], _morton(ax0[ok] + dx, ay0[ok] + dy)))
-                    slots.append(slot[sel][ok])
+        g = np.flatnonzero(level < LEVELS)  # every grid entry at once, each at its own level
+        lv, gcode, gslot = level[g], code[g], slot[g]
+        ax0, ay0, ax1, ay1 = bx0[g] >> lv, by0[g] >> lv, bx1[g] >> lv, by1[g] >> lv
+        for dx in (0, 1):
+            for dy in (0, 1):
+                ok = (ax0 + dx <= ax1) & (ay0 + dy <= ay1)
+                keys.append(_key(lv[ok], gcode[ok], _morton(ax0[ok] + dx, ay0[ok] + dy)))
+                slots.append(gslot[ok])
         big = np.flatnonzero(level == LEVELS)
         return (np.concatenate(keys), np.concatenate(slots),
                 (slot[big], code[big], x0d[big], y0d[big], x1d[big], y1d[big]))
