@@ -455,6 +455,7 @@ class Runtime:
         reports = self._get(pending["refs"])
         t0, route_ms, route_cpu_ms = pending["t0"], pending["route_ms"], pending["route_cpu_ms"]
         if self.config.executor == "inline":  # the workers ran inside the dispatch loop: not routing
+            # (before the queued writes' figures join cpu_s: the write thread's CPU is not the loop's)
             route_cpu_ms -= sum(r["cpu_s"] - r["redis_server_s"] for r in reports) * 1e3
             route_ms -= sum(r["busy_s"] for r in reports) * 1e3
         queued = [r for r in reports if r.get("write_queued")]
@@ -512,7 +513,7 @@ class Runtime:
         """Update time mean/p50/p99 (ms), imbalance, objects/s, deliveries, changes."""
         upd = np.array([r["update_ms"] for r in rows]) if rows else np.zeros(1)
         sim = np.array([r["sim_update_ms"] for r in rows]) if rows else np.zeros(1)
-        redis = np.array([r["redis_server_ms"] for r in rows]) if rows else np.zeros(1)
+        redis_ms = np.array([r["redis_server_ms"] for r in rows]) if rows else np.zeros(1)
         objects = sum(r["objects"] for r in rows)
         changed = sum(r["changed"] for r in rows)
         cand = sum(r["candidates"] for r in rows)
@@ -530,7 +531,7 @@ class Runtime:
             "candidates_per_change": cand / changed if changed else None,
             "busy_ms_per_worker": np.sum([r["busy_ms"] for r in rows], axis=0).round(1).tolist() if rows else [],
             "route_cpu_ms_mean": float(np.mean([r["route_cpu_ms"] for r in rows])) if rows else 0.0,
-            "redis_server_ms_mean": float(redis.mean()), "redis_server_ms_p99": float(np.percentile(redis, 99)),
+            "redis_server_ms_mean": float(redis_ms.mean()), "redis_server_ms_p99": float(np.percentile(redis_ms, 99)),
             "per_worker_totals": dict(zip(("objects", "candidates", "changed"),
                                           np.sum([r["per_worker"] for r in rows], axis=0).astype(int).tolist()))
             if rows else {},

@@ -155,14 +155,13 @@ class ResultWriter:
         obj: list[Any] = []
         for oid, o in objects.items():
             obj += [oid, repr(float(o.lon)), repr(float(o.lat)), str(int(o.t)), " ".join(o.keywords)]
-        payload: bytes = msgpack.packb({
+        return msgpack.packb({
             "ns": self.keys.namespace, "marker": self._marker, "tag": f"{self.session}:{tag}",
             "maxlen": CHANGES_MAXLEN, "log": int(log), "del": list(delete), "obj": obj,
             "q": list(q), "v": list(v), "rep": [int(replace)] * n, "ne": list(ne), "e": e, "eid": list(entered),
             "nl": list(nl), "l": list(left), "nf": list(nf) if nf is not None else [0] * n, "f": list(f),
             "ro": list(refs), "rd": list(refs.values()),
         })
-        return payload
 
     def _rows(self, tag: int, rows: Sequence[tuple[str, int, Sequence[tuple[str, float]], Sequence[str], list[Any]]],
               objects: Mapping[str, ObjectInfo], **options: Any) -> bytes:

@@ -29,7 +29,7 @@ from knnmon.geo import chord2_bound, haversine_m, unit_vectors
 from knnmon.workers.keyword_lists import KeywordLists
 from knnmon.workers.query_index import QueryIndex
 from knnmon.workers.result_writer import ObjectInfo, ResultWriter
-from knnmon.workers.write_queue import WriteQueue
+from knnmon.workers.write_queue import NOTHING_WRITTEN, WriteQueue
 
 __all__ = ["INDEXES", "KnnWorker"]
 
@@ -224,9 +224,7 @@ class KnnWorker:
         StoreUnavailableError
             The write, or an earlier one, failed after every retry.
         """
-        if self.queue is None:
-            return {"redis_s": 0.0, "redis_server_s": 0.0, "writer_cpu_s": 0.0}
-        return self.queue.wait(batch)
+        return self.queue.wait(batch) if self.queue is not None else dict(NOTHING_WRITTEN)
 
     def _next_tag(self) -> int:
         self._tag -= 1  # initial loads and registrations use negative tags, batches their number

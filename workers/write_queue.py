@@ -23,7 +23,10 @@ from typing import Any
 from knnmon.connection import StoreUnavailableError
 from knnmon.workers.result_writer import ResultWriter
 
-__all__ = ["WriteQueue"]
+__all__ = ["NOTHING_WRITTEN", "WriteQueue"]
+
+#: :meth:`WriteQueue.wait`'s figures for a batch with no queued write.
+NOTHING_WRITTEN = {"redis_s": 0.0, "redis_server_s": 0.0, "writer_cpu_s": 0.0}
 
 
 class WriteQueue:
@@ -80,7 +83,7 @@ class WriteQueue:
         """
         fut = self._pending.pop(tag, None)
         if fut is None:
-            return {"redis_s": 0.0, "redis_server_s": 0.0, "writer_cpu_s": 0.0}
+            return dict(NOTHING_WRITTEN)
         wall, cpu, server = fut.result()
         return {"redis_s": wall, "redis_server_s": server, "writer_cpu_s": cpu}
 
