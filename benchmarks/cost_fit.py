@@ -19,7 +19,7 @@ import json
 
 import numpy as np
 
-from knnmon.coordinator.bench import spearman
+from knnmon.coordinator.bench.runner import spearman
 
 
 def main() -> None:

@@ -13,10 +13,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from knnmon.coordinator.object_store import ObjectStore
-from knnmon.coordinator.runtime import stream_order
-from knnmon.ingest.queries import read_objects
-from knnmon.workers.object_index import ObjectIndex
+from knnmon.coordinator.runtime.object_store import ObjectStore
+from knnmon.ingest.reading import read_objects, stream_order
+from knnmon.coordinator.runtime.object_index import ObjectIndex
+from knnmon.query import QueryColumns
 from knnmon.workers.worker import KnnWorker
 
 
@@ -55,8 +55,8 @@ class Workload:
     def load(self, w: KnnWorker) -> None:
         """Hand ``w`` every query with its initial kNN."""
         q = self.queries
-        w.load_queries(q.column("id").to_pylist(), q.column("lon").to_numpy(), q.column("lat").to_numpy(),
-                       q.column("k").to_numpy(), q.column("keywords").to_pylist(), self.topk, self.info)
+        w.load_queries(QueryColumns(q.column("id").to_pylist(), q.column("lon").to_numpy(), q.column("lat").to_numpy(),
+                                    q.column("keywords").to_pylist(), q.column("k").to_numpy()), self.topk, self.info)
 
     def batches(self) -> Iterator[tuple]:
         """:meth:`KnnWorker.process_batch` arguments of each batch."""

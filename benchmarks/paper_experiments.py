@@ -32,8 +32,8 @@ import argparse
 import json
 import os
 
-from knnmon.coordinator.bench import BenchConfig, run_bench
-from knnmon.coordinator.bench_plots import plot_report
+from knnmon.coordinator.bench.runner import BenchConfig, run_bench
+from knnmon.coordinator.bench.plots import plot_report
 
 ALGS = ("proposed", "keyword", "space", "random")
 EXPERIMENTS = {

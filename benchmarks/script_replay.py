@@ -27,7 +27,7 @@ import msgpack
 from one_worker import Workload, add_arguments
 
 from knnmon.connection import connect
-from knnmon.coordinator.speed_probe import speed_probe_ms
+from knnmon.coordinator.bench.speed_probe import speed_probe_ms
 from knnmon.redis_server import EmbeddedRedis
 from knnmon.workers.result_writer import _APPLY
 from knnmon.workers.worker import KnnWorker
@@ -49,7 +49,7 @@ def capture(work: Workload) -> tuple[list[bytes], list[bytes], int]:
         work.load(w)
         loads = len(calls)
         for args in work.batches():
-            changes += w.process_batch(*args)["changed"]
+            changes += w.process_batch(*args).changed
     return calls[:loads], calls[loads:], changes
 
 

@@ -26,9 +26,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import redis
 
-from knnmon.coordinator.plan import stream_order
-from knnmon.coordinator.stream_entries import entry_order, entry_time_ms
-from knnmon.ingest.queries import read_objects
+from knnmon.ingest.reading import read_objects, stream_order
+from knnmon.coordinator.service.protocol import entry_order, entry_time_ms
 from knnmon.keys import Keys
 from knnmon.oracle import BruteForceKnn
 from knnmon.redis_server import EmbeddedRedis

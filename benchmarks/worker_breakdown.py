@@ -17,7 +17,7 @@ import numpy as np
 from one_worker import Workload, add_arguments
 
 from knnmon.connection import connect
-from knnmon.coordinator.speed_probe import speed_probe_ms
+from knnmon.coordinator.bench.speed_probe import speed_probe_ms
 from knnmon.redis_server import EmbeddedRedis
 from knnmon.workers.worker import KnnWorker
 
@@ -43,7 +43,7 @@ def main() -> None:
             profile.enable()
         for args in work.batches():
             r = w.process_batch(*args)
-            rows.append((r["busy_s"], r["redis_s"], r["index_s"], r["candidates"], r["changed"]))
+            rows.append((r.busy_s, r.redis_s, r.index_s, r.candidates, r.changed))
         if profile:
             profile.disable()
             profile.dump_stats(a.profile)

@@ -1,4 +1,13 @@
-"""The coordinator: the ``knnmon`` command line (:mod:`knnmon.coordinator.cli`), planning and
-routing of object batches to the workers (:mod:`~knnmon.coordinator.runtime`), the service that
-consumes Redis streams (:mod:`~knnmon.coordinator.serve`), the benchmarks and the demo.
+"""The coordinator: plans, routes object batches to the workers, serves, measures.
+
+- :mod:`~knnmon.coordinator.cli` -- the ``knnmon`` command line, one module per verb;
+- :mod:`~knnmon.coordinator.planning` -- load model + exact kNN radii + assignment -> a plan;
+- :mod:`~knnmon.coordinator.runtime` -- the distributed runtime (worker pool, dispatch,
+  registration, metrics, the object store);
+- :mod:`~knnmon.coordinator.service` -- ``knnmon serve``: stream protocol, service loop,
+  recovery, status;
+- :mod:`~knnmon.coordinator.bench` -- the paper's experiments, plots, the oracle check.
+
+This package imports nothing itself, so :mod:`knnmon.client` can use the stream protocol
+without loading the server's stack.
 """

@@ -19,10 +19,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from knnmon.errors import InputPathError, InvalidArgumentError
-from knnmon.ingest.output import OBJECTS
+from knnmon.errors import InvalidArgumentError
 
-__all__ = ["QueryWorkload", "generate_queries", "read_objects", "write_queries", "QUERY_SCHEMA"]
+__all__ = ["QueryWorkload", "generate_queries", "write_queries", "QUERY_SCHEMA"]
 
 #: Schema of a query file.
 QUERY_SCHEMA = pa.schema([
@@ -59,20 +58,6 @@ class QueryWorkload:
             raise InvalidArgumentError(f"--kmax must be >= 1; got {self.k_max}")
         if self.max_keywords < 1:
             raise InvalidArgumentError(f"max_keywords must be >= 1; got {self.max_keywords}")
-
-
-def read_objects(objects_dir: str, columns: list[str] | None = None) -> pa.Table:
-    """Read ``objects_dir/objects.parquet`` (an ingest output) as a pyarrow Table.
-
-    Raises
-    ------
-    InputPathError
-        If ``objects_dir`` has no ``objects.parquet``.
-    """
-    path = os.path.join(objects_dir, OBJECTS)
-    if not os.path.exists(path):
-        raise InputPathError(f"no {OBJECTS} in {objects_dir}: run `knnmon ingest ... --out {objects_dir}` first")
-    return pq.read_table(path, columns=columns)
 
 
 def generate_queries(objects: pa.Table, workload: QueryWorkload) -> pa.Table:

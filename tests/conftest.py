@@ -47,7 +47,8 @@ def places_slice(spark, shared_data, tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def slice_queries(places_slice, tmp_path_factory) -> Path:
     """4,000 queries (k <= 10) drawn from :func:`places_slice`."""
-    from knnmon.ingest.queries import QueryWorkload, generate_queries, read_objects, write_queries
+    from knnmon.ingest.queries import QueryWorkload, generate_queries, write_queries
+    from knnmon.ingest.reading import read_objects
 
     path = tmp_path_factory.mktemp("slice_queries") / "queries.parquet"
     write_queries(generate_queries(read_objects(str(places_slice)), QueryWorkload(n=4000, k_max=10, seed=5)), str(path))

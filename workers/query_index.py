@@ -95,8 +95,7 @@ class _Run:
 
         ``probes`` come sorted (:meth:`QueryIndex.candidates` builds them in order), so
         consecutive binary searches share cache lines. One binary search per probe among the
-        distinct keys, not two among all entries: 4.7 instead of 8.2 ms for 57,000 probes into
-        4.8 M entries (2.2 M distinct) on this machine (timed ad hoc)."""
+        distinct keys, not two among all entries (docs/runtime.md has the timing)."""
         ukeys, ustart = self._distinct
         if not len(ukeys):
             return np.zeros(len(probes), np.int64), np.zeros(len(probes), np.int64)
@@ -135,8 +134,7 @@ class QueryIndex:
     in place, superseded, and :meth:`candidates` skips entries whose generation is not their
     slot's current one. When the delta reaches ``max(DELTA_MIN, base / DELTA_SHARE)`` entries,
     both are merged and the superseded entries dropped. A refresh thus costs O(delta), not
-    O(all entries): at 1 M queries (about 5 M entries), replacing the whole entry arrays per
-    batch took 122 ms of a worker's 333 ms. Keyword codes must be below ``2**24``.
+    O(all entries) (docs/runtime.md measures both). Keyword codes must be below ``2**24``.
     """
 
     #: The delta is merged into the base when it holds at least ``max(DELTA_MIN, len(base) // DELTA_SHARE)``.

@@ -10,32 +10,30 @@ Layout: :class:`knnmon.keys.Keys`. A batch's writes travel as one msgpack payloa
    registration, and the id added to the ``queries`` set), sets the hash's ``version`` (the
    query's change count) and appends one ``changes`` stream entry (``qid``, ``entered``,
    ``left``, ``version``); the stream is trimmed (``XTRIM MAXLEN ~``) once per call, not per
-   entry: 37.8 -> 34.1 ms of server time per batch in ``benchmarks/script_replay.py``'s replay
-   (100 k queries, medians of 3 alternating rounds);
+   entry (docs/runtime.md has the measurements behind this and the payload design);
 3. counts in an object's ``refs`` the results holding it (the batch's net change per object, one
    ``HINCRBY`` each), writes the object's hash when the first result takes it, and deletes the
    hash when the last one lets it go;
 4. sets the marker ``<session>:<tag>``;
 5. returns the microseconds it ran (server clock), for the worker's busy time.
 
-Sending one payload instead of thousands of pipelined commands was measured at 158 ms -> a few
-ms per 1,000-object batch with ~1,600 changed results (docs/runtime.md). The script addresses
-keys it builds from the namespace, so it needs a standalone Redis (not Redis Cluster).
+One payload replaces thousands of pipelined commands. The script addresses keys it builds from
+the namespace, so it needs a standalone Redis (not Redis Cluster).
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import msgpack
 
+from knnmon.batch import BatchChanges, ObjectInfo
 from knnmon.connection import connect, with_retries
 from knnmon.keys import Keys
 
-__all__ = ["CHANGES_MAXLEN", "Change", "ObjectInfo", "ResultWriter"]
+__all__ = ["CHANGES_MAXLEN", "ResultWriter"]
 
 #: Approximate cap of the ``changes`` stream (XTRIM MAXLEN ~ after each batch).
 CHANGES_MAXLEN = 1_000_000
@@ -97,26 +95,6 @@ return (t1[1] - t0[1]) * 1000000 + (t1[2] - t0[2])
 """
 
 
-@dataclass(frozen=True)
-class ObjectInfo:
-    """What ``knn:object:{oid}`` holds: degrees, epoch ms, keywords."""
-
-    lon: float
-    lat: float
-    t: int
-    keywords: Sequence[str]
-
-
-@dataclass(frozen=True)
-class Change:
-    """One query's result change in a batch: objects entered (with distances in meters) and left."""
-
-    qid: str
-    version: int
-    entered: Sequence[tuple[str, float]]
-    left: Sequence[str]
-
-
 class ResultWriter:
     """Exactly-once Redis writes of one worker (see the module docstring)."""
 
@@ -134,52 +112,26 @@ class ResultWriter:
         us = with_retries(lambda: self._apply(args=[payload]), f"writing batch {tag} of worker {self.worker}", self.url)
         return max(int(us), 0) / 1e6
 
-    def _send(self, tag: int, *args: Any, **options: Any) -> float:
-        """:meth:`apply` of :meth:`_payload`."""
-        return self.apply(tag, self._payload(tag, *args, **options))
-
-    def _payload(self, tag: int, q: Sequence[str], v: Sequence[int], ne: Sequence[int], entered: Sequence[str],
-                 distances: Sequence[float], nl: Sequence[int], left: Sequence[str], refs: Mapping[str, int],
-                 objects: Mapping[str, ObjectInfo], *,
-                 nf: Sequence[int] | None = None, f: Sequence[str] = (), replace: bool = False, log: bool = True,
-                 delete: Sequence[str] = ()) -> bytes:
-        """The msgpack payload of one script call.
-
-        Per changed query ``q[j]`` (version ``v[j]``): the next ``ne[j]`` of ``entered`` (at
-        ``distances``, meters), the next ``nl[j]`` ids of ``left``, and ``nf[j]`` query hash
-        fields (key, value, ...) in ``f``; ``refs`` is the net change of each object's reference
-        count, ``objects`` the details of objects entering."""
-        n = len(q)
-        e: list[Any] = [None] * (2 * len(entered))  # ZADD's score, member pairs
-        e[0::2], e[1::2] = distances, entered
+    def _payload(self, tag: int, changes: BatchChanges, *, fields: Sequence[Sequence[str]] | None = None,
+                 replace: bool = False, log: bool = True, delete: Sequence[str] = ()) -> bytes:
+        """The msgpack payload of one script call: ``changes``; per changed query its hash
+        ``fields`` (key, value, ...; registration); ``replace`` its result first; ``log`` a
+        ``changes`` entry per query and its ``version``; ``delete`` queries with their keys."""
+        c = changes
+        n = len(c.qids)
+        e: list[Any] = [None] * (2 * len(c.entered))  # ZADD's score, member pairs
+        e[0::2], e[1::2] = c.distances, c.entered
         obj: list[Any] = []
-        for oid, o in objects.items():
+        for oid, o in c.objects.items():
             obj += [oid, repr(float(o.lon)), repr(float(o.lat)), str(int(o.t)), " ".join(o.keywords)]
+        fields = fields or [()] * n
         return msgpack.packb({
             "ns": self.keys.namespace, "marker": self._marker, "tag": f"{self.session}:{tag}",
             "maxlen": CHANGES_MAXLEN, "log": int(log), "del": list(delete), "obj": obj,
-            "q": list(q), "v": list(v), "rep": [int(replace)] * n, "ne": list(ne), "e": e, "eid": list(entered),
-            "nl": list(nl), "l": list(left), "nf": list(nf) if nf is not None else [0] * n, "f": list(f),
-            "ro": list(refs), "rd": list(refs.values()),
+            "q": list(c.qids), "v": list(c.versions), "rep": [int(replace)] * n, "ne": list(c.n_entered), "e": e,
+            "eid": list(c.entered), "nl": list(c.n_left), "l": list(c.left), "nf": [len(f) for f in fields],
+            "f": [x for f in fields for x in f], "ro": list(c.ref_ids), "rd": list(c.ref_deltas),
         })
-
-    def _rows(self, tag: int, rows: Sequence[tuple[str, int, Sequence[tuple[str, float]], Sequence[str], list[Any]]],
-              objects: Mapping[str, ObjectInfo], **options: Any) -> bytes:
-        """:meth:`_payload` from ``(qid, version, entered, left, query hash fields)`` rows."""
-        ids: list[str] = []
-        dists: list[float] = []
-        refs: dict[str, int] = {}  # net reference change per object: one HINCRBY each
-        for _, _, entered, left, _ in rows:
-            for oid, dist in entered:
-                ids.append(oid)
-                dists.append(float(dist))
-                refs[oid] = refs.get(oid, 0) + 1
-            for oid in left:
-                refs[oid] = refs.get(oid, 0) - 1
-        return self._payload(tag, [r[0] for r in rows], [r[1] for r in rows], [len(r[2]) for r in rows], ids, dists,
-                   [len(r[3]) for r in rows], [oid for r in rows for oid in r[3]],
-                   {oid: d for oid, d in refs.items() if d}, objects,
-                   nf=[len(r[4]) for r in rows], f=[x for r in rows for x in r[4]], **options)
 
     def write_queries(self, tag: int, queries: Iterable[tuple[str, Mapping[str, object], Sequence[tuple[str, float]]]],
                       objects: Mapping[str, ObjectInfo]) -> None:
@@ -194,38 +146,20 @@ class ResultWriter:
                         queries: Iterable[tuple[str, Mapping[str, object], Sequence[tuple[str, float]]]],
                         objects: Mapping[str, ObjectInfo]) -> bytes:
         """The payload of :meth:`write_queries`, for :meth:`apply` (e.g. on another thread)."""
-        rows = []
-        used: dict[str, ObjectInfo] = {}
-        for qid, fields, topk in queries:
-            flat: list[Any] = []
-            for key, value in {**fields, "worker": self.worker}.items():
-                flat += [key, str(value)]
-            rows.append((qid, int(fields.get("version", 0)), topk, (), flat))
-            for oid, _ in topk:
-                used[oid] = objects[oid]
-        return self._rows(tag, rows, used, replace=True, log=False)
+        diffs, fields = [], []
+        for qid, f, topk in queries:
+            diffs.append((qid, int(f.get("version", 0)), topk, ()))
+            fields.append([x for key, value in {**f, "worker": self.worker}.items() for x in (key, str(value))])
+        return self._payload(tag, BatchChanges.from_diffs(diffs, objects), fields=fields, replace=True, log=False)
 
-    def write_changes(self, tag: int, changes: Sequence[Change], objects: Mapping[str, ObjectInfo]) -> None:
-        """Write one batch's result changes (module docstring)."""
-        self.apply(tag, self._rows(tag, [(c.qid, c.version, c.entered, c.left, []) for c in changes], objects))
-
-    def write_batch(self, tag: int, qids: Sequence[str], versions: Sequence[int], n_entered: Sequence[int],
-                    entered: Sequence[str], distances: Sequence[float], n_left: Sequence[int], left: Sequence[str],
-                    ref_ids: Sequence[str], ref_deltas: Sequence[int], objects: Mapping[str, ObjectInfo]) -> float:
-        """Write one batch's result changes from flat lists (the worker's vectorised merge).
-
-        ``qids[j]`` (new version ``versions[j]``) gained the next ``n_entered[j]`` of
-        ``entered`` (at ``distances``, meters) and lost the next ``n_left[j]`` of ``left``;
-        ``ref_deltas`` is the net change of the reference count of each of ``ref_ids``;
-        ``objects`` holds the details of every object in ``entered``. Returns the server's
-        seconds running the script.
-        """
-        return self._send(tag, qids, versions, n_entered, entered, distances, n_left, left,
-                          dict(zip(ref_ids, ref_deltas)), objects)
+    def write_batch(self, tag: int, changes: BatchChanges) -> float:
+        """Write one batch's result changes (module docstring); returns the server's seconds
+        running the script."""
+        return self.apply(tag, self._payload(tag, changes))
 
     def delete_query(self, tag: int, qid: str) -> None:
         """Delete a query's keys and release the objects of its result (read by the script)."""
-        self._send(tag, [], [], [], [], [], [], [], {}, {}, delete=[qid])
+        self.apply(tag, self._payload(tag, BatchChanges([], [], [], [], [], [], []), delete=[qid]))
 
     def close(self) -> None:
         """Close the connection pool."""

@@ -9,7 +9,7 @@ actor at the edge. Per batch (``SPEC.md``, "The worker"; Tsuruoka et al. 2019, Â
 3. top-k update, ordered by ``(distance m, object id)``; ``r_q`` shrinks and the query is
    re-indexed with its smaller region (:meth:`QueryIndex.refresh`, into a small delta run, no re-sort);
 4. every changed result, the objects now in results, and one ``changes`` entry per changed
-   query written in one atomic, exactly-once script call
+   query (:class:`~knnmon.batch.BatchChanges`) written in one atomic, exactly-once script call
    (:class:`~knnmon.workers.result_writer.ResultWriter`).
 """
 
@@ -17,19 +17,22 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from dataclasses import replace
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from knnmon.arrays import with_capacity
+from knnmon.batch import BatchChanges, ObjectBatch, ObjectInfo, WorkerReport, WriteFigures
 from knnmon.encoding import id_prefix_keys
 from knnmon.errors import InvalidArgumentError, InvalidQueryError
 from knnmon.geo import chord2_bound, haversine_m, unit_vectors
+from knnmon.query import QueryColumns
 from knnmon.workers.keyword_lists import KeywordLists
 from knnmon.workers.query_index import QueryIndex
-from knnmon.workers.result_writer import ObjectInfo, ResultWriter
-from knnmon.workers.write_queue import NOTHING_WRITTEN, WriteQueue
+from knnmon.workers.result_writer import ResultWriter
+from knnmon.workers.write_queue import WriteQueue
 
 __all__ = ["INDEXES", "KnnWorker"]
 
@@ -139,11 +142,17 @@ class KnnWorker:
             self.top_d = np.pad(self.top_d, ((0, 0), (0, extra)), constant_values=np.inf)
             self.top_h = np.pad(self.top_h, ((0, 0), (0, extra)), constant_values=-1)
 
-    def _append(self, ids: Sequence[str], lon: Sequence[float], lat: Sequence[float], k: Sequence[int],
-                keywords: Sequence[Sequence[str]], topk: Sequence[Sequence[tuple[str, float]]]) -> range:
-        """Add queries in bulk (one array concatenation); returns their slots."""
+    def _append(self, queries: QueryColumns, topk: Sequence[Sequence[tuple[str, float]]]) -> range:
+        """Add valid queries in bulk (one array concatenation); returns their slots.
+
+        Raises
+        ------
+        InvalidQueryError
+            An id this worker holds already.
+        """
+        ids, lon, lat, keywords = queries.ids, queries.lon, queries.lat, queries.keywords
         first, n = len(self.qids), len(ids)
-        k = np.asarray(k, dtype=np.int64).reshape(n)
+        k = np.asarray(queries.k, dtype=np.int64).reshape(n)
         self._widen(int(k.max(initial=1)))
         width = self.top_d.shape[1]
         top_d, top_h = np.full((n, width), np.inf), np.full((n, width), -1, dtype=np.int64)
@@ -152,8 +161,6 @@ class KnnWorker:
             qid, kk, words = str(qid), int(k[i]), tuple(keywords[i])
             if qid in self.slot_of:
                 raise InvalidQueryError(f"worker {self.worker_id}: query {qid!r} is already registered")
-            if kk < 1 or not words:
-                raise InvalidQueryError(f"query {qid!r}: k must be >= 1 and it needs a keyword (k={kk}, {list(words)})")
             self.slot_of[qid] = first + i
             self.qids.append(qid)
             self.keywords.append(words)
@@ -210,36 +217,30 @@ class KnnWorker:
         """Call a writer method now, after any batch writes still queued (in stream order)."""
         return self.queue.now(fn, *args) if self.queue is not None else fn(*args)
 
-    def written(self, batch: int) -> dict[str, float]:
-        """Wait until batch ``batch``'s changes are in Redis (with ``overlap_writes``).
-
-        Returns
-        -------
-        dict
-            ``redis_s``, ``redis_server_s``, ``writer_cpu_s`` (seconds; all 0 without
-            ``overlap_writes`` or when the batch changed nothing): see :meth:`WriteQueue.wait`.
+    def written(self, batch: int) -> WriteFigures:
+        """Wait until batch ``batch``'s changes are in Redis (with ``overlap_writes``); the
+        write's figures (all 0 without ``overlap_writes`` or when the batch changed nothing).
 
         Raises
         ------
         StoreUnavailableError
             The write, or an earlier one, failed after every retry.
         """
-        return self.queue.wait(batch) if self.queue is not None else dict(NOTHING_WRITTEN)
+        return self.queue.wait(batch) if self.queue is not None else WriteFigures()
 
     def _next_tag(self) -> int:
         self._tag -= 1  # initial loads and registrations use negative tags, batches their number
         return self._tag
 
-    def load_queries(self, ids: Sequence[str], lon: Sequence[float], lat: Sequence[float], k: Sequence[int],
-                     keywords: Sequence[Sequence[str]], topk: Sequence[Sequence[tuple[str, float]]],
+    def load_queries(self, queries: QueryColumns, topk: Sequence[Sequence[tuple[str, float]]],
                      objects: Mapping[str, ObjectInfo], *, versions: Sequence[int] | None = None, write: bool = True,
                      chunk: int = 5000) -> dict[str, Any]:
         """Take queries with their initial kNN (exact over the objects seen so far).
 
         Parameters
         ----------
-        ids, lon, lat, k, keywords
-            ``m`` queries (degrees; keywords normalised).
+        queries
+            ``m`` valid queries (validated where they entered knnmon).
         topk
             ``m`` lists of ``(object id, distance m)``: each query's exact kNN so far.
         objects
@@ -256,7 +257,7 @@ class KnnWorker:
             ``queries``, ``index_entries``, ``seconds``.
         """
         t0 = time.perf_counter()
-        slots = self._append(ids, lon, lat, k, keywords, topk)
+        slots = self._append(queries, topk)
         if versions is not None:
             self.version[slots.start:slots.stop] = np.asarray(versions, dtype=np.int64)
         if self.writer is not None and write:
@@ -276,10 +277,9 @@ class KnnWorker:
             for f in queued:
                 f.result()
         self.rebuild_index()
-        return {"queries": len(ids), "index_entries": self.index.entries, "seconds": time.perf_counter() - t0}
+        return {"queries": len(queries), "index_entries": self.index.entries, "seconds": time.perf_counter() - t0}
 
-    def register_queries(self, ids: Sequence[str], lon: Sequence[float], lat: Sequence[float], k: Sequence[int],
-                         keywords: Sequence[Sequence[str]], topk: Sequence[Sequence[tuple[str, float]]],
+    def register_queries(self, queries: QueryColumns, topk: Sequence[Sequence[tuple[str, float]]],
                          objects: Mapping[str, ObjectInfo], vocabulary: Mapping[str, int] | None = None) -> None:
         """Add queries at run time with their initial kNN (one Redis script call for all); they
         are candidates from the next batch on. Arguments as :meth:`load_queries`;
@@ -288,21 +288,15 @@ class KnnWorker:
         Raises
         ------
         InvalidQueryError
-            Duplicate id, ``k < 1`` or no keyword.
+            An id this worker holds already.
         """
         if vocabulary:
             self.vocab.update(vocabulary)
-        slots = self._append(ids, lon, lat, k, keywords, topk)
+        slots = self._append(queries, topk)
         if self.writer is not None:
             self._write_now(self.writer.write_queries, self._next_tag(),
                             [(self.qids[j], self._fields(j), self._result(j)) for j in slots], objects)
         self._refresh(np.arange(slots.start, slots.stop))
-
-    def register_query(self, qid: str, lon: float, lat: float, keywords: Sequence[str], k: int,
-                       topk: Sequence[tuple[str, float]], objects: Mapping[str, ObjectInfo],
-                       vocabulary: Mapping[str, int] | None = None) -> None:
-        """:meth:`register_queries` for one query."""
-        self.register_queries([qid], [lon], [lat], [k], [list(keywords)], [topk], objects, vocabulary)
 
     def unregister_query(self, qid: str) -> bool:
         """Remove a query and delete its Redis keys; ``False`` if this worker does not hold it."""
@@ -418,8 +412,8 @@ class KnnWorker:
 
         Only those runs decide by id which entries are kept; elsewhere the order within a run
         does not matter (a row stores its ties in any order and :meth:`result` orders them).
-        Places share coordinates often: at 1 M queries a batch had ~4,000 such runs of ~5
-        entries. They are sorted on the ids' 8-byte prefix keys, and with the ids themselves only
+        Places share coordinates often, so such runs are common (docs/runtime.md counts them).
+        They are sorted on the ids' 8-byte prefix keys, and with the ids themselves only
         if two entries of a run share a prefix key.
         """
         eq = (S[1:] == S[:-1]) & (D[1:] == D[:-1])
@@ -450,7 +444,7 @@ class KnnWorker:
 
     def process_batch(self, batch: int, ids: Sequence[str], lon: np.ndarray, lat: np.ndarray, t: np.ndarray,
                       keywords: Sequence[Sequence[str]], pairs: tuple[np.ndarray, np.ndarray] | None = None
-                      ) -> dict[str, Any]:
+                      ) -> WorkerReport:
         """Update every affected kNN for a batch of objects and write the changes to Redis.
 
         Parameters
@@ -466,15 +460,9 @@ class KnnWorker:
 
         Returns
         -------
-        dict
-            ``worker``, ``batch``, ``objects``, ``candidates`` (pairs checked exactly),
-            ``passed`` (pairs within ``r_q``), ``changed`` (results changed), ``busy_s`` (wall
-            seconds from call to return), ``cpu_s`` (this thread's CPU seconds plus the Redis
-            server's seconds running the batch's script: the busy time on a dedicated core,
-            which CPU contention on a machine with fewer cores than workers does not inflate),
-            ``redis_s`` (wall seconds writing), ``redis_server_s``, ``index_s``,
-            ``write_queued`` (with ``overlap_writes``: the write went to the queue, and
-            ``redis_s`` / ``redis_server_s`` are 0 here and come from :meth:`written`).
+        WorkerReport
+            With ``overlap_writes`` and a changed result, the write is queued
+            (``write_queued``) and its figures come from :meth:`written`.
         """
         t0, c0 = time.perf_counter(), time.thread_time()
         lon = np.asarray(lon, dtype=np.float64)
@@ -489,11 +477,11 @@ class KnnWorker:
         t1 = time.perf_counter()
         server_s = 0.0
         if len(changed) and self.writer is not None:
-            args = self._write_args(ids, lon, lat, t, keywords, m)
+            changes = self._changes(ids, lon, lat, t, keywords, m)
             if self.queue is not None:
-                self.queue.submit_batch(batch, *args)
+                self.queue.submit_batch(batch, changes)
             else:
-                server_s = self.writer.write_batch(batch, *args)
+                server_s = self.writer.write_batch(batch, changes)
         redis_s = time.perf_counter() - t1
         t2 = time.perf_counter()
         if len(changed):
@@ -504,38 +492,32 @@ class KnnWorker:
                 self.reach[changed[shrink], 3] = chord2_bound(kth[shrink])
                 self._refresh(changed[shrink])
         index_s = time.perf_counter() - t2
-        return {"worker": self.worker_id, "batch": batch, "objects": len(ids), "candidates": n_candidates,
-                "passed": len(slot), "changed": len(changed), "busy_s": busy_core + redis_s + index_s,
-                "cpu_s": time.thread_time() - c0 + server_s, "redis_s": redis_s, "redis_server_s": server_s,
-                "index_s": index_s, "write_queued": self.queue is not None and bool(len(changed))}
+        return WorkerReport(worker=self.worker_id, batch=batch, objects=len(ids), candidates=n_candidates,
+                            passed=len(slot), changed=len(changed), busy_s=busy_core + redis_s + index_s,
+                            cpu_s=time.thread_time() - c0 + server_s, redis_s=redis_s, redis_server_s=server_s,
+                            index_s=index_s, write_queued=self.queue is not None and bool(len(changed)))
 
-    def process_rows(self, shared: tuple[int, Any, np.ndarray, np.ndarray], rows: np.ndarray) -> dict[str, Any]:
-        """:meth:`process_batch` for the rows ``rows`` of a whole batch that every worker shares.
-
-        ``shared`` is ``(batch number, table, pair_obj, pair_code)``: a pyarrow Table (``id``,
-        ``lon``, ``lat``, ``t``, ``keywords``) of ``n`` objects and its ``(p,)`` int64
-        (object row, keyword code) pairs; ``rows`` ``(m,)`` int64 are this worker's objects. The
-        coordinator puts ``shared`` once into Ray's object store instead of one copy per worker.
-        """
+    def process_rows(self, batch: ObjectBatch, rows: np.ndarray) -> WorkerReport:
+        """:meth:`process_batch` for the rows ``rows`` (``(m,)`` int64: this worker's objects)
+        of a batch that every worker shares; selecting them is part of this worker's work."""
         t0, c0 = time.perf_counter(), time.thread_time()
-        b, table, pair_obj, pair_code = shared
+        table = batch.table
         rows = np.asarray(rows, dtype=np.int64)
         remap = np.full(table.num_rows, -1, dtype=np.int64)
         remap[rows] = np.arange(len(rows))
-        sel = remap[pair_obj] >= 0
+        sel = remap[batch.pair_obj] >= 0
         part = table.take(rows)
-        args = (b, part.column("id").to_pylist(), part.column("lon").to_numpy(), part.column("lat").to_numpy(),
-                part.column("t").to_numpy(), part.column("keywords").to_pylist(), (remap[pair_obj[sel]], pair_code[sel]))
+        args = (batch.number, part.column("id").to_pylist(), part.column("lon").to_numpy(),
+                part.column("lat").to_numpy(), part.column("t").to_numpy(), part.column("keywords").to_pylist(),
+                (remap[batch.pair_obj[sel]], batch.pair_code[sel]))
         wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
         report = self.process_batch(*args)
-        report["busy_s"] += wall  # selecting the rows is part of this worker's work
-        report["cpu_s"] += cpu
-        return report
+        return replace(report, busy_s=report.busy_s + wall, cpu_s=report.cpu_s + cpu)
 
-    def _write_args(self, ids: Sequence[str], lon: np.ndarray, lat: np.ndarray, t: np.ndarray,
-                    keywords: Sequence[Sequence[str]], m: dict[str, Any]) -> tuple:
-        """The arguments after the tag of :meth:`ResultWriter.write_batch` for a batch's changes,
-        flattened per changed query (slot order); fresh lists, so a queued write may use them."""
+    def _changes(self, ids: Sequence[str], lon: np.ndarray, lat: np.ndarray, t: np.ndarray,
+                 keywords: Sequence[Sequence[str]], m: dict[str, Any]) -> BatchChanges:
+        """A batch's changes from :meth:`_merge`'s arrays, per changed query in slot order; fresh
+        lists, so a queued write may use them while the next batch runs."""
         changed, S, D, H, ent, left = m["changed"], m["S"], m["D"], m["H"], m["ent"], m["left"]
         oids = self.oids
         ref_h, ref_n = np.unique(np.concatenate([H[ent], H[left]]), return_inverse=True)
@@ -543,13 +525,14 @@ class KnnWorker:
         nz = np.flatnonzero(delta)
         info = {ids[j]: ObjectInfo(float(lon[j]), float(lat[j]), int(t[j]), keywords[j])
                 for j in m["entered_obj"].tolist()}
-        return (
-            [self.qids[s] for s in changed.tolist()], self.version[changed].tolist(),
-            np.bincount(np.searchsorted(changed, S[ent]), minlength=len(changed)).tolist(),
-            [oids[h] for h in H[ent].tolist()], D[ent].tolist(),
-            np.bincount(np.searchsorted(changed, S[left]), minlength=len(changed)).tolist(),
-            [oids[h] for h in H[left].tolist()],
-            [oids[h] for h in ref_h[nz].tolist()], delta[nz].astype(np.int64).tolist(), info)
+        return BatchChanges(
+            qids=[self.qids[s] for s in changed.tolist()], versions=self.version[changed].tolist(),
+            n_entered=np.bincount(np.searchsorted(changed, S[ent]), minlength=len(changed)).tolist(),
+            entered=[oids[h] for h in H[ent].tolist()], distances=D[ent].tolist(),
+            n_left=np.bincount(np.searchsorted(changed, S[left]), minlength=len(changed)).tolist(),
+            left=[oids[h] for h in H[left].tolist()],
+            ref_ids=[oids[h] for h in ref_h[nz].tolist()], ref_deltas=delta[nz].astype(np.int64).tolist(),
+            objects=info)
 
     def stats(self) -> dict[str, Any]:
         """Queries held, index entries, queries re-indexed so far, this process's peak RSS (MB),

@@ -20,13 +20,11 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from knnmon.connection import StoreUnavailableError
+from knnmon.batch import BatchChanges, WriteFigures
+from knnmon.errors import StoreUnavailableError
 from knnmon.workers.result_writer import ResultWriter
 
-__all__ = ["NOTHING_WRITTEN", "WriteQueue"]
-
-#: :meth:`WriteQueue.wait`'s figures for a batch with no queued write.
-NOTHING_WRITTEN = {"redis_s": 0.0, "redis_server_s": 0.0, "writer_cpu_s": 0.0}
+__all__ = ["WriteQueue"]
 
 
 class WriteQueue:
@@ -62,19 +60,13 @@ class WriteQueue:
         future's result is ``(wall s, CPU s, fn's result)``; it raises what the write raised."""
         return self._thread.submit(self._run, fn, *args)
 
-    def submit_batch(self, tag: int, *args: Any) -> None:
-        """Queue :meth:`ResultWriter.write_batch` ``(tag, *args)`` for :meth:`wait`."""
-        self._pending[tag] = self.submit(self.writer.write_batch, tag, *args)
+    def submit_batch(self, tag: int, changes: BatchChanges) -> None:
+        """Queue :meth:`ResultWriter.write_batch` of batch ``tag`` for :meth:`wait`."""
+        self._pending[tag] = self.submit(self.writer.write_batch, tag, changes)
 
-    def wait(self, tag: int) -> dict[str, float]:
-        """Wait until batch ``tag`` is written (with every write queued before it).
-
-        Returns
-        -------
-        dict
-            ``redis_s`` (wall seconds of the script call), ``redis_server_s`` (the server's
-            seconds running it), ``writer_cpu_s`` (the queue thread's CPU seconds: building and
-            sending the payload); all 0 if no write was queued for ``tag``.
+    def wait(self, tag: int) -> WriteFigures:
+        """Wait until batch ``tag`` is written (with every write queued before it); its figures
+        (all 0 if no write was queued for ``tag``).
 
         Raises
         ------
@@ -83,9 +75,9 @@ class WriteQueue:
         """
         fut = self._pending.pop(tag, None)
         if fut is None:
-            return dict(NOTHING_WRITTEN)
+            return WriteFigures()
         wall, cpu, server = fut.result()
-        return {"redis_s": wall, "redis_server_s": server, "writer_cpu_s": cpu}
+        return WriteFigures(redis_s=wall, redis_server_s=server, writer_cpu_s=cpu)
 
     def now(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run ``fn(*args)`` (a writer method) after every queued write, and return its result."""

@@ -12,17 +12,13 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from knnmon.errors import KnnmonError
+from knnmon.errors import StoreUnavailableError
 
-__all__ = ["StoreUnavailableError", "connect", "with_retries", "redis_url_from_env", "ENV_REDIS_URL"]
+__all__ = ["connect", "with_retries", "redis_url_from_env", "ENV_REDIS_URL"]
 
 ENV_REDIS_URL = "KNNMON_REDIS_URL"
 log = logging.getLogger("knnmon.redis")
 T = TypeVar("T")
-
-
-class StoreUnavailableError(KnnmonError):
-    """Redis could not be reached after every retry; the message names the operation and URL."""
 
 
 def redis_url_from_env(url: str | None) -> str | None:

@@ -1,12 +1,15 @@
 """The exceptions knnmon raises; every one derives from :class:`KnnmonError`.
 
 The CLI turns a :class:`KnnmonError` into a one-line message and exit status 2; anything else
-is a bug and keeps its traceback.
+is a bug and keeps its traceback. Errors of Redis, Ray and rtree are translated into these at the
+edge where they happen (:func:`knnmon.connection.with_retries`,
+:class:`knnmon.coordinator.runtime.worker_pool.RayPool`).
 """
 
 from __future__ import annotations
 
-__all__ = ["KnnmonError", "InputPathError", "InvalidArgumentError", "InvalidQueryError"]
+__all__ = ["KnnmonError", "InputPathError", "InvalidArgumentError", "InvalidQueryError", "REJECT_REASONS",
+           "Rejected", "StoreUnavailableError", "WorkerLostError"]
 
 
 class KnnmonError(Exception):
@@ -22,4 +25,44 @@ class InvalidArgumentError(KnnmonError, ValueError):
 
 
 class InvalidQueryError(KnnmonError, ValueError):
-    """A kNN query is invalid (no keyword after normalisation, ``k < 1``, bad coordinates)."""
+    """A kNN query is invalid (no keyword after normalisation, ``k < 1``, bad coordinates), or
+    its id is registered already."""
+
+
+class StoreUnavailableError(KnnmonError):
+    """Redis could not be reached after every retry; the message names the operation and URL."""
+
+
+class WorkerLostError(KnnmonError):
+    """A worker (a Ray actor) died or became unreachable; ``worker`` is its number.
+
+    Raised by the worker pool for any call to the lost worker, with Ray's error as the cause.
+    """
+
+    def __init__(self, worker: int, detail: str = "") -> None:
+        super().__init__(f"worker {worker} was lost" + (f": {detail}" if detail else ""))
+        self.worker = worker
+
+
+#: Why an entry of an ingest stream is rejected (``knnmon serve``; the stream protocol,
+#: :mod:`knnmon.coordinator.service.protocol`).
+REJECT_REASONS: dict[str, str] = {
+    "missing_id": "no `id` field, or an empty one",
+    "missing_coordinates": "no `lon` or `lat`",
+    "non_numeric_coordinates": "`lon` or `lat` is not a finite number",
+    "longitude_out_of_range": "`lon` outside [-180, 180]",
+    "latitude_out_of_range": "`lat` outside [-90, 90]",
+    "bad_time": "`t` is not an integer (epoch milliseconds)",
+    "no_keywords": "no `keywords`/`text`, or no keyword left after normalisation",
+    "duplicate_id": "an object id seen before (the first one is kept)",
+    "unknown_op": "`op` is missing or not `register` / `unregister`",
+    "bad_k": "`k` missing, not an integer, or below 1",
+}
+
+
+class Rejected(KnnmonError, ValueError):
+    """A stream entry that cannot be processed; ``reason`` is a key of :data:`REJECT_REASONS`."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail or REJECT_REASONS[reason]}")
+        self.reason = reason

@@ -11,10 +11,9 @@ import pytest
 from knnmon.assignment import LoadModel, Workload
 from knnmon.assignment.base import Plan
 from knnmon.assignment.routing import RoutingTable
-from knnmon.coordinator.plan import initial_objects, load_queries
 from knnmon.geo import haversine_m
-from knnmon.ingest.queries import read_objects
-from knnmon.workers.object_index import ObjectIndex
+from knnmon.coordinator.runtime.object_index import ObjectIndex
+from knnmon.ingest.reading import initial_objects, load_queries, read_objects
 
 INITIAL = 6000
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from knnmon.coordinator.plan import make_plan
+from knnmon.coordinator.planning import make_plan
 from knnmon.ingest.jobs import ingest_places
-from knnmon.ingest.queries import QueryWorkload, generate_queries, read_objects, write_queries
+from knnmon.ingest.queries import QueryWorkload, generate_queries, write_queries
+from knnmon.ingest.reading import read_objects
 
 pytestmark = pytest.mark.slow
 

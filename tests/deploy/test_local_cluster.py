@@ -17,8 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 import redis
 
-from knnmon.coordinator.plan import stream_order
-from knnmon.ingest.queries import read_objects
+from knnmon.ingest.reading import read_objects, stream_order
 from knnmon.keys import Keys
 from knnmon.oracle import BruteForceKnn
 from knnmon.testing import assert_exact, object_fields, register_fields, wait_processed

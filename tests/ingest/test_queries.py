@@ -10,7 +10,8 @@ import pytest
 
 from knnmon.errors import InputPathError, InvalidArgumentError
 from knnmon.ingest.jobs import ingest_places
-from knnmon.ingest.queries import QUERY_SCHEMA, QueryWorkload, generate_queries, read_objects, write_queries
+from knnmon.ingest.queries import QUERY_SCHEMA, QueryWorkload, generate_queries, write_queries
+from knnmon.ingest.reading import read_objects
 
 
 @pytest.fixture(scope="module")

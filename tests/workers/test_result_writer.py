@@ -5,9 +5,11 @@ from __future__ import annotations
 import pytest
 import redis
 
-from knnmon.connection import StoreUnavailableError, connect, with_retries
+from knnmon.batch import BatchChanges, ObjectInfo
+from knnmon.connection import connect, with_retries
+from knnmon.errors import StoreUnavailableError
 from knnmon.keys import Keys
-from knnmon.workers.result_writer import Change, ObjectInfo, ResultWriter
+from knnmon.workers.result_writer import ResultWriter
 
 OBJ = {f"o{i}": ObjectInfo(-71.0 - i / 100, 41.0, 1_000 + i, ["coffee", "shop"]) for i in range(5)}
 
@@ -22,7 +24,7 @@ def test_layout_and_reference_counts(redis_url, namespace):
     assert c.hgetall(keys.query("q2")) == {"lon": "-71.1", "lat": "41.0", "keywords": "shop", "k": "1",
                                            "version": "0", "worker": "3"}
     assert c.hget(keys.object("o1"), "refs") == "2" and c.hget(keys.object("o1"), "keywords") == "coffee shop"
-    w.write_changes(0, [Change("q1", 1, [("o2", 1.25)], ["o1"]), Change("q2", 1, [("o3", 2.0)], ["o1"])], OBJ)
+    w.write_batch(0, BatchChanges.from_diffs([("q1", 1, [("o2", 1.25)], ["o1"]), ("q2", 1, [("o3", 2.0)], ["o1"])], OBJ))
     assert c.zrange(keys.result("q1"), 0, -1, withscores=True) == [("o0", 0.0), ("o2", 1.25)]
     assert not c.exists(keys.object("o1"))  # its last result let it go
     assert c.hgetall(keys.object("o2"))["lon"] == repr(OBJ["o2"].lon)
@@ -49,7 +51,7 @@ def test_a_resent_batch_is_applied_once(redis_url, namespace, monkeypatch):
         return result
 
     monkeypatch.setattr(w, "_apply", lossy)
-    w.write_changes(7, [Change("q", 1, [("o4", 3.0)], [])], OBJ)
+    w.write_batch(7, BatchChanges.from_diffs([("q", 1, [("o4", 3.0)], [])], OBJ))
     assert calls["n"] == 2
     assert c.xlen(keys.changes) == 1 and c.hget(keys.object("o4"), "refs") == "1"
 
@@ -73,7 +75,7 @@ def test_the_changes_stream_is_trimmed_after_each_batch(redis_url, namespace, mo
     w, keys, c = ResultWriter(redis_url, namespace, 0), Keys(namespace), connect(redis_url)
     w.write_queries(-1, [(f"q{i}", {"k": 1, "version": 0}, []) for i in range(300)], {})
     for b in range(3):  # 300 entries per batch; approximate trimming drops whole stream nodes
-        w.write_changes(b, [Change(f"q{i}", b + 1, [(f"o{b % 5}", 1.0)], [f"o{(b - 1) % 5}"] if b else [])
-                            for i in range(300)], OBJ)
+        w.write_batch(b, BatchChanges.from_diffs([(f"q{i}", b + 1, [(f"o{b % 5}", 1.0)], [f"o{(b - 1) % 5}"] if b else [])
+                                                  for i in range(300)], OBJ))
     assert 10 <= c.xlen(keys.changes) < 300
     assert c.xrevrange(keys.changes, count=1)[0][1]["version"] == "3"  # the newest entries stay

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from knnmon.oracle import BruteForceKnn
+from knnmon.query import QueryColumns
 from knnmon.workers.worker import KnnWorker
 
 WORDS = ["cafe", "bar", "park"]
@@ -37,7 +38,7 @@ def test_merge_equals_oracle_with_ties(seed, n_initial, batches, prefix):
     initial = [oracle.knn(q["lon"][i], q["lat"][i], q["keywords"][i], int(q["k"][i])) if oracle else []
                for i in range(nq)]
     w = KnnWorker(0, None)
-    w.load_queries(q["id"], q["lon"], q["lat"], q["k"], q["keywords"], initial, {})
+    w.load_queries(QueryColumns(q["id"], q["lon"], q["lat"], q["keywords"], q["k"]), initial, {})
     start = n_initial
     for b, size in enumerate(batches):
         batch = _objects(rng, size, start, prefix)

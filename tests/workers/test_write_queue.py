@@ -4,21 +4,19 @@ from __future__ import annotations
 
 import pytest
 
-from knnmon.connection import StoreUnavailableError, connect
+from knnmon.batch import BatchChanges, ObjectInfo, WriteFigures
+from knnmon.connection import connect
+from knnmon.errors import StoreUnavailableError
 from knnmon.keys import Keys
-from knnmon.workers.result_writer import ObjectInfo, ResultWriter
+from knnmon.workers.result_writer import ResultWriter
 from knnmon.workers.write_queue import WriteQueue
 
 OBJ = {f"o{i}": ObjectInfo(-71.0 - i / 100, 41.0, 1_000 + i, ["coffee"]) for i in range(40)}
 
 
-def _batch(i: int) -> tuple:
-    """write_batch arguments after the tag: query q gains o{i} and, from the second batch on,
-    loses o{i - 1}."""
-    left = [f"o{i - 1}"] if i else []
-    refs = {f"o{i}": 1, **({f"o{i - 1}": -1} if i else {})}
-    return (["q"], [i + 1], [1], [f"o{i}"], [float(i)], [len(left)], left, list(refs), list(refs.values()),
-            {f"o{i}": OBJ[f"o{i}"]})
+def _batch(i: int) -> BatchChanges:
+    """Batch i's changes: query q gains o{i} and, from the second batch on, loses o{i - 1}."""
+    return BatchChanges.from_diffs([("q", i + 1, [(f"o{i}", float(i))], [f"o{i - 1}"] if i else [])], OBJ)
 
 
 @pytest.fixture
@@ -34,28 +32,28 @@ def queue(redis_url, namespace):
 def test_batches_land_in_order_and_wait_returns_each_ones_figures(queue, redis_url, namespace):
     keys, c = Keys(namespace), connect(redis_url)
     for i in range(30):
-        queue.submit_batch(i, *_batch(i))
+        queue.submit_batch(i, _batch(i))
     # A call queued after them sees every batch applied, in order.
     assert queue.now(lambda: c.xlen(keys.changes)) == 30
     assert [f["version"] for _, f in c.xrange(keys.changes)] == [str(i + 1) for i in range(30)]
     assert c.zrange(keys.result("q"), 0, -1) == ["o29"]
     assert not c.exists(keys.object("o28")) and c.hget(keys.object("o29"), "refs") == "1"
     w = queue.wait(29)
-    assert w["redis_server_s"] > 0 and w["redis_s"] >= w["redis_server_s"]
-    assert queue.wait(29) == {"redis_s": 0.0, "redis_server_s": 0.0, "writer_cpu_s": 0.0}  # taken already
+    assert w.redis_server_s > 0 and w.redis_s >= w.redis_server_s
+    assert queue.wait(29) == WriteFigures(redis_s=0.0, redis_server_s=0.0, writer_cpu_s=0.0)  # taken already
 
 
 def test_after_a_failed_write_later_ones_are_refused_and_redis_is_untouched(queue, redis_url, namespace):
     keys, c = Keys(namespace), connect(redis_url)
-    queue.submit_batch(0, *_batch(0))
+    queue.submit_batch(0, _batch(0))
 
     def lost() -> None:
         raise ConnectionError("Redis went away (injected)")
 
     with pytest.raises(ConnectionError):
         queue.now(lost)
-    queue.submit_batch(1, *_batch(1))
-    assert queue.wait(0)["redis_server_s"] > 0  # written before the failure
+    queue.submit_batch(1, _batch(1))
+    assert queue.wait(0).redis_server_s > 0  # written before the failure
     with pytest.raises(StoreUnavailableError, match="earlier Redis write failed"):
         queue.wait(1)
     assert c.zrange(keys.result("q"), 0, -1) == ["o0"] and c.xlen(keys.changes) == 1

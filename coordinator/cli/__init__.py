@@ -1,0 +1,50 @@
+"""The ``knnmon`` command line: one entry point, one module per verb.
+
+``ingest``, ``queries``, ``plan``, ``run``, ``results``, ``bench``, ``serve``, ``status`` and
+``demo`` each live in a module of this package; the flags several of them share are declared
+once in :mod:`~knnmon.coordinator.cli.options`. A verb's module imports its heavy parts (Spark,
+Ray, the runtime) when it runs, so ``knnmon --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from knnmon import __version__
+from knnmon.errors import KnnmonError
+
+__all__ = ["build_parser", "main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The root parser with every subcommand registered."""
+    from knnmon.coordinator.cli import bench, demo, ingest, plan, queries, results, run, serve, status
+
+    parser = argparse.ArgumentParser(
+        prog="knnmon",
+        description="Exact, distributed kNN monitoring of spatial-keyword queries over geo-tagged streams.",
+    )
+    parser.add_argument("--version", action="version", version=f"knnmon {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    demo.add_demo_command(sub)
+    ingest.add_ingest_commands(sub)
+    queries.add_queries_commands(sub)
+    plan.add_plan_command(sub)
+    run.add_run_command(sub)
+    results.add_results_command(sub)
+    bench.add_bench_command(sub)
+    serve.add_serve_command(sub)
+    status.add_status_command(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``knnmon``; returns the exit status (0 ok, 2 bad input or usage)."""
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except KnnmonError as ex:
+        print(f"knnmon {args.command}: error: {ex}", file=sys.stderr)
+        return 2

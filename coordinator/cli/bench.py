@@ -1,0 +1,76 @@
+"""``knnmon bench``: the paper's experiments on the real runtime (:mod:`knnmon.coordinator.bench`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from knnmon.assignment import ALGORITHMS
+from knnmon.coordinator.bench.runner import BENCH_NAMESPACE, REFERENCE
+from knnmon.coordinator.cli.options import DEFAULT_WORKERS, add_batch_option, add_cost_model_option, add_store_options
+from knnmon.errors import InvalidArgumentError
+
+__all__ = ["add_bench_command"]
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x.replace("_", "")) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise InvalidArgumentError(f"expected comma-separated integers; got {text!r}") from None
+
+
+def _bench(a: Any) -> int:
+    from knnmon.coordinator.bench.plots import plot_report
+    from knnmon.coordinator.bench.runner import BenchConfig, run_bench
+
+    cfg = BenchConfig(objects=a.objects, queries=_ints(a.queries), kmax=_ints(a.kmax), workers=_ints(a.workers),
+                      algorithms=tuple(x.strip() for x in a.algorithms.split(",") if x.strip()),
+                      initial=a.initial, batch=a.batch, batches=a.batches, repeat=a.repeat, shuffle=a.shuffle,
+                      cost_model=a.cost_model,
+                      check=a.check or a.check_sample is not None, check_sample=a.check_sample,
+                      seed=a.seed, redis_url=a.redis, namespace=a.namespace, ray_address=a.ray_address)
+    out = run_bench(cfg, a.report, progress=not a.quiet)
+    if a.plot:
+        for path in plot_report(out["rows"], a.plot):
+            print(f"plot: {path}")
+    print(f"{'algorithm':10s} {'W':>3s} {'k_max':>5s} {'queries':>9s} {'sim ms':>8s} {'sim p99':>8s} "
+          f"{'wall ms':>8s} {'imbal ms':>8s} {'obj/s':>8s} {'deliv':>6s} {'rho':>5s} exact")
+    for r in out["rows"]:
+        rho = r["spearman_predicted_vs_busy"]
+        print(f"{r['algorithm']:10s} {r['workers']:3d} {r['kmax']:5d} {r['queries']:9,d} {r['update_ms_sim_mean']:8.1f} "
+              f"{r['update_ms_sim_p99']:8.1f} {r['update_ms_wall_mean']:8.1f} {r['imbalance_ms_mean']:8.1f} "
+              f"{r['objects_per_s']:8,.0f} {r['deliveries_per_object']:6.2f} "
+              f"{'-' if rho is None else f'{rho:.2f}':>5s} {r['exact']}")
+    if a.report:
+        print(f"report: {a.report}")
+    return 130 if out["interrupted"] else 0
+
+
+def add_bench_command(sub: Any) -> None:
+    """Register ``bench`` on a root parser's subparsers."""
+    b = sub.add_parser("bench", help="reproduce the paper's experiments: plan and run every combination, report")
+    b.add_argument("--objects", required=True, metavar="DIR", help="an ingest output directory")
+    b.add_argument("--queries", required=True, metavar="N[,N...]", help="numbers of queries to draw from the objects")
+    b.add_argument("--kmax", default="10", metavar="K[,K...]", help="k of each query uniform in [1, K] (default 10)")
+    b.add_argument("--workers", default=str(DEFAULT_WORKERS), metavar="W[,W...]",
+                   help=f"worker counts (default {DEFAULT_WORKERS})")
+    b.add_argument("--algorithms", default="proposed,keyword,space,random", metavar="A[,A...]",
+                   help=f"of {', '.join((*ALGORITHMS, REFERENCE))} ({REFERENCE}: one process, keyword lists, no "
+                        f"assignment)")
+    b.add_argument("--initial", type=int, default=1_000_000, metavar="N", help="objects seen before the stream")
+    add_batch_option(b)
+    b.add_argument("--batches", type=int, metavar="M", help="batches per run (default: all objects)")
+    b.add_argument("--repeat", type=int, default=1, metavar="R", help="runs per combination (default 1)")
+    b.add_argument("--shuffle", type=int, metavar="SEED",
+                   help="stream objects in random order (stationary) instead of (t, id)")
+    add_cost_model_option(b)
+    b.add_argument("--check", action="store_true", help="check every result against the brute-force oracle")
+    b.add_argument("--check-sample", type=int, metavar="N",
+                   help="check N queries drawn at random (seeded) instead of all (implies --check)")
+    b.add_argument("--seed", type=int, default=0, help="query generation and random-assignment seed")
+    b.add_argument("--report", metavar="FILE.json", help="write {machine, config, rows} as JSON")
+    b.add_argument("--plot", metavar="DIR", help="write PNG plots (update time and imbalance per swept parameter)")
+    add_store_options(b, data_dir=False, namespace=BENCH_NAMESPACE)
+    b.add_argument("--ray-address", metavar="ADDR", help="join a Ray cluster (default: a local Ray instance)")
+    b.add_argument("--quiet", action="store_true", help="no progress bars")
+    b.set_defaults(func=_bench)

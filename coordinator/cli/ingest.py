@@ -1,0 +1,89 @@
+"""``knnmon ingest places|tweets|synthetic``: raw data -> objects, statistics, rejects (on Spark)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from knnmon.ingest.jobs import DEFAULT_GRID
+from knnmon.ingest.spark import DEFAULT_MASTER
+
+__all__ = ["add_ingest_commands", "format_manifest"]
+
+
+def format_manifest(m: dict[str, Any]) -> str:
+    """A short human-readable summary of an ingest manifest."""
+    rec = m["records"]
+    lines = [
+        f"{m['kind']}{' (SYNTHETIC)' if m.get('synthetic') else ''}: "
+        f"read {rec['read']:,}  kept {rec['kept']:,}  rejected {rec['rejected']:,}",
+    ]
+    for reason, n in rec["rejected_by_reason"].items():
+        lines.append(f"  rejected {reason:<26} {n:>10,}")
+    lines.append(f"distinct keywords {m['distinct_keywords']:,}; "
+                 f"keywords per object {m['mean_keywords_per_object']:.2f}")
+    if m.get("bbox"):
+        b = m["bbox"]
+        lines.append(f"bbox lon [{b[0]:.4f}, {b[2]:.4f}] lat [{b[1]:.4f}, {b[3]:.4f}]; grid {m['grid']['n']}x{m['grid']['n']}")
+    lines.append(f"elapsed {m['elapsed_s']:.1f} s")
+    return "\n".join(lines)
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    p.add_argument("--grid", type=int, default=DEFAULT_GRID, metavar="N",
+                   help=f"statistics grid: N x N cells over the data's bounding box (default {DEFAULT_GRID})")
+    p.add_argument("--master", default=DEFAULT_MASTER, help=f"Spark master URL (default {DEFAULT_MASTER})")
+
+
+def _run_places(a: argparse.Namespace) -> int:
+    from knnmon.ingest.jobs import ingest_places
+
+    print(format_manifest(ingest_places(a.paths, a.out, grid_n=a.grid, master=a.master,
+                                        with_names=a.with_names, stem=a.stem)))
+    return 0
+
+
+def _run_tweets(a: argparse.Namespace) -> int:
+    from knnmon.ingest.jobs import ingest_tweets
+
+    print(format_manifest(ingest_tweets(a.paths, a.out, grid_n=a.grid, master=a.master, stem=a.stem)))
+    return 0
+
+
+def _run_synthetic(a: argparse.Namespace) -> int:
+    from knnmon.ingest.synthetic import SyntheticSpec, ingest_synthetic
+
+    spec = SyntheticSpec(n=a.n, vocabulary=a.vocabulary, mean_keywords=a.mean_keywords, zipf_s=a.zipf,
+                         clusters=a.clusters, seed=a.seed)
+    print(format_manifest(ingest_synthetic(spec, a.out, grid_n=a.grid, master=a.master)))
+    return 0
+
+
+def add_ingest_commands(sub: Any) -> None:
+    """Register ``ingest places|tweets|synthetic`` on a root parser's subparsers."""
+    ingest = sub.add_parser("ingest", help="preprocess raw data on Spark into objects, statistics, rejects")
+    kinds = ingest.add_subparsers(dest="kind", required=True, metavar="{places,tweets,synthetic}")
+
+    p = kinds.add_parser("places", help="SimpleGeo GeoJSON lines (.geojson[.gz])")
+    p.add_argument("paths", nargs="+", metavar="PATH", help="files or directories")
+    _common(p)
+    p.add_argument("--with-names", action="store_true", help="also take keywords from place names")
+    p.add_argument("--stem", action="store_true", help="Snowball-stem keywords")
+    p.set_defaults(func=_run_places)
+
+    t = kinds.add_parser("tweets", help="tweet CSV (id,username,created_at,lng,lat,text) or API v1.1 JSON lines")
+    t.add_argument("paths", nargs="+", metavar="PATH", help="files or directories")
+    _common(t)
+    t.add_argument("--stem", action="store_true", help="Snowball-stem keywords")
+    t.set_defaults(func=_run_tweets)
+
+    s = kinds.add_parser("synthetic", help="SYNTHETIC Twitter-scale stream shaped like the paper's Table 1")
+    s.add_argument("--n", type=int, required=True, help="number of objects (paper: 20,000,000)")
+    _common(s)
+    s.add_argument("--vocabulary", type=int, default=2_225_654, help="vocabulary size (default 2,225,654)")
+    s.add_argument("--mean-keywords", type=float, default=5.51, help="distinct keywords per object (default 5.51)")
+    s.add_argument("--zipf", type=float, default=1.0, help="Zipf exponent of keyword frequencies (default 1.0)")
+    s.add_argument("--clusters", type=int, default=1000, help="location clusters (default 1000)")
+    s.add_argument("--seed", type=int, default=0)
+    s.set_defaults(func=_run_synthetic)

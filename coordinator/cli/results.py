@@ -1,0 +1,74 @@
+"""``knnmon results QID``: a query's current kNN, with each object's details, from Redis."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from knnmon.connection import connect, with_retries
+from knnmon.coordinator.cli.options import add_store_options, store_config
+from knnmon.errors import KnnmonError
+from knnmon.keys import Keys
+from knnmon.store import open_store
+
+__all__ = ["add_results_command", "fetch_result"]
+
+
+def fetch_result(url: str, namespace: str, qid: str) -> dict[str, Any]:
+    """A query's current kNN from Redis, with its details and each object's.
+
+    Returns
+    -------
+    dict
+        ``query`` (the query hash), ``knn``: ``[{"id", "distance_m", "lon", "lat", "t",
+        "keywords"}, ...]`` nearest first.
+
+    Raises
+    ------
+    KnnmonError
+        No such query in the namespace.
+    """
+    keys = Keys(namespace)
+    client = connect(url)
+
+    def read() -> dict[str, Any]:
+        query = client.hgetall(keys.query(qid))
+        if not query:
+            raise KnnmonError(f"no query {qid!r} in namespace {namespace!r} at {url}")
+        knn = client.zrange(keys.result(qid), 0, -1, withscores=True)
+        pipe = client.pipeline(transaction=False)
+        for oid, _ in knn:
+            pipe.hgetall(keys.object(oid))
+        details = pipe.execute()
+        return {"query": query, "knn": [{"id": oid, "distance_m": dist, **info} for (oid, dist), info in zip(knn, details)]}
+
+    try:
+        return with_retries(read, f"reading the result of {qid}", url)
+    finally:
+        client.close()
+
+
+def _results(a: argparse.Namespace) -> int:
+    with open_store(store_config(a), existing=True) as store:
+        r = fetch_result(store.url, a.namespace, a.qid)
+    if a.json:
+        print(json.dumps(r, indent=2))
+        return 0
+    q = r["query"]
+    print(f"query {a.qid}: k={q.get('k')} at ({q.get('lon')}, {q.get('lat')}), keywords {q.get('keywords')}, "
+          f"worker {q.get('worker')}, version {q.get('version')}")
+    for rank, o in enumerate(r["knn"], 1):
+        print(f"  {rank:>2}. {o['distance_m']:>12.1f} m  {o['id']}  ({o.get('lon')}, {o.get('lat')})  {o.get('keywords', '')}")
+    if not r["knn"]:
+        print("  (no matching object yet)")
+    return 0
+
+
+def add_results_command(sub: Any) -> None:
+    """Register ``results`` on a root parser's subparsers."""
+    q = sub.add_parser("results", help="print a query's current kNN from Redis")
+    q.add_argument("qid", metavar="QID")
+    q.add_argument("--json", action="store_true", help="print JSON")
+    add_store_options(q)
+    q.set_defaults(func=_results)

@@ -1,0 +1,44 @@
+"""``knnmon serve``: the long-running service (:mod:`knnmon.coordinator.service`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from typing import Any
+
+from knnmon.coordinator.cli.options import add_batch_option, add_store_options, add_worker_options, store_config
+
+__all__ = ["add_serve_command"]
+
+
+def _serve(a: argparse.Namespace) -> int:
+    from knnmon.coordinator.service.config import ServeConfig
+    from knnmon.coordinator.service.loop import Service
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    config = ServeConfig(workers=a.workers, algorithm=a.algorithm, objects_dir=a.objects, initial=a.initial,
+                         store=store_config(a, durable=True), ray_address=a.ray_address, executor=a.executor,
+                         batch=a.batch, max_delay_ms=a.max_delay_ms)
+    with Service(config) as svc:
+        print(f"knnmon serve: {config.workers} workers ({config.algorithm}), Redis {svc.redis_url}, namespace "
+              f"{config.store.namespace!r}; XADD to {svc.keys.ingest_queries} / {svc.keys.ingest_objects}", flush=True)
+        counters = svc.run(max_batches=a.max_batches, idle_exit_s=a.idle_exit_s)
+    print(f"knnmon serve: stopped; {json.dumps(counters)}", flush=True)
+    return 0
+
+
+def add_serve_command(sub: Any) -> None:
+    """Register ``serve`` on a root parser's subparsers."""
+    s = sub.add_parser("serve", help="run as a service: queries and objects arrive through Redis streams")
+    add_worker_options(s, algorithm_help="assignment of the queries found in Redis at start")
+    s.add_argument("--objects", metavar="DIR", help="preload an ingest output: objects seen before the stream")
+    s.add_argument("--initial", type=int, metavar="N",
+                   help="preload only the first N objects of --objects in stream order (t, id) (default all)")
+    add_batch_option(s, "largest object batch")
+    s.add_argument("--max-delay-ms", type=float, default=20.0, metavar="MS",
+                   help="wait at most this long after a batch's first object for more (default 20)")
+    s.add_argument("--max-batches", type=int, metavar="N", help="stop after N object batches (benchmarks, tests)")
+    s.add_argument("--idle-exit-s", type=float, metavar="S", help="stop after S seconds with nothing to do")
+    add_store_options(s)
+    s.set_defaults(func=_serve)

@@ -1,0 +1,97 @@
+"""The settings of one run of the runtime (the ``knnmon run`` flags)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from knnmon.assignment.routing import MAX_ENTRIES, check_max_entries
+from knnmon.errors import InvalidArgumentError
+from knnmon.store import StoreConfig
+from knnmon.workers.worker import INDEXES
+
+__all__ = ["EXECUTORS", "RunConfig"]
+
+#: Where the workers run: Ray actors, or plain objects in the coordinator's process.
+EXECUTORS = ("ray", "inline")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Parameters of a run.
+
+    Attributes
+    ----------
+    workers : int
+        1..64.
+    algorithm : str
+        The assignment (:data:`knnmon.assignment.ALGORITHMS`).
+    initial : int
+        Objects seen before the stream starts (their kNN is computed exactly at start).
+    batch, batches : int
+        Objects per batch; stop after ``batches`` batches (``None``: the whole stream).
+    shuffle : int or None
+        Stream in random order with this seed instead of ``(t, id)``.
+    store : StoreConfig
+        Where results go.
+    executor : str
+        ``"ray"`` or ``"inline"`` (:data:`EXECUTORS`; :mod:`~knnmon.coordinator.runtime.worker_pool`).
+    index : str
+        The workers' query index (:data:`knnmon.workers.worker.INDEXES`).
+    in_flight : int
+        Batches kept dispatched but not yet collected: with 2, the coordinator routes batch
+        ``b + 1`` while the workers and Redis still work on ``b``. Each worker runs its batches
+        in the order sent, so results stay exact; a batch's update time then includes its wait
+        behind the previous one.
+    overlap_writes : bool
+        Each worker writes a batch's changes on a background thread
+        (:class:`~knnmon.workers.write_queue.WriteQueue`) and computes the next batch
+        meanwhile; a batch still counts as done only once its write is in Redis. It helps only
+        with ``in_flight >= 2``.
+    beta, sets_per_worker, delivery_cost, cost_model, routing_entries, seed
+        Planning parameters (:func:`~knnmon.coordinator.planning.plan_workload`).
+    processes : int
+        Processes for the initial kNN search.
+
+    Raises
+    ------
+    InvalidArgumentError
+        ``workers`` outside 1..64, ``batch < 1``, ``initial < 0``, ``batches < 1``,
+        ``in_flight < 1``, an unknown ``executor`` or ``index``, a bad ``routing_entries``.
+    """
+
+    workers: int = 2
+    algorithm: str = "proposed"
+    initial: int = 1_000_000
+    batch: int = 1000
+    batches: int | None = None
+    shuffle: int | None = None
+    store: StoreConfig = field(default_factory=StoreConfig)
+    ray_address: str | None = None
+    executor: str = "ray"
+    beta: int = 100_000
+    sets_per_worker: int = 8
+    delivery_cost: float | None = None
+    cost_model: str = "measured"
+    processes: int = 2
+    seed: int = 0
+    index: str = "grid"
+    in_flight: int = 2
+    routing_entries: int = MAX_ENTRIES
+    overlap_writes: bool = True
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.workers <= 64:
+            raise InvalidArgumentError(f"--workers must be between 1 and 64; got {self.workers}")
+        if self.batch < 1:
+            raise InvalidArgumentError(f"--batch must be >= 1; got {self.batch}")
+        if self.initial < 0:
+            raise InvalidArgumentError(f"--initial must be >= 0; got {self.initial}")
+        if self.batches is not None and self.batches < 1:
+            raise InvalidArgumentError(f"--batches must be >= 1; got {self.batches}")
+        check_max_entries(self.routing_entries)
+        if self.index not in INDEXES:
+            raise InvalidArgumentError(f"Invalid index: {self.index!r}.\nValid options are: {tuple(INDEXES)}")
+        if self.executor not in EXECUTORS:
+            raise InvalidArgumentError(f"Invalid executor: {self.executor!r}.\nValid options are: {EXECUTORS}")
+        if self.in_flight < 1:
+            raise InvalidArgumentError(f"--in-flight must be >= 1; got {self.in_flight}")

@@ -1,0 +1,162 @@
+"""What a run measures: one :class:`BatchReport` per batch, one :class:`RunSummary` per run.
+
+- **update time**: dispatch of a batch to all its workers done, with its writes in Redis (ms);
+- each worker's **busy time**: its CPU time plus the Redis server's time on its writes, the time
+  it would take on a core of its own (:class:`~knnmon.batch.WorkerReport`);
+- **load imbalance**: busiest minus idlest worker's busy time (ms);
+- **simulated parallel update time**: the coordinator's routing CPU time plus the largest busy
+  time (one core per worker, as Tsuruoka et al. 2019, §5, ran it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from knnmon.batch import WorkerReport
+
+__all__ = ["BatchReport", "RunSummary", "summarize_run"]
+
+
+@dataclass(frozen=True)
+class BatchReport:
+    """One batch, measured (module docstring).
+
+    Attributes
+    ----------
+    batch, objects, duplicates : int
+        Batch number; objects streamed; repeated ids dropped.
+    update_ms, route_ms, route_cpu_ms : float
+        Update time; the coordinator's wall and CPU time routing (ms).
+    busy_ms, busy_wall_ms : list of float, ``(W,)``
+        Per worker: busy time on a dedicated core; wall time from call to return (ms).
+    imbalance_ms, sim_update_ms : float
+        Of ``busy_ms``; ``route_cpu_ms + max(busy_ms)``.
+    per_worker : list of 3 lists ``(W,)``
+        Objects delivered, candidates, results changed, per worker.
+    deliveries, candidates, passed, changed : int
+        Totals over workers (deliveries: (object, worker) pairs sent).
+    redis_server_ms : float
+        The Redis server's time running the workers' result scripts, summed: Redis is
+        single-threaded, so this much of the batch is serial.
+    """
+
+    batch: int
+    objects: int
+    duplicates: int
+    update_ms: float
+    route_ms: float
+    route_cpu_ms: float
+    busy_ms: list[float]
+    busy_wall_ms: list[float]
+    imbalance_ms: float
+    sim_update_ms: float
+    per_worker: list[list[float]]
+    deliveries: int
+    candidates: int
+    passed: int
+    changed: int
+    redis_server_ms: float
+
+    @classmethod
+    def of(cls, batch: int, objects: int, duplicates: int, deliveries: int, workers: int, update_ms: float,
+           route_ms: float, route_cpu_ms: float, reports: Sequence[WorkerReport]) -> BatchReport:
+        """A batch's figures from its workers' reports (workers sent nothing count as idle)."""
+        busy, busy_wall = np.zeros(workers), np.zeros(workers)
+        per_worker = np.zeros((3, workers))
+        for r in reports:
+            busy[r.worker] = r.cpu_s * 1e3
+            busy_wall[r.worker] = r.busy_s * 1e3
+            per_worker[:, r.worker] = (r.objects, r.candidates, r.changed)
+        return cls(batch=batch, objects=objects, duplicates=duplicates, update_ms=update_ms, route_ms=route_ms,
+                   route_cpu_ms=route_cpu_ms, busy_ms=busy.tolist(), busy_wall_ms=busy_wall.tolist(),
+                   imbalance_ms=float(busy.max() - busy.min()), sim_update_ms=route_cpu_ms + float(busy.max()),
+                   per_worker=per_worker.tolist(), deliveries=deliveries,
+                   candidates=sum(r.candidates for r in reports), passed=sum(r.passed for r in reports),
+                   changed=sum(r.changed for r in reports),
+                   redis_server_ms=sum(r.redis_server_s for r in reports) * 1e3)
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """A run's figures (``knnmon run`` prints them, ``--report`` writes :meth:`to_dict`).
+
+    Times in ms unless named ``_s``; ``update_ms_*`` over batches (mean, p50, p99, max),
+    ``update_ms_sim_*`` the simulated parallel update time, ``objects_per_s`` end to end,
+    ``busy_ms_per_worker`` ``(W,)`` summed over batches, ``per_worker_totals`` objects,
+    candidates and changes per worker, ``predicted_worker_loads`` the plan's, ``startup_s``
+    seconds per start-up step, ``workers_stats`` each worker's
+    :meth:`~knnmon.workers.worker.KnnWorker.stats`, ``results_store`` where the results are.
+    """
+
+    config: dict[str, Any]
+    queries: int
+    workers: int
+    algorithm: str
+    initial_objects: int
+    batches: int
+    objects: int
+    duplicates_ignored: int
+    wall_s: float
+    objects_per_s: float
+    update_ms_mean: float
+    update_ms_p50: float
+    update_ms_p99: float
+    update_ms_max: float
+    update_ms_sim_mean: float
+    update_ms_sim_p99: float
+    imbalance_ms_mean: float
+    deliveries_per_object: float
+    results_changed: int
+    candidates: int
+    pairs_within_radius: int
+    candidates_per_change: float | None
+    busy_ms_per_worker: list[float]
+    route_cpu_ms_mean: float
+    redis_server_ms_mean: float
+    redis_server_ms_p99: float
+    per_worker_totals: dict[str, list[int]]
+    predicted_worker_loads: list[float]
+    startup_s: dict[str, float]
+    results_store: str
+    workers_stats: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """As plain JSON-able values."""
+        return asdict(self)
+
+
+def summarize_run(rows: Sequence[BatchReport], wall_s: float, *, config: Any, queries: int, initial_objects: int,
+                  predicted_worker_loads: list[float], startup_s: dict[str, float], results_store: str,
+                  workers_stats: list[dict[str, Any]] | None = None) -> RunSummary:
+    """The :class:`RunSummary` of a run's batches (``config``: its
+    :class:`~knnmon.coordinator.runtime.config.RunConfig`)."""
+    one = np.zeros(1)
+    upd = np.array([r.update_ms for r in rows]) if rows else one
+    sim = np.array([r.sim_update_ms for r in rows]) if rows else one
+    redis_ms = np.array([r.redis_server_ms for r in rows]) if rows else one
+    objects = sum(r.objects for r in rows)
+    changed = sum(r.changed for r in rows)
+    cand = sum(r.candidates for r in rows)
+    return RunSummary(
+        config=asdict(config), queries=queries, workers=config.workers, algorithm=config.algorithm,
+        initial_objects=initial_objects, batches=len(rows), objects=objects,
+        duplicates_ignored=sum(r.duplicates for r in rows), wall_s=round(wall_s, 3),
+        objects_per_s=objects / wall_s if wall_s > 0 else 0.0,
+        update_ms_mean=float(upd.mean()), update_ms_p50=float(np.percentile(upd, 50)),
+        update_ms_p99=float(np.percentile(upd, 99)), update_ms_max=float(upd.max()),
+        update_ms_sim_mean=float(sim.mean()), update_ms_sim_p99=float(np.percentile(sim, 99)),
+        imbalance_ms_mean=float(np.mean([r.imbalance_ms for r in rows])) if rows else 0.0,
+        deliveries_per_object=sum(r.deliveries for r in rows) / objects if objects else 0.0,
+        results_changed=changed, candidates=cand, pairs_within_radius=sum(r.passed for r in rows),
+        candidates_per_change=cand / changed if changed else None,
+        busy_ms_per_worker=np.sum([r.busy_ms for r in rows], axis=0).round(1).tolist() if rows else [],
+        route_cpu_ms_mean=float(np.mean([r.route_cpu_ms for r in rows])) if rows else 0.0,
+        redis_server_ms_mean=float(redis_ms.mean()), redis_server_ms_p99=float(np.percentile(redis_ms, 99)),
+        per_worker_totals=dict(zip(("objects", "candidates", "changed"),
+                                   np.sum([r.per_worker for r in rows], axis=0).astype(int).tolist())) if rows else {},
+        predicted_worker_loads=list(predicted_worker_loads), startup_s={k: round(v, 3) for k, v in startup_s.items()},
+        results_store=results_store, workers_stats=list(workers_stats or []))

@@ -1,0 +1,250 @@
+"""Exact spatial-keyword kNN over a fixed set of objects: per-keyword 3-D R-trees.
+
+Used for a query's initial kNN (a query registered after objects have arrived starts from its
+exact kNN) and, by the planner, for the exact kNN radius ``r_q`` over the initial objects.
+
+Objects are indexed as points on the unit sphere (ECEF unit vectors). The chord distance between
+unit vectors ranks exactly like great-circle distance, so a Euclidean 3-D nearest-neighbour search
+is exact on the sphere: no pole or antimeridian special cases (``SPEC.md``, "Geographic hint").
+Each keyword gets its own R-tree (``rtree``, bulk-loaded on first use) over the objects carrying
+it. A query with several keywords (Boolean OR) merges its keywords' candidates. The final
+ranking is by ``(haversine distance m, object id)``. Each tree is asked for ``k + margin``
+neighbours, so floating-point near-ties between chord and haversine order cannot push a true
+top-k object out.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from rtree import index as rtree_index
+
+from knnmon.encoding import keyword_codes
+from knnmon.geo import haversine_m, unit_vectors
+
+__all__ = ["ObjectIndex", "morton_codes"]
+
+#: Extra neighbours asked of each per-keyword tree beyond ``k`` (near-tie safety).
+TIE_MARGIN = 2
+
+
+#: The index and queries forked children work on (set only while forking).
+_FORKED: tuple | None = None
+
+
+def _knn_forked(share: np.ndarray):
+    index, lon, lat, keywords, k = _FORKED
+    return index.knn_v(lon[share], lat[share], keywords.take(pa.array(share)), k[share])
+
+
+def morton_codes(lon: np.ndarray, lat: np.ndarray) -> np.ndarray:
+    """Z-order (Morton) codes of points on a 65,536 x 65,536 lon/lat lattice: ``(m,)`` uint64."""
+
+    def spread(v: np.ndarray) -> np.ndarray:
+        for shift, mask in ((16, 0x0000FFFF0000FFFF), (8, 0x00FF00FF00FF00FF), (4, 0x0F0F0F0F0F0F0F0F),
+                            (2, 0x3333333333333333), (1, 0x5555555555555555)):
+            v = (v | (v << np.uint64(shift))) & np.uint64(mask)
+        return v
+
+    x = np.clip((np.asarray(lon) + 180.0) / 360.0 * 65535, 0, 65535).astype(np.uint64)
+    y = np.clip((np.asarray(lat) + 90.0) / 180.0 * 65535, 0, 65535).astype(np.uint64)
+    return spread(x) | (spread(y) << np.uint64(1))
+
+
+def _tree(points: np.ndarray) -> rtree_index.Index:
+    prop = rtree_index.Property()
+    prop.dimension = 3
+    return rtree_index.Index((np.arange(len(points), dtype=np.int64), points, points), properties=prop)
+
+
+class ObjectIndex:
+    """Per-keyword R-trees over objects for exact batched kNN.
+
+    Parameters
+    ----------
+    objects
+        pyarrow Table with ``id`` (string, unique), ``lon``, ``lat`` (float64 degrees),
+        ``keywords`` (list<string>).
+
+    Examples
+    --------
+    >>> t = pa.table({"id": ["a", "b", "c"], "lon": [0.0, 0.001, 0.002], "lat": [0.0, 0.0, 0.0],
+    ...               "keywords": [["tea"], ["coffee"], ["coffee", "tea"]]})
+    >>> idx, counts, dist = ObjectIndex(t).knn_v([0.0], [0.0], [["coffee"]], [1])
+    >>> ObjectIndex(t).ids[idx].tolist(), counts.tolist(), dist.round(1).tolist()
+    (['b'], [1], [111.2])
+    """
+
+    def __init__(self, objects: pa.Table) -> None:
+        self.ids = np.asarray(objects.column("id").to_pylist(), dtype=object)
+        self.lon = objects.column("lon").to_numpy()
+        self.lat = objects.column("lat").to_numpy()
+        self._xyz = unit_vectors(self.lon, self.lat)
+        kw = objects.column("keywords").combine_chunks()
+        owner = pc.list_parent_indices(kw).to_numpy()
+        codes = pc.dictionary_encode(kw.flatten())
+        self._vocab_array = codes.dictionary
+        self.vocabulary: dict[str, int] = {w: i for i, w in enumerate(codes.dictionary.to_pylist())}
+        code = codes.indices.to_numpy()
+        order = np.argsort(code, kind="stable")
+        self._post_ptr = np.searchsorted(code[order], np.arange(len(self.vocabulary) + 1))
+        self._post = owner[order]
+        self._trees: dict[int, rtree_index.Index] = {}
+        rank = np.empty(len(self.ids), dtype=np.int64)
+        rank[np.argsort(self.ids, kind="stable")] = np.arange(len(self.ids))
+        self._id_rank = rank
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def postings(self, keyword: str) -> np.ndarray:
+        """Indices (int64) of the objects carrying ``keyword`` (empty if none)."""
+        c = self.vocabulary.get(keyword)
+        if c is None:
+            return np.empty(0, dtype=np.int64)
+        return self._post[self._post_ptr[c]:self._post_ptr[c + 1]]
+
+    def _tree_for(self, code: int) -> rtree_index.Index:
+        tree = self._trees.get(code)
+        if tree is None:
+            tree = self._trees[code] = _tree(self._xyz[self._post[self._post_ptr[code]:self._post_ptr[code + 1]]])
+        return tree
+
+    def keyword_pairs(self, keywords) -> tuple[np.ndarray, np.ndarray]:
+        """(query index, keyword code) pairs of a batch, unknown keywords left out.
+
+        ``keywords`` is a pyarrow list<string> array (fast path) or a sequence of iterables of
+        strings. Returns two ``(p,)`` int64 arrays; a keyword repeated in a query counts once.
+        """
+        if not isinstance(keywords, (pa.Array, pa.ChunkedArray)):
+            keywords = pa.array([sorted(set(kws)) for kws in keywords], type=pa.list_(pa.string()))
+        owner, code = keyword_codes(keywords, self._vocab_array)
+        known = code >= 0
+        q, c = owner[known], code[known]
+        key = np.unique(q * (len(self.vocabulary) + 1) + c)
+        return key // (len(self.vocabulary) + 1), key % (len(self.vocabulary) + 1)
+
+    def _groups(self, pq_, pc_, lon, lat, k) -> list[tuple[np.ndarray, int, int]]:
+        """``(queries, keyword code, k)`` search groups; queries in Morton order.
+
+        One tree call per (keyword, k) with nearby queries next to each other: they walk the same
+        tree nodes (faster: docs/runtime.md), and no query asks for more than ``k + TIE_MARGIN``.
+        """
+        if not len(pq_):
+            return []
+        order = np.lexsort((morton_codes(lon[pq_], lat[pq_]), k[pq_], pc_))
+        pq_, pc_ = pq_[order], pc_[order]
+        pk = k[pq_]
+        bounds = np.flatnonzero((np.diff(pc_) != 0) | (np.diff(pk) != 0)) + 1
+        starts = np.concatenate([[0], bounds])
+        return list(zip(np.split(pq_, bounds), pc_[starts].tolist(), pk[starts].tolist()))
+
+    def _search(self, groups, q_xyz) -> tuple[np.ndarray, np.ndarray]:
+        """Candidate (query, object) pairs: each group's ``k + TIE_MARGIN`` nearest per query."""
+        found_q, found_o = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
+        for qs, c, kk in groups:
+            post = self._post[self._post_ptr[c]:self._post_ptr[c + 1]]
+            want = int(kk) + TIE_MARGIN
+            if len(post) <= want:
+                found_q.append(np.repeat(qs, len(post)))
+                found_o.append(np.tile(post, len(qs)))
+                continue
+            local, counts = self._tree_for(c).nearest_v(q_xyz[qs], q_xyz[qs], num_results=want)
+            found_q.append(np.repeat(qs, counts.astype(np.int64)))
+            found_o.append(post[local])
+        return np.concatenate(found_q), np.concatenate(found_o)
+
+    def knn_v(self, lon, lat, keywords, k, *, processes: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Exact kNN of many queries at once.
+
+        Parameters
+        ----------
+        lon, lat
+            ``(m,)`` float64 degrees.
+        keywords
+            ``m`` iterables of keyword strings (Boolean OR within a query), or a pyarrow
+            list<string> array of length ``m`` (faster).
+        k
+            ``(m,)`` int, each ``>= 1``.
+        processes
+            Share the queries among this many processes (forked; see :meth:`_knn_parallel`).
+            Used only for batches of 20,000 queries or more.
+
+        Returns
+        -------
+        idx : ``(sum(counts),)`` int64
+            Object indices (rows of ``objects``; ``self.ids[idx]`` are the ids), query by query,
+            nearest first, ties by smaller object id.
+        counts : ``(m,)`` int64
+            Results per query: ``min(k, matching objects)``.
+        dist_m : ``(sum(counts),)`` float64
+            Haversine distances in meters, aligned with ``idx``.
+        """
+        lon = np.asarray(lon, dtype=np.float64)
+        lat = np.asarray(lat, dtype=np.float64)
+        k = np.asarray(k, dtype=np.int64)
+        m = len(lon)
+        if processes > 1 and m >= 20_000:
+            return self._knn_parallel(lon, lat, keywords, k, processes)
+        q_xyz = unit_vectors(lon, lat)
+        pq_, pc_ = self.keyword_pairs(keywords)
+        fq, fo = self._search(self._groups(pq_, pc_, lon, lat, k), q_xyz)
+        d = haversine_m(lon[fq], lat[fq], self.lon[fo], self.lat[fo])
+        order = np.lexsort((self._id_rank[fo], d, fq))
+        fq, fo, d = fq[order], fo[order], d[order]
+        first = np.ones(len(fq), dtype=bool)
+        first[1:] = (fq[1:] != fq[:-1]) | (fo[1:] != fo[:-1])  # same object via two keywords: keep one
+        fq, fo, d = fq[first], fo[first], d[first]
+        start = np.searchsorted(fq, np.arange(m))
+        rank = np.arange(len(fq)) - start[fq]
+        keep = rank < k[fq]
+        counts = np.bincount(fq[keep], minlength=m).astype(np.int64)
+        return fo[keep], counts, d[keep]
+
+    def _knn_parallel(self, lon, lat, keywords, k, processes: int):
+        """:meth:`knn_v` with the queries cut into ``processes`` spatially coherent shares.
+
+        This process answers one share, forked children the others; a child inherits the index
+        (copy-on-write) and builds the trees its share needs, so only results are pickled.
+        Call it before any threads are started in this process (Ray, Spark): fork copies only
+        the calling thread.
+        """
+        global _FORKED
+        if not isinstance(keywords, (pa.Array, pa.ChunkedArray)):
+            keywords = pa.array([sorted(set(kws)) for kws in keywords], type=pa.list_(pa.string()))
+        shares = np.array_split(np.argsort(morton_codes(lon, lat), kind="stable"), processes)
+        _FORKED = (self, lon, lat, keywords, k)
+        try:
+            with multiprocessing.get_context("fork").Pool(processes - 1) as pool:
+                pending = pool.map_async(_knn_forked, shares[1:], chunksize=1)
+                results = [_knn_forked(shares[0])] + pending.get()
+        finally:
+            _FORKED = None
+        # Reassemble in the callers' query order.
+        order = np.concatenate(shares)
+        counts_cat = np.concatenate([r[1] for r in results])
+        idx_cat = np.concatenate([r[0] for r in results])
+        dist_cat = np.concatenate([r[2] for r in results])
+        counts = np.empty(len(lon), dtype=np.int64)
+        counts[order] = counts_cat
+        start = np.empty(len(lon), dtype=np.int64)
+        start[order] = np.cumsum(counts_cat) - counts_cat
+        first = np.cumsum(counts) - counts
+        src = np.repeat(start - first, counts) + np.arange(int(counts.sum()))
+        return idx_cat[src], counts, dist_cat[src]
+
+    def kth_distance_m(self, lon, lat, keywords, k, *, processes: int = 1) -> np.ndarray:
+        """The kNN radius ``r_q`` of each query: ``(m,)`` float64 meters, ``inf`` if fewer than k match.
+
+        Arguments as :meth:`knn_v`.
+        """
+        idx, counts, dist = self.knn_v(lon, lat, keywords, k, processes=processes)
+        k = np.asarray(k, dtype=np.int64)
+        r = np.full(len(counts), np.inf)
+        full = counts >= k
+        ends = np.cumsum(counts) - 1
+        r[full] = dist[ends[full]]
+        return r

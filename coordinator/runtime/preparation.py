@@ -1,0 +1,106 @@
+"""Preparing a run: the objects in stream order, split into initial and streamed, and the exact
+initial kNN of every query over the initial objects (whose k-th distances are the kNN radii the
+plan balances). Benchmarks prepare once and run many plans on the result.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from knnmon.coordinator.runtime.config import RunConfig
+from knnmon.coordinator.runtime.object_index import ObjectIndex
+from knnmon.ingest.reading import OBJECT_COLUMNS, load_queries, read_objects, stream_order
+
+__all__ = ["Prepared", "prepare", "prepare_tables"]
+
+
+@dataclass
+class Prepared:
+    """What every run over the same objects, queries and split shares (:func:`prepare`).
+
+    ``initial`` and ``stream`` are tables in stream order; ``idx``, ``counts``, ``dist`` are the
+    initial kNN as :meth:`ObjectIndex.knn_v` returns it (rows into ``initial``, per-query counts,
+    meters), ``radius`` each query's k-th distance (``inf`` below ``k`` matches), ``timings``
+    seconds spent reading and searching; ``versions`` ``(m,)`` int64 the queries' change counts
+    when a service resumes them (else ``None``: all 0).
+    """
+
+    model: Any
+    queries: pa.Table
+    initial: pa.Table
+    stream: pa.Table
+    index: ObjectIndex | None
+    idx: np.ndarray
+    counts: np.ndarray
+    dist: np.ndarray
+    radius: np.ndarray
+    timings: dict[str, float]
+    versions: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        self._ends = np.cumsum(self.counts)
+        self._ids = self.index.ids if self.index is not None else np.empty(0, dtype=object)
+
+    def knn_rows(self, q: int) -> np.ndarray:
+        """``(c,)`` int64: rows of ``initial`` in query ``q``'s initial kNN, nearest first."""
+        end = int(self._ends[q])
+        return self.idx[end - int(self.counts[q]):end]
+
+    def knn(self, q: int) -> list[tuple[str, float]]:
+        """Query ``q``'s initial kNN: ``[(object id, distance m), ...]`` nearest first, ties by id."""
+        end = int(self._ends[q])
+        start = end - int(self.counts[q])
+        return [(str(self._ids[j]), float(d)) for j, d in zip(self.idx[start:end].tolist(),
+                                                             self.dist[start:end].tolist())]
+
+
+def prepare(objects_dir: str, queries: str | pa.Table, config: RunConfig) -> Prepared:
+    """Read the objects in stream order, split initial/stream, and compute the exact initial kNN.
+
+    Raises
+    ------
+    InvalidArgumentError
+        A missing or invalid ingest directory or query file.
+    """
+    from knnmon.assignment import LoadModel
+
+    c = config
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    model = LoadModel.from_ingest(objects_dir)
+    queries = queries if isinstance(queries, pa.Table) else load_queries(queries)
+    objects = stream_order(read_objects(objects_dir, OBJECT_COLUMNS), c.shuffle)
+    initial = objects.slice(0, min(c.initial, objects.num_rows))
+    rest = objects.slice(initial.num_rows)
+    if c.batches is not None:
+        rest = rest.slice(0, c.batches * c.batch)
+    timings["read_s"] = time.perf_counter() - t0
+
+    return prepare_tables(model, queries, initial, rest, processes=c.processes, timings=timings)
+
+
+def prepare_tables(model: Any, queries: pa.Table, initial: pa.Table, stream: pa.Table, *, processes: int = 2,
+                   timings: dict[str, float] | None = None) -> Prepared:
+    """:class:`Prepared` from tables already in memory: the exact kNN of ``queries`` (``id``,
+    ``lon``, ``lat``, ``keywords``, ``k``; may be empty) over ``initial`` (``id``, ``lon``,
+    ``lat``, ``t``, ``keywords``; may be empty), with ``stream`` still to come."""
+    timings = dict(timings or {})
+    t0 = time.perf_counter()
+    index = ObjectIndex(initial) if initial.num_rows else None
+    lon, lat = queries.column("lon").to_numpy(), queries.column("lat").to_numpy()
+    k = queries.column("k").to_numpy().astype(np.int64)
+    if index is not None and len(lon):
+        idx, counts, dist = index.knn_v(lon, lat, queries.column("keywords"), k, processes=processes)
+    else:
+        idx, counts, dist = np.empty(0, np.int64), np.zeros(len(lon), np.int64), np.empty(0)
+    ends = np.cumsum(counts)
+    radius = np.full(len(lon), np.inf)
+    full = counts >= k
+    radius[full] = dist[ends[full] - 1]
+    timings["initial_knn_s"] = time.perf_counter() - t0
+    return Prepared(model, queries, initial, stream, index, idx, counts, dist, radius, timings)

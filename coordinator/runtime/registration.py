@@ -1,0 +1,166 @@
+"""Which worker holds which query: the initial load and registration at run time.
+
+- :meth:`Registrar.load` hands each worker the queries the plan gave it, with their exact
+  initial kNN (:class:`~knnmon.coordinator.runtime.preparation.Prepared`);
+- :meth:`Registrar.register` adds queries at run time: each starts from its exact kNN over every
+  object seen (:class:`~knnmon.coordinator.runtime.object_store.ObjectStore`, one vectorised
+  search for all), is placed by :meth:`Registrar.place` (``SPEC.md``, "Runtime registration"),
+  and the routing table learns its region;
+- :meth:`Registrar.unregister` removes a query and its keys.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from knnmon.connection import connect, with_retries
+from knnmon.coordinator.planning import PlanResult
+from knnmon.coordinator.runtime.object_store import ObjectStore
+from knnmon.coordinator.runtime.preparation import Prepared
+from knnmon.coordinator.runtime.worker_pool import WorkerPool
+from knnmon.errors import InvalidQueryError
+from knnmon.keys import Keys
+from knnmon.query import Query, QueryColumns
+
+__all__ = ["Registrar"]
+
+
+class Registrar:
+    """The queries of one run and their workers.
+
+    Attributes
+    ----------
+    query_worker : dict of str to int
+        Each registered query's worker.
+    worker_loads : numpy.ndarray
+        ``(W,)`` float64: each worker's predicted load (the plan's), plus the mean query load
+        per query registered since.
+    worker_queries : numpy.ndarray
+        ``(W,)`` int64: queries per worker.
+    """
+
+    def __init__(self, pool: WorkerPool, plan: PlanResult, objects: ObjectStore) -> None:
+        self.pool, self.plan, self.objects = pool, plan, objects
+        self.query_worker: dict[str, int] = {}
+        self.worker_loads = np.array(plan.summary["worker_loads"], dtype=np.float64)
+        self.worker_queries = np.bincount(plan.plan.worker, minlength=pool.size).astype(np.int64)
+
+    # -- the initial load ----------------------------------------------------------------------
+    def load(self, prepared: Prepared, *, resume: bool = False, redis_url: str | None = None,
+             namespace: str = "knn") -> float:
+        """Hand every worker its planned queries with their initial kNN; returns seconds spent.
+
+        ``resume``: Redis already holds these queries and exactly these results (a service
+        resuming, :mod:`knnmon.coordinator.service.recovery`): nothing is rewritten but each
+        query's ``worker`` field (``redis_url`` and ``namespace`` say where).
+        """
+        t0 = time.perf_counter()
+        q = prepared.queries
+        lon, lat = q.column("lon").to_numpy(), q.column("lat").to_numpy()
+        k = q.column("k").to_numpy().astype(np.int64)
+        ids, kws = q.column("id").to_pylist(), q.column("keywords").to_pylist()
+        pending = []
+        for w in range(self.pool.size):
+            mine = np.flatnonzero(self.plan.plan.worker == w)
+            sel = mine.tolist()
+            rows = np.concatenate([prepared.knn_rows(i) for i in sel] + [np.empty(0, np.int64)])
+            info = self.objects.initial_info(rows) if not resume else {}
+            versions = prepared.versions[mine] if prepared.versions is not None else None
+            columns = QueryColumns([ids[i] for i in sel], lon[mine], lat[mine], [kws[i] for i in sel], k[mine])
+            pending.append(self.pool.call(w, "load_queries", columns, [prepared.knn(i) for i in sel], info,
+                                          versions=versions, write=not resume))
+            for i in sel:
+                self.query_worker[ids[i]] = w
+        self.pool.gather(pending)
+        if resume and self.query_worker and redis_url is not None:
+            self._record_workers(redis_url, namespace)
+        return time.perf_counter() - t0
+
+    def _record_workers(self, redis_url: str, namespace: str, chunk: int = 10_000) -> None:
+        """Write each query's worker into its hash (a resumed service may place it anew)."""
+        keys = Keys(namespace)
+        client = connect(redis_url)
+        try:
+            items = list(self.query_worker.items())
+            for s in range(0, len(items), chunk):
+                pipe = client.pipeline(transaction=False)
+                for qid, w in items[s:s + chunk]:
+                    pipe.hset(keys.query(qid), "worker", w)
+                with_retries(pipe.execute, "recording the queries' workers", redis_url)
+        finally:
+            client.close()
+
+    # -- at run time ---------------------------------------------------------------------------
+    def register(self, queries: Sequence[Query]) -> list[int]:
+        """Add queries at run time; returns their workers (module docstring).
+
+        Raises
+        ------
+        InvalidQueryError
+            Before anything is registered: an id registered already, or twice in ``queries``.
+        """
+        fresh: set[str] = set()
+        for q in queries:
+            if q.id in self.query_worker or q.id in fresh:
+                raise InvalidQueryError(f"query {q.id!r} is already registered")
+            fresh.add(q.id)
+        if not queries:
+            return []
+        topk, info = self.objects.knn_v([q.lon for q in queries], [q.lat for q in queries],
+                                        [q.keywords for q in queries], [q.k for q in queries])
+        radius = np.array([t[-1][1] if len(t) == q.k else np.inf for q, t in zip(queries, topk)])
+        rect = self.plan.model.rects(np.array([q.lon for q in queries]), np.array([q.lat for q in queries]), radius)
+        routing = self.plan.routing
+        mean_load = self.worker_loads.sum() / max(int(self.worker_queries.sum()), 1)
+        workers, mine = [], {}
+        for i, q in enumerate(queries):
+            w = self.place(q.lon, q.lat)
+            self.query_worker[q.id] = w
+            self.worker_queries[w] += 1
+            self.worker_loads[w] += mean_load
+            workers.append(w)
+            mine.setdefault(w, []).append(i)
+        routing.add_many([[routing.code(x) for x in q.keywords] for q in queries], rect.x0, rect.y0, rect.x1, rect.y1,
+                         workers)
+        pending = []
+        for w, sel in mine.items():
+            used = {o for i in sel for o, _ in topk[i]}
+            pending.append(self.pool.call(
+                w, "register_queries", QueryColumns.of([queries[i] for i in sel]), [topk[i] for i in sel],
+                {o: info[o] for o in used}, vocabulary={x: routing.code(x) for i in sel for x in queries[i].keywords}))
+        self.pool.gather(pending)
+        return workers
+
+    def place(self, lon: float, lat: float) -> int:
+        """The worker of a new query: of the plan's sets whose region holds it, the one on the
+        least-loaded worker, unless that worker is above 1.1x the mean load; else the
+        least-loaded worker (``SPEC.md``, "Runtime registration"). Ties by fewer queries."""
+        loads, counts = self.worker_loads, self.worker_queries
+        sets, set_worker = self.plan.plan.sets, self.plan.plan.set_worker
+        holders = [int(set_worker[i]) for i, s in enumerate(sets)
+                   if s.region[0] <= lon <= s.region[2] and s.region[1] <= lat <= s.region[3] and set_worker[i] >= 0]
+        least = int(np.lexsort((counts, loads))[0])
+        if not holders:
+            return least
+        w = min(holders, key=lambda x: (loads[x], counts[x]))
+        return least if loads[w] > 1.1 * loads.mean() else w
+
+    def unregister(self, qid: str) -> bool:
+        """Remove a query and delete its keys; ``False`` if no such query."""
+        w = self.query_worker.pop(qid, None)
+        if w is None:
+            return False
+        self.worker_queries[w] -= 1
+        return bool(self.pool.gather([self.pool.call(w, "unregister_query", qid)])[0])
+
+    def result(self, qid: str) -> list[tuple[str, float]]:
+        """A query's current kNN as its worker holds it (Redis holds the same)."""
+        return self.pool.gather([self.pool.call(self.query_worker[qid], "result", qid)])[0]
+
+    def stats(self) -> list[dict[str, Any]]:
+        """Each worker's :meth:`~knnmon.workers.worker.KnnWorker.stats`."""
+        return self.pool.call_all("stats")

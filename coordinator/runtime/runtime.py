@@ -1,0 +1,168 @@
+"""The distributed runtime: plan, start workers, load the initial kNN, stream object batches.
+
+:class:`Runtime` is what ``knnmon run``, ``knnmon demo``, the bench and the service drive. It
+puts the runtime's parts together and owns their lifetimes:
+
+1. :mod:`~knnmon.coordinator.runtime.preparation` -- objects in stream order, the first
+   ``initial`` seen before the stream starts, and every query's exact initial kNN over them;
+2. :mod:`~knnmon.coordinator.planning` -- the plan over those kNN radii;
+3. :func:`~knnmon.store.open_store` and :mod:`~knnmon.coordinator.runtime.worker_pool` --
+   the results store and ``W`` workers (Ray actors or in process);
+4. :mod:`~knnmon.coordinator.runtime.registration` -- each worker gets its queries;
+5. :mod:`~knnmon.coordinator.runtime.dispatch` -- the stream, in batches, measured
+   (:mod:`~knnmon.coordinator.runtime.metrics`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import deque
+from collections.abc import Iterator
+
+import pyarrow as pa
+
+from knnmon.coordinator.planning import PlanResult, empty_plan, plan_workload
+from knnmon.coordinator.runtime.config import RunConfig
+from knnmon.coordinator.runtime.dispatch import DispatchedBatch, Dispatcher
+from knnmon.coordinator.runtime.metrics import BatchReport, RunSummary, summarize_run
+from knnmon.coordinator.runtime.object_store import ObjectStore
+from knnmon.coordinator.runtime.preparation import Prepared, prepare
+from knnmon.coordinator.runtime.registration import Registrar
+from knnmon.coordinator.runtime.worker_pool import WorkerPool, make_pool
+from knnmon.store import Store, clear_namespace, open_store
+
+__all__ = ["Runtime"]
+
+
+class Runtime:
+    """One run of knnmon (module docstring). Use as a context manager, or call :meth:`close`.
+
+    Parameters
+    ----------
+    objects_dir
+        An ingest output directory (``None`` with ``prepared``).
+    queries
+        A query file path, or a query table (``id``, ``lon``, ``lat``, ``keywords``, ``k``).
+    config
+        :class:`RunConfig`.
+    prepared
+        The stream and initial kNN from :func:`prepare` or
+        :func:`~knnmon.coordinator.runtime.preparation.prepare_tables`, to reuse across runs
+        (benchmarks); computed by :meth:`start` when omitted.
+    resume
+        Redis already holds these queries and exactly these results (a service resuming): keep
+        the namespace, do not rewrite the results, only record each query's new ``worker``.
+        Default: a run starts from an empty namespace.
+
+    Attributes (after :meth:`start`)
+    ----------
+    store, pool, plan, objects, registrar, dispatcher
+        The results store, the workers, the plan, every object seen, who holds which query,
+        the batch router.
+    reports : list of BatchReport
+        The batches :meth:`run` measured so far.
+    """
+
+    def __init__(self, objects_dir: str | None, queries: str | pa.Table | None, config: RunConfig,
+                 prepared: Prepared | None = None, *, resume: bool = False) -> None:
+        self.config, self.resume, self.prepared = config, resume, prepared
+        self.objects_dir, self._queries_arg = objects_dir, queries
+        self._exit = contextlib.ExitStack()
+        self.store: Store | None = None
+        self.pool: WorkerPool | None = None
+        self.plan: PlanResult | None = None
+        self.objects: ObjectStore | None = None
+        self.registrar: Registrar | None = None
+        self.dispatcher: Dispatcher | None = None
+        self.stream_table: pa.Table | None = None
+        self.timings: dict[str, float] = {}
+        self.reports: list[BatchReport] = []
+
+    def start(self) -> Runtime:
+        """Read, plan, open the store, start the workers, load every query's initial kNN."""
+        c = self.config
+        p = self.prepared if self.prepared is not None else prepare(self.objects_dir, self._queries_arg, c)
+        self.prepared = p
+        self.timings.update(p.timings)
+        self.stream_table = p.stream
+        self.objects = ObjectStore(p.initial, p.index)
+
+        t0 = time.perf_counter()
+        if p.queries.num_rows:
+            self.plan = plan_workload(p.model, p.queries, p.initial.select(["id", "lon", "lat", "keywords"]), p.radius,
+                                      c.workers, c.algorithm, beta=c.beta, sets_per_worker=c.sets_per_worker,
+                                      delivery_cost=c.delivery_cost, cost_model=c.cost_model, counts=p.counts,
+                                      routing_entries=c.routing_entries, seed=c.seed)
+        else:
+            self.plan = empty_plan(p.model, c.workers, c.algorithm)
+        self.timings["plan_s"] = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        try:
+            self.store = self._exit.enter_context(open_store(c.store))
+            if not self.resume:
+                clear_namespace(self.store)
+            vocabulary = {w: i for i, w in enumerate(self.plan.routing.vocabulary)}
+            self.pool = make_pool(c, self.store.url, vocabulary)
+            self._exit.callback(self.pool.close)
+            self.timings["start_workers_s"] = time.perf_counter() - t0
+            self.registrar = Registrar(self.pool, self.plan, self.objects)
+            self.timings["load_s"] = self.registrar.load(p, resume=self.resume, redis_url=self.store.url,
+                                                         namespace=c.store.namespace)
+        except BaseException:
+            self.close()
+            raise
+        self.dispatcher = Dispatcher(self.pool, self.plan.routing, self.objects, set(p.initial.column("id").to_pylist()))
+        return self
+
+    # -- the stream ------------------------------------------------------------------------------
+    def process(self, batch: pa.Table) -> BatchReport:
+        """Stream one batch of objects (``id``, ``lon``, ``lat``, ``t``, ``keywords``) and wait
+        for it (:meth:`Dispatcher.collect` of :meth:`Dispatcher.dispatch`)."""
+        return self.dispatcher.collect(self.dispatcher.dispatch(batch))
+
+    def batches(self) -> Iterator[pa.Table]:
+        """The stream's batches, in order."""
+        s, B = self.stream_table, self.config.batch
+        for start in range(0, s.num_rows, B):
+            yield s.slice(start, B)
+
+    def run(self, progress: bool = True) -> RunSummary:
+        """Stream every batch, ``config.in_flight`` at a time; returns the run's summary."""
+        from tqdm import tqdm
+
+        reports = self.reports = []
+        pending: deque[DispatchedBatch] = deque()
+        t0 = time.perf_counter()
+        with tqdm(total=self.stream_table.num_rows, unit="obj", disable=not progress, smoothing=0.1) as bar:
+            for batch in self.batches():
+                pending.append(self.dispatcher.dispatch(batch))
+                bar.update(batch.num_rows)
+                while len(pending) >= self.config.in_flight:
+                    reports.append(self.dispatcher.collect(pending.popleft()))
+            while pending:
+                reports.append(self.dispatcher.collect(pending.popleft()))
+        return self.summary(time.perf_counter() - t0, with_stats=True)
+
+    def summary(self, wall_s: float | None = None, *, with_stats: bool = False) -> RunSummary:
+        """The :class:`RunSummary` of the batches so far (``wall_s``: default, their update
+        times summed); ``with_stats`` also asks each worker for its stats."""
+        wall = sum(r.update_ms for r in self.reports) / 1e3 if wall_s is None else wall_s
+        return summarize_run(self.reports, wall, config=self.config, queries=len(self.registrar.query_worker),
+                             initial_objects=self.objects.initial.num_rows,
+                             predicted_worker_loads=self.plan.summary["worker_loads"], startup_s=self.timings,
+                             results_store=self.store.describe(),
+                             workers_stats=self.registrar.stats() if with_stats else None)
+
+    # -- stop ------------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop the workers (and Ray if this run started it) and the embedded Redis (saved)."""
+        self._exit.close()
+        self.pool = None
+
+    def __enter__(self) -> Runtime:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,175 @@
+"""The workers of a run, in process or as Ray actors, called the same way.
+
+:func:`make_pool` starts ``W`` :class:`~knnmon.workers.worker.KnnWorker` s either as plain objects
+in the coordinator's process (:class:`InlinePool`: one process, no serialisation; tests and the
+fastest setting on one core) or as Ray actors (:class:`RayPool`: one process each, on the nodes
+of a Ray cluster). Callers send with :meth:`WorkerPool.call` and wait with
+:meth:`WorkerPool.gather`; a worker that died surfaces as :class:`~knnmon.errors.WorkerLostError`
+naming it (the ``ActorPool`` pattern of Ray's ``util/actor_pool.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from knnmon.coordinator.runtime.config import RunConfig
+from knnmon.errors import WorkerLostError
+
+__all__ = ["WORKER_CPUS", "InlinePool", "Pending", "RayPool", "WorkerPool", "init_ray", "make_pool"]
+
+log = logging.getLogger("knnmon.runtime")
+
+#: CPUs each worker actor reserves: a token share (1,000 workers per core), only so that Ray
+#: honours its soft node affinity (an actor that reserves nothing is placed on a random node).
+WORKER_CPUS = 0.001
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A call sent to worker ``worker``: its result (inline) or Ray object ref."""
+
+    worker: int
+    value: Any
+
+
+class WorkerPool(ABC):
+    """``size`` workers; ``call`` sends, ``gather`` waits (module docstring)."""
+
+    #: The workers run in the caller's thread: a call returns once its work is done.
+    inline: bool = False
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    @abstractmethod
+    def call(self, worker: int, method: str, *args: Any, **kwargs: Any) -> Pending:
+        """Send ``method(*args, **kwargs)`` to worker ``worker`` (in order with its earlier calls)."""
+
+    @abstractmethod
+    def gather(self, pending: Sequence[Pending]) -> list[Any]:
+        """The results of ``pending``, in order.
+
+        Raises
+        ------
+        WorkerLostError
+            A worker died (its actor process was killed, or its node was lost).
+        """
+
+    def call_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        """``method`` on every worker; their results in worker order."""
+        return self.gather([self.call(w, method, *args, **kwargs) for w in range(self.size)])
+
+    def share(self, obj: Any) -> Any:
+        """``obj`` as the workers receive it without one copy each (Ray's object store)."""
+        return obj
+
+    @abstractmethod
+    def close(self) -> None:
+        """Stop the workers."""
+
+
+class InlinePool(WorkerPool):
+    """Workers as plain objects in this process (``executor="inline"``)."""
+
+    inline = True
+
+    def __init__(self, workers: Sequence[Any]) -> None:
+        super().__init__(len(workers))
+        self.workers = list(workers)
+
+    def call(self, worker: int, method: str, *args: Any, **kwargs: Any) -> Pending:
+        return Pending(worker, getattr(self.workers[worker], method)(*args, **kwargs))
+
+    def gather(self, pending: Sequence[Pending]) -> list[Any]:
+        return [p.value for p in pending]
+
+    def close(self) -> None:
+        self.workers = []
+
+
+class RayPool(WorkerPool):
+    """Workers as Ray actors (``executor="ray"``), one per worker, spread over the alive nodes.
+
+    Worker ``w`` goes to node ``w mod (alive nodes)``, softly (elsewhere if that node cannot
+    take it): Ray's SPREAD is best effort and was seen placing 3 workers on one of 3 nodes. The
+    actor asks for a token CPU share (:data:`WORKER_CPUS`): Ray places an actor that asks for no
+    resources on a random node unless its node affinity is hard.
+    """
+
+    def __init__(self, size: int, worker_args: Mapping[str, Any], ray_address: str | None = None) -> None:
+        super().__init__(size)
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        from knnmon.workers.actor import WorkerActor
+
+        self._ray = ray
+        self._started_ray = init_ray(ray_address)
+        nodes = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"])
+        log.info("starting %d workers on %d alive Ray nodes: %s", size, len(nodes), ", ".join(n[:8] for n in nodes))
+        self.actors = [WorkerActor(num_cpus=WORKER_CPUS, scheduling_strategy=NodeAffinitySchedulingStrategy(
+            nodes[w % len(nodes)], soft=True)).remote(w, **worker_args) for w in range(size)]
+
+    def call(self, worker: int, method: str, *args: Any, **kwargs: Any) -> Pending:
+        return Pending(worker, getattr(self.actors[worker], method).remote(*args, **kwargs))
+
+    def gather(self, pending: Sequence[Pending]) -> list[Any]:
+        from ray.exceptions import RayActorError
+
+        out = []
+        for p in pending:
+            try:
+                out.append(self._ray.get(p.value))
+            except RayActorError as ex:
+                raise WorkerLostError(p.worker, f"its Ray actor died ({type(ex).__name__})") from ex
+        return out
+
+    def share(self, obj: Any) -> Any:
+        return self._ray.put(obj)
+
+    def kill(self, worker: int) -> None:
+        """Kill worker ``worker``'s actor (tests of a lost worker; the next issue restarts it)."""
+        self._ray.kill(self.actors[worker])
+
+    def close(self) -> None:
+        for a in self.actors:
+            with contextlib.suppress(Exception):
+                self._ray.kill(a)
+        self.actors = []
+        if self._started_ray:
+            self._ray.shutdown()
+
+
+def init_ray(address: str | None = None) -> bool:
+    """Join the Ray cluster at ``address`` (or ``RAY_ADDRESS``), else start a local instance
+    (all cores, no dashboard, 512 MiB object store); returns ``True`` if it started Ray."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    address = address or os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address, log_to_driver=False)
+    else:
+        ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False,
+                 object_store_memory=512 * 1024 * 1024, log_to_driver=False)
+    return True
+
+
+def make_pool(config: RunConfig, redis_url: str | None, vocabulary: Mapping[str, int]) -> WorkerPool:
+    """``config.workers`` workers writing to ``redis_url`` under ``config.store.namespace``, in
+    process or as Ray actors (``config.executor``); ``vocabulary`` is the routing table's
+    keyword codes, shared so that batches arrive pre-encoded."""
+    from knnmon.workers.worker import KnnWorker
+
+    args = {"redis_url": redis_url, "namespace": config.store.namespace, "vocabulary": vocabulary,
+            "index": config.index, "overlap_writes": config.overlap_writes}
+    if config.executor == "inline":
+        return InlinePool([KnnWorker(w, **args) for w in range(config.workers)])
+    return RayPool(config.workers, args, config.ray_address)

@@ -1,0 +1,50 @@
+"""Acknowledging ingest entries exactly once, with their rejects (the stream protocol's last step)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import redis
+
+from knnmon.connection import with_retries
+from knnmon.coordinator.service.protocol import GROUP
+from knnmon.errors import Rejected
+from knnmon.keys import Keys
+
+__all__ = ["BATCHES_MAXLEN", "REJECTS_MAXLEN", "acknowledge"]
+
+#: Approximate caps of the service's own streams (XADD MAXLEN ~).
+REJECTS_MAXLEN = 1_000_000
+BATCHES_MAXLEN = 100_000
+
+
+def acknowledge(client: redis.Redis, url: str, keys: Keys, stream: str, ids: Sequence[str],
+                rejects: Sequence[tuple[str, dict, Rejected]], batch_record: dict[str, Any] | None = None) -> None:
+    """Write ``rejects`` to ``ingest:rejects`` (original fields plus ``_reason``, ``_detail``,
+    ``_stream``, ``_entry``), acknowledge entries ``ids`` of ``stream`` and log
+    ``batch_record`` to ``serve:batches``, in one MULTI. A retry first checks whether the entries
+    are still pending, so nothing is written twice.
+
+    Raises
+    ------
+    StoreUnavailableError
+        Redis unreachable after every retry.
+    """
+    if not ids:
+        return
+
+    def op() -> None:
+        pipe = client.pipeline(transaction=True)
+        for eid, fields, r in rejects:
+            pipe.xadd(keys.ingest_rejects, {**fields, "_reason": r.reason, "_detail": str(r), "_stream": stream,
+                                            "_entry": eid}, maxlen=REJECTS_MAXLEN, approximate=True)
+        pipe.xack(stream, GROUP, *ids)
+        if batch_record is not None:
+            pipe.xadd(keys.serve_batches, batch_record, maxlen=BATCHES_MAXLEN, approximate=True)
+        pipe.execute()
+
+    def done() -> bool:
+        return not client.xpending_range(stream, GROUP, min=ids[0], max=ids[0], count=1)
+
+    with_retries(op, f"acknowledging {len(ids)} entries of {stream}", url, before_retry=done)

@@ -1,0 +1,73 @@
+"""The settings of ``knnmon serve``."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from knnmon.coordinator.runtime.config import RunConfig
+from knnmon.errors import InvalidArgumentError
+from knnmon.store import StoreConfig
+
+__all__ = ["ServeConfig"]
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """The ``knnmon serve`` flags.
+
+    Attributes
+    ----------
+    workers, algorithm, executor, ray_address, batch, processes
+        As :class:`~knnmon.coordinator.runtime.config.RunConfig`.
+    objects_dir, initial
+        Preload the first ``initial`` objects (default all) of an ingest output: objects seen
+        before the stream.
+    store
+        Where results go; without a URL, an embedded server that is durable and adopted after
+        a crash (:class:`~knnmon.store.StoreConfig` with ``durable=True``).
+    max_delay_ms
+        Wait at most this long after a batch's first object for more (ms).
+    block_ms
+        How long one read of the streams blocks (ms).
+    consumer
+        The service's consumer name in the group.
+
+    Raises
+    ------
+    InvalidArgumentError
+        ``max_delay_ms < 0``, ``initial < 0``, ``block_ms < 1``, a missing ``objects_dir``, or
+        what :class:`RunConfig` rejects (workers outside 1..64, ``batch < 1``, an unknown
+        executor).
+    """
+
+    workers: int = 2
+    algorithm: str = "proposed"
+    objects_dir: str | None = None
+    initial: int | None = None
+    store: StoreConfig = field(default_factory=lambda: StoreConfig(durable=True))
+    ray_address: str | None = None
+    executor: str = "ray"
+    batch: int = 1000
+    max_delay_ms: float = 20.0
+    block_ms: int = 500
+    consumer: str = "serve"
+    processes: int = 2
+
+    def __post_init__(self) -> None:
+        if self.max_delay_ms < 0:
+            raise InvalidArgumentError(f"--max-delay-ms must be >= 0; got {self.max_delay_ms}")
+        if self.initial is not None and self.initial < 0:
+            raise InvalidArgumentError(f"--initial must be >= 0; got {self.initial}")
+        if self.block_ms < 1:
+            raise InvalidArgumentError(f"--block-ms must be >= 1; got {self.block_ms}")
+        if self.objects_dir is not None and not os.path.isdir(self.objects_dir):
+            raise InvalidArgumentError(f"--objects: no such directory: {self.objects_dir}")
+        self.run_config("redis://unused")  # validates workers, batch, executor
+
+    def run_config(self, redis_url: str) -> RunConfig:
+        """The :class:`RunConfig` of the runtime the service drives, writing to ``redis_url``
+        (the store the service opened)."""
+        store = StoreConfig(url=redis_url, namespace=self.store.namespace, data_dir=self.store.data_dir)
+        return RunConfig(workers=self.workers, algorithm=self.algorithm, initial=0, batch=self.batch, store=store,
+                         ray_address=self.ray_address, executor=self.executor, processes=self.processes)

@@ -1,0 +1,359 @@
+"""The service loop of ``knnmon serve``: read the ingest streams, apply, acknowledge, repeat.
+
+Clients add entries to two Redis streams (the stream protocol,
+:mod:`knnmon.coordinator.service.protocol`): ``knn:ingest:queries`` (register / unregister) and
+``knn:ingest:objects``. The service reads them as consumer ``serve`` of the consumer group
+``knnmon`` and
+
+- applies query operations one by one: a register of an id that exists with other parameters
+  is an **update** (unregister, then register: a new result whose version restarts at 0; counted
+  as ``updated``), with the same parameters a no-op (``unchanged``: a retried client, or an
+  operation applied again after a restart); an unregister of an unknown id is a no-op, counted
+  as ``unregister_unknown``;
+- processes objects in **batches**: up to ``batch`` objects, waiting at most ``max_delay_ms``
+  after the first one for more (under load batches fill at once, idle streams are served with
+  the latency of one read: Fischer & Kossmann, ICDE 2005, "batching pays under load");
+- rejects malformed entries, and an object whose id was seen before (``duplicate_id``: the first
+  one counts), into ``knn:ingest:rejects``;
+- acknowledges entries only after their effect is in Redis
+  (:mod:`~knnmon.coordinator.service.acks`), and logs each batch to ``knn:serve:batches``
+  (``first``, ``last`` entry ids, ``n``, ``done_ms``), from which XADD-to-result latency is measured.
+
+At start, and whenever Redis went away mid-stream (retried with backoff, logged), the state is
+rebuilt from Redis (:mod:`~knnmon.coordinator.service.recovery`): nothing acknowledged is lost
+or duplicated, even after SIGKILL. SIGTERM (or Ctrl-C) lets the batch in flight finish and be
+acknowledged, then stops cleanly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import sys
+import threading
+import time
+from collections import deque
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import redis
+
+from knnmon.connection import connect
+from knnmon.coordinator.runtime.runtime import Runtime
+from knnmon.coordinator.service import status as service_status
+from knnmon.coordinator.service.acks import acknowledge
+from knnmon.coordinator.service.config import ServeConfig
+from knnmon.coordinator.service.protocol import GROUP, entry_time_ms, parse_object, parse_query_op
+from knnmon.coordinator.service.recovery import OBJECT_SCHEMA, objects_table, recover
+from knnmon.errors import Rejected, StoreUnavailableError
+from knnmon.keys import Keys
+from knnmon.query import Query
+from knnmon.store import Store, open_store
+
+__all__ = ["COUNTERS", "Service"]
+
+log = logging.getLogger("knnmon.serve")
+
+#: What the service counts (:attr:`Service.counters`, published in its status).
+COUNTERS = ("objects", "batches", "rejects", "registered", "updated", "unchanged", "unregistered",
+            "unregister_unknown", "recoveries", "objects_entries_read", "queries_entries_read")
+
+
+class Service:
+    """The service (module docstring). ``start()``, then ``run()``; ``close()`` at the end.
+
+    Attributes
+    ----------
+    counters : dict of int
+        :data:`COUNTERS`.
+    queries : dict of str to Query
+        Every registered query.
+    """
+
+    def __init__(self, config: ServeConfig) -> None:
+        self.config = config
+        self.keys = Keys(config.store.namespace)
+        self._exit = contextlib.ExitStack()
+        self.store: Store | None = None
+        self.client: redis.Redis | None = None
+        self.runtime: Runtime | None = None
+        self.stopping = False
+        self.counters = dict.fromkeys(COUNTERS, 0)
+        self.busy_ms = np.zeros(config.workers)
+        self.latencies: deque[np.ndarray] = deque(maxlen=1000)  # per batch: XADD -> acknowledged, ms
+        self.started_ms = int(time.time() * 1000)
+        self.nodes: list[Any] = []
+        self.queries: dict[str, Query] = {}
+        self._model = None
+        self._preload: pa.Table | None = None
+        self._status_at = 0.0
+
+    @property
+    def redis_url(self) -> str | None:
+        return self.store.url if self.store is not None else None
+
+    # -- start and recovery ------------------------------------------------------------------
+    def start(self) -> Service:
+        """Start (or attach to) Redis, recover the state it holds, start the workers."""
+        self.store = self._exit.enter_context(open_store(self.config.store))
+        self._load_preload()
+        self._recover()
+        return self
+
+    def _load_preload(self) -> None:
+        from knnmon.assignment import LoadModel
+        from knnmon.ingest.reading import OBJECT_COLUMNS, read_objects, stream_order
+
+        if self.config.objects_dir:
+            self._model = LoadModel.from_ingest(self.config.objects_dir)
+            table = stream_order(read_objects(self.config.objects_dir, OBJECT_COLUMNS), None).cast(OBJECT_SCHEMA)
+            n = table.num_rows if self.config.initial is None else min(self.config.initial, table.num_rows)
+            self._preload = table.slice(0, n)
+        else:
+            self._model = LoadModel.uniform()
+            self._preload = OBJECT_SCHEMA.empty_table()
+
+    def _connect(self) -> redis.Redis:
+        """A client once Redis answers; waits with capped exponential backoff, logging each miss."""
+        delay = 0.2
+        while True:
+            try:
+                client = connect(self.redis_url)
+                client.ping()
+                return client
+            except (redis.ConnectionError, redis.TimeoutError) as ex:
+                if self.stopping:
+                    raise StoreUnavailableError(f"Redis at {self.redis_url} unreachable while stopping") from ex
+                log.warning("Redis at %s unreachable (%s); retrying in %.1f s", self.redis_url, ex, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 10.0)
+
+    def _recover(self) -> None:
+        """Rebuild the state from Redis and the ingest streams, then start the workers on it."""
+        t0 = time.perf_counter()
+        self.client = self._connect()
+        # The initial kNN forks helper processes, which is unsafe once Ray's threads run here
+        # (a restart while connected to a cluster): then it searches in this process only.
+        processes = 1 if _ray_running() else self.config.processes
+        r = recover(self.client, self.redis_url, self.config.store.namespace, self._preload, self._model,
+                    processes=processes)
+        self.counters["objects_entries_read"] = r.objects_entries_read
+        self.counters["queries_entries_read"] = r.queries_entries_read
+        self.runtime = Runtime(None, None, self.config.run_config(self.redis_url), r.prepared, resume=True).start()
+        self.queries = r.queries
+        self._ack(self.keys.ingest_objects, r.pending, r.rejects)
+        self.busy_ms = np.zeros(self.config.workers)
+        self.nodes = [s.get("node") for s in self.runtime.registrar.stats()]
+        log.info("recovered %d queries over %d objects (%d entries re-acknowledged) in %.1f s", len(r.queries),
+                 r.prepared.initial.num_rows, len(r.pending), time.perf_counter() - t0)
+        self._publish_status(force=True)
+
+    def _ack(self, key: str, ids: list[str], rejects: list, batch_record: dict[str, Any] | None = None) -> None:
+        acknowledge(self.client, self.redis_url, self.keys, key, ids, rejects, batch_record)
+        self.counters["rejects"] += len(rejects)
+
+    # -- the loop ----------------------------------------------------------------------------
+    def run(self, *, max_batches: int | None = None, idle_exit_s: float | None = None) -> dict[str, int]:
+        """Serve until SIGTERM/SIGINT (or :meth:`stop`); returns the counters.
+
+        ``max_batches`` and ``idle_exit_s`` (stop after that many seconds with nothing to do)
+        bound a run for tests and benchmarks. Redis going away: retried with backoff, logged,
+        then the state is recovered from Redis (nothing acknowledged is lost).
+        """
+        self._install_signals()
+        self._apply_pending_query_ops()
+        idle_since = time.monotonic()
+        failures = 0
+        while not self.stopping:
+            try:
+                did = self._step()
+                failures = 0
+            except Exception as ex:  # noqa: BLE001 - any failure of a step: recover, or give up after 10
+                failures += 1
+                if failures > 10 or not _is_connection_failure(ex):
+                    raise
+                log.warning("step failed (%s: %s); recovering from Redis (attempt %d)", type(ex).__name__, ex,
+                            failures)
+                self._restart()
+                continue
+            if did:
+                idle_since = time.monotonic()
+            elif idle_exit_s is not None and time.monotonic() - idle_since > idle_exit_s:
+                break
+            if max_batches is not None and self.counters["batches"] >= max_batches:
+                break
+            self._publish_status()
+        self._publish_status(force=True)
+        return dict(self.counters)
+
+    def stop(self, *_: Any) -> None:
+        """Ask the loop to finish the batch in flight and return."""
+        if not self.stopping:
+            log.info("stopping: finishing the batch in flight")
+        self.stopping = True
+
+    def _install_signals(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self.stop)
+            signal.signal(signal.SIGINT, self.stop)
+
+    def _restart(self) -> None:
+        """Drop the workers and rebuild everything from Redis."""
+        self.counters["recoveries"] += 1
+        self._drop_workers()
+        time.sleep(0.5)
+        self._recover()
+        self._apply_pending_query_ops()
+
+    def _read(self, streams: dict[str, str], count: int, block_ms: int | None) -> list:
+        return self.client.xreadgroup(GROUP, self.config.consumer, streams, count=count, block=block_ms) or []
+
+    def _apply_pending_query_ops(self) -> None:
+        """Re-apply query operations delivered before a restart but never acknowledged."""
+        while True:
+            got = self._read({self.keys.ingest_queries: "0"}, 1000, None)
+            entries = got[0][1] if got else []
+            if not entries:
+                return
+            self._apply_query_ops(entries)
+
+    def _step(self) -> bool:
+        """One read of both streams; query operations applied, objects batched. ``True`` if
+        anything was done."""
+        ko, kq = self.keys.ingest_objects, self.keys.ingest_queries
+        got = self._read({kq: ">", ko: ">"}, self.config.batch, self.config.block_ms)
+        objects: list = []
+        for key, entries in got:
+            if key == kq:
+                self.counters["queries_entries_read"] += len(entries)
+                self._apply_query_ops(entries)
+            else:
+                objects += entries
+        if objects:
+            deadline = time.monotonic() + self.config.max_delay_ms / 1000
+            while len(objects) < self.config.batch:
+                wait = int((deadline - time.monotonic()) * 1000)
+                more = self._read({ko: ">"}, self.config.batch - len(objects), wait if wait >= 1 else None)
+                if not more or not more[0][1]:
+                    if wait < 1:
+                        break
+                    continue
+                objects += more[0][1]
+            self.counters["objects_entries_read"] += len(objects)
+            self._process_objects(objects)
+        return bool(got)
+
+    def _apply_query_ops(self, entries: list) -> None:
+        """Apply query operations in order (consecutive registrations in one vectorised call),
+        then acknowledge them with their rejects."""
+        registrar = self.runtime.registrar
+        rejects: list = []
+        batch: list = []  # consecutive registrations: (entry id, fields, query)
+
+        def flush() -> None:
+            if not batch:
+                return
+            registrar.register([q for _, _, q in batch])
+            for _, _, q in batch:
+                self.queries[q.id] = q
+            self.counters["registered"] += len(batch)
+            batch.clear()
+
+        for eid, fields in entries:
+            try:
+                op = parse_query_op(fields)
+            except Rejected as r:
+                rejects.append((eid, fields, r))
+                continue
+            if op.op == "unregister" or any(op.id == q.id for _, _, q in batch):
+                flush()
+            if op.op == "unregister":
+                self.queries.pop(op.id, None)
+                self.counters["unregistered" if registrar.unregister(op.id) else "unregister_unknown"] += 1
+                continue
+            if op.id in registrar.query_worker:
+                if self.queries.get(op.id) == op.query:
+                    self.counters["unchanged"] += 1
+                    continue
+                registrar.unregister(op.id)
+                self.counters["updated"] += 1
+            batch.append((eid, fields, op.query))
+        flush()
+        self._ack(self.keys.ingest_queries, [e for e, _ in entries], rejects)
+
+    def _process_objects(self, entries: list) -> None:
+        """Parse, reject, process one batch on the workers, then acknowledge it."""
+        rt = self.runtime
+        t0 = time.perf_counter()
+        parsed, rejects, in_batch = [], [], set()
+        for eid, fields in entries:
+            try:
+                o = parse_object(eid, fields)
+                if o.id in rt.dispatcher.seen or o.id in in_batch:
+                    raise Rejected("duplicate_id", f"id={o.id}")
+                in_batch.add(o.id)
+                parsed.append(o)
+            except Rejected as r:
+                rejects.append((eid, fields, r))
+        table = objects_table(parsed)
+        t1 = time.perf_counter()
+        report = rt.process(table) if parsed else None
+        t2 = time.perf_counter()
+        ids = [e for e, _ in entries]
+        record = {"first": ids[0], "last": ids[-1], "n": len(ids), "objects": len(parsed), "rejects": len(rejects),
+                  "done_ms": f"{time.time() * 1000:.1f}", "parse_ms": f"{(t1 - t0) * 1e3:.2f}",
+                  "update_ms": f"{(t2 - t1) * 1e3:.2f}"}
+        self._ack(self.keys.ingest_objects, ids, rejects, record)
+        acked_ms = time.time() * 1000
+        self.latencies.append(acked_ms - np.array([entry_time_ms(e) for e in ids], dtype=np.float64))
+        self.counters["objects"] += len(parsed)
+        self.counters["batches"] += 1
+        if report is not None:
+            self.busy_ms += np.asarray(report.busy_ms)
+
+    # -- status ------------------------------------------------------------------------------
+    def _publish_status(self, *, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._status_at < 1.0:
+            return
+        self._status_at = now
+        service_status.publish(self)
+
+    # -- stop --------------------------------------------------------------------------------
+    def _drop_workers(self) -> None:
+        """Stop the workers and close the Redis client (the embedded server stays up)."""
+        if self.runtime is not None:
+            self.runtime.close()
+            self.runtime = None
+        if self.client is not None:
+            self.client.close()
+            self.client = None
+
+    def close(self) -> None:
+        """Stop the workers and the embedded Redis (saved); idempotent."""
+        self._drop_workers()
+        self._exit.close()
+
+    def __enter__(self) -> Service:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _ray_running() -> bool:
+    return "ray" in sys.modules and sys.modules["ray"].is_initialized()
+
+
+def _is_connection_failure(ex: BaseException) -> bool:
+    """Whether ``ex`` (or what it wraps, e.g. a Ray task error) is Redis being unreachable."""
+    seen = 0
+    while ex is not None and seen < 10:
+        if isinstance(ex, (StoreUnavailableError, redis.ConnectionError, redis.TimeoutError)):
+            return True
+        cause = getattr(ex, "cause", None)
+        ex = cause if isinstance(cause, BaseException) else (ex.__cause__ or ex.__context__)
+        seen += 1
+    return False

@@ -1,0 +1,164 @@
+"""The stream protocol: how clients talk to ``knnmon serve`` through Redis streams.
+
+Both the service and the Python client (:class:`knnmon.client.KnnClient`) import this module;
+it imports only ``redis`` and knnmon's light core, so a client does not load numpy, Ray or Spark.
+
+Streams (key names: :class:`knnmon.keys.Keys`), read by the consumer group :data:`GROUP`:
+
+- ``knn:ingest:objects``: ``id``, ``lon``, ``lat`` (WGS84 degrees), ``t`` (optional, epoch
+  ms; default: the entry id's time, i.e. when Redis took the entry), and ``keywords``
+  (space-separated terms, already normalised: used as given, lower-cased) or ``text`` (raw
+  text, normalised by :func:`~knnmon.ingest.keywords.normalize_keywords`, as the ingest does).
+- ``knn:ingest:queries``: ``op=register`` with ``id``, ``lon``, ``lat``, ``keywords``
+  (space-separated terms, normalised) and ``k`` (integer ``>= 1``); or ``op=unregister`` with
+  ``id``.
+- ``knn:ingest:rejects`` (written by the service): a rejected entry's original fields plus
+  ``_reason`` (a key of :data:`~knnmon.errors.REJECT_REASONS`), ``_detail``, ``_stream``,
+  ``_entry``.
+
+Every entry either parses (:func:`parse_object`, :func:`parse_query_op`) or is rejected with one
+reason (:class:`~knnmon.errors.Rejected`). An entry is acknowledged only once its effect is in Redis.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from knnmon.errors import REJECT_REASONS, InvalidQueryError, Rejected
+from knnmon.query import Query
+
+__all__ = ["GROUP", "OBJECT_FIELDS", "QUERY_FIELDS", "REJECT_FIELDS", "REJECT_REASONS", "ObjectEntry", "QueryOp",
+           "Rejected", "entry_order", "entry_time_ms", "group_info", "parse_object", "parse_query_op"]
+
+#: The consumer group ``knnmon serve`` reads both ingest streams with.
+GROUP = "knnmon"
+#: Fields of an ``ingest:objects`` entry (``keywords`` or ``text``; ``t`` optional).
+OBJECT_FIELDS = ("id", "lon", "lat", "t", "keywords", "text")
+#: Fields of an ``ingest:queries`` entry (``op`` is ``register`` or ``unregister``).
+QUERY_FIELDS = ("op", "id", "lon", "lat", "keywords", "k")
+#: Fields the service adds to a rejected entry in ``ingest:rejects``.
+REJECT_FIELDS = ("_reason", "_detail", "_stream", "_entry")
+
+
+@dataclass(frozen=True)
+class ObjectEntry:
+    """A parsed object: string id, degrees, epoch ms, sorted unique keywords."""
+
+    id: str
+    lon: float
+    lat: float
+    t: int
+    keywords: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class QueryOp:
+    """A parsed query operation: ``op`` and ``id``; ``query`` for ``register`` only."""
+
+    op: str
+    id: str
+    query: Query | None = None
+
+
+def entry_time_ms(entry_id: str) -> int:
+    """The millisecond time part of a stream entry id (``"1700000000000-3"`` -> 1700000000000)."""
+    return int(entry_id.split("-", 1)[0])
+
+
+def entry_order(entry_id: str) -> tuple[int, int]:
+    """A stream entry id as a sortable ``(ms, sequence)`` pair."""
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def group_info(client: Any, key: str) -> dict[str, Any] | None:
+    """XINFO GROUPS of stream ``key`` for the group :data:`GROUP` (``pending``,
+    ``last-delivered-id``, ...); ``None`` if the stream or the group does not exist."""
+    if not client.exists(key):
+        return None
+    return next((g for g in client.xinfo_groups(key) if g["name"] == GROUP), None)
+
+
+def _id(fields: Mapping[str, str]) -> str:
+    oid = (fields.get("id") or "").strip()
+    if not oid:
+        raise Rejected("missing_id")
+    return oid
+
+
+def _point(fields: Mapping[str, str]) -> tuple[float, float]:
+    if fields.get("lon") in (None, "") or fields.get("lat") in (None, ""):
+        raise Rejected("missing_coordinates")
+    try:
+        lon, lat = float(fields["lon"]), float(fields["lat"])
+    except ValueError:
+        raise Rejected("non_numeric_coordinates", f"lon={fields['lon']!r}, lat={fields['lat']!r}") from None
+    if not (math.isfinite(lon) and math.isfinite(lat)):
+        raise Rejected("non_numeric_coordinates", f"lon={lon}, lat={lat}")
+    if abs(lon) > 180:
+        raise Rejected("longitude_out_of_range", f"lon={lon}")
+    if abs(lat) > 90:
+        raise Rejected("latitude_out_of_range", f"lat={lat}")
+    return lon, lat
+
+
+def parse_object(entry_id: str, fields: Mapping[str, str]) -> ObjectEntry:
+    """Parse one ``knn:ingest:objects`` entry (module docstring).
+
+    Raises
+    ------
+    Rejected
+        With the first problem found, in the order of :data:`REJECT_REASONS`.
+    """
+    oid = _id(fields)
+    lon, lat = _point(fields)
+    t_raw = fields.get("t")
+    if t_raw in (None, ""):
+        t = entry_time_ms(entry_id)
+    else:
+        try:
+            t = int(t_raw)
+        except ValueError:
+            raise Rejected("bad_time", f"t={t_raw!r}") from None
+    if fields.get("keywords"):
+        words = tuple(sorted(set(fields["keywords"].lower().split())))
+    else:
+        from knnmon.ingest.keywords import normalize_keywords  # nltk: only where raw text is parsed
+
+        words = tuple(normalize_keywords(fields.get("text")))
+    if not words:
+        raise Rejected("no_keywords")
+    return ObjectEntry(oid, lon, lat, t, words)
+
+
+def parse_query_op(fields: Mapping[str, str]) -> QueryOp:
+    """Parse one ``knn:ingest:queries`` entry (module docstring); a register's query is
+    validated and normalised by :meth:`Query.create`.
+
+    Raises
+    ------
+    Rejected
+        Unknown ``op``, missing id, bad coordinates, ``k`` not an integer ``>= 1``, or no keyword
+        after normalisation.
+    """
+    op = (fields.get("op") or "").strip().lower()
+    if op not in ("register", "unregister"):
+        raise Rejected("unknown_op", f"op={fields.get('op')!r}")
+    qid = _id(fields)
+    if op == "unregister":
+        return QueryOp("unregister", qid)
+    lon, lat = _point(fields)
+    try:
+        k = int(fields.get("k", ""))
+    except ValueError:
+        raise Rejected("bad_k", f"k={fields.get('k')!r}") from None
+    if k < 1:
+        raise Rejected("bad_k", f"k={k}")
+    try:
+        query = Query.create(qid, lon, lat, fields.get("keywords"), k)
+    except InvalidQueryError:  # every other field was checked above: no keyword is left
+        raise Rejected("no_keywords", f"keywords={fields.get('keywords')!r}") from None
+    return QueryOp("register", qid, query)

@@ -1,0 +1,228 @@
+"""Recovery: rebuild the service's state from what Redis holds, after a restart or an outage.
+
+The results are a function of the set of objects seen (ties by id), so recovery recomputes them
+rather than replaying: the queries come from Redis (``knn:queries`` and their hashes), the
+objects from the preloaded ingest output plus every entry of ``knn:ingest:objects`` the group
+has delivered, acknowledged or not. Each query's exact kNN over them is compared with its
+stored result, and a query whose result differs (a batch that was only partly written when the
+service died) gets the difference written as one change (:class:`~knnmon.batch.BatchChanges`,
+through the workers' script), with one ``knn:changes`` entry. The delivered but unacknowledged
+object entries are returned for the service to acknowledge (their rejects written);
+unacknowledged query operations are applied again by the service (both are idempotent).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import redis
+
+from knnmon.batch import BatchChanges
+from knnmon.coordinator.runtime.object_store import ObjectStore
+from knnmon.coordinator.runtime.preparation import Prepared, prepare_tables
+from knnmon.coordinator.service.protocol import GROUP, entry_order, group_info, parse_object
+from knnmon.errors import Rejected, StoreUnavailableError
+from knnmon.keys import Keys
+from knnmon.query import Query
+
+__all__ = ["OBJECT_SCHEMA", "Recovered", "create_groups", "objects_table", "read_queries", "recover"]
+
+log = logging.getLogger("knnmon.serve")
+
+#: Objects as the service holds them.
+OBJECT_SCHEMA = pa.schema([("id", pa.string()), ("lon", pa.float64()), ("lat", pa.float64()), ("t", pa.int64()),
+                           ("keywords", pa.list_(pa.string()))])
+
+
+@dataclass
+class Recovered:
+    """What :func:`recover` rebuilt.
+
+    Attributes
+    ----------
+    prepared
+        Every recovered query with its exact kNN over every object delivered, and the queries'
+        versions (results repaired already).
+    queries
+        The registered queries, by id.
+    pending
+        Delivered but unacknowledged entries of ``ingest:objects`` (stream order), and the
+        rejects among them, for the service to acknowledge.
+    objects_entries_read, queries_entries_read
+        Entries of each ingest stream delivered to the group so far.
+    repaired
+        Stored results that differed and were repaired.
+    """
+
+    prepared: Prepared
+    queries: dict[str, Query]
+    pending: list[str]
+    rejects: list[tuple[str, dict, Rejected]]
+    objects_entries_read: int
+    queries_entries_read: int
+    repaired: int
+
+
+def objects_table(objects: list) -> pa.Table:
+    """Parsed :class:`~knnmon.coordinator.service.protocol.ObjectEntry` s as a table of
+    :data:`OBJECT_SCHEMA`."""
+    return pa.table({"id": [o.id for o in objects], "lon": [o.lon for o in objects], "lat": [o.lat for o in objects],
+                     "t": [o.t for o in objects], "keywords": [list(o.keywords) for o in objects]},
+                    schema=OBJECT_SCHEMA)
+
+
+def create_groups(client: redis.Redis, keys: Keys) -> None:
+    """Create the consumer group on both ingest streams (and the streams) if missing."""
+    for key in (keys.ingest_objects, keys.ingest_queries):
+        try:
+            client.xgroup_create(key, GROUP, id="0", mkstream=True)
+        except redis.ResponseError as ex:
+            if "BUSYGROUP" not in str(ex):
+                raise
+
+
+def _group(client: redis.Redis, key: str) -> dict:
+    g = group_info(client, key)
+    if g is None:
+        raise StoreUnavailableError(f"consumer group {GROUP!r} vanished from {key}")
+    return g
+
+
+def _undelivered(client: redis.Redis, key: str) -> int:
+    last = _group(client, key)["last-delivered-id"]
+    return len(client.xrange(key, min="(" + last if last != "0-0" else "-", max="+"))
+
+
+def read_object_log(client: redis.Redis, keys: Keys, preload: pa.Table, chunk: int = 10_000
+                    ) -> tuple[pa.Table, list[str], list[tuple[str, dict, Rejected]], int]:
+    """Preloaded objects plus every delivered entry of the objects stream; the ids of the
+    delivered but unacknowledged entries, the rejects among those, and the entries read."""
+    key = keys.ingest_objects
+    last = _group(client, key)["last-delivered-id"]
+    pending = set()
+    if last != "0-0":
+        summary = client.xpending(key, GROUP)
+        if summary["pending"]:
+            rows = client.xpending_range(key, GROUP, min="-", max="+", count=summary["pending"])
+            pending = {r["message_id"] for r in rows}
+    seen = set(preload.column("id").to_pylist())
+    parsed, rejects = [], []
+    start, read = "-", 0
+    while last != "0-0":
+        entries = client.xrange(key, min=start, max=last, count=chunk)
+        for eid, fields in entries:
+            read += 1
+            try:
+                o = parse_object(eid, fields)
+                if o.id in seen:
+                    raise Rejected("duplicate_id", f"id={o.id}")
+                seen.add(o.id)
+                parsed.append(o)
+            except Rejected as r:
+                if eid in pending:
+                    rejects.append((eid, fields, r))
+        if len(entries) < chunk:
+            break
+        start = "(" + entries[-1][0]
+    table = pa.concat_tables([preload, objects_table(parsed)]) if parsed else preload
+    return table, sorted(pending, key=entry_order), rejects, read
+
+
+def read_queries(client: redis.Redis, keys: Keys, chunk: int = 10_000) -> tuple[list[Query], np.ndarray]:
+    """The registered queries (``knn:queries`` and their hashes) and their versions ``(m,)``
+    int64; a hash that does not make a valid query is logged and left out."""
+    qids = sorted(client.smembers(keys.queries))
+    queries, versions = [], []
+    for s in range(0, len(qids), chunk):
+        pipe = client.pipeline(transaction=False)
+        for qid in qids[s:s + chunk]:
+            pipe.hgetall(keys.query(qid))
+        for qid, h in zip(qids[s:s + chunk], pipe.execute()):
+            try:
+                queries.append(Query(qid, float(h["lon"]), float(h["lat"]), tuple(h["keywords"].split()), int(h["k"])))
+                versions.append(int(h.get("version", 0)))
+            except (KeyError, ValueError):
+                log.warning("query %s: unreadable hash %r in Redis; left out", qid, h)
+    return queries, np.asarray(versions, dtype=np.int64)
+
+
+def _queries_table(queries: list[Query]) -> pa.Table:
+    return pa.table({"id": pa.array([q.id for q in queries], pa.string()),
+                     "lon": pa.array([q.lon for q in queries], pa.float64()),
+                     "lat": pa.array([q.lat for q in queries], pa.float64()),
+                     "keywords": pa.array([list(q.keywords) for q in queries], pa.list_(pa.string())),
+                     "k": pa.array([q.k for q in queries], pa.int32())})
+
+
+def reconcile(url: str, namespace: str, client: redis.Redis, prepared: Prepared, versions: np.ndarray,
+              chunk: int = 5000) -> tuple[np.ndarray, int]:
+    """Make every stored result equal the recomputed exact kNN (module docstring); returns the
+    versions after the repairs and how many results were repaired."""
+    from knnmon.workers.result_writer import ResultWriter
+
+    keys = Keys(namespace)
+    q = prepared.queries
+    if not q.num_rows:
+        return versions, 0
+    qids = q.column("id").to_pylist()
+    store = ObjectStore(prepared.initial, prepared.index)
+    writer = ResultWriter(url, namespace, "recovery")
+    versions = versions.copy()
+    fixed = 0
+    try:
+        for s in range(0, len(qids), chunk):
+            part = range(s, min(s + chunk, len(qids)))
+            pipe = client.pipeline(transaction=False)
+            for i in part:
+                pipe.zrange(keys.result(qids[i]), 0, -1, withscores=True)
+            diffs, rows = [], []
+            for i, old in zip(part, pipe.execute()):
+                new = prepared.knn(i)
+                if new == [(o, float(d)) for o, d in old]:
+                    continue
+                old_ids, new_ids = {o for o, _ in old}, {o for o, _ in new}
+                versions[i] += 1
+                diffs.append((qids[i], int(versions[i]), [(o, d) for o, d in new if o not in old_ids],
+                              [o for o, _ in old if o not in new_ids]))
+                rows += [int(j) for j, (o, _) in zip(prepared.knn_rows(i), new) if o not in old_ids]
+            if diffs:
+                writer.write_batch(-1 - s, BatchChanges.from_diffs(diffs, store.initial_info(np.asarray(rows))))
+                fixed += len(diffs)
+    finally:
+        writer.close()
+    return versions, fixed
+
+
+def recover(client: redis.Redis, url: str, namespace: str, preload: pa.Table, model, *, processes: int = 2
+            ) -> Recovered:
+    """Rebuild the service's state (module docstring).
+
+    Parameters
+    ----------
+    preload
+        Objects seen before the stream (:data:`OBJECT_SCHEMA`; may be empty).
+    model
+        The load model new plans are made with.
+    processes
+        Processes for the exact kNN search (1 once Ray runs in this process: forking is unsafe then).
+
+    Raises
+    ------
+    StoreUnavailableError
+        Redis unreachable, or the consumer group vanished.
+    """
+    keys = Keys(namespace)
+    create_groups(client, keys)
+    objects, pending, rejects, read = read_object_log(client, keys, preload)
+    queries, versions = read_queries(client, keys)
+    queries_read = client.xlen(keys.ingest_queries) - _undelivered(client, keys.ingest_queries)
+    prepared = prepare_tables(model, _queries_table(queries), objects, OBJECT_SCHEMA.empty_table(),
+                              processes=processes)
+    prepared.versions, repaired = reconcile(url, namespace, client, prepared, versions)
+    if repaired:
+        log.warning("recovery: %d stored results differed from the exact kNN over the delivered objects (work in "
+                    "flight when the service stopped) and were repaired, one knn:changes entry each", repaired)
+    return Recovered(prepared, {q.id: q for q in queries}, pending, rejects, read, queries_read, repaired)

@@ -1,0 +1,146 @@
+"""What ``knnmon serve`` is doing: published by the service, read by ``knnmon status``.
+
+The service writes :func:`snapshot` to ``knn:serve:status`` about once a second
+(:func:`publish`); any process reads it back with the streams' state (:func:`read_status`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+from dataclasses import asdict
+from typing import Any
+
+import numpy as np
+import redis
+
+from knnmon.connection import connect
+from knnmon.coordinator.service.protocol import GROUP, entry_time_ms, group_info
+from knnmon.keys import DEFAULT_NAMESPACE, Keys
+
+__all__ = ["STALE_S", "format_status", "publish", "read_status", "snapshot"]
+
+log = logging.getLogger("knnmon.serve")
+
+#: A service whose heartbeat is older than this is reported as not running.
+STALE_S = 10.0
+
+
+def snapshot(svc: Any) -> dict[str, Any]:
+    """The status of a running :class:`~knnmon.coordinator.service.loop.Service`: process,
+    heartbeat, settings (without the Redis URL), queries and predicted load per worker, measured
+    busy time per worker, the workers' nodes, latency XADD -> acknowledged (p50, p99 over the
+    last 1,000 batches, ms), and the service's counters."""
+    reg = svc.runtime.registrar if svc.runtime is not None else None
+    lat = np.concatenate(list(svc.latencies)) if svc.latencies else np.zeros(0)
+    config = asdict(svc.config)
+    config["store"] = {k: v for k, v in config["store"].items() if k != "url"}
+    return {
+        "pid": os.getpid(), "host": socket.gethostname(), "started_ms": svc.started_ms,
+        "heartbeat_ms": int(time.time() * 1000), "stopping": svc.stopping, "config": config,
+        "workers": svc.config.workers, "algorithm": svc.config.algorithm,
+        "queries_per_worker": reg.worker_queries.tolist() if reg else [],
+        "predicted_load_per_worker": reg.worker_loads.round(6).tolist() if reg else [],
+        "busy_ms_per_worker": svc.busy_ms.round(1).tolist(), "worker_nodes": svc.nodes,
+        "latency_ms_p50": float(np.percentile(lat, 50)) if len(lat) else None,
+        "latency_ms_p99": float(np.percentile(lat, 99)) if len(lat) else None,
+        **svc.counters,
+    }
+
+
+def publish(svc: Any) -> None:
+    """Write :func:`snapshot` to ``knn:serve:status`` (a Redis outage is logged, not raised:
+    the service loop notices it on its next read)."""
+    try:
+        svc.client.set(svc.keys.serve_status, json.dumps(snapshot(svc)))
+    except (redis.ConnectionError, redis.TimeoutError) as ex:
+        log.warning("could not publish status: %s", ex)
+
+
+def _stream(client, key: str, read: int | None) -> dict[str, Any]:
+    """Length, pending, undelivered entries and the age of the oldest waiting one (ms)."""
+    out: dict[str, Any] = {"length": client.xlen(key) if client.exists(key) else 0, "pending": 0,
+                           "undelivered": None, "oldest_waiting_ms": None}
+    if not out["length"]:
+        return out
+    group = group_info(client, key)
+    if group is None:
+        out["undelivered"] = out["length"]
+        return out
+    out["pending"] = group["pending"]
+    if read is not None:
+        out["undelivered"] = max(out["length"] - read, 0)
+    oldest = None
+    if group["pending"]:
+        oldest = client.xpending(key, GROUP)["min"]
+    else:
+        last = group["last-delivered-id"]
+        nxt = client.xrange(key, min="(" + last if last != "0-0" else "-", max="+", count=1)
+        oldest = nxt[0][0] if nxt else None
+    if oldest:
+        out["oldest_waiting_ms"] = max(int(time.time() * 1000) - entry_time_ms(oldest), 0)
+    return out
+
+
+def read_status(url: str, namespace: str = DEFAULT_NAMESPACE) -> dict[str, Any]:
+    """The service's last published status plus the streams' state, from Redis.
+
+    Returns
+    -------
+    dict
+        ``running`` (heartbeat younger than 10 s), ``service`` (the hash the service publishes,
+        or ``None``), ``queries`` (registered), ``objects_stream`` / ``queries_stream``
+        (``length``, ``pending``, ``undelivered``, ``oldest_waiting_ms``: the stream lag),
+        ``rejects`` (entries in ``knn:ingest:rejects``), ``changes``.
+    """
+    keys = Keys(namespace)
+    client = connect(url)
+    try:
+        raw = client.get(keys.serve_status)
+        service = json.loads(raw) if raw else None
+        running = bool(service) and time.time() * 1000 - service["heartbeat_ms"] < STALE_S * 1000 \
+            and not service.get("stopping")
+        return {
+            "running": running, "service": service, "queries": client.scard(keys.queries),
+            "objects_stream": _stream(client, keys.ingest_objects, service and service.get("objects_entries_read")),
+            "queries_stream": _stream(client, keys.ingest_queries, service and service.get("queries_entries_read")),
+            "rejects": client.xlen(keys.ingest_rejects) if client.exists(keys.ingest_rejects) else 0,
+            "changes": client.xlen(keys.changes) if client.exists(keys.changes) else 0,
+        }
+    finally:
+        client.close()
+
+
+def format_status(s: dict[str, Any]) -> str:
+    """:func:`read_status` as readable lines."""
+    svc = s["service"]
+    lines = []
+    if svc is None:
+        lines.append("service: never ran in this namespace")
+    else:
+        age = time.time() - svc["heartbeat_ms"] / 1000
+        lines.append(f"service: {'running' if s['running'] else 'NOT running'} (pid {svc['pid']} on {svc['host']}, "
+                     f"last heartbeat {age:.1f} s ago), {svc['algorithm']} on {svc['workers']} workers")
+        lines.append(f"  objects {svc['objects']:,} in {svc['batches']:,} batches; queries registered "
+                     f"{svc['registered']:,}, updated {svc['updated']:,} (+{svc.get('unchanged', 0)} unchanged), unregistered {svc['unregistered']:,} "
+                     f"(+{svc['unregister_unknown']} unknown); recoveries {svc['recoveries']}")
+        if svc.get("latency_ms_p50") is not None:
+            lines.append(f"  latency XADD -> result written: p50 {svc['latency_ms_p50']:.1f} ms, "
+                         f"p99 {svc['latency_ms_p99']:.1f} ms (last 1,000 batches)")
+        lines.append("  worker  node      queries  predicted load  busy ms (measured)")
+        for w in range(svc["workers"]):
+            node = (svc["worker_nodes"][w] or "-")[:8] if w < len(svc["worker_nodes"]) else "-"
+            q = svc["queries_per_worker"][w] if svc["queries_per_worker"] else 0
+            pl = svc["predicted_load_per_worker"][w] if svc["predicted_load_per_worker"] else 0.0
+            lines.append(f"  {w:>6}  {node:<8} {q:>8,}  {pl:>14.6g}  {svc['busy_ms_per_worker'][w]:>12,.1f}")
+    lines.append(f"queries registered: {s['queries']:,}; rejects: {s['rejects']:,}; changes: {s['changes']:,}")
+    for name in ("objects_stream", "queries_stream"):
+        st = s[name]
+        lag = "-" if st["oldest_waiting_ms"] is None else f"{st['oldest_waiting_ms']:,} ms"
+        und = "?" if st["undelivered"] is None else f"{st['undelivered']:,}"
+        lines.append(f"{name.replace('_', ' ')}: {st['length']:,} entries, {und} not yet read, "
+                     f"{st['pending']:,} in flight; oldest waiting entry {lag}")
+    return "\n".join(lines)

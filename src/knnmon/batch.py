@@ -1,0 +1,145 @@
+"""What travels between the coordinator, the workers and the result writer, typed.
+
+- :class:`ObjectBatch`: one batch of objects, from dispatch to every worker it is routed to;
+- :class:`BatchChanges`: one batch's result changes, from a worker's merge (or recovery) to the
+  :class:`~knnmon.workers.result_writer.ResultWriter`;
+- :class:`WorkerReport` and :class:`WriteFigures`: what a worker measured on a batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+__all__ = ["BatchChanges", "ObjectBatch", "ObjectInfo", "WorkerReport", "WriteFigures"]
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """What ``knn:object:{oid}`` holds: ``lon``, ``lat`` degrees, ``t`` epoch ms, keywords."""
+
+    lon: float
+    lat: float
+    t: int
+    keywords: Sequence[str]
+
+
+@dataclass(frozen=True)
+class ObjectBatch:
+    """One batch of objects as every worker receives it (serialised once, into Ray's object store).
+
+    Attributes
+    ----------
+    number : int
+        The batch number, ``>= 0`` (the idempotency tag of its Redis writes).
+    table : pyarrow.Table
+        ``n`` objects: ``id`` string, ``lon``, ``lat`` float64 degrees, ``t`` int64 epoch ms,
+        ``keywords`` list<string> (normalised); ids new to the run.
+    pair_obj, pair_code : numpy.ndarray
+        ``(p,)`` int64: the batch's (object row, keyword code) pairs, encoded with the routing
+        table's vocabulary, which the workers share.
+    """
+
+    number: int
+    table: Any
+    pair_obj: Any
+    pair_code: Any
+
+
+@dataclass(frozen=True)
+class BatchChanges:
+    """One batch's result changes, flattened per changed query (one script call writes them).
+
+    Query ``qids[j]`` (new version ``versions[j]``) gained the next ``n_entered[j]`` ids of
+    ``entered`` (at ``distances``, meters) and lost the next ``n_left[j]`` ids of ``left``.
+    ``ref_deltas[i]`` is the net change of the number of results holding object
+    ``ref_ids[i]``; ``objects`` holds the details of every object in ``entered``.
+    """
+
+    qids: Sequence[str]
+    versions: Sequence[int]
+    n_entered: Sequence[int]
+    entered: Sequence[str]
+    distances: Sequence[float]
+    n_left: Sequence[int]
+    left: Sequence[str]
+    ref_ids: Sequence[str] = ()
+    ref_deltas: Sequence[int] = ()
+    objects: Mapping[str, ObjectInfo] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.qids)
+
+    @classmethod
+    def from_diffs(cls, diffs: Sequence[tuple[str, int, Sequence[tuple[str, float]], Sequence[str]]],
+                   objects: Mapping[str, ObjectInfo]) -> BatchChanges:
+        """From ``(qid, version, [(entered id, distance m), ...], [left id, ...])`` per changed
+        query; reference deltas are counted here (objects entering and leaving in one batch
+        cancel)."""
+        refs: dict[str, int] = {}
+        for _, _, entered, left in diffs:
+            for oid, _ in entered:
+                refs[oid] = refs.get(oid, 0) + 1
+            for oid in left:
+                refs[oid] = refs.get(oid, 0) - 1
+        refs = {o: d for o, d in refs.items() if d}
+        return cls([d[0] for d in diffs], [d[1] for d in diffs], [len(d[2]) for d in diffs],
+                   [o for d in diffs for o, _ in d[2]], [float(x) for d in diffs for _, x in d[2]],
+                   [len(d[3]) for d in diffs], [o for d in diffs for o in d[3]], list(refs), list(refs.values()),
+                   {o: objects[o] for d in diffs for o, _ in d[2]})
+
+
+@dataclass(frozen=True)
+class WriteFigures:
+    """One batch's Redis write, measured by the writing thread: ``redis_s`` (wall seconds of the
+    script call), ``redis_server_s`` (the server's seconds running it), ``writer_cpu_s`` (the
+    writing thread's CPU seconds, building and sending the payload). All 0: nothing written."""
+
+    redis_s: float = 0.0
+    redis_server_s: float = 0.0
+    writer_cpu_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class WorkerReport:
+    """What one worker measured on one batch.
+
+    Attributes
+    ----------
+    worker, batch : int
+    objects : int
+        Objects delivered to this worker.
+    candidates, passed, changed : int
+        (object, query) pairs checked exactly; pairs within ``r_q``; results changed.
+    busy_s : float
+        Wall seconds from call to return.
+    cpu_s : float
+        The worker's CPU seconds plus the Redis server's seconds on its writes: the busy time
+        on a dedicated core, which CPU contention on a machine with fewer cores than workers
+        does not inflate.
+    redis_s, redis_server_s, index_s : float
+        Wall seconds writing, the server's seconds running the script, seconds re-indexing.
+    write_queued : bool
+        The write went to the worker's write queue: ``redis_s`` and ``redis_server_s`` are 0
+        here and come with :meth:`with_write`.
+    """
+
+    worker: int
+    batch: int
+    objects: int = 0
+    candidates: int = 0
+    passed: int = 0
+    changed: int = 0
+    busy_s: float = 0.0
+    cpu_s: float = 0.0
+    redis_s: float = 0.0
+    redis_server_s: float = 0.0
+    index_s: float = 0.0
+    write_queued: bool = False
+
+    def with_write(self, w: WriteFigures) -> WorkerReport:
+        """This report with its queued write's figures: the writing thread's CPU and the
+        server's time join ``cpu_s``."""
+        return replace(self, redis_s=w.redis_s, redis_server_s=w.redis_server_s,
+                       cpu_s=self.cpu_s + w.writer_cpu_s + w.redis_server_s)

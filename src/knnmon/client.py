@@ -1,0 +1,141 @@
+"""A Python client of ``knnmon serve``: plain Redis commands, nothing a client in another language
+could not do (the README shows the same with ``redis-cli``). It speaks the stream protocol of
+:mod:`knnmon.coordinator.service.protocol` and imports only ``redis`` and knnmon's light core
+(no numpy, Ray, Spark or pyarrow), so an application can use it without the server's stack.
+
+>>> c = KnnClient("redis://127.0.0.1:6379/0")                       # doctest: +SKIP
+>>> c.register("q1", -71.41, 41.82, ["coffee", "tea"], k=5)          # doctest: +SKIP
+>>> c.publish([{"id": "o1", "lon": -71.4, "lat": 41.8, "keywords": "coffee"}])  # doctest: +SKIP
+>>> c.wait(c.last_entry)                                             # doctest: +SKIP
+>>> c.results("q1")                                                  # doctest: +SKIP
+[('o1', 2253.1...)]
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from knnmon.connection import connect
+from knnmon.coordinator.service.protocol import GROUP, entry_order, group_info
+from knnmon.errors import KnnmonError
+from knnmon.keys import DEFAULT_NAMESPACE, Keys
+
+__all__ = ["KnnClient"]
+
+
+class KnnClient:
+    """Register and unregister queries, publish objects, read results and changes.
+
+    Parameters
+    ----------
+    url
+        The Redis that ``knnmon serve`` uses.
+    namespace
+        Its key prefix (default ``knn``).
+
+    Attributes
+    ----------
+    last_entry : str or None
+        The stream entry id of the last operation this client added (for :meth:`wait`).
+    """
+
+    def __init__(self, url: str, namespace: str = DEFAULT_NAMESPACE) -> None:
+        self.keys = Keys(namespace)
+        self.client = connect(url)
+        self.last_entry: str | None = None
+
+    def register(self, qid: str, lon: float, lat: float, keywords: Sequence[str] | str, k: int) -> str:
+        """Register (or update) query ``qid``: the ``k`` nearest objects to ``(lon, lat)``
+        (degrees) sharing a keyword; returns the stream entry id. Invalid queries are rejected
+        by the service into ``knn:ingest:rejects``."""
+        words = keywords if isinstance(keywords, str) else " ".join(keywords)
+        self.last_entry = self.client.xadd(self.keys.ingest_queries, {"op": "register", "id": qid, "lon": repr(float(lon)),
+                                                                      "lat": repr(float(lat)), "keywords": words,
+                                                                      "k": int(k)})
+        return self.last_entry
+
+    def unregister(self, qid: str) -> str:
+        """Unregister query ``qid`` (its keys are deleted); returns the stream entry id."""
+        self.last_entry = self.client.xadd(self.keys.ingest_queries, {"op": "unregister", "id": qid})
+        return self.last_entry
+
+    def publish(self, objects: Iterable[Mapping[str, Any]], *, chunk: int = 1000) -> list[str]:
+        """Publish objects: mappings with ``id``, ``lon``, ``lat``, optional ``t`` (epoch ms),
+        and ``keywords`` (a list, or space-separated normalised terms) or ``text``. Returns the
+        entry ids (one pipeline per ``chunk`` objects)."""
+        ids: list[str] = []
+        batch: list[dict[str, Any]] = []
+
+        def flush() -> None:
+            pipe = self.client.pipeline(transaction=False)
+            for fields in batch:
+                pipe.xadd(self.keys.ingest_objects, fields)
+            ids.extend(pipe.execute())
+            batch.clear()
+
+        for o in objects:
+            fields = {k: (" ".join(v) if k == "keywords" and not isinstance(v, str) else v)
+                      for k, v in o.items() if v is not None}
+            batch.append(fields)
+            if len(batch) >= chunk:
+                flush()
+        if batch:
+            flush()
+        if ids:
+            self.last_entry = ids[-1]
+        return ids
+
+    def results(self, qid: str) -> list[tuple[str, float]]:
+        """The current kNN of ``qid``: ``[(object id, distance m), ...]`` nearest first (empty if
+        no such query or no match yet)."""
+        return [(o, float(d)) for o, d in self.client.zrange(self.keys.result(qid), 0, -1, withscores=True)]
+
+    def query(self, qid: str) -> dict[str, str]:
+        """The query's hash (``lon``, ``lat``, ``keywords``, ``k``, ``worker``, ``version``); empty
+        if not registered."""
+        return self.client.hgetall(self.keys.query(qid))
+
+    def changes(self, since: str = "0", count: int = 1000) -> list[tuple[str, dict[str, str]]]:
+        """Result changes after stream id ``since``: ``(entry id, {qid, entered, left, version})``.
+        Pass the last id seen to get only newer ones."""
+        return self.client.xrange(self.keys.changes, min="(" + since if since != "0" else "-", max="+", count=count)
+
+    def rejects(self, count: int = 1000) -> list[tuple[str, dict[str, str]]]:
+        """Rejected entries with their original fields and ``_reason``, ``_detail``, ``_stream``, ``_entry``."""
+        return self.client.xrange(self.keys.ingest_rejects, count=count)
+
+    def processed(self, entry_id: str) -> bool:
+        """Whether the service has applied and acknowledged entry ``entry_id`` (of either stream)."""
+        for key in (self.keys.ingest_objects, self.keys.ingest_queries):
+            if not self.client.xrange(key, min=entry_id, max=entry_id):
+                continue
+            g = group_info(self.client, key)
+            if g is None or entry_order(g["last-delivered-id"]) < entry_order(entry_id):
+                return False
+            return not self.client.xpending_range(key, GROUP, min=entry_id, max=entry_id, count=1)
+        raise KnnmonError(f"no entry {entry_id} in the ingest streams")
+
+    def wait(self, entry_id: str | None = None, timeout_s: float = 60.0) -> None:
+        """Block until :meth:`processed` (default: this client's last entry).
+
+        Raises
+        ------
+        TimeoutError
+            The service did not get there within ``timeout_s``.
+        """
+        entry_id = entry_id or self.last_entry
+        if entry_id is None:
+            return
+        deadline = time.monotonic() + timeout_s
+        while not self.processed(entry_id):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"entry {entry_id} not processed within {timeout_s} s (is `knnmon serve` running?)")
+            time.sleep(0.02)
+
+    def close(self) -> None:
+        """Close the connection."""
+        self.client.close()
+
+

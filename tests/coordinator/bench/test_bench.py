@@ -1,0 +1,78 @@
+"""``knnmon bench``: a small run on real places, report structure, exactness, bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import pyarrow as pa
+
+from knnmon.coordinator.bench.plots import plot_report
+from knnmon.coordinator.bench.runner import BenchConfig, _check_sample, run_bench, spearman
+from knnmon.coordinator.cli import main
+
+from knnmon.errors import InputPathError, InvalidArgumentError
+
+ROW_KEYS = {"algorithm", "workers", "kmax", "queries", "update_ms_wall_mean", "update_ms_sim_mean",
+            "update_ms_sim_p99", "imbalance_ms_mean", "objects_per_s", "deliveries_per_object", "exact",
+            "spearman_predicted_vs_busy", "busy_ms_per_worker", "predicted_worker_loads"}
+
+
+def test_small_bench_is_exact_for_every_algorithm(places_slice, redis_url, ray_instance, tmp_path):
+    report = tmp_path / "bench.json"
+    cfg = BenchConfig(objects=str(places_slice), queries=(600,), kmax=(3, 6), workers=(3,),
+                      algorithms=("proposed", "keyword", "space", "random", "single"), initial=7000, batch=500,
+                      batches=4, check=True, redis_url=redis_url)
+    out = run_bench(cfg, str(report), progress=False, log=lambda _: None)
+    saved = json.loads(report.read_text())
+    assert saved["rows"] == json.loads(json.dumps(out["rows"]))
+    assert saved["machine"]["cpus"] >= 1 and saved["machine"]["speed_probe_ms"] > 0 and not saved["interrupted"]
+    rows = saved["rows"]
+    assert [(r["algorithm"], r["kmax"]) for r in rows] == [
+        (a, k) for k in (3, 6) for a in ("proposed", "keyword", "space", "random", "single")]
+    for r in rows:
+        assert ROW_KEYS <= set(r)
+        assert r["exact"] is True and r["mismatched_queries"] == 0 and r["checked_queries"] == 600, r["algorithm"]
+        assert r["queries"] == 600 and r["objects"] == 2000 and r["batches"] == 4
+        assert r["update_ms_sim_mean"] > 0 and r["objects_per_s"] > 0
+        assert len(r["speed_probe_ms"]) == 2 and min(r["speed_probe_ms"]) > 0
+        assert len(r["busy_ms_per_worker"]) == (1 if r["algorithm"] == "single" else 3)
+        assert r["routing"]["routing_table_bytes"] > 0 and r["routing"]["routing_pairs_promoted"] == 0
+    assert all(r["workers"] == 1 and 0 < r["deliveries_per_object"] <= 1 for r in rows if r["algorithm"] == "single")
+    paths = plot_report(rows, str(tmp_path / "plots"))
+    assert [p.rsplit("/", 1)[1] for p in paths] == ["update_vs_kmax.png"]
+    assert (tmp_path / "plots" / "update_vs_kmax.png").stat().st_size > 10_000
+
+
+def test_check_sample_draws_distinct_queries_reproducibly():
+    queries = pa.table({"id": [f"q{i}" for i in range(600)], "k": list(range(600))})
+    part = _check_sample(queries, 50, seed=3)
+    ids = part.column("id").to_pylist()
+    assert len(set(ids)) == 50 and set(ids) < set(queries.column("id").to_pylist())
+    assert ids == _check_sample(queries, 50, seed=3).column("id").to_pylist()
+    assert ids != _check_sample(queries, 50, seed=4).column("id").to_pylist()
+    assert _check_sample(queries, None, seed=3) is queries and _check_sample(queries, 600, seed=3) is queries
+
+
+def test_spearman():
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 45]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert spearman([1, 2], [1, 2]) is None and spearman([1, 1, 1], [1, 2, 3]) is None
+
+
+def test_bad_input_fails_before_any_work(places_slice, tmp_path, capsys):
+    base = {"objects": str(places_slice), "queries": (10,)}
+    with pytest.raises(InvalidArgumentError, match="Invalid algorithm"):
+        BenchConfig(**base, algorithms=("proposed", "fastest"))
+    with pytest.raises(InvalidArgumentError, match="--workers"):
+        BenchConfig(**base, workers=(0, 4))
+    with pytest.raises(InvalidArgumentError, match="--check-sample"):
+        BenchConfig(**base, check=True, check_sample=0)
+    with pytest.raises(InputPathError, match="not an ingest output"):
+        BenchConfig(objects=str(tmp_path / "missing"), queries=(10,))
+    with pytest.raises(InvalidArgumentError, match="exceeds the 10,000 objects"):
+        run_bench(BenchConfig(**{**base, "queries": (10_001,)}), None, progress=False)
+    assert main(["bench", "--objects", str(places_slice), "--queries", "10", "--algorithms", "nope"]) == 2
+    assert "Invalid algorithm" in capsys.readouterr().err
+    assert main(["bench", "--objects", str(places_slice), "--queries", "ten"]) == 2
+    assert "comma-separated integers" in capsys.readouterr().err

@@ -1,0 +1,34 @@
+"""``knnmon run`` and ``knnmon results`` as a user runs them, on real places, Ray and Redis."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow.parquet as pq
+
+from knnmon.coordinator.cli import main
+from knnmon.ingest.reading import load_queries
+
+
+def test_run_and_results_commands(places_slice, slice_queries, ray_instance, redis_url, namespace, tmp_path, capsys):
+    objects_dir = str(places_slice)
+    qfile = tmp_path / "q.parquet"
+    pq.write_table(load_queries(str(slice_queries)).slice(0, 300), qfile)
+    report = tmp_path / "run.json"
+    rc = main(["run", "--objects", objects_dir, "--queries", str(qfile), "--workers", "2", "--algorithm", "space",
+               "--initial", "5000", "--batch", "1000", "--batches", "3", "--redis", redis_url, "--namespace", namespace,
+               "--report", str(report), "--quiet"])
+    assert rc == 0
+    s = json.loads(report.read_text())
+    for key in ("update_ms_mean", "update_ms_p50", "update_ms_p99", "imbalance_ms_mean", "objects_per_s",
+                "deliveries_per_object", "results_changed", "workers_stats"):
+        assert key in s
+    assert s["batches"] == 3 and s["objects"] == 3000 and len(s["workers_stats"]) == 2
+    assert 0 < s["redis_server_ms_mean"] <= s["redis_server_ms_p99"]  # the scripts ran on the server
+    assert "throughput" in capsys.readouterr().out
+    assert main(["results", "q0", "--redis", redis_url, "--namespace", namespace]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("query q0: k=") and " m  " in out
+    assert main(["results", "nosuch", "--redis", redis_url, "--namespace", namespace]) == 2
+    assert "no query 'nosuch'" in capsys.readouterr().err
+    assert main(["run", "--objects", objects_dir, "--queries", str(qfile), "--workers", "0", "--redis", redis_url]) == 2

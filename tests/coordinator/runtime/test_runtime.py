@@ -1,0 +1,160 @@
+"""The distributed runtime end to end: real Spark ingest, real Ray actors, real Redis, brute-force oracle."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from knnmon.connection import connect
+from knnmon.coordinator.runtime import RunConfig, Runtime
+from knnmon.errors import InvalidQueryError, WorkerLostError
+from knnmon.ingest.jobs import ingest_places
+from knnmon.ingest.queries import QueryWorkload, generate_queries
+from knnmon.ingest.reading import load_queries, read_objects, stream_order
+from knnmon.keys import Keys
+from knnmon.oracle import BruteForceKnn
+from knnmon.query import Query
+from knnmon.store import StoreConfig
+from knnmon.testing import assert_exact, expected, head_lines
+
+
+@pytest.fixture(params=["ray", "inline"])
+def executor(request):
+    """Each runtime test runs with Ray actors and with in-process workers."""
+    if request.param == "ray":
+        request.getfixturevalue("ray_instance")
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def ct(spark, shared_data, tmp_path_factory):
+    """110,000 real Connecticut places, 10,000 queries drawn from them, and the oracle over all."""
+    root = tmp_path_factory.mktemp("ct")
+    (root / "ct.geojson").write_text(
+        "\n".join(head_lines(shared_data / "places" / "places-us-ct.geojson.gz", 110_500)) + "\n")
+    ingest_places([str(root / "ct.geojson")], str(root / "objects"))
+    objects = read_objects(str(root / "objects"))
+    queries = generate_queries(objects, QueryWorkload(n=10_000, k_max=10, seed=11))
+    assert objects.num_rows >= 100_000
+    return str(root / "objects"), queries, expected(queries, BruteForceKnn(objects)), objects.num_rows
+
+
+@pytest.mark.parametrize("algorithm, executor", [("proposed", "ray"), ("keyword", "ray"), ("space", "ray"),
+                                                 ("random", "ray"), ("proposed", "inline")])
+def test_every_result_is_exact_on_real_places(ct, ray_instance, redis_url, namespace, algorithm, executor, tmp_path):
+    objects_dir, queries, want, n_objects = ct
+    config = RunConfig(workers=4, algorithm=algorithm, initial=50_000, batch=1000, executor=executor,
+                       store=StoreConfig(redis_url, namespace, str(tmp_path)))
+    with Runtime(objects_dir, queries, config) as rt:
+        summary = rt.run(progress=False)
+        assert summary.objects + summary.initial_objects == n_objects >= 100_000
+        assert summary.results_changed > 1000 and summary.deliveries_per_object > 0
+        assert assert_exact(redis_url, namespace, queries, want) == 10_000
+
+
+@pytest.fixture(scope="module")
+def small(places_slice, slice_queries):
+    objects = stream_order(read_objects(str(places_slice)), None)
+    return str(places_slice), load_queries(str(slice_queries)).slice(0, 1500), objects
+
+
+@pytest.mark.parametrize("overlap", [True, False], ids=["writes-overlapped", "sync-writes"])
+def test_one_inline_worker(small, redis_url, namespace, tmp_path, overlap):
+    objects_dir, queries, objects = small
+    config = RunConfig(workers=1, initial=4000, batch=500, store=StoreConfig(redis_url, namespace, str(tmp_path)),
+                       executor="inline", overlap_writes=overlap)
+    with Runtime(objects_dir, queries, config) as rt:
+        summary = rt.run(progress=False)
+        assert_exact(redis_url, namespace, queries, BruteForceKnn(objects))
+    # Either way each batch's row carries its script's server time (from KnnWorker.written when queued).
+    assert summary.results_changed > 0 and summary.redis_server_ms_mean > 0
+
+
+def test_register_mid_stream_unregister_and_duplicates(small, executor, redis_url, namespace, tmp_path):
+    objects_dir, queries, objects = small
+    config = RunConfig(workers=3, initial=4000, batch=500, store=StoreConfig(redis_url, namespace, str(tmp_path)),
+                       executor=executor)
+    client, keys = connect(redis_url), Keys(namespace)
+    with Runtime(objects_dir, queries, config) as rt:
+        batches = list(rt.batches())
+        for b in batches[:6]:
+            rt.process(b)
+        seen = 4000 + 6 * 500
+        # A query registered mid-stream starts from its exact kNN over the objects seen so far.
+        probe = objects.slice(100, 1).to_pylist()[0]
+        words = probe["keywords"][:2]
+        reg = rt.registrar
+        [w] = reg.register([Query.create("late", probe["lon"] + 0.01, probe["lat"], words, 7)])
+        assert 0 <= w < 3
+        want = BruteForceKnn(objects.slice(0, seen)).knn(probe["lon"] + 0.01, probe["lat"], words, 7)
+        assert client.zrange(keys.result("late"), 0, -1) == [x[0] for x in want]
+        with pytest.raises(InvalidQueryError, match="already registered"):
+            reg.register([Query.create("late", 0.0, 0.0, ["food"], 1)])
+        with pytest.raises(InvalidQueryError, match="needs an id, k >= 1"):
+            Query.create("bad", 0.0, 0.0, ["the"], 3)  # a stop word only: no keyword left
+        # A query whose k exceeds its matches holds all of them.
+        [rare] = reg.register([Query.create("rare", -72.0, 43.0, ["zzzneverseen"], 5)])
+        assert rare >= 0 and client.zcard(keys.result("rare")) == 0
+        # Unregister deletes its keys.
+        gone = queries.column("id")[0].as_py()
+        assert reg.unregister(gone) and not reg.unregister(gone)
+        assert not client.exists(keys.result(gone), keys.query(gone))
+        # A batch repeating ids: within itself and from before; the repeats are ignored and counted.
+        nxt = batches[6]
+        dup = pa.concat_tables([nxt, nxt.slice(0, 10), batches[0].slice(0, 5)])
+        r = rt.process(dup)
+        assert r.duplicates == 15 and r.objects == nxt.num_rows
+        for b in batches[7:]:
+            rt.process(b)
+        rest = queries.filter(pa.compute.not_equal(queries.column("id"), gone))
+        oracle = BruteForceKnn(objects)
+        assert_exact(redis_url, namespace, rest, oracle)
+        want = oracle.knn(probe["lon"] + 0.01, probe["lat"], words, 7)
+        assert client.zrange(keys.result("late"), 0, -1) == [x[0] for x in want]
+        assert client.hget(keys.query("late"), "worker") == str(w)
+        entries = client.xrange(keys.changes, count=5)
+        assert entries and {"qid", "entered", "left", "version"} <= set(entries[0][1])
+    client.close()
+
+
+def test_antimeridian_and_high_latitudes(spark, executor, redis_url, namespace, tmp_path):
+    rng = np.random.default_rng(5)
+    lines = []
+    for i in range(600):
+        lon = float(rng.choice([179.99, -179.99, 10.0])) + rng.normal(0, 0.02)
+        lon = (lon + 180) % 360 - 180
+        lat = float(rng.choice([0.0, 89.95, -89.95, 70.0])) + rng.normal(0, 0.01)
+        lat = max(-90.0, min(90.0, lat))
+        tag = str(rng.choice(["ice", "sea", "camp"]))
+        lines.append(json.dumps({"type": "Feature", "id": f"SG_p{i}@{1000 + i}",
+                                 "geometry": {"type": "Point", "coordinates": [lon, lat]},
+                                 "properties": {"classifiers": [], "tags": [tag]}}))
+    (tmp_path / "polar.geojson").write_text("\n".join(lines) + "\n")
+    ingest_places([str(tmp_path / "polar.geojson")], str(tmp_path / "objects"), grid_n=16)
+    q = pa.table({"id": [f"q{i}" for i in range(8)],
+                  "lon": [180.0, -180.0, 179.995, 0.0, 90.0, -90.0, 10.0, -179.999],
+                  "lat": [0.0, 0.0, 0.01, 90.0, 89.99, -90.0, 70.0, 0.0],
+                  "keywords": [["ice"], ["sea"], ["camp", "ice"], ["ice"], ["sea"], ["camp"], ["ice", "sea"], ["camp"]],
+                  "k": pa.array([5, 3, 8, 4, 6, 2, 10, 1], type=pa.int32())})
+    config = RunConfig(workers=2, initial=200, batch=50, store=StoreConfig(redis_url, namespace, str(tmp_path)),
+                       executor=executor)
+    with Runtime(str(tmp_path / "objects"), q, config) as rt:
+        rt.run(progress=False)
+        objects = stream_order(read_objects(str(tmp_path / "objects")), None)
+        assert_exact(redis_url, namespace, q, BruteForceKnn(objects))
+
+
+def test_a_killed_ray_worker_surfaces_as_worker_lost(small, ray_instance, redis_url, namespace, tmp_path):
+    objects_dir, queries, _ = small
+    config = RunConfig(workers=2, initial=4000, batch=500, store=StoreConfig(redis_url, namespace, str(tmp_path)))
+    with Runtime(objects_dir, queries.slice(0, 200), config) as rt:
+        batches = list(rt.batches())
+        rt.process(batches[0])
+        rt.pool.kill(1)
+        with pytest.raises(WorkerLostError, match="worker 1 was lost") as ex:
+            for b in batches[1:]:  # a batch that reaches worker 1
+                rt.process(b)
+        assert ex.value.worker == 1

@@ -1,0 +1,249 @@
+"""The service loop: ``knnmon serve`` as a separate process, driven by a plain redis-py client through the ingest
+streams, on real places, checked against the brute-force oracle; killed with SIGKILL and restarted."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import redis
+
+from knnmon.ingest.reading import read_objects, stream_order
+from knnmon.keys import Keys
+from knnmon.oracle import BruteForceKnn
+from knnmon.testing import assert_exact, object_fields, register_fields, wait_processed
+
+
+def start_serve(url: str, namespace: str, tmp_path, *extra: str) -> subprocess.Popen:
+    """``knnmon serve`` in a child process (workers in process: this file tests the service)."""
+    log = open(tmp_path / f"serve-{time.monotonic_ns()}.log", "w")
+    cmd = [sys.executable, "-m", "knnmon.coordinator.cli", "serve", "--redis", url, "--namespace", namespace,
+           "--workers", "3", "--executor", "inline", "--max-delay-ms", "5", "--data-dir", str(tmp_path / "data"),
+           *extra]
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+
+
+def stop(proc: subprocess.Popen) -> int:
+    proc.send_signal(signal.SIGTERM)
+    return proc.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def places(places_slice):
+    """The 10,000 real places of the slice in stream order, as dicts."""
+    return stream_order(read_objects(str(places_slice)), None).to_pylist()
+
+
+def test_streams_from_a_plain_redis_client_are_exact_and_rejects_are_kept(redis_url, namespace, places,
+                                                                          slice_queries, tmp_path):
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    keys = Keys(namespace)
+    queries = pq.read_table(slice_queries).slice(0, 300).to_pylist()
+    # Before the service starts: 150 queries and 4,000 objects are waiting in the streams.
+    for q in queries[:150]:
+        r.xadd(keys.ingest_queries, register_fields(q))
+    for o in places[:4000]:
+        r.xadd(keys.ingest_objects, object_fields(o))
+    proc = start_serve(redis_url, namespace, tmp_path)
+    try:
+        bad_objects = [
+            ({"lon": "1", "lat": "2", "keywords": "x"}, "missing_id"),
+            ({"id": "b1", "lon": "abc", "lat": "2", "keywords": "x"}, "non_numeric_coordinates"),
+            ({"id": "b2", "lon": "10", "lat": "95", "keywords": "x"}, "latitude_out_of_range"),
+            ({"id": "b3", "lon": "10", "lat": "5"}, "no_keywords"),
+            ({"id": "b4", "lon": "10", "lat": "5", "keywords": "x", "t": "noon"}, "bad_time"),
+            ({**object_fields(places[0]), "lon": "1.5"}, "duplicate_id"),
+        ]
+        for fields, _ in bad_objects:
+            r.xadd(keys.ingest_objects, fields)
+        # While it runs: the rest of the objects (1,000 of them as raw text), queries registered
+        # mid-stream, an update, an unregister, and bad operations.
+        for i, o in enumerate(places[4000:]):
+            r.xadd(keys.ingest_objects, object_fields(o, use_text=3000 <= i < 4000))
+            if i % 40 == 0 and 150 + i // 40 < len(queries):
+                r.xadd(keys.ingest_queries, register_fields(queries[150 + i // 40]))
+        bad_ops = [
+            ({"op": "fly", "id": "z"}, "unknown_op"),
+            ({**register_fields(queries[0]), "k": "0"}, "bad_k"),
+            ({"op": "register", "id": "z2", "lat": "1", "keywords": "a", "k": "1"}, "missing_coordinates"),
+            ({**register_fields(queries[0]), "id": "z3", "keywords": "the of"}, "no_keywords"),
+        ]
+        for fields, _ in bad_ops:
+            r.xadd(keys.ingest_queries, fields)
+        r.xadd(keys.ingest_queries, {"op": "unregister", "id": "never-registered"})
+        r.xadd(keys.ingest_queries, register_fields(queries[1], k=queries[1]["k"] + 3))  # an update
+        r.xadd(keys.ingest_queries, {"op": "unregister", "id": queries[2]["id"]})
+        wait_processed(r, keys, proc)
+        assert stop(proc) == 0  # SIGTERM: drains and exits cleanly
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    registered = [q for q in queries if q["id"] != queries[2]["id"]]
+    registered[1] = {**registered[1], "k": registered[1]["k"] + 3}
+    oracle = BruteForceKnn(pa.Table.from_pylist(places))
+    assert assert_exact(redis_url, namespace, pa.Table.from_pylist(registered), oracle) == 299
+    assert not r.exists(keys.result(queries[2]["id"])) and not r.exists(keys.query(queries[2]["id"]))
+    assert r.scard(keys.queries) == 299
+    rejects = r.xrange(keys.ingest_rejects)
+    want = Counter(reason for _, reason in bad_objects + bad_ops)
+    assert Counter(f["_reason"] for _, f in rejects) == want
+    dup = next(f for _, f in rejects if f["_reason"] == "duplicate_id")
+    assert dup["lon"] == "1.5" and dup["_stream"] == keys.ingest_objects  # the original fields are kept
+    from knnmon.coordinator.service.status import format_status, read_status
+
+    status = read_status(redis_url, namespace)
+    svc = status["service"]
+    assert (svc["unregister_unknown"], svc["updated"], svc["registered"], svc["objects"]) == (1, 1, 301, 10_000)
+    assert not status["running"] and status["queries"] == 299 and status["rejects"] == len(rejects)
+    assert status["objects_stream"]["pending"] == 0 and status["objects_stream"]["undelivered"] == 0
+    text = format_status(status)
+    assert "NOT running" in text and f"rejects: {len(rejects)}" in text
+
+
+def test_serve_killed_mid_stream_loses_nothing_and_duplicates_nothing(redis_url, namespace, places, slice_queries,
+                                                                       tmp_path):
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    keys = Keys(namespace)
+    queries = pq.read_table(slice_queries).slice(0, 1500).to_pylist()
+    for q in queries:
+        r.xadd(keys.ingest_queries, register_fields(q))
+    pipe = r.pipeline(transaction=False)
+    for o in places:
+        pipe.xadd(keys.ingest_objects, object_fields(o))
+    pipe.execute()
+    r.xadd(keys.ingest_objects, {"id": "bad", "lon": "x", "lat": "0", "keywords": "a"})
+    proc = start_serve(redis_url, namespace, tmp_path, "--batch", "100")
+    kills = 0
+    try:
+        for after in (5, 50):  # SIGKILL once that many object batches are done, then start again
+            deadline = time.monotonic() + 120
+            while (not r.exists(keys.serve_batches) or r.xlen(keys.serve_batches) < after) and time.monotonic() < deadline:
+                time.sleep(0.005)
+            proc.kill()
+            proc.wait()
+            kills += 1
+            proc = start_serve(redis_url, namespace, tmp_path, "--batch", "100")
+        wait_processed(r, keys, proc, timeout_s=300)
+        assert stop(proc) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert kills == 2
+    oracle = BruteForceKnn(pa.Table.from_pylist(places))
+    assert_exact(redis_url, namespace, pa.Table.from_pylist(queries), oracle)
+    # Nothing duplicated: each query's change versions are 1..version, once each.
+    versions: dict[str, list[int]] = {}
+    for _, f in r.xrange(keys.changes):
+        versions.setdefault(f["qid"], []).append(int(f["version"]))
+    for q in queries:
+        v = versions.get(q["id"], [])
+        assert v == list(range(1, len(v) + 1)), q["id"]
+        assert int(r.hget(keys.query(q["id"]), "version")) == len(v)
+    # Object hashes: exactly the objects in some result, each counting the results holding it.
+    holders = Counter(o for q in queries for o in r.zrange(keys.result(q["id"]), 0, -1))
+    stored = {k.split(":", 2)[2]: int(r.hget(k, "refs")) for k in r.scan_iter(f"{namespace}:object:*", count=10_000)}
+    assert stored == dict(holders)
+    assert [f["_entry"] for _, f in r.xrange(keys.ingest_rejects)] == [r.xrevrange(keys.ingest_objects, count=1)[0][0]]
+
+
+def test_serve_rides_out_redis_going_away(places, slice_queries, tmp_path):
+    from knnmon.redis_server import EmbeddedRedis, free_port
+
+    port = free_port()
+    server = EmbeddedRedis(str(tmp_path / "redis"), port=port, durable=True).start()
+    url, namespace = server.url, "gone"
+    r = redis.Redis.from_url(url, decode_responses=True)
+    keys = Keys(namespace)
+    queries = pq.read_table(slice_queries).slice(0, 200).to_pylist()
+    for q in queries:
+        r.xadd(keys.ingest_queries, register_fields(q))
+    for o in places[:5000]:
+        r.xadd(keys.ingest_objects, object_fields(o))
+    proc = start_serve(url, namespace, tmp_path)
+    try:
+        wait_processed(r, keys, proc)
+        server.stop()  # Redis goes away (saving), and comes back two seconds later
+        time.sleep(2.0)
+        assert proc.poll() is None  # serve waits, retrying
+        server = EmbeddedRedis(str(tmp_path / "redis"), port=port, durable=True).start()
+        r = redis.Redis.from_url(url, decode_responses=True)
+        for o in places[5000:]:
+            r.xadd(keys.ingest_objects, object_fields(o))
+        wait_processed(r, keys, proc)
+        assert stop(proc) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        server.stop()
+        server = EmbeddedRedis(str(tmp_path / "redis"), port=port, durable=True).start()
+    try:
+        oracle = BruteForceKnn(pa.Table.from_pylist(places))
+        assert assert_exact(url, namespace, pa.Table.from_pylist(queries), oracle) == 200
+        log = "".join(p.read_text() for p in tmp_path.glob("serve-*.log"))
+        assert "unreachable" in log and '"recoveries": 1' in log
+    finally:
+        server.stop()
+
+
+def test_python_client_round_trip_on_an_embedded_redis_that_survives_a_killed_serve(places, tmp_path):
+    """No --redis: serve starts its embedded, durable Redis; after SIGKILL the restarted serve
+    adopts the server that is still running; the Python client sees exact results and changes."""
+    from knnmon.client import KnnClient
+
+    def serve() -> subprocess.Popen:
+        log = open(tmp_path / f"serve-{time.monotonic_ns()}.log", "w")
+        env = {k: v for k, v in os.environ.items() if k != "KNNMON_REDIS_URL"}
+        return subprocess.Popen([sys.executable, "-m", "knnmon.coordinator.cli", "serve", "--workers", "2",
+                                 "--executor", "inline", "--data-dir", str(tmp_path / "data")],
+                                stdout=log, stderr=subprocess.STDOUT, env=env)
+
+    def server_url() -> str:
+        pid_file = tmp_path / "data" / "redis" / "server.pid"
+        deadline = time.monotonic() + 60
+        while not pid_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return f"redis://127.0.0.1:{pid_file.read_text().split()[1]}/0"
+
+    proc = serve()
+    try:
+        url = server_url()
+        client = KnnClient(url)
+        q = places[100]
+        client.register("c1", q["lon"], q["lat"], q["keywords"][:1], k=4)
+        client.publish({"id": o["id"], "lon": o["lon"], "lat": o["lat"], "t": o["t"], "keywords": o["keywords"]}
+                       for o in places[:3000])
+        client.wait(timeout_s=120)
+        proc.kill()  # the service dies; its Redis keeps running
+        proc.wait()
+        proc = serve()
+        client.wait(client.register("c0", q["lon"], q["lat"], ["zzz"], k=1), timeout_s=120)
+        assert server_url() == url  # the same server, adopted: nothing was lost
+        client.unregister("c0")
+        client.publish({"id": o["id"], "lon": o["lon"], "lat": o["lat"], "t": o["t"], "keywords": o["keywords"]}
+                       for o in places[3000:6000])
+        client.wait(timeout_s=120)
+        want = BruteForceKnn(pa.Table.from_pylist(places[:6000])).knn(q["lon"], q["lat"], q["keywords"][:1], 4)
+        got = client.results("c1")
+        assert [o for o, _ in got] == [o for o, _ in want]
+        assert client.query("c1")["k"] == "4"
+        changes = client.changes()
+        assert changes and all(f["qid"] == "c1" for _, f in changes)
+        assert [int(f["version"]) for _, f in changes] == list(range(1, len(changes) + 1))
+        assert client.changes(since=changes[-1][0]) == []
+        client.unregister("c1")
+        client.wait(timeout_s=60)
+        assert client.results("c1") == [] and client.query("c1") == {}
+        assert stop(proc) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    # A clean stop also stopped the embedded server.
+    with pytest.raises(redis.ConnectionError):
+        redis.Redis.from_url(server_url()).ping()

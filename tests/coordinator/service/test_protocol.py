@@ -1,0 +1,57 @@
+"""The stream protocol: entries parse, or are rejected with one reason; a light client."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from knnmon.coordinator.service.protocol import parse_object, parse_query_op
+from knnmon.errors import REJECT_REASONS, Rejected
+
+
+@pytest.mark.parametrize("fields, reason", [
+    ({"id": "a", "lon": "1", "lat": "2", "keywords": "Coffee tea coffee"}, None),
+    ({"id": "a", "lon": "1", "lat": "2", "text": "Great #Coffee!"}, None),
+    ({"id": " ", "lon": "1", "lat": "2", "keywords": "x"}, "missing_id"),
+    ({"id": "a", "lon": "nan", "lat": "2", "keywords": "x"}, "non_numeric_coordinates"),
+    ({"id": "a", "lon": "181", "lat": "2", "keywords": "x"}, "longitude_out_of_range"),
+    ({"id": "a", "lon": "1", "lat": "2", "text": "the and of"}, "no_keywords"),
+])
+def test_object_entries_parse_or_are_rejected_with_a_reason(fields, reason):
+    if reason is None:
+        o = parse_object("1700000000000-0", fields)
+        assert o.t == 1700000000000 and o.keywords in (("coffee", "tea"), ("coffee", "great"))
+    else:
+        with pytest.raises(Rejected) as ex:
+            parse_object("1700000000000-0", fields)
+        assert ex.value.reason == reason
+
+
+@pytest.mark.parametrize("fields, reason", [
+    ({"op": "register", "id": "q", "lon": "1", "lat": "2", "keywords": "Coffee, TEA!", "k": "3"}, None),
+    ({"op": "fly", "id": "q"}, "unknown_op"),
+    ({"op": "register", "id": "q", "lon": "1", "lat": "2", "keywords": "coffee", "k": "0"}, "bad_k"),
+    ({"op": "register", "id": "q", "lon": "1", "lat": "2", "keywords": "coffee", "k": "x"}, "bad_k"),
+    ({"op": "register", "id": "q", "lat": "2", "keywords": "coffee", "k": "1"}, "missing_coordinates"),
+    ({"op": "register", "id": "q", "lon": "1", "lat": "2", "keywords": "the of", "k": "1"}, "no_keywords"),
+    ({"op": "unregister", "id": ""}, "missing_id"),
+])
+def test_query_operations_parse_into_a_validated_query_or_are_rejected(fields, reason):
+    if reason is None:
+        op = parse_query_op(fields)
+        assert op.op == "register" and op.query.keywords == ("coffee", "tea") and op.query.k == 3
+        assert op.query.lon == 1.0 and op.query.lat == 2.0 and op.query.id == "q"
+    else:
+        with pytest.raises(Rejected) as ex:
+            parse_query_op(fields)
+        assert ex.value.reason == reason and reason in REJECT_REASONS
+
+
+def test_the_python_client_imports_no_heavy_package():
+    code = ("import sys; from knnmon.client import KnnClient; "
+            "heavy = {'ray', 'pyspark', 'numpy', 'pyarrow'} & set(sys.modules); print(sorted(heavy))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "[]"
