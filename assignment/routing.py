@@ -156,9 +156,8 @@ class RoutingTable:
 
         Fewer keywords than the vocabulary (a stream batch) are looked up in a dict, each
         distinct keyword once: pyarrow's ``index_in`` would rebuild a hash set of the whole
-        vocabulary on every call (130 ms per batch with the synthetic stream's 880 k keywords).
-        A 1,000-place batch has ~5,500 keywords but ~700 distinct ones: 0.58 -> 0.22 ms per
-        batch (timed ad hoc on 200 batches of places)."""
+        vocabulary on every call, and a batch has far fewer distinct keywords than keywords
+        (docs/runtime.md has the timings)."""
         if isinstance(keywords, pa.ChunkedArray):
             keywords = keywords.combine_chunks()
         if len(keywords.values) >= len(self.vocabulary):

@@ -22,13 +22,12 @@ reason (:class:`~knnmon.errors.Rejected`). An entry is acknowledged only once it
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from knnmon.errors import REJECT_REASONS, InvalidQueryError, Rejected
-from knnmon.query import Query
+from knnmon.query import Query, parse_point
 
 __all__ = ["GROUP", "OBJECT_FIELDS", "QUERY_FIELDS", "REJECT_FIELDS", "REJECT_REASONS", "ObjectEntry", "QueryOp",
            "Rejected", "entry_order", "entry_time_ms", "group_info", "parse_object", "parse_query_op"]
@@ -92,17 +91,7 @@ def _id(fields: Mapping[str, str]) -> str:
 def _point(fields: Mapping[str, str]) -> tuple[float, float]:
     if fields.get("lon") in (None, "") or fields.get("lat") in (None, ""):
         raise Rejected("missing_coordinates")
-    try:
-        lon, lat = float(fields["lon"]), float(fields["lat"])
-    except ValueError:
-        raise Rejected("non_numeric_coordinates", f"lon={fields['lon']!r}, lat={fields['lat']!r}") from None
-    if not (math.isfinite(lon) and math.isfinite(lat)):
-        raise Rejected("non_numeric_coordinates", f"lon={lon}, lat={lat}")
-    if abs(lon) > 180:
-        raise Rejected("longitude_out_of_range", f"lon={lon}")
-    if abs(lat) > 90:
-        raise Rejected("latitude_out_of_range", f"lat={lat}")
-    return lon, lat
+    return parse_point(fields["lon"], fields["lat"])
 
 
 def parse_object(entry_id: str, fields: Mapping[str, str]) -> ObjectEntry:
@@ -152,13 +141,7 @@ def parse_query_op(fields: Mapping[str, str]) -> QueryOp:
         return QueryOp("unregister", qid)
     lon, lat = _point(fields)
     try:
-        k = int(fields.get("k", ""))
-    except ValueError:
-        raise Rejected("bad_k", f"k={fields.get('k')!r}") from None
-    if k < 1:
-        raise Rejected("bad_k", f"k={k}")
-    try:
-        query = Query.create(qid, lon, lat, fields.get("keywords"), k)
-    except InvalidQueryError:  # every other field was checked above: no keyword is left
-        raise Rejected("no_keywords", f"keywords={fields.get('keywords')!r}") from None
+        query = Query.create(qid, lon, lat, fields.get("keywords"), fields.get("k"))
+    except InvalidQueryError as ex:
+        raise Rejected(ex.reason, ex.detail) from None
     return QueryOp("register", qid, query)

@@ -26,7 +26,16 @@ class InvalidArgumentError(KnnmonError, ValueError):
 
 class InvalidQueryError(KnnmonError, ValueError):
     """A kNN query is invalid (no keyword after normalisation, ``k < 1``, bad coordinates), or
-    its id is registered already."""
+    its id is registered already.
+
+    ``reason`` is a key of :data:`REJECT_REASONS` for an invalid parameter (``None`` for a
+    duplicate id) and ``detail`` the offending values: the stream protocol rejects an entry
+    with them.
+    """
+
+    def __init__(self, message: str, reason: str | None = None, detail: str = "") -> None:
+        super().__init__(message)
+        self.reason, self.detail = reason, detail
 
 
 class StoreUnavailableError(KnnmonError):
@@ -65,4 +74,4 @@ class Rejected(KnnmonError, ValueError):
 
     def __init__(self, reason: str, detail: str = "") -> None:
         super().__init__(f"{reason}: {detail or REJECT_REASONS[reason]}")
-        self.reason = reason
+        self.reason, self.detail = reason, detail

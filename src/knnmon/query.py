@@ -13,7 +13,48 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Query", "QueryColumns"]
+from knnmon.errors import InvalidQueryError, Rejected
+
+__all__ = ["Query", "QueryColumns", "parse_k", "parse_point"]
+
+
+def parse_point(lon: Any, lat: Any) -> tuple[float, float]:
+    """``(lon, lat)`` as float degrees, checked: finite, ``|lon| <= 180``, ``|lat| <= 90``.
+    The one place these rules live (queries, and objects of the stream protocol).
+
+    Raises
+    ------
+    Rejected
+        ``non_numeric_coordinates``, ``longitude_out_of_range`` or ``latitude_out_of_range``.
+    """
+    try:
+        x, y = float(lon), float(lat)
+    except (TypeError, ValueError):
+        raise Rejected("non_numeric_coordinates", f"lon={lon!r}, lat={lat!r}") from None
+    if not (math.isfinite(x) and math.isfinite(y)):
+        raise Rejected("non_numeric_coordinates", f"lon={x}, lat={y}")
+    if abs(x) > 180:
+        raise Rejected("longitude_out_of_range", f"lon={x}")
+    if abs(y) > 90:
+        raise Rejected("latitude_out_of_range", f"lat={y}")
+    return x, y
+
+
+def parse_k(k: Any) -> int:
+    """``k`` as an int ``>= 1``.
+
+    Raises
+    ------
+    Rejected
+        ``bad_k``: not an integer, or below 1.
+    """
+    try:
+        kk = int(k)
+    except (TypeError, ValueError):
+        raise Rejected("bad_k", f"k={k!r}") from None
+    if kk < 1:
+        raise Rejected("bad_k", f"k={kk}")
+    return kk
 
 
 @dataclass(frozen=True)
@@ -51,24 +92,24 @@ class Query:
         Raises
         ------
         InvalidQueryError
-            An empty id, ``k`` not an integer ``>= 1``, coordinates not finite or out of range,
-            or no keyword left after normalisation; the message names the query and the values.
+            The first problem, in this order: an empty id, coordinates not finite or out of
+            range, ``k`` not an integer ``>= 1``, no keyword left after normalisation; its
+            ``reason`` is a key of :data:`~knnmon.errors.REJECT_REASONS`.
         """
-        from knnmon.errors import InvalidQueryError
         from knnmon.ingest.keywords import normalize_keywords  # nltk: imported on first use only
 
         qid = str(id).strip() if id is not None else ""
-        text = keywords if isinstance(keywords, str) or keywords is None else " ".join(map(str, keywords))
-        words = tuple(normalize_keywords(text))
         try:
-            lon_f, lat_f, k_i = float(lon), float(lat), int(k)
-            ok = bool(qid) and k_i >= 1 and bool(words) and abs(lon_f) <= 180 and abs(lat_f) <= 90 and \
-                math.isfinite(lon_f) and math.isfinite(lat_f)
-        except (TypeError, ValueError):
-            ok = False
-        if not ok:
-            raise InvalidQueryError(f"query {qid!r}: needs an id, k >= 1, a keyword and valid coordinates "
-                                    f"(k={k}, keywords={keywords!r}, lon={lon}, lat={lat})")
+            if not qid:
+                raise Rejected("missing_id")
+            lon_f, lat_f = parse_point(lon, lat)
+            k_i = parse_k(k)
+            text = keywords if isinstance(keywords, str) or keywords is None else " ".join(map(str, keywords))
+            words = tuple(normalize_keywords(text))
+            if not words:
+                raise Rejected("no_keywords", f"keywords={keywords!r}")
+        except Rejected as r:
+            raise InvalidQueryError(f"query {qid!r}: {r}", r.reason, r.detail) from None
         return cls(qid, lon_f, lat_f, words, k_i)
 
 

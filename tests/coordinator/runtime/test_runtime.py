@@ -93,7 +93,7 @@ def test_register_mid_stream_unregister_and_duplicates(small, executor, redis_ur
         assert client.zrange(keys.result("late"), 0, -1) == [x[0] for x in want]
         with pytest.raises(InvalidQueryError, match="already registered"):
             reg.register([Query.create("late", 0.0, 0.0, ["food"], 1)])
-        with pytest.raises(InvalidQueryError, match="needs an id, k >= 1"):
+        with pytest.raises(InvalidQueryError, match="no_keywords"):
             Query.create("bad", 0.0, 0.0, ["the"], 3)  # a stop word only: no keyword left
         # A query whose k exceeds its matches holds all of them.
         [rare] = reg.register([Query.create("rare", -72.0, 43.0, ["zzzneverseen"], 5)])

@@ -1,0 +1,37 @@
+"""One place decides between a Redis URL and the embedded server."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+
+from knnmon.connection import connect
+from knnmon.errors import KnnmonError
+from knnmon.store import StoreConfig, clear_namespace, open_store
+
+
+def test_a_url_is_used_as_it_is_and_clear_namespace_keeps_other_namespaces(redis_url, namespace):
+    with open_store(StoreConfig(url=redis_url, namespace=namespace)) as store:
+        assert store.url == redis_url and not store.embedded and store.describe() == redis_url
+        c = connect(store.url)
+        c.set(f"{namespace}:a", 1)
+        c.set(f"{namespace}x:b", 1)
+        clear_namespace(store)
+        assert not c.exists(f"{namespace}:a") and c.exists(f"{namespace}x:b")
+        c.delete(f"{namespace}x:b")
+
+
+def test_the_embedded_server_saves_its_data_for_readers(tmp_path, monkeypatch):
+    monkeypatch.delenv("KNNMON_REDIS_URL", raising=False)
+    config = StoreConfig(data_dir=str(tmp_path / "data"))
+    with pytest.raises(KnnmonError, match="no results store"):
+        with open_store(config, existing=True):
+            pass
+    with open_store(config) as store:
+        assert store.embedded and "saved in" in store.describe()
+        connect(store.url).set("knn:k", "v")
+        url = store.url
+    with pytest.raises(redis.ConnectionError):
+        redis.Redis.from_url(url).ping()  # stopped at the end
+    with open_store(config, existing=True) as store:
+        assert connect(store.url).get("knn:k") == "v"
