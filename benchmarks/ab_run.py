@@ -1,7 +1,7 @@
 """A/B: the same ``knnmon run`` with this checkout and with another one, alternating, in one sitting.
 
 For a change that should not alter speed (a restructuring), or one that should: both trees run
-the same command with the same Python environment, round after round (A, B, A, B, ...), so that
+the same command with the same Python environment, round after round (A B, B A, A B, ...), so that
 the shared machine's drift in speed hits both alike. The other tree is a plain checkout (e.g.
 ``git worktree add /tmp/old <commit>``); it is put on ``PYTHONPATH`` as the ``knnmon`` package
 the way ``pyproject.toml`` maps the folders, ahead of this checkout's editable install.
@@ -65,7 +65,8 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(a.rounds):
-            for name, path in (("this", this), ("other", other)):
+            order = (("this", this), ("other", other))
+            for name, path in order if r % 2 == 0 else order[::-1]:  # A B, B A, ...: no tree always first
                 row = {"tree": name, "round": r, **run_once(path, args, os.path.join(tmp, f"{name}{r}.json"))}
                 rows.append(row)
                 print(json.dumps(row), flush=True)

@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 
 from knnmon.errors import InputPathError, InvalidArgumentError
 from knnmon.ingest.output import OBJECTS
+from knnmon.limits import DEFAULT_LIMITS, Limits
 
 __all__ = ["OBJECT_COLUMNS", "initial_objects", "load_queries", "read_objects", "stream_order"]
 
@@ -70,7 +71,7 @@ def initial_objects(objects_dir: str, n: int) -> pa.Table:
     return objects.slice(0, min(n, objects.num_rows)).select(["id", "lon", "lat", "keywords"])
 
 
-def load_queries(path: str) -> pa.Table:
+def load_queries(path: str, limits: Limits = DEFAULT_LIMITS) -> pa.Table:
     """Read a query file (``id``, ``lon``, ``lat``, ``keywords``, ``k``) and check it, all rows at
     once (the file's entry point of :class:`knnmon.query.Query`'s rules; keywords are taken as
     normalised, as ``knnmon queries generate`` writes them).
@@ -80,8 +81,9 @@ def load_queries(path: str) -> pa.Table:
     InputPathError
         The file does not exist or is not Parquet.
     InvalidArgumentError
-        No queries, missing columns, duplicate ids, ``k < 1``, no keyword, or coordinates out of
-        range; the message gives the count and the first offending ids.
+        No queries, missing columns, duplicate ids, ``k`` outside ``[1, limits.max_k]``, no
+        keyword or more than ``limits.max_keywords``, coordinates out of range or (0, 0); the
+        message gives the count and the first offending ids.
     """
     if not os.path.exists(path):
         raise InputPathError(f"query file does not exist: {path}")
@@ -100,9 +102,12 @@ def load_queries(path: str) -> pa.Table:
     ids = t.column("id")
     problems = {
         "k < 1": k < 1,
+        f"k above --max-k {limits.max_k}": k > limits.max_k,
         "no keyword": n_kw < 1,
+        f"more than --max-keywords {limits.max_keywords} keywords": n_kw > limits.max_keywords,
         "longitude outside [-180, 180] or not finite": ~(np.abs(lon) <= 180),
         "latitude outside [-90, 90] or not finite": ~(np.abs(lat) <= 90),
+        "coordinates (0, 0) (null island)": (lon == 0) & (lat == 0),
     }
     for what, bad in problems.items():
         if bad.any():

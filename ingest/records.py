@@ -34,6 +34,7 @@ REJECT_REASONS: dict[str, str] = {
     "non_numeric_coordinates": "a coordinate that is not a finite number",
     "latitude_out_of_range": "latitude outside [-90, 90]",
     "longitude_out_of_range": "longitude outside [-180, 180]",
+    "null_island": "coordinates exactly (0, 0): what a device reports without a position",
     "bad_time": "no parseable time (places: version after '@' in the id; tweets: created_at)",
     "no_keywords": "no keyword left after normalisation",
     "duplicate_id": "an id seen before; the record with the newest time is kept",
@@ -89,6 +90,7 @@ def validate(candidates: DataFrame, *, stem: bool = False, dedupe: bool = True) 
         .when(_not_finite(F.col("lon")) | _not_finite(F.col("lat")), "non_numeric_coordinates")
         .when((F.col("lat") < -90) | (F.col("lat") > 90), "latitude_out_of_range")
         .when((F.col("lon") < -180) | (F.col("lon") > 180), "longitude_out_of_range")
+        .when((F.col("lon") == 0) & (F.col("lat") == 0), "null_island")
         .when(F.col("t").isNull(), "bad_time")
         .when(F.size("keywords") == 0, "no_keywords")
     )

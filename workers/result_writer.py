@@ -11,6 +11,9 @@ Layout: :class:`knnmon.keys.Keys`. A batch's writes travel as one msgpack payloa
    query's change count) and appends one ``changes`` stream entry (``qid``, ``entered``,
    ``left``, ``version``); the stream is trimmed (``XTRIM MAXLEN ~``) once per call, not per
    entry (docs/runtime.md has the measurements behind this and the payload design);
+   A registration (or initial load) writes one entry with the whole initial result as
+   ``entered`` and version 0, a deleted query one with its whole result as ``left`` and the
+   next version: applying ``knn:changes`` from the start reproduces every result's members;
 3. counts in an object's ``refs`` the results holding it (the batch's net change per object, one
    ``HINCRBY`` each), writes the object's hash when the first result takes it, and deletes the
    hash when the last one lets it go;
@@ -81,9 +84,15 @@ for i = 1, #p.ro do
 end
 for _, qid in ipairs(p.del) do
   local rkey = ns .. ':result:' .. qid
-  for _, oid in ipairs(redis.call('ZRANGE', rkey, 0, -1)) do
+  local members = redis.call('ZRANGE', rkey, 0, -1)
+  for _, oid in ipairs(members) do
     local okey = ns .. ':object:' .. oid
     if redis.call('HINCRBY', okey, 'refs', -1) <= 0 then redis.call('DEL', okey) end
+  end
+  if p.log == 1 and redis.call('EXISTS', ns .. ':query:' .. qid) == 1 then
+    local v = tonumber(redis.call('HGET', ns .. ':query:' .. qid, 'version') or '0') + 1
+    redis.call('XADD', ns .. ':changes', '*', 'qid', qid, 'entered', '', 'left', table.concat(members, ' '),
+               'version', v)
   end
   redis.call('DEL', rkey, ns .. ':query:' .. qid)
   redis.call('SREM', ns .. ':queries', qid)
@@ -150,7 +159,7 @@ class ResultWriter:
         for qid, f, topk in queries:
             diffs.append((qid, int(f.get("version", 0)), topk, ()))
             fields.append([x for key, value in {**f, "worker": self.worker}.items() for x in (key, str(value))])
-        return self._payload(tag, BatchChanges.from_diffs(diffs, objects), fields=fields, replace=True, log=False)
+        return self._payload(tag, BatchChanges.from_diffs(diffs, objects), fields=fields, replace=True)
 
     def write_batch(self, tag: int, changes: BatchChanges) -> float:
         """Write one batch's result changes (module docstring); returns the server's seconds

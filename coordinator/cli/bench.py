@@ -6,7 +6,7 @@ from typing import Any
 
 from knnmon.assignment import ALGORITHMS
 from knnmon.coordinator.bench.runner import BENCH_NAMESPACE, REFERENCE
-from knnmon.coordinator.cli.options import DEFAULT_WORKERS, add_batch_option, add_cost_model_option, add_store_options
+from knnmon.coordinator.cli.options import add_verb, DEFAULT_WORKERS, add_batch_option, add_cost_model_option, add_store_options
 from knnmon.errors import InvalidArgumentError
 
 __all__ = ["add_bench_command"]
@@ -48,7 +48,7 @@ def _bench(a: Any) -> int:
 
 def add_bench_command(sub: Any) -> None:
     """Register ``bench`` on a root parser's subparsers."""
-    b = sub.add_parser("bench", help="reproduce the paper's experiments: plan and run every combination, report")
+    b = add_verb(sub, "bench", "reproduce the paper's experiments: plan and run every combination, report")
     b.add_argument("--objects", required=True, metavar="DIR", help="an ingest output directory")
     b.add_argument("--queries", required=True, metavar="N[,N...]", help="numbers of queries to draw from the objects")
     b.add_argument("--kmax", default="10", metavar="K[,K...]", help="k of each query uniform in [1, K] (default 10)")

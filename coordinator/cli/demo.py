@@ -13,7 +13,7 @@ import os
 from importlib import resources
 from typing import Any
 
-from knnmon.coordinator.cli.options import DEFAULT_WORKERS
+from knnmon.coordinator.cli.options import add_verb, DEFAULT_WORKERS
 
 __all__ = ["add_demo_command", "sample_places_path", "run_demo"]
 
@@ -69,7 +69,7 @@ def run_demo(workdir: str, *, n_queries: int = 2000, k_max: int = 5, workers: in
             print(f"\n  {q['id']}: k={q['k']} at ({q['lon']:.5f}, {q['lat']:.5f}) keywords {' '.join(q['keywords'])}"
                   f"  [{'equals' if exact else 'DIFFERS FROM'} the brute-force kNN]")
             for rank, o in enumerate(r["knn"], 1):
-                print(f"    {rank:>2}. {o['distance_m']:>10.1f} m  {o['id']}  {o.get('keywords', '')}")
+                print(f"    {rank:>2}. {o['distance_m']:>10.1f} m  {o['id']}  {' '.join(o['keywords'])}")
     print(f"\nRead any result later with: knnmon results <qid> --data-dir {data_dir}")
     return {"manifest": manifest, "summary": summary, "shown": shown}
 
@@ -81,11 +81,11 @@ def _run(a: argparse.Namespace) -> int:
 
 def add_demo_command(sub: Any) -> None:
     """Register ``demo`` on a root parser's subparsers."""
-    d = sub.add_parser("demo", help="run the whole path on the bundled places sample")
+    d = add_verb(sub, "demo", "run the whole path on the bundled places sample")
     d.add_argument("--workdir", default="knnmon-out", help="where outputs go (default ./knnmon-out)")
     d.add_argument("--queries", type=int, default=2000, help="number of queries (default 2000)")
     d.add_argument("--kmax", type=int, default=5, help="k of each query is uniform in [1, KMAX] (default 5)")
     d.add_argument("--workers", type=int, default=DEFAULT_WORKERS, help=f"workers (default {DEFAULT_WORKERS})")
     d.add_argument("--show", type=int, default=3, help="queries to print with their kNN (default 3)")
-    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--seed", type=int, default=0, help="query workload seed")
     d.set_defaults(func=_run)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from knnmon.coordinator.cli.options import add_verb
+
 from knnmon.ingest.jobs import DEFAULT_GRID
 from knnmon.ingest.spark import DEFAULT_MASTER
 
@@ -62,28 +64,28 @@ def _run_synthetic(a: argparse.Namespace) -> int:
 
 def add_ingest_commands(sub: Any) -> None:
     """Register ``ingest places|tweets|synthetic`` on a root parser's subparsers."""
-    ingest = sub.add_parser("ingest", help="preprocess raw data on Spark into objects, statistics, rejects")
+    ingest = add_verb(sub, "ingest", "preprocess raw data on Spark into objects, statistics, rejects")
     kinds = ingest.add_subparsers(dest="kind", required=True, metavar="{places,tweets,synthetic}")
 
-    p = kinds.add_parser("places", help="SimpleGeo GeoJSON lines (.geojson[.gz])")
+    p = add_verb(kinds, "places", "SimpleGeo GeoJSON lines (.geojson[.gz])")
     p.add_argument("paths", nargs="+", metavar="PATH", help="files or directories")
     _common(p)
     p.add_argument("--with-names", action="store_true", help="also take keywords from place names")
     p.add_argument("--stem", action="store_true", help="Snowball-stem keywords")
     p.set_defaults(func=_run_places)
 
-    t = kinds.add_parser("tweets", help="tweet CSV (id,username,created_at,lng,lat,text) or API v1.1 JSON lines")
+    t = add_verb(kinds, "tweets", "tweet CSV (id,username,created_at,lng,lat,text) or API v1.1 JSON lines")
     t.add_argument("paths", nargs="+", metavar="PATH", help="files or directories")
     _common(t)
     t.add_argument("--stem", action="store_true", help="Snowball-stem keywords")
     t.set_defaults(func=_run_tweets)
 
-    s = kinds.add_parser("synthetic", help="SYNTHETIC Twitter-scale stream shaped like the paper's Table 1")
+    s = add_verb(kinds, "synthetic", "SYNTHETIC Twitter-scale stream shaped like the paper's Table 1")
     s.add_argument("--n", type=int, required=True, help="number of objects (paper: 20,000,000)")
     _common(s)
     s.add_argument("--vocabulary", type=int, default=2_225_654, help="vocabulary size (default 2,225,654)")
     s.add_argument("--mean-keywords", type=float, default=5.51, help="distinct keywords per object (default 5.51)")
     s.add_argument("--zipf", type=float, default=1.0, help="Zipf exponent of keyword frequencies (default 1.0)")
     s.add_argument("--clusters", type=int, default=1000, help="location clusters (default 1000)")
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--seed", type=int, default=0, help="random seed of the synthetic stream")
     s.set_defaults(func=_run_synthetic)

@@ -3,20 +3,40 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from knnmon.assignment import ALGORITHMS
 from knnmon.assignment.costs import COST_MODELS
 from knnmon.assignment.routing import MAX_ENTRIES
 from knnmon.keys import DEFAULT_NAMESPACE
+from knnmon.limits import DEFAULT_LIMITS, Limits
 from knnmon.store import DEFAULT_DATA_DIR, StoreConfig
 
-__all__ = ["DEFAULT_BATCH", "DEFAULT_WORKERS", "add_batch_option", "add_cluster_options", "add_cost_model_option", "add_routing_entries_option",
+__all__ = ["DEFAULT_BATCH", "DEFAULT_WORKERS", "DefaultsFormatter", "add_verb", "add_batch_option", "add_limit_options", "limits", "add_cluster_options", "add_cost_model_option", "add_routing_entries_option",
            "add_store_options", "add_worker_options", "store_config"]
 
 #: Workers of ``run`` and ``serve`` (and the demo): one per core of the 2-core reference machine.
 DEFAULT_WORKERS = 2
 #: Objects per batch.
 DEFAULT_BATCH = 1000
+
+
+class DefaultsFormatter(argparse.HelpFormatter):
+    """Help that shows each flag's default, unless its text says it already."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if (action.option_strings and "default" not in text and action.default not in (None, False)
+                and action.default is not argparse.SUPPRESS):
+            text += f" (default {action.default})"
+        return text
+
+
+def add_verb(sub: Any, name: str, summary: str, description: str | None = None) -> argparse.ArgumentParser:
+    """A subcommand ``name`` with its one-line ``summary`` (``knnmon --help``), a description
+    (``knnmon NAME --help``; default: the summary as a sentence) and defaults shown."""
+    text = description or summary[0].upper() + summary[1:] + "."
+    return sub.add_parser(name, help=summary, description=text, formatter_class=DefaultsFormatter)
 
 
 def add_store_options(p: argparse.ArgumentParser, *, data_dir: bool = True, namespace: str = DEFAULT_NAMESPACE) -> None:
@@ -49,6 +69,20 @@ def add_cluster_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--executor", choices=("ray", "inline"), default="ray",
                    help="workers as Ray actors (default) or in process")
     p.add_argument("--ray-address", metavar="ADDR", help="join a Ray cluster (default: a local Ray instance)")
+
+
+def add_limit_options(p: argparse.ArgumentParser) -> None:
+    """``--max-k`` and ``--max-keywords``: bounds on every query (:class:`~knnmon.limits.Limits`)."""
+    p.add_argument("--max-k", type=int, default=DEFAULT_LIMITS.max_k, metavar="K",
+                   help=f"reject queries with k above K (default {DEFAULT_LIMITS.max_k:,}); a worker's memory grows "
+                        "with its queries' k")
+    p.add_argument("--max-keywords", type=int, default=DEFAULT_LIMITS.max_keywords, metavar="N",
+                   help=f"reject queries and objects with more than N keywords (default {DEFAULT_LIMITS.max_keywords})")
+
+
+def limits(a: argparse.Namespace) -> Limits:
+    """The :class:`~knnmon.limits.Limits` of :func:`add_limit_options`' flags."""
+    return Limits(max_k=a.max_k, max_keywords=a.max_keywords)
 
 
 def add_batch_option(p: argparse.ArgumentParser, what: str = "objects per batch") -> None:

@@ -7,7 +7,7 @@ import argparse
 from typing import Any
 
 from knnmon.assignment import ALGORITHMS
-from knnmon.coordinator.cli.options import add_cost_model_option, add_routing_entries_option
+from knnmon.coordinator.cli.options import add_verb, add_cost_model_option, add_routing_entries_option
 from knnmon.coordinator.planning import DEFAULT_INITIAL, explain, make_plan, write_plan
 
 __all__ = ["add_plan_command", "format_summary"]
@@ -49,11 +49,12 @@ def _run(a: argparse.Namespace) -> int:
 
 def add_plan_command(sub: Any) -> None:
     """Register ``plan`` on a root parser's subparsers."""
-    p = sub.add_parser("plan", help="assign queries to workers (load model + assignment algorithm)")
+    p = add_verb(sub, "plan", "assign queries to workers (load model + assignment algorithm)")
     p.add_argument("--objects", required=True, metavar="DIR", help="an ingest output directory")
     p.add_argument("--queries", required=True, metavar="FILE", help="a query file (knnmon queries generate)")
-    p.add_argument("--workers", type=int, required=True, metavar="W")
-    p.add_argument("--algorithm", required=True, choices=sorted(ALGORITHMS))
+    p.add_argument("--workers", type=int, required=True, metavar="W", help="number of workers to plan for")
+    p.add_argument("--algorithm", required=True, choices=sorted(ALGORITHMS),
+                   help="the paper's proposed partitioning, or a baseline")
     p.add_argument("--initial", type=int, default=DEFAULT_INITIAL, metavar="N",
                    help=f"objects seen before the stream; r_q is exact over them (default {DEFAULT_INITIAL:,})")
     p.add_argument("--beta", type=int, default=100_000, help="sets above BETA queries split by space (default 100,000)")
@@ -67,6 +68,6 @@ def add_plan_command(sub: Any) -> None:
     p.add_argument("--seed", type=int, default=0, help="random assignment and delivery sample seed")
     add_routing_entries_option(p)
     p.add_argument("--processes", type=int, default=2, help="processes for the kNN radii (default 2)")
-    p.add_argument("--out", required=True, metavar="PLANDIR")
+    p.add_argument("--out", required=True, metavar="PLANDIR", help="where the plan's files go")
     p.add_argument("--explain", metavar="QID", help="also say how query QID was placed")
     p.set_defaults(func=_run)

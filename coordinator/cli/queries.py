@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from knnmon.coordinator.cli.options import add_verb
+
 __all__ = ["add_queries_commands"]
 
 
@@ -21,12 +23,12 @@ def _run_generate(a: argparse.Namespace) -> int:
 
 def add_queries_commands(sub: Any) -> None:
     """Register ``queries generate`` on a root parser's subparsers."""
-    q = sub.add_parser("queries", help="query workloads")
+    q = add_verb(sub, "queries", "query workloads")
     qs = q.add_subparsers(dest="action", required=True, metavar="{generate}")
-    g = qs.add_parser("generate", help="the paper's workload: random objects' locations and 1-3 of their keywords")
+    g = add_verb(qs, "generate", "the paper's workload: random objects' locations and 1-3 of their keywords")
     g.add_argument("--objects", required=True, metavar="DIR", help="an ingest output directory")
     g.add_argument("--n", type=int, required=True, help="number of queries")
     g.add_argument("--kmax", type=int, required=True, help="k of each query is uniform in [1, KMAX]")
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--out", required=True, metavar="FILE.parquet")
+    g.add_argument("--seed", type=int, default=0, help="random seed (the same seed gives the same workload)")
+    g.add_argument("--out", required=True, metavar="FILE.parquet", help="the query file to write")
     g.set_defaults(func=_run_generate)

@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from knnmon.connection import connect, with_retries
-from knnmon.coordinator.cli.options import add_store_options, store_config
+from knnmon.coordinator.cli.options import add_verb, add_store_options, store_config
 from knnmon.errors import KnnmonError
 from knnmon.keys import Keys
 from knnmon.store import open_store
@@ -16,13 +16,14 @@ __all__ = ["add_results_command", "fetch_result"]
 
 
 def fetch_result(url: str, namespace: str, qid: str) -> dict[str, Any]:
-    """A query's current kNN from Redis, with its details and each object's.
+    """A query's current kNN from Redis, with its parameters and each object's details, typed.
 
     Returns
     -------
     dict
-        ``query`` (the query hash), ``knn``: ``[{"id", "distance_m", "lon", "lat", "t",
-        "keywords"}, ...]`` nearest first.
+        ``query``: ``{"id", "lon", "lat" (degrees), "keywords" (list), "k", "worker", "version"}``;
+        ``knn``: ``[{"id", "distance_m", "lon", "lat", "t" (epoch ms), "keywords"}, ...]``
+        nearest first.
 
     Raises
     ------
@@ -35,18 +36,37 @@ def fetch_result(url: str, namespace: str, qid: str) -> dict[str, Any]:
     def read() -> dict[str, Any]:
         query = client.hgetall(keys.query(qid))
         if not query:
-            raise KnnmonError(f"no query {qid!r} in namespace {namespace!r} at {url}")
+            raise KnnmonError(f"no query {qid!r} in namespace {namespace!r}")
         knn = client.zrange(keys.result(qid), 0, -1, withscores=True)
         pipe = client.pipeline(transaction=False)
         for oid, _ in knn:
             pipe.hgetall(keys.object(oid))
         details = pipe.execute()
-        return {"query": query, "knn": [{"id": oid, "distance_m": dist, **info} for (oid, dist), info in zip(knn, details)]}
+        return {"query": _typed_query(qid, query),
+                "knn": [{"id": oid, "distance_m": dist, **_typed_object(info)} for (oid, dist), info in zip(knn, details)]}
 
     try:
         return with_retries(read, f"reading the result of {qid}", url)
     finally:
         client.close()
+
+
+def _number(text: str | None, kind: type) -> Any:
+    try:
+        return kind(text) if text is not None else None
+    except ValueError:
+        return None
+
+
+def _typed_query(qid: str, h: dict[str, str]) -> dict[str, Any]:
+    return {"id": qid, "lon": _number(h.get("lon"), float), "lat": _number(h.get("lat"), float),
+            "keywords": h.get("keywords", "").split(), "k": _number(h.get("k"), int),
+            "worker": _number(h.get("worker"), int), "version": _number(h.get("version"), int)}
+
+
+def _typed_object(h: dict[str, str]) -> dict[str, Any]:
+    return {"lon": _number(h.get("lon"), float), "lat": _number(h.get("lat"), float), "t": _number(h.get("t"), int),
+            "keywords": h.get("keywords", "").split()}
 
 
 def _results(a: argparse.Namespace) -> int:
@@ -56,10 +76,10 @@ def _results(a: argparse.Namespace) -> int:
         print(json.dumps(r, indent=2))
         return 0
     q = r["query"]
-    print(f"query {a.qid}: k={q.get('k')} at ({q.get('lon')}, {q.get('lat')}), keywords {q.get('keywords')}, "
-          f"worker {q.get('worker')}, version {q.get('version')}")
+    print(f"query {a.qid}: k={q['k']} at ({q['lon']}, {q['lat']}), keywords {' '.join(q['keywords'])}, "
+          f"worker {q['worker']}, version {q['version']}")
     for rank, o in enumerate(r["knn"], 1):
-        print(f"  {rank:>2}. {o['distance_m']:>12.1f} m  {o['id']}  ({o.get('lon')}, {o.get('lat')})  {o.get('keywords', '')}")
+        print(f"  {rank:>2}. {o['distance_m']:>12.1f} m  {o['id']}  ({o['lon']}, {o['lat']})  {' '.join(o['keywords'])}")
     if not r["knn"]:
         print("  (no matching object yet)")
     return 0
@@ -67,8 +87,8 @@ def _results(a: argparse.Namespace) -> int:
 
 def add_results_command(sub: Any) -> None:
     """Register ``results`` on a root parser's subparsers."""
-    q = sub.add_parser("results", help="print a query's current kNN from Redis")
-    q.add_argument("qid", metavar="QID")
+    q = add_verb(sub, "results", "print a query's current kNN from Redis")
+    q.add_argument("qid", metavar="QID", help="the query's id")
     q.add_argument("--json", action="store_true", help="print JSON")
     add_store_options(q)
     q.set_defaults(func=_results)

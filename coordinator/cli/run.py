@@ -6,8 +6,9 @@ import argparse
 import json
 from typing import Any
 
-from knnmon.coordinator.cli.options import (add_batch_option, add_cost_model_option, add_routing_entries_option,
-                                            add_store_options, add_worker_options, store_config)
+from knnmon.coordinator.cli.options import (add_verb, add_batch_option, add_cost_model_option, add_limit_options,
+                                            add_routing_entries_option, add_store_options, add_worker_options, limits,
+                                            store_config)
 
 __all__ = ["add_run_command", "format_run_summary"]
 
@@ -35,7 +36,7 @@ def _run(a: argparse.Namespace) -> int:
     config = RunConfig(workers=a.workers, algorithm=a.algorithm, initial=a.initial, batch=a.batch, batches=a.batches,
                        shuffle=a.shuffle, store=store_config(a), ray_address=a.ray_address, executor=a.executor,
                        cost_model=a.cost_model, in_flight=a.in_flight, routing_entries=a.routing_entries,
-                       overlap_writes=not a.sync_writes)
+                       overlap_writes=not a.sync_writes, limits=limits(a))
     with Runtime(a.objects, a.queries, config) as rt:
         summary = rt.run(progress=not a.quiet)
     print(format_run_summary(summary))
@@ -47,7 +48,7 @@ def _run(a: argparse.Namespace) -> int:
 
 def add_run_command(sub: Any) -> None:
     """Register ``run`` on a root parser's subparsers."""
-    r = sub.add_parser("run", help="stream objects through the distributed runtime; results go to Redis")
+    r = add_verb(sub, "run", "stream objects through the distributed runtime; results go to Redis")
     r.add_argument("--objects", required=True, metavar="DIR", help="an ingest output directory")
     r.add_argument("--queries", required=True, metavar="FILE", help="a query file")
     add_worker_options(r)
@@ -62,6 +63,7 @@ def add_run_command(sub: Any) -> None:
                    help="each worker waits for a batch's Redis write before its next batch (default: it computes "
                         "the next batch while Redis writes)")
     add_routing_entries_option(r)
+    add_limit_options(r)
     r.add_argument("--report", metavar="FILE.json", help="write the summary as JSON")
     r.add_argument("--quiet", action="store_true", help="no progress bar")
     add_store_options(r)

@@ -7,7 +7,8 @@ import json
 import logging
 from typing import Any
 
-from knnmon.coordinator.cli.options import add_batch_option, add_store_options, add_worker_options, store_config
+from knnmon.coordinator.cli.options import (add_verb, add_batch_option, add_limit_options, add_store_options, add_worker_options,
+                                            limits, store_config)
 
 __all__ = ["add_serve_command"]
 
@@ -19,7 +20,7 @@ def _serve(a: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     config = ServeConfig(workers=a.workers, algorithm=a.algorithm, objects_dir=a.objects, initial=a.initial,
                          store=store_config(a, durable=True), ray_address=a.ray_address, executor=a.executor,
-                         batch=a.batch, max_delay_ms=a.max_delay_ms)
+                         batch=a.batch, max_delay_ms=a.max_delay_ms, limits=limits(a))
     with Service(config) as svc:
         print(f"knnmon serve: {config.workers} workers ({config.algorithm}), Redis {svc.redis_url}, namespace "
               f"{config.store.namespace!r}; XADD to {svc.keys.ingest_queries} / {svc.keys.ingest_objects}", flush=True)
@@ -30,7 +31,7 @@ def _serve(a: argparse.Namespace) -> int:
 
 def add_serve_command(sub: Any) -> None:
     """Register ``serve`` on a root parser's subparsers."""
-    s = sub.add_parser("serve", help="run as a service: queries and objects arrive through Redis streams")
+    s = add_verb(sub, "serve", "run as a service: queries and objects arrive through Redis streams")
     add_worker_options(s, algorithm_help="assignment of the queries found in Redis at start")
     s.add_argument("--objects", metavar="DIR", help="preload an ingest output: objects seen before the stream")
     s.add_argument("--initial", type=int, metavar="N",
@@ -38,6 +39,7 @@ def add_serve_command(sub: Any) -> None:
     add_batch_option(s, "largest object batch")
     s.add_argument("--max-delay-ms", type=float, default=20.0, metavar="MS",
                    help="wait at most this long after a batch's first object for more (default 20)")
+    add_limit_options(s)
     s.add_argument("--max-batches", type=int, metavar="N", help="stop after N object batches (benchmarks, tests)")
     s.add_argument("--idle-exit-s", type=float, metavar="S", help="stop after S seconds with nothing to do")
     add_store_options(s)

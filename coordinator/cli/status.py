@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from knnmon.coordinator.cli.options import add_store_options, store_config
+from knnmon.coordinator.cli.options import add_verb, add_store_options, store_config
 from knnmon.errors import KnnmonError
 from knnmon.store import open_store
 
@@ -26,7 +26,7 @@ def _status(a: argparse.Namespace) -> int:
 
 def add_status_command(sub: Any) -> None:
     """Register ``status`` on a root parser's subparsers."""
-    t = sub.add_parser("status", help="what `knnmon serve` is doing: workers, loads, stream lag, rejects")
+    t = add_verb(sub, "status", "what `knnmon serve` is doing: workers, loads, stream lag, rejects")
     t.add_argument("--json", action="store_true", help="print JSON")
     add_store_options(t)
     t.set_defaults(func=_status)

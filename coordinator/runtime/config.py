@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from knnmon.assignment.routing import MAX_ENTRIES, check_max_entries
 from knnmon.errors import InvalidArgumentError
+from knnmon.limits import DEFAULT_LIMITS, Limits
 from knnmon.store import StoreConfig
 from knnmon.workers.worker import INDEXES
 
@@ -51,6 +52,8 @@ class RunConfig:
         Planning parameters (:func:`~knnmon.coordinator.planning.plan_workload`).
     processes : int
         Processes for the initial kNN search.
+    limits : Limits
+        Bounds on the queries' ``k`` and keywords (``--max-k``, ``--max-keywords``).
 
     Raises
     ------
@@ -78,6 +81,7 @@ class RunConfig:
     in_flight: int = 2
     routing_entries: int = MAX_ENTRIES
     overlap_writes: bool = True
+    limits: Limits = DEFAULT_LIMITS
 
     def __post_init__(self) -> None:
         if not 1 <= self.workers <= 64:

@@ -73,7 +73,7 @@ def prepare(objects_dir: str, queries: str | pa.Table, config: RunConfig) -> Pre
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     model = LoadModel.from_ingest(objects_dir)
-    queries = queries if isinstance(queries, pa.Table) else load_queries(queries)
+    queries = queries if isinstance(queries, pa.Table) else load_queries(queries, c.limits)
     objects = stream_order(read_objects(objects_dir, OBJECT_COLUMNS), c.shuffle)
     initial = objects.slice(0, min(c.initial, objects.num_rows))
     rest = objects.slice(initial.num_rows)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from knnmon.coordinator.runtime.config import RunConfig
 from knnmon.errors import InvalidArgumentError
+from knnmon.limits import DEFAULT_LIMITS, Limits
 from knnmon.store import StoreConfig
 
 __all__ = ["ServeConfig"]
@@ -32,6 +33,8 @@ class ServeConfig:
         How long one read of the streams blocks (ms).
     consumer
         The service's consumer name in the group.
+    limits
+        Bounds on the entries' ``k`` and keywords (``--max-k``, ``--max-keywords``).
 
     Raises
     ------
@@ -53,6 +56,7 @@ class ServeConfig:
     block_ms: int = 500
     consumer: str = "serve"
     processes: int = 2
+    limits: Limits = DEFAULT_LIMITS
 
     def __post_init__(self) -> None:
         if self.max_delay_ms < 0:
@@ -70,4 +74,5 @@ class ServeConfig:
         (the store the service opened)."""
         store = StoreConfig(url=redis_url, namespace=self.store.namespace, data_dir=self.store.data_dir)
         return RunConfig(workers=self.workers, algorithm=self.algorithm, initial=0, batch=self.batch, store=store,
-                         ray_address=self.ray_address, executor=self.executor, processes=self.processes)
+                         ray_address=self.ray_address, executor=self.executor, processes=self.processes,
+                         limits=self.limits)

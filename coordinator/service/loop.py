@@ -34,6 +34,7 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -47,7 +48,7 @@ from knnmon.coordinator.service.acks import acknowledge
 from knnmon.coordinator.service.config import ServeConfig
 from knnmon.coordinator.service.protocol import GROUP, entry_time_ms, parse_object, parse_query_op
 from knnmon.coordinator.service.recovery import OBJECT_SCHEMA, objects_table, recover
-from knnmon.errors import Rejected, StoreUnavailableError
+from knnmon.errors import Rejected, StoreUnavailableError, WorkerLostError
 from knnmon.keys import Keys
 from knnmon.query import Query
 from knnmon.store import Store, open_store
@@ -58,7 +59,8 @@ log = logging.getLogger("knnmon.serve")
 
 #: What the service counts (:attr:`Service.counters`, published in its status).
 COUNTERS = ("objects", "batches", "rejects", "registered", "updated", "unchanged", "unregistered",
-            "unregister_unknown", "recoveries", "objects_entries_read", "queries_entries_read")
+            "unregister_unknown", "recoveries", "worker_restarts", "isolations", "internal_errors",
+            "objects_entries_read", "queries_entries_read")
 
 
 class Service:
@@ -130,15 +132,16 @@ class Service:
                 time.sleep(delay)
                 delay = min(delay * 2, 10.0)
 
-    def _recover(self) -> None:
-        """Rebuild the state from Redis and the ingest streams, then start the workers on it."""
+    def _recover(self, skip: frozenset[str] = frozenset()) -> None:
+        """Rebuild the state from Redis and the ingest streams, then start the workers on it;
+        entries ``skip`` of the objects stream are left out and left pending."""
         t0 = time.perf_counter()
         self.client = self._connect()
         # The initial kNN forks helper processes, which is unsafe once Ray's threads run here
         # (a restart while connected to a cluster): then it searches in this process only.
         processes = 1 if _ray_running() else self.config.processes
         r = recover(self.client, self.redis_url, self.config.store.namespace, self._preload, self._model,
-                    processes=processes)
+                    processes=processes, limits=self.config.limits, skip=skip)
         self.counters["objects_entries_read"] = r.objects_entries_read
         self.counters["queries_entries_read"] = r.queries_entries_read
         self.runtime = Runtime(None, None, self.config.run_config(self.redis_url), r.prepared, resume=True).start()
@@ -155,36 +158,45 @@ class Service:
         self.counters["rejects"] += len(rejects)
 
     # -- the loop ----------------------------------------------------------------------------
-    def run(self, *, max_batches: int | None = None, idle_exit_s: float | None = None) -> dict[str, int]:
+    def run(self, *, max_batches: int | None = None, idle_exit_s: float | None = None,
+            handle_signals: bool = True) -> dict[str, int]:
         """Serve until SIGTERM/SIGINT (or :meth:`stop`); returns the counters.
 
         ``max_batches`` and ``idle_exit_s`` (stop after that many seconds with nothing to do)
-        bound a run for tests and benchmarks. Redis going away: retried with backoff, logged,
-        then the state is recovered from Redis (nothing acknowledged is lost).
+        bound a run for tests and benchmarks; ``handle_signals=False`` leaves the process's
+        signal handlers alone (a service embedded in another program). Redis going away, or a
+        worker lost: retried with backoff, logged, then the state is recovered from Redis
+        (nothing acknowledged is lost).
         """
-        self._install_signals()
+        if handle_signals:
+            self._install_signals()
         self._apply_pending_query_ops()
         idle_since = time.monotonic()
         failures = 0
+        stale = False  # work done since the status was last published
         while not self.stopping:
             try:
                 did = self._step()
                 failures = 0
-            except Exception as ex:  # noqa: BLE001 - any failure of a step: recover, or give up after 10
+            except Exception as ex:  # noqa: BLE001 - Redis or a worker gone: recover, or give up after 10
                 failures += 1
-                if failures > 10 or not _is_connection_failure(ex):
+                if failures > 10 or not _is_infrastructure(ex):
                     raise
+                if _caused_by(ex, WorkerLostError):
+                    self.counters["worker_restarts"] += 1
                 log.warning("step failed (%s: %s); recovering from Redis (attempt %d)", type(ex).__name__, ex,
                             failures)
                 self._restart()
                 continue
             if did:
                 idle_since = time.monotonic()
+                stale = True
             elif idle_exit_s is not None and time.monotonic() - idle_since > idle_exit_s:
                 break
             if max_batches is not None and self.counters["batches"] >= max_batches:
                 break
-            self._publish_status()
+            self._publish_status(force=stale and not did)  # at once when the work runs out
+            stale = stale and did
         self._publish_status(force=True)
         return dict(self.counters)
 
@@ -199,25 +211,61 @@ class Service:
             signal.signal(signal.SIGTERM, self.stop)
             signal.signal(signal.SIGINT, self.stop)
 
-    def _restart(self) -> None:
-        """Drop the workers and rebuild everything from Redis."""
+    def _restart(self, skip: frozenset[str] = frozenset()) -> None:
+        """Drop the workers and rebuild everything from Redis, leaving the entries ``skip`` (of
+        either stream) pending for the caller."""
         self.counters["recoveries"] += 1
         self._drop_workers()
         time.sleep(0.5)
-        self._recover()
-        self._apply_pending_query_ops()
+        self._recover(skip)
+        self._apply_pending_query_ops(skip)
 
     def _read(self, streams: dict[str, str], count: int, block_ms: int | None) -> list:
-        return self.client.xreadgroup(GROUP, self.config.consumer, streams, count=count, block=block_ms) or []
+        """XREADGROUP; an entry deleted while pending comes back with no fields (``{}``: rejected
+        by the parser)."""
+        got = self.client.xreadgroup(GROUP, self.config.consumer, streams, count=count, block=block_ms) or []
+        return [(key, [(eid, fields or {}) for eid, fields in entries]) for key, entries in got]
 
-    def _apply_pending_query_ops(self) -> None:
-        """Re-apply query operations delivered before a restart but never acknowledged."""
+    def _apply_pending_query_ops(self, skip: frozenset[str] = frozenset()) -> None:
+        """Re-apply query operations delivered before a restart but never acknowledged (but
+        those in ``skip``)."""
+        kq, start = self.keys.ingest_queries, "0"
         while True:
-            got = self._read({self.keys.ingest_queries: "0"}, 1000, None)
+            got = self._read({kq: start}, 1000, None)
             entries = got[0][1] if got else []
             if not entries:
                 return
-            self._apply_query_ops(entries)
+            start = entries[-1][0]
+            todo = [e for e in entries if e[0] not in skip]
+            if todo:
+                self._guarded(kq, todo, self._apply_query_ops)
+
+    def _guarded(self, stream: str, entries: list, apply: Callable[[list], None]) -> None:
+        """``apply(entries)``, with poison isolation: a failure that is not Redis or a worker
+        going away (so a bug that an entry triggered) cannot stop the service. The state is
+        rebuilt from Redis without these entries, which are then applied one at a time; one
+        that fails alone is rejected as ``internal_error`` with the error, and acknowledged."""
+        try:
+            apply(entries)
+            return
+        except Exception as ex:  # noqa: BLE001 - isolated below
+            if _is_infrastructure(ex):
+                raise
+            log.error("applying %d entries of %s failed (%s: %s); rebuilding from Redis and applying them one "
+                      "by one", len(entries), stream, type(ex).__name__, ex)
+        self.counters["isolations"] += 1
+        self._restart(skip=frozenset(e for e, _ in entries))
+        for i, (eid, fields) in enumerate(entries):
+            try:
+                apply([(eid, fields)])
+            except Exception as ex:  # noqa: BLE001 - this entry alone fails: it is rejected
+                if _is_infrastructure(ex):
+                    raise
+                self.counters["internal_errors"] += 1
+                detail = f"{type(ex).__name__}: {ex}"[:1000]
+                log.error("entry %s of %s rejected as internal_error: %s", eid, stream, detail)
+                self._restart(skip=frozenset(e for e, _ in entries[i:]))
+                self._ack(stream, [eid], [(eid, fields, Rejected("internal_error", detail))])
 
     def _step(self) -> bool:
         """One read of both streams; query operations applied, objects batched. ``True`` if
@@ -228,7 +276,13 @@ class Service:
         for key, entries in got:
             if key == kq:
                 self.counters["queries_entries_read"] += len(entries)
-                self._apply_query_ops(entries)
+                restarts = self.counters["recoveries"]
+                self._guarded(kq, entries, self._apply_query_ops)
+                if self.counters["recoveries"] != restarts:
+                    # Rebuilt from Redis meanwhile: the objects read with these entries were
+                    # delivered, so the recovery applied and acknowledged them already.
+                    objects = []
+                    break
             else:
                 objects += entries
         if objects:
@@ -242,7 +296,7 @@ class Service:
                     continue
                 objects += more[0][1]
             self.counters["objects_entries_read"] += len(objects)
-            self._process_objects(objects)
+            self._guarded(ko, objects, self._process_objects)
         return bool(got)
 
     def _apply_query_ops(self, entries: list) -> None:
@@ -263,7 +317,7 @@ class Service:
 
         for eid, fields in entries:
             try:
-                op = parse_query_op(fields)
+                op = parse_query_op(fields, self.config.limits)
             except Rejected as r:
                 rejects.append((eid, fields, r))
                 continue
@@ -290,7 +344,7 @@ class Service:
         parsed, rejects, in_batch = [], [], set()
         for eid, fields in entries:
             try:
-                o = parse_object(eid, fields)
+                o = parse_object(eid, fields, self.config.limits)
                 if o.id in rt.dispatcher.seen or o.id in in_batch:
                     raise Rejected("duplicate_id", f"id={o.id}")
                 in_batch.add(o.id)
@@ -347,13 +401,19 @@ def _ray_running() -> bool:
     return "ray" in sys.modules and sys.modules["ray"].is_initialized()
 
 
-def _is_connection_failure(ex: BaseException) -> bool:
-    """Whether ``ex`` (or what it wraps, e.g. a Ray task error) is Redis being unreachable."""
+def _caused_by(ex: BaseException | None, kinds: type | tuple[type, ...]) -> bool:
+    """Whether ``ex`` or what it wraps (a Ray task error's ``cause``, ``__cause__``,
+    ``__context__``) is one of ``kinds``."""
     seen = 0
     while ex is not None and seen < 10:
-        if isinstance(ex, (StoreUnavailableError, redis.ConnectionError, redis.TimeoutError)):
+        if isinstance(ex, kinds):
             return True
         cause = getattr(ex, "cause", None)
         ex = cause if isinstance(cause, BaseException) else (ex.__cause__ or ex.__context__)
         seen += 1
     return False
+
+
+def _is_infrastructure(ex: BaseException) -> bool:
+    """Redis unreachable or a worker lost: recovered from Redis, never blamed on an entry."""
+    return _caused_by(ex, (StoreUnavailableError, redis.ConnectionError, redis.TimeoutError, WorkerLostError))

@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from knnmon.errors import REJECT_REASONS, InvalidQueryError, Rejected
-from knnmon.query import Query, parse_point
+from knnmon.limits import DEFAULT_LIMITS, Limits, check_fields, check_keywords, parse_id, parse_point, parse_time
+from knnmon.query import Query
 
 __all__ = ["GROUP", "OBJECT_FIELDS", "QUERY_FIELDS", "REJECT_FIELDS", "REJECT_REASONS", "ObjectEntry", "QueryOp",
            "Rejected", "entry_order", "entry_time_ms", "group_info", "parse_object", "parse_query_op"]
@@ -81,51 +82,37 @@ def group_info(client: Any, key: str) -> dict[str, Any] | None:
     return next((g for g in client.xinfo_groups(key) if g["name"] == GROUP), None)
 
 
-def _id(fields: Mapping[str, str]) -> str:
-    oid = (fields.get("id") or "").strip()
-    if not oid:
-        raise Rejected("missing_id")
-    return oid
-
-
 def _point(fields: Mapping[str, str]) -> tuple[float, float]:
     if fields.get("lon") in (None, "") or fields.get("lat") in (None, ""):
         raise Rejected("missing_coordinates")
     return parse_point(fields["lon"], fields["lat"])
 
 
-def parse_object(entry_id: str, fields: Mapping[str, str]) -> ObjectEntry:
-    """Parse one ``knn:ingest:objects`` entry (module docstring).
+def parse_object(entry_id: str, fields: Mapping[str, str], limits: Limits = DEFAULT_LIMITS) -> ObjectEntry:
+    """Parse one ``knn:ingest:objects`` entry (module docstring; bounds of :mod:`knnmon.limits`).
 
     Raises
     ------
     Rejected
         With the first problem found, in the order of :data:`REJECT_REASONS`.
     """
-    oid = _id(fields)
+    check_fields(fields)
+    oid = parse_id(fields.get("id"))
     lon, lat = _point(fields)
     t_raw = fields.get("t")
-    if t_raw in (None, ""):
-        t = entry_time_ms(entry_id)
-    else:
-        try:
-            t = int(t_raw)
-        except ValueError:
-            raise Rejected("bad_time", f"t={t_raw!r}") from None
+    t = entry_time_ms(entry_id) if t_raw in (None, "") else parse_time(t_raw)
     if fields.get("keywords"):
-        words = tuple(sorted(set(fields["keywords"].lower().split())))
+        words = sorted(set(fields["keywords"].lower().split()))
     else:
         from knnmon.ingest.keywords import normalize_keywords  # nltk: only where raw text is parsed
 
-        words = tuple(normalize_keywords(fields.get("text")))
-    if not words:
-        raise Rejected("no_keywords")
-    return ObjectEntry(oid, lon, lat, t, words)
+        words = normalize_keywords(fields.get("text"))
+    return ObjectEntry(oid, lon, lat, t, tuple(check_keywords(words, limits)))
 
 
-def parse_query_op(fields: Mapping[str, str]) -> QueryOp:
+def parse_query_op(fields: Mapping[str, str], limits: Limits = DEFAULT_LIMITS) -> QueryOp:
     """Parse one ``knn:ingest:queries`` entry (module docstring); a register's query is
-    validated and normalised by :meth:`Query.create`.
+    validated and normalised by :meth:`Query.create` within ``limits``.
 
     Raises
     ------
@@ -133,15 +120,16 @@ def parse_query_op(fields: Mapping[str, str]) -> QueryOp:
         Unknown ``op``, missing id, bad coordinates, ``k`` not an integer ``>= 1``, or no keyword
         after normalisation.
     """
+    check_fields(fields)
     op = (fields.get("op") or "").strip().lower()
     if op not in ("register", "unregister"):
-        raise Rejected("unknown_op", f"op={fields.get('op')!r}")
-    qid = _id(fields)
+        raise Rejected("unknown_op", f"op={str(fields.get('op'))[:64]!r}")
+    qid = parse_id(fields.get("id"))
     if op == "unregister":
         return QueryOp("unregister", qid)
     lon, lat = _point(fields)
     try:
-        query = Query.create(qid, lon, lat, fields.get("keywords"), fields.get("k"))
+        query = Query.create(qid, lon, lat, fields.get("keywords"), fields.get("k"), limits=limits)
     except InvalidQueryError as ex:
         raise Rejected(ex.reason, ex.detail) from None
     return QueryOp("register", qid, query)

@@ -26,6 +26,7 @@ from knnmon.coordinator.runtime.preparation import Prepared, prepare_tables
 from knnmon.coordinator.service.protocol import GROUP, entry_order, group_info, parse_object
 from knnmon.errors import Rejected, StoreUnavailableError
 from knnmon.keys import Keys
+from knnmon.limits import DEFAULT_LIMITS, Limits
 from knnmon.query import Query
 
 __all__ = ["OBJECT_SCHEMA", "Recovered", "create_groups", "objects_table", "read_queries", "recover"]
@@ -96,10 +97,12 @@ def _undelivered(client: redis.Redis, key: str) -> int:
     return len(client.xrange(key, min="(" + last if last != "0-0" else "-", max="+"))
 
 
-def read_object_log(client: redis.Redis, keys: Keys, preload: pa.Table, chunk: int = 10_000
+def read_object_log(client: redis.Redis, keys: Keys, preload: pa.Table, limits: Limits = DEFAULT_LIMITS,
+                    skip: frozenset[str] = frozenset(), chunk: int = 10_000
                     ) -> tuple[pa.Table, list[str], list[tuple[str, dict, Rejected]], int]:
-    """Preloaded objects plus every delivered entry of the objects stream; the ids of the
-    delivered but unacknowledged entries, the rejects among those, and the entries read."""
+    """Preloaded objects plus every delivered entry of the objects stream but those in
+    ``skip``; the ids of the delivered but unacknowledged entries (not in ``skip``), the
+    rejects among those, and the entries read."""
     key = keys.ingest_objects
     last = _group(client, key)["last-delivered-id"]
     pending = set()
@@ -107,7 +110,7 @@ def read_object_log(client: redis.Redis, keys: Keys, preload: pa.Table, chunk: i
         summary = client.xpending(key, GROUP)
         if summary["pending"]:
             rows = client.xpending_range(key, GROUP, min="-", max="+", count=summary["pending"])
-            pending = {r["message_id"] for r in rows}
+            pending = {r["message_id"] for r in rows} - skip
     seen = set(preload.column("id").to_pylist())
     parsed, rejects = [], []
     start, read = "-", 0
@@ -115,8 +118,10 @@ def read_object_log(client: redis.Redis, keys: Keys, preload: pa.Table, chunk: i
         entries = client.xrange(key, min=start, max=last, count=chunk)
         for eid, fields in entries:
             read += 1
+            if eid in skip:
+                continue
             try:
-                o = parse_object(eid, fields)
+                o = parse_object(eid, fields, limits)
                 if o.id in seen:
                     raise Rejected("duplicate_id", f"id={o.id}")
                 seen.add(o.id)
@@ -196,8 +201,8 @@ def reconcile(url: str, namespace: str, client: redis.Redis, prepared: Prepared,
     return versions, fixed
 
 
-def recover(client: redis.Redis, url: str, namespace: str, preload: pa.Table, model, *, processes: int = 2
-            ) -> Recovered:
+def recover(client: redis.Redis, url: str, namespace: str, preload: pa.Table, model, *, processes: int = 2,
+            limits: Limits = DEFAULT_LIMITS, skip: frozenset[str] = frozenset()) -> Recovered:
     """Rebuild the service's state (module docstring).
 
     Parameters
@@ -208,6 +213,10 @@ def recover(client: redis.Redis, url: str, namespace: str, preload: pa.Table, mo
         The load model new plans are made with.
     processes
         Processes for the exact kNN search (1 once Ray runs in this process: forking is unsafe then).
+    limits
+        The bounds the entries were parsed with (the same entries are rejected again).
+    skip
+        Delivered entries of the objects stream to leave out, and pending (poison isolation).
 
     Raises
     ------
@@ -216,7 +225,7 @@ def recover(client: redis.Redis, url: str, namespace: str, preload: pa.Table, mo
     """
     keys = Keys(namespace)
     create_groups(client, keys)
-    objects, pending, rejects, read = read_object_log(client, keys, preload)
+    objects, pending, rejects, read = read_object_log(client, keys, preload, limits, skip)
     queries, versions = read_queries(client, keys)
     queries_read = client.xlen(keys.ingest_queries) - _undelivered(client, keys.ingest_queries)
     prepared = prepare_tables(model, _queries_table(queries), objects, OBJECT_SCHEMA.empty_table(),

@@ -15,14 +15,26 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from knnmon.connection import connect
 from knnmon.coordinator.service.protocol import GROUP, entry_order, group_info
-from knnmon.errors import KnnmonError
+from knnmon.errors import InvalidQueryError, KnnmonError, Rejected
 from knnmon.keys import DEFAULT_NAMESPACE, Keys
+from knnmon.limits import DEFAULT_LIMITS, Limits, check_keywords, parse_id, parse_k, parse_point
 
-__all__ = ["KnnClient"]
+__all__ = ["KnnClient", "ResultChange"]
+
+
+class ResultChange(NamedTuple):
+    """One query's result change: objects ``entered`` and ``left`` (ids), the query's
+    ``version`` after it (0: registered), and the change feed's ``entry_id``."""
+
+    entry_id: str
+    qid: str
+    entered: list[str]
+    left: list[str]
+    version: int
 
 
 class KnnClient:
@@ -34,6 +46,9 @@ class KnnClient:
         The Redis that ``knnmon serve`` uses.
     namespace
         Its key prefix (default ``knn``).
+    limits
+        The service's bounds (``--max-k``, ``--max-keywords``): :meth:`register` checks them
+        before sending, as it checks the id and coordinates (:mod:`knnmon.limits`).
 
     Attributes
     ----------
@@ -41,19 +56,34 @@ class KnnClient:
         The stream entry id of the last operation this client added (for :meth:`wait`).
     """
 
-    def __init__(self, url: str, namespace: str = DEFAULT_NAMESPACE) -> None:
+    def __init__(self, url: str, namespace: str = DEFAULT_NAMESPACE, limits: Limits = DEFAULT_LIMITS) -> None:
         self.keys = Keys(namespace)
+        self.limits = limits
         self.client = connect(url)
         self.last_entry: str | None = None
 
     def register(self, qid: str, lon: float, lat: float, keywords: Sequence[str] | str, k: int) -> str:
         """Register (or update) query ``qid``: the ``k`` nearest objects to ``(lon, lat)``
-        (degrees) sharing a keyword; returns the stream entry id. Invalid queries are rejected
-        by the service into ``knn:ingest:rejects``."""
+        (degrees) sharing a keyword; returns the stream entry id. Keywords are normalised by the
+        service, which rejects a query left without one into ``knn:ingest:rejects``.
+
+        Raises
+        ------
+        InvalidQueryError
+            Before anything is sent: a bad id, coordinates or ``k``, or more keywords than
+            ``limits.max_keywords``; ``reason`` says which.
+        """
+        try:
+            qid = parse_id(qid)
+            lon, lat = parse_point(lon, lat)
+            k = parse_k(k, self.limits)
+            if not isinstance(keywords, str):
+                check_keywords(list(keywords), self.limits)
+        except Rejected as r:
+            raise InvalidQueryError(f"query {str(qid)[:64]!r}: {r}", r.reason, r.detail) from None
         words = keywords if isinstance(keywords, str) else " ".join(keywords)
-        self.last_entry = self.client.xadd(self.keys.ingest_queries, {"op": "register", "id": qid, "lon": repr(float(lon)),
-                                                                      "lat": repr(float(lat)), "keywords": words,
-                                                                      "k": int(k)})
+        self.last_entry = self.client.xadd(self.keys.ingest_queries, {"op": "register", "id": qid, "lon": repr(lon),
+                                                                      "lat": repr(lat), "keywords": words, "k": k})
         return self.last_entry
 
     def unregister(self, qid: str) -> str:
@@ -97,10 +127,17 @@ class KnnClient:
         if not registered."""
         return self.client.hgetall(self.keys.query(qid))
 
-    def changes(self, since: str = "0", count: int = 1000) -> list[tuple[str, dict[str, str]]]:
-        """Result changes after stream id ``since``: ``(entry id, {qid, entered, left, version})``.
-        Pass the last id seen to get only newer ones."""
-        return self.client.xrange(self.keys.changes, min="(" + since if since != "0" else "-", max="+", count=count)
+    def changes(self, since: str = "0", count: int = 1000) -> list[ResultChange]:
+        """Result changes after stream entry ``since`` (``"0"``: from the start), oldest first,
+        at most ``count``; pass the last ``entry_id`` seen to get only newer ones.
+
+        Every registration is a change with the whole initial result ``entered`` (version 0),
+        every unregister one with the whole result ``left``: applying them in order from the
+        start reproduces every result's members.
+        """
+        rows = self.client.xrange(self.keys.changes, min="(" + since if since != "0" else "-", max="+", count=count)
+        return [ResultChange(eid, f["qid"], f.get("entered", "").split(), f.get("left", "").split(), int(f["version"]))
+                for eid, f in rows]
 
     def rejects(self, count: int = 1000) -> list[tuple[str, dict[str, str]]]:
         """Rejected entries with their original fields and ``_reason``, ``_detail``, ``_stream``, ``_entry``."""

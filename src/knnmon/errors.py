@@ -56,16 +56,22 @@ class WorkerLostError(KnnmonError):
 #: Why an entry of an ingest stream is rejected (``knnmon serve``; the stream protocol,
 #: :mod:`knnmon.coordinator.service.protocol`).
 REJECT_REASONS: dict[str, str] = {
+    "field_too_large": "a field longer than 64 KiB",
     "missing_id": "no `id` field, or an empty one",
+    "bad_id": "an `id` longer than 256 bytes, or holding whitespace or a control character",
     "missing_coordinates": "no `lon` or `lat`",
     "non_numeric_coordinates": "`lon` or `lat` is not a finite number",
     "longitude_out_of_range": "`lon` outside [-180, 180]",
     "latitude_out_of_range": "`lat` outside [-90, 90]",
-    "bad_time": "`t` is not an integer (epoch milliseconds)",
+    "null_island": "coordinates (0, 0): what a device reports without a position",
+    "bad_time": "`t` is not an integer (epoch milliseconds) that fits 64 bits",
     "no_keywords": "no `keywords`/`text`, or no keyword left after normalisation",
+    "too_many_keywords": "more keywords than `--max-keywords` (default 32)",
     "duplicate_id": "an object id seen before (the first one is kept)",
     "unknown_op": "`op` is missing or not `register` / `unregister`",
     "bad_k": "`k` missing, not an integer, or below 1",
+    "k_too_large": "`k` above `--max-k` (default 1,000)",
+    "internal_error": "applying the entry failed inside knnmon (a bug); `_detail` has the error",
 }
 
 

@@ -8,53 +8,14 @@ they are. This module imports nothing heavy, so the light client can use it.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from knnmon.errors import InvalidQueryError, Rejected
+from knnmon.limits import DEFAULT_LIMITS, Limits, check_keywords, parse_id, parse_k, parse_point
 
-__all__ = ["Query", "QueryColumns", "parse_k", "parse_point"]
-
-
-def parse_point(lon: Any, lat: Any) -> tuple[float, float]:
-    """``(lon, lat)`` as float degrees, checked: finite, ``|lon| <= 180``, ``|lat| <= 90``.
-    The one place these rules live (queries, and objects of the stream protocol).
-
-    Raises
-    ------
-    Rejected
-        ``non_numeric_coordinates``, ``longitude_out_of_range`` or ``latitude_out_of_range``.
-    """
-    try:
-        x, y = float(lon), float(lat)
-    except (TypeError, ValueError):
-        raise Rejected("non_numeric_coordinates", f"lon={lon!r}, lat={lat!r}") from None
-    if not (math.isfinite(x) and math.isfinite(y)):
-        raise Rejected("non_numeric_coordinates", f"lon={x}, lat={y}")
-    if abs(x) > 180:
-        raise Rejected("longitude_out_of_range", f"lon={x}")
-    if abs(y) > 90:
-        raise Rejected("latitude_out_of_range", f"lat={y}")
-    return x, y
-
-
-def parse_k(k: Any) -> int:
-    """``k`` as an int ``>= 1``.
-
-    Raises
-    ------
-    Rejected
-        ``bad_k``: not an integer, or below 1.
-    """
-    try:
-        kk = int(k)
-    except (TypeError, ValueError):
-        raise Rejected("bad_k", f"k={k!r}") from None
-    if kk < 1:
-        raise Rejected("bad_k", f"k={kk}")
-    return kk
+__all__ = ["Query", "QueryColumns"]
 
 
 @dataclass(frozen=True)
@@ -64,13 +25,14 @@ class Query:
     Attributes
     ----------
     id : str
-        Non-empty.
+        Non-empty, at most 256 bytes, no whitespace.
     lon, lat : float
-        WGS84 degrees, ``|lon| <= 180``, ``|lat| <= 90``.
+        WGS84 degrees, ``|lon| <= 180``, ``|lat| <= 90``, not (0, 0).
     keywords : tuple of str
-        Normalised (:func:`knnmon.ingest.keywords.normalize_keywords`), sorted, unique, at least one.
+        Normalised (:func:`knnmon.ingest.keywords.normalize_keywords`), sorted, unique, 1 to
+        ``max_keywords`` of them.
     k : int
-        ``>= 1``.
+        ``1 <= k <= max_k``.
 
     Two queries with equal fields are equal: a register of an existing query with equal
     parameters changes nothing (``knnmon serve``).
@@ -83,8 +45,9 @@ class Query:
     k: int
 
     @classmethod
-    def create(cls, id: Any, lon: Any, lat: Any, keywords: str | Sequence[str] | None, k: Any) -> Query:
-        """Validate and normalise a query's parameters.
+    def create(cls, id: Any, lon: Any, lat: Any, keywords: str | Sequence[str] | None, k: Any, *,
+               limits: Limits = DEFAULT_LIMITS) -> Query:
+        """Validate and normalise a query's parameters (the rules of :mod:`knnmon.limits`).
 
         ``keywords``: a string (any text, normalised as the ingest normalises objects) or a
         sequence of terms (joined with spaces, then normalised).
@@ -92,22 +55,20 @@ class Query:
         Raises
         ------
         InvalidQueryError
-            The first problem, in this order: an empty id, coordinates not finite or out of
-            range, ``k`` not an integer ``>= 1``, no keyword left after normalisation; its
-            ``reason`` is a key of :data:`~knnmon.errors.REJECT_REASONS`.
+            The first problem, in this order: the id (empty, too long, whitespace), the
+            coordinates (not finite, out of range, (0, 0)), ``k`` (not an integer in
+            ``[1, limits.max_k]``), the keywords (none left after normalisation, or more than
+            ``limits.max_keywords``); its ``reason`` is a key of :data:`~knnmon.errors.REJECT_REASONS`.
         """
         from knnmon.ingest.keywords import normalize_keywords  # nltk: imported on first use only
 
-        qid = str(id).strip() if id is not None else ""
+        qid = str(id).strip()[:64] if id is not None else ""
         try:
-            if not qid:
-                raise Rejected("missing_id")
+            qid = parse_id(id)
             lon_f, lat_f = parse_point(lon, lat)
-            k_i = parse_k(k)
+            k_i = parse_k(k, limits)
             text = keywords if isinstance(keywords, str) or keywords is None else " ".join(map(str, keywords))
-            words = tuple(normalize_keywords(text))
-            if not words:
-                raise Rejected("no_keywords", f"keywords={keywords!r}")
+            words = tuple(check_keywords(normalize_keywords(text), limits))
         except Rejected as r:
             raise InvalidQueryError(f"query {qid!r}: {r}", r.reason, r.detail) from None
         return cls(qid, lon_f, lat_f, words, k_i)

@@ -10,6 +10,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -100,9 +101,13 @@ def test_serve_on_the_local_cluster_spreads_workers_and_stays_exact(cluster, pla
             pipe.xadd(keys.ingest_objects, object_fields(o))
         pipe.execute()
         wait_processed(r, keys, proc, timeout_s=300)
-        status = knnmon("status", "--json", "--redis", redis_url, "--namespace", namespace, env=env, timeout=60)
-        assert status.returncode == 0, status.stderr
-        service = json.loads(status.stdout)["service"]
+        for _ in range(20):  # the service publishes its status once a second, and when it goes idle
+            status = knnmon("status", "--json", "--redis", redis_url, "--namespace", namespace, env=env, timeout=60)
+            assert status.returncode == 0, status.stderr
+            service = json.loads(status.stdout)["service"]
+            if service["objects"] == len(places):
+                break
+            time.sleep(0.5)
         assert len(set(service["worker_nodes"])) == 3 and sum(service["queries_per_worker"]) == 300, (
             service, (tmp_path / "serve.log").read_text()[-3000:])
         proc.terminate()

@@ -50,6 +50,7 @@ INJECTED = [
     (_with(id="SG_nan@1", geometry__coordinates=["NaN", 41.0]), "non_numeric_coordinates"),
     (_with(id="SG_lat@1", geometry__coordinates=[-71.0, 95.0]), "latitude_out_of_range"),
     (_with(id="SG_lon@1", geometry__coordinates=[-181.0, 41.0]), "longitude_out_of_range"),
+    (_with(id="SG_zero@1", geometry__coordinates=[0.0, 0.0]), "null_island"),
     (_with(id="SG_noversion"), "bad_time"),
     (_with(id="SG_badversion@soon"), "bad_time"),
     (_with(id="SG_nokw@1", properties__classifiers=[], properties__tags=["the", "&", "42"]), "no_keywords"),
@@ -87,6 +88,8 @@ def reference(line: str):
         return "latitude_out_of_range", None
     if not -180 <= lon <= 180:
         return "longitude_out_of_range", None
+    if lon == 0 and lat == 0:
+        return "null_island", None
     version = sid.split("@", 1)[1] if "@" in sid else ""
     if not version.isdigit():
         return "bad_time", None

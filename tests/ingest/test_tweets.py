@@ -44,6 +44,8 @@ def natural_outcome(row: dict) -> str | None:
     """Reason a real tweet is rejected, by the documented rules (None = kept)."""
     lon, lat = float(row["lng"]), float(row["lat"])
     assert math.isfinite(lon) and -180 <= lon <= 180 and -90 <= lat <= 90
+    if lon == 0 and lat == 0:
+        return "null_island"  # a phone without a position
     return None if normalize_keywords(row["text"]) else "no_keywords"
 
 
@@ -59,6 +61,7 @@ JSON_INJECTED = [
     (json.dumps({**BASE, "id_str": "904", "coordinates": {"type": "Point", "coordinates": ["x", "y"]}}),
      "non_numeric_coordinates"),
     (json.dumps({**BASE, "id_str": "905", "created_at": "yesterday"}), "bad_time"),
+    (json.dumps({**BASE, "id_str": "909", "coordinates": {"type": "Point", "coordinates": [0.0, 0.0]}}), "null_island"),
     (json.dumps({**BASE, "id_str": "906", "text": "@bob 🥰 https://t.co/x"}), "no_keywords"),
     (json.dumps({k: v for k, v in BASE.items() if k != "id_str"}), "missing_id"),
     (json.dumps({**BASE, "created_at": "Fri Apr 22 18:00:00 +0000 2022"}), "duplicate_id"),  # older copy of 900

@@ -29,9 +29,12 @@ def test_layout_and_reference_counts(redis_url, namespace):
     assert not c.exists(keys.object("o1"))  # its last result let it go
     assert c.hgetall(keys.object("o2"))["lon"] == repr(OBJ["o2"].lon)
     entries = [f for _, f in c.xrange(keys.changes)]
-    assert entries == [{"qid": "q1", "entered": "o2", "left": "o1", "version": "1"},
+    assert entries == [{"qid": "q1", "entered": "o0 o1", "left": "", "version": "0"},  # the registrations
+                       {"qid": "q2", "entered": "o1", "left": "", "version": "0"},
+                       {"qid": "q1", "entered": "o2", "left": "o1", "version": "1"},
                        {"qid": "q2", "entered": "o3", "left": "o1", "version": "1"}]
     w.delete_query(-2, "q1")
+    assert c.xrevrange(keys.changes, count=1)[0][1] == {"qid": "q1", "entered": "", "left": "o0 o2", "version": "2"}
     assert not c.exists(keys.result("q1"), keys.query("q1"), keys.object("o0"), keys.object("o2"))
     assert c.exists(keys.object("o3"))
 
@@ -53,7 +56,7 @@ def test_a_resent_batch_is_applied_once(redis_url, namespace, monkeypatch):
     monkeypatch.setattr(w, "_apply", lossy)
     w.write_batch(7, BatchChanges.from_diffs([("q", 1, [("o4", 3.0)], [])], OBJ))
     assert calls["n"] == 2
-    assert c.xlen(keys.changes) == 1 and c.hget(keys.object("o4"), "refs") == "1"
+    assert c.xlen(keys.changes) == 2 and c.hget(keys.object("o4"), "refs") == "1"  # registration + change
 
 
 def test_unreachable_redis_is_a_clear_error_after_retries():

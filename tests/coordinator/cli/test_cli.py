@@ -65,3 +65,26 @@ def test_run_rejects_bad_numbers_before_any_work(places_slice, tmp_path, capsys)
                                  ("--batch", "0", "--batch must be >= 1")):
         assert main([*base, flag, value]) == 2
         assert message in capsys.readouterr().err
+
+
+def test_every_verb_has_a_description_and_every_flag_a_help():
+    import argparse
+
+    from knnmon.coordinator.cli import build_parser
+
+    missing = []
+
+    def walk(parser: argparse.ArgumentParser, path: list[str]) -> None:
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    if not sub.description:
+                        missing.append(" ".join([*path, name]))
+                    walk(sub, [*path, name])
+            elif not isinstance(action, argparse._HelpAction) and not action.help:
+                missing.append(" ".join([*path, *(action.option_strings or [action.dest])]))
+
+    walk(build_parser(), [])
+    assert missing == []
+    p = run_cli("serve", "--help")
+    assert "(default 1000)" in p.stdout and "--max-k" in p.stdout  # defaults shown

@@ -29,6 +29,11 @@ def test_run_and_results_commands(places_slice, slice_queries, ray_instance, red
     assert main(["results", "q0", "--redis", redis_url, "--namespace", namespace]) == 0
     out = capsys.readouterr().out
     assert out.startswith("query q0: k=") and " m  " in out
+    assert main(["results", "q0", "--json", "--redis", redis_url, "--namespace", namespace]) == 0
+    r = json.loads(capsys.readouterr().out)
+    q = r["query"]
+    assert (type(q["k"]), type(q["lon"]), type(q["worker"]), type(q["keywords"])) == (int, float, int, list)
+    assert r["knn"] and all(type(o["t"]) is int and type(o["keywords"]) is list and "refs" not in o for o in r["knn"])
     assert main(["results", "nosuch", "--redis", redis_url, "--namespace", namespace]) == 2
     assert "no query 'nosuch'" in capsys.readouterr().err
     assert main(["run", "--objects", objects_dir, "--queries", str(qfile), "--workers", "0", "--redis", redis_url]) == 2

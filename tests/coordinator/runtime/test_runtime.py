@@ -92,9 +92,9 @@ def test_register_mid_stream_unregister_and_duplicates(small, executor, redis_ur
         want = BruteForceKnn(objects.slice(0, seen)).knn(probe["lon"] + 0.01, probe["lat"], words, 7)
         assert client.zrange(keys.result("late"), 0, -1) == [x[0] for x in want]
         with pytest.raises(InvalidQueryError, match="already registered"):
-            reg.register([Query.create("late", 0.0, 0.0, ["food"], 1)])
+            reg.register([Query.create("late", 1.0, 1.0, ["food"], 1)])
         with pytest.raises(InvalidQueryError, match="no_keywords"):
-            Query.create("bad", 0.0, 0.0, ["the"], 3)  # a stop word only: no keyword left
+            Query.create("bad", 1.0, 1.0, ["the"], 3)  # a stop word only: no keyword left
         # A query whose k exceeds its matches holds all of them.
         [rare] = reg.register([Query.create("rare", -72.0, 43.0, ["zzzneverseen"], 5)])
         assert rare >= 0 and client.zcard(keys.result("rare")) == 0

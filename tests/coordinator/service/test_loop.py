@@ -60,6 +60,12 @@ def test_streams_from_a_plain_redis_client_are_exact_and_rejects_are_kept(redis_
             ({"id": "b3", "lon": "10", "lat": "5"}, "no_keywords"),
             ({"id": "b4", "lon": "10", "lat": "5", "keywords": "x", "t": "noon"}, "bad_time"),
             ({**object_fields(places[0]), "lon": "1.5"}, "duplicate_id"),
+            ({"id": "b5", "lon": "0", "lat": "0", "keywords": "x"}, "null_island"),
+            ({"id": "b 6", "lon": "10", "lat": "5", "keywords": "x"}, "bad_id"),
+            ({"id": "b7", "lon": "10", "lat": "5", "keywords": "x", "text": "t" * 70_000}, "field_too_large"),
+            ({"id": "b8", "lon": "10", "lat": "5", "keywords": "x", "t": "9" * 25}, "bad_time"),
+            ({"id": "b9", "lon": "10", "lat": "5", "keywords": " ".join(f"w{i}" for i in range(40))},
+             "too_many_keywords"),
         ]
         for fields, _ in bad_objects:
             r.xadd(keys.ingest_objects, fields)
@@ -74,6 +80,10 @@ def test_streams_from_a_plain_redis_client_are_exact_and_rejects_are_kept(redis_
             ({**register_fields(queries[0]), "k": "0"}, "bad_k"),
             ({"op": "register", "id": "z2", "lat": "1", "keywords": "a", "k": "1"}, "missing_coordinates"),
             ({**register_fields(queries[0]), "id": "z3", "keywords": "the of"}, "no_keywords"),
+            ({**register_fields(queries[0]), "id": "z4", "k": "99999999999999999999"}, "k_too_large"),
+            ({**register_fields(queries[0]), "id": "z5", "k": "100000000"}, "k_too_large"),
+            ({**register_fields(queries[0]), "id": "z6", "lon": "0", "lat": "0"}, "null_island"),
+            ({**register_fields(queries[0]), "id": "z 7"}, "bad_id"),
         ]
         for fields, _ in bad_ops:
             r.xadd(keys.ingest_queries, fields)
@@ -138,14 +148,18 @@ def test_serve_killed_mid_stream_loses_nothing_and_duplicates_nothing(redis_url,
     assert kills == 2
     oracle = BruteForceKnn(pa.Table.from_pylist(places))
     assert_exact(redis_url, namespace, pa.Table.from_pylist(queries), oracle)
-    # Nothing duplicated: each query's change versions are 1..version, once each.
+    # Nothing duplicated: each query's change versions are 0 (its registration) .. version, once
+    # each, and applying the feed from the start gives its result's members.
     versions: dict[str, list[int]] = {}
+    mirror: dict[str, set[str]] = {}
     for _, f in r.xrange(keys.changes):
         versions.setdefault(f["qid"], []).append(int(f["version"]))
+        mirror[f["qid"]] = (mirror.get(f["qid"], set()) - set(f["left"].split())) | set(f["entered"].split())
     for q in queries:
         v = versions.get(q["id"], [])
-        assert v == list(range(1, len(v) + 1)), q["id"]
-        assert int(r.hget(keys.query(q["id"]), "version")) == len(v)
+        assert v == list(range(len(v))), q["id"]
+        assert int(r.hget(keys.query(q["id"]), "version")) == len(v) - 1
+        assert mirror[q["id"]] == set(r.zrange(keys.result(q["id"]), 0, -1))
     # Object hashes: exactly the objects in some result, each counting the results holding it.
     holders = Counter(o for q in queries for o in r.zrange(keys.result(q["id"]), 0, -1))
     stored = {k.split(":", 2)[2]: int(r.hget(k, "refs")) for k in r.scan_iter(f"{namespace}:object:*", count=10_000)}
@@ -233,10 +247,14 @@ def test_python_client_round_trip_on_an_embedded_redis_that_survives_a_killed_se
         got = client.results("c1")
         assert [o for o, _ in got] == [o for o, _ in want]
         assert client.query("c1")["k"] == "4"
-        changes = client.changes()
-        assert changes and all(f["qid"] == "c1" for _, f in changes)
-        assert [int(f["version"]) for _, f in changes] == list(range(1, len(changes) + 1))
-        assert client.changes(since=changes[-1][0]) == []
+        changes = [c for c in client.changes() if c.qid == "c1"]
+        assert changes and changes[0].version == 0 and changes[0].left == []  # the registration: all entered
+        assert [c.version for c in changes] == list(range(len(changes)))
+        members: set[str] = set()
+        for c in changes:  # the feed alone reproduces the result
+            members = (members - set(c.left)) | set(c.entered)
+        assert members == {o for o, _ in got}
+        assert client.changes(since=client.changes()[-1].entry_id) == []
         client.unregister("c1")
         client.wait(timeout_s=60)
         assert client.results("c1") == [] and client.query("c1") == {}

@@ -15,6 +15,12 @@ from knnmon.errors import REJECT_REASONS, Rejected
     ({"id": "a", "lon": "nan", "lat": "2", "keywords": "x"}, "non_numeric_coordinates"),
     ({"id": "a", "lon": "181", "lat": "2", "keywords": "x"}, "longitude_out_of_range"),
     ({"id": "a", "lon": "1", "lat": "2", "text": "the and of"}, "no_keywords"),
+    ({"id": "a", "lon": "1", "lat": "2", "keywords": "x", "text": "y" * 70_000}, "field_too_large"),
+    ({"id": "a b", "lon": "1", "lat": "2", "keywords": "x"}, "bad_id"),
+    ({"id": "a", "lon": "0", "lat": "0.0", "keywords": "x"}, "null_island"),
+    ({"id": "a", "lon": "1", "lat": "2", "keywords": "x", "t": "9" * 30}, "bad_time"),
+    ({"id": "a", "lon": "1e999", "lat": "2", "keywords": "x"}, "non_numeric_coordinates"),
+    ({"id": "a", "lon": "1", "lat": "2", "keywords": " ".join(f"w{i}" for i in range(33))}, "too_many_keywords"),
 ])
 def test_object_entries_parse_or_are_rejected_with_a_reason(fields, reason):
     if reason is None:
@@ -34,6 +40,9 @@ def test_object_entries_parse_or_are_rejected_with_a_reason(fields, reason):
     ({"op": "register", "id": "q", "lat": "2", "keywords": "coffee", "k": "1"}, "missing_coordinates"),
     ({"op": "register", "id": "q", "lon": "1", "lat": "2", "keywords": "the of", "k": "1"}, "no_keywords"),
     ({"op": "unregister", "id": ""}, "missing_id"),
+    ({"op": "register", "id": "q", "lon": "1", "lat": "2", "keywords": "coffee", "k": "9" * 20}, "k_too_large"),
+    ({"op": "register", "id": "q", "lon": "0", "lat": "0", "keywords": "coffee", "k": "1"}, "null_island"),
+    ({"op": "register", "id": "q\u0007", "lon": "1", "lat": "2", "keywords": "coffee", "k": "1"}, "bad_id"),
 ])
 def test_query_operations_parse_into_a_validated_query_or_are_rejected(fields, reason):
     if reason is None:

@@ -1,0 +1,165 @@
+"""The rules and bounds on every field that enters knnmon: one place, used by the stream
+protocol (objects and query operations), :meth:`knnmon.query.Query.create`, query files and the
+client. A field that breaks one is rejected with a reason of :data:`~knnmon.errors.REJECT_REASONS`
+(:class:`~knnmon.errors.Rejected`), so that no input can make knnmon allocate without bound or
+fail later, inside a worker.
+
+Light (no numpy): the Python client uses it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from knnmon.errors import InvalidArgumentError, Rejected
+
+__all__ = ["DEFAULT_LIMITS", "INT64_MAX", "INT64_MIN", "MAX_FIELD_BYTES", "MAX_ID_BYTES", "Limits", "check_fields", "check_keywords",
+           "parse_id", "parse_k", "parse_point", "parse_time"]
+
+#: Longest id, in UTF-8 bytes.
+MAX_ID_BYTES = 256
+#: Longest field of a stream entry, in bytes (64 KiB).
+MAX_FIELD_BYTES = 64 * 1024
+INT64_MIN, INT64_MAX = -2**63, 2**63 - 1
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds a deployment sets (``--max-k``, ``--max-keywords``).
+
+    Attributes
+    ----------
+    max_k : int
+        Largest ``k`` of a query (default 1,000): a worker's memory grows with its queries' k.
+    max_keywords : int
+        Most keywords of a query or an object after normalisation (default 32).
+
+    Raises
+    ------
+    InvalidArgumentError
+        A bound below 1.
+    """
+
+    max_k: int = 1000
+    max_keywords: int = 32
+
+    def __post_init__(self) -> None:
+        if self.max_k < 1:
+            raise InvalidArgumentError(f"--max-k must be >= 1; got {self.max_k}")
+        if self.max_keywords < 1:
+            raise InvalidArgumentError(f"--max-keywords must be >= 1; got {self.max_keywords}")
+
+
+DEFAULT_LIMITS = Limits()
+
+
+def check_fields(fields: Mapping[Any, Any]) -> None:
+    """Every field of an entry at most :data:`MAX_FIELD_BYTES` long.
+
+    Raises
+    ------
+    Rejected
+        ``field_too_large``, naming the field.
+    """
+    for key, value in fields.items():
+        if len(value if isinstance(value, bytes) else str(value).encode()) > MAX_FIELD_BYTES:
+            raise Rejected("field_too_large", f"field {str(key)[:64]!r} exceeds {MAX_FIELD_BYTES:,} bytes")
+
+
+def parse_id(raw: Any) -> str:
+    """An object or query id: leading and trailing blanks removed, non-empty, at most
+    :data:`MAX_ID_BYTES` bytes, no whitespace or control character inside.
+
+    Raises
+    ------
+    Rejected
+        ``missing_id`` (empty) or ``bad_id``.
+    """
+    oid = str(raw).strip() if raw is not None else ""
+    if not oid:
+        raise Rejected("missing_id")
+    if len(oid.encode()) > MAX_ID_BYTES:
+        raise Rejected("bad_id", f"id of {len(oid.encode()):,} bytes (at most {MAX_ID_BYTES})")
+    if any(c.isspace() or not c.isprintable() for c in oid):
+        raise Rejected("bad_id", f"id={oid[:64]!r} holds whitespace or a control character")
+    return oid
+
+
+def parse_point(lon: Any, lat: Any) -> tuple[float, float]:
+    """``(lon, lat)`` as float degrees: finite, ``|lon| <= 180``, ``|lat| <= 90``, not (0, 0).
+
+    Raises
+    ------
+    Rejected
+        ``non_numeric_coordinates``, ``longitude_out_of_range``, ``latitude_out_of_range``, or
+        ``null_island`` (exactly (0, 0): what a device reports without a position).
+    """
+    try:
+        x, y = float(lon), float(lat)
+    except (TypeError, ValueError, OverflowError):
+        raise Rejected("non_numeric_coordinates", f"lon={str(lon)[:64]!r}, lat={str(lat)[:64]!r}") from None
+    if not (math.isfinite(x) and math.isfinite(y)):
+        raise Rejected("non_numeric_coordinates", f"lon={x}, lat={y}")
+    if abs(x) > 180:
+        raise Rejected("longitude_out_of_range", f"lon={x}")
+    if abs(y) > 90:
+        raise Rejected("latitude_out_of_range", f"lat={y}")
+    if x == 0 and y == 0:
+        raise Rejected("null_island", "lon=0, lat=0")
+    return x, y
+
+
+def parse_k(k: Any, limits: Limits = DEFAULT_LIMITS) -> int:
+    """``k`` as an int in ``[1, limits.max_k]``.
+
+    Raises
+    ------
+    Rejected
+        ``bad_k`` (not an integer, or below 1) or ``k_too_large``.
+    """
+    if isinstance(k, float) and not k.is_integer():
+        raise Rejected("bad_k", f"k={k!r}")
+    try:
+        kk = int(k)
+    except (TypeError, ValueError, OverflowError):
+        raise Rejected("bad_k", f"k={str(k)[:64]!r}") from None
+    if kk < 1:
+        raise Rejected("bad_k", f"k={kk}")
+    if kk > limits.max_k:
+        raise Rejected("k_too_large", f"k={kk} (at most {limits.max_k:,}: --max-k)")
+    return kk
+
+
+def parse_time(t: Any) -> int:
+    """An epoch-millisecond time that fits int64.
+
+    Raises
+    ------
+    Rejected
+        ``bad_time``.
+    """
+    try:
+        ms = int(t)
+    except (TypeError, ValueError, OverflowError):
+        raise Rejected("bad_time", f"t={str(t)[:64]!r}") from None
+    if not INT64_MIN <= ms <= INT64_MAX:
+        raise Rejected("bad_time", f"t={str(t)[:64]} does not fit 64 bits")
+    return ms
+
+
+def check_keywords(words: Sequence[str], limits: Limits = DEFAULT_LIMITS) -> Sequence[str]:
+    """``words`` if there are 1 to ``limits.max_keywords`` of them.
+
+    Raises
+    ------
+    Rejected
+        ``no_keywords`` or ``too_many_keywords``.
+    """
+    if not words:
+        raise Rejected("no_keywords")
+    if len(words) > limits.max_keywords:
+        raise Rejected("too_many_keywords", f"{len(words):,} keywords (at most {limits.max_keywords}: --max-keywords)")
+    return words
