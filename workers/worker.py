@@ -15,6 +15,7 @@ actor at the edge. Per batch (``SPEC.md``, "The worker"; Tsuruoka et al. 2019, Â
 
 from __future__ import annotations
 
+import os
 import time
 from collections import deque
 from dataclasses import replace
@@ -536,7 +537,7 @@ class KnnWorker:
 
     def stats(self) -> dict[str, Any]:
         """Queries held, index entries, queries re-indexed so far, this process's peak RSS (MB),
-        and the Ray node it runs on (``None`` outside Ray)."""
+        its process id, and the Ray node it runs on (``None`` outside Ray)."""
         import resource
 
         node = None
@@ -547,6 +548,7 @@ class KnnWorker:
                 node = ray.get_runtime_context().get_node_id()
         except ImportError:  # pragma: no cover - ray is a dependency
             pass
-        return {"worker": self.worker_id, "node": node, "queries": int(self.alive.sum()), "index_entries": self.index.entries,
+        return {"worker": self.worker_id, "node": node, "pid": os.getpid(), "queries": int(self.alive.sum()),
+                "index_entries": self.index.entries,
                 "refreshed": self.refreshed, "keywords": len(self.vocab),
                 "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}

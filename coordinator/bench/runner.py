@@ -46,6 +46,7 @@ from knnmon.coordinator.runtime import RunConfig, Runtime
 from knnmon.coordinator.runtime.metrics import RunSummary
 from knnmon.coordinator.runtime.preparation import Prepared, prepare
 from knnmon.coordinator.runtime.worker_pool import init_ray
+from knnmon.connection import redact
 from knnmon.errors import InputPathError, InvalidArgumentError
 from knnmon.ingest.queries import QueryWorkload, generate_queries
 from knnmon.ingest.reading import OBJECT_COLUMNS, read_objects
@@ -226,7 +227,8 @@ def run_bench(cfg: BenchConfig, report: str | None = None, *, progress: bool = T
     if max(cfg.queries) > objects.num_rows:
         raise InvalidArgumentError(f"--queries {max(cfg.queries)} exceeds the {objects.num_rows:,} objects that "
                                    f"can seed them (one object per query)")
-    out: dict[str, Any] = {"machine": machine_info(), "config": asdict(cfg), "rows": [], "interrupted": False}
+    out: dict[str, Any] = {"machine": machine_info(), "config": {**asdict(cfg), "redis_url": redact(cfg.redis_url)},
+                           "rows": [], "interrupted": False}
 
     def save() -> None:
         if report:

@@ -47,12 +47,16 @@ def add_store_options(p: argparse.ArgumentParser, *, data_dir: bool = True, name
     p.add_argument("--namespace", default=namespace, help=f"Redis key prefix (default {namespace})")
     if data_dir:
         p.add_argument("--data-dir", default=DEFAULT_DATA_DIR,
-                       help=f"where the embedded Redis keeps its data (default ./{DEFAULT_DATA_DIR})")
+                       help=f"where the embedded Redis keeps its data (default ./{DEFAULT_DATA_DIR}); a command "
+                            "without --redis finds the embedded server a running service keeps there")
+        p.add_argument("--redis-port", type=int, metavar="PORT",
+                       help="the embedded Redis listens on this loopback port (default: a free one)")
 
 
 def store_config(a: argparse.Namespace, *, durable: bool = False) -> StoreConfig:
     """The :class:`StoreConfig` of :func:`add_store_options`' flags."""
-    return StoreConfig(url=a.redis, namespace=a.namespace, data_dir=getattr(a, "data_dir", None), durable=durable)
+    return StoreConfig(url=a.redis, namespace=a.namespace, data_dir=getattr(a, "data_dir", None), durable=durable,
+                       port=getattr(a, "redis_port", None))
 
 
 def add_worker_options(p: argparse.ArgumentParser, *, algorithm_help: str = "the assignment of queries to workers") -> None:

@@ -7,6 +7,7 @@ import json
 import logging
 from typing import Any
 
+from knnmon.connection import redact
 from knnmon.coordinator.cli.options import (add_verb, add_batch_option, add_limit_options, add_store_options, add_worker_options,
                                             limits, store_config)
 
@@ -22,7 +23,7 @@ def _serve(a: argparse.Namespace) -> int:
                          store=store_config(a, durable=True), ray_address=a.ray_address, executor=a.executor,
                          batch=a.batch, max_delay_ms=a.max_delay_ms, limits=limits(a))
     with Service(config) as svc:
-        print(f"knnmon serve: {config.workers} workers ({config.algorithm}), Redis {svc.redis_url}, namespace "
+        print(f"knnmon serve: {config.workers} workers ({config.algorithm}), Redis {redact(svc.redis_url)}, namespace "
               f"{config.store.namespace!r}; XADD to {svc.keys.ingest_queries} / {svc.keys.ingest_objects}", flush=True)
         counters = svc.run(max_batches=a.max_batches, idle_exit_s=a.idle_exit_s)
     print(f"knnmon serve: stopped; {json.dumps(counters)}", flush=True)

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from knnmon.batch import WorkerReport
+from knnmon.connection import redact
 
 __all__ = ["BatchReport", "RunSummary", "summarize_run"]
 
@@ -141,8 +142,10 @@ def summarize_run(rows: Sequence[BatchReport], wall_s: float, *, config: Any, qu
     objects = sum(r.objects for r in rows)
     changed = sum(r.changed for r in rows)
     cand = sum(r.candidates for r in rows)
+    settings = asdict(config)
+    settings["store"]["url"] = redact(settings["store"]["url"])
     return RunSummary(
-        config=asdict(config), queries=queries, workers=config.workers, algorithm=config.algorithm,
+        config=settings, queries=queries, workers=config.workers, algorithm=config.algorithm,
         initial_objects=initial_objects, batches=len(rows), objects=objects,
         duplicates_ignored=sum(r.duplicates for r in rows), wall_s=round(wall_s, 3),
         objects_per_s=objects / wall_s if wall_s > 0 else 0.0,

@@ -122,13 +122,15 @@ class RayPool(WorkerPool):
     def gather(self, pending: Sequence[Pending]) -> list[Any]:
         from ray.exceptions import RayActorError
 
-        out = []
-        for p in pending:
-            try:
-                out.append(self._ray.get(p.value))
-            except RayActorError as ex:
-                raise WorkerLostError(p.worker, f"its Ray actor died ({type(ex).__name__})") from ex
-        return out
+        try:
+            return self._ray.get([p.value for p in pending])  # one wait for all
+        except RayActorError:
+            for p in pending:  # which worker: the first whose call fails so
+                try:
+                    self._ray.get(p.value)
+                except RayActorError as ex:
+                    raise WorkerLostError(p.worker, f"its Ray actor died ({type(ex).__name__})") from ex
+            raise
 
     def share(self, obj: Any) -> Any:
         return self._ray.put(obj)

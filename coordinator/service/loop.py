@@ -41,14 +41,14 @@ import numpy as np
 import pyarrow as pa
 import redis
 
-from knnmon.connection import connect
+from knnmon.connection import connect, redact
 from knnmon.coordinator.runtime.runtime import Runtime
 from knnmon.coordinator.service import status as service_status
 from knnmon.coordinator.service.acks import acknowledge
 from knnmon.coordinator.service.config import ServeConfig
 from knnmon.coordinator.service.protocol import GROUP, entry_time_ms, parse_object, parse_query_op
 from knnmon.coordinator.service.recovery import OBJECT_SCHEMA, objects_table, recover
-from knnmon.errors import Rejected, StoreUnavailableError, WorkerLostError
+from knnmon.errors import KnnmonError, Rejected, StoreUnavailableError, WorkerLostError
 from knnmon.keys import Keys
 from knnmon.query import Query
 from knnmon.store import Store, open_store
@@ -86,7 +86,7 @@ class Service:
         self.busy_ms = np.zeros(config.workers)
         self.latencies: deque[np.ndarray] = deque(maxlen=1000)  # per batch: XADD -> acknowledged, ms
         self.started_ms = int(time.time() * 1000)
-        self.nodes: list[Any] = []
+        self.workers: list[dict[str, Any]] = []  # worker, node, pid of each worker
         self.queries: dict[str, Query] = {}
         self._model = None
         self._preload: pa.Table | None = None
@@ -98,11 +98,39 @@ class Service:
 
     # -- start and recovery ------------------------------------------------------------------
     def start(self) -> Service:
-        """Start (or attach to) Redis, recover the state it holds, start the workers."""
+        """Start (or attach to) Redis, recover the state it holds, start the workers.
+
+        Raises
+        ------
+        KnnmonError
+            Another service runs in this namespace of this Redis (its status is fresh and, on
+            this host, its process lives).
+        """
+        self._refuse_a_second_service()  # before opening the store: a refused start touches nothing
         self.store = self._exit.enter_context(open_store(self.config.store))
         self._load_preload()
         self._recover()
         return self
+
+    def _refuse_a_second_service(self) -> None:
+        from knnmon.redis_server import EmbeddedRedis
+
+        store = self.config.store
+        url = store.resolved_url
+        if url is None and store.embedded_dir is not None and (live := EmbeddedRedis.running(store.embedded_dir)):
+            url = f"redis://127.0.0.1:{live[1]}/0"
+        if url is None:
+            return  # no server yet: no service either
+        client = connect(url)
+        try:
+            other = service_status.running_service(client, self.keys)
+        except (redis.ConnectionError, redis.TimeoutError):
+            other = None  # Redis away: start() waits for it and recovers
+        finally:
+            client.close()
+        if other is not None:
+            raise KnnmonError(f"a knnmon serve (pid {other.get('pid')} on {other.get('host')}) is running in namespace "
+                              f"{self.config.store.namespace!r} of this Redis; stop it first, or use another --namespace")
 
     def _load_preload(self) -> None:
         from knnmon.assignment import LoadModel
@@ -127,8 +155,8 @@ class Service:
                 return client
             except (redis.ConnectionError, redis.TimeoutError) as ex:
                 if self.stopping:
-                    raise StoreUnavailableError(f"Redis at {self.redis_url} unreachable while stopping") from ex
-                log.warning("Redis at %s unreachable (%s); retrying in %.1f s", self.redis_url, ex, delay)
+                    raise StoreUnavailableError(f"Redis at {redact(self.redis_url)} unreachable while stopping") from ex
+                log.warning("Redis at %s unreachable (%s); retrying in %.1f s", redact(self.redis_url), ex, delay)
                 time.sleep(delay)
                 delay = min(delay * 2, 10.0)
 
@@ -148,7 +176,7 @@ class Service:
         self.queries = r.queries
         self._ack(self.keys.ingest_objects, r.pending, r.rejects)
         self.busy_ms = np.zeros(self.config.workers)
-        self.nodes = [s.get("node") for s in self.runtime.registrar.stats()]
+        self.workers = [{k: s.get(k) for k in ("worker", "node", "pid")} for s in self.runtime.registrar.stats()]
         log.info("recovered %d queries over %d objects (%d entries re-acknowledged) in %.1f s", len(r.queries),
                  r.prepared.initial.num_rows, len(r.pending), time.perf_counter() - t0)
         self._publish_status(force=True)
@@ -197,6 +225,7 @@ class Service:
                 break
             self._publish_status(force=stale and not did)  # at once when the work runs out
             stale = stale and did
+        self.stopping = True  # the loop is over: the last status says so
         self._publish_status(force=True)
         return dict(self.counters)
 

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import redis
 
-from knnmon.connection import connect
+from knnmon.connection import connect, redact
 from knnmon.coordinator.service.protocol import GROUP, entry_time_ms, group_info
 from knnmon.keys import DEFAULT_NAMESPACE, Keys
 
@@ -44,11 +44,31 @@ def snapshot(svc: Any) -> dict[str, Any]:
         "workers": svc.config.workers, "algorithm": svc.config.algorithm,
         "queries_per_worker": reg.worker_queries.tolist() if reg else [],
         "predicted_load_per_worker": reg.worker_loads.round(6).tolist() if reg else [],
-        "busy_ms_per_worker": svc.busy_ms.round(1).tolist(), "worker_nodes": svc.nodes,
+        "busy_ms_per_worker": svc.busy_ms.round(1).tolist(),
+        "worker_nodes": [w.get("node") for w in svc.workers], "worker_processes": svc.workers,
+        "redis": redact(svc.redis_url), "data_dir": svc.config.store.data_dir,
         "latency_ms_p50": float(np.percentile(lat, 50)) if len(lat) else None,
         "latency_ms_p99": float(np.percentile(lat, 99)) if len(lat) else None,
         **svc.counters,
     }
+
+
+def running_service(client: redis.Redis, keys: Keys) -> dict[str, Any] | None:
+    """The status a running service published in this namespace: fresh (younger than
+    :data:`STALE_S`), not stopping, and, when it names this host, its process alive; else ``None``."""
+    raw = client.get(keys.serve_status)
+    if not raw:
+        return None
+    try:
+        s = json.loads(raw)
+        fresh = time.time() * 1000 - s["heartbeat_ms"] < STALE_S * 1000 and not s.get("stopping")
+        if fresh and s.get("host") == socket.gethostname():
+            os.kill(int(s["pid"]), 0)
+    except (ValueError, KeyError, TypeError, ProcessLookupError):
+        return None
+    except PermissionError:  # alive, another user's
+        pass
+    return s if fresh else None
 
 
 def publish(svc: Any) -> None:
@@ -131,12 +151,14 @@ def format_status(s: dict[str, Any]) -> str:
         if svc.get("latency_ms_p50") is not None:
             lines.append(f"  latency XADD -> result written: p50 {svc['latency_ms_p50']:.1f} ms, "
                          f"p99 {svc['latency_ms_p99']:.1f} ms (last 1,000 batches)")
-        lines.append("  worker  node      queries  predicted load  busy ms (measured)")
+        lines.append("  worker  node      pid      queries  predicted load  busy ms (measured)")
+        procs = svc.get("worker_processes") or []
         for w in range(svc["workers"]):
             node = (svc["worker_nodes"][w] or "-")[:8] if w < len(svc["worker_nodes"]) else "-"
+            pid = str(procs[w].get("pid") or "-") if w < len(procs) else "-"
             q = svc["queries_per_worker"][w] if svc["queries_per_worker"] else 0
             pl = svc["predicted_load_per_worker"][w] if svc["predicted_load_per_worker"] else 0.0
-            lines.append(f"  {w:>6}  {node:<8} {q:>8,}  {pl:>14.6g}  {svc['busy_ms_per_worker'][w]:>12,.1f}")
+            lines.append(f"  {w:>6}  {node:<8}  {pid:<7} {q:>8,}  {pl:>14.6g}  {svc['busy_ms_per_worker'][w]:>12,.1f}")
     lines.append(f"queries registered: {s['queries']:,}; rejects: {s['rejects']:,}; changes: {s['changes']:,}")
     for name in ("objects_stream", "queries_stream"):
         st = s[name]

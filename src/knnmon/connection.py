@@ -14,11 +14,37 @@ from redis.retry import Retry
 
 from knnmon.errors import StoreUnavailableError
 
-__all__ = ["connect", "with_retries", "redis_url_from_env", "ENV_REDIS_URL"]
+__all__ = ["connect", "redact", "with_retries", "redis_url_from_env", "ENV_REDIS_URL"]
 
 ENV_REDIS_URL = "KNNMON_REDIS_URL"
 log = logging.getLogger("knnmon.redis")
 T = TypeVar("T")
+
+
+def redact(url: str | None) -> str | None:
+    """``url`` with its password (and any ``password=`` query argument) shown as ``***``: the
+    only form in which knnmon prints, logs or stores a Redis URL.
+
+    >>> redact("rediss://app:s3cret@db.example:6380/0?ssl_ca_certs=/ca.pem&password=x")
+    'rediss://app:***@db.example:6380/0?ssl_ca_certs=/ca.pem&password=***'
+    >>> redact("redis://127.0.0.1:6379/0")
+    'redis://127.0.0.1:6379/0'
+    """
+    if not url:
+        return url
+    from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+    try:
+        parts = urlsplit(url)
+        netloc = parts.netloc
+        if "@" in netloc:
+            auth, host = netloc.rsplit("@", 1)
+            user, sep, _ = auth.partition(":")
+            netloc = f"{user}:***@{host}" if sep else (f"{user}@{host}" if parts.password is None else f"***@{host}")
+        query = urlencode([(k, "***" if k.lower() == "password" else v) for k, v in parse_qsl(parts.query)], safe="/*")
+        return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+    except ValueError:
+        return "(a Redis URL that does not parse)"
 
 
 def redis_url_from_env(url: str | None) -> str | None:
@@ -58,9 +84,9 @@ def with_retries(op: Callable[[], T], what: str, url: str, *, attempts: int = 6,
             return op()
         except (redis.ConnectionError, redis.TimeoutError) as ex:
             if attempt == attempts - 1:
-                raise StoreUnavailableError(f"Redis at {url} unreachable while {what} "
+                raise StoreUnavailableError(f"Redis at {redact(url)} unreachable while {what} "
                                             f"(gave up after {attempts} attempts): {ex}") from ex
             delay = backoff_s * 2 ** attempt
-            log.warning("Redis at %s: %s while %s; retrying in %.1f s", url, ex, what, delay)
+            log.warning("Redis at %s: %s while %s; retrying in %.1f s", redact(url), ex, what, delay)
             time.sleep(delay)
     raise AssertionError("unreachable")

@@ -13,6 +13,7 @@ import shutil
 import socket
 import subprocess
 import time
+from urllib.parse import quote
 
 import redis
 
@@ -66,6 +67,8 @@ class EmbeddedRedis:
     reuse
         If a server this class started earlier for the same ``data_dir`` still runs (its owner
         was killed), attach to it instead of starting a second one; this object then stops it.
+    password
+        Require this password (``AUTH``); :attr:`url` carries it.
 
     Examples
     --------
@@ -75,7 +78,8 @@ class EmbeddedRedis:
     """
 
     def __init__(self, data_dir: str | None = None, port: int | None = None, start_timeout_s: float = 20.0, *,
-                 durable: bool = False, reuse: bool = False, binary: str | None = None) -> None:
+                 durable: bool = False, reuse: bool = False, binary: str | None = None,
+                 password: str | None = None) -> None:
         self._tmp = data_dir is None
         if data_dir is None:
             import tempfile
@@ -84,14 +88,18 @@ class EmbeddedRedis:
         self.data_dir = os.path.abspath(data_dir)
         self.port = port or free_port()
         self.start_timeout_s = start_timeout_s
-        self.durable, self.reuse, self.binary = durable, reuse, binary
+        self.durable, self.reuse, self.binary, self.password = durable, reuse, binary, password
         self.proc: subprocess.Popen | None = None
         self._adopted_pid: int | None = None
 
     @property
     def url(self) -> str:
-        """``redis://127.0.0.1:<port>/0``."""
-        return f"redis://127.0.0.1:{self.port}/0"
+        """``redis://127.0.0.1:<port>/0`` (``redis://:<password>@...`` with a password)."""
+        auth = f":{quote(self.password, safe='')}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
+
+    def _client(self, **options) -> redis.Redis:
+        return redis.Redis(host="127.0.0.1", port=self.port, password=self.password, **options)
 
     def start(self) -> EmbeddedRedis:
         """Start the server and wait until it answers PING.
@@ -104,17 +112,21 @@ class EmbeddedRedis:
         os.makedirs(self.data_dir, exist_ok=True)
         if self.reuse and self._adopt():
             return self
+        if not self._tmp and (live := self.running(self.data_dir, self.password)) is not None:
+            raise KnnmonError(f"{self.data_dir} is the data directory of a running redis-server (pid {live[0]}, "
+                              f"port {live[1]}): stop the service using it, or give another --data-dir or --redis URL")
         log = open(os.path.join(self.data_dir, "redis.log"), "ab")
         self.proc = subprocess.Popen(
             [self.binary or redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--dir", self.data_dir,
              "--dbfilename", "knnmon.rdb", "--save", "", "--protected-mode", "yes", "--daemonize", "no",
              *(["--appendonly", "yes", "--appendfilename", "knnmon.aof", "--appendfsync", "everysec"]
-               if self.durable else ["--appendonly", "no"])],
+               if self.durable else ["--appendonly", "no"]),
+             *(["--requirepass", self.password] if self.password else [])],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         )
         log.close()
         atexit.register(self.stop)
-        client = redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=1.0)
+        client = self._client(socket_timeout=1.0)
         deadline = time.monotonic() + self.start_timeout_s
         while True:
             if self.proc.poll() is not None:
@@ -138,28 +150,38 @@ class EmbeddedRedis:
     def _pid_file(self) -> str:
         return os.path.join(self.data_dir, "server.pid")
 
-    def _adopt(self) -> bool:
-        """Attach to the server an earlier, killed owner left running for this ``data_dir``."""
+    @staticmethod
+    def running(data_dir: str, password: str | None = None) -> tuple[int, int] | None:
+        """``(pid, port)`` of a live ``redis-server`` this class started for ``data_dir`` (its
+        ``server.pid`` names it, the process lives and answers with that data directory), else
+        ``None``. A second server must never be started on such a directory."""
+        data_dir = os.path.abspath(data_dir)
         try:
-            with open(self._pid_file, encoding="utf-8") as fh:
+            with open(os.path.join(data_dir, "server.pid"), encoding="utf-8") as fh:
                 pid, port = (int(x) for x in fh.read().split())
             os.kill(pid, 0)
-            client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=1.0, decode_responses=True)
-            alive = client.ping() and client.config_get("dir").get("dir") == self.data_dir
+            client = redis.Redis(host="127.0.0.1", port=port, password=password, socket_timeout=1.0,
+                                 decode_responses=True)
+            alive = client.ping() and client.config_get("dir").get("dir") == data_dir
             client.close()
         except (OSError, ValueError, redis.RedisError):
-            return False
-        if alive:
-            self.port, self._adopted_pid = port, pid
+            return None
+        return (pid, port) if alive else None
+
+    def _adopt(self) -> bool:
+        """Attach to the server an earlier, killed owner left running for this ``data_dir``."""
+        found = self.running(self.data_dir, self.password)
+        if found is not None:
+            self._adopted_pid, self.port = found
             atexit.register(self.stop)
-        return bool(alive)
+        return found is not None
 
     def stop(self) -> None:
         """Save the snapshot (unless temporary) and stop the server; idempotent."""
         if self._adopted_pid is not None:
             self._adopted_pid = None
             try:
-                redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=60).shutdown(save=True)
+                self._client(socket_timeout=60).shutdown(save=True)
             except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError):
                 pass
             return
@@ -167,7 +189,7 @@ class EmbeddedRedis:
         if proc is None or proc.poll() is not None:
             return
         try:
-            client = redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=60)
+            client = self._client(socket_timeout=60)
             client.shutdown(save=not self._tmp, nosave=self._tmp)
         except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError):
             pass

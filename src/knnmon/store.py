@@ -14,7 +14,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from knnmon.connection import connect, redis_url_from_env
+from knnmon.connection import connect, redact, redis_url_from_env
 from knnmon.errors import KnnmonError
 from knnmon.keys import DEFAULT_NAMESPACE, Keys
 
@@ -40,12 +40,15 @@ class StoreConfig:
     durable : bool
         The embedded server also keeps an append-only file (its data survives the server being
         killed) and a server left running by a killed owner is adopted (``knnmon serve``).
+    port : int or None
+        The embedded server's port (``--redis-port``); default: a free one.
     """
 
     url: str | None = None
     namespace: str = DEFAULT_NAMESPACE
     data_dir: str | None = DEFAULT_DATA_DIR
     durable: bool = False
+    port: int | None = None
 
     @property
     def resolved_url(self) -> str | None:
@@ -75,10 +78,11 @@ class Store:
         return self.server is not None
 
     def describe(self) -> str:
-        """Where the results are, for a user: the URL, or the embedded server's data directory."""
+        """Where the results are, for a user: the URL (password shown as ``***``), or the embedded
+        server's data directory."""
         if self.embedded and self.config.embedded_dir is not None:
             return f"the embedded server, saved in {self.config.embedded_dir} (read it with `knnmon results QID`)"
-        return self.url
+        return redact(self.url)
 
 
 @contextlib.contextmanager
@@ -88,12 +92,15 @@ def open_store(config: StoreConfig, *, existing: bool = False) -> Iterator[Store
     Parameters
     ----------
     existing
-        Only read what an earlier command left: without a URL, the embedded data must exist.
+        Only read what an earlier command left: without a URL, the embedded server that runs on
+        ``data_dir`` (e.g. ``knnmon serve``'s) is used as it is, else its saved data must exist.
 
     Raises
     ------
     KnnmonError
-        ``existing`` and no URL and no embedded data in ``data_dir``.
+        ``existing`` and no URL and no embedded data in ``data_dir``; or, not ``existing`` and
+        not ``durable``, a live server already owns ``data_dir`` (two servers on one directory
+        would overwrite each other's data).
     """
     url = config.resolved_url
     if url is not None:
@@ -102,9 +109,12 @@ def open_store(config: StoreConfig, *, existing: bool = False) -> Iterator[Store
     from knnmon.redis_server import EmbeddedRedis
 
     where = config.embedded_dir
+    if existing and where is not None and (live := EmbeddedRedis.running(where)) is not None:
+        yield Store(f"redis://127.0.0.1:{live[1]}/0", config)  # a service's server: not ours to stop
+        return
     if existing and (where is None or not os.path.exists(os.path.join(where, "knnmon.rdb"))):
         raise KnnmonError(f"no results store: give --redis URL, or run `knnmon run` first (looked in {where})")
-    server = EmbeddedRedis(where, durable=config.durable, reuse=config.durable).start()
+    server = EmbeddedRedis(where, port=config.port, durable=config.durable, reuse=config.durable).start()
     try:
         yield Store(server.url, config, server)
     finally:

@@ -16,7 +16,8 @@ from knnmon.connection import connect
 from knnmon.keys import Keys
 from knnmon.oracle import BruteForceKnn
 
-__all__ = ["assert_exact", "expected", "head_lines", "object_fields", "redis_results", "register_fields", "wait_processed"]
+__all__ = ["assert_exact", "client_round_trip", "dump_keys", "expected", "head_lines", "knnmon_cli", "object_fields",
+           "redis_results", "register_fields", "run_exact", "serve_process", "wait_processed"]
 
 
 def head_lines(path: str | PathLike[str], n: int) -> list[str]:
@@ -108,3 +109,75 @@ def register_fields(q: dict, k: int | None = None) -> dict:
     """A query row as ``op=register`` fields of ``knn:ingest:queries`` (``k`` overrides its k)."""
     return {"op": "register", "id": q["id"], "lon": repr(q["lon"]), "lat": repr(q["lat"]),
             "keywords": " ".join(q["keywords"]), "k": str(k or q["k"])}
+
+
+def knnmon_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """``knnmon ARGS`` in a child process (without ``$KNNMON_REDIS_URL``), output captured."""
+    import os
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "KNNMON_REDIS_URL"}
+    return subprocess.run([sys.executable, "-m", "knnmon.coordinator.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def serve_process(url: str, namespace: str, log: str | PathLike[str], *extra: str) -> subprocess.Popen:
+    """``knnmon serve`` on ``url`` in a child process (2 in-process workers, 5 ms batching delay),
+    its output to the file ``log``."""
+    import os
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "KNNMON_REDIS_URL"}
+    with open(log, "w") as fh:
+        return subprocess.Popen([sys.executable, "-m", "knnmon.coordinator.cli", "serve", "--redis", url, "--namespace",
+                                 namespace, "--workers", "2", "--executor", "inline", "--max-delay-ms", "5", *extra],
+                                stdout=fh, stderr=subprocess.STDOUT, env=env)
+
+
+def client_round_trip(client, places: list[dict], qid: str, k: int) -> tuple[list[str], list[str]]:
+    """Register query ``qid`` at the location of ``places[3]`` with its first keyword through
+    ``client`` (a :class:`knnmon.client.KnnClient`), publish ``places``, wait for the service;
+    returns the result's ids and the oracle's."""
+    q = places[3]
+    client.register(qid, q["lon"], q["lat"], q["keywords"][:1], k=k)
+    client.publish({"id": o["id"], "lon": o["lon"], "lat": o["lat"], "t": o["t"], "keywords": o["keywords"]}
+                   for o in places)
+    client.wait(timeout_s=120)
+    want = BruteForceKnn(pa.Table.from_pylist(places)).knn(q["lon"], q["lat"], q["keywords"][:1], k)
+    return [o for o, _ in client.results(qid)], [o for o, _ in want]
+
+
+def dump_keys(client: redis.Redis, pattern: str) -> str:
+    """Every key matching ``pattern`` with its value, as one string (to search for a secret)."""
+    out = []
+    for key in client.scan_iter(pattern, count=10_000):
+        read = {"string": client.get, "hash": client.hgetall, "set": client.smembers,
+                "zset": lambda k: client.zrange(k, 0, -1), "stream": client.xrange}.get(client.type(key))
+        out.append(f"{key} {read(key) if read else ''}")
+    return "\n".join(out)
+
+
+def run_exact(url: str, namespace: str, objects_dir: str, queries: pa.Table, workdir: str | PathLike[str]
+              ) -> tuple[subprocess.CompletedProcess, str]:
+    """``knnmon run`` of ``queries`` over all of ``objects_dir`` (5,000 initial, 2 Ray workers) on
+    ``url``, checked against the brute-force oracle; returns the process and its report's text.
+
+    Raises
+    ------
+    AssertionError
+        The run failed, or a result differs from the oracle's.
+    """
+    import os
+
+    import pyarrow.parquet as pq
+
+    from knnmon.ingest.reading import read_objects, stream_order
+
+    qfile, report = os.path.join(workdir, "q.parquet"), os.path.join(workdir, "run.json")
+    pq.write_table(queries, qfile)
+    run = knnmon_cli("run", "--objects", objects_dir, "--queries", qfile, "--workers", "2", "--initial", "5000",
+                     "--redis", url, "--namespace", namespace, "--report", report, "--quiet")
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert_exact(url, namespace, queries, BruteForceKnn(stream_order(read_objects(objects_dir), None)))
+    with open(report, encoding="utf-8") as fh:
+        return run, fh.read()

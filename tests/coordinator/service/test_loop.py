@@ -3,6 +3,7 @@ streams, on real places, checked against the brute-force oracle; killed with SIG
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -247,6 +248,22 @@ def test_python_client_round_trip_on_an_embedded_redis_that_survives_a_killed_se
         got = client.results("c1")
         assert [o for o, _ in got] == [o for o, _ in want]
         assert client.query("c1")["k"] == "4"
+        # Discovery: status and results with no --redis find the running service's server (and
+        # start no second one); a second service on the same data directory is refused.
+        data = ["--data-dir", str(tmp_path / "data")]
+        env = {k: v for k, v in os.environ.items() if k != "KNNMON_REDIS_URL"}
+        cli = [sys.executable, "-m", "knnmon.coordinator.cli"]
+        time.sleep(1.5)  # its status is refreshed every second
+        status = subprocess.run([*cli, "status", *data], capture_output=True, text=True, env=env, timeout=120)
+        assert status.returncode == 0 and "service: running" in status.stdout, status.stdout + status.stderr
+        found = subprocess.run([*cli, "results", "c1", "--json", *data], capture_output=True, text=True, env=env,
+                               timeout=120)
+        assert found.returncode == 0 and [o["id"] for o in json.loads(found.stdout)["knn"]] == [o for o, _ in got]
+        assert server_url() == url
+        second = subprocess.run([*cli, "serve", "--executor", "inline", *data], capture_output=True, text=True,
+                                env=env, timeout=120)
+        assert second.returncode == 2 and "is running in namespace 'knn'" in second.stderr
+        assert server_url() == url
         changes = [c for c in client.changes() if c.qid == "c1"]
         assert changes and changes[0].version == 0 and changes[0].left == []  # the registration: all entered
         assert [c.version for c in changes] == list(range(len(changes)))
