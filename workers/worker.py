@@ -41,6 +41,18 @@ __all__ = ["INDEXES", "KnnWorker"]
 INDEXES = {"grid": QueryIndex, "keyword-lists": KeywordLists}
 
 
+#: Compaction (:meth:`KnnWorker.compact`) waits for at least this many places or handles to release.
+COMPACT_MIN = 1 << 16
+
+
+def _runs(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """``(sum(lengths),)`` int64: the positions ``starts[i] .. starts[i] + lengths[i] - 1`` of
+    every run, in order (CSR gather indices)."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    return np.repeat(np.asarray(starts, dtype=np.int64) - (np.cumsum(lengths) - lengths), lengths) + \
+        np.arange(int(lengths.sum()), dtype=np.int64)
+
+
 def _warm_up() -> None:
     """Load pyarrow's compute kernels now: in a fresh worker process their first use costs
     ~0.2-0.6 s, which would otherwise land on the first batch's update time."""
@@ -53,10 +65,13 @@ def _warm_up() -> None:
 class KnnWorker:
     """Exact kNN maintenance for a set of queries.
 
-    Each query's top-k is a row of two padded matrices, ``top_d`` (float64 meters, ``inf``
-    padded) and ``top_h`` (int64 object handles, ``-1`` padded), ``(queries, width)`` with
-    ``width`` the largest ``k``, nearest first (entries at equal distance in any order); a batch
-    merges them with its candidates in one ``lexsort`` (no Python loop over queries or objects).
+    Each query's top-k is a run of ``k`` places in two flat arrays, ``top_d`` (float64 meters,
+    ``inf`` padded) and ``top_h`` (int64 object handles, ``-1`` padded), starting at
+    ``top_ptr[slot]``, nearest first (entries at equal distance in any order), its first
+    ``count[slot]`` places filled: memory follows the sum of the queries' ``k``, not the largest
+    ``k`` times the queries. A batch merges them with its candidates in one ``lexsort`` (no
+    Python loop over queries or objects). Unregistered queries' places, and handles no result
+    holds any more, are released by :meth:`compact` once they are half of what is held.
     Handles index ``oids``, the ids of objects that entered a result here. Each query also keeps
     ``reach``: its unit vector and :func:`~knnmon.geo.chord2_bound` of ``r_q`` (``-1`` once
     removed), the cheap pre-test of a candidate.
@@ -102,9 +117,12 @@ class KnnWorker:
         self.reach = np.empty((0, 4))  # per query: unit vector x, y, z and chord2_bound(r_q); -1 if removed
         self.alive = np.empty(0, dtype=bool)
         self.version = np.empty(0, dtype=np.int64)
-        self.top_d = np.empty((0, 1))
-        self.top_h = np.empty((0, 1), dtype=np.int64)
+        self.top_ptr = np.empty(0, dtype=np.int64)  # slot -> its first place in top_d / top_h
+        self.top_d = np.empty(0)
+        self.top_h = np.empty(0, dtype=np.int64)
         self.count = np.empty(0, dtype=np.int64)
+        self._released = 0  # places of unregistered queries, until compact()
+        self._live_handles = 0  # handles held after the last compact()
         self.oids: list[str] = []
         self.handle_of: dict[str, int] = {}
         self._oid_key = np.zeros(0, dtype=np.uint64)  # id_prefix_keys of oids[:_keyed], capacity-doubled
@@ -137,12 +155,6 @@ class KnnWorker:
             self._oid_key[self._keyed:n] = id_prefix_keys(self.oids[self._keyed:n])
             self._keyed = n
 
-    def _widen(self, width: int) -> None:
-        extra = width - self.top_d.shape[1]
-        if extra > 0:
-            self.top_d = np.pad(self.top_d, ((0, 0), (0, extra)), constant_values=np.inf)
-            self.top_h = np.pad(self.top_h, ((0, 0), (0, extra)), constant_values=-1)
-
     def _append(self, queries: QueryColumns, topk: Sequence[Sequence[tuple[str, float]]]) -> range:
         """Add valid queries in bulk (one array concatenation); returns their slots.
 
@@ -154,9 +166,8 @@ class KnnWorker:
         ids, lon, lat, keywords = queries.ids, queries.lon, queries.lat, queries.keywords
         first, n = len(self.qids), len(ids)
         k = np.asarray(queries.k, dtype=np.int64).reshape(n)
-        self._widen(int(k.max(initial=1)))
-        width = self.top_d.shape[1]
-        top_d, top_h = np.full((n, width), np.inf), np.full((n, width), -1, dtype=np.int64)
+        start = np.cumsum(k) - k  # each new query's first place, relative
+        top_d, top_h = np.full(int(k.sum()), np.inf), np.full(int(k.sum()), -1, dtype=np.int64)
         count, radii, codes = np.zeros(n, dtype=np.int64), np.full(n, np.inf), []
         for i, qid in enumerate(ids):
             qid, kk, words = str(qid), int(k[i]), tuple(keywords[i])
@@ -170,7 +181,7 @@ class KnnWorker:
             lst = sorted((float(d), str(o)) for o, d in topk[i])[:kk]
             count[i] = len(lst)
             for j, (d, o) in enumerate(lst):
-                top_d[i, j], top_h[i, j] = d, self._handle(o)
+                top_d[start[i] + j], top_h[start[i] + j] = d, self._handle(o)
             if len(lst) == kk:
                 radii[i] = lst[-1][0]
         self.kw_ptr = np.concatenate([self.kw_ptr, self.kw_ptr[-1] + np.cumsum([len(c) for c in codes], dtype=np.int64)])
@@ -182,10 +193,12 @@ class KnnWorker:
         self.version = np.concatenate([self.version, np.zeros(n, dtype=np.int64)])
         self.radius = np.concatenate([self.radius, radii])
         self.reach = np.concatenate([self.reach, np.column_stack([unit_vectors(lon, lat), chord2_bound(radii)])])
+        self.top_ptr = np.concatenate([self.top_ptr, len(self.top_d) + start])
         self.top_d = np.concatenate([self.top_d, top_d])
         self.top_h = np.concatenate([self.top_h, top_h])
         self.count = np.concatenate([self.count, count])
         self._key_handles()
+        self._live_handles = max(self._live_handles, len(self.oids))
         return range(first, first + n)
 
     def _entries(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -193,8 +206,7 @@ class KnnWorker:
         slots = np.asarray(slots, dtype=np.int64)
         a = self.kw_ptr[slots]
         n = self.kw_ptr[slots + 1] - a
-        at = np.repeat(a - (np.cumsum(n) - n), n) + np.arange(int(n.sum()))
-        return np.repeat(slots, n), self.kw_code[at]
+        return np.repeat(slots, n), self.kw_code[_runs(a, n)]
 
     def rebuild_index(self) -> float:
         """Rebuild the query index from the current radii; returns seconds spent."""
@@ -308,15 +320,52 @@ class KnnWorker:
         self.reach[slot, 3] = -1.0
         if self.writer is not None:
             self._write_now(self.writer.delete_query, self._next_tag(), qid)
-        self.top_d[slot], self.top_h[slot], self.count[slot] = np.inf, -1, 0
+        a, kk = int(self.top_ptr[slot]), int(self.k[slot])
+        self.top_d[a:a + kk], self.top_h[a:a + kk], self.count[slot] = np.inf, -1, 0
+        self._released += kk
         self._refresh(np.array([slot]))
+        if self._released > max(COMPACT_MIN, len(self.top_d) // 2):
+            self.compact()
         return True
+
+    def compact(self) -> None:
+        """Release what unregistered queries left: their slots (the live queries are
+        renumbered), their top-k places, and the handles of objects no result holds; then
+        rebuild the query index. O(sum of k + index entries)."""
+        keep = np.flatnonzero(self.alive)
+        n_kw = self.kw_ptr[keep + 1] - self.kw_ptr[keep]
+        self.kw_code = self.kw_code[_runs(self.kw_ptr[keep], n_kw)]
+        self.kw_ptr = np.concatenate([[0], np.cumsum(n_kw)]).astype(np.int64)
+        places = _runs(self.top_ptr[keep], self.k[keep])
+        self.top_d, self.top_h = self.top_d[places], self.top_h[places]
+        self.top_ptr = np.cumsum(self.k[keep]) - self.k[keep]
+        for name in ("lon", "lat", "k", "radius", "reach", "version", "count"):
+            setattr(self, name, getattr(self, name)[keep])
+        self.alive = np.ones(len(keep), dtype=bool)
+        self.qids = [self.qids[s] for s in keep.tolist()]
+        self.keywords = [self.keywords[s] for s in keep.tolist()]
+        self.slot_of = {qid: s for s, qid in enumerate(self.qids)}
+        self._released = 0
+        self._compact_handles()
+        self.rebuild_index()
+
+    def _compact_handles(self) -> None:
+        """Drop the handles of objects no result holds (renumbering the others). O(sum of k)."""
+        held = self.top_h >= 0
+        used = np.unique(self.top_h[held])
+        self.oids = [self.oids[h] for h in used.tolist()]
+        self.handle_of = {oid: h for h, oid in enumerate(self.oids)}
+        remap = np.zeros(len(self._oid_key), dtype=np.int64)
+        remap[used] = np.arange(len(used))
+        self.top_h = np.where(held, remap[np.maximum(self.top_h, 0)], -1)
+        self._oid_key = self._oid_key[used]
+        self._keyed = self._live_handles = len(used)
 
     def _result(self, slot: int) -> list[tuple[str, float]]:
         """The row as stored: nearest first, ties at equal distance in any order (Redis orders a
         sorted set's ties by member itself, so the writes need no sort)."""
-        c = int(self.count[slot])
-        return list(zip((self.oids[h] for h in self.top_h[slot, :c].tolist()), self.top_d[slot, :c].tolist()))
+        a, c = int(self.top_ptr[slot]), int(self.count[slot])
+        return list(zip((self.oids[h] for h in self.top_h[a:a + c].tolist()), self.top_d[a:a + c].tolist()))
 
     def result(self, qid: str) -> list[tuple[str, float]]:
         """The current kNN of ``qid``: ``[(object id, distance m), ...]`` by (distance, id)."""
@@ -376,11 +425,11 @@ class KnnWorker:
             merged arrays ``S``, ``D``, ``H``: new entries that entered, old ones that left).
         """
         touched = slot[np.r_[True, slot[1:] != slot[:-1]]]
-        old_h = np.take(self.top_h, touched, axis=0)  # np.take: ~8x faster than top_h[touched] here
-        valid = old_h >= 0
-        S = np.concatenate([np.broadcast_to(touched[:, None], old_h.shape)[valid], slot])
-        D = np.concatenate([np.take(self.top_d, touched, axis=0)[valid], d])
-        H = np.concatenate([old_h[valid], -1 - obj])  # negative: -1 - the object's batch position
+        held = self.count[touched]
+        at = _runs(self.top_ptr[touched], held)  # the touched queries' filled places
+        S = np.concatenate([np.repeat(touched, held), slot])
+        D = np.concatenate([np.take(self.top_d, at), d])
+        H = np.concatenate([np.take(self.top_h, at), -1 - obj])  # negative: -1 - the object's batch position
         order = np.lexsort((D, S))
         S, D, H = S[order], D[order], H[order]
         pos = np.arange(len(S)) - np.searchsorted(S, S, side="left")  # place within its query
@@ -400,8 +449,9 @@ class KnnWorker:
         is_changed = np.zeros(len(self.k), dtype=bool)
         is_changed[changed] = True
         put = kept & is_changed[S]
-        self.top_d[S[put], pos[put]] = D[put]
-        self.top_h[S[put], pos[put]] = H[put]
+        place = self.top_ptr[S[put]] + pos[put]
+        self.top_d[place] = D[put]
+        self.top_h[place] = H[put]
         self.count[changed] = np.bincount(S[put], minlength=len(self.k))[changed]
         self.version[changed] += 1
         return {"changed": changed, "S": S, "D": D, "H": H, "ent": ent, "left": left, "entered_obj": uniq}
@@ -486,12 +536,14 @@ class KnnWorker:
         redis_s = time.perf_counter() - t1
         t2 = time.perf_counter()
         if len(changed):
-            kth = self.top_d[changed, self.k[changed] - 1]  # inf unless the result is full
+            kth = self.top_d[self.top_ptr[changed] + self.k[changed] - 1]  # inf unless the result is full
             shrink = kth < self.radius[changed]
             if shrink.any():
                 self.radius[changed[shrink]] = kth[shrink]
                 self.reach[changed[shrink], 3] = chord2_bound(kth[shrink])
                 self._refresh(changed[shrink])
+        if len(self.oids) > max(COMPACT_MIN, 4 * self._live_handles):
+            self._compact_handles()  # objects that left every result: their handles released
         index_s = time.perf_counter() - t2
         return WorkerReport(worker=self.worker_id, batch=batch, objects=len(ids), candidates=n_candidates,
                             passed=len(slot), changed=len(changed), busy_s=busy_core + redis_s + index_s,

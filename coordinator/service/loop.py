@@ -91,6 +91,7 @@ class Service:
         self._model = None
         self._preload: pa.Table | None = None
         self._status_at = 0.0
+        self._handle_signals = False
 
     @property
     def redis_url(self) -> str | None:
@@ -196,6 +197,7 @@ class Service:
         worker lost: retried with backoff, logged, then the state is recovered from Redis
         (nothing acknowledged is lost).
         """
+        self._handle_signals = handle_signals
         if handle_signals:
             self._install_signals()
         self._apply_pending_query_ops()
@@ -247,6 +249,8 @@ class Service:
         self._drop_workers()
         time.sleep(0.5)
         self._recover(skip)
+        if self._handle_signals:
+            self._install_signals()  # a Ray instance started anew installs its own SIGTERM handler
         self._apply_pending_query_ops(skip)
 
     def _read(self, streams: dict[str, str], count: int, block_ms: int | None) -> list:
