@@ -21,7 +21,7 @@ Experiments (all 1,000,000 initial objects, then batches of 1,000):
   stream; ``synthetic_check``: 300,000 synthetic queries (a routing table that had to be bounded),
   2,000 checked against the oracle.
 
-Every row records the speed probe before and after its run (``coordinator/speed_probe.py``);
+Every row records the speed probe before and after its run (``coordinator/bench/speed_probe.py``);
 rows whose probes differ much from the rest of their experiment were measured while this
 shared machine ran slower.
 """

@@ -53,7 +53,7 @@ def main() -> None:
           f"index refresh {m[:, 2].mean() * 1e3:.1f} + candidates and top-k "
           f"{(m[:, 0] - m[:, 1] - m[:, 2]).mean() * 1e3:.1f} ms; candidates {m[:, 3].mean():,.0f}, "
           f"changed results {m[:, 4].mean():,.0f}")
-    print(f"speed probe (coordinator/speed_probe.py): {speed_probe_ms():.0f} ms")
+    print(f"speed probe (coordinator/bench/speed_probe.py): {speed_probe_ms():.0f} ms")
     if evalsha:
         print(f"Redis server time per batch script: {evalsha['usec_per_call'] / 1e3:.1f} ms (INFO commandstats)")
 

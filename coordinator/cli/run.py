@@ -27,7 +27,7 @@ def format_run_summary(s: Any) -> str:
         f"Redis server time per batch (result scripts, serial): mean {s.redis_server_ms_mean:.1f} ms, "
         f"p99 {s.redis_server_ms_p99:.1f} ms",
         f"results in Redis: {s.results_store} (namespace {s.config['store']['namespace']!r})",
-    ])
+    ] + ([f"workers lost and revived: {s.workers_revived}"] if s.workers_revived else []))
 
 
 def _run(a: argparse.Namespace) -> int:

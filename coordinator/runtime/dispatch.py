@@ -11,7 +11,8 @@ their queued writes, and measures the batch (:class:`~knnmon.coordinator.runtime
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -37,6 +38,8 @@ class DispatchedBatch:
     t0: float
     route_ms: float
     route_cpu_ms: float
+    shared: Any = None  # the ObjectBatch as the workers receive it (to send again to a revived worker)
+    rows: dict[int, np.ndarray] = field(default_factory=dict)  # each worker's rows
 
 
 class Dispatcher:
@@ -87,16 +90,17 @@ class Dispatcher:
         table = pa.table({"id": batch.column("id"), "lon": lon, "lat": lat, "t": batch.column("t").to_numpy(),
                           "keywords": keywords})
         shared = self.pool.share(ObjectBatch(number, table, pair_obj, pair_code))
-        pending, sent = [], 0
+        pending, sent, rows = [], 0, {}
         for w in range(self.pool.size):
             mine = np.flatnonzero((masks >> np.uint64(w)) & np.uint64(1))
             if len(mine):
                 pending.append(self.pool.call(w, "process_rows", shared, mine))
                 sent += len(mine)
+                rows[w] = mine
         route_ms = (time.perf_counter() - t0) * 1e3
         route_cpu_ms = (time.thread_time() - c0) * 1e3  # not inflated by workers already running
         self.objects.append(batch)
-        return DispatchedBatch(number, batch.num_rows, dup, sent, pending, t0, route_ms, route_cpu_ms)
+        return DispatchedBatch(number, batch.num_rows, dup, sent, pending, t0, route_ms, route_cpu_ms, shared, rows)
 
     def collect(self, d: DispatchedBatch) -> BatchReport:
         """Wait for a dispatched batch's workers and their writes; its :class:`BatchReport`.

@@ -89,7 +89,7 @@ class RunSummary:
     ``update_ms_sim_*`` the simulated parallel update time, ``objects_per_s`` end to end,
     ``busy_ms_per_worker`` ``(W,)`` summed over batches, ``per_worker_totals`` objects,
     candidates and changes per worker, ``predicted_worker_loads`` the plan's, ``startup_s``
-    seconds per start-up step, ``workers_stats`` each worker's
+    seconds per start-up step, ``workers_revived`` lost workers brought back, ``workers_stats`` each worker's
     :meth:`~knnmon.workers.worker.KnnWorker.stats`, ``results_store`` where the results are.
     """
 
@@ -123,6 +123,7 @@ class RunSummary:
     predicted_worker_loads: list[float]
     startup_s: dict[str, float]
     results_store: str
+    workers_revived: int = 0
     workers_stats: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -132,7 +133,7 @@ class RunSummary:
 
 def summarize_run(rows: Sequence[BatchReport], wall_s: float, *, config: Any, queries: int, initial_objects: int,
                   predicted_worker_loads: list[float], startup_s: dict[str, float], results_store: str,
-                  workers_stats: list[dict[str, Any]] | None = None) -> RunSummary:
+                  workers_revived: int = 0, workers_stats: list[dict[str, Any]] | None = None) -> RunSummary:
     """The :class:`RunSummary` of a run's batches (``config``: its
     :class:`~knnmon.coordinator.runtime.config.RunConfig`)."""
     one = np.zeros(1)
@@ -162,4 +163,4 @@ def summarize_run(rows: Sequence[BatchReport], wall_s: float, *, config: Any, qu
         per_worker_totals=dict(zip(("objects", "candidates", "changed"),
                                    np.sum([r.per_worker for r in rows], axis=0).astype(int).tolist())) if rows else {},
         predicted_worker_loads=list(predicted_worker_loads), startup_s={k: round(v, 3) for k, v in startup_s.items()},
-        results_store=results_store, workers_stats=list(workers_stats or []))
+        results_store=results_store, workers_revived=workers_revived, workers_stats=list(workers_stats or []))

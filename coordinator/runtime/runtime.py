@@ -29,10 +29,15 @@ from knnmon.coordinator.runtime.metrics import BatchReport, RunSummary, summariz
 from knnmon.coordinator.runtime.object_store import ObjectStore
 from knnmon.coordinator.runtime.preparation import Prepared, prepare
 from knnmon.coordinator.runtime.registration import Registrar
-from knnmon.coordinator.runtime.worker_pool import WorkerPool, make_pool
+from knnmon.coordinator.runtime.revival import revive
+from knnmon.coordinator.runtime.worker_pool import RayPool, WorkerPool, make_pool
+from knnmon.errors import WorkerLostError
 from knnmon.store import Store, clear_namespace, open_store
 
-__all__ = ["Runtime"]
+__all__ = ["MAX_REVIVALS", "Runtime"]
+
+#: Lost workers a run revives before it gives up (a worker that dies again and again is a bug).
+MAX_REVIVALS = 8
 
 
 class Runtime:
@@ -62,6 +67,8 @@ class Runtime:
         the batch router.
     reports : list of BatchReport
         The batches :meth:`run` measured so far.
+    workers_revived : int
+        Lost Ray workers brought back so far (:mod:`~knnmon.coordinator.runtime.revival`).
     """
 
     def __init__(self, objects_dir: str | None, queries: str | pa.Table | None, config: RunConfig,
@@ -78,6 +85,7 @@ class Runtime:
         self.stream_table: pa.Table | None = None
         self.timings: dict[str, float] = {}
         self.reports: list[BatchReport] = []
+        self.workers_revived = 0
 
     def start(self) -> Runtime:
         """Read, plan, open the store, start the workers, load every query's initial kNN."""
@@ -120,7 +128,31 @@ class Runtime:
     def process(self, batch: pa.Table) -> BatchReport:
         """Stream one batch of objects (``id``, ``lon``, ``lat``, ``t``, ``keywords``) and wait
         for it (:meth:`Dispatcher.collect` of :meth:`Dispatcher.dispatch`)."""
-        return self.dispatcher.collect(self.dispatcher.dispatch(batch))
+        return self._collect(self.dispatcher.dispatch(batch), deque())
+
+    def _collect(self, d: DispatchedBatch, later: deque[DispatchedBatch]) -> BatchReport:
+        """:meth:`Dispatcher.collect` of ``d``; a Ray worker lost meanwhile is revived
+        (:func:`~knnmon.coordinator.runtime.revival.revive`), with ``d`` and the batches
+        dispatched after it (``later``, updated in place) sent to it again, at most
+        :data:`MAX_REVIVALS` times a run.
+
+        Raises
+        ------
+        WorkerLostError
+            In process (nothing to revive), or after :data:`MAX_REVIVALS` revivals.
+        """
+        while True:
+            try:
+                return self.dispatcher.collect(d)
+            except WorkerLostError as ex:
+                if not isinstance(self.pool, RayPool) or self.workers_revived >= MAX_REVIVALS:
+                    raise
+                revived = revive(self.pool, self.registrar, self.store.url, self.config.store.namespace, ex.worker,
+                                 [d, *later])
+                d = revived[0]
+                later.clear()
+                later.extend(revived[1:])
+                self.workers_revived += 1
 
     def batches(self) -> Iterator[pa.Table]:
         """The stream's batches, in order."""
@@ -140,9 +172,9 @@ class Runtime:
                 pending.append(self.dispatcher.dispatch(batch))
                 bar.update(batch.num_rows)
                 while len(pending) >= self.config.in_flight:
-                    reports.append(self.dispatcher.collect(pending.popleft()))
+                    reports.append(self._collect(pending.popleft(), pending))
             while pending:
-                reports.append(self.dispatcher.collect(pending.popleft()))
+                reports.append(self._collect(pending.popleft(), pending))
         return self.summary(time.perf_counter() - t0, with_stats=True)
 
     def summary(self, wall_s: float | None = None, *, with_stats: bool = False) -> RunSummary:
@@ -152,7 +184,7 @@ class Runtime:
         return summarize_run(self.reports, wall, config=self.config, queries=len(self.registrar.query_worker),
                              initial_objects=self.objects.initial.num_rows,
                              predicted_worker_loads=self.plan.summary["worker_loads"], startup_s=self.timings,
-                             results_store=self.store.describe(),
+                             results_store=self.store.describe(), workers_revived=self.workers_revived,
                              workers_stats=self.registrar.stats() if with_stats else None)
 
     # -- stop ------------------------------------------------------------------------------------

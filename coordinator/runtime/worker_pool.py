@@ -105,16 +105,29 @@ class RayPool(WorkerPool):
     def __init__(self, size: int, worker_args: Mapping[str, Any], ray_address: str | None = None) -> None:
         super().__init__(size)
         import ray
+
+        self._ray, self._args = ray, dict(worker_args)
+        self._started_ray = init_ray(ray_address)
+        nodes = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"])
+        log.info("starting %d workers on %d alive Ray nodes: %s", size, len(nodes), ", ".join(n[:8] for n in nodes))
+        self.actors = [self._new_actor(w, nodes) for w in range(size)]
+
+    def _new_actor(self, worker: int, nodes: Sequence[str], **overrides: Any) -> Any:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         from knnmon.workers.actor import WorkerActor
 
-        self._ray = ray
-        self._started_ray = init_ray(ray_address)
-        nodes = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"])
-        log.info("starting %d workers on %d alive Ray nodes: %s", size, len(nodes), ", ".join(n[:8] for n in nodes))
-        self.actors = [WorkerActor(num_cpus=WORKER_CPUS, scheduling_strategy=NodeAffinitySchedulingStrategy(
-            nodes[w % len(nodes)], soft=True)).remote(w, **worker_args) for w in range(size)]
+        return WorkerActor(num_cpus=WORKER_CPUS, scheduling_strategy=NodeAffinitySchedulingStrategy(
+            nodes[worker % len(nodes)], soft=True)).remote(worker, **{**self._args, **overrides})
+
+    def replace(self, worker: int, **overrides: Any) -> None:
+        """Start worker ``worker`` anew on an alive node: an empty worker with the same settings
+        but ``overrides`` (e.g. the keyword ``vocabulary`` as it has grown); the caller loads its
+        queries."""
+        with contextlib.suppress(Exception):
+            self._ray.kill(self.actors[worker])
+        nodes = sorted(n["NodeID"] for n in self._ray.nodes() if n["Alive"])
+        self.actors[worker] = self._new_actor(worker, nodes, **overrides)
 
     def call(self, worker: int, method: str, *args: Any, **kwargs: Any) -> Pending:
         return Pending(worker, getattr(self.actors[worker], method).remote(*args, **kwargs))

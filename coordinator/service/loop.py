@@ -92,6 +92,7 @@ class Service:
         self._preload: pa.Table | None = None
         self._status_at = 0.0
         self._handle_signals = False
+        self._revived_seen = 0  # the runtime's workers_revived when the worker list was taken
 
     @property
     def redis_url(self) -> str | None:
@@ -178,6 +179,7 @@ class Service:
         self._ack(self.keys.ingest_objects, r.pending, r.rejects)
         self.busy_ms = np.zeros(self.config.workers)
         self.workers = [{k: s.get(k) for k in ("worker", "node", "pid")} for s in self.runtime.registrar.stats()]
+        self._revived_seen = 0
         log.info("recovered %d queries over %d objects (%d entries re-acknowledged) in %.1f s", len(r.queries),
                  r.prepared.initial.num_rows, len(r.pending), time.perf_counter() - t0)
         self._publish_status(force=True)
@@ -399,6 +401,9 @@ class Service:
         self.counters["batches"] += 1
         if report is not None:
             self.busy_ms += np.asarray(report.busy_ms)
+        if rt.workers_revived != self._revived_seen:  # a worker came back: its process changed
+            self._revived_seen = rt.workers_revived
+            self.workers = [{k: s.get(k) for k in ("worker", "node", "pid")} for s in rt.registrar.stats()]
 
     # -- status ------------------------------------------------------------------------------
     def _publish_status(self, *, force: bool = False) -> None:

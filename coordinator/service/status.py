@@ -45,6 +45,7 @@ def snapshot(svc: Any) -> dict[str, Any]:
         "queries_per_worker": reg.worker_queries.tolist() if reg else [],
         "predicted_load_per_worker": reg.worker_loads.round(6).tolist() if reg else [],
         "busy_ms_per_worker": svc.busy_ms.round(1).tolist(),
+        "workers_revived": svc.runtime.workers_revived if svc.runtime is not None else 0,
         "worker_nodes": [w.get("node") for w in svc.workers], "worker_processes": svc.workers,
         "redis": redact(svc.redis_url), "data_dir": svc.config.store.data_dir,
         "latency_ms_p50": float(np.percentile(lat, 50)) if len(lat) else None,
@@ -146,7 +147,7 @@ def format_status(s: dict[str, Any]) -> str:
                      f"last heartbeat {age:.1f} s ago), {svc['algorithm']} on {svc['workers']} workers")
         lines.append(f"  objects {svc['objects']:,} in {svc['batches']:,} batches; queries registered "
                      f"{svc['registered']:,}, updated {svc['updated']:,} (+{svc.get('unchanged', 0)} unchanged), unregistered {svc['unregistered']:,} "
-                     f"(+{svc['unregister_unknown']} unknown); recoveries {svc['recoveries']} (worker restarts "
+                     f"(+{svc['unregister_unknown']} unknown); workers revived {svc.get('workers_revived', 0)}; recoveries {svc['recoveries']} (worker restarts "
                      f"{svc.get('worker_restarts', 0)}); entries that failed inside knnmon {svc.get('internal_errors', 0)}")
         if svc.get("latency_ms_p50") is not None:
             lines.append(f"  latency XADD -> result written: p50 {svc['latency_ms_p50']:.1f} ms, "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import deque
 
 import numpy as np
 import pyarrow as pa
@@ -151,10 +152,40 @@ def test_a_killed_ray_worker_surfaces_as_worker_lost(small, ray_instance, redis_
     objects_dir, queries, _ = small
     config = RunConfig(workers=2, initial=4000, batch=500, store=StoreConfig(redis_url, namespace, str(tmp_path)))
     with Runtime(objects_dir, queries.slice(0, 200), config) as rt:
-        batches = list(rt.batches())
-        rt.process(batches[0])
+        rt.process(next(rt.batches()))
         rt.pool.kill(1)
         with pytest.raises(WorkerLostError, match="worker 1 was lost") as ex:
-            for b in batches[1:]:  # a batch that reaches worker 1
-                rt.process(b)
+            rt.pool.gather([rt.pool.call(0, "stats"), rt.pool.call(1, "stats")])
         assert ex.value.worker == 1
+
+
+@pytest.mark.parametrize("written", [False, True], ids=["killed-before-writing", "killed-after-writing"])
+def test_a_killed_ray_worker_process_is_revived_mid_stream_and_stays_exact(small, ray_instance, redis_url, namespace,
+                                                                           tmp_path, written):
+    import os
+    import signal
+    import time
+
+    objects_dir, queries, objects = small
+    config = RunConfig(workers=2, initial=4000, batch=500, store=StoreConfig(redis_url, namespace, str(tmp_path)))
+    client, keys = connect(redis_url), Keys(namespace)
+    with Runtime(objects_dir, queries, config) as rt:
+        batches = list(rt.batches())
+        for b in batches[:3]:
+            rt.process(b)
+        victim = rt.registrar.stats()[1]["pid"]
+        pending = [rt.dispatcher.dispatch(b) for b in batches[3:5]]  # two batches in flight
+        if written:  # the worker applies and writes both before it dies: none may be applied again
+            time.sleep(1.5)
+        os.kill(victim, signal.SIGKILL)
+        later = deque(pending[1:])
+        rt._collect(pending[0], later)
+        rt._collect(later.popleft(), later)
+        for b in batches[5:]:
+            rt.process(b)
+        assert rt.workers_revived == 1 and victim not in [s["pid"] for s in rt.registrar.stats()]
+        assert_exact(redis_url, namespace, queries, BruteForceKnn(objects))
+    versions: dict[str, list[int]] = {}
+    for _, f in client.xrange(keys.changes):
+        versions.setdefault(f["qid"], []).append(int(f["version"]))
+    assert all(v == list(range(len(v))) for v in versions.values())  # no batch applied twice

@@ -1,5 +1,6 @@
-"""A Ray worker process killed under ``knnmon serve``: the service rebuilds its workers from
-Redis, keeps serving, and stays exact; nothing acknowledged is lost or applied twice."""
+"""A Ray worker process killed under ``knnmon serve``: the lost worker is revived from Redis (or,
+if it is lost outside a batch, all workers are rebuilt), the service keeps serving and stays
+exact; nothing acknowledged is lost or applied twice."""
 
 from __future__ import annotations
 
@@ -58,7 +59,7 @@ def test_a_killed_worker_process_is_rebuilt_and_serve_stays_exact(redis_url, nam
         wait_processed(r, keys, proc, timeout_s=300)
         time.sleep(1.5)
         status = _status(redis_url, namespace)
-        assert status["worker_restarts"] >= 1
+        assert status["workers_revived"] + status["worker_restarts"] >= 1  # revived in place, or all rebuilt
         assert victim not in [w["pid"] for w in status["worker_processes"]]
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=120) == 0
