@@ -123,6 +123,7 @@ class EmbeddedRedis:
                if self.durable else ["--appendonly", "no"]),
              *(["--requirepass", self.password] if self.password else [])],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True,  # Ctrl-C or `kill %1` in a terminal reach its owner only, who stops it
         )
         log.close()
         atexit.register(self.stop)
