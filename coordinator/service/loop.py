@@ -424,7 +424,11 @@ class Service:
             self.client = None
 
     def close(self) -> None:
-        """Stop the workers and the embedded Redis (saved); idempotent."""
+        """Stop the workers and the embedded Redis (saved); idempotent. The last status says
+        the service stopped, so that a new one may start at once."""
+        if self.client is not None and not self.stopping:
+            self.stopping = True
+            service_status.publish(self)
         self._drop_workers()
         self._exit.close()
 

@@ -84,3 +84,4 @@ def test_an_entry_failing_at_any_stage_is_rejected_and_the_rest_is_applied(place
     for _, f in r.xrange(keys.changes):
         versions.setdefault(f["qid"], []).append(int(f["version"]))
     assert all(v == list(range(len(v))) for v in versions.values())  # nothing written twice
+
