@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from knnmon.arrays import runs
 from knnmon.encoding import keyword_codes
 from knnmon.errors import InputPathError
 from knnmon.geo import cap_bbox
@@ -234,7 +235,7 @@ class LoadModel:
         codes = np.asarray(codes, dtype=np.int64)
         lens = self.ptr[codes + 1] - self.ptr[codes]
         j = np.repeat(np.arange(len(codes)), lens)
-        row = np.repeat(self.ptr[codes] - (np.cumsum(lens) - lens), lens) + np.arange(int(lens.sum()))
+        row = runs(self.ptr[codes], lens)
         return row, j
 
     def covered_probability(self, codes: np.ndarray, covered: np.ndarray,

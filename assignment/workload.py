@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from knnmon.arrays import runs
 from knnmon.assignment.costs import CostModel
 from knnmon.assignment.loadmodel import LoadModel, QueryRects
 from knnmon.errors import InvalidArgumentError
@@ -110,8 +111,7 @@ class Workload:
         """Entry indices of ``queries`` (``(q,)`` int), query by query."""
         queries = np.asarray(queries, dtype=np.int64)
         lens = self.ptr[queries + 1] - self.ptr[queries]
-        starts = np.repeat(self.ptr[queries] - (np.cumsum(lens) - lens), lens)
-        return starts + np.arange(int(lens.sum()))
+        return runs(self.ptr[queries], lens)
 
     def deliveries(self, model: LoadModel, queries: np.ndarray) -> float:
         """``D(S)`` of the set of ``queries`` (see :mod:`knnmon.assignment.loadmodel`)."""

@@ -29,7 +29,7 @@ from functools import cached_property
 import numpy as np
 from rtree import index as rtree_index
 
-from knnmon.arrays import with_capacity
+from knnmon.arrays import runs, with_capacity
 from knnmon.geo import cap_bbox
 
 __all__ = ["FINEST", "LEVELS", "QueryIndex"]
@@ -278,7 +278,7 @@ class QueryIndex:
             hit = np.flatnonzero(n)
             if len(hit):
                 n = n[hit]
-                at = np.repeat(lo[hit] - (np.cumsum(n) - n), n) + np.arange(int(n.sum()))
+                at = runs(lo[hit], n)
                 s = run.slots[at]
                 current = run.gens[at] == self._gen[s]  # skip superseded entries
                 objs.append(np.repeat(owner[hit], n)[current])

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from knnmon.arrays import with_capacity
+from knnmon.arrays import runs, with_capacity
 from knnmon.batch import BatchChanges, ObjectBatch, ObjectInfo, WorkerReport, WriteFigures
 from knnmon.encoding import id_prefix_keys
 from knnmon.errors import InvalidArgumentError, InvalidQueryError
@@ -43,14 +43,6 @@ INDEXES = {"grid": QueryIndex, "keyword-lists": KeywordLists}
 
 #: Compaction (:meth:`KnnWorker.compact`) waits for at least this many places or handles to release.
 COMPACT_MIN = 1 << 16
-
-
-def _runs(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """``(sum(lengths),)`` int64: the positions ``starts[i] .. starts[i] + lengths[i] - 1`` of
-    every run, in order (CSR gather indices)."""
-    lengths = np.asarray(lengths, dtype=np.int64)
-    return np.repeat(np.asarray(starts, dtype=np.int64) - (np.cumsum(lengths) - lengths), lengths) + \
-        np.arange(int(lengths.sum()), dtype=np.int64)
 
 
 def _warm_up() -> None:
@@ -206,7 +198,7 @@ class KnnWorker:
         slots = np.asarray(slots, dtype=np.int64)
         a = self.kw_ptr[slots]
         n = self.kw_ptr[slots + 1] - a
-        return np.repeat(slots, n), self.kw_code[_runs(a, n)]
+        return np.repeat(slots, n), self.kw_code[runs(a, n)]
 
     def rebuild_index(self) -> float:
         """Rebuild the query index from the current radii; returns seconds spent."""
@@ -334,9 +326,9 @@ class KnnWorker:
         rebuild the query index. O(sum of k + index entries)."""
         keep = np.flatnonzero(self.alive)
         n_kw = self.kw_ptr[keep + 1] - self.kw_ptr[keep]
-        self.kw_code = self.kw_code[_runs(self.kw_ptr[keep], n_kw)]
+        self.kw_code = self.kw_code[runs(self.kw_ptr[keep], n_kw)]
         self.kw_ptr = np.concatenate([[0], np.cumsum(n_kw)]).astype(np.int64)
-        places = _runs(self.top_ptr[keep], self.k[keep])
+        places = runs(self.top_ptr[keep], self.k[keep])
         self.top_d, self.top_h = self.top_d[places], self.top_h[places]
         self.top_ptr = np.cumsum(self.k[keep]) - self.k[keep]
         for name in ("lon", "lat", "k", "radius", "reach", "version", "count"):
@@ -426,7 +418,7 @@ class KnnWorker:
         """
         touched = slot[np.r_[True, slot[1:] != slot[:-1]]]
         held = self.count[touched]
-        at = _runs(self.top_ptr[touched], held)  # the touched queries' filled places
+        at = runs(self.top_ptr[touched], held)  # the touched queries' filled places
         S = np.concatenate([np.repeat(touched, held), slot])
         D = np.concatenate([np.take(self.top_d, at), d])
         H = np.concatenate([np.take(self.top_h, at), -1 - obj])  # negative: -1 - the object's batch position

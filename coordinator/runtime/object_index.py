@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from rtree import index as rtree_index
 
+from knnmon.arrays import runs
 from knnmon.encoding import keyword_codes
 from knnmon.geo import haversine_m, unit_vectors
 
@@ -232,8 +233,7 @@ class ObjectIndex:
         counts[order] = counts_cat
         start = np.empty(len(lon), dtype=np.int64)
         start[order] = np.cumsum(counts_cat) - counts_cat
-        first = np.cumsum(counts) - counts
-        src = np.repeat(start - first, counts) + np.arange(int(counts.sum()))
+        src = runs(start, counts)
         return idx_cat[src], counts, dist_cat[src]
 
     def kth_distance_m(self, lon, lat, keywords, k, *, processes: int = 1) -> np.ndarray:

@@ -31,7 +31,7 @@ from knnmon.coordinator.runtime.dispatch import DispatchedBatch
 from knnmon.coordinator.runtime.registration import Registrar
 from knnmon.coordinator.runtime.worker_pool import Pending, RayPool
 from knnmon.keys import Keys
-from knnmon.query import QueryColumns
+from knnmon.query import Query, QueryColumns
 
 __all__ = ["last_applied_batch", "revive"]
 
@@ -65,7 +65,7 @@ def revive(pool: RayPool, registrar: Registrar, redis_url: str, namespace: str, 
     client = connect(redis_url)
     try:
         qids = [q for q, w in registrar.query_worker.items() if w == worker]
-        ids, lon, lat, kws, k, versions, topk = [], [], [], [], [], [], []
+        queries, versions, topk = [], [], []
         for s in range(0, len(qids), chunk):
             part = qids[s:s + chunk]
 
@@ -78,20 +78,17 @@ def revive(pool: RayPool, registrar: Registrar, redis_url: str, namespace: str, 
 
             got = with_retries(read, f"reading worker {worker}'s queries", redis_url)
             for qid, h, result in zip(part, got[0::2], got[1::2]):
-                ids.append(qid)
-                lon.append(float(h["lon"]))
-                lat.append(float(h["lat"]))
-                kws.append(h["keywords"].split())
-                k.append(int(h["k"]))
-                versions.append(int(h.get("version", 0)))
+                query, version = Query.from_hash(qid, h)
+                queries.append(query)
+                versions.append(version)
                 topk.append([(o, float(d)) for o, d in result])
         last = with_retries(lambda: last_applied_batch(client, keys, worker), "reading a worker's marker", redis_url)
     finally:
         client.close()
     routing = registrar.plan.routing
     pool.replace(worker, vocabulary={w: i for i, w in enumerate(routing.vocabulary)})
-    pool.gather([pool.call(worker, "load_queries", QueryColumns(ids, np.array(lon), np.array(lat), kws, np.array(k)),
-                           topk, {}, versions=np.array(versions, dtype=np.int64), write=False)])
+    pool.gather([pool.call(worker, "load_queries", QueryColumns.of(queries), topk, {},
+                           versions=np.array(versions, dtype=np.int64), write=False)])
     out, resent = [], 0
     for d in uncollected:
         if worker not in d.rows:
@@ -104,5 +101,5 @@ def revive(pool: RayPool, registrar: Registrar, redis_url: str, namespace: str, 
             call = Pending(worker, pool.share(WorkerReport(worker=worker, batch=d.number)))
         out.append(replace(d, pending=[call if p.worker == worker else p for p in d.pending]))
     log.warning("worker %d revived: %d queries rebuilt from Redis as of batch %d, %d batches sent again, in %.1f s",
-                worker, len(ids), last, resent, time.perf_counter() - t0)
+                worker, len(queries), last, resent, time.perf_counter() - t0)
     return out

@@ -115,12 +115,7 @@ class Service:
         return self
 
     def _refuse_a_second_service(self) -> None:
-        from knnmon.redis_server import EmbeddedRedis
-
-        store = self.config.store
-        url = store.resolved_url
-        if url is None and store.embedded_dir is not None and (live := EmbeddedRedis.running(store.embedded_dir)):
-            url = f"redis://127.0.0.1:{live[1]}/0"
+        url = self.config.store.live_url()
         if url is None:
             return  # no server yet: no service either
         client = connect(url)
@@ -178,11 +173,16 @@ class Service:
         self.queries = r.queries
         self._ack(self.keys.ingest_objects, r.pending, r.rejects)
         self.busy_ms = np.zeros(self.config.workers)
-        self.workers = [{k: s.get(k) for k in ("worker", "node", "pid")} for s in self.runtime.registrar.stats()]
-        self._revived_seen = 0
+        self._take_worker_list()
         log.info("recovered %d queries over %d objects (%d entries re-acknowledged) in %.1f s", len(r.queries),
                  r.prepared.initial.num_rows, len(r.pending), time.perf_counter() - t0)
         self._publish_status(force=True)
+
+    def _take_worker_list(self) -> None:
+        """Each worker's number, node and process id, for the status (one call per worker: taken
+        when the workers start or one is revived, not per status)."""
+        self.workers = [{k: s.get(k) for k in ("worker", "node", "pid")} for s in self.runtime.registrar.stats()]
+        self._revived_seen = self.runtime.workers_revived
 
     def _ack(self, key: str, ids: list[str], rejects: list, batch_record: dict[str, Any] | None = None) -> None:
         acknowledge(self.client, self.redis_url, self.keys, key, ids, rejects, batch_record)
@@ -340,6 +340,7 @@ class Service:
         registrar = self.runtime.registrar
         rejects: list = []
         batch: list = []  # consecutive registrations: (entry id, fields, query)
+        queued: set[str] = set()  # their ids
 
         def flush() -> None:
             if not batch:
@@ -349,6 +350,7 @@ class Service:
                 self.queries[q.id] = q
             self.counters["registered"] += len(batch)
             batch.clear()
+            queued.clear()
 
         for eid, fields in entries:
             try:
@@ -356,7 +358,7 @@ class Service:
             except Rejected as r:
                 rejects.append((eid, fields, r))
                 continue
-            if op.op == "unregister" or any(op.id == q.id for _, _, q in batch):
+            if op.op == "unregister" or op.id in queued:
                 flush()
             if op.op == "unregister":
                 self.queries.pop(op.id, None)
@@ -369,6 +371,7 @@ class Service:
                 registrar.unregister(op.id)
                 self.counters["updated"] += 1
             batch.append((eid, fields, op.query))
+            queued.add(op.id)
         flush()
         self._ack(self.keys.ingest_queries, [e for e, _ in entries], rejects)
 
@@ -402,8 +405,7 @@ class Service:
         if report is not None:
             self.busy_ms += np.asarray(report.busy_ms)
         if rt.workers_revived != self._revived_seen:  # a worker came back: its process changed
-            self._revived_seen = rt.workers_revived
-            self.workers = [{k: s.get(k) for k in ("worker", "node", "pid")} for s in rt.registrar.stats()]
+            self._take_worker_list()
 
     # -- status ------------------------------------------------------------------------------
     def _publish_status(self, *, force: bool = False) -> None:

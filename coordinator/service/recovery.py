@@ -147,10 +147,12 @@ def read_queries(client: redis.Redis, keys: Keys, chunk: int = 10_000) -> tuple[
             pipe.hgetall(keys.query(qid))
         for qid, h in zip(qids[s:s + chunk], pipe.execute()):
             try:
-                queries.append(Query(qid, float(h["lon"]), float(h["lat"]), tuple(h["keywords"].split()), int(h["k"])))
-                versions.append(int(h.get("version", 0)))
+                query, version = Query.from_hash(qid, h)
             except (KeyError, ValueError):
                 log.warning("query %s: unreadable hash %r in Redis; left out", qid, h)
+                continue
+            queries.append(query)
+            versions.append(version)
     return queries, np.asarray(versions, dtype=np.int64)
 
 

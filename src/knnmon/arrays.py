@@ -1,10 +1,35 @@
-"""Growable numpy arrays: capacity doubling for per-slot tables that grow by appends."""
+"""Numpy helpers for per-slot tables: capacity doubling as they grow by appends, and the
+positions of runs in CSR-style flat arrays."""
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["with_capacity"]
+__all__ = ["runs", "with_capacity"]
+
+
+def runs(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The positions ``starts[i] .. starts[i] + lengths[i] - 1`` of every run, in order: the
+    gather indices of rows ``i`` of a CSR-style flat array.
+
+    Parameters
+    ----------
+    starts, lengths
+        ``(n,)`` integers; ``lengths >= 0``.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(sum(lengths),)`` int64.
+
+    Examples
+    --------
+    >>> runs(np.array([10, 3]), np.array([2, 3])).tolist()
+    [10, 11, 3, 4, 5]
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    return np.repeat(np.asarray(starts, dtype=np.int64) - (np.cumsum(lengths) - lengths), lengths) + \
+        np.arange(int(lengths.sum()), dtype=np.int64)
 
 
 def with_capacity(a: np.ndarray, n: int) -> np.ndarray:

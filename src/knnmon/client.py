@@ -19,9 +19,10 @@ from typing import Any, NamedTuple
 
 from knnmon.connection import connect
 from knnmon.coordinator.service.protocol import GROUP, entry_order, group_info
-from knnmon.errors import InvalidQueryError, KnnmonError, Rejected
+from knnmon.errors import KnnmonError
 from knnmon.keys import DEFAULT_NAMESPACE, Keys
 from knnmon.limits import DEFAULT_LIMITS, Limits, check_keywords, parse_id, parse_k, parse_point
+from knnmon.query import invalid_query
 
 __all__ = ["KnnClient", "ResultChange"]
 
@@ -73,14 +74,12 @@ class KnnClient:
             Before anything is sent: a bad id, coordinates or ``k``, or more keywords than
             ``limits.max_keywords``; ``reason`` says which.
         """
-        try:
+        with invalid_query(qid):
             qid = parse_id(qid)
             lon, lat = parse_point(lon, lat)
             k = parse_k(k, self.limits)
             if not isinstance(keywords, str):
                 check_keywords(list(keywords), self.limits)
-        except Rejected as r:
-            raise InvalidQueryError(f"query {str(qid)[:64]!r}: {r}", r.reason, r.detail) from None
         words = keywords if isinstance(keywords, str) else " ".join(keywords)
         self.last_entry = self.client.xadd(self.keys.ingest_queries, {"op": "register", "id": qid, "lon": repr(lon),
                                                                       "lat": repr(lat), "keywords": words, "k": k})

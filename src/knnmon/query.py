@@ -8,14 +8,27 @@ they are. This module imports nothing heavy, so the light client can use it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from knnmon.errors import InvalidQueryError, Rejected
 from knnmon.limits import DEFAULT_LIMITS, Limits, check_keywords, parse_id, parse_k, parse_point
 
-__all__ = ["Query", "QueryColumns"]
+__all__ = ["Query", "QueryColumns", "invalid_query"]
+
+
+@contextlib.contextmanager
+def invalid_query(qid: Any) -> Iterator[None]:
+    """A :class:`~knnmon.errors.Rejected` raised inside becomes an
+    :class:`~knnmon.errors.InvalidQueryError` naming query ``qid``, with the same reason and detail
+    (the API's error for a rule of :mod:`knnmon.limits`)."""
+    try:
+        yield
+    except Rejected as r:
+        name = str(qid).strip()[:64] if qid is not None else ""
+        raise InvalidQueryError(f"query {name!r}: {r}", r.reason, r.detail) from None
 
 
 @dataclass(frozen=True)
@@ -62,16 +75,27 @@ class Query:
         """
         from knnmon.ingest.keywords import normalize_keywords  # nltk: imported on first use only
 
-        qid = str(id).strip()[:64] if id is not None else ""
-        try:
+        with invalid_query(id):
             qid = parse_id(id)
             lon_f, lat_f = parse_point(lon, lat)
             k_i = parse_k(k, limits)
             text = keywords if isinstance(keywords, str) or keywords is None else " ".join(map(str, keywords))
             words = tuple(check_keywords(normalize_keywords(text), limits))
-        except Rejected as r:
-            raise InvalidQueryError(f"query {qid!r}: {r}", r.reason, r.detail) from None
         return cls(qid, lon_f, lat_f, words, k_i)
+
+    @classmethod
+    def from_hash(cls, qid: str, fields: Mapping[str, str]) -> tuple[Query, int]:
+        """The query stored in hash ``knn:query:{qid}`` (as its worker wrote it: validated when
+        it was registered), and its ``version``.
+
+        Raises
+        ------
+        KeyError, ValueError
+            A field missing or unreadable.
+        """
+        query = cls(qid, float(fields["lon"]), float(fields["lat"]), tuple(fields["keywords"].split()),
+                    int(fields["k"]))
+        return query, int(fields.get("version", 0))
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from knnmon.connection import connect, redact, redis_url_from_env
-from knnmon.errors import KnnmonError
+from knnmon.errors import InvalidArgumentError, KnnmonError
 from knnmon.keys import DEFAULT_NAMESPACE, Keys
 
 __all__ = ["DEFAULT_DATA_DIR", "Store", "StoreConfig", "clear_namespace", "open_store"]
@@ -42,6 +42,11 @@ class StoreConfig:
         killed) and a server left running by a killed owner is adopted (``knnmon serve``).
     port : int or None
         The embedded server's port (``--redis-port``); default: a free one.
+
+    Raises
+    ------
+    InvalidArgumentError
+        ``port`` outside 1..65535.
     """
 
     url: str | None = None
@@ -49,6 +54,10 @@ class StoreConfig:
     data_dir: str | None = DEFAULT_DATA_DIR
     durable: bool = False
     port: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.port is not None and not 1 <= self.port <= 65535:
+            raise InvalidArgumentError(f"--redis-port must be between 1 and 65535; got {self.port}")
 
     @property
     def resolved_url(self) -> str | None:
@@ -59,6 +68,16 @@ class StoreConfig:
     def embedded_dir(self) -> str | None:
         """The embedded server's data directory (``None``: temporary)."""
         return os.path.join(self.data_dir, "redis") if self.data_dir is not None else None
+
+    def live_url(self) -> str | None:
+        """The URL of a server that runs now for this config: :attr:`resolved_url`, else the
+        embedded server a service keeps running on :attr:`embedded_dir`, else ``None``."""
+        if self.resolved_url is not None or self.embedded_dir is None:
+            return self.resolved_url
+        from knnmon.redis_server import EmbeddedRedis
+
+        live = EmbeddedRedis.running(self.embedded_dir)
+        return f"redis://127.0.0.1:{live[1]}/0" if live is not None else None
 
 
 @dataclass(frozen=True)
@@ -109,8 +128,8 @@ def open_store(config: StoreConfig, *, existing: bool = False) -> Iterator[Store
     from knnmon.redis_server import EmbeddedRedis
 
     where = config.embedded_dir
-    if existing and where is not None and (live := EmbeddedRedis.running(where)) is not None:
-        yield Store(f"redis://127.0.0.1:{live[1]}/0", config)  # a service's server: not ours to stop
+    if existing and (live := config.live_url()) is not None:
+        yield Store(live, config)  # a service's server: not ours to stop
         return
     if existing and (where is None or not os.path.exists(os.path.join(where, "knnmon.rdb"))):
         raise KnnmonError(f"no results store: give --redis URL, or run `knnmon run` first (looked in {where})")

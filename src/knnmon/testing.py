@@ -111,27 +111,31 @@ def register_fields(q: dict, k: int | None = None) -> dict:
             "keywords": " ".join(q["keywords"]), "k": str(k or q["k"])}
 
 
-def knnmon_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    """``knnmon ARGS`` in a child process (without ``$KNNMON_REDIS_URL``), output captured."""
+def _cli_env() -> dict[str, str]:
+    """This process's environment without ``$KNNMON_REDIS_URL`` (a test names its store)."""
     import os
+
+    return {k: v for k, v in os.environ.items() if k != "KNNMON_REDIS_URL"}
+
+
+def knnmon_cli(*args: str, timeout: float = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``knnmon ARGS`` in a child process, output captured; ``env`` default: this process's
+    without ``$KNNMON_REDIS_URL``."""
     import sys
 
-    env = {k: v for k, v in os.environ.items() if k != "KNNMON_REDIS_URL"}
     return subprocess.run([sys.executable, "-m", "knnmon.coordinator.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env)
+                          timeout=timeout, env=_cli_env() if env is None else env)
 
 
-def serve_process(url: str, namespace: str, log: str | PathLike[str], *extra: str) -> subprocess.Popen:
-    """``knnmon serve`` on ``url`` in a child process (2 in-process workers, 5 ms batching delay),
-    its output to the file ``log``."""
-    import os
+def serve_process(url: str, namespace: str, log: str | PathLike[str], *extra: str, workers: int = 2) -> subprocess.Popen:
+    """``knnmon serve`` on ``url`` in a child process (``workers`` in-process workers, 5 ms
+    batching delay, then ``extra`` flags), its output to the file ``log``."""
     import sys
 
-    env = {k: v for k, v in os.environ.items() if k != "KNNMON_REDIS_URL"}
     with open(log, "w") as fh:
         return subprocess.Popen([sys.executable, "-m", "knnmon.coordinator.cli", "serve", "--redis", url, "--namespace",
-                                 namespace, "--workers", "2", "--executor", "inline", "--max-delay-ms", "5", *extra],
-                                stdout=fh, stderr=subprocess.STDOUT, env=env)
+                                 namespace, "--workers", str(workers), "--executor", "inline", "--max-delay-ms", "5",
+                                 *extra], stdout=fh, stderr=subprocess.STDOUT, env=_cli_env())
 
 
 def client_round_trip(client, places: list[dict], qid: str, k: int) -> tuple[list[str], list[str]]:

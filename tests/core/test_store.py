@@ -35,3 +35,11 @@ def test_the_embedded_server_saves_its_data_for_readers(tmp_path, monkeypatch):
         redis.Redis.from_url(url).ping()  # stopped at the end
     with open_store(config, existing=True) as store:
         assert connect(store.url).get("knn:k") == "v"
+
+
+def test_a_pinned_port_must_be_a_port():
+    from knnmon.errors import InvalidArgumentError
+
+    with pytest.raises(InvalidArgumentError, match="--redis-port must be between 1 and 65535"):
+        StoreConfig(port=70000)
+    assert StoreConfig(port=6390).port == 6390

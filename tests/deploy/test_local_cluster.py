@@ -21,7 +21,7 @@ import redis
 from knnmon.ingest.reading import read_objects, stream_order
 from knnmon.keys import Keys
 from knnmon.oracle import BruteForceKnn
-from knnmon.testing import assert_exact, object_fields, register_fields, wait_processed
+from knnmon.testing import assert_exact, knnmon_cli, object_fields, register_fields, wait_processed
 
 SCRIPT = Path(__file__).resolve().parents[2] / "deploy" / "local-cluster.sh"
 
@@ -63,8 +63,7 @@ def cluster(tmp_path_factory):
 
 
 def knnmon(*args: str, env: dict, timeout: int = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "knnmon.coordinator.cli", *args], env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return knnmon_cli(*args, env=env, timeout=timeout)
 
 
 def test_run_on_the_local_cluster_spreads_workers_and_stays_exact(cluster, places_slice, slice_queries, redis_url,

@@ -10,11 +10,11 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from knnmon.coordinator.cli import main
+from knnmon.testing import knnmon_cli
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "knnmon.coordinator.cli", *args], capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    return knnmon_cli(*args, env={**os.environ, "PYTHONWARNINGS": "ignore"})
 
 
 def test_missing_path_is_a_clear_error_before_spark(tmp_path):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-import pytest
 import redis
 
 from knnmon.coordinator.runtime.object_store import ObjectStore

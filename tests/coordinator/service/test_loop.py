@@ -19,16 +19,13 @@ import redis
 from knnmon.ingest.reading import read_objects, stream_order
 from knnmon.keys import Keys
 from knnmon.oracle import BruteForceKnn
-from knnmon.testing import assert_exact, object_fields, register_fields, wait_processed
+from knnmon.testing import assert_exact, knnmon_cli, object_fields, register_fields, serve_process, wait_processed
 
 
 def start_serve(url: str, namespace: str, tmp_path, *extra: str) -> subprocess.Popen:
     """``knnmon serve`` in a child process (workers in process: this file tests the service)."""
-    log = open(tmp_path / f"serve-{time.monotonic_ns()}.log", "w")
-    cmd = [sys.executable, "-m", "knnmon.coordinator.cli", "serve", "--redis", url, "--namespace", namespace,
-           "--workers", "3", "--executor", "inline", "--max-delay-ms", "5", "--data-dir", str(tmp_path / "data"),
-           *extra]
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    return serve_process(url, namespace, tmp_path / f"serve-{time.monotonic_ns()}.log", "--data-dir",
+                         str(tmp_path / "data"), *extra, workers=3)
 
 
 def stop(proc: subprocess.Popen) -> int:
@@ -251,17 +248,13 @@ def test_python_client_round_trip_on_an_embedded_redis_that_survives_a_killed_se
         # Discovery: status and results with no --redis find the running service's server (and
         # start no second one); a second service on the same data directory is refused.
         data = ["--data-dir", str(tmp_path / "data")]
-        env = {k: v for k, v in os.environ.items() if k != "KNNMON_REDIS_URL"}
-        cli = [sys.executable, "-m", "knnmon.coordinator.cli"]
         time.sleep(1.5)  # its status is refreshed every second
-        status = subprocess.run([*cli, "status", *data], capture_output=True, text=True, env=env, timeout=120)
+        status = knnmon_cli("status", *data)
         assert status.returncode == 0 and "service: running" in status.stdout, status.stdout + status.stderr
-        found = subprocess.run([*cli, "results", "c1", "--json", *data], capture_output=True, text=True, env=env,
-                               timeout=120)
+        found = knnmon_cli("results", "c1", "--json", *data)
         assert found.returncode == 0 and [o["id"] for o in json.loads(found.stdout)["knn"]] == [o for o, _ in got]
         assert server_url() == url
-        second = subprocess.run([*cli, "serve", "--executor", "inline", *data], capture_output=True, text=True,
-                                env=env, timeout=120)
+        second = knnmon_cli("serve", "--executor", "inline", *data)
         assert second.returncode == 2 and "is running in namespace 'knn'" in second.stderr
         assert server_url() == url
         changes = [c for c in client.changes() if c.qid == "c1"]
