@@ -60,6 +60,10 @@ class RoutingTable:
                  masks: np.ndarray) -> None:
         self.grid, self.vocabulary = grid, vocabulary
         self.always, self.keys, self.masks = always, keys, masks
+        # Entries added at run time (registrations, a window's refills) go to a small sorted
+        # delta, folded into keys/masks once it is an eighth of them: an addition costs
+        # O(delta), not O(table).
+        self.delta_keys, self.delta_masks = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.uint64)
         #: How :meth:`build` made the table (pairs, promotions); empty otherwise.
         self.stats: dict[str, int | float] = {}
         self._vocab = pa.array(vocabulary, type=pa.string())
@@ -139,11 +143,12 @@ class RoutingTable:
         ok = codes >= 0
         owner, codes = owner[ok], codes[ok]
         np.bitwise_or.at(out, owner, self.always[codes])
-        if len(self.keys):
-            key = codes * self.grid.n_cells + np.asarray(cells, dtype=np.int64)[owner]
-            pos = np.minimum(searchsorted_batch(self.keys, key), len(self.keys) - 1)
-            hit = self.keys[pos] == key
-            np.bitwise_or.at(out, owner[hit], self.masks[pos[hit]])
+        key = codes * self.grid.n_cells + np.asarray(cells, dtype=np.int64)[owner]
+        for keys, masks in ((self.keys, self.masks), (self.delta_keys, self.delta_masks)):
+            if len(keys):
+                pos = np.minimum(searchsorted_batch(keys, key), len(keys) - 1)
+                hit = keys[pos] == key
+                np.bitwise_or.at(out, owner[hit], masks[pos[hit]])
         return out
 
     def route_objects(self, lon: np.ndarray, lat: np.ndarray, keywords: pa.Array) -> np.ndarray:
@@ -194,7 +199,7 @@ class RoutingTable:
         ``[x0[i], x1[i]] x [y0[i], y1[i]]`` to worker ``workers[i]``; one merge of the sorted
         table for all (registering one by one would re-copy the table per query)."""
         n = self.grid.n
-        key_parts, bit_parts = [self.keys], [self.masks]
+        key_parts, bit_parts = [self.delta_keys], [self.delta_masks]
         for i, cs in enumerate(codes):
             bit = np.uint64(1) << np.uint64(int(workers[i]))
             if (int(x0[i]), int(y0[i]), int(x1[i]), int(y1[i])) == (0, 0, n - 1, n - 1):
@@ -206,12 +211,21 @@ class RoutingTable:
                 key_parts.append(np.int64(c) * self.grid.n_cells + cells)
                 bit_parts.append(np.full(len(cells), bit, dtype=np.uint64))
         if len(key_parts) > 1:
-            self.keys, self.masks = _merge_entries(key_parts, bit_parts)
+            self.delta_keys, self.delta_masks = _merge_entries(key_parts, bit_parts)
+            if len(self.delta_keys) > max(1 << 16, len(self.keys) // 8):
+                self.keys, self.masks = _merge_entries([self.keys, self.delta_keys], [self.masks, self.delta_masks])
+                self.delta_keys, self.delta_masks = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.uint64)
+
+    @property
+    def entries(self) -> int:
+        """(keyword, cell) entries held (the delta's counted apart)."""
+        return len(self.keys) + len(self.delta_keys)
 
     @property
     def nbytes(self) -> int:
         """Memory of the table's arrays in bytes."""
-        return int(self.always.nbytes + self.keys.nbytes + self.masks.nbytes)
+        return int(self.always.nbytes + self.keys.nbytes + self.masks.nbytes + self.delta_keys.nbytes
+                   + self.delta_masks.nbytes)
 
 
 def _coverages(workload: Workload, model: LoadModel, plan: Plan):

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from knnmon.arrays import runs, with_capacity
-from knnmon.batch import BatchChanges, ObjectBatch, ObjectInfo, WorkerReport, WriteFigures
+from knnmon.batch import BatchChanges, ObjectBatch, ObjectInfo, Refills, WorkerReport, WriteFigures
 from knnmon.encoding import id_prefix_keys
 from knnmon.errors import InvalidArgumentError, InvalidQueryError
 from knnmon.geo import chord2_bound, haversine_m, unit_vectors
@@ -35,7 +35,10 @@ from knnmon.workers.query_index import QueryIndex
 from knnmon.workers.result_writer import ResultWriter
 from knnmon.workers.write_queue import WriteQueue
 
-__all__ = ["INDEXES", "KnnWorker"]
+__all__ = ["INDEXES", "NO_TIME", "KnnWorker"]
+
+#: The time of an object whose time a worker was not told (it never expires).
+NO_TIME = np.iinfo(np.int64).max
 
 #: Query-region index by name: knnmon's keyword-aware grid, or the reference's keyword lists.
 INDEXES = {"grid": QueryIndex, "keyword-lists": KeywordLists}
@@ -119,6 +122,11 @@ class KnnWorker:
         self.handle_of: dict[str, int] = {}
         self._oid_key = np.zeros(0, dtype=np.uint64)  # id_prefix_keys of oids[:_keyed], capacity-doubled
         self._keyed = 0
+        self._t = np.zeros(0, dtype=np.int64)  # each handle's object time (epoch ms), capacity-doubled
+        self._before: tuple[np.ndarray, np.ndarray] | None = None  # (slot, handle) results before an expiry
+        self._cutoff = np.iinfo(np.int64).min  # the last expiry's cutoff
+        self._refilled: dict[str, ObjectInfo] = {}  # details of the objects a refill brought in
+        self.expired = self.refills = 0
         self.keywords: list[tuple[str, ...]] = []
         self.kw_ptr = np.zeros(1, dtype=np.int64)  # CSR: query slot -> its keyword codes
         self.kw_code = np.empty(0, dtype=np.int64)
@@ -132,11 +140,13 @@ class KnnWorker:
     def _codes(self, words: Sequence[str]) -> list[int]:
         return [self.vocab.setdefault(w, len(self.vocab)) for w in words]
 
-    def _handle(self, oid: str) -> int:
+    def _handle(self, oid: str, t: int = NO_TIME) -> int:
         h = self.handle_of.get(oid)
         if h is None:
             h = self.handle_of[oid] = len(self.oids)
             self.oids.append(oid)
+            self._t = with_capacity(self._t, h + 1)
+            self._t[h] = t
         return h
 
     def _key_handles(self) -> None:
@@ -147,7 +157,8 @@ class KnnWorker:
             self._oid_key[self._keyed:n] = id_prefix_keys(self.oids[self._keyed:n])
             self._keyed = n
 
-    def _append(self, queries: QueryColumns, topk: Sequence[Sequence[tuple[str, float]]]) -> range:
+    def _append(self, queries: QueryColumns, topk: Sequence[Sequence[tuple[str, float]]],
+                objects: Mapping[str, ObjectInfo]) -> range:
         """Add valid queries in bulk (one array concatenation); returns their slots.
 
         Raises
@@ -173,7 +184,8 @@ class KnnWorker:
             lst = sorted((float(d), str(o)) for o, d in topk[i])[:kk]
             count[i] = len(lst)
             for j, (d, o) in enumerate(lst):
-                top_d[start[i] + j], top_h[start[i] + j] = d, self._handle(o)
+                info = objects.get(o)
+                top_d[start[i] + j], top_h[start[i] + j] = d, self._handle(o, info.t if info is not None else NO_TIME)
             if len(lst) == kk:
                 radii[i] = lst[-1][0]
         self.kw_ptr = np.concatenate([self.kw_ptr, self.kw_ptr[-1] + np.cumsum([len(c) for c in codes], dtype=np.int64)])
@@ -262,7 +274,7 @@ class KnnWorker:
             ``queries``, ``index_entries``, ``seconds``.
         """
         t0 = time.perf_counter()
-        slots = self._append(queries, topk)
+        slots = self._append(queries, topk, objects)
         if versions is not None:
             self.version[slots.start:slots.stop] = np.asarray(versions, dtype=np.int64)
         if self.writer is not None and write:
@@ -297,7 +309,7 @@ class KnnWorker:
         """
         if vocabulary:
             self.vocab.update(vocabulary)
-        slots = self._append(queries, topk)
+        slots = self._append(queries, topk, objects)
         if self.writer is not None:
             self._write_now(self.writer.write_queries, self._next_tag(),
                             [(self.qids[j], self._fields(j), self._result(j)) for j in slots], objects)
@@ -351,6 +363,7 @@ class KnnWorker:
         remap[used] = np.arange(len(used))
         self.top_h = np.where(held, remap[np.maximum(self.top_h, 0)], -1)
         self._oid_key = self._oid_key[used]
+        self._t = self._t[used]
         self._keyed = self._live_handles = len(used)
 
     def _result(self, slot: int) -> list[tuple[str, float]]:
@@ -362,6 +375,133 @@ class KnnWorker:
     def result(self, qid: str) -> list[tuple[str, float]]:
         """The current kNN of ``qid``: ``[(object id, distance m), ...]`` by (distance, id)."""
         return sorted(self._result(self.slot_of[qid]), key=lambda e: (e[1], e[0]))
+
+    # -- the window ----------------------------------------------------------------------------
+    def expire(self, cutoff: int) -> QueryColumns:
+        """Remove the objects with ``t <= cutoff`` (epoch ms) from every result held here.
+
+        A result that lost an object and had ``k`` of them (a finite ``r_q``) may now miss live
+        objects beyond ``r_q``: it is returned, to be refilled with its exact kNN over the live
+        objects (:meth:`process_batch`'s ``refills``); a result below ``k`` held every matching
+        live object and just shrinks. The results as they were are kept until the batch's write,
+        which sends each touched result's whole difference (``left`` and ``entered``). Calling
+        it again with a cutoff not larger does nothing. O(sum of k) per call.
+
+        Returns
+        -------
+        QueryColumns
+            The queries to refill (``k`` as registered).
+        """
+        none = QueryColumns([], np.empty(0), np.empty(0), [], np.empty(0, dtype=np.int64))
+        if cutoff <= self._cutoff:
+            return none
+        before, self._cutoff = self._cutoff, int(cutoff)
+        n = len(self.oids)
+        dead = self._t[:n] <= cutoff
+        if not n or not dead.any():
+            return none
+        for h in np.flatnonzero(dead & (self._t[:n] > before)).tolist():
+            self.handle_of.pop(self.oids[h], None)  # an id published again later is a new object
+        held = self.top_h >= 0
+        hit = np.zeros(len(self.top_h), dtype=bool)
+        hit[held] = dead[self.top_h[held]]
+        places = np.flatnonzero(hit)
+        if not len(places):
+            return none
+        self.expired += len(places)
+        slots = np.unique(np.searchsorted(self.top_ptr, places, side="right") - 1)
+        c = self.count[slots]
+        at = runs(self.top_ptr[slots], c)
+        old_slot, old_h, old_d = np.repeat(slots, c), self.top_h[at], self.top_d[at]
+        if self._before is None:
+            self._before = (old_slot, old_h)
+        else:  # a second expiry before the write: the first one's results are what Redis holds
+            seen = np.isin(old_slot, self._before[0])
+            self._before = tuple(np.concatenate([b, x[~seen]]) for b, x in zip(self._before, (old_slot, old_h)))
+        keep = ~hit[at]
+        s_keep, h_keep, d_keep = old_slot[keep], old_h[keep], old_d[keep]
+        whole = runs(self.top_ptr[slots], self.k[slots])
+        self.top_d[whole], self.top_h[whole] = np.inf, -1
+        pos = np.arange(len(s_keep)) - np.searchsorted(s_keep, s_keep, side="left")
+        self.top_d[self.top_ptr[s_keep] + pos], self.top_h[self.top_ptr[s_keep] + pos] = d_keep, h_keep
+        self.count[slots] = np.bincount(np.searchsorted(slots, s_keep), minlength=len(slots))
+        need = slots[np.isfinite(self.radius[slots])]
+        sel = need.tolist()
+        return QueryColumns([self.qids[j] for j in sel], self.lon[need], self.lat[need],
+                            [list(self.keywords[j]) for j in sel], self.k[need].copy())
+
+    def _refill(self, refills: Refills) -> None:
+        """Replace the results of :meth:`expire`'s queries with their exact kNN over the live
+        objects; ``r_q`` grows back (the query is re-indexed with its larger region)."""
+        slots = []
+        for qid, top in zip(refills.qids, refills.topk):
+            j = self.slot_of.get(qid)
+            if j is None:
+                continue
+            a, kk = int(self.top_ptr[j]), int(self.k[j])
+            lst = sorted((float(d), str(o)) for o, d in top)[:kk]
+            self.top_d[a:a + kk], self.top_h[a:a + kk] = np.inf, -1
+            for i, (d, o) in enumerate(lst):
+                info = refills.objects.get(o)
+                self.top_d[a + i], self.top_h[a + i] = d, self._handle(o, info.t if info is not None else NO_TIME)
+            self.count[j] = len(lst)
+            self.radius[j] = lst[-1][0] if len(lst) == kk else np.inf
+            slots.append(j)
+        if not slots:
+            return
+        slots = np.asarray(slots, dtype=np.int64)
+        self.reach[slots, 3] = chord2_bound(self.radius[slots])
+        self._refilled.update(refills.objects)
+        self._key_handles()
+        self._refresh(slots)
+        self.refills += len(slots)
+
+    def _window_changes(self, ids: Sequence[str], lon: np.ndarray, lat: np.ndarray, t: np.ndarray,
+                        keywords: Sequence[Sequence[str]], m: dict[str, Any] | None) -> tuple[BatchChanges, np.ndarray]:
+        """The batch's changes when an expiry touched results: each touched or changed result's
+        difference to what Redis holds (before the expiry, or before the merge), as
+        :class:`BatchChanges`, and the sorted slots written."""
+        old_slot, old_h = self._before
+        touched = np.unique(old_slot)
+        merged = m["changed"] if m is not None else np.empty(0, dtype=np.int64)
+        if len(merged):
+            S, H = m["S"], m["H"]
+            only = np.zeros(len(self.k), dtype=bool)
+            only[merged] = True
+            only[touched] = False
+            was = m["old"] & only[S]
+            old_slot, old_h = np.concatenate([old_slot, S[was]]), np.concatenate([old_h, H[was]])
+        slots = np.union1d(touched, merged)
+        c = self.count[slots]
+        at = runs(self.top_ptr[slots], c)
+        new_slot, new_h, new_d = np.repeat(slots, c), self.top_h[at], self.top_d[at]
+        ko, kn = (old_slot << 32) | old_h, (new_slot << 32) | new_h
+        ent, left = ~np.isin(kn, ko), ~np.isin(ko, kn)
+        changed = np.union1d(new_slot[ent], old_slot[left])
+        self.version[np.setdiff1d(changed, merged)] += 1  # the merge counted its own
+        e_slot, e_h, e_d = new_slot[ent], new_h[ent], new_d[ent]
+        order = np.argsort(old_slot[left], kind="stable")
+        l_slot, l_h = old_slot[left][order], old_h[left][order]
+        ref_h, ref_n = np.unique(np.concatenate([e_h, l_h]), return_inverse=True)
+        delta = np.bincount(ref_n, weights=np.r_[np.ones(len(e_h)), -np.ones(len(l_h))]) if len(ref_h) else np.empty(0)
+        nz = np.flatnonzero(delta)
+        oids = self.oids
+        at_batch = {oid: j for j, oid in enumerate(ids)}
+        info = {}
+        for h in np.unique(e_h).tolist():
+            oid = oids[h]
+            j = at_batch.get(oid)
+            info[oid] = (ObjectInfo(float(lon[j]), float(lat[j]), int(t[j]), keywords[j]) if j is not None
+                         else self._refilled[oid])
+        self._before, self._refilled = None, {}
+        return BatchChanges(
+            qids=[self.qids[s] for s in changed.tolist()], versions=self.version[changed].tolist(),
+            n_entered=np.bincount(np.searchsorted(changed, e_slot), minlength=len(changed)).tolist(),
+            entered=[oids[h] for h in e_h.tolist()], distances=e_d.tolist(),
+            n_left=np.bincount(np.searchsorted(changed, l_slot), minlength=len(changed)).tolist(),
+            left=[oids[h] for h in l_h.tolist()],
+            ref_ids=[oids[h] for h in ref_h[nz].tolist()], ref_deltas=delta[nz].astype(np.int64).tolist(),
+            objects=info), changed
 
     # -- objects -----------------------------------------------------------------------------
     def encode(self, keywords: Sequence[Sequence[str]]) -> tuple[np.ndarray, np.ndarray]:
@@ -402,7 +542,8 @@ class KnnWorker:
         keep = d <= kth
         return n_candidates, obj[keep], slot[keep], d[keep]
 
-    def _merge(self, ids: Sequence[str], obj: np.ndarray, slot: np.ndarray, d: np.ndarray) -> dict[str, Any]:
+    def _merge(self, ids: Sequence[str], times: np.ndarray, obj: np.ndarray, slot: np.ndarray, d: np.ndarray
+               ) -> dict[str, Any]:
         """Merge a batch's passed pairs into the touched queries' top-k, all queries at once.
 
         The old entries and the new pairs of every touched query are sorted together by
@@ -435,7 +576,7 @@ class KnnWorker:
         # Handles for the objects that entered; write the changed rows back.
         entered_obj = -1 - H[ent]
         uniq = np.unique(entered_obj)
-        handles = np.array([self._handle(ids[j]) for j in uniq.tolist()], dtype=np.int64)
+        handles = np.array([self._handle(ids[j], int(times[j])) for j in uniq.tolist()], dtype=np.int64)
         H[ent] = handles[np.searchsorted(uniq, entered_obj)]
         self._key_handles()
         is_changed = np.zeros(len(self.k), dtype=bool)
@@ -446,7 +587,7 @@ class KnnWorker:
         self.top_h[place] = H[put]
         self.count[changed] = np.bincount(S[put], minlength=len(self.k))[changed]
         self.version[changed] += 1
-        return {"changed": changed, "S": S, "D": D, "H": H, "ent": ent, "left": left, "entered_obj": uniq}
+        return {"changed": changed, "S": S, "D": D, "H": H, "ent": ent, "left": left, "old": ~new, "entered_obj": uniq}
 
     def _order_ties(self, ids: Sequence[str], S: np.ndarray, D: np.ndarray, H: np.ndarray, pos: np.ndarray
                     ) -> np.ndarray | None:
@@ -486,8 +627,8 @@ class KnnWorker:
         return order
 
     def process_batch(self, batch: int, ids: Sequence[str], lon: np.ndarray, lat: np.ndarray, t: np.ndarray,
-                      keywords: Sequence[Sequence[str]], pairs: tuple[np.ndarray, np.ndarray] | None = None
-                      ) -> WorkerReport:
+                      keywords: Sequence[Sequence[str]], pairs: tuple[np.ndarray, np.ndarray] | None = None, *,
+                      cutoff: int | None = None, refills: Refills | None = None) -> WorkerReport:
         """Update every affected kNN for a batch of objects and write the changes to Redis.
 
         Parameters
@@ -500,6 +641,11 @@ class KnnWorker:
         pairs
             Optional ``(object index, keyword code)`` int64 arrays, pre-encoded with the shared
             vocabulary (else :meth:`encode` computes them).
+        cutoff
+            With a window: the batch's expiry cutoff (:meth:`expire`, if not called already).
+        refills
+            With a window: the exact kNN over the live objects (before this batch) of the queries
+            :meth:`expire` asked to refill, applied before the batch's objects.
 
         Returns
         -------
@@ -510,17 +656,28 @@ class KnnWorker:
         t0, c0 = time.perf_counter(), time.thread_time()
         lon = np.asarray(lon, dtype=np.float64)
         lat = np.asarray(lat, dtype=np.float64)
-        po, pc_ = pairs if pairs is not None else self.encode(keywords)
-        n_candidates, obj, slot, d = self._passed(lon, lat, po, pc_)
+        t = np.asarray(t, dtype=np.int64)
+        if cutoff is not None:
+            self.expire(cutoff)
+        if refills is not None:
+            self._refill(refills)
+        n_candidates, obj, slot, d = 0, *(np.empty(0, dtype=np.int64),) * 2, np.empty(0)
+        if len(ids):
+            po, pc_ = pairs if pairs is not None else self.encode(keywords)
+            n_candidates, obj, slot, d = self._passed(lon, lat, po, pc_)
         changed = np.empty(0, dtype=np.int64)
-        m = self._merge(ids, obj, slot, d) if len(slot) else None
+        m = self._merge(ids, t, obj, slot, d) if len(slot) else None
         if m is not None:
             changed = m["changed"]
+        written = changed
+        changes = None
+        if self._before is not None:  # a window's expiry touched results: diff them whole
+            changes, written = self._window_changes(ids, lon, lat, t, keywords, m)
         busy_core = time.perf_counter() - t0
         t1 = time.perf_counter()
         server_s = 0.0
-        if len(changed) and self.writer is not None:
-            changes = self._changes(ids, lon, lat, t, keywords, m)
+        if len(written) and self.writer is not None:
+            changes = changes if changes is not None else self._changes(ids, lon, lat, t, keywords, m)
             if self.queue is not None:
                 self.queue.submit_batch(batch, changes)
             else:
@@ -538,13 +695,16 @@ class KnnWorker:
             self._compact_handles()  # objects that left every result: their handles released
         index_s = time.perf_counter() - t2
         return WorkerReport(worker=self.worker_id, batch=batch, objects=len(ids), candidates=n_candidates,
-                            passed=len(slot), changed=len(changed), busy_s=busy_core + redis_s + index_s,
+                            passed=len(slot), changed=len(written), busy_s=busy_core + redis_s + index_s,
                             cpu_s=time.thread_time() - c0 + server_s, redis_s=redis_s, redis_server_s=server_s,
-                            index_s=index_s, write_queued=self.queue is not None and bool(len(changed)))
+                            index_s=index_s, write_queued=self.queue is not None and bool(len(written)),
+                            refilled=len(refills.qids) if refills is not None else 0)
 
-    def process_rows(self, batch: ObjectBatch, rows: np.ndarray) -> WorkerReport:
+    def process_rows(self, batch: ObjectBatch, rows: np.ndarray, *, cutoff: int | None = None,
+                     refills: Refills | None = None) -> WorkerReport:
         """:meth:`process_batch` for the rows ``rows`` (``(m,)`` int64: this worker's objects)
-        of a batch that every worker shares; selecting them is part of this worker's work."""
+        of a batch that every worker shares; selecting them is part of this worker's work.
+        ``cutoff`` and ``refills`` as in :meth:`process_batch`."""
         t0, c0 = time.perf_counter(), time.thread_time()
         table = batch.table
         rows = np.asarray(rows, dtype=np.int64)
@@ -556,7 +716,7 @@ class KnnWorker:
                 part.column("lat").to_numpy(), part.column("t").to_numpy(), part.column("keywords").to_pylist(),
                 (remap[batch.pair_obj[sel]], batch.pair_code[sel]))
         wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
-        report = self.process_batch(*args)
+        report = self.process_batch(*args, cutoff=cutoff, refills=refills)
         return replace(report, busy_s=report.busy_s + wall, cpu_s=report.cpu_s + cpu)
 
     def _changes(self, ids: Sequence[str], lon: np.ndarray, lat: np.ndarray, t: np.ndarray,

@@ -8,13 +8,16 @@ from knnmon.assignment.routing import MAX_ENTRIES, check_max_entries
 from knnmon.errors import InvalidArgumentError
 from knnmon.limits import DEFAULT_LIMITS, Limits
 from knnmon.store import StoreConfig
+from knnmon.window import Window
 from knnmon.workers.worker import INDEXES
 
-__all__ = ["EXECUTORS", "RunConfig"]
+__all__ = ["ARRIVAL_EPOCH_MS", "EXECUTORS", "RunConfig"]
 
 #: Where the workers run: Ray actors, or plain objects in the coordinator's process.
 EXECUTORS = ("ray", "inline")
 
+#: The time ``--arrival-ms`` gives the first object: 2020-01-01T00:00:00Z, epoch ms.
+ARRIVAL_EPOCH_MS = 1_577_836_800_000
 
 @dataclass(frozen=True)
 class RunConfig:
@@ -54,12 +57,19 @@ class RunConfig:
         Processes for the initial kNN search.
     limits : Limits
         Bounds on the queries' ``k`` and keywords (``--max-k``, ``--max-keywords``).
+    window : int or None
+        The sliding window, ms (``--window``; :mod:`knnmon.window`); ``None``: append-only.
+    arrival_ms : int or None
+        Replace every object's ``t`` by its arrival time: the ``i``-th object of the stream
+        (initial ones first) gets ``ARRIVAL_EPOCH_MS + i * arrival_ms`` (``--arrival-ms``): a
+        shuffled stream keeps its order in event time then. ``None``: the data's own times.
 
     Raises
     ------
     InvalidArgumentError
         ``workers`` outside 1..64, ``batch < 1``, ``initial < 0``, ``batches < 1``,
-        ``in_flight < 1``, an unknown ``executor`` or ``index``, a bad ``routing_entries``.
+        ``in_flight < 1``, an unknown ``executor`` or ``index``, a bad ``routing_entries``,
+        a window outside 1 ms..10 years, ``arrival_ms < 1``.
     """
 
     workers: int = 2
@@ -82,6 +92,8 @@ class RunConfig:
     routing_entries: int = MAX_ENTRIES
     overlap_writes: bool = True
     limits: Limits = DEFAULT_LIMITS
+    window: int | None = None
+    arrival_ms: int | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.workers <= 64:
@@ -97,5 +109,9 @@ class RunConfig:
             raise InvalidArgumentError(f"Invalid index: {self.index!r}.\nValid options are: {tuple(INDEXES)}")
         if self.executor not in EXECUTORS:
             raise InvalidArgumentError(f"Invalid executor: {self.executor!r}.\nValid options are: {EXECUTORS}")
+        if self.window is not None:
+            Window(self.window)  # raises when out of range
+        if self.arrival_ms is not None and self.arrival_ms < 1:
+            raise InvalidArgumentError(f"--arrival-ms must be >= 1; got {self.arrival_ms}")
         if self.in_flight < 1:
             raise InvalidArgumentError(f"--in-flight must be >= 1; got {self.in_flight}")

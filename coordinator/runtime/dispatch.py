@@ -6,11 +6,19 @@ encode the objects' keywords with the routing table's vocabulary, look up each o
 bit mask per object), and send the batch once (:class:`~knnmon.batch.ObjectBatch`, into Ray's
 object store) with each worker's rows. :meth:`Dispatcher.collect` waits for the workers and for
 their queued writes, and measures the batch (:class:`~knnmon.coordinator.runtime.metrics.BatchReport`).
+
+With a window (:class:`~knnmon.window.Window`), a batch first moves the watermark: its late
+objects are dropped (counted), the expired objects leave the object store and the ids seen,
+every worker removes them from its results (:meth:`KnnWorker.expire`) and names the results that
+fell below ``k``; the coordinator searches their exact kNN over the live objects (one vectorised
+search for all) and sends each worker its :class:`~knnmon.batch.Refills` with the batch; the
+routing table learns the refilled queries' larger regions.
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,10 +26,15 @@ import numpy as np
 import pyarrow as pa
 
 from knnmon.assignment.routing import RoutingTable
-from knnmon.batch import ObjectBatch, WorkerReport
+from knnmon.batch import ObjectBatch, Refills, WorkerReport
 from knnmon.coordinator.runtime.metrics import BatchReport
 from knnmon.coordinator.runtime.object_store import ObjectStore
 from knnmon.coordinator.runtime.worker_pool import Pending, WorkerPool
+from knnmon.query import QueryColumns
+from knnmon.window import Window
+
+#: Ids of initial objects are forgotten in groups of this many, oldest first (with a window).
+SEEN_CHUNK = 10_000
 
 __all__ = ["DispatchedBatch", "Dispatcher"]
 
@@ -39,7 +52,11 @@ class DispatchedBatch:
     route_ms: float
     route_cpu_ms: float
     shared: Any = None  # the ObjectBatch as the workers receive it (to send again to a revived worker)
-    rows: dict[int, np.ndarray] = field(default_factory=dict)  # each worker's rows
+    rows: dict[int, np.ndarray] = field(default_factory=dict)  # each worker called: its rows (maybe none)
+    late: int = 0
+    cutoff: int | None = None  # with a window: the batch's expiry cutoff (epoch ms)
+    refills: dict[int, Refills] = field(default_factory=dict)  # with a window: each worker's refills
+    refill_ms: float = 0.0
 
 
 class Dispatcher:
@@ -56,11 +73,77 @@ class Dispatcher:
         over it.
     seen
         Ids of the objects seen so far (the initial ones); a batch's repeats of them are dropped.
+    window
+        The stream's window (``None``: append-only).
+    rects
+        With a window: ``(lon, lat, radius_m) -> Rects`` of query regions in grid cells (the
+        plan's :meth:`~knnmon.assignment.loadmodel.LoadModel.rects`), for refilled queries.
+    seen_times
+        With a window: the times (epoch ms) of ``seen``'s objects, ``(len(seen),)`` int64 aligned
+        with ``seen_ids``, so that their ids are forgotten when they expire.
     """
 
-    def __init__(self, pool: WorkerPool, routing: RoutingTable, objects: ObjectStore, seen: set[str]) -> None:
+    def __init__(self, pool: WorkerPool, routing: RoutingTable, objects: ObjectStore, seen: set[str], *,
+                 window: Window | None = None, rects=None, seen_ids: list[str] | None = None,
+                 seen_times: np.ndarray | None = None) -> None:
         self.pool, self.routing, self.objects, self.seen = pool, routing, objects, seen
+        self.window, self.rects = window, rects
         self.next_batch = 0
+        self._seen_log: deque[tuple[int, list[str]]] = deque()  # (largest t, ids), in arrival order
+        if window is not None and seen_ids:
+            order = np.argsort(np.asarray(seen_times, dtype=np.int64), kind="stable")
+            times = np.asarray(seen_times, dtype=np.int64)[order]
+            for s in range(0, len(order), SEEN_CHUNK):
+                self._seen_log.append((int(times[s:s + SEEN_CHUNK].max()),
+                                       [seen_ids[i] for i in order[s:s + SEEN_CHUNK].tolist()]))
+
+    def _forget_seen(self, cutoff: int) -> None:
+        """Forget the ids of groups whose objects all expired: an id is a duplicate while it is
+        in the window (bounded memory; a group goes once its newest object expires)."""
+        while self._seen_log and self._seen_log[0][0] <= cutoff:
+            for oid in self._seen_log.popleft()[1]:
+                self.seen.discard(oid)
+
+    def _expire(self, batch: pa.Table) -> tuple[pa.Table, int, int, dict[int, Refills], float]:
+        """Move the watermark with ``batch``; drop its late objects; expire everywhere; refill
+        (module docstring). Returns the live batch, late objects, cutoff, refills, ms spent."""
+        t0 = time.perf_counter()
+        t = batch.column("t").to_numpy()
+        cutoff = self.window.advance(t)
+        if len(t):
+            self._seen_log.append((int(t.max()), batch.column("id").to_pylist()))
+        late = t <= cutoff
+        n_late = int(late.sum())
+        if n_late:
+            batch = batch.filter(pa.array(~late))
+        self.objects.expire(cutoff)
+        self._forget_seen(cutoff)
+        needs: list[QueryColumns] = self.pool.gather([self.pool.call(w, "expire", cutoff)
+                                                      for w in range(self.pool.size)])
+        refills = self._refill(needs)
+        return batch, n_late, cutoff, refills, (time.perf_counter() - t0) * 1e3
+
+    def _refill(self, needs: list[QueryColumns]) -> dict[int, Refills]:
+        """Each worker's :class:`Refills`: one kNN search over the live objects for all."""
+        workers = np.concatenate([np.full(len(n.ids), w, dtype=np.int64) for w, n in enumerate(needs)])
+        if not len(workers):
+            return {}
+        lon = np.concatenate([np.asarray(n.lon, dtype=np.float64) for n in needs])
+        lat = np.concatenate([np.asarray(n.lat, dtype=np.float64) for n in needs])
+        k = np.concatenate([np.asarray(n.k, dtype=np.int64) for n in needs])
+        keywords = [list(kw) for n in needs for kw in n.keywords]
+        qids = [q for n in needs for q in n.ids]
+        topk, info = self.objects.knn_v(lon, lat, keywords, k)
+        radius = np.array([t[-1][1] if len(t) == kk else np.inf for t, kk in zip(topk, k.tolist())])
+        rect = self.rects(lon, lat, radius)
+        self.routing.add_many([[self.routing.code(x) for x in kw] for kw in keywords], rect.x0, rect.y0, rect.x1,
+                              rect.y1, workers)
+        out = {}
+        for w in np.unique(workers).tolist():
+            sel = np.flatnonzero(workers == w).tolist()
+            used = {o for i in sel for o, _ in topk[i]}
+            out[w] = Refills([qids[i] for i in sel], [topk[i] for i in sel], {o: info[o] for o in used})
+        return out
 
     def drop_seen(self, batch: pa.Table) -> tuple[pa.Table, int]:
         """``batch`` without the ids seen before (or twice in it; the first one counts), and how
@@ -79,6 +162,9 @@ class Dispatcher:
         its objects, without waiting."""
         t0, c0 = time.perf_counter(), time.thread_time()
         batch, dup = self.drop_seen(batch)
+        n_late, cutoff, refills, refill_ms = 0, None, {}, 0.0
+        if self.window is not None:
+            batch, n_late, cutoff, refills, refill_ms = self._expire(batch)
         lon, lat = batch.column("lon").to_numpy(), batch.column("lat").to_numpy()
         keywords = batch.column("keywords").combine_chunks()
         owner, codes = self.routing.encode(keywords)
@@ -93,14 +179,15 @@ class Dispatcher:
         pending, sent, rows = [], 0, {}
         for w in range(self.pool.size):
             mine = np.flatnonzero((masks >> np.uint64(w)) & np.uint64(1))
-            if len(mine):
-                pending.append(self.pool.call(w, "process_rows", shared, mine))
+            if len(mine) or cutoff is not None:
+                pending.append(self.pool.call(w, "process_rows", shared, mine, cutoff=cutoff, refills=refills.get(w)))
                 sent += len(mine)
                 rows[w] = mine
         route_ms = (time.perf_counter() - t0) * 1e3
         route_cpu_ms = (time.thread_time() - c0) * 1e3  # not inflated by workers already running
         self.objects.append(batch)
-        return DispatchedBatch(number, batch.num_rows, dup, sent, pending, t0, route_ms, route_cpu_ms, shared, rows)
+        return DispatchedBatch(number, batch.num_rows, dup, sent, pending, t0, route_ms, route_cpu_ms, shared, rows,
+                               n_late, cutoff, refills, refill_ms)
 
     def collect(self, d: DispatchedBatch) -> BatchReport:
         """Wait for a dispatched batch's workers and their writes; its :class:`BatchReport`.
@@ -125,4 +212,4 @@ class Dispatcher:
                 reports[i] = reports[i].with_write(w)
         update_ms = (time.perf_counter() - d.t0) * 1e3
         return BatchReport.of(d.number, d.objects, d.duplicates, d.deliveries, self.pool.size, update_ms, route_ms,
-                              route_cpu_ms, reports)
+                              route_cpu_ms, reports, late=d.late, refill_ms=d.refill_ms)

@@ -43,6 +43,10 @@ class BatchReport:
     redis_server_ms : float
         The Redis server's time running the workers' result scripts, summed: Redis is
         single-threaded, so this much of the batch is serial.
+    late, refilled : int
+        With a window: objects that arrived expired (not applied); results refilled.
+    refill_ms : float
+        With a window: the coordinator's time expiring and searching the refills (ms).
     """
 
     batch: int
@@ -61,10 +65,14 @@ class BatchReport:
     passed: int
     changed: int
     redis_server_ms: float
+    late: int = 0
+    refilled: int = 0
+    refill_ms: float = 0.0
 
     @classmethod
     def of(cls, batch: int, objects: int, duplicates: int, deliveries: int, workers: int, update_ms: float,
-           route_ms: float, route_cpu_ms: float, reports: Sequence[WorkerReport]) -> BatchReport:
+           route_ms: float, route_cpu_ms: float, reports: Sequence[WorkerReport], *, late: int = 0,
+           refill_ms: float = 0.0) -> BatchReport:
         """A batch's figures from its workers' reports (workers sent nothing count as idle)."""
         busy, busy_wall = np.zeros(workers), np.zeros(workers)
         per_worker = np.zeros((3, workers))
@@ -78,7 +86,8 @@ class BatchReport:
                    per_worker=per_worker.tolist(), deliveries=deliveries,
                    candidates=sum(r.candidates for r in reports), passed=sum(r.passed for r in reports),
                    changed=sum(r.changed for r in reports),
-                   redis_server_ms=sum(r.redis_server_s for r in reports) * 1e3)
+                   redis_server_ms=sum(r.redis_server_s for r in reports) * 1e3, late=late,
+                   refilled=sum(r.refilled for r in reports), refill_ms=refill_ms)
 
 
 @dataclass(frozen=True)
@@ -90,7 +99,9 @@ class RunSummary:
     ``busy_ms_per_worker`` ``(W,)`` summed over batches, ``per_worker_totals`` objects,
     candidates and changes per worker, ``predicted_worker_loads`` the plan's, ``startup_s``
     seconds per start-up step, ``workers_revived`` lost workers brought back, ``workers_stats`` each worker's
-    :meth:`~knnmon.workers.worker.KnnWorker.stats`, ``results_store`` where the results are.
+    :meth:`~knnmon.workers.worker.KnnWorker.stats`, ``results_store`` where the results are;
+    with a window, ``late_ignored`` objects that arrived expired, ``results_refilled`` and the
+    coordinator's ``refill_ms_mean`` per batch and ``refill_ms_per_result`` (expiry and search).
     """
 
     config: dict[str, Any]
@@ -125,6 +136,10 @@ class RunSummary:
     results_store: str
     workers_revived: int = 0
     workers_stats: list[dict[str, Any]] = field(default_factory=list)
+    late_ignored: int = 0
+    results_refilled: int = 0
+    refill_ms_mean: float = 0.0
+    refill_ms_per_result: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """As plain JSON-able values."""
@@ -163,4 +178,8 @@ def summarize_run(rows: Sequence[BatchReport], wall_s: float, *, config: Any, qu
         per_worker_totals=dict(zip(("objects", "candidates", "changed"),
                                    np.sum([r.per_worker for r in rows], axis=0).astype(int).tolist())) if rows else {},
         predicted_worker_loads=list(predicted_worker_loads), startup_s={k: round(v, 3) for k, v in startup_s.items()},
-        results_store=results_store, workers_revived=workers_revived, workers_stats=list(workers_stats or []))
+        results_store=results_store, workers_revived=workers_revived, workers_stats=list(workers_stats or []),
+        late_ignored=sum(r.late for r in rows), results_refilled=sum(r.refilled for r in rows),
+        refill_ms_mean=float(np.mean([r.refill_ms for r in rows])) if rows else 0.0,
+        refill_ms_per_result=(sum(r.refill_ms for r in rows) / sum(r.refilled for r in rows)
+                              if sum(r.refilled for r in rows) else None))

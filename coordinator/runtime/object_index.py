@@ -143,22 +143,40 @@ class ObjectIndex:
         starts = np.concatenate([[0], bounds])
         return list(zip(np.split(pq_, bounds), pc_[starts].tolist(), pk[starts].tolist()))
 
-    def _search(self, groups, q_xyz) -> tuple[np.ndarray, np.ndarray]:
-        """Candidate (query, object) pairs: each group's ``k + TIE_MARGIN`` nearest per query."""
+    def _search(self, groups, q_xyz, alive: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Candidate (query, object) pairs: each group's ``k + TIE_MARGIN`` nearest per query.
+
+        With ``alive`` (``(n,)`` bool over the objects), only live objects count: a query that
+        found fewer than ``k + TIE_MARGIN`` live ones among its neighbours asks again for twice
+        as many, until it has enough or the keyword has no more objects.
+        """
         found_q, found_o = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
         for qs, c, kk in groups:
             post = self._post[self._post_ptr[c]:self._post_ptr[c + 1]]
-            want = int(kk) + TIE_MARGIN
-            if len(post) <= want:
-                found_q.append(np.repeat(qs, len(post)))
-                found_o.append(np.tile(post, len(qs)))
-                continue
-            local, counts = self._tree_for(c).nearest_v(q_xyz[qs], q_xyz[qs], num_results=want)
-            found_q.append(np.repeat(qs, counts.astype(np.int64)))
-            found_o.append(post[local])
+            need = want = int(kk) + TIE_MARGIN
+            while len(qs):
+                if len(post) <= want:
+                    live = post if alive is None else post[alive[post]]
+                    found_q.append(np.repeat(qs, len(live)))
+                    found_o.append(np.tile(live, len(qs)))
+                    break
+                local, counts = self._tree_for(c).nearest_v(q_xyz[qs], q_xyz[qs], num_results=want)
+                counts = counts.astype(np.int64)
+                q_rep, objs = np.repeat(qs, counts), post[local]
+                if alive is None:
+                    found_q.append(q_rep)
+                    found_o.append(objs)
+                    break
+                ok = alive[objs]
+                n_live = np.bincount(np.repeat(np.arange(len(qs)), counts)[ok], minlength=len(qs))
+                done = (n_live >= need)[np.repeat(np.arange(len(qs)), counts)]
+                found_q.append(q_rep[ok & done])
+                found_o.append(objs[ok & done])
+                qs, want = qs[n_live < need], want * 2
         return np.concatenate(found_q), np.concatenate(found_o)
 
-    def knn_v(self, lon, lat, keywords, k, *, processes: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def knn_v(self, lon, lat, keywords, k, *, processes: int = 1, alive: np.ndarray | None = None
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Exact kNN of many queries at once.
 
         Parameters
@@ -173,6 +191,9 @@ class ObjectIndex:
         processes
             Share the queries among this many processes (forked; see :meth:`_knn_parallel`).
             Used only for batches of 20,000 queries or more.
+        alive
+            ``(n,)`` bool over the indexed objects: search only these (a window's live objects);
+            default: all. Not with ``processes > 1``.
 
         Returns
         -------
@@ -188,11 +209,11 @@ class ObjectIndex:
         lat = np.asarray(lat, dtype=np.float64)
         k = np.asarray(k, dtype=np.int64)
         m = len(lon)
-        if processes > 1 and m >= 20_000:
+        if processes > 1 and m >= 20_000 and alive is None:
             return self._knn_parallel(lon, lat, keywords, k, processes)
         q_xyz = unit_vectors(lon, lat)
         pq_, pc_ = self.keyword_pairs(keywords)
-        fq, fo = self._search(self._groups(pq_, pc_, lon, lat, k), q_xyz)
+        fq, fo = self._search(self._groups(pq_, pc_, lon, lat, k), q_xyz, alive)
         d = haversine_m(lon[fq], lat[fq], self.lon[fo], self.lat[fo])
         order = np.lexsort((self._id_rank[fo], d, fq))
         fq, fo, d = fq[order], fo[order], d[order]

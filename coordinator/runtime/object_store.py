@@ -1,8 +1,10 @@
-"""Every object seen so far, for the exact initial kNN of queries registered at run time."""
+"""The objects a query registered at run time (or a result refilled after an expiry) is searched
+over: every object seen, or with a window only the live ones."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -16,14 +18,55 @@ __all__ = ["ObjectStore"]
 #: share of it (a rebuild then costs about a second per million objects, at a registration).
 FOLD_MIN, FOLD_SHARE = 50_000, 0.05
 
+#: With a window, the streamed tail becomes a part of its own at this many objects.
+SEAL = 10_000
+
+
+@dataclass
+class _Part:
+    """Objects indexed together, with the live ones marked (``alive``: ``None`` while all are)."""
+
+    table: pa.Table
+    index: ObjectIndex
+    t: np.ndarray
+    alive: np.ndarray | None = None
+
+    @classmethod
+    def of(cls, table: pa.Table, index: ObjectIndex | None = None) -> _Part:
+        return cls(table, index if index is not None else ObjectIndex(table), table.column("t").to_numpy())
+
+    @property
+    def live(self) -> int:
+        return len(self.t) if self.alive is None else int(self.alive.sum())
+
+    def expire(self, cutoff: int) -> _Part | None:
+        """This part with the objects of ``t <= cutoff`` dropped: itself (marked), a part
+        rebuilt from the live ones once they are under half, or ``None`` when none is live."""
+        if not len(self.t) or self.t.max() <= cutoff:
+            return None
+        if self.t.min() > cutoff:
+            return self
+        self.alive = self.t > cutoff
+        if self.alive.sum() * 2 < len(self.t):
+            return _Part.of(self.table.filter(pa.array(self.alive)))
+        return self
+
 
 class ObjectStore:
-    """The objects seen so far: a main :class:`ObjectIndex` plus the streamed tail.
+    """The objects seen so far, or a window's live objects, for exact kNN searches.
 
-    Appending is O(1) per batch. A kNN search asks the main index and a small index over the
-    tail (built on demand, cached until the next append) and merges by (distance, id). When
-    the tail grows past ``FOLD_MIN`` objects and ``FOLD_SHARE`` of the main index, the next
-    search folds it into the main index first.
+    Without a window: a main :class:`ObjectIndex` plus the streamed tail. Appending is O(1)
+    per batch. A kNN search asks the main index and a small index over the tail (built on
+    demand, cached until the next append) and merges by (distance, id). When the tail grows
+    past ``FOLD_MIN`` objects and ``FOLD_SHARE`` of the main index, the next search folds it
+    into the main index first.
+
+    With a window (:meth:`expire`): parts in arrival order, each with its own index. The tail
+    becomes a part at :data:`SEAL` objects, and the newest two parts merge while the newer holds
+    at least half as many live objects as the older (as an LSM tree does), so there are
+    O(log(live / SEAL)) parts. An expiry drops the parts with no live object left, marks the
+    expired objects of the others (searches skip them) and rebuilds a part once fewer than half
+    of it are live: the memory and the search time follow the live objects, not history.
 
     Parameters
     ----------
@@ -35,30 +78,71 @@ class ObjectStore:
 
     def __init__(self, initial: pa.Table, index: ObjectIndex | None = None) -> None:
         self.initial = initial
-        self._main = initial
-        self.index = index if index is not None else ObjectIndex(initial)
+        self._parts: list[_Part] = [_Part.of(initial, index)]
         self._batches: list[pa.Table] = []
         self._tail: tuple[pa.Table, ObjectIndex] | None = None
+        self._windowed = False
+
+    @property
+    def index(self) -> ObjectIndex:
+        """The index of the oldest part (all objects but the tail, without a window)."""
+        return self._parts[0].index
+
+    @property
+    def _main(self) -> pa.Table:
+        return self._parts[0].table
 
     def __len__(self) -> int:
-        return self._main.num_rows + sum(b.num_rows for b in self._batches)
+        """Objects held: every one seen, or with a window, the live ones."""
+        return sum(p.live for p in self._parts) + sum(b.num_rows for b in self._batches)
+
+    @property
+    def parts(self) -> int:
+        """Indexes a search asks (the tail not counted)."""
+        return len(self._parts)
 
     def append(self, batch: pa.Table) -> None:
         """Add streamed objects (same columns as ``initial``)."""
         self._batches.append(batch.select(self._main.column_names).cast(self._main.schema))
         self._tail = None
 
+    def expire(self, cutoff: int) -> None:
+        """Forget the objects with ``t <= cutoff`` (epoch ms): a window's expired objects."""
+        self._windowed = True
+        parts = [p.expire(cutoff) for p in self._parts]
+        self._parts = [p for p in parts if p is not None] or [_Part.of(self._main.slice(0, 0))]
+        kept = []
+        for b in self._batches:
+            t = b.column("t").to_numpy()
+            if len(t) and t.max() > cutoff:
+                kept.append(b if t.min() > cutoff else b.filter(pa.array(t > cutoff)))
+        if len(kept) != len(self._batches) or any(a is not b for a, b in zip(kept, self._batches)):
+            self._batches, self._tail = kept, None
+
     def initial_info(self, rows: np.ndarray) -> dict[str, ObjectInfo]:
         """:class:`ObjectInfo` of initial objects by row (for ``knn:object:{oid}``)."""
         return _info(self.initial, rows)
+
+    def _seal(self) -> None:
+        """With a window: the tail becomes a part; merge the newest parts (class docstring)."""
+        self._parts.append(_Part.of(pa.concat_tables(self._batches).combine_chunks()))
+        self._batches, self._tail = [], None
+        while len(self._parts) >= 2 and 2 * self._parts[-1].live >= self._parts[-2].live:
+            older, newer = self._parts[-2], self._parts.pop()
+            tables = [p.table if p.alive is None else p.table.filter(pa.array(p.alive)) for p in (older, newer)]
+            self._parts[-1] = _Part.of(pa.concat_tables(tables).combine_chunks())
+        if not self._parts[0].table.num_rows and len(self._parts) > 1:
+            self._parts.pop(0)
 
     def _tail_index(self) -> tuple[pa.Table, ObjectIndex] | None:
         if not self._batches:
             return None
         n = sum(b.num_rows for b in self._batches)
-        if n >= FOLD_MIN and n >= FOLD_SHARE * self._main.num_rows:
-            self._main = pa.concat_tables([self._main, *self._batches]).combine_chunks()
-            self.index = ObjectIndex(self._main)
+        if self._windowed and n >= SEAL:
+            self._seal()
+            return None
+        if not self._windowed and n >= FOLD_MIN and n >= FOLD_SHARE * self._main.num_rows:
+            self._parts = [_Part.of(pa.concat_tables([self._main, *self._batches]).combine_chunks())]
             self._batches, self._tail = [], None
             return None
         if self._tail is None:
@@ -69,7 +153,7 @@ class ObjectStore:
 
     def knn_v(self, lon: Sequence[float], lat: Sequence[float], keywords: Sequence[Sequence[str]],
               k: Sequence[int]) -> tuple[list[list[tuple[str, float]]], dict[str, ObjectInfo]]:
-        """Exact kNN of ``m`` queries over every object seen.
+        """Exact kNN of ``m`` queries over every object seen (with a window: every live one).
 
         Parameters
         ----------
@@ -86,12 +170,13 @@ class ObjectStore:
         lon, lat = np.asarray(lon, dtype=np.float64), np.asarray(lat, dtype=np.float64)
         k = np.asarray(k, dtype=np.int64)
         tail = self._tail_index()
-        parts = [(self._main, self.index)] + ([tail] if tail is not None else [])
+        parts = [(p.table, p.index, p.alive) for p in self._parts] + ([(*tail, None)] if tail is not None else [])
         found: list[list[tuple[float, str, int, int]]] = [[] for _ in range(len(lon))]
-        for p, (table, index) in enumerate(parts):
+        words = [list(w) for w in keywords]
+        for p, (table, index, alive) in enumerate(parts):
             if not len(index):
                 continue
-            idx, counts, dist = index.knn_v(lon, lat, [list(w) for w in keywords], k)
+            idx, counts, dist = index.knn_v(lon, lat, words, k, alive=alive)
             q = np.repeat(np.arange(len(lon)), counts)
             for qi, i, d in zip(q.tolist(), idx.tolist(), dist.tolist()):
                 found[qi].append((d, str(index.ids[i]), p, i))
@@ -102,7 +187,7 @@ class ObjectStore:
             for _, _, p, i in best:
                 rows[p].append(i)
         info: dict[str, ObjectInfo] = {}
-        for (table, _), r in zip(parts, rows):
+        for (table, _, _), r in zip(parts, rows):
             info.update(_info(table, np.asarray(r, dtype=np.int64)))
         return topk, info
 

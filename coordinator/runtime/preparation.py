@@ -12,11 +12,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from knnmon.coordinator.runtime.config import RunConfig
+from knnmon.coordinator.runtime.config import ARRIVAL_EPOCH_MS, RunConfig
 from knnmon.coordinator.runtime.object_index import ObjectIndex
 from knnmon.ingest.reading import OBJECT_COLUMNS, load_queries, read_objects, stream_order
 
-__all__ = ["Prepared", "prepare", "prepare_tables"]
+__all__ = ["Prepared", "live_initial", "prepare", "prepare_tables", "with_arrival_times"]
 
 
 @dataclass
@@ -75,13 +75,33 @@ def prepare(objects_dir: str, queries: str | pa.Table, config: RunConfig) -> Pre
     model = LoadModel.from_ingest(objects_dir)
     queries = queries if isinstance(queries, pa.Table) else load_queries(queries, c.limits)
     objects = stream_order(read_objects(objects_dir, OBJECT_COLUMNS), c.shuffle)
+    if c.arrival_ms is not None:
+        objects = with_arrival_times(objects, c.arrival_ms)
     initial = objects.slice(0, min(c.initial, objects.num_rows))
     rest = objects.slice(initial.num_rows)
+    if c.window is not None:
+        initial = live_initial(initial, c.window)
     if c.batches is not None:
         rest = rest.slice(0, c.batches * c.batch)
     timings["read_s"] = time.perf_counter() - t0
 
     return prepare_tables(model, queries, initial, rest, processes=c.processes, timings=timings)
+
+
+def with_arrival_times(objects: pa.Table, arrival_ms: int, first: int = 0) -> pa.Table:
+    """``objects`` (in stream order) with ``t`` replaced by arrival times: row ``i`` gets
+    ``ARRIVAL_EPOCH_MS + (first + i) * arrival_ms`` epoch ms (``RunConfig.arrival_ms``)."""
+    t = ARRIVAL_EPOCH_MS + (first + np.arange(objects.num_rows, dtype=np.int64)) * int(arrival_ms)
+    return objects.set_column(objects.column_names.index("t"), "t", pa.array(t, type=pa.int64()))
+
+
+def live_initial(initial: pa.Table, window_ms: int) -> pa.Table:
+    """The initial objects still live at their own watermark (the largest ``t``) with a window
+    of ``window_ms``: a run with a window starts from these (``SPEC.md``, "Semantics")."""
+    if not initial.num_rows:
+        return initial
+    t = initial.column("t").to_numpy()
+    return initial.filter(pa.array(t > int(t.max()) - int(window_ms)))
 
 
 def prepare_tables(model: Any, queries: pa.Table, initial: pa.Table, stream: pa.Table, *, processes: int = 2,

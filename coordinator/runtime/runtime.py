@@ -33,6 +33,7 @@ from knnmon.coordinator.runtime.revival import revive
 from knnmon.coordinator.runtime.worker_pool import RayPool, WorkerPool, make_pool
 from knnmon.errors import WorkerLostError
 from knnmon.store import Store, clear_namespace, open_store
+from knnmon.window import Window
 
 __all__ = ["MAX_REVIVALS", "Runtime"]
 
@@ -121,7 +122,14 @@ class Runtime:
         except BaseException:
             self.close()
             raise
-        self.dispatcher = Dispatcher(self.pool, self.plan.routing, self.objects, set(p.initial.column("id").to_pylist()))
+        ids = p.initial.column("id").to_pylist()
+        window = None
+        if c.window is not None:
+            t = p.initial.column("t").to_numpy()
+            window = Window(c.window, int(t.max()) if len(t) else None)
+        self.dispatcher = Dispatcher(self.pool, self.plan.routing, self.objects, set(ids), window=window,
+                                     rects=self.plan.model.rects, seen_ids=ids,
+                                     seen_times=p.initial.column("t").to_numpy())
         return self
 
     # -- the stream ------------------------------------------------------------------------------

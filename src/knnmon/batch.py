@@ -3,6 +3,8 @@
 - :class:`ObjectBatch`: one batch of objects, from dispatch to every worker it is routed to;
 - :class:`BatchChanges`: one batch's result changes, from a worker's merge (or recovery) to the
   :class:`~knnmon.workers.result_writer.ResultWriter`;
+- :class:`Refills`: with a window, the exact kNN of the results an expiry emptied below ``k``,
+  from the coordinator's live objects to the worker holding them;
 - :class:`WorkerReport` and :class:`WriteFigures`: what a worker measured on a batch.
 """
 
@@ -12,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-__all__ = ["BatchChanges", "ObjectBatch", "ObjectInfo", "WorkerReport", "WriteFigures"]
+__all__ = ["BatchChanges", "ObjectBatch", "ObjectInfo", "Refills", "WorkerReport", "WriteFigures"]
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,17 @@ class BatchChanges:
 
 
 @dataclass(frozen=True)
+class Refills:
+    """Refilled results for one worker: query ``qids[j]``'s exact kNN over the live objects is
+    ``topk[j]`` (``[(object id, distance m), ...]``, nearest first); ``objects`` holds the
+    details of every object in them."""
+
+    qids: Sequence[str]
+    topk: Sequence[Sequence[tuple[str, float]]]
+    objects: Mapping[str, ObjectInfo] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class WriteFigures:
     """One batch's Redis write, measured by the writing thread: ``redis_s`` (wall seconds of the
     script call), ``redis_server_s`` (the server's seconds running it), ``writer_cpu_s`` (the
@@ -123,6 +136,8 @@ class WorkerReport:
     write_queued : bool
         The write went to the worker's write queue: ``redis_s`` and ``redis_server_s`` are 0
         here and come with :meth:`with_write`.
+    refilled : int
+        Results refilled after a window's expiry (:class:`Refills`).
     """
 
     worker: int
@@ -137,6 +152,7 @@ class WorkerReport:
     redis_server_s: float = 0.0
     index_s: float = 0.0
     write_queued: bool = False
+    refilled: int = 0
 
     def with_write(self, w: WriteFigures) -> WorkerReport:
         """This report with its queued write's figures: the writing thread's CPU and the

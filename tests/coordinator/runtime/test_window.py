@@ -1,0 +1,78 @@
+"""Sliding windows: after every batch each result is the exact kNN over the live objects only
+(the brute-force oracle restricted to them), on real places, with real Redis (and Ray)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from knnmon.coordinator.runtime import RunConfig, Runtime
+from knnmon.coordinator.runtime.preparation import with_arrival_times
+from knnmon.ingest.reading import load_queries, read_objects, stream_order
+from knnmon.oracle import BruteForceKnn
+from knnmon.store import StoreConfig
+from knnmon.testing import assert_exact, redis_results
+
+SECOND = 1000
+
+
+@pytest.fixture(scope="module")
+def windowed(places_slice, slice_queries):
+    """The slice's places in stream order, one per second, and 1,500 queries."""
+    objects = with_arrival_times(stream_order(read_objects(str(places_slice)), None), SECOND)
+    return str(places_slice), load_queries(str(slice_queries)).slice(0, 1500), objects
+
+
+def live(objects: pa.Table, upto: int, window_ms: int) -> pa.Table:
+    """The first ``upto`` objects' live ones at their watermark."""
+    seen = objects.slice(0, upto)
+    t = seen.column("t").to_numpy()
+    return seen.filter(pa.array(t > t.max() - window_ms))
+
+
+@pytest.mark.parametrize("executor", ["inline", "ray"])
+def test_exact_after_every_batch_with_expiry_and_refill(windowed, executor, request, redis_url, namespace, tmp_path):
+    if executor == "ray":
+        request.getfixturevalue("ray_instance")
+    objects_dir, queries, objects = windowed
+    window = 1500 * SECOND
+    config = RunConfig(workers=3, initial=3000, batch=250, batches=12, executor=executor, window=window,
+                       arrival_ms=SECOND, store=StoreConfig(redis_url, namespace, str(tmp_path)))
+    k = queries.column("k").to_numpy()
+    below_k_then_full = set()
+    was_below: set[str] = set()
+    with Runtime(objects_dir, queries, config) as rt:
+        assert rt.objects.initial.num_rows == 1500  # the initial objects older than the window are not live
+        assert_exact(redis_url, namespace, queries, BruteForceKnn(live(objects, 3000, window)))
+        seen, refilled = 3000, 0
+        for batch in rt.batches():
+            report = rt.process(batch)
+            seen += batch.num_rows
+            refilled += report.refilled
+            assert_exact(redis_url, namespace, queries, BruteForceKnn(live(objects, seen, window)))
+            sizes = [len(r) for r in redis_results(redis_url, namespace, queries.column("id").to_pylist())]
+            for qid, n, kk in zip(queries.column("id").to_pylist(), sizes, k.tolist()):
+                if n < kk:
+                    was_below.add(qid)
+                elif qid in was_below:
+                    below_k_then_full.add(qid)
+        assert len(rt.objects) == 1500  # the coordinator keeps the live objects only
+        assert len(rt.dispatcher.seen) <= 1500 + 10_000 + 250  # ids forgotten as their objects expire
+    assert refilled > 100
+    assert below_k_then_full  # results shrank below k when objects expired, and filled again
+
+
+def test_late_objects_are_counted_not_applied(windowed, redis_url, namespace, tmp_path):
+    objects_dir, queries, objects = windowed
+    window = 1000 * SECOND
+    config = RunConfig(workers=2, initial=3000, batch=250, batches=1, executor="inline", window=window,
+                       arrival_ms=SECOND, store=StoreConfig(redis_url, namespace, str(tmp_path)))
+    with Runtime(objects_dir, queries, config) as rt:
+        fresh = objects.slice(3000, 200)
+        old = objects.slice(0, 50)  # ids never seen by this run's window (the first 2,000 expired)
+        t = old.column("t").to_numpy()
+        stale = old.set_column(old.column_names.index("t"), "t", pa.array(t, type=pa.int64()))
+        report = rt.process(pa.concat_tables([fresh, stale.select(fresh.column_names)]))
+        assert report.late == 50 and report.objects == 200
+        assert_exact(redis_url, namespace, queries, BruteForceKnn(live(objects, 3200, window)))
