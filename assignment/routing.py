@@ -216,6 +216,11 @@ class RoutingTable:
                 self.keys, self.masks = _merge_entries([self.keys, self.delta_keys], [self.masks, self.delta_masks])
                 self.delta_keys, self.delta_masks = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.uint64)
 
+    def replace_entries(self, always: np.ndarray, keys: np.ndarray, masks: np.ndarray) -> None:
+        """Hold these entries instead (a rebuild; codes of this table's vocabulary, keys sorted)."""
+        self.always, self.keys, self.masks = always, keys, masks
+        self.delta_keys, self.delta_masks = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.uint64)
+
     @property
     def entries(self) -> int:
         """(keyword, cell) entries held (the delta's counted apart)."""

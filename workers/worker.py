@@ -372,6 +372,14 @@ class KnnWorker:
         a, c = int(self.top_ptr[slot]), int(self.count[slot])
         return list(zip((self.oids[h] for h in self.top_h[a:a + c].tolist()), self.top_d[a:a + c].tolist()))
 
+    def regions(self) -> tuple[QueryColumns, np.ndarray]:
+        """The registered queries and their kNN radii ``r_q`` (``(m,)`` float64 meters, ``inf``
+        below ``k`` results): what the routing table must cover for this worker."""
+        live = np.flatnonzero(self.alive)
+        sel = live.tolist()
+        return (QueryColumns([self.qids[j] for j in sel], self.lon[live], self.lat[live],
+                             [list(self.keywords[j]) for j in sel], self.k[live].copy()), self.radius[live].copy())
+
     def result(self, qid: str) -> list[tuple[str, float]]:
         """The current kNN of ``qid``: ``[(object id, distance m), ...]`` by (distance, id)."""
         return sorted(self._result(self.slot_of[qid]), key=lambda e: (e[1], e[0]))

@@ -44,7 +44,7 @@ from knnmon.coordinator.bench.oracle_check import mismatches
 from knnmon.coordinator.bench.speed_probe import speed_probe_ms
 from knnmon.coordinator.runtime import RunConfig, Runtime
 from knnmon.coordinator.runtime.metrics import RunSummary
-from knnmon.coordinator.runtime.preparation import Prepared, prepare
+from knnmon.coordinator.runtime.preparation import Prepared, live_initial, prepare
 from knnmon.coordinator.runtime.worker_pool import init_ray
 from knnmon.connection import redact
 from knnmon.errors import InputPathError, InvalidArgumentError
@@ -90,6 +90,8 @@ class BenchConfig:
     redis_url: str | None = None
     namespace: str = BENCH_NAMESPACE
     ray_address: str | None = None
+    window: int | None = None
+    arrival_ms: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -108,7 +110,8 @@ class BenchConfig:
             raise InvalidArgumentError(f"--repeat must be >= 1; got {self.repeat}")
         if self.check_sample is not None and self.check_sample < 1:
             raise InvalidArgumentError(f"--check-sample must be >= 1; got {self.check_sample}")
-        RunConfig(workers=1, initial=self.initial, batch=self.batch, batches=self.batches)  # same checks
+        RunConfig(workers=1, initial=self.initial, batch=self.batch, batches=self.batches, window=self.window,
+                  arrival_ms=self.arrival_ms)  # same checks
         if not os.path.isfile(os.path.join(self.objects, "manifest.json")):
             raise InputPathError(f"{self.objects} is not an ingest output (no manifest.json): "
                                  f"run `knnmon ingest ... --out {self.objects}` first")
@@ -155,6 +158,8 @@ def _row(rt: Runtime, summary: RunSummary, algorithm: str, kmax: int, repeat: in
         "slowest_over_mean_busy": float(total.max() / total.mean()) if total.mean() > 0 else None,
         "objects_per_s": s.objects_per_s, "deliveries_per_object": s.deliveries_per_object,
         "results_changed": s.results_changed, "candidates_per_change": s.candidates_per_change,
+        "late_ignored": s.late_ignored, "results_refilled": s.results_refilled, "refill_ms_mean": s.refill_ms_mean,
+        "refill_ms_per_result": s.refill_ms_per_result,
         "route_cpu_ms_mean": s.route_cpu_ms_mean, "busy_ms_per_worker": total.tolist(),
         "per_worker_totals": s.per_worker_totals, "predicted_worker_loads": predicted,
         "spearman_predicted_vs_busy": spearman(predicted, total) if algorithm != REFERENCE else None,
@@ -169,7 +174,7 @@ def _one_run(cfg: BenchConfig, prepared: Prepared, all_objects: pa.Table | None,
     reference = algorithm == REFERENCE
     config = RunConfig(workers=1 if reference else workers, algorithm="random" if reference else algorithm,
                        initial=cfg.initial, batch=cfg.batch, batches=cfg.batches, shuffle=cfg.shuffle,
-                       cost_model=cfg.cost_model, store=StoreConfig(url=redis_url, namespace=cfg.namespace),
+                       window=cfg.window, arrival_ms=cfg.arrival_ms, cost_model=cfg.cost_model, store=StoreConfig(url=redis_url, namespace=cfg.namespace),
                        executor="inline" if reference else "ray",
                        index="keyword-lists" if reference else "grid", seed=cfg.seed,
                        **{"in_flight": 1, **cfg.extra})  # the paper's update time: one batch at a time
@@ -245,9 +250,12 @@ def run_bench(cfg: BenchConfig, report: str | None = None, *, progress: bool = T
         for n in cfg.queries:
             for kmax in cfg.kmax:
                 queries = generate_queries(objects, QueryWorkload(n=n, k_max=kmax, seed=cfg.seed))
-                base = RunConfig(initial=cfg.initial, batch=cfg.batch, batches=cfg.batches, shuffle=cfg.shuffle)
+                base = RunConfig(initial=cfg.initial, batch=cfg.batch, batches=cfg.batches, shuffle=cfg.shuffle,
+                                 window=cfg.window, arrival_ms=cfg.arrival_ms)
                 prepared = prepare(cfg.objects, queries, base)
                 streamed = pa.concat_tables([prepared.initial, prepared.stream]) if cfg.check else None
+                if streamed is not None and cfg.window is not None:  # the oracle sees the live objects
+                    streamed = live_initial(streamed, cfg.window)
                 combos = [(a, w) for w in cfg.workers for a in cfg.algorithms if a != REFERENCE]
                 if REFERENCE in cfg.algorithms:
                     combos.append((REFERENCE, 1))

@@ -6,7 +6,8 @@ from typing import Any
 
 from knnmon.assignment import ALGORITHMS
 from knnmon.coordinator.bench.runner import BENCH_NAMESPACE, REFERENCE
-from knnmon.coordinator.cli.options import add_verb, DEFAULT_WORKERS, add_batch_option, add_cost_model_option, add_store_options
+from knnmon.coordinator.cli.options import (add_verb, DEFAULT_WORKERS, add_batch_option, add_cost_model_option,
+                                            add_store_options, add_window_options)
 from knnmon.errors import InvalidArgumentError
 
 __all__ = ["add_bench_command"]
@@ -28,7 +29,8 @@ def _bench(a: Any) -> int:
                       initial=a.initial, batch=a.batch, batches=a.batches, repeat=a.repeat, shuffle=a.shuffle,
                       cost_model=a.cost_model,
                       check=a.check or a.check_sample is not None, check_sample=a.check_sample,
-                      seed=a.seed, redis_url=a.redis, namespace=a.namespace, ray_address=a.ray_address)
+                      seed=a.seed, redis_url=a.redis, namespace=a.namespace, ray_address=a.ray_address,
+                      window=a.window, arrival_ms=a.arrival_ms)
     out = run_bench(cfg, a.report, progress=not a.quiet)
     if a.plot:
         for path in plot_report(out["rows"], a.plot):
@@ -64,6 +66,7 @@ def add_bench_command(sub: Any) -> None:
     b.add_argument("--shuffle", type=int, metavar="SEED",
                    help="stream objects in random order (stationary) instead of (t, id)")
     add_cost_model_option(b)
+    add_window_options(b)
     b.add_argument("--check", action="store_true", help="check every result against the brute-force oracle")
     b.add_argument("--check-sample", type=int, metavar="N",
                    help="check N queries drawn at random (seeded) instead of all (implies --check)")

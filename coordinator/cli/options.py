@@ -107,3 +107,16 @@ def add_routing_entries_option(p: argparse.ArgumentParser) -> None:
                    help=f"bound the routing table at N (keyword, cell) entries, ~16 bytes each (default "
                         f"{MAX_ENTRIES:,}); beyond it, the (worker, keyword) pairs that add the fewest deliveries "
                         "are routed everywhere instead (results stay exact)")
+
+
+def add_window_options(p: argparse.ArgumentParser, *, arrival: bool = True) -> None:
+    """``--window`` (and ``--arrival-ms``): a sliding window over event time (:mod:`knnmon.window`)."""
+    from knnmon.window import parse_duration
+
+    p.add_argument("--window", type=parse_duration, metavar="DURATION",
+                   help="keep only objects newer than the watermark minus DURATION (90s, 15m, 2h, 7d); "
+                        "results refill exactly as objects expire (default: none, append-only)")
+    if arrival:
+        p.add_argument("--arrival-ms", type=int, metavar="MS",
+                       help="replace each object's time by its arrival: one object every MS ms in stream order "
+                            "(with --shuffle, keeps a window meaningful; default: the data's own times)")

@@ -7,7 +7,8 @@ import json
 from typing import Any
 
 from knnmon.coordinator.cli.options import (add_verb, add_batch_option, add_cost_model_option, add_limit_options,
-                                            add_routing_entries_option, add_store_options, add_worker_options, limits,
+                                            add_routing_entries_option, add_store_options, add_window_options,
+                                            add_worker_options, limits,
                                             store_config)
 
 __all__ = ["add_run_command", "format_run_summary"]
@@ -27,7 +28,12 @@ def format_run_summary(s: Any) -> str:
         f"Redis server time per batch (result scripts, serial): mean {s.redis_server_ms_mean:.1f} ms, "
         f"p99 {s.redis_server_ms_p99:.1f} ms",
         f"results in Redis: {s.results_store} (namespace {s.config['store']['namespace']!r})",
-    ] + ([f"workers lost and revived: {s.workers_revived}"] if s.workers_revived else []))
+    ] + ([f"workers lost and revived: {s.workers_revived}"] if s.workers_revived else [])
+      + ([f"window {s.config['window'] / 1e3:,.0f} s: {s.late_ignored:,} late objects ignored; "
+          f"{s.results_refilled:,} results refilled after expiries "
+          f"({s.refill_ms_mean:.1f} ms per batch expiring and searching"
+          + (f", {s.refill_ms_per_result:.3f} ms per refilled result)" if s.refill_ms_per_result else ")")]
+         if s.config.get("window") else []))
 
 
 def _run(a: argparse.Namespace) -> int:
@@ -36,7 +42,7 @@ def _run(a: argparse.Namespace) -> int:
     config = RunConfig(workers=a.workers, algorithm=a.algorithm, initial=a.initial, batch=a.batch, batches=a.batches,
                        shuffle=a.shuffle, store=store_config(a), ray_address=a.ray_address, executor=a.executor,
                        cost_model=a.cost_model, in_flight=a.in_flight, routing_entries=a.routing_entries,
-                       overlap_writes=not a.sync_writes, limits=limits(a))
+                       overlap_writes=not a.sync_writes, limits=limits(a), window=a.window, arrival_ms=a.arrival_ms)
     with Runtime(a.objects, a.queries, config) as rt:
         summary = rt.run(progress=not a.quiet)
     print(format_run_summary(summary))
@@ -64,6 +70,7 @@ def add_run_command(sub: Any) -> None:
                         "the next batch while Redis writes)")
     add_routing_entries_option(r)
     add_limit_options(r)
+    add_window_options(r)
     r.add_argument("--report", metavar="FILE.json", help="write the summary as JSON")
     r.add_argument("--quiet", action="store_true", help="no progress bar")
     add_store_options(r)

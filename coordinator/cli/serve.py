@@ -8,7 +8,8 @@ import logging
 from typing import Any
 
 from knnmon.connection import redact
-from knnmon.coordinator.cli.options import (add_verb, add_batch_option, add_limit_options, add_store_options, add_worker_options,
+from knnmon.coordinator.cli.options import (add_verb, add_batch_option, add_limit_options, add_store_options,
+                                            add_window_options, add_worker_options,
                                             limits, store_config)
 
 __all__ = ["add_serve_command"]
@@ -21,7 +22,8 @@ def _serve(a: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     config = ServeConfig(workers=a.workers, algorithm=a.algorithm, objects_dir=a.objects, initial=a.initial,
                          store=store_config(a, durable=True), ray_address=a.ray_address, executor=a.executor,
-                         batch=a.batch, max_delay_ms=a.max_delay_ms, limits=limits(a))
+                         batch=a.batch, max_delay_ms=a.max_delay_ms, limits=limits(a), window=a.window,
+                         checkpoint_interval_s=a.checkpoint_interval)
     with Service(config) as svc:
         print(f"knnmon serve: {config.workers} workers ({config.algorithm}), Redis {redact(svc.redis_url)}, namespace "
               f"{config.store.namespace!r}; XADD to {svc.keys.ingest_queries} / {svc.keys.ingest_objects}", flush=True)
@@ -41,6 +43,10 @@ def add_serve_command(sub: Any) -> None:
     s.add_argument("--max-delay-ms", type=float, default=20.0, metavar="MS",
                    help="wait at most this long after a batch's first object for more (default 20)")
     add_limit_options(s)
+    add_window_options(s, arrival=False)
+    s.add_argument("--checkpoint-interval", type=float, default=60.0, metavar="S",
+                   help="with --window: seconds between checkpoints, which trim the objects stream to what "
+                        "the window still needs (default 60)")
     s.add_argument("--max-batches", type=int, metavar="N", help="stop after N object batches (benchmarks, tests)")
     s.add_argument("--idle-exit-s", type=float, metavar="S", help="stop after S seconds with nothing to do")
     add_store_options(s)

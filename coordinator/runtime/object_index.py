@@ -31,6 +31,9 @@ __all__ = ["ObjectIndex", "morton_codes"]
 #: Extra neighbours asked of each per-keyword tree beyond ``k`` (near-tie safety).
 TIE_MARGIN = 2
 
+#: A ``brute`` index compares queries with a keyword's objects directly up to this many of them.
+BRUTE_MAX = 256
+
 
 #: The index and queries forked children work on (set only while forking).
 _FORKED: tuple | None = None
@@ -69,6 +72,10 @@ class ObjectIndex:
     objects
         pyarrow Table with ``id`` (string, unique), ``lon``, ``lat`` (float64 degrees),
         ``keywords`` (list<string>).
+    brute
+        Compare each query with every object carrying its keyword instead of building a tree for
+        keywords of at most :data:`BRUTE_MAX` objects: for a small index that changes before it is
+        searched twice (a window's streamed tail).
 
     Examples
     --------
@@ -79,7 +86,8 @@ class ObjectIndex:
     (['b'], [1], [111.2])
     """
 
-    def __init__(self, objects: pa.Table) -> None:
+    def __init__(self, objects: pa.Table, *, brute: bool = False) -> None:
+        self.brute = brute  # small keywords: compare with every object, no tree (an index searched once)
         self.ids = np.asarray(objects.column("id").to_pylist(), dtype=object)
         self.lon = objects.column("lon").to_numpy()
         self.lat = objects.column("lat").to_numpy()
@@ -128,20 +136,26 @@ class ObjectIndex:
         key = np.unique(q * (len(self.vocabulary) + 1) + c)
         return key // (len(self.vocabulary) + 1), key % (len(self.vocabulary) + 1)
 
-    def _groups(self, pq_, pc_, lon, lat, k) -> list[tuple[np.ndarray, int, int]]:
+    def _groups(self, pq_, pc_, lon, lat, k, by_k: bool = True) -> list[tuple[np.ndarray, int, int]]:
         """``(queries, keyword code, k)`` search groups; queries in Morton order.
 
         One tree call per (keyword, k) with nearby queries next to each other: they walk the same
         tree nodes (faster: docs/runtime.md), and no query asks for more than ``k + TIE_MARGIN``.
+        ``by_k=False``: one call per keyword, each query asking for the group's largest ``k``
+        (fewer calls: faster for a few thousand queries, where each call's fixed cost dominates).
         """
         if not len(pq_):
             return []
-        order = np.lexsort((morton_codes(lon[pq_], lat[pq_]), k[pq_], pc_))
+        order = np.lexsort((morton_codes(lon[pq_], lat[pq_]), k[pq_] if by_k else np.zeros(len(pq_)), pc_))
         pq_, pc_ = pq_[order], pc_[order]
         pk = k[pq_]
-        bounds = np.flatnonzero((np.diff(pc_) != 0) | (np.diff(pk) != 0)) + 1
+        cut = np.diff(pc_) != 0
+        if by_k:
+            cut |= np.diff(pk) != 0
+        bounds = np.flatnonzero(cut) + 1
         starts = np.concatenate([[0], bounds])
-        return list(zip(np.split(pq_, bounds), pc_[starts].tolist(), pk[starts].tolist()))
+        kk = pk[starts] if by_k else np.maximum.reduceat(pk, starts)
+        return list(zip(np.split(pq_, bounds), pc_[starts].tolist(), kk.tolist()))
 
     def _search(self, groups, q_xyz, alive: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Candidate (query, object) pairs: each group's ``k + TIE_MARGIN`` nearest per query.
@@ -155,7 +169,7 @@ class ObjectIndex:
             post = self._post[self._post_ptr[c]:self._post_ptr[c + 1]]
             need = want = int(kk) + TIE_MARGIN
             while len(qs):
-                if len(post) <= want:
+                if len(post) <= want or (self.brute and len(post) <= BRUTE_MAX):
                     live = post if alive is None else post[alive[post]]
                     found_q.append(np.repeat(qs, len(live)))
                     found_o.append(np.tile(live, len(qs)))
@@ -175,8 +189,8 @@ class ObjectIndex:
                 qs, want = qs[n_live < need], want * 2
         return np.concatenate(found_q), np.concatenate(found_o)
 
-    def knn_v(self, lon, lat, keywords, k, *, processes: int = 1, alive: np.ndarray | None = None
-              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def knn_v(self, lon, lat, keywords, k, *, processes: int = 1, alive: np.ndarray | None = None,
+              by_k: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Exact kNN of many queries at once.
 
         Parameters
@@ -194,6 +208,8 @@ class ObjectIndex:
         alive
             ``(n,)`` bool over the indexed objects: search only these (a window's live objects);
             default: all. Not with ``processes > 1``.
+        by_k
+            Group the tree calls by (keyword, k), else by keyword (:meth:`_groups`).
 
         Returns
         -------
@@ -213,7 +229,7 @@ class ObjectIndex:
             return self._knn_parallel(lon, lat, keywords, k, processes)
         q_xyz = unit_vectors(lon, lat)
         pq_, pc_ = self.keyword_pairs(keywords)
-        fq, fo = self._search(self._groups(pq_, pc_, lon, lat, k), q_xyz, alive)
+        fq, fo = self._search(self._groups(pq_, pc_, lon, lat, k, by_k), q_xyz, alive)
         d = haversine_m(lon[fq], lat[fq], self.lon[fo], self.lat[fo])
         order = np.lexsort((self._id_rank[fo], d, fq))
         fq, fo, d = fq[order], fo[order], d[order]

@@ -18,8 +18,9 @@ __all__ = ["ObjectStore"]
 #: share of it (a rebuild then costs about a second per million objects, at a registration).
 FOLD_MIN, FOLD_SHARE = 50_000, 0.05
 
-#: With a window, the streamed tail becomes a part of its own at this many objects.
-SEAL = 10_000
+#: With a window, the streamed tail becomes a part of its own at this many objects, and the
+#: newest part merges into the one before while it holds at least 1 / MERGE_RATIO as many.
+SEAL, MERGE_RATIO = 10_000, 4
 
 
 @dataclass
@@ -63,7 +64,7 @@ class ObjectStore:
 
     With a window (:meth:`expire`): parts in arrival order, each with its own index. The tail
     becomes a part at :data:`SEAL` objects, and the newest two parts merge while the newer holds
-    at least half as many live objects as the older (as an LSM tree does), so there are
+    at least a quarter as many live objects as the older (as an LSM tree does), so there are
     O(log(live / SEAL)) parts. An expiry drops the parts with no live object left, marks the
     expired objects of the others (searches skip them) and rebuilds a part once fewer than half
     of it are live: the memory and the search time follow the live objects, not history.
@@ -127,7 +128,7 @@ class ObjectStore:
         """With a window: the tail becomes a part; merge the newest parts (class docstring)."""
         self._parts.append(_Part.of(pa.concat_tables(self._batches).combine_chunks()))
         self._batches, self._tail = [], None
-        while len(self._parts) >= 2 and 2 * self._parts[-1].live >= self._parts[-2].live:
+        while len(self._parts) >= 2 and MERGE_RATIO * self._parts[-1].live >= self._parts[-2].live:
             older, newer = self._parts[-2], self._parts.pop()
             tables = [p.table if p.alive is None else p.table.filter(pa.array(p.alive)) for p in (older, newer)]
             self._parts[-1] = _Part.of(pa.concat_tables(tables).combine_chunks())
@@ -148,7 +149,7 @@ class ObjectStore:
         if self._tail is None:
             tail = pa.concat_tables(self._batches).combine_chunks()
             self._batches = [tail]
-            self._tail = (tail, ObjectIndex(tail))
+            self._tail = (tail, ObjectIndex(tail, brute=self._windowed))
         return self._tail
 
     def knn_v(self, lon: Sequence[float], lat: Sequence[float], keywords: Sequence[Sequence[str]],
@@ -169,26 +170,34 @@ class ObjectStore:
         """
         lon, lat = np.asarray(lon, dtype=np.float64), np.asarray(lat, dtype=np.float64)
         k = np.asarray(k, dtype=np.int64)
+        m = len(lon)
         tail = self._tail_index()
         parts = [(p.table, p.index, p.alive) for p in self._parts] + ([(*tail, None)] if tail is not None else [])
-        found: list[list[tuple[float, str, int, int]]] = [[] for _ in range(len(lon))]
-        words = [list(w) for w in keywords]
+        words = pa.array([sorted(set(w)) for w in keywords], type=pa.list_(pa.string()))
+        by_k = m >= 20_000  # a few thousand queries: one tree call per keyword (ObjectIndex._groups)
+        Q, D, P, I, ids = [np.empty(0, np.int64)], [np.empty(0)], [np.empty(0, np.int64)], [np.empty(0, np.int64)], []
         for p, (table, index, alive) in enumerate(parts):
             if not len(index):
                 continue
-            idx, counts, dist = index.knn_v(lon, lat, words, k, alive=alive)
-            q = np.repeat(np.arange(len(lon)), counts)
-            for qi, i, d in zip(q.tolist(), idx.tolist(), dist.tolist()):
-                found[qi].append((d, str(index.ids[i]), p, i))
-        topk, rows = [], [[] for _ in parts]
-        for qi, cands in enumerate(found):
-            best = sorted(cands)[:int(k[qi])]
-            topk.append([(oid, d) for d, oid, _, _ in best])
-            for _, _, p, i in best:
-                rows[p].append(i)
+            idx, counts, dist = index.knn_v(lon, lat, words, k, alive=alive, by_k=by_k)
+            Q.append(np.repeat(np.arange(m), counts))
+            D.append(dist)
+            P.append(np.full(len(idx), p, dtype=np.int64))
+            I.append(idx)
+            ids.append(index.ids[idx])
+        Q, D, P, I = (np.concatenate(x) for x in (Q, D, P, I))
+        ids = np.concatenate(ids).astype(str) if ids else np.empty(0, dtype=str)
+        order = np.lexsort((ids, D, Q))  # by query, distance, then id: one sort for every part
+        Q, D, P, I, ids = Q[order], D[order], P[order], I[order], ids[order]
+        rank = np.arange(len(Q)) - np.searchsorted(Q, Q, side="left")
+        keep = rank < k[Q]
+        Q, D, P, I, ids = Q[keep], D[keep], P[keep], I[keep], ids[keep]
+        ends = np.searchsorted(Q, np.arange(m + 1))
+        pairs = list(zip(ids.tolist(), D.tolist()))
+        topk = [pairs[ends[j]:ends[j + 1]] for j in range(m)]
         info: dict[str, ObjectInfo] = {}
-        for (table, _, _), r in zip(parts, rows):
-            info.update(_info(table, np.asarray(r, dtype=np.int64)))
+        for p, (table, _, _) in enumerate(parts):
+            info.update(_info(table, I[P == p]))
         return topk, info
 
     def knn(self, lon: float, lat: float, keywords: Sequence[str], k: int) -> tuple[list[tuple[str, float]],
@@ -204,6 +213,8 @@ def _info(table: pa.Table, rows: np.ndarray) -> dict[str, ObjectInfo]:
     rows = np.unique(np.asarray(rows, dtype=np.int64))
     if not len(rows):
         return {}
-    part = table.take(pa.array(rows)).to_pydict()
-    return {str(oid): ObjectInfo(float(x), float(y), int(t), kws)
-            for oid, x, y, t, kws in zip(part["id"], part["lon"], part["lat"], part["t"], part["keywords"])}
+    part = table.take(pa.array(rows))
+    return {oid: ObjectInfo(x, y, t, kws) for oid, x, y, t, kws in
+            zip(part.column("id").to_pylist(), part.column("lon").to_numpy().tolist(),
+                part.column("lat").to_numpy().tolist(), part.column("t").to_numpy().tolist(),
+                part.column("keywords").to_pylist())}

@@ -46,17 +46,19 @@ class Registrar:
     def __init__(self, pool: WorkerPool, plan: PlanResult, objects: ObjectStore) -> None:
         self.pool, self.plan, self.objects = pool, plan, objects
         self.query_worker: dict[str, int] = {}
+        self.unregistered = 0  # queries unregistered so far
         self.worker_loads = np.array(plan.summary["worker_loads"], dtype=np.float64)
         self.worker_queries = np.bincount(plan.plan.worker, minlength=pool.size).astype(np.int64)
 
     # -- the initial load ----------------------------------------------------------------------
     def load(self, prepared: Prepared, *, resume: bool = False, redis_url: str | None = None,
-             namespace: str = "knn") -> float:
+             namespace: str = "knn", window: bool = False) -> float:
         """Hand every worker its planned queries with their initial kNN; returns seconds spent.
 
         ``resume``: Redis already holds these queries and exactly these results (a service
         resuming, :mod:`knnmon.coordinator.service.recovery`): nothing is rewritten but each
-        query's ``worker`` field (``redis_url`` and ``namespace`` say where).
+        query's ``worker`` field (``redis_url`` and ``namespace`` say where). ``window``: the
+        workers get the result objects' details even then (their times, to expire them).
         """
         t0 = time.perf_counter()
         q = prepared.queries
@@ -68,7 +70,7 @@ class Registrar:
             mine = np.flatnonzero(self.plan.plan.worker == w)
             sel = mine.tolist()
             rows = np.concatenate([prepared.knn_rows(i) for i in sel] + [np.empty(0, np.int64)])
-            info = self.objects.initial_info(rows) if not resume else {}
+            info = self.objects.initial_info(rows) if not resume or window else {}
             versions = prepared.versions[mine] if prepared.versions is not None else None
             columns = QueryColumns([ids[i] for i in sel], lon[mine], lat[mine], [kws[i] for i in sel], k[mine])
             pending.append(self.pool.call(w, "load_queries", columns, [prepared.knn(i) for i in sel], info,
@@ -155,6 +157,7 @@ class Registrar:
         if w is None:
             return False
         self.worker_queries[w] -= 1
+        self.unregistered += 1
         return bool(self.pool.gather([self.pool.call(w, "unregister_query", qid)])[0])
 
     def result(self, qid: str) -> list[tuple[str, float]]:

@@ -30,6 +30,7 @@ from knnmon.coordinator.runtime.object_store import ObjectStore
 from knnmon.coordinator.runtime.preparation import Prepared, prepare
 from knnmon.coordinator.runtime.registration import Registrar
 from knnmon.coordinator.runtime.revival import revive
+from knnmon.coordinator.runtime.routing_upkeep import RoutingUpkeep
 from knnmon.coordinator.runtime.worker_pool import RayPool, WorkerPool, make_pool
 from knnmon.errors import WorkerLostError
 from knnmon.store import Store, clear_namespace, open_store
@@ -63,9 +64,9 @@ class Runtime:
 
     Attributes (after :meth:`start`)
     ----------
-    store, pool, plan, objects, registrar, dispatcher
-        The results store, the workers, the plan, every object seen, who holds which query,
-        the batch router.
+    store, pool, plan, objects, registrar, dispatcher, upkeep
+        The results store, the workers, the plan, every object seen (with a window: the live
+        ones), who holds which query, the batch router, the routing table's rebuilds.
     reports : list of BatchReport
         The batches :meth:`run` measured so far.
     workers_revived : int
@@ -83,6 +84,7 @@ class Runtime:
         self.objects: ObjectStore | None = None
         self.registrar: Registrar | None = None
         self.dispatcher: Dispatcher | None = None
+        self.upkeep: RoutingUpkeep | None = None
         self.stream_table: pa.Table | None = None
         self.timings: dict[str, float] = {}
         self.reports: list[BatchReport] = []
@@ -118,7 +120,7 @@ class Runtime:
             self.timings["start_workers_s"] = time.perf_counter() - t0
             self.registrar = Registrar(self.pool, self.plan, self.objects)
             self.timings["load_s"] = self.registrar.load(p, resume=self.resume, redis_url=self.store.url,
-                                                         namespace=c.store.namespace)
+                                                         namespace=c.store.namespace, window=c.window is not None)
         except BaseException:
             self.close()
             raise
@@ -127,6 +129,7 @@ class Runtime:
         if c.window is not None:
             t = p.initial.column("t").to_numpy()
             window = Window(c.window, int(t.max()) if len(t) else None)
+        self.upkeep = RoutingUpkeep(self.plan.routing, self.plan.model, self.pool, c.routing_entries)
         self.dispatcher = Dispatcher(self.pool, self.plan.routing, self.objects, set(ids), window=window,
                                      rects=self.plan.model.rects, seen_ids=ids,
                                      seen_times=p.initial.column("t").to_numpy())
@@ -136,7 +139,16 @@ class Runtime:
     def process(self, batch: pa.Table) -> BatchReport:
         """Stream one batch of objects (``id``, ``lon``, ``lat``, ``t``, ``keywords``) and wait
         for it (:meth:`Dispatcher.collect` of :meth:`Dispatcher.dispatch`)."""
-        return self._collect(self.dispatcher.dispatch(batch), deque())
+        report = self._collect(self.dispatcher.dispatch(batch), deque())
+        self.upkeep_routing()
+        return report
+
+    def upkeep_routing(self) -> None:
+        """Rebuild the routing table when due (:mod:`~knnmon.coordinator.runtime.routing_upkeep`)."""
+        r = self.registrar
+        if self.upkeep.due(len(r.query_worker), r.unregistered):
+            self.timings["routing_rebuild_s"] = (self.timings.get("routing_rebuild_s", 0.0)
+                                                 + self.upkeep.rebuild(r.unregistered))
 
     def _collect(self, d: DispatchedBatch, later: deque[DispatchedBatch]) -> BatchReport:
         """:meth:`Dispatcher.collect` of ``d``; a Ray worker lost meanwhile is revived
@@ -181,6 +193,7 @@ class Runtime:
                 bar.update(batch.num_rows)
                 while len(pending) >= self.config.in_flight:
                     reports.append(self._collect(pending.popleft(), pending))
+                    self.upkeep_routing()
             while pending:
                 reports.append(self._collect(pending.popleft(), pending))
         return self.summary(time.perf_counter() - t0, with_stats=True)

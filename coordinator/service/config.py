@@ -35,6 +35,13 @@ class ServeConfig:
         The service's consumer name in the group.
     limits
         Bounds on the entries' ``k`` and keywords (``--max-k``, ``--max-keywords``).
+    window
+        The sliding window, ms (``--window``; :mod:`knnmon.window`): expired objects leave
+        results, late ones are rejected (``late``), and the objects stream is trimmed below what
+        the window still needs. ``None``: append-only.
+    checkpoint_interval_s
+        With a window: seconds between checkpoints (``--checkpoint-interval``;
+        :mod:`~knnmon.coordinator.service.checkpoint`).
 
     Raises
     ------
@@ -57,12 +64,16 @@ class ServeConfig:
     consumer: str = "serve"
     processes: int = 2
     limits: Limits = DEFAULT_LIMITS
+    window: int | None = None
+    checkpoint_interval_s: float = 60.0
 
     def __post_init__(self) -> None:
         if self.max_delay_ms < 0:
             raise InvalidArgumentError(f"--max-delay-ms must be >= 0; got {self.max_delay_ms}")
         if self.initial is not None and self.initial < 0:
             raise InvalidArgumentError(f"--initial must be >= 0; got {self.initial}")
+        if self.checkpoint_interval_s <= 0:
+            raise InvalidArgumentError(f"--checkpoint-interval must be > 0; got {self.checkpoint_interval_s}")
         if self.block_ms < 1:
             raise InvalidArgumentError(f"--block-ms must be >= 1; got {self.block_ms}")
         if self.objects_dir is not None and not os.path.isdir(self.objects_dir):
@@ -75,4 +86,4 @@ class ServeConfig:
         store = StoreConfig(url=redis_url, namespace=self.store.namespace, data_dir=self.store.data_dir)
         return RunConfig(workers=self.workers, algorithm=self.algorithm, initial=0, batch=self.batch, store=store,
                          ray_address=self.ray_address, executor=self.executor, processes=self.processes,
-                         limits=self.limits)
+                         limits=self.limits, window=self.window)

@@ -45,6 +45,7 @@ from knnmon.connection import connect, redact
 from knnmon.coordinator.runtime.runtime import Runtime
 from knnmon.coordinator.service import status as service_status
 from knnmon.coordinator.service.acks import acknowledge
+from knnmon.coordinator.service.checkpoint import Checkpointer
 from knnmon.coordinator.service.config import ServeConfig
 from knnmon.coordinator.service.protocol import GROUP, entry_time_ms, parse_object, parse_query_op
 from knnmon.coordinator.service.recovery import OBJECT_SCHEMA, objects_table, recover
@@ -60,7 +61,7 @@ log = logging.getLogger("knnmon.serve")
 #: What the service counts (:attr:`Service.counters`, published in its status).
 COUNTERS = ("objects", "batches", "rejects", "registered", "updated", "unchanged", "unregistered",
             "unregister_unknown", "recoveries", "worker_restarts", "isolations", "internal_errors",
-            "objects_entries_read", "queries_entries_read")
+            "objects_entries_read", "queries_entries_read", "late", "checkpoints", "entries_trimmed")
 
 
 class Service:
@@ -93,6 +94,7 @@ class Service:
         self._status_at = 0.0
         self._handle_signals = False
         self._revived_seen = 0  # the runtime's workers_revived when the worker list was taken
+        self.checkpointer: Checkpointer | None = None
 
     @property
     def redis_url(self) -> str | None:
@@ -166,11 +168,15 @@ class Service:
         # (a restart while connected to a cluster): then it searches in this process only.
         processes = 1 if _ray_running() else self.config.processes
         r = recover(self.client, self.redis_url, self.config.store.namespace, self._preload, self._model,
-                    processes=processes, limits=self.config.limits, skip=skip)
+                    processes=processes, limits=self.config.limits, skip=skip, window=self.config.window)
         self.counters["objects_entries_read"] = r.objects_entries_read
         self.counters["queries_entries_read"] = r.queries_entries_read
         self.runtime = Runtime(None, None, self.config.run_config(self.redis_url), r.prepared, resume=True).start()
         self.queries = r.queries
+        if self.config.window is not None:
+            self.checkpointer = Checkpointer(self.client, self.redis_url, self.keys, self.config.checkpoint_interval_s)
+            for first, last, top in r.spans:
+                self.checkpointer.add(first, last, top)
         self._ack(self.keys.ingest_objects, r.pending, r.rejects)
         self.busy_ms = np.zeros(self.config.workers)
         self._take_worker_list()
@@ -374,12 +380,13 @@ class Service:
             queued.add(op.id)
         flush()
         self._ack(self.keys.ingest_queries, [e for e, _ in entries], rejects)
+        self.runtime.upkeep_routing()  # unregistered queries' routing entries go in time
 
     def _process_objects(self, entries: list) -> None:
         """Parse, reject, process one batch on the workers, then acknowledge it."""
         rt = self.runtime
         t0 = time.perf_counter()
-        parsed, rejects, in_batch = [], [], set()
+        parsed, sources, rejects, in_batch = [], [], [], set()
         for eid, fields in entries:
             try:
                 o = parse_object(eid, fields, self.config.limits)
@@ -387,8 +394,19 @@ class Service:
                     raise Rejected("duplicate_id", f"id={o.id}")
                 in_batch.add(o.id)
                 parsed.append(o)
+                sources.append((eid, fields))
             except Rejected as r:
                 rejects.append((eid, fields, r))
+        window = rt.dispatcher.window
+        if window is not None and parsed:  # late: expired at the watermark this batch moves to
+            top = max(o.t for o in parsed)
+            cutoff = max(top, window.watermark if window.watermark is not None else top) - window.duration_ms
+            late = [(eid, fields, o) for (eid, fields), o in zip(sources, parsed) if o.t <= cutoff]
+            if late:
+                parsed = [o for o in parsed if o.t > cutoff]
+                rejects += [(eid, fields, Rejected("late", f"t={o.t} <= watermark - window = {cutoff}"))
+                            for eid, fields, o in late]
+                self.counters["late"] += len(late)
         table = objects_table(parsed)
         t1 = time.perf_counter()
         report = rt.process(table) if parsed else None
@@ -398,6 +416,10 @@ class Service:
                   "done_ms": f"{time.time() * 1000:.1f}", "parse_ms": f"{(t1 - t0) * 1e3:.2f}",
                   "update_ms": f"{(t2 - t1) * 1e3:.2f}"}
         self._ack(self.keys.ingest_objects, ids, rejects, record)
+        if self.checkpointer is not None:
+            self.checkpointer.add(ids[0], ids[-1], max((o.t for o in parsed), default=None))
+            if self.checkpointer.due():
+                self._checkpoint()
         acked_ms = time.time() * 1000
         self.latencies.append(acked_ms - np.array([entry_time_ms(e) for e in ids], dtype=np.float64))
         self.counters["objects"] += len(parsed)
@@ -406,6 +428,12 @@ class Service:
             self.busy_ms += np.asarray(report.busy_ms)
         if rt.workers_revived != self._revived_seen:  # a worker came back: its process changed
             self._take_worker_list()
+
+    def _checkpoint(self) -> None:
+        """Trim the objects stream below what the window needs; record the checkpoint."""
+        window = self.runtime.dispatcher.window
+        self.counters["entries_trimmed"] += self.checkpointer.checkpoint(window.watermark, window.cutoff)
+        self.counters["checkpoints"] += 1
 
     # -- status ------------------------------------------------------------------------------
     def _publish_status(self, *, force: bool = False) -> None:

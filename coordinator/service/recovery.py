@@ -3,7 +3,9 @@
 The results are a function of the set of objects seen (ties by id), so recovery recomputes them
 rather than replaying: the queries come from Redis (``knn:queries`` and their hashes), the
 objects from the preloaded ingest output plus every entry of ``knn:ingest:objects`` the group
-has delivered, acknowledged or not. Each query's exact kNN over them is compared with its
+has delivered, acknowledged or not (with a window, the stream holds only what the last checkpoint
+kept, :mod:`~knnmon.coordinator.service.checkpoint`, and only the live objects at the watermark,
+the largest ``t`` among them, count). Each query's exact kNN over them is compared with its
 stored result, and a query whose result differs (a batch that was only partly written when the
 service died) gets the difference written as one change (:class:`~knnmon.batch.BatchChanges`,
 through the workers' script), with one ``knn:changes`` entry. The delivered but unacknowledged
@@ -22,7 +24,7 @@ import redis
 
 from knnmon.batch import BatchChanges
 from knnmon.coordinator.runtime.object_store import ObjectStore
-from knnmon.coordinator.runtime.preparation import Prepared, prepare_tables
+from knnmon.coordinator.runtime.preparation import Prepared, live_initial, prepare_tables
 from knnmon.coordinator.service.protocol import GROUP, entry_order, group_info, parse_object
 from knnmon.errors import Rejected, StoreUnavailableError
 from knnmon.keys import Keys
@@ -56,6 +58,11 @@ class Recovered:
         Entries of each ingest stream delivered to the group so far.
     repaired
         Stored results that differed and were repaired.
+    spans
+        ``(first entry id, last entry id, largest t)`` of the stream's entries read, in chunks
+        (the checkpoints' record of what the live objects need).
+    watermark
+        The largest ``t`` of the objects (``None`` without any).
     """
 
     prepared: Prepared
@@ -65,6 +72,8 @@ class Recovered:
     objects_entries_read: int
     queries_entries_read: int
     repaired: int
+    spans: list[tuple[str, str, int | None]]
+    watermark: int | None
 
 
 def objects_table(objects: list) -> pa.Table:
@@ -99,10 +108,10 @@ def _undelivered(client: redis.Redis, key: str) -> int:
 
 def read_object_log(client: redis.Redis, keys: Keys, preload: pa.Table, limits: Limits = DEFAULT_LIMITS,
                     skip: frozenset[str] = frozenset(), chunk: int = 10_000
-                    ) -> tuple[pa.Table, list[str], list[tuple[str, dict, Rejected]], int]:
+                    ) -> tuple[pa.Table, list[str], list[tuple[str, dict, Rejected]], int, list]:
     """Preloaded objects plus every delivered entry of the objects stream but those in
     ``skip``; the ids of the delivered but unacknowledged entries (not in ``skip``), the
-    rejects among those, and the entries read."""
+    rejects among those, the entries read, and :attr:`Recovered.spans`."""
     key = keys.ingest_objects
     last = _group(client, key)["last-delivered-id"]
     pending = set()
@@ -112,10 +121,11 @@ def read_object_log(client: redis.Redis, keys: Keys, preload: pa.Table, limits: 
             rows = client.xpending_range(key, GROUP, min="-", max="+", count=summary["pending"])
             pending = {r["message_id"] for r in rows} - skip
     seen = set(preload.column("id").to_pylist())
-    parsed, rejects = [], []
+    parsed, rejects, spans = [], [], []
     start, read = "-", 0
     while last != "0-0":
         entries = client.xrange(key, min=start, max=last, count=chunk)
+        before = len(parsed)
         for eid, fields in entries:
             read += 1
             if eid in skip:
@@ -129,11 +139,13 @@ def read_object_log(client: redis.Redis, keys: Keys, preload: pa.Table, limits: 
             except Rejected as r:
                 if eid in pending:
                     rejects.append((eid, fields, r))
+        if entries:
+            spans.append((entries[0][0], entries[-1][0], max((o.t for o in parsed[before:]), default=None)))
         if len(entries) < chunk:
             break
         start = "(" + entries[-1][0]
     table = pa.concat_tables([preload, objects_table(parsed)]) if parsed else preload
-    return table, sorted(pending, key=entry_order), rejects, read
+    return table, sorted(pending, key=entry_order), rejects, read, spans
 
 
 def read_queries(client: redis.Redis, keys: Keys, chunk: int = 10_000) -> tuple[list[Query], np.ndarray]:
@@ -204,7 +216,8 @@ def reconcile(url: str, namespace: str, client: redis.Redis, prepared: Prepared,
 
 
 def recover(client: redis.Redis, url: str, namespace: str, preload: pa.Table, model, *, processes: int = 2,
-            limits: Limits = DEFAULT_LIMITS, skip: frozenset[str] = frozenset()) -> Recovered:
+            limits: Limits = DEFAULT_LIMITS, skip: frozenset[str] = frozenset(), window: int | None = None
+            ) -> Recovered:
     """Rebuild the service's state (module docstring).
 
     Parameters
@@ -219,6 +232,8 @@ def recover(client: redis.Redis, url: str, namespace: str, preload: pa.Table, mo
         The bounds the entries were parsed with (the same entries are rejected again).
     skip
         Delivered entries of the objects stream to leave out, and pending (poison isolation).
+    window
+        The service's window, ms: only the live objects count (``None``: all).
 
     Raises
     ------
@@ -227,7 +242,11 @@ def recover(client: redis.Redis, url: str, namespace: str, preload: pa.Table, mo
     """
     keys = Keys(namespace)
     create_groups(client, keys)
-    objects, pending, rejects, read = read_object_log(client, keys, preload, limits, skip)
+    objects, pending, rejects, read, spans = read_object_log(client, keys, preload, limits, skip)
+    t = objects.column("t").to_numpy()
+    watermark = int(t.max()) if len(t) else None
+    if window is not None:
+        objects = live_initial(objects, window)
     queries, versions = read_queries(client, keys)
     queries_read = client.xlen(keys.ingest_queries) - _undelivered(client, keys.ingest_queries)
     prepared = prepare_tables(model, _queries_table(queries), objects, OBJECT_SCHEMA.empty_table(),
@@ -236,4 +255,5 @@ def recover(client: redis.Redis, url: str, namespace: str, preload: pa.Table, mo
     if repaired:
         log.warning("recovery: %d stored results differed from the exact kNN over the delivered objects (work in "
                     "flight when the service stopped) and were repaired, one knn:changes entry each", repaired)
-    return Recovered(prepared, {q.id: q for q in queries}, pending, rejects, read, queries_read, repaired)
+    return Recovered(prepared, {q.id: q for q in queries}, pending, rejects, read, queries_read, repaired, spans,
+                     watermark)

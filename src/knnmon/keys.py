@@ -23,6 +23,7 @@ class Keys:
       ``knnmon``); ``ingest_rejects``: the entries it rejected, with a reason;
     - ``serve_status``: hash the running service refreshes (``knnmon status``);
       ``serve_batches``: stream, one entry per processed batch (latency measurements);
+      ``serve_checkpoint``: hash, the service's last checkpoint with a window (watermark, trim point);
     - ``worker_batch(w)``: the last batch number worker ``w`` applied (idempotent writes).
 
     Examples
@@ -69,6 +70,10 @@ class Keys:
     @property
     def serve_batches(self) -> str:
         return f"{self.namespace}:serve:batches"
+
+    @property
+    def serve_checkpoint(self) -> str:
+        return f"{self.namespace}:serve:checkpoint"
 
     def worker_batch(self, worker: int) -> str:
         return f"{self.namespace}:worker:{worker}:batch"

@@ -76,3 +76,34 @@ def test_late_objects_are_counted_not_applied(windowed, redis_url, namespace, tm
         report = rt.process(pa.concat_tables([fresh, stale.select(fresh.column_names)]))
         assert report.late == 50 and report.objects == 200
         assert_exact(redis_url, namespace, queries, BruteForceKnn(live(objects, 3200, window)))
+
+
+def test_an_unregistered_querys_routing_entries_are_gone(windowed, redis_url, namespace, tmp_path):
+    """After a rebuild (due once a tenth of the queries were unregistered), an object with a
+    keyword only the unregistered queries had reaches no worker; registered ones still route."""
+    objects_dir, queries, objects = windowed
+    config = RunConfig(workers=2, initial=3000, batch=250, batches=2, executor="inline", window=1000 * SECOND,
+                       arrival_ms=SECOND, store=StoreConfig(redis_url, namespace, str(tmp_path)))
+    from knnmon.query import Query
+
+    with Runtime(objects_dir, queries.slice(0, 10), config) as rt:
+        at = objects.slice(2999, 1).to_pylist()[0]
+        rt.registrar.register([Query.create("only", at["lon"], at["lat"], ["zzqonly"], 3)])
+        routing = rt.dispatcher.routing
+
+        def route(word: str, lon: float, lat: float) -> int:
+            kw = pa.array([[word]], pa.list_(pa.string()))
+            return int(routing.route_objects(np.array([lon]), np.array([lat]), kw)[0])
+
+        q0 = queries.slice(0, 1).to_pylist()[0]
+        kept = (q0["keywords"][0], q0["lon"], q0["lat"])  # a registered query's keyword at its location
+        assert route("zzqonly", at["lon"], at["lat"]) != 0 and route(*kept) != 0
+        rt.registrar.unregister("only")
+        rt.upkeep_routing()  # 1 of 11 queries unregistered: due
+        assert rt.upkeep.rebuilds == 1
+        assert route("zzqonly", at["lon"], at["lat"]) == 0  # gone with its query
+        assert route(*kept) != 0
+        for batch in rt.batches():
+            rt.process(batch)
+        assert_exact(redis_url, namespace, queries.slice(0, 10),
+                     BruteForceKnn(live(objects, 3000 + 2 * 250, 1000 * SECOND)))

@@ -1,0 +1,83 @@
+"""``knnmon serve --window``: exact over the live objects across a SIGKILL and the checkpoints'
+trims of the objects stream; late objects rejected; the change feed and object hashes consistent."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from collections import Counter
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import redis
+
+from knnmon.coordinator.runtime.config import ARRIVAL_EPOCH_MS
+from knnmon.ingest.reading import read_objects, stream_order
+from knnmon.keys import Keys
+from knnmon.oracle import BruteForceKnn
+from knnmon.testing import assert_exact, object_fields, register_fields, serve_process, wait_processed
+
+WINDOW_S = 1500
+
+
+def start_serve(url: str, namespace: str, tmp_path) -> subprocess.Popen:
+    return serve_process(url, namespace, tmp_path / f"serve-{time.monotonic_ns()}.log", "--data-dir",
+                         str(tmp_path / "data"), "--batch", "100", "--window", f"{WINDOW_S}s",
+                         "--checkpoint-interval", "0.2", workers=3)
+
+
+def test_window_across_sigkill_and_trims(redis_url, namespace, places_slice, slice_queries, tmp_path):
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    keys = Keys(namespace)
+    places = stream_order(read_objects(str(places_slice)), None)
+    t = ARRIVAL_EPOCH_MS + 1000 * pa.array(range(places.num_rows), pa.int64()).to_numpy()  # one object per second
+    places = places.set_column(places.column_names.index("t"), "t", pa.array(t)).to_pylist()
+    queries = pq.read_table(slice_queries).slice(0, 1500).to_pylist()
+    for q in queries:
+        r.xadd(keys.ingest_queries, register_fields(q))
+    late = [{**places[i], "id": f"late-{i}"} for i in range(20)]  # as old as the first places: expired on arrival
+    pipe = r.pipeline(transaction=False)
+    for o in places + late:
+        pipe.xadd(keys.ingest_objects, object_fields(o))
+    pipe.execute()
+    published = r.xlen(keys.ingest_objects)
+    proc = start_serve(redis_url, namespace, tmp_path)
+    try:
+        deadline = time.monotonic() + 120
+        while (not r.exists(keys.serve_checkpoint) or not r.hget(keys.serve_checkpoint, "trimmed_below")
+               or r.xlen(keys.serve_batches) < 40) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        proc.kill()  # SIGKILL after a trim, mid-stream
+        proc.wait()
+        assert r.xlen(keys.ingest_objects) < published  # trimmed below what the window needs
+        proc = start_serve(redis_url, namespace, tmp_path)
+        wait_processed(r, keys, proc, timeout_s=300)
+        time.sleep(0.5)  # one more checkpoint after the last batch
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    applied = pa.Table.from_pylist(places)
+    live = applied.filter(pa.array(applied.column("t").to_numpy() > t.max() - WINDOW_S * 1000))
+    assert live.num_rows == WINDOW_S
+    assert_exact(redis_url, namespace, pa.Table.from_pylist(queries), BruteForceKnn(live))
+    rejects = Counter(f["_reason"] for _, f in r.xrange(keys.ingest_rejects))
+    assert rejects == {"late": 20}
+    # The stream keeps about what the window needs (+ up to one checkpoint interval of batches).
+    assert r.xlen(keys.ingest_objects) < WINDOW_S + 2000
+    # The change feed reproduces every result; versions are contiguous (nothing applied twice).
+    versions: dict[str, list[int]] = {}
+    mirror: dict[str, set[str]] = {}
+    for _, f in r.xrange(keys.changes):
+        versions.setdefault(f["qid"], []).append(int(f["version"]))
+        mirror[f["qid"]] = (mirror.get(f["qid"], set()) - set(f["left"].split())) | set(f["entered"].split())
+    for q in queries:
+        v = versions.get(q["id"], [])
+        assert v == list(range(len(v))), q["id"]
+        assert mirror[q["id"]] == set(r.zrange(keys.result(q["id"]), 0, -1))
+    # Object hashes: exactly the (live) objects in some result, each counting the results holding it.
+    holders = Counter(o for q in queries for o in r.zrange(keys.result(q["id"]), 0, -1))
+    stored = {k.split(":", 2)[2]: int(r.hget(k, "refs")) for k in r.scan_iter(f"{namespace}:object:*", count=10_000)}
+    assert stored == dict(holders)
