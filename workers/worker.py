@@ -89,18 +89,25 @@ class KnnWorker:
         Write each batch's changes on a background thread (:class:`WriteQueue`) while the next
         batch is computed; the caller then gets the write's figures from :meth:`written`.
         Default: the batch's call returns after its write.
+    reserve
+        With a window: each query keeps this many neighbours beyond its ``k`` (its result is
+        the first ``k``), so that an expiry takes the next one from the reserve instead of a
+        refill search (Skype's k-skyband idea, VLDBJ 2017; :meth:`expire`).
 
     Raises
     ------
     InvalidArgumentError
-        An unknown ``index``.
+        An unknown ``index``, a negative ``reserve``.
     """
 
     def __init__(self, worker_id: int, redis_url: str | None, namespace: str = "knn", *,
-                 vocabulary: Mapping[str, int] | None = None, index: str = "grid", overlap_writes: bool = False) -> None:
+                 vocabulary: Mapping[str, int] | None = None, index: str = "grid", overlap_writes: bool = False,
+                 reserve: int = 0) -> None:
         if index not in INDEXES:
             raise InvalidArgumentError(f"Invalid index: {index!r}.\nValid options are: {tuple(INDEXES)}")
-        self.worker_id = worker_id
+        if reserve < 0:
+            raise InvalidArgumentError(f"the reserve must be >= 0; got {reserve}")
+        self.worker_id, self.reserve = worker_id, int(reserve)
         self.writer = ResultWriter(redis_url, namespace, worker_id) if redis_url else None
         self.queue = WriteQueue(self.writer) if self.writer is not None and overlap_writes else None
         self.qids: list[str] = []
@@ -108,6 +115,7 @@ class KnnWorker:
         self.lon = np.empty(0)
         self.lat = np.empty(0)
         self.k = np.empty(0, dtype=np.int64)
+        self.cap = np.empty(0, dtype=np.int64)  # places per query: k + reserve
         self.radius = np.empty(0)
         self.reach = np.empty((0, 4))  # per query: unit vector x, y, z and chord2_bound(r_q); -1 if removed
         self.alive = np.empty(0, dtype=bool)
@@ -126,6 +134,7 @@ class KnnWorker:
         self._before: tuple[np.ndarray, np.ndarray] | None = None  # (slot, handle) results before an expiry
         self._cutoff = np.iinfo(np.int64).min  # the last expiry's cutoff
         self._refilled: dict[str, ObjectInfo] = {}  # details of the objects a refill brought in
+        self._details: dict[str, ObjectInfo] | None = {} if reserve else None  # of every object held
         self.expired = self.refills = 0
         self.keywords: list[tuple[str, ...]] = []
         self.kw_ptr = np.zeros(1, dtype=np.int64)  # CSR: query slot -> its keyword codes
@@ -158,7 +167,7 @@ class KnnWorker:
             self._keyed = n
 
     def _append(self, queries: QueryColumns, topk: Sequence[Sequence[tuple[str, float]]],
-                objects: Mapping[str, ObjectInfo]) -> range:
+                objects: Mapping[str, ObjectInfo], radius: np.ndarray | None = None) -> range:
         """Add valid queries in bulk (one array concatenation); returns their slots.
 
         Raises
@@ -169,8 +178,9 @@ class KnnWorker:
         ids, lon, lat, keywords = queries.ids, queries.lon, queries.lat, queries.keywords
         first, n = len(self.qids), len(ids)
         k = np.asarray(queries.k, dtype=np.int64).reshape(n)
-        start = np.cumsum(k) - k  # each new query's first place, relative
-        top_d, top_h = np.full(int(k.sum()), np.inf), np.full(int(k.sum()), -1, dtype=np.int64)
+        cap = k + self.reserve
+        start = np.cumsum(cap) - cap  # each new query's first place, relative
+        top_d, top_h = np.full(int(cap.sum()), np.inf), np.full(int(cap.sum()), -1, dtype=np.int64)
         count, radii, codes = np.zeros(n, dtype=np.int64), np.full(n, np.inf), []
         for i, qid in enumerate(ids):
             qid, kk, words = str(qid), int(k[i]), tuple(keywords[i])
@@ -181,18 +191,21 @@ class KnnWorker:
             self.keywords.append(words)
             row = self._codes(words)
             codes.append(row)
-            lst = sorted((float(d), str(o)) for o, d in topk[i])[:kk]
+            lst = sorted((float(d), str(o)) for o, d in topk[i])[:kk + self.reserve]
             count[i] = len(lst)
             for j, (d, o) in enumerate(lst):
                 info = objects.get(o)
                 top_d[start[i] + j], top_h[start[i] + j] = d, self._handle(o, info.t if info is not None else NO_TIME)
-            if len(lst) == kk:
+            if radius is not None:
+                radii[i] = radius[i]
+            elif len(lst) == kk + self.reserve:
                 radii[i] = lst[-1][0]
         self.kw_ptr = np.concatenate([self.kw_ptr, self.kw_ptr[-1] + np.cumsum([len(c) for c in codes], dtype=np.int64)])
         self.kw_code = np.concatenate([self.kw_code, np.fromiter((c for row in codes for c in row), dtype=np.int64)])
         self.lon = np.concatenate([self.lon, np.asarray(lon, dtype=np.float64)])
         self.lat = np.concatenate([self.lat, np.asarray(lat, dtype=np.float64)])
         self.k = np.concatenate([self.k, k])
+        self.cap = np.concatenate([self.cap, cap])
         self.alive = np.concatenate([self.alive, np.ones(n, dtype=bool)])
         self.version = np.concatenate([self.version, np.zeros(n, dtype=np.int64)])
         self.radius = np.concatenate([self.radius, radii])
@@ -201,6 +214,9 @@ class KnnWorker:
         self.top_d = np.concatenate([self.top_d, top_d])
         self.top_h = np.concatenate([self.top_h, top_h])
         self.count = np.concatenate([self.count, count])
+        if self._details is not None:
+            held = {o for top in topk for o, _ in top}
+            self._details.update({o: info for o, info in objects.items() if o in held})
         self._key_handles()
         self._live_handles = max(self._live_handles, len(self.oids))
         return range(first, first + n)
@@ -251,7 +267,7 @@ class KnnWorker:
 
     def load_queries(self, queries: QueryColumns, topk: Sequence[Sequence[tuple[str, float]]],
                      objects: Mapping[str, ObjectInfo], *, versions: Sequence[int] | None = None, write: bool = True,
-                     chunk: int = 5000) -> dict[str, Any]:
+                     radius: Sequence[float] | None = None, chunk: int = 5000) -> dict[str, Any]:
         """Take queries with their initial kNN (exact over the objects seen so far).
 
         Parameters
@@ -259,11 +275,16 @@ class KnnWorker:
         queries
             ``m`` valid queries (validated where they entered knnmon).
         topk
-            ``m`` lists of ``(object id, distance m)``: each query's exact kNN so far.
+            ``m`` lists of ``(object id, distance m)``: each query's exact kNN so far (with a
+            reserve, its ``k + reserve`` nearest).
         objects
             Details of every object in those lists (for ``knn:object:{oid}``).
         versions
             ``m`` change counts to continue from (a service resuming); default 0.
+        radius
+            ``(m,)`` meters: each query's ``r_q`` when ``topk`` holds fewer than ``k + reserve``
+            neighbours although more objects match (a worker rebuilt from Redis, which holds
+            only the results); default: the last distance of a full list, else ``inf``.
         write
             Write the queries and results to Redis; ``False`` when Redis holds them already
             (a service resuming after it reconciled them).
@@ -274,7 +295,7 @@ class KnnWorker:
             ``queries``, ``index_entries``, ``seconds``.
         """
         t0 = time.perf_counter()
-        slots = self._append(queries, topk, objects)
+        slots = self._append(queries, topk, objects, None if radius is None else np.asarray(radius, dtype=np.float64))
         if versions is not None:
             self.version[slots.start:slots.stop] = np.asarray(versions, dtype=np.int64)
         if self.writer is not None and write:
@@ -324,7 +345,7 @@ class KnnWorker:
         self.reach[slot, 3] = -1.0
         if self.writer is not None:
             self._write_now(self.writer.delete_query, self._next_tag(), qid)
-        a, kk = int(self.top_ptr[slot]), int(self.k[slot])
+        a, kk = int(self.top_ptr[slot]), int(self.cap[slot])
         self.top_d[a:a + kk], self.top_h[a:a + kk], self.count[slot] = np.inf, -1, 0
         self._released += kk
         self._refresh(np.array([slot]))
@@ -340,10 +361,10 @@ class KnnWorker:
         n_kw = self.kw_ptr[keep + 1] - self.kw_ptr[keep]
         self.kw_code = self.kw_code[runs(self.kw_ptr[keep], n_kw)]
         self.kw_ptr = np.concatenate([[0], np.cumsum(n_kw)]).astype(np.int64)
-        places = runs(self.top_ptr[keep], self.k[keep])
+        places = runs(self.top_ptr[keep], self.cap[keep])
         self.top_d, self.top_h = self.top_d[places], self.top_h[places]
-        self.top_ptr = np.cumsum(self.k[keep]) - self.k[keep]
-        for name in ("lon", "lat", "k", "radius", "reach", "version", "count"):
+        self.top_ptr = np.cumsum(self.cap[keep]) - self.cap[keep]
+        for name in ("lon", "lat", "k", "cap", "radius", "reach", "version", "count"):
             setattr(self, name, getattr(self, name)[keep])
         self.alive = np.ones(len(keep), dtype=bool)
         self.qids = [self.qids[s] for s in keep.tolist()]
@@ -364,12 +385,14 @@ class KnnWorker:
         self.top_h = np.where(held, remap[np.maximum(self.top_h, 0)], -1)
         self._oid_key = self._oid_key[used]
         self._t = self._t[used]
+        if self._details is not None:
+            self._details = {oid: self._details[oid] for oid in self.oids if oid in self._details}
         self._keyed = self._live_handles = len(used)
 
     def _result(self, slot: int) -> list[tuple[str, float]]:
         """The row as stored: nearest first, ties at equal distance in any order (Redis orders a
         sorted set's ties by member itself, so the writes need no sort)."""
-        a, c = int(self.top_ptr[slot]), int(self.count[slot])
+        a, c = int(self.top_ptr[slot]), int(min(self.count[slot], self.k[slot]))
         return list(zip((self.oids[h] for h in self.top_h[a:a + c].tolist()), self.top_d[a:a + c].tolist()))
 
     def regions(self) -> tuple[QueryColumns, np.ndarray]:
@@ -410,6 +433,8 @@ class KnnWorker:
             return none
         for h in np.flatnonzero(dead & (self._t[:n] > before)).tolist():
             self.handle_of.pop(self.oids[h], None)  # an id published again later is a new object
+            if self._details is not None:
+                self._details.pop(self.oids[h], None)
         held = self.top_h >= 0
         hit = np.zeros(len(self.top_h), dtype=bool)
         hit[held] = dead[self.top_h[held]]
@@ -418,25 +443,48 @@ class KnnWorker:
             return none
         self.expired += len(places)
         slots = np.unique(np.searchsorted(self.top_ptr, places, side="right") - 1)
+        n_res = np.minimum(self.count[slots], self.k[slots])
+        res_slot, res_h = np.repeat(slots, n_res), self.top_h[runs(self.top_ptr[slots], n_res)]
+        if self._before is None:
+            self._before = (res_slot, res_h)
+        else:  # a second expiry before the write: the first one's results are what Redis holds
+            seen = np.isin(res_slot, self._before[0])
+            self._before = tuple(np.concatenate([b, x[~seen]]) for b, x in zip(self._before, (res_slot, res_h)))
         c = self.count[slots]
         at = runs(self.top_ptr[slots], c)
-        old_slot, old_h, old_d = np.repeat(slots, c), self.top_h[at], self.top_d[at]
-        if self._before is None:
-            self._before = (old_slot, old_h)
-        else:  # a second expiry before the write: the first one's results are what Redis holds
-            seen = np.isin(old_slot, self._before[0])
-            self._before = tuple(np.concatenate([b, x[~seen]]) for b, x in zip(self._before, (old_slot, old_h)))
         keep = ~hit[at]
-        s_keep, h_keep, d_keep = old_slot[keep], old_h[keep], old_d[keep]
-        whole = runs(self.top_ptr[slots], self.k[slots])
+        s_keep, h_keep, d_keep = np.repeat(slots, c)[keep], self.top_h[at][keep], self.top_d[at][keep]
+        whole = runs(self.top_ptr[slots], self.cap[slots])
         self.top_d[whole], self.top_h[whole] = np.inf, -1
         pos = np.arange(len(s_keep)) - np.searchsorted(s_keep, s_keep, side="left")
         self.top_d[self.top_ptr[s_keep] + pos], self.top_h[self.top_ptr[s_keep] + pos] = d_keep, h_keep
         self.count[slots] = np.bincount(np.searchsorted(slots, s_keep), minlength=len(slots))
-        need = slots[np.isfinite(self.radius[slots])]
+        if self.reserve:
+            self._sort_lists(slots)  # ties now at the k-th place decide by id
+        # Exact still iff k of what is left lie strictly within r_q (every live object there is
+        # held); ties at r_q may miss some: refill (module docstring of expire).
+        r = self.radius[s_keep]
+        below = np.bincount(np.searchsorted(slots, s_keep[d_keep < r]), minlength=len(slots))
+        need = slots[np.isfinite(self.radius[slots]) & (below < self.k[slots])]
         sel = need.tolist()
         return QueryColumns([self.qids[j] for j in sel], self.lon[need], self.lat[need],
-                            [list(self.keywords[j]) for j in sel], self.k[need].copy())
+                            [list(self.keywords[j]) for j in sel], self.cap[need].copy())
+
+    def _sort_lists(self, slots: np.ndarray) -> None:
+        """Order the held entries of ``slots`` by (distance, object id) in place."""
+        c = self.count[slots]
+        at = runs(self.top_ptr[slots], c)
+        S, D, H = np.repeat(slots, c), self.top_d[at], self.top_h[at]
+        key = self._oid_key[H]
+        order = np.lexsort((key, D, S))
+        S, D, H, key = S[order], D[order], H[order], key[order]
+        same = (S[1:] == S[:-1]) & (D[1:] == D[:-1]) & (key[1:] == key[:-1])
+        if same.any():  # shared 8-byte prefixes: those queries' lists by the ids themselves
+            for j in np.unique(S[1:][same]).tolist():
+                run = np.flatnonzero(S == j)
+                by = sorted(run.tolist(), key=lambda i: (D[i], self.oids[H[i]]))
+                D[run], H[run] = D[by], H[by]
+        self.top_d[at], self.top_h[at] = D, H
 
     def _refill(self, refills: Refills) -> None:
         """Replace the results of :meth:`expire`'s queries with their exact kNN over the live
@@ -446,7 +494,7 @@ class KnnWorker:
             j = self.slot_of.get(qid)
             if j is None:
                 continue
-            a, kk = int(self.top_ptr[j]), int(self.k[j])
+            a, kk = int(self.top_ptr[j]), int(self.cap[j])
             lst = sorted((float(d), str(o)) for o, d in top)[:kk]
             self.top_d[a:a + kk], self.top_h[a:a + kk] = np.inf, -1
             for i, (d, o) in enumerate(lst):
@@ -459,7 +507,10 @@ class KnnWorker:
             return
         slots = np.asarray(slots, dtype=np.int64)
         self.reach[slots, 3] = chord2_bound(self.radius[slots])
-        self._refilled.update(refills.objects)
+        if self._details is not None:
+            self._details.update(refills.objects)
+        else:
+            self._refilled.update(refills.objects)
         self._key_handles()
         self._refresh(slots)
         self.refills += len(slots)
@@ -469,24 +520,25 @@ class KnnWorker:
         """The batch's changes when an expiry touched results: each touched or changed result's
         difference to what Redis holds (before the expiry, or before the merge), as
         :class:`BatchChanges`, and the sorted slots written."""
-        old_slot, old_h = self._before
+        none = np.empty(0, dtype=np.int64)
+        old_slot, old_h = self._before if self._before is not None else (none, none)
         touched = np.unique(old_slot)
-        merged = m["changed"] if m is not None else np.empty(0, dtype=np.int64)
+        merged = m["in_result"] if m is not None else none
         if len(merged):
-            S, H = m["S"], m["H"]
-            only = np.zeros(len(self.k), dtype=bool)
-            only[merged] = True
-            only[touched] = False
-            was = m["old"] & only[S]
-            old_slot, old_h = np.concatenate([old_slot, S[was]]), np.concatenate([old_h, H[was]])
+            b_slot, b_h = m["before"]
+            fresh = np.zeros(len(self.k), dtype=bool)
+            fresh[merged] = True
+            fresh[touched] = False  # an expired result's 'before' is the expiry's
+            fresh = fresh[b_slot]
+            old_slot, old_h = np.concatenate([old_slot, b_slot[fresh]]), np.concatenate([old_h, b_h[fresh]])
         slots = np.union1d(touched, merged)
-        c = self.count[slots]
+        c = np.minimum(self.count[slots], self.k[slots])
         at = runs(self.top_ptr[slots], c)
         new_slot, new_h, new_d = np.repeat(slots, c), self.top_h[at], self.top_d[at]
         ko, kn = (old_slot << 32) | old_h, (new_slot << 32) | new_h
         ent, left = ~np.isin(kn, ko), ~np.isin(ko, kn)
         changed = np.union1d(new_slot[ent], old_slot[left])
-        self.version[np.setdiff1d(changed, merged)] += 1  # the merge counted its own
+        self.version[changed] += 1
         e_slot, e_h, e_d = new_slot[ent], new_h[ent], new_d[ent]
         order = np.argsort(old_slot[left], kind="stable")
         l_slot, l_h = old_slot[left][order], old_h[left][order]
@@ -500,7 +552,7 @@ class KnnWorker:
             oid = oids[h]
             j = at_batch.get(oid)
             info[oid] = (ObjectInfo(float(lon[j]), float(lat[j]), int(t[j]), keywords[j]) if j is not None
-                         else self._refilled[oid])
+                         else (self._details if self._details is not None else self._refilled)[oid])
         self._before, self._refilled = None, {}
         return BatchChanges(
             qids=[self.qids[s] for s in changed.tolist()], versions=self.version[changed].tolist(),
@@ -545,7 +597,7 @@ class KnnWorker:
         obj, slot, d = obj[first], slot[first], d[first]
         start = np.searchsorted(slot, slot, side="left")
         count = np.searchsorted(slot, slot, side="right") - start
-        kk = self.k[slot]
+        kk = self.cap[slot]
         kth = d[np.where(count >= kk, start + kk - 1, start + count - 1)]
         keep = d <= kth
         return n_candidates, obj[keep], slot[keep], d[keep]
@@ -555,15 +607,19 @@ class KnnWorker:
         """Merge a batch's passed pairs into the touched queries' top-k, all queries at once.
 
         The old entries and the new pairs of every touched query are sorted together by
-        (slot, distance); a query keeps its first ``k``. Where entries at equal distance straddle
-        the k-th place, they are ordered by object id (one string sort over those entries only),
-        so the kept set is the exact kNN with ties broken by id.
+        (slot, distance); a query keeps its first ``k`` (with a reserve, ``k + reserve``: its
+        result is the first ``k``). Where entries at equal distance straddle the k-th (or the
+        last kept) place, they are ordered by object id (one string sort over those entries
+        only), so the kept set is the exact kNN with ties broken by id.
 
         Returns
         -------
         dict
-            ``changed`` (sorted slots whose result changed), ``ent`` / ``left`` (masks over the
-            merged arrays ``S``, ``D``, ``H``: new entries that entered, old ones that left).
+            ``changed`` (sorted slots whose kept list changed; without a reserve, whose result
+            changed), ``ent`` / ``left`` (masks over the merged arrays ``S``, ``D``, ``H``: new
+            entries that were kept, old ones that were dropped), ``before`` (``(slot, handle)``
+            of the changed lists' results before), ``in_result`` (slots a new entry entered the
+            result of), ``entered_obj`` (batch positions of the kept new objects).
         """
         touched = slot[np.r_[True, slot[1:] != slot[:-1]]]
         held = self.count[touched]
@@ -577,10 +633,12 @@ class KnnWorker:
         order = self._order_ties(ids, S, D, H, pos)
         if order is not None:
             D, H = D[order], H[order]  # S is unchanged within a run of ties
-        kept = pos < self.k[S]
+        kept = pos < self.cap[S]
         new = H < 0
         ent, left = kept & new, ~kept & ~new
         changed = np.unique(S[ent])
+        n_res = np.minimum(self.count[changed], self.k[changed])  # the results before, for a diff
+        before = (np.repeat(changed, n_res), self.top_h[runs(self.top_ptr[changed], n_res)])
         # Handles for the objects that entered; write the changed rows back.
         entered_obj = -1 - H[ent]
         uniq = np.unique(entered_obj)
@@ -594,13 +652,15 @@ class KnnWorker:
         self.top_d[place] = D[put]
         self.top_h[place] = H[put]
         self.count[changed] = np.bincount(S[put], minlength=len(self.k))[changed]
-        self.version[changed] += 1
-        return {"changed": changed, "S": S, "D": D, "H": H, "ent": ent, "left": left, "old": ~new, "entered_obj": uniq}
+        in_result = np.unique(S[ent & (pos < self.k[S])])  # an entry into the reserve changes no result
+        return {"changed": changed, "S": S, "D": D, "H": H, "ent": ent, "left": left, "before": before,
+                "in_result": in_result, "entered_obj": uniq}
 
     def _order_ties(self, ids: Sequence[str], S: np.ndarray, D: np.ndarray, H: np.ndarray, pos: np.ndarray
                     ) -> np.ndarray | None:
         """The permutation that orders by object id the runs of equal (query, distance) that
-        straddle their query's k-th place (``None`` if there are none); arrays as in :meth:`_merge`.
+        straddle their query's k-th place or, with a reserve, its last place (``None`` if there
+        are none); arrays as in :meth:`_merge`.
 
         Only those runs decide by id which entries are kept; elsewhere the order within a run
         does not matter (a row stores its ties in any order and :meth:`result` orders them).
@@ -613,7 +673,8 @@ class KnnWorker:
             return None
         start = np.flatnonzero(np.r_[True, ~eq])
         end = np.r_[start[1:], len(S)] - 1
-        straddle = (pos[start] < self.k[S[start]]) & (pos[end] >= self.k[S[start]])
+        k, cap = self.k[S[start]], self.cap[S[start]]
+        straddle = ((pos[start] < cap) & (pos[end] >= cap)) | ((pos[start] < k) & (pos[end] >= k))
         if not straddle.any():
             return None
         run = np.cumsum(np.r_[True, ~eq]) - 1
@@ -677,10 +738,15 @@ class KnnWorker:
         m = self._merge(ids, t, obj, slot, d) if len(slot) else None
         if m is not None:
             changed = m["changed"]
+        if self._details is not None and m is not None:
+            for j in m["entered_obj"].tolist():
+                self._details[ids[j]] = ObjectInfo(float(lon[j]), float(lat[j]), int(t[j]), keywords[j])
         written = changed
         changes = None
-        if self._before is not None:  # a window's expiry touched results: diff them whole
+        if self._before is not None or self.reserve:  # expiries or a reserve: diff the results whole
             changes, written = self._window_changes(ids, lon, lat, t, keywords, m)
+        else:
+            self.version[changed] += 1
         busy_core = time.perf_counter() - t0
         t1 = time.perf_counter()
         server_s = 0.0
@@ -693,7 +759,7 @@ class KnnWorker:
         redis_s = time.perf_counter() - t1
         t2 = time.perf_counter()
         if len(changed):
-            kth = self.top_d[self.top_ptr[changed] + self.k[changed] - 1]  # inf unless the result is full
+            kth = self.top_d[self.top_ptr[changed] + self.cap[changed] - 1]  # inf unless the list is full
             shrink = kth < self.radius[changed]
             if shrink.any():
                 self.radius[changed[shrink]] = kth[shrink]

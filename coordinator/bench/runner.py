@@ -92,6 +92,7 @@ class BenchConfig:
     ray_address: str | None = None
     window: int | None = None
     arrival_ms: int | None = None
+    reserve: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -174,7 +175,7 @@ def _one_run(cfg: BenchConfig, prepared: Prepared, all_objects: pa.Table | None,
     reference = algorithm == REFERENCE
     config = RunConfig(workers=1 if reference else workers, algorithm="random" if reference else algorithm,
                        initial=cfg.initial, batch=cfg.batch, batches=cfg.batches, shuffle=cfg.shuffle,
-                       window=cfg.window, arrival_ms=cfg.arrival_ms, cost_model=cfg.cost_model, store=StoreConfig(url=redis_url, namespace=cfg.namespace),
+                       window=cfg.window, arrival_ms=cfg.arrival_ms, reserve=cfg.reserve, cost_model=cfg.cost_model, store=StoreConfig(url=redis_url, namespace=cfg.namespace),
                        executor="inline" if reference else "ray",
                        index="keyword-lists" if reference else "grid", seed=cfg.seed,
                        **{"in_flight": 1, **cfg.extra})  # the paper's update time: one batch at a time
@@ -251,7 +252,7 @@ def run_bench(cfg: BenchConfig, report: str | None = None, *, progress: bool = T
             for kmax in cfg.kmax:
                 queries = generate_queries(objects, QueryWorkload(n=n, k_max=kmax, seed=cfg.seed))
                 base = RunConfig(initial=cfg.initial, batch=cfg.batch, batches=cfg.batches, shuffle=cfg.shuffle,
-                                 window=cfg.window, arrival_ms=cfg.arrival_ms)
+                                 window=cfg.window, arrival_ms=cfg.arrival_ms, reserve=cfg.reserve)
                 prepared = prepare(cfg.objects, queries, base)
                 streamed = pa.concat_tables([prepared.initial, prepared.stream]) if cfg.check else None
                 if streamed is not None and cfg.window is not None:  # the oracle sees the live objects

@@ -30,7 +30,7 @@ def _bench(a: Any) -> int:
                       cost_model=a.cost_model,
                       check=a.check or a.check_sample is not None, check_sample=a.check_sample,
                       seed=a.seed, redis_url=a.redis, namespace=a.namespace, ray_address=a.ray_address,
-                      window=a.window, arrival_ms=a.arrival_ms)
+                      window=a.window, arrival_ms=a.arrival_ms, reserve=a.reserve)
     out = run_bench(cfg, a.report, progress=not a.quiet)
     if a.plot:
         for path in plot_report(out["rows"], a.plot):

@@ -116,6 +116,9 @@ def add_window_options(p: argparse.ArgumentParser, *, arrival: bool = True) -> N
     p.add_argument("--window", type=parse_duration, metavar="DURATION",
                    help="keep only objects newer than the watermark minus DURATION (90s, 15m, 2h, 7d); "
                         "results refill exactly as objects expire (default: none, append-only)")
+    p.add_argument("--reserve", type=int, metavar="N",
+                   help="neighbours each query keeps beyond its k, so that an expiry rarely needs a refill search "
+                        "(default 8 with --window, else 0)")
     if arrival:
         p.add_argument("--arrival-ms", type=int, metavar="MS",
                        help="replace each object's time by its arrival: one object every MS ms in stream order "

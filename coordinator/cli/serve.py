@@ -23,7 +23,7 @@ def _serve(a: argparse.Namespace) -> int:
     config = ServeConfig(workers=a.workers, algorithm=a.algorithm, objects_dir=a.objects, initial=a.initial,
                          store=store_config(a, durable=True), ray_address=a.ray_address, executor=a.executor,
                          batch=a.batch, max_delay_ms=a.max_delay_ms, limits=limits(a), window=a.window,
-                         checkpoint_interval_s=a.checkpoint_interval)
+                         checkpoint_interval_s=a.checkpoint_interval, reserve=a.reserve)
     with Service(config) as svc:
         print(f"knnmon serve: {config.workers} workers ({config.algorithm}), Redis {redact(svc.redis_url)}, namespace "
               f"{config.store.namespace!r}; XADD to {svc.keys.ingest_queries} / {svc.keys.ingest_objects}", flush=True)

@@ -11,10 +11,13 @@ from knnmon.store import StoreConfig
 from knnmon.window import Window
 from knnmon.workers.worker import INDEXES
 
-__all__ = ["ARRIVAL_EPOCH_MS", "EXECUTORS", "RunConfig"]
+__all__ = ["ARRIVAL_EPOCH_MS", "DEFAULT_RESERVE", "EXECUTORS", "RunConfig"]
 
 #: Where the workers run: Ray actors, or plain objects in the coordinator's process.
 EXECUTORS = ("ray", "inline")
+
+#: Neighbours kept beyond ``k`` with a window unless ``--reserve`` says otherwise.
+DEFAULT_RESERVE = 8
 
 #: The time ``--arrival-ms`` gives the first object: 2020-01-01T00:00:00Z, epoch ms.
 ARRIVAL_EPOCH_MS = 1_577_836_800_000
@@ -63,6 +66,10 @@ class RunConfig:
         Replace every object's ``t`` by its arrival time: the ``i``-th object of the stream
         (initial ones first) gets ``ARRIVAL_EPOCH_MS + i * arrival_ms`` (``--arrival-ms``): a
         shuffled stream keeps its order in event time then. ``None``: the data's own times.
+    reserve : int or None
+        Neighbours each query keeps beyond its ``k`` (``--reserve``): with a window, an expiry
+        then takes the next neighbour from the reserve instead of a refill search.
+        ``None``: :data:`DEFAULT_RESERVE` with a window, else 0 (see :attr:`places_reserved`).
 
     Raises
     ------
@@ -94,6 +101,7 @@ class RunConfig:
     limits: Limits = DEFAULT_LIMITS
     window: int | None = None
     arrival_ms: int | None = None
+    reserve: int | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.workers <= 64:
@@ -111,7 +119,16 @@ class RunConfig:
             raise InvalidArgumentError(f"Invalid executor: {self.executor!r}.\nValid options are: {EXECUTORS}")
         if self.window is not None:
             Window(self.window)  # raises when out of range
+        if self.reserve is not None and not 0 <= self.reserve <= 1000:
+            raise InvalidArgumentError(f"--reserve must be between 0 and 1000; got {self.reserve}")
         if self.arrival_ms is not None and self.arrival_ms < 1:
             raise InvalidArgumentError(f"--arrival-ms must be >= 1; got {self.arrival_ms}")
         if self.in_flight < 1:
             raise InvalidArgumentError(f"--in-flight must be >= 1; got {self.in_flight}")
+
+    @property
+    def places_reserved(self) -> int:
+        """The reserve in effect: ``reserve``, else :data:`DEFAULT_RESERVE` with a window, else 0."""
+        if self.reserve is not None:
+            return self.reserve
+        return DEFAULT_RESERVE if self.window is not None else 0

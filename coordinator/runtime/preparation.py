@@ -27,7 +27,8 @@ class Prepared:
     initial kNN as :meth:`ObjectIndex.knn_v` returns it (rows into ``initial``, per-query counts,
     meters), ``radius`` each query's k-th distance (``inf`` below ``k`` matches), ``timings``
     seconds spent reading and searching; ``versions`` ``(m,)`` int64 the queries' change counts
-    when a service resumes them (else ``None``: all 0).
+    when a service resumes them (else ``None``: all 0). With a ``reserve``, each query's
+    ``k + reserve`` nearest and the last one's distance instead (its result: the first ``k``).
     """
 
     model: Any
@@ -41,6 +42,7 @@ class Prepared:
     radius: np.ndarray
     timings: dict[str, float]
     versions: np.ndarray | None = None
+    reserve: int = 0
 
     def __post_init__(self) -> None:
         self._ends = np.cumsum(self.counts)
@@ -85,7 +87,8 @@ def prepare(objects_dir: str, queries: str | pa.Table, config: RunConfig) -> Pre
         rest = rest.slice(0, c.batches * c.batch)
     timings["read_s"] = time.perf_counter() - t0
 
-    return prepare_tables(model, queries, initial, rest, processes=c.processes, timings=timings)
+    return prepare_tables(model, queries, initial, rest, processes=c.processes, timings=timings,
+                          reserve=c.places_reserved)
 
 
 def with_arrival_times(objects: pa.Table, arrival_ms: int, first: int = 0) -> pa.Table:
@@ -105,7 +108,7 @@ def live_initial(initial: pa.Table, window_ms: int) -> pa.Table:
 
 
 def prepare_tables(model: Any, queries: pa.Table, initial: pa.Table, stream: pa.Table, *, processes: int = 2,
-                   timings: dict[str, float] | None = None) -> Prepared:
+                   timings: dict[str, float] | None = None, reserve: int = 0) -> Prepared:
     """:class:`Prepared` from tables already in memory: the exact kNN of ``queries`` (``id``,
     ``lon``, ``lat``, ``keywords``, ``k``; may be empty) over ``initial`` (``id``, ``lon``,
     ``lat``, ``t``, ``keywords``; may be empty), with ``stream`` still to come."""
@@ -113,7 +116,7 @@ def prepare_tables(model: Any, queries: pa.Table, initial: pa.Table, stream: pa.
     t0 = time.perf_counter()
     index = ObjectIndex(initial) if initial.num_rows else None
     lon, lat = queries.column("lon").to_numpy(), queries.column("lat").to_numpy()
-    k = queries.column("k").to_numpy().astype(np.int64)
+    k = queries.column("k").to_numpy().astype(np.int64) + int(reserve)  # with a reserve, k + reserve
     if index is not None and len(lon):
         idx, counts, dist = index.knn_v(lon, lat, queries.column("keywords"), k, processes=processes)
     else:
@@ -123,4 +126,4 @@ def prepare_tables(model: Any, queries: pa.Table, initial: pa.Table, stream: pa.
     full = counts >= k
     radius[full] = dist[ends[full] - 1]
     timings["initial_knn_s"] = time.perf_counter() - t0
-    return Prepared(model, queries, initial, stream, index, idx, counts, dist, radius, timings)
+    return Prepared(model, queries, initial, stream, index, idx, counts, dist, radius, timings, reserve=int(reserve))

@@ -43,8 +43,8 @@ class Registrar:
         ``(W,)`` int64: queries per worker.
     """
 
-    def __init__(self, pool: WorkerPool, plan: PlanResult, objects: ObjectStore) -> None:
-        self.pool, self.plan, self.objects = pool, plan, objects
+    def __init__(self, pool: WorkerPool, plan: PlanResult, objects: ObjectStore, reserve: int = 0) -> None:
+        self.pool, self.plan, self.objects, self.reserve = pool, plan, objects, reserve
         self.query_worker: dict[str, int] = {}
         self.unregistered = 0  # queries unregistered so far
         self.worker_loads = np.array(plan.summary["worker_loads"], dtype=np.float64)
@@ -112,9 +112,10 @@ class Registrar:
             fresh.add(q.id)
         if not queries:
             return []
+        cap = [q.k + self.reserve for q in queries]  # with a reserve, the k + reserve nearest
         topk, info = self.objects.knn_v([q.lon for q in queries], [q.lat for q in queries],
-                                        [q.keywords for q in queries], [q.k for q in queries])
-        radius = np.array([t[-1][1] if len(t) == q.k else np.inf for q, t in zip(queries, topk)])
+                                        [q.keywords for q in queries], cap)
+        radius = np.array([t[-1][1] if len(t) == c else np.inf for c, t in zip(cap, topk)])
         rect = self.plan.model.rects(np.array([q.lon for q in queries]), np.array([q.lat for q in queries]), radius)
         routing = self.plan.routing
         mean_load = self.worker_loads.sum() / max(int(self.worker_queries.sum()), 1)

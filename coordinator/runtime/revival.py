@@ -111,8 +111,10 @@ def revive(pool: RayPool, registrar: Registrar, redis_url: str, namespace: str, 
         client.close()
     routing = registrar.plan.routing
     pool.replace(worker, vocabulary={w: i for i, w in enumerate(routing.vocabulary)})
+    # Redis holds the results only: r_q is the k-th distance (a reserve refills as objects expire).
+    radius = [top[-1][1] if len(top) == q.k else np.inf for q, top in zip(queries, topk)]
     pool.gather([pool.call(worker, "load_queries", QueryColumns.of(queries), topk, objects,
-                           versions=np.array(versions, dtype=np.int64), write=False)])
+                           versions=np.array(versions, dtype=np.int64), write=False, radius=radius)])
     out, resent = [], 0
     for d in uncollected:
         if worker not in d.rows:

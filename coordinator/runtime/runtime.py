@@ -118,7 +118,7 @@ class Runtime:
             self.pool = make_pool(c, self.store.url, vocabulary)
             self._exit.callback(self.pool.close)
             self.timings["start_workers_s"] = time.perf_counter() - t0
-            self.registrar = Registrar(self.pool, self.plan, self.objects)
+            self.registrar = Registrar(self.pool, self.plan, self.objects, c.places_reserved)
             self.timings["load_s"] = self.registrar.load(p, resume=self.resume, redis_url=self.store.url,
                                                          namespace=c.store.namespace, window=c.window is not None)
         except BaseException:

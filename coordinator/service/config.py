@@ -42,6 +42,8 @@ class ServeConfig:
     checkpoint_interval_s
         With a window: seconds between checkpoints (``--checkpoint-interval``;
         :mod:`~knnmon.coordinator.service.checkpoint`).
+    reserve
+        As :class:`~knnmon.coordinator.runtime.config.RunConfig` (``--reserve``).
 
     Raises
     ------
@@ -66,6 +68,7 @@ class ServeConfig:
     limits: Limits = DEFAULT_LIMITS
     window: int | None = None
     checkpoint_interval_s: float = 60.0
+    reserve: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_delay_ms < 0:
@@ -86,4 +89,4 @@ class ServeConfig:
         store = StoreConfig(url=redis_url, namespace=self.store.namespace, data_dir=self.store.data_dir)
         return RunConfig(workers=self.workers, algorithm=self.algorithm, initial=0, batch=self.batch, store=store,
                          ray_address=self.ray_address, executor=self.executor, processes=self.processes,
-                         limits=self.limits, window=self.window)
+                         limits=self.limits, window=self.window, reserve=self.reserve)

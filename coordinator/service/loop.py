@@ -168,7 +168,8 @@ class Service:
         # (a restart while connected to a cluster): then it searches in this process only.
         processes = 1 if _ray_running() else self.config.processes
         r = recover(self.client, self.redis_url, self.config.store.namespace, self._preload, self._model,
-                    processes=processes, limits=self.config.limits, skip=skip, window=self.config.window)
+                    processes=processes, limits=self.config.limits, skip=skip, window=self.config.window,
+                    reserve=self.config.run_config("redis://unused").places_reserved)
         self.counters["objects_entries_read"] = r.objects_entries_read
         self.counters["queries_entries_read"] = r.queries_entries_read
         self.runtime = Runtime(None, None, self.config.run_config(self.redis_url), r.prepared, resume=True).start()

@@ -187,6 +187,7 @@ def reconcile(url: str, namespace: str, client: redis.Redis, prepared: Prepared,
     if not q.num_rows:
         return versions, 0
     qids = q.column("id").to_pylist()
+    k = q.column("k").to_numpy().astype(np.int64)
     store = ObjectStore(prepared.initial, prepared.index)
     writer = ResultWriter(url, namespace, "recovery")
     versions = versions.copy()
@@ -199,7 +200,7 @@ def reconcile(url: str, namespace: str, client: redis.Redis, prepared: Prepared,
                 pipe.zrange(keys.result(qids[i]), 0, -1, withscores=True)
             diffs, rows = [], []
             for i, old in zip(part, pipe.execute()):
-                new = prepared.knn(i)
+                new = prepared.knn(i)[:k[i]]  # with a reserve, the list beyond k is not stored
                 if new == [(o, float(d)) for o, d in old]:
                     continue
                 old_ids, new_ids = {o for o, _ in old}, {o for o, _ in new}
@@ -216,8 +217,8 @@ def reconcile(url: str, namespace: str, client: redis.Redis, prepared: Prepared,
 
 
 def recover(client: redis.Redis, url: str, namespace: str, preload: pa.Table, model, *, processes: int = 2,
-            limits: Limits = DEFAULT_LIMITS, skip: frozenset[str] = frozenset(), window: int | None = None
-            ) -> Recovered:
+            limits: Limits = DEFAULT_LIMITS, skip: frozenset[str] = frozenset(), window: int | None = None,
+            reserve: int = 0) -> Recovered:
     """Rebuild the service's state (module docstring).
 
     Parameters
@@ -234,6 +235,8 @@ def recover(client: redis.Redis, url: str, namespace: str, preload: pa.Table, mo
         Delivered entries of the objects stream to leave out, and pending (poison isolation).
     window
         The service's window, ms: only the live objects count (``None``: all).
+    reserve
+        Neighbours each query keeps beyond ``k`` (:class:`~knnmon.workers.worker.KnnWorker`).
 
     Raises
     ------
@@ -250,7 +253,7 @@ def recover(client: redis.Redis, url: str, namespace: str, preload: pa.Table, mo
     queries, versions = read_queries(client, keys)
     queries_read = client.xlen(keys.ingest_queries) - _undelivered(client, keys.ingest_queries)
     prepared = prepare_tables(model, _queries_table(queries), objects, OBJECT_SCHEMA.empty_table(),
-                              processes=processes)
+                              processes=processes, reserve=reserve)
     prepared.versions, repaired = reconcile(url, namespace, client, prepared, versions)
     if repaired:
         log.warning("recovery: %d stored results differed from the exact kNN over the delivered objects (work in "

@@ -31,14 +31,17 @@ def live(objects: pa.Table, upto: int, window_ms: int) -> pa.Table:
     return seen.filter(pa.array(t > t.max() - window_ms))
 
 
-@pytest.mark.parametrize("executor", ["inline", "ray"])
-def test_exact_after_every_batch_with_expiry_and_refill(windowed, executor, request, redis_url, namespace, tmp_path):
+@pytest.mark.parametrize("executor, reserve", [("inline", 0), ("inline", 2), ("ray", None)])
+def test_exact_after_every_batch_with_expiry_and_refill(windowed, executor, reserve, request, redis_url, namespace,
+                                                         tmp_path):
+    """Without a reserve every expiry in a full result refills; with one (2, and the default 8)
+    the next neighbour comes from the reserve until it runs out."""
     if executor == "ray":
         request.getfixturevalue("ray_instance")
     objects_dir, queries, objects = windowed
     window = 1500 * SECOND
     config = RunConfig(workers=3, initial=3000, batch=250, batches=12, executor=executor, window=window,
-                       arrival_ms=SECOND, store=StoreConfig(redis_url, namespace, str(tmp_path)))
+                       arrival_ms=SECOND, reserve=reserve, store=StoreConfig(redis_url, namespace, str(tmp_path)))
     k = queries.column("k").to_numpy()
     below_k_then_full = set()
     was_below: set[str] = set()
