@@ -64,6 +64,7 @@ class RoutingTable:
         # delta, folded into keys/masks once it is an eighth of them: an addition costs
         # O(delta), not O(table).
         self.delta_keys, self.delta_masks = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.uint64)
+        self.additions = 0  # queries' regions added since the table was built (add_many)
         #: How :meth:`build` made the table (pairs, promotions); empty otherwise.
         self.stats: dict[str, int | float] = {}
         self._vocab = pa.array(vocabulary, type=pa.string())
@@ -199,6 +200,7 @@ class RoutingTable:
         ``[x0[i], x1[i]] x [y0[i], y1[i]]`` to worker ``workers[i]``; one merge of the sorted
         table for all (registering one by one would re-copy the table per query)."""
         n = self.grid.n
+        self.additions += len(codes)
         key_parts, bit_parts = [self.delta_keys], [self.delta_masks]
         for i, cs in enumerate(codes):
             bit = np.uint64(1) << np.uint64(int(workers[i]))

@@ -442,9 +442,12 @@ class KnnWorker:
         if not len(places):
             return none
         self.expired += len(places)
-        slots = np.unique(np.searchsorted(self.top_ptr, places, side="right") - 1)
-        n_res = np.minimum(self.count[slots], self.k[slots])
-        res_slot, res_h = np.repeat(slots, n_res), self.top_h[runs(self.top_ptr[slots], n_res)]
+        of = np.searchsorted(self.top_ptr, places, side="right") - 1
+        slots = np.unique(of)
+        # Results that lost an entry (not only their reserve): diffed at the write, re-sorted.
+        in_res = np.unique(of[places - self.top_ptr[of] < np.minimum(self.count[of], self.k[of])])
+        n_res = np.minimum(self.count[in_res], self.k[in_res])
+        res_slot, res_h = np.repeat(in_res, n_res), self.top_h[runs(self.top_ptr[in_res], n_res)]
         if self._before is None:
             self._before = (res_slot, res_h)
         else:  # a second expiry before the write: the first one's results are what Redis holds
@@ -459,8 +462,8 @@ class KnnWorker:
         pos = np.arange(len(s_keep)) - np.searchsorted(s_keep, s_keep, side="left")
         self.top_d[self.top_ptr[s_keep] + pos], self.top_h[self.top_ptr[s_keep] + pos] = d_keep, h_keep
         self.count[slots] = np.bincount(np.searchsorted(slots, s_keep), minlength=len(slots))
-        if self.reserve:
-            self._sort_lists(slots)  # ties now at the k-th place decide by id
+        if self.reserve and len(in_res):
+            self._sort_lists(in_res)  # ties now at the k-th place decide by id
         # Exact still iff k of what is left lie strictly within r_q (every live object there is
         # held); ties at r_q may miss some: refill (module docstring of expire).
         r = self.radius[s_keep]

@@ -5,7 +5,8 @@ window every refill adds the refilled query's larger one (to a small delta,
 :class:`~knnmon.assignment.routing.RoutingTable`). Nothing shrinks it when radii shrink, and an
 unregistered query's entries stay. So once the table holds 1.5 times the entries of its last
 build (plus :data:`SLACK`), or :data:`UNREGISTERED_SHARE` of the queries were unregistered since,
-it is built again from every worker's queries and radii as they are now (the plan's
+or it had additions and :data:`REBUILD_S` passed since its last build (radii shrink: a table built
+while results were short routes too widely), it is built again from every worker's queries and radii as they are now (the plan's
 :meth:`RoutingTable.build` over a :class:`~knnmon.assignment.workload.Workload` of them), in
 place, keeping its keyword codes (the workers' batches are encoded with them). Its size then
 follows the registered queries' regions, not history.
@@ -25,7 +26,7 @@ from knnmon.assignment.routing import RoutingTable
 from knnmon.assignment.workload import Workload
 from knnmon.coordinator.runtime.worker_pool import WorkerPool
 
-__all__ = ["RoutingUpkeep", "SLACK", "UNREGISTERED_SHARE"]
+__all__ = ["REBUILD_S", "RoutingUpkeep", "SLACK", "UNREGISTERED_SHARE"]
 
 log = logging.getLogger("knnmon.runtime")
 
@@ -33,6 +34,8 @@ log = logging.getLogger("knnmon.runtime")
 SLACK = 1 << 16
 #: Share of the queries unregistered since the last build that makes a rebuild due.
 UNREGISTERED_SHARE = 0.1
+#: Seconds after which a table that had additions since its last build is rebuilt.
+REBUILD_S = 120.0
 
 
 class RoutingUpkeep:
@@ -55,12 +58,15 @@ class RoutingUpkeep:
         self.baseline = routing.entries
         self._unregistered_at = 0
         self.rebuilds = 0
+        self._built_at = time.monotonic()
+        self._additions_at = routing.additions
 
     def due(self, queries: int, unregistered: int) -> bool:
         """Whether the table grew or went stale enough to rebuild (``queries``: registered now;
         ``unregistered``: unregistered in all so far)."""
         return (self.routing.entries > 1.5 * self.baseline + SLACK
-                or unregistered - self._unregistered_at >= max(1.0, UNREGISTERED_SHARE * queries))
+                or unregistered - self._unregistered_at >= max(1.0, UNREGISTERED_SHARE * queries)
+                or (self.routing.additions > self._additions_at and time.monotonic() - self._built_at >= REBUILD_S))
 
     def rebuild(self, unregistered: int = 0) -> float:
         """Rebuild the table from the workers' queries as they are now (``unregistered`` as in
@@ -92,6 +98,7 @@ class RoutingUpkeep:
             order = np.argsort(keys, kind="stable")
             r.replace_entries(always, keys[order], fresh.masks[order])
         self.baseline, self._unregistered_at = r.entries, unregistered
+        self._built_at, self._additions_at = time.monotonic(), r.additions
         self.rebuilds += 1
         seconds = time.perf_counter() - t0
         log.info("routing table rebuilt from %d queries' regions: %d entries, %.2f s", len(workers), r.entries, seconds)

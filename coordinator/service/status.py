@@ -33,8 +33,11 @@ def snapshot(svc: Any) -> dict[str, Any]:
     """The status of a running :class:`~knnmon.coordinator.service.loop.Service`: process,
     heartbeat, settings (without the Redis URL), queries and predicted load per worker, measured
     busy time per worker, the workers' nodes, latency XADD -> acknowledged (p50, p99 over the
-    last 1,000 batches, ms), and the service's counters."""
-    reg = svc.runtime.registrar if svc.runtime is not None else None
+    last 1,000 batches, ms), the objects held (with a window: live), the routing table's entries,
+    the watermark (with a window), and the service's counters."""
+    rt = svc.runtime
+    reg = rt.registrar if rt is not None else None
+    window = rt.dispatcher.window if rt is not None and rt.dispatcher is not None else None
     lat = np.concatenate(list(svc.latencies)) if svc.latencies else np.zeros(0)
     config = asdict(svc.config)
     config["store"] = {k: v for k, v in config["store"].items() if k != "url"}
@@ -50,6 +53,9 @@ def snapshot(svc: Any) -> dict[str, Any]:
         "redis": redact(svc.redis_url), "data_dir": svc.config.store.data_dir,
         "latency_ms_p50": float(np.percentile(lat, 50)) if len(lat) else None,
         "latency_ms_p99": float(np.percentile(lat, 99)) if len(lat) else None,
+        "objects_held": len(rt.objects) if rt is not None and rt.objects is not None else None,
+        "routing_entries": rt.plan.routing.entries if rt is not None and rt.plan is not None else None,
+        "watermark_ms": window.watermark if window is not None else None,
         **svc.counters,
     }
 
@@ -152,6 +158,11 @@ def format_status(s: dict[str, Any]) -> str:
         if svc.get("latency_ms_p50") is not None:
             lines.append(f"  latency XADD -> result written: p50 {svc['latency_ms_p50']:.1f} ms, "
                          f"p99 {svc['latency_ms_p99']:.1f} ms (last 1,000 batches)")
+        if svc.get("watermark_ms") is not None:
+            lines.append(f"  window {svc['config']['window'] / 1e3:,.0f} s: watermark {svc['watermark_ms']}, "
+                         f"{svc.get('objects_held') or 0:,} live objects, {svc.get('late', 0):,} late rejected, "
+                         f"{svc.get('checkpoints', 0):,} checkpoints trimmed {svc.get('entries_trimmed', 0):,} "
+                         f"entries; routing entries {svc.get('routing_entries') or 0:,}")
         lines.append("  worker  node      pid      queries  predicted load  busy ms (measured)")
         procs = svc.get("worker_processes") or []
         for w in range(svc["workers"]):
