@@ -180,7 +180,8 @@ class Dispatcher:
         for w in range(self.pool.size):
             mine = np.flatnonzero((masks >> np.uint64(w)) & np.uint64(1))
             if len(mine) or cutoff is not None:
-                pending.append(self.pool.call(w, "process_rows", shared, mine, cutoff=cutoff, refills=refills.get(w)))
+                window = {"cutoff": cutoff, "refills": refills.get(w)} if cutoff is not None else {}
+                pending.append(self.pool.call(w, "process_rows", shared, mine, **window))
                 sent += len(mine)
                 rows[w] = mine
         route_ms = (time.perf_counter() - t0) * 1e3

@@ -121,8 +121,8 @@ def revive(pool: RayPool, registrar: Registrar, redis_url: str, namespace: str, 
             out.append(d)
             continue
         if d.number > last:
-            call = pool.call(worker, "process_rows", d.shared, d.rows[worker], cutoff=d.cutoff,
-                             refills=d.refills.get(worker))
+            window = {"cutoff": d.cutoff, "refills": d.refills.get(worker)} if d.cutoff is not None else {}
+            call = pool.call(worker, "process_rows", d.shared, d.rows[worker], **window)
             resent += 1
         else:  # applied before the worker died; its report is lost
             call = Pending(worker, pool.share(WorkerReport(worker=worker, batch=d.number)))
