@@ -7,7 +7,8 @@ take their entry's time). Every ``--sample-s`` (10 s) it samples Redis ``used_me
 the service and of each worker, the live objects and routing entries (the service's status) and
 the latency XADD -> acknowledged of the batches since the last sample (p50 / p99, ms). At each
 ``--kill-at-s`` it SIGKILLs the service, starts it again and times the restart until it has
-caught up (acknowledged every entry published before the kill). At the end ``--check`` queries
+caught up (acknowledged every entry published before the kill; ``None`` if it did not within
+``--catch-up-s`` after publishing ends). At the end ``--check`` queries
 are compared with the brute-force oracle over the live objects. Places are published again under
 new ids (``<id>#<round>``) once the stream runs out.
 
@@ -126,6 +127,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sample-s", type=float, default=10.0)
     ap.add_argument("--kill-at-s", default="300,1200", help="seconds into publishing to SIGKILL and restart")
     ap.add_argument("--checkpoint-interval", type=float, default=60.0)
+    ap.add_argument("--catch-up-s", type=float, default=600.0,
+                    help="after publishing, wait at most this long for a restart and the backlog (bound in time)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--check", type=int, default=2000, help="queries checked against the oracle at the end")
     ap.add_argument("--out", help="write the samples and restarts as JSON")
@@ -156,25 +159,28 @@ def main(argv=None) -> int:
                         keep=int(a.rate * window_ms / 1000 * 2))
         pub.start()
         since, next_sample = "0-0", start + a.sample_s
+        pending = None  # a restart not caught up yet: (at, killed, up, last entry id before the kill)
+        end = start + a.duration_s + a.catch_up_s
+        exact, drained = None, False
         try:
-            while pub.is_alive() or kills:
+            while (pub.is_alive() or kills or pending) and time.monotonic() < end:
                 now = time.monotonic()
-                if kills and now - start >= kills[0]:
+                if kills and now - start >= kills[0] and pending is None:
                     at = kills.pop(0)
                     proc.send_signal(signal.SIGKILL)
                     proc.wait()
                     killed = time.monotonic()
                     last = pub.published[-1][0]
                     proc = start_serve(server.url, a, r, keys, log)
-                    up = time.monotonic()
-                    while not caught_up(r, keys, last):
-                        if proc.poll() is not None:
-                            raise SystemExit(f"serve exited with {proc.returncode}")
-                        time.sleep(0.05)
+                    pending = (at, killed, time.monotonic(), last)
+                if pending is not None and caught_up(r, keys, pending[3]):
+                    at, killed, up, _ = pending
                     restarts.append({"at_s": at, "status_up_s": round(up - killed, 2),
-                                     "caught_up_s": round(time.monotonic() - killed, 2),
-                                     "stream_len_at_restart": r.xlen(keys.ingest_objects)})
+                                     "caught_up_s": round(time.monotonic() - killed, 2)})
                     print(f"restart at {at:.0f} s: caught up in {restarts[-1]['caught_up_s']} s", flush=True)
+                    pending = None
+                if proc.poll() is not None:
+                    raise SystemExit(f"serve exited with {proc.returncode}")
                 if now >= next_sample:
                     next_sample += a.sample_s
                     status = json.loads(r.get(keys.serve_status) or "{}")
@@ -190,9 +196,15 @@ def main(argv=None) -> int:
                     samples.append(row)
                     print(json.dumps(row), flush=True)
                 time.sleep(0.2)
-            wait_processed(r, keys, proc, timeout_s=600)
-            exact = None
-            if a.check:
+            if pending is not None:
+                restarts.append({"at_s": pending[0], "status_up_s": round(pending[2] - pending[1], 2),
+                                 "caught_up_s": None})
+            try:
+                wait_processed(r, keys, proc, timeout_s=max(1.0, end - time.monotonic()))
+                drained = True
+            except AssertionError:
+                drained = False
+            if a.check and drained:
                 published = pa.Table.from_pylist([{**o, "t": entry_time_ms(e)} for e, o in pub.published])
                 t = published.column("t").to_numpy()
                 live = published.filter(pa.array(t > t.max() - window_ms))
@@ -203,7 +215,8 @@ def main(argv=None) -> int:
             proc.wait(timeout=120)
             log.close()
     out = {"machine": {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count()},
-           "config": vars(a), "samples": samples, "restarts": restarts, "exact": exact, "published": pub.sent}
+           "config": vars(a), "samples": samples, "restarts": restarts, "exact": exact, "drained": drained,
+           "published": pub.sent}
     print(json.dumps({"restarts": restarts, "exact": exact, "published": pub.sent}), flush=True)
     if a.out:
         with open(a.out, "w", encoding="utf-8") as fh:
