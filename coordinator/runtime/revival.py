@@ -14,9 +14,6 @@ a new one and rebuilds it from what Redis holds, while the other workers keep th
    so nothing is lost by not sending it again.
 
 The revived worker's reports of batches it had applied before dying are lost (empty reports).
-With a window, the result objects' times come from their hashes (``knn:object:{oid}``), so the
-new worker expires them as the old one would, and a batch sent again carries its expiry cutoff
-and its refills.
 """
 
 from __future__ import annotations
@@ -28,7 +25,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from knnmon.batch import ObjectInfo, WorkerReport
+from knnmon.batch import WorkerReport
 from knnmon.connection import connect, with_retries
 from knnmon.coordinator.runtime.dispatch import DispatchedBatch
 from knnmon.coordinator.runtime.registration import Registrar
@@ -49,26 +46,6 @@ def last_applied_batch(client, keys: Keys, worker: int) -> int:
         return max(int(marker.rsplit(":", 1)[1]), -1)
     except (IndexError, ValueError):
         return -1
-
-
-def read_objects_info(client, keys: Keys, oids: Sequence[str], redis_url: str, chunk: int = 10_000
-                      ) -> dict[str, ObjectInfo]:
-    """The details (``knn:object:{oid}``) of objects in results, by id; an object whose hash is
-    missing is left out. With a window, the rebuilt worker needs their times to expire them."""
-    out: dict[str, ObjectInfo] = {}
-    for s in range(0, len(oids), chunk):
-        part = oids[s:s + chunk]
-
-        def read(part=part):
-            pipe = client.pipeline(transaction=False)
-            for oid in part:
-                pipe.hmget(keys.object(oid), "lon", "lat", "t", "keywords")
-            return pipe.execute()
-
-        for oid, (lon, lat, t, kws) in zip(part, with_retries(read, "reading result objects", redis_url)):
-            if t is not None:
-                out[oid] = ObjectInfo(float(lon), float(lat), int(t), (kws or "").split())
-    return out
 
 
 def revive(pool: RayPool, registrar: Registrar, redis_url: str, namespace: str, worker: int,
@@ -105,24 +82,20 @@ def revive(pool: RayPool, registrar: Registrar, redis_url: str, namespace: str, 
                 queries.append(query)
                 versions.append(version)
                 topk.append([(o, float(d)) for o, d in result])
-        objects = read_objects_info(client, keys, sorted({o for top in topk for o, _ in top}), redis_url, chunk)
         last = with_retries(lambda: last_applied_batch(client, keys, worker), "reading a worker's marker", redis_url)
     finally:
         client.close()
     routing = registrar.plan.routing
     pool.replace(worker, vocabulary={w: i for i, w in enumerate(routing.vocabulary)})
-    # Redis holds the results only: r_q is the k-th distance (a reserve refills as objects expire).
-    radius = [top[-1][1] if len(top) == q.k else np.inf for q, top in zip(queries, topk)]
-    pool.gather([pool.call(worker, "load_queries", QueryColumns.of(queries), topk, objects,
-                           versions=np.array(versions, dtype=np.int64), write=False, radius=radius)])
+    pool.gather([pool.call(worker, "load_queries", QueryColumns.of(queries), topk, {},
+                           versions=np.array(versions, dtype=np.int64), write=False)])
     out, resent = [], 0
     for d in uncollected:
         if worker not in d.rows:
             out.append(d)
             continue
         if d.number > last:
-            window = {"cutoff": d.cutoff, "refills": d.refills.get(worker)} if d.cutoff is not None else {}
-            call = pool.call(worker, "process_rows", d.shared, d.rows[worker], **window)
+            call = pool.call(worker, "process_rows", d.shared, d.rows[worker])
             resent += 1
         else:  # applied before the worker died; its report is lost
             call = Pending(worker, pool.share(WorkerReport(worker=worker, batch=d.number)))

@@ -156,16 +156,23 @@ class Runtime:
         dispatched after it (``later``, updated in place) sent to it again, at most
         :data:`MAX_REVIVALS` times a run.
 
+        With a window a lost worker is not revived here: Redis holds its results but not their
+        reserves, and the refills its rebuilt lists would need must be searched over the live
+        objects as they were before ``d``, which the object store has moved past (the batches
+        in flight). ``knnmon serve`` then recovers every worker from Redis and the trimmed
+        objects stream (exact); ``knnmon run`` stops with the error.
+
         Raises
         ------
         WorkerLostError
-            In process (nothing to revive), or after :data:`MAX_REVIVALS` revivals.
+            In process (nothing to revive), with a window, or after :data:`MAX_REVIVALS` revivals.
         """
         while True:
             try:
                 return self.dispatcher.collect(d)
             except WorkerLostError as ex:
-                if not isinstance(self.pool, RayPool) or self.workers_revived >= MAX_REVIVALS:
+                if (not isinstance(self.pool, RayPool) or self.workers_revived >= MAX_REVIVALS
+                        or self.config.window is not None):  # with a window: see _collect's docstring
                     raise
                 revived = revive(self.pool, self.registrar, self.store.url, self.config.store.namespace, ex.worker,
                                  [d, *later])

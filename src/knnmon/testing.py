@@ -16,7 +16,7 @@ from knnmon.connection import connect
 from knnmon.keys import Keys
 from knnmon.oracle import BruteForceKnn
 
-__all__ = ["assert_exact", "client_round_trip", "dump_keys", "expected", "head_lines", "knnmon_cli", "object_fields",
+__all__ = ["assert_exact", "assert_feed_and_objects", "client_round_trip", "dump_keys", "expected", "head_lines", "knnmon_cli", "object_fields",
            "redis_results", "register_fields", "run_exact", "serve_process", "wait_processed"]
 
 
@@ -66,6 +66,35 @@ def assert_exact(url: str, namespace: str, queries: pa.Table, oracle: BruteForce
         if not same:
             raise AssertionError(f"query {r['id']}: Redis holds {g}, the oracle says {want}")
     return len(rows)
+
+
+def assert_feed_and_objects(r: redis.Redis, keys: Keys, qids: list[str]) -> None:
+    """Assert nothing was applied twice or lost in Redis: each query's ``knn:changes`` versions
+    are 0 (its registration) .. its hash's ``version``, once each; replaying the feed from the
+    start gives its result's members; and the object hashes are exactly the objects in some
+    result, each counting the results holding it (``r``: a client with ``decode_responses``).
+
+    Raises
+    ------
+    AssertionError
+        Naming the first query (or the object hashes) that differ.
+    """
+    from collections import Counter
+
+    versions: dict[str, list[int]] = {}
+    mirror: dict[str, set[str]] = {}
+    for _, f in r.xrange(keys.changes):
+        versions.setdefault(f["qid"], []).append(int(f["version"]))
+        mirror[f["qid"]] = (mirror.get(f["qid"], set()) - set(f["left"].split())) | set(f["entered"].split())
+    for qid in qids:
+        v = versions.get(qid, [])
+        assert v == list(range(len(v))), qid
+        assert int(r.hget(keys.query(qid), "version")) == len(v) - 1, qid
+        assert mirror[qid] == set(r.zrange(keys.result(qid), 0, -1)), qid
+    holders = Counter(o for qid in qids for o in r.zrange(keys.result(qid), 0, -1))
+    stored = {k.split(":", 2)[2]: int(r.hget(k, "refs"))
+              for k in r.scan_iter(f"{keys.namespace}:object:*", count=10_000)}
+    assert stored == dict(holders), "object hashes differ from the results' members"
 
 
 def wait_processed(r: redis.Redis, keys: Keys, proc: subprocess.Popen | None = None, timeout_s: float = 120) -> None:

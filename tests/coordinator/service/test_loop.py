@@ -19,7 +19,7 @@ import redis
 from knnmon.ingest.reading import read_objects, stream_order
 from knnmon.keys import Keys
 from knnmon.oracle import BruteForceKnn
-from knnmon.testing import assert_exact, knnmon_cli, object_fields, register_fields, serve_process, wait_processed
+from knnmon.testing import assert_exact, assert_feed_and_objects, knnmon_cli, object_fields, register_fields, serve_process, wait_processed
 
 
 def start_serve(url: str, namespace: str, tmp_path, *extra: str) -> subprocess.Popen:
@@ -146,22 +146,7 @@ def test_serve_killed_mid_stream_loses_nothing_and_duplicates_nothing(redis_url,
     assert kills == 2
     oracle = BruteForceKnn(pa.Table.from_pylist(places))
     assert_exact(redis_url, namespace, pa.Table.from_pylist(queries), oracle)
-    # Nothing duplicated: each query's change versions are 0 (its registration) .. version, once
-    # each, and applying the feed from the start gives its result's members.
-    versions: dict[str, list[int]] = {}
-    mirror: dict[str, set[str]] = {}
-    for _, f in r.xrange(keys.changes):
-        versions.setdefault(f["qid"], []).append(int(f["version"]))
-        mirror[f["qid"]] = (mirror.get(f["qid"], set()) - set(f["left"].split())) | set(f["entered"].split())
-    for q in queries:
-        v = versions.get(q["id"], [])
-        assert v == list(range(len(v))), q["id"]
-        assert int(r.hget(keys.query(q["id"]), "version")) == len(v) - 1
-        assert mirror[q["id"]] == set(r.zrange(keys.result(q["id"]), 0, -1))
-    # Object hashes: exactly the objects in some result, each counting the results holding it.
-    holders = Counter(o for q in queries for o in r.zrange(keys.result(q["id"]), 0, -1))
-    stored = {k.split(":", 2)[2]: int(r.hget(k, "refs")) for k in r.scan_iter(f"{namespace}:object:*", count=10_000)}
-    assert stored == dict(holders)
+    assert_feed_and_objects(r, keys, [q["id"] for q in queries])  # nothing duplicated or lost
     assert [f["_entry"] for _, f in r.xrange(keys.ingest_rejects)] == [r.xrevrange(keys.ingest_objects, count=1)[0][0]]
 
 

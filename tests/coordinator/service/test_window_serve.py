@@ -16,7 +16,8 @@ from knnmon.coordinator.runtime.config import ARRIVAL_EPOCH_MS
 from knnmon.ingest.reading import read_objects, stream_order
 from knnmon.keys import Keys
 from knnmon.oracle import BruteForceKnn
-from knnmon.testing import assert_exact, object_fields, register_fields, serve_process, wait_processed
+from knnmon.testing import (assert_exact, assert_feed_and_objects, object_fields, register_fields, serve_process,
+                            wait_processed)
 
 WINDOW_S = 1500
 
@@ -67,17 +68,6 @@ def test_window_across_sigkill_and_trims(redis_url, namespace, places_slice, sli
     assert rejects == {"late": 20}
     # The stream keeps about what the window needs (+ up to one checkpoint interval of batches).
     assert r.xlen(keys.ingest_objects) < WINDOW_S + 2000
-    # The change feed reproduces every result; versions are contiguous (nothing applied twice).
-    versions: dict[str, list[int]] = {}
-    mirror: dict[str, set[str]] = {}
-    for _, f in r.xrange(keys.changes):
-        versions.setdefault(f["qid"], []).append(int(f["version"]))
-        mirror[f["qid"]] = (mirror.get(f["qid"], set()) - set(f["left"].split())) | set(f["entered"].split())
-    for q in queries:
-        v = versions.get(q["id"], [])
-        assert v == list(range(len(v))), q["id"]
-        assert mirror[q["id"]] == set(r.zrange(keys.result(q["id"]), 0, -1))
-    # Object hashes: exactly the (live) objects in some result, each counting the results holding it.
-    holders = Counter(o for q in queries for o in r.zrange(keys.result(q["id"]), 0, -1))
-    stored = {k.split(":", 2)[2]: int(r.hget(k, "refs")) for k in r.scan_iter(f"{namespace}:object:*", count=10_000)}
-    assert stored == dict(holders)
+    # The change feed replays to every result, versions contiguous; object hashes: exactly the
+    # (live) objects in some result, each counting the results holding it.
+    assert_feed_and_objects(r, keys, [q["id"] for q in queries])

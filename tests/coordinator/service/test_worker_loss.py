@@ -1,6 +1,6 @@
 """A Ray worker process killed under ``knnmon serve``: the lost worker is revived from Redis (or,
-if it is lost outside a batch, all workers are rebuilt), the service keeps serving and stays
-exact; nothing acknowledged is lost or applied twice."""
+if it is lost outside a batch, or with a window, all workers are rebuilt), the service keeps
+serving and stays exact; nothing acknowledged is lost or applied twice."""
 
 from __future__ import annotations
 
@@ -13,8 +13,10 @@ import time
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 import redis
 
+from knnmon.coordinator.runtime.preparation import with_arrival_times
 from knnmon.ingest.reading import read_objects, stream_order
 from knnmon.keys import Keys
 from knnmon.oracle import BruteForceKnn
@@ -27,18 +29,25 @@ def _status(url: str, namespace: str) -> dict:
     return json.loads(s.stdout)["service"]
 
 
+@pytest.mark.parametrize("window_s", [None, 1500], ids=["append-only", "window"])
 def test_a_killed_worker_process_is_rebuilt_and_serve_stays_exact(redis_url, namespace, places_slice, slice_queries,
-                                                                   tmp_path):
+                                                                   tmp_path, window_s):
     r = redis.Redis.from_url(redis_url, decode_responses=True)
     keys = Keys(namespace)
-    places = stream_order(read_objects(str(places_slice)), None).to_pylist()
+    places = stream_order(read_objects(str(places_slice)), None)
+    extra: list[str] = []
+    if window_s:  # one place per second; the oracle sees the live ones
+        places = with_arrival_times(places, 1000)
+        extra = ["--window", f"{window_s}s"]
+    places = places.to_pylist()
     queries = pq.read_table(slice_queries).slice(0, 300).to_pylist()
     for q in queries:
         r.xadd(keys.ingest_queries, register_fields(q))
     env = {k: v for k, v in os.environ.items() if k != "KNNMON_REDIS_URL"}
     with open(tmp_path / "serve.log", "w") as log:
         proc = subprocess.Popen([sys.executable, "-m", "knnmon.coordinator.cli", "serve", "--redis", redis_url,
-                                 "--namespace", namespace, "--workers", "2", "--batch", "250", "--max-delay-ms", "5"],
+                                 "--namespace", namespace, "--workers", "2", "--batch", "250", "--max-delay-ms", "5",
+                                 *extra],
                                 stdout=log, stderr=subprocess.STDOUT, env=env)
     try:
         pipe = r.pipeline(transaction=False)
@@ -66,8 +75,9 @@ def test_a_killed_worker_process_is_rebuilt_and_serve_stays_exact(redis_url, nam
     finally:
         if proc.poll() is None:
             proc.kill()
+    applied = places[-window_s:] if window_s else places
     assert assert_exact(redis_url, namespace, pa.Table.from_pylist(queries),
-                        BruteForceKnn(pa.Table.from_pylist(places))) == 300
+                        BruteForceKnn(pa.Table.from_pylist(applied))) == 300
     versions: dict[str, list[int]] = {}
     for _, f in r.xrange(keys.changes):
         versions.setdefault(f["qid"], []).append(int(f["version"]))
