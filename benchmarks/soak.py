@@ -35,7 +35,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import redis
 
-from knnmon.coordinator.service.protocol import entry_order, entry_time_ms
+from knnmon.coordinator.service.protocol import entry_order, entry_time_ms, group_info
 from knnmon.ingest.reading import read_objects, stream_order
 from knnmon.keys import Keys
 from knnmon.oracle import BruteForceKnn
@@ -111,9 +111,10 @@ def batch_latencies(r: redis.Redis, keys: Keys, since: str) -> tuple[np.ndarray,
 
 
 def caught_up(r: redis.Redis, keys: Keys, last_id: str) -> bool:
-    """Whether a logged batch acknowledged ``last_id`` (or a later entry)."""
-    rows = r.xrevrange(keys.serve_batches, count=1)
-    return bool(rows) and entry_order(rows[0][1]["last"]) >= entry_order(last_id)
+    """Whether the service acknowledged every entry up to ``last_id``: the group delivered it
+    and holds nothing pending (recovery acknowledges what was in flight without logging a batch)."""
+    g = group_info(r, keys.ingest_objects)
+    return g is not None and not g["pending"] and entry_order(g["last-delivered-id"]) >= entry_order(last_id)
 
 
 def main(argv=None) -> int:
