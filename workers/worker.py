@@ -158,6 +158,11 @@ class KnnWorker:
             self._t[h] = t
         return h
 
+    def _handle_in(self, oid: str, objects: Mapping[str, ObjectInfo]) -> int:
+        """:meth:`_handle` of an object whose details ``objects`` may hold (its time, if so)."""
+        info = objects.get(oid)
+        return self._handle(oid, info.t if info is not None else NO_TIME)
+
     def _key_handles(self) -> None:
         """Extend the handles' id prefix keys (:func:`~knnmon.encoding.id_prefix_keys`) to new handles."""
         n = len(self.oids)
@@ -167,7 +172,7 @@ class KnnWorker:
             self._keyed = n
 
     def _append(self, queries: QueryColumns, topk: Sequence[Sequence[tuple[str, float]]],
-                objects: Mapping[str, ObjectInfo], radius: np.ndarray | None = None) -> range:
+                objects: Mapping[str, ObjectInfo]) -> range:
         """Add valid queries in bulk (one array concatenation); returns their slots.
 
         Raises
@@ -194,11 +199,8 @@ class KnnWorker:
             lst = sorted((float(d), str(o)) for o, d in topk[i])[:kk + self.reserve]
             count[i] = len(lst)
             for j, (d, o) in enumerate(lst):
-                info = objects.get(o)
-                top_d[start[i] + j], top_h[start[i] + j] = d, self._handle(o, info.t if info is not None else NO_TIME)
-            if radius is not None:
-                radii[i] = radius[i]
-            elif len(lst) == kk + self.reserve:
+                top_d[start[i] + j], top_h[start[i] + j] = d, self._handle_in(o, objects)
+            if len(lst) == kk + self.reserve:
                 radii[i] = lst[-1][0]
         self.kw_ptr = np.concatenate([self.kw_ptr, self.kw_ptr[-1] + np.cumsum([len(c) for c in codes], dtype=np.int64)])
         self.kw_code = np.concatenate([self.kw_code, np.fromiter((c for row in codes for c in row), dtype=np.int64)])
@@ -267,7 +269,7 @@ class KnnWorker:
 
     def load_queries(self, queries: QueryColumns, topk: Sequence[Sequence[tuple[str, float]]],
                      objects: Mapping[str, ObjectInfo], *, versions: Sequence[int] | None = None, write: bool = True,
-                     radius: Sequence[float] | None = None, chunk: int = 5000) -> dict[str, Any]:
+                     chunk: int = 5000) -> dict[str, Any]:
         """Take queries with their initial kNN (exact over the objects seen so far).
 
         Parameters
@@ -281,10 +283,6 @@ class KnnWorker:
             Details of every object in those lists (for ``knn:object:{oid}``).
         versions
             ``m`` change counts to continue from (a service resuming); default 0.
-        radius
-            ``(m,)`` meters: each query's ``r_q`` when ``topk`` holds fewer than ``k + reserve``
-            neighbours although more objects match (a worker rebuilt from Redis, which holds
-            only the results); default: the last distance of a full list, else ``inf``.
         write
             Write the queries and results to Redis; ``False`` when Redis holds them already
             (a service resuming after it reconciled them).
@@ -295,7 +293,7 @@ class KnnWorker:
             ``queries``, ``index_entries``, ``seconds``.
         """
         t0 = time.perf_counter()
-        slots = self._append(queries, topk, objects, None if radius is None else np.asarray(radius, dtype=np.float64))
+        slots = self._append(queries, topk, objects)
         if versions is not None:
             self.version[slots.start:slots.stop] = np.asarray(versions, dtype=np.int64)
         if self.writer is not None and write:
@@ -409,19 +407,23 @@ class KnnWorker:
 
     # -- the window ----------------------------------------------------------------------------
     def expire(self, cutoff: int) -> QueryColumns:
-        """Remove the objects with ``t <= cutoff`` (epoch ms) from every result held here.
+        """Remove the objects with ``t <= cutoff`` (epoch ms) from every list held here.
 
-        A result that lost an object and had ``k`` of them (a finite ``r_q``) may now miss live
-        objects beyond ``r_q``: it is returned, to be refilled with its exact kNN over the live
-        objects (:meth:`process_batch`'s ``refills``); a result below ``k`` held every matching
-        live object and just shrinks. The results as they were are kept until the batch's write,
-        which sends each touched result's whole difference (``left`` and ``entered``). Calling
-        it again with a cutoff not larger does nothing. O(sum of k) per call.
+        Every live matching object strictly within a query's ``r_q`` is in its list (``r_q`` is
+        the list's last distance when it was last full, ``inf`` if it never was). So a list that
+        lost objects still starts with the exact kNN if at least ``k`` of what is left lie
+        strictly within ``r_q`` (objects tied at exactly ``r_q`` may be missing); otherwise the
+        query is returned, to be refilled with its exact ``k + reserve`` nearest over the live
+        objects (:meth:`process_batch`'s ``refills``). A list with ``r_q = inf`` held every
+        matching live object and just shrinks. The results as they were are kept until the
+        batch's write, which sends each changed result's whole difference (``left`` and
+        ``entered``). Calling it again with a cutoff not larger does nothing. O(sum of k +
+        reserve) per call.
 
         Returns
         -------
         QueryColumns
-            The queries to refill (``k`` as registered).
+            The queries to refill, ``k`` holding the neighbours to search (``k + reserve``).
         """
         none = QueryColumns([], np.empty(0), np.empty(0), [], np.empty(0, dtype=np.int64))
         if cutoff <= self._cutoff:
@@ -464,8 +466,7 @@ class KnnWorker:
         self.count[slots] = np.bincount(np.searchsorted(slots, s_keep), minlength=len(slots))
         if self.reserve and len(in_res):
             self._sort_lists(in_res)  # ties now at the k-th place decide by id
-        # Exact still iff k of what is left lie strictly within r_q (every live object there is
-        # held); ties at r_q may miss some: refill (module docstring of expire).
+        # Exact still iff k of what is left lie strictly within r_q (the docstring above).
         r = self.radius[s_keep]
         below = np.bincount(np.searchsorted(slots, s_keep[d_keep < r]), minlength=len(slots))
         need = slots[np.isfinite(self.radius[slots]) & (below < self.k[slots])]
@@ -501,8 +502,7 @@ class KnnWorker:
             lst = sorted((float(d), str(o)) for o, d in top)[:kk]
             self.top_d[a:a + kk], self.top_h[a:a + kk] = np.inf, -1
             for i, (d, o) in enumerate(lst):
-                info = refills.objects.get(o)
-                self.top_d[a + i], self.top_h[a + i] = d, self._handle(o, info.t if info is not None else NO_TIME)
+                self.top_d[a + i], self.top_h[a + i] = d, self._handle_in(o, refills.objects)
             self.count[j] = len(lst)
             self.radius[j] = lst[-1][0] if len(lst) == kk else np.inf
             slots.append(j)
@@ -542,21 +542,28 @@ class KnnWorker:
         ent, left = ~np.isin(kn, ko), ~np.isin(ko, kn)
         changed = np.union1d(new_slot[ent], old_slot[left])
         self.version[changed] += 1
-        e_slot, e_h, e_d = new_slot[ent], new_h[ent], new_d[ent]
         order = np.argsort(old_slot[left], kind="stable")
-        l_slot, l_h = old_slot[left][order], old_h[left][order]
-        ref_h, ref_n = np.unique(np.concatenate([e_h, l_h]), return_inverse=True)
-        delta = np.bincount(ref_n, weights=np.r_[np.ones(len(e_h)), -np.ones(len(l_h))]) if len(ref_h) else np.empty(0)
-        nz = np.flatnonzero(delta)
-        oids = self.oids
         at_batch = {oid: j for j, oid in enumerate(ids)}
         info = {}
-        for h in np.unique(e_h).tolist():
-            oid = oids[h]
+        for h in np.unique(new_h[ent]).tolist():
+            oid = self.oids[h]
             j = at_batch.get(oid)
             info[oid] = (ObjectInfo(float(lon[j]), float(lat[j]), int(t[j]), keywords[j]) if j is not None
                          else (self._details if self._details is not None else self._refilled)[oid])
         self._before, self._refilled = None, {}
+        return self._batch_changes(changed, new_slot[ent], new_h[ent], new_d[ent], old_slot[left][order],
+                                   old_h[left][order], info), changed
+
+    def _batch_changes(self, changed: np.ndarray, e_slot: np.ndarray, e_h: np.ndarray, e_d: np.ndarray,
+                       l_slot: np.ndarray, l_h: np.ndarray, info: Mapping[str, ObjectInfo]) -> BatchChanges:
+        """:class:`BatchChanges` of the results ``changed`` (sorted slots): handles ``e_h`` (at
+        ``e_d`` meters) entered and ``l_h`` left them, each grouped by their slot (``e_slot``,
+        ``l_slot``) in slot order; ``info`` holds the entered objects' details. Fresh lists, so a
+        queued write may use them while the next batch runs."""
+        oids = self.oids
+        ref_h, ref_n = np.unique(np.concatenate([e_h, l_h]), return_inverse=True)
+        delta = np.bincount(ref_n, weights=np.r_[np.ones(len(e_h)), -np.ones(len(l_h))], minlength=len(ref_h))
+        nz = np.flatnonzero(delta)
         return BatchChanges(
             qids=[self.qids[s] for s in changed.tolist()], versions=self.version[changed].tolist(),
             n_entered=np.bincount(np.searchsorted(changed, e_slot), minlength=len(changed)).tolist(),
@@ -564,7 +571,7 @@ class KnnWorker:
             n_left=np.bincount(np.searchsorted(changed, l_slot), minlength=len(changed)).tolist(),
             left=[oids[h] for h in l_h.tolist()],
             ref_ids=[oids[h] for h in ref_h[nz].tolist()], ref_deltas=delta[nz].astype(np.int64).tolist(),
-            objects=info), changed
+            objects=info)
 
     # -- objects -----------------------------------------------------------------------------
     def encode(self, keywords: Sequence[Sequence[str]]) -> tuple[np.ndarray, np.ndarray]:
@@ -798,27 +805,17 @@ class KnnWorker:
 
     def _changes(self, ids: Sequence[str], lon: np.ndarray, lat: np.ndarray, t: np.ndarray,
                  keywords: Sequence[Sequence[str]], m: dict[str, Any]) -> BatchChanges:
-        """A batch's changes from :meth:`_merge`'s arrays, per changed query in slot order; fresh
-        lists, so a queued write may use them while the next batch runs."""
-        changed, S, D, H, ent, left = m["changed"], m["S"], m["D"], m["H"], m["ent"], m["left"]
-        oids = self.oids
-        ref_h, ref_n = np.unique(np.concatenate([H[ent], H[left]]), return_inverse=True)
-        delta = np.bincount(ref_n, weights=np.r_[np.ones(int(ent.sum())), -np.ones(int(left.sum()))])
-        nz = np.flatnonzero(delta)
+        """A batch's changes from :meth:`_merge`'s arrays (no reserve, no expiry: every kept new
+        entry entered a result, every dropped old one left it), per changed query in slot order."""
+        S, D, H, ent, left = m["S"], m["D"], m["H"], m["ent"], m["left"]
         info = {ids[j]: ObjectInfo(float(lon[j]), float(lat[j]), int(t[j]), keywords[j])
                 for j in m["entered_obj"].tolist()}
-        return BatchChanges(
-            qids=[self.qids[s] for s in changed.tolist()], versions=self.version[changed].tolist(),
-            n_entered=np.bincount(np.searchsorted(changed, S[ent]), minlength=len(changed)).tolist(),
-            entered=[oids[h] for h in H[ent].tolist()], distances=D[ent].tolist(),
-            n_left=np.bincount(np.searchsorted(changed, S[left]), minlength=len(changed)).tolist(),
-            left=[oids[h] for h in H[left].tolist()],
-            ref_ids=[oids[h] for h in ref_h[nz].tolist()], ref_deltas=delta[nz].astype(np.int64).tolist(),
-            objects=info)
+        return self._batch_changes(m["changed"], S[ent], H[ent], D[ent], S[left], H[left], info)
 
     def stats(self) -> dict[str, Any]:
-        """Queries held, index entries, queries re-indexed so far, this process's peak RSS (MB),
-        its process id, and the Ray node it runs on (``None`` outside Ray)."""
+        """Queries held, index entries, queries re-indexed so far, list entries expired and results
+        refilled so far (a window), this process's peak RSS (MB), its process id, and the Ray node
+        it runs on (``None`` outside Ray)."""
         import resource
 
         node = None
@@ -830,6 +827,7 @@ class KnnWorker:
         except ImportError:  # pragma: no cover - ray is a dependency
             pass
         return {"worker": self.worker_id, "node": node, "pid": os.getpid(), "queries": int(self.alive.sum()),
+                "expired": self.expired, "refilled": self.refills,
                 "index_entries": self.index.entries,
                 "refreshed": self.refreshed, "keywords": len(self.vocab),
                 "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}

@@ -21,6 +21,8 @@ DEFAULT_RESERVE = 8
 
 #: The time ``--arrival-ms`` gives the first object: 2020-01-01T00:00:00Z, epoch ms.
 ARRIVAL_EPOCH_MS = 1_577_836_800_000
+#: The largest ``--arrival-ms``: one object a day (times stay far inside int64 for any stream).
+MAX_ARRIVAL_MS = 86_400_000
 
 @dataclass(frozen=True)
 class RunConfig:
@@ -76,7 +78,8 @@ class RunConfig:
     InvalidArgumentError
         ``workers`` outside 1..64, ``batch < 1``, ``initial < 0``, ``batches < 1``,
         ``in_flight < 1``, an unknown ``executor`` or ``index``, a bad ``routing_entries``,
-        a window outside 1 ms..10 years, ``arrival_ms < 1``.
+        a window outside 1 ms..10 years, ``arrival_ms`` outside 1..:data:`MAX_ARRIVAL_MS`, a
+        ``reserve`` outside 0..1000.
     """
 
     workers: int = 2
@@ -121,8 +124,9 @@ class RunConfig:
             Window(self.window)  # raises when out of range
         if self.reserve is not None and not 0 <= self.reserve <= 1000:
             raise InvalidArgumentError(f"--reserve must be between 0 and 1000; got {self.reserve}")
-        if self.arrival_ms is not None and self.arrival_ms < 1:
-            raise InvalidArgumentError(f"--arrival-ms must be >= 1; got {self.arrival_ms}")
+        if self.arrival_ms is not None and not 1 <= self.arrival_ms <= MAX_ARRIVAL_MS:
+            raise InvalidArgumentError(f"--arrival-ms must be between 1 and {MAX_ARRIVAL_MS:,} (a day); "
+                                       f"got {self.arrival_ms}")
         if self.in_flight < 1:
             raise InvalidArgumentError(f"--in-flight must be >= 1; got {self.in_flight}")
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,10 +54,8 @@ class DispatchedBatch:
     route_cpu_ms: float
     shared: Any = None  # the ObjectBatch as the workers receive it (to send again to a revived worker)
     rows: dict[int, np.ndarray] = field(default_factory=dict)  # each worker called: its rows (maybe none)
-    late: int = 0
-    cutoff: int | None = None  # with a window: the batch's expiry cutoff (epoch ms)
-    refills: dict[int, Refills] = field(default_factory=dict)  # with a window: each worker's refills
-    refill_ms: float = 0.0
+    late: int = 0  # with a window: objects that arrived expired
+    refill_ms: float = 0.0  # with a window: the expiry and the refill search
 
 
 class Dispatcher:
@@ -73,29 +72,28 @@ class Dispatcher:
         over it.
     seen
         Ids of the objects seen so far (the initial ones); a batch's repeats of them are dropped.
+    seen_times
+        With a window: ``(len(seen),)`` int64, the times (epoch ms) of ``seen``'s objects, so
+        that their ids are forgotten when they expire.
     window
         The stream's window (``None``: append-only).
     rects
         With a window: ``(lon, lat, radius_m) -> Rects`` of query regions in grid cells (the
         plan's :meth:`~knnmon.assignment.loadmodel.LoadModel.rects`), for refilled queries.
-    seen_times
-        With a window: the times (epoch ms) of ``seen``'s objects, ``(len(seen),)`` int64 aligned
-        with ``seen_ids``, so that their ids are forgotten when they expire.
     """
 
-    def __init__(self, pool: WorkerPool, routing: RoutingTable, objects: ObjectStore, seen: set[str], *,
-                 window: Window | None = None, rects=None, seen_ids: list[str] | None = None,
-                 seen_times: np.ndarray | None = None) -> None:
-        self.pool, self.routing, self.objects, self.seen = pool, routing, objects, seen
+    def __init__(self, pool: WorkerPool, routing: RoutingTable, objects: ObjectStore, seen: Sequence[str], *,
+                 seen_times: np.ndarray | None = None, window: Window | None = None, rects=None) -> None:
+        self.pool, self.routing, self.objects, self.seen = pool, routing, objects, set(seen)
         self.window, self.rects = window, rects
         self.next_batch = 0
         self._seen_log: deque[tuple[int, list[str]]] = deque()  # (largest t, ids), in arrival order
-        if window is not None and seen_ids:
-            order = np.argsort(np.asarray(seen_times, dtype=np.int64), kind="stable")
-            times = np.asarray(seen_times, dtype=np.int64)[order]
+        if window is not None and len(seen):
+            times = np.asarray(seen_times, dtype=np.int64)
+            order = np.argsort(times, kind="stable")
             for s in range(0, len(order), SEEN_CHUNK):
-                self._seen_log.append((int(times[s:s + SEEN_CHUNK].max()),
-                                       [seen_ids[i] for i in order[s:s + SEEN_CHUNK].tolist()]))
+                group = order[s:s + SEEN_CHUNK]
+                self._seen_log.append((int(times[group].max()), [seen[i] for i in group.tolist()]))
 
     def _forget_seen(self, cutoff: int) -> None:
         """Forget the ids of groups whose objects all expired: an id is a duplicate while it is
@@ -188,7 +186,7 @@ class Dispatcher:
         route_cpu_ms = (time.thread_time() - c0) * 1e3  # not inflated by workers already running
         self.objects.append(batch)
         return DispatchedBatch(number, batch.num_rows, dup, sent, pending, t0, route_ms, route_cpu_ms, shared, rows,
-                               n_late, cutoff, refills, refill_ms)
+                               n_late, refill_ms)
 
     def collect(self, d: DispatchedBatch) -> BatchReport:
         """Wait for a dispatched batch's workers and their writes; its :class:`BatchReport`.

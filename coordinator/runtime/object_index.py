@@ -182,8 +182,9 @@ class ObjectIndex:
                     found_o.append(objs)
                     break
                 ok = alive[objs]
-                n_live = np.bincount(np.repeat(np.arange(len(qs)), counts)[ok], minlength=len(qs))
-                done = (n_live >= need)[np.repeat(np.arange(len(qs)), counts)]
+                of = np.repeat(np.arange(len(qs)), counts)  # each neighbour's query, in qs
+                n_live = np.bincount(of[ok], minlength=len(qs))
+                done = (n_live >= need)[of]
                 found_q.append(q_rep[ok & done])
                 found_o.append(objs[ok & done])
                 qs, want = qs[n_live < need], want * 2

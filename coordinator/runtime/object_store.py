@@ -97,11 +97,6 @@ class ObjectStore:
         """Objects held: every one seen, or with a window, the live ones."""
         return sum(p.live for p in self._parts) + sum(b.num_rows for b in self._batches)
 
-    @property
-    def parts(self) -> int:
-        """Indexes a search asks (the tail not counted)."""
-        return len(self._parts)
-
     def append(self, batch: pa.Table) -> None:
         """Add streamed objects (same columns as ``initial``)."""
         self._batches.append(batch.select(self._main.column_names).cast(self._main.schema))

@@ -27,8 +27,9 @@ class Prepared:
     initial kNN as :meth:`ObjectIndex.knn_v` returns it (rows into ``initial``, per-query counts,
     meters), ``radius`` each query's k-th distance (``inf`` below ``k`` matches), ``timings``
     seconds spent reading and searching; ``versions`` ``(m,)`` int64 the queries' change counts
-    when a service resumes them (else ``None``: all 0). With a ``reserve``, each query's
-    ``k + reserve`` nearest and the last one's distance instead (its result: the first ``k``).
+    when a service resumes them (else ``None``: all 0). Prepared with a ``reserve``
+    (:func:`prepare_tables`): each query's ``k + reserve`` nearest and the last one's distance
+    instead (its result: the first ``k``).
     """
 
     model: Any
@@ -42,7 +43,6 @@ class Prepared:
     radius: np.ndarray
     timings: dict[str, float]
     versions: np.ndarray | None = None
-    reserve: int = 0
 
     def __post_init__(self) -> None:
         self._ends = np.cumsum(self.counts)
@@ -91,10 +91,10 @@ def prepare(objects_dir: str, queries: str | pa.Table, config: RunConfig) -> Pre
                           reserve=c.places_reserved)
 
 
-def with_arrival_times(objects: pa.Table, arrival_ms: int, first: int = 0) -> pa.Table:
+def with_arrival_times(objects: pa.Table, arrival_ms: int) -> pa.Table:
     """``objects`` (in stream order) with ``t`` replaced by arrival times: row ``i`` gets
-    ``ARRIVAL_EPOCH_MS + (first + i) * arrival_ms`` epoch ms (``RunConfig.arrival_ms``)."""
-    t = ARRIVAL_EPOCH_MS + (first + np.arange(objects.num_rows, dtype=np.int64)) * int(arrival_ms)
+    ``ARRIVAL_EPOCH_MS + i * arrival_ms`` epoch ms (``RunConfig.arrival_ms``)."""
+    t = ARRIVAL_EPOCH_MS + np.arange(objects.num_rows, dtype=np.int64) * int(arrival_ms)
     return objects.set_column(objects.column_names.index("t"), "t", pa.array(t, type=pa.int64()))
 
 
@@ -126,4 +126,4 @@ def prepare_tables(model: Any, queries: pa.Table, initial: pa.Table, stream: pa.
     full = counts >= k
     radius[full] = dist[ends[full] - 1]
     timings["initial_knn_s"] = time.perf_counter() - t0
-    return Prepared(model, queries, initial, stream, index, idx, counts, dist, radius, timings, reserve=int(reserve))
+    return Prepared(model, queries, initial, stream, index, idx, counts, dist, radius, timings)

@@ -79,12 +79,7 @@ class RoutingUpkeep:
             r.replace_entries(np.zeros(len(r.vocabulary), dtype=np.uint64), np.empty(0, np.int64),
                               np.empty(0, np.uint64))
         else:
-            queries = pa.table({"id": [q for c, _ in parts for q in c.ids],
-                                "lon": np.concatenate([np.asarray(c.lon, dtype=np.float64) for c, _ in parts]),
-                                "lat": np.concatenate([np.asarray(c.lat, dtype=np.float64) for c, _ in parts]),
-                                "keywords": pa.array([list(k) for c, _ in parts for k in c.keywords],
-                                                     pa.list_(pa.string())),
-                                "k": np.concatenate([np.asarray(c.k, dtype=np.int64) for c, _ in parts])})
+            queries = pa.concat_tables([c.to_table() for c, _ in parts])
             radius = np.concatenate([rad for _, rad in parts])
             workload = Workload.build(self.model, queries, radius)
             plan = Plan("upkeep", self.pool.size, workers, np.zeros(len(workers), dtype=np.int32), [],

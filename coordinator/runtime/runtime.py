@@ -124,15 +124,11 @@ class Runtime:
         except BaseException:
             self.close()
             raise
-        ids = p.initial.column("id").to_pylist()
-        window = None
-        if c.window is not None:
-            t = p.initial.column("t").to_numpy()
-            window = Window(c.window, int(t.max()) if len(t) else None)
+        t = p.initial.column("t").to_numpy()
+        window = None if c.window is None else Window(c.window, int(t.max()) if len(t) else None)
         self.upkeep = RoutingUpkeep(self.plan.routing, self.plan.model, self.pool, c.routing_entries)
-        self.dispatcher = Dispatcher(self.pool, self.plan.routing, self.objects, set(ids), window=window,
-                                     rects=self.plan.model.rects, seen_ids=ids,
-                                     seen_times=p.initial.column("t").to_numpy())
+        self.dispatcher = Dispatcher(self.pool, self.plan.routing, self.objects, p.initial.column("id").to_pylist(),
+                                     seen_times=t, window=window, rects=self.plan.model.rects)
         return self
 
     # -- the stream ------------------------------------------------------------------------------

@@ -47,8 +47,6 @@ class Checkpointer:
     def __init__(self, client: redis.Redis, url: str, keys: Keys, interval_s: float) -> None:
         self.client, self.url, self.keys, self.interval_s = client, url, keys, interval_s
         self.spans: deque[tuple[str, str, int]] = deque()  # (first, last entry id, largest t applied)
-        self.trimmed = 0  # entries removed so far
-        self.checkpoints = 0
         self._at = time.monotonic()
 
     def add(self, first: str, last: str, top_t: int | None) -> None:
@@ -78,14 +76,12 @@ class Checkpointer:
         if below is not None:
             n = int(with_retries(lambda: self.client.xtrim(self.keys.ingest_objects, minid=below, approximate=False),
                                  "trimming the objects stream", self.url))
-            self.trimmed += n
         record = {"watermark": "" if watermark is None else watermark, "live_batches": len(self.spans),
                   "at_ms": int(time.time() * 1000)}
         if below is not None:
             record["trimmed_below"] = below
         with_retries(lambda: self.client.hset(self.keys.serve_checkpoint, mapping=record), "writing the checkpoint",
                      self.url)
-        self.checkpoints += 1
         log.info("checkpoint: watermark %s, %d entries trimmed (below %s), %d batches live", watermark, n, below,
                  len(self.spans))
         return n

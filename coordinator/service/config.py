@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 
@@ -75,8 +76,8 @@ class ServeConfig:
             raise InvalidArgumentError(f"--max-delay-ms must be >= 0; got {self.max_delay_ms}")
         if self.initial is not None and self.initial < 0:
             raise InvalidArgumentError(f"--initial must be >= 0; got {self.initial}")
-        if self.checkpoint_interval_s <= 0:
-            raise InvalidArgumentError(f"--checkpoint-interval must be > 0; got {self.checkpoint_interval_s}")
+        if not (math.isfinite(self.checkpoint_interval_s) and self.checkpoint_interval_s > 0):
+            raise InvalidArgumentError(f"--checkpoint-interval must be a finite number > 0; got {self.checkpoint_interval_s}")
         if self.block_ms < 1:
             raise InvalidArgumentError(f"--block-ms must be >= 1; got {self.block_ms}")
         if self.objects_dir is not None and not os.path.isdir(self.objects_dir):

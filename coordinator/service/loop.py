@@ -167,12 +167,13 @@ class Service:
         # The initial kNN forks helper processes, which is unsafe once Ray's threads run here
         # (a restart while connected to a cluster): then it searches in this process only.
         processes = 1 if _ray_running() else self.config.processes
+        run_config = self.config.run_config(self.redis_url)
         r = recover(self.client, self.redis_url, self.config.store.namespace, self._preload, self._model,
                     processes=processes, limits=self.config.limits, skip=skip, window=self.config.window,
-                    reserve=self.config.run_config("redis://unused").places_reserved)
+                    reserve=run_config.places_reserved)
         self.counters["objects_entries_read"] = r.objects_entries_read
         self.counters["queries_entries_read"] = r.queries_entries_read
-        self.runtime = Runtime(None, None, self.config.run_config(self.redis_url), r.prepared, resume=True).start()
+        self.runtime = Runtime(None, None, run_config, r.prepared, resume=True).start()
         self.queries = r.queries
         if self.config.window is not None:
             self.checkpointer = Checkpointer(self.client, self.redis_url, self.keys, self.config.checkpoint_interval_s)
@@ -400,8 +401,7 @@ class Service:
                 rejects.append((eid, fields, r))
         window = rt.dispatcher.window
         if window is not None and parsed:  # late: expired at the watermark this batch moves to
-            top = max(o.t for o in parsed)
-            cutoff = max(top, window.watermark if window.watermark is not None else top) - window.duration_ms
+            cutoff = window.cutoff_after([o.t for o in parsed])
             late = [(eid, fields, o) for (eid, fields), o in zip(sources, parsed) if o.t <= cutoff]
             if late:
                 parsed = [o for o in parsed if o.t > cutoff]

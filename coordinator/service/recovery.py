@@ -29,7 +29,7 @@ from knnmon.coordinator.service.protocol import GROUP, entry_order, group_info, 
 from knnmon.errors import Rejected, StoreUnavailableError
 from knnmon.keys import Keys
 from knnmon.limits import DEFAULT_LIMITS, Limits
-from knnmon.query import Query
+from knnmon.query import Query, QueryColumns
 
 __all__ = ["OBJECT_SCHEMA", "Recovered", "create_groups", "objects_table", "read_queries", "recover"]
 
@@ -61,8 +61,6 @@ class Recovered:
     spans
         ``(first entry id, last entry id, largest t)`` of the stream's entries read, in chunks
         (the checkpoints' record of what the live objects need).
-    watermark
-        The largest ``t`` of the objects (``None`` without any).
     """
 
     prepared: Prepared
@@ -73,7 +71,6 @@ class Recovered:
     queries_entries_read: int
     repaired: int
     spans: list[tuple[str, str, int | None]]
-    watermark: int | None
 
 
 def objects_table(objects: list) -> pa.Table:
@@ -168,14 +165,6 @@ def read_queries(client: redis.Redis, keys: Keys, chunk: int = 10_000) -> tuple[
     return queries, np.asarray(versions, dtype=np.int64)
 
 
-def _queries_table(queries: list[Query]) -> pa.Table:
-    return pa.table({"id": pa.array([q.id for q in queries], pa.string()),
-                     "lon": pa.array([q.lon for q in queries], pa.float64()),
-                     "lat": pa.array([q.lat for q in queries], pa.float64()),
-                     "keywords": pa.array([list(q.keywords) for q in queries], pa.list_(pa.string())),
-                     "k": pa.array([q.k for q in queries], pa.int32())})
-
-
 def reconcile(url: str, namespace: str, client: redis.Redis, prepared: Prepared, versions: np.ndarray,
               chunk: int = 5000) -> tuple[np.ndarray, int]:
     """Make every stored result equal the recomputed exact kNN (module docstring); returns the
@@ -246,17 +235,14 @@ def recover(client: redis.Redis, url: str, namespace: str, preload: pa.Table, mo
     keys = Keys(namespace)
     create_groups(client, keys)
     objects, pending, rejects, read, spans = read_object_log(client, keys, preload, limits, skip)
-    t = objects.column("t").to_numpy()
-    watermark = int(t.max()) if len(t) else None
     if window is not None:
         objects = live_initial(objects, window)
     queries, versions = read_queries(client, keys)
     queries_read = client.xlen(keys.ingest_queries) - _undelivered(client, keys.ingest_queries)
-    prepared = prepare_tables(model, _queries_table(queries), objects, OBJECT_SCHEMA.empty_table(),
+    prepared = prepare_tables(model, QueryColumns.of(queries).to_table(), objects, OBJECT_SCHEMA.empty_table(),
                               processes=processes, reserve=reserve)
     prepared.versions, repaired = reconcile(url, namespace, client, prepared, versions)
     if repaired:
         log.warning("recovery: %d stored results differed from the exact kNN over the delivered objects (work in "
                     "flight when the service stopped) and were repaired, one knn:changes entry each", repaired)
-    return Recovered(prepared, {q.id: q for q in queries}, pending, rejects, read, queries_read, repaired, spans,
-                     watermark)
+    return Recovered(prepared, {q.id: q for q in queries}, pending, rejects, read, queries_read, repaired, spans)

@@ -125,3 +125,14 @@ class QueryColumns:
         """The columns of a list of queries."""
         return cls([q.id for q in queries], [q.lon for q in queries], [q.lat for q in queries],
                    [q.keywords for q in queries], [q.k for q in queries])
+
+    def to_table(self):
+        """A pyarrow table of a query file's columns (``id`` string, ``lon``, ``lat`` float64,
+        ``keywords`` list<string>, ``k`` int32). pyarrow is imported here only: the light client
+        imports this module."""
+        import pyarrow as pa
+
+        return pa.table({"id": pa.array([str(x) for x in self.ids], pa.string()),
+                         "lon": pa.array(list(self.lon), pa.float64()), "lat": pa.array(list(self.lat), pa.float64()),
+                         "keywords": pa.array([list(w) for w in self.keywords], pa.list_(pa.string())),
+                         "k": pa.array([int(x) for x in self.k], pa.int32())})

@@ -79,14 +79,24 @@ class Window:
         """``W - window``: objects with ``t <=`` this are expired (``None`` before any object)."""
         return None if self.watermark is None else self.watermark - self.duration_ms
 
-    def advance(self, t) -> int | None:
-        """Move the watermark to the largest of ``t`` (``(n,)`` int64 epoch ms) if larger;
-        returns the new :attr:`cutoff`."""
+    def watermark_after(self, t) -> int | None:
+        """The watermark once objects of times ``t`` (``(n,)`` int64 epoch ms) are applied:
+        the largest of the current one and ``t`` (nothing moves)."""
         t = np.asarray(t, dtype=np.int64)
-        if len(t):
-            top = int(t.max())
-            if self.watermark is None or top > self.watermark:
-                self.watermark = top
+        if not len(t):
+            return self.watermark
+        top = int(t.max())
+        return top if self.watermark is None else max(top, self.watermark)
+
+    def cutoff_after(self, t) -> int | None:
+        """:attr:`cutoff` once objects of times ``t`` are applied (nothing moves): objects at or
+        below it are late in a batch of those times."""
+        w = self.watermark_after(t)
+        return None if w is None else w - self.duration_ms
+
+    def advance(self, t) -> int | None:
+        """Move the watermark to :meth:`watermark_after` ``t``; returns the new :attr:`cutoff`."""
+        self.watermark = self.watermark_after(t)
         return self.cutoff
 
     def late(self, t) -> np.ndarray:

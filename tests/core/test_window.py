@@ -33,6 +33,14 @@ def test_watermark_moves_forward_only_and_late_is_at_or_below_the_cutoff():
 def test_run_config_checks_the_window_and_the_reserve():
     assert RunConfig(window=60_000).places_reserved == DEFAULT_RESERVE
     assert RunConfig().places_reserved == 0 and RunConfig(window=60_000, reserve=0).places_reserved == 0
-    for bad in ({"window": 0}, {"reserve": -1}, {"reserve": 1001}, {"arrival_ms": 0}):
+    for bad in ({"window": 0}, {"reserve": -1}, {"reserve": 1001}, {"arrival_ms": 0}, {"arrival_ms": 2**62}):
         with pytest.raises(InvalidArgumentError):
             RunConfig(**bad)
+
+
+@pytest.mark.parametrize("interval", [0.0, -1.0, float("nan"), float("inf")])
+def test_serve_rejects_a_checkpoint_interval_that_never_fires(interval):
+    from knnmon.coordinator.service.config import ServeConfig
+
+    with pytest.raises(InvalidArgumentError, match="checkpoint-interval"):
+        ServeConfig(window=60_000, checkpoint_interval_s=interval)
