@@ -65,6 +65,7 @@ class RoutingTable:
         # O(delta), not O(table).
         self.delta_keys, self.delta_masks = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.uint64)
         self.additions = 0  # queries' regions added since the table was built (add_many)
+        self._journal: list[tuple] | None = None  # add_many's arguments while a rebuild is in flight
         #: How :meth:`build` made the table (pairs, promotions); empty otherwise.
         self.stats: dict[str, int | float] = {}
         self._vocab = pa.array(vocabulary, type=pa.string())
@@ -201,6 +202,9 @@ class RoutingTable:
         table for all (registering one by one would re-copy the table per query)."""
         n = self.grid.n
         self.additions += len(codes)
+        if self._journal is not None:
+            self._journal.append(([list(cs) for cs in codes], np.array(x0), np.array(y0), np.array(x1), np.array(y1),
+                                  np.array(workers)))
         key_parts, bit_parts = [self.delta_keys], [self.delta_masks]
         for i, cs in enumerate(codes):
             bit = np.uint64(1) << np.uint64(int(workers[i]))
@@ -217,6 +221,14 @@ class RoutingTable:
             if len(self.delta_keys) > max(1 << 16, len(self.keys) // 8):
                 self.keys, self.masks = _merge_entries([self.keys, self.delta_keys], [self.masks, self.delta_masks])
                 self.delta_keys, self.delta_masks = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.uint64)
+
+    def journal(self, on: bool) -> list[tuple]:
+        """Start (``on``) or stop journaling :meth:`add_many`'s arguments (copies); returns the
+        journal so far and, when stopping, drops it. A rebuild in the background replays the
+        regions added after its snapshot (:mod:`~knnmon.coordinator.runtime.routing_upkeep`)."""
+        journal = self._journal if self._journal is not None else []
+        self._journal = [] if on else None
+        return journal
 
     def replace_entries(self, always: np.ndarray, keys: np.ndarray, masks: np.ndarray) -> None:
         """Hold these entries instead (a rebuild; codes of this table's vocabulary, keys sorted)."""

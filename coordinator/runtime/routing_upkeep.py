@@ -1,4 +1,5 @@
-"""Routing upkeep: rebuild the routing table from the queries' current regions now and then.
+"""Routing upkeep: rebuild the routing table from the queries' current regions now and then,
+off the coordinator's thread.
 
 At run time the routing table only grows: a registration adds its query's region, and with a
 window every refill adds the refilled query's larger one (to a small delta,
@@ -6,16 +7,27 @@ window every refill adds the refilled query's larger one (to a small delta,
 unregistered query's entries stay. So once the table holds 1.5 times the entries of its last
 build (plus :data:`SLACK`), or :data:`UNREGISTERED_SHARE` of the queries were unregistered since,
 or it had additions and :data:`REBUILD_S` passed since its last build (radii shrink: a table built
-while results were short routes too widely), it is built again from every worker's queries and radii as they are now (the plan's
-:meth:`RoutingTable.build` over a :class:`~knnmon.assignment.workload.Workload` of them), in
-place, keeping its keyword codes (the workers' batches are encoded with them). Its size then
-follows the registered queries' regions, not history.
+while results were short routes too widely), it is built again from every worker's queries and
+radii as they are now (the plan's :meth:`RoutingTable.build` over a
+:class:`~knnmon.assignment.workload.Workload` of them), keeping its keyword codes (the workers'
+batches are encoded with them). Its size then follows the registered queries' regions, not
+history.
+
+The build takes seconds at 100 k queries, so it runs in a background thread while batches go
+on (:meth:`RoutingUpkeep.poll`): the workers' regions are asked for in batch order (the call is
+queued behind the batches already sent, so the snapshot holds every radius those batches rely
+on), the table journals every region added after that point (:meth:`RoutingTable.journal`), and
+the next poll after the build swaps the fresh entries in and replays the journal. The table
+routes a superset of what the queries need at every moment: the old table until the swap, the
+snapshot's regions plus every region added since after it. A query unregistered during the build
+keeps its entries until the next one (more deliveries, never a lost one).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import pyarrow as pa
@@ -24,7 +36,8 @@ from knnmon.assignment.base import Plan
 from knnmon.assignment.loadmodel import LoadModel
 from knnmon.assignment.routing import RoutingTable
 from knnmon.assignment.workload import Workload
-from knnmon.coordinator.runtime.worker_pool import WorkerPool
+from knnmon.coordinator.runtime.worker_pool import Pending, WorkerPool
+from knnmon.errors import WorkerLostError
 
 __all__ = ["REBUILD_S", "RoutingUpkeep", "SLACK", "UNREGISTERED_SHARE"]
 
@@ -44,9 +57,9 @@ class RoutingUpkeep:
     Parameters
     ----------
     routing
-        The run's table (rebuilt in place).
+        The run's table (its entries replaced at each swap).
     model
-        The plan's load model (grid and keyword statistics).
+        The plan's load model (grid and keyword statistics; read only, shared with the build thread).
     pool
         The workers (asked for their queries' regions).
     max_entries
@@ -58,8 +71,13 @@ class RoutingUpkeep:
         self.baseline = routing.entries
         self._unregistered_at = 0
         self.rebuilds = 0
+        self.build_s = 0.0  # seconds of building, in the background thread, summed
+        self.swap_s = 0.0  # seconds of swapping in and replaying, on the caller's thread, summed
         self._built_at = time.monotonic()
         self._additions_at = routing.additions
+        self._executor: ThreadPoolExecutor | None = None
+        self._build: Future | None = None
+        self._started_unregistered = 0
 
     def due(self, queries: int, unregistered: int) -> bool:
         """Whether the table grew or went stale enough to rebuild (``queries``: registered now;
@@ -68,23 +86,81 @@ class RoutingUpkeep:
                 or unregistered - self._unregistered_at >= max(1.0, UNREGISTERED_SHARE * queries)
                 or (self.routing.additions > self._additions_at and time.monotonic() - self._built_at >= REBUILD_S))
 
+    @property
+    def building(self) -> bool:
+        """A build is in flight (started, not yet swapped in)."""
+        return self._build is not None
+
+    def poll(self, queries: int, unregistered: int) -> None:
+        """Swap in a finished build, or start one when :meth:`due` (returns at once either way)."""
+        if self._build is not None:
+            if self._build.done():
+                self._finish()
+        elif self.due(queries, unregistered):
+            self._start(unregistered)
+
     def rebuild(self, unregistered: int = 0) -> float:
-        """Rebuild the table from the workers' queries as they are now (``unregistered`` as in
-        :meth:`due`); returns seconds spent."""
+        """Rebuild now and wait for it (``unregistered`` as in :meth:`due`); returns seconds spent.
+        A build already in flight is finished first."""
         t0 = time.perf_counter()
-        parts = self.pool.call_all("regions")
+        if self._build is not None:
+            self._build.result()
+            self._finish()
+        self._start(unregistered)
+        self._build.result()
+        self._finish()
+        return time.perf_counter() - t0
+
+    def close(self) -> None:
+        """Drop a build in flight and stop the thread (not waiting for it)."""
+        self.routing.journal(False)
+        self._build = None
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None
+
+    def _start(self, unregistered: int) -> None:
+        pending = [self.pool.call(w, "regions") for w in range(self.pool.size)]  # in batch order
+        self.routing.journal(True)
+        self._started_unregistered = unregistered
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="knnmon-routing-rebuild")
+        self._build = self._executor.submit(self._fresh_entries, pending)
+
+    def _fresh_entries(self, pending: list[Pending]):
+        """In the build thread: the workers' regions -> a fresh table's entries, in keyword
+        strings (codes are mapped on the caller's thread, where new keywords get theirs)."""
+        t0 = time.perf_counter()
+        parts = self.pool.gather(pending)
         workers = np.concatenate([np.full(len(c.ids), w, dtype=np.int32) for w, (c, _) in enumerate(parts)])
-        r = self.routing
         if not len(workers):
+            return None, time.perf_counter() - t0, 0
+        queries = pa.concat_tables([c.to_table() for c, _ in parts])
+        radius = np.concatenate([rad for _, rad in parts])
+        workload = Workload.build(self.model, queries, radius)
+        plan = Plan("upkeep", self.pool.size, workers, np.zeros(len(workers), dtype=np.int32), [],
+                    np.empty(0, dtype=np.int32))
+        fresh = RoutingTable.build(workload, self.model, plan, self.max_entries)
+        return fresh, time.perf_counter() - t0, len(workers)
+
+    def _finish(self) -> None:
+        """Swap the finished build's entries in and replay the regions added since its snapshot.
+        A worker lost before it sent its regions drops the build: the table stays as it was (a
+        superset still), the loss surfaces where the batches are collected, and the next poll
+        starts again."""
+        build, self._build = self._build, None
+        journal = self.routing.journal(False)
+        try:
+            fresh, seconds, n_queries = build.result()
+        except WorkerLostError as ex:
+            log.warning("routing table rebuild dropped: %s", ex)
+            return
+        t0 = time.perf_counter()
+        r = self.routing
+        if fresh is None:
             r.replace_entries(np.zeros(len(r.vocabulary), dtype=np.uint64), np.empty(0, np.int64),
                               np.empty(0, np.uint64))
         else:
-            queries = pa.concat_tables([c.to_table() for c, _ in parts])
-            radius = np.concatenate([rad for _, rad in parts])
-            workload = Workload.build(self.model, queries, radius)
-            plan = Plan("upkeep", self.pool.size, workers, np.zeros(len(workers), dtype=np.int32), [],
-                        np.empty(0, dtype=np.int32))
-            fresh = RoutingTable.build(workload, self.model, plan, self.max_entries)
             code = np.array([r.code(w) for w in fresh.vocabulary], dtype=np.int64)  # in the run's codes
             always = np.zeros(len(r.vocabulary), dtype=np.uint64)
             always[code] = fresh.always
@@ -92,9 +168,13 @@ class RoutingUpkeep:
             keys = code[fresh.keys // n] * n + fresh.keys % n
             order = np.argsort(keys, kind="stable")
             r.replace_entries(always, keys[order], fresh.masks[order])
-        self.baseline, self._unregistered_at = r.entries, unregistered
-        self._built_at, self._additions_at = time.monotonic(), r.additions
+        for args in journal:
+            r.add_many(*args)
+        self.baseline, self._unregistered_at = r.entries, self._started_unregistered
+        self._built_at, self._additions_at = time.monotonic(), r.additions - sum(len(a[0]) for a in journal)
         self.rebuilds += 1
-        seconds = time.perf_counter() - t0
-        log.info("routing table rebuilt from %d queries' regions: %d entries, %.2f s", len(workers), r.entries, seconds)
-        return seconds
+        swap = time.perf_counter() - t0
+        self.build_s += seconds
+        self.swap_s += swap
+        log.info("routing table rebuilt from %d queries' regions in %.2f s (background), swapped in %.3f s with %d "
+                 "regions added meanwhile: %d entries", n_queries, seconds, swap, len(journal), r.entries)

@@ -127,6 +127,7 @@ class Runtime:
         t = p.initial.column("t").to_numpy()
         window = None if c.window is None else Window(c.window, int(t.max()) if len(t) else None)
         self.upkeep = RoutingUpkeep(self.plan.routing, self.plan.model, self.pool, c.routing_entries)
+        self._exit.callback(self.upkeep.close)
         self.dispatcher = Dispatcher(self.pool, self.plan.routing, self.objects, p.initial.column("id").to_pylist(),
                                      seen_times=t, window=window, rects=self.plan.model.rects)
         return self
@@ -140,11 +141,12 @@ class Runtime:
         return report
 
     def upkeep_routing(self) -> None:
-        """Rebuild the routing table when due (:mod:`~knnmon.coordinator.runtime.routing_upkeep`)."""
+        """Swap in a finished routing-table rebuild, or start one in the background when due
+        (:mod:`~knnmon.coordinator.runtime.routing_upkeep`); returns at once."""
         r = self.registrar
-        if self.upkeep.due(len(r.query_worker), r.unregistered):
-            self.timings["routing_rebuild_s"] = (self.timings.get("routing_rebuild_s", 0.0)
-                                                 + self.upkeep.rebuild(r.unregistered))
+        self.upkeep.poll(len(r.query_worker), r.unregistered)
+        self.timings["routing_rebuild_s"] = self.upkeep.build_s
+        self.timings["routing_swap_s"] = self.upkeep.swap_s
 
     def _collect(self, d: DispatchedBatch, later: deque[DispatchedBatch]) -> BatchReport:
         """:meth:`Dispatcher.collect` of ``d``; a Ray worker lost meanwhile is revived

@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pyarrow as pa
 import pytest
 
-from knnmon.coordinator.runtime import RunConfig, Runtime
+from knnmon.coordinator.runtime import RunConfig, Runtime, routing_upkeep
 from knnmon.coordinator.runtime.preparation import with_arrival_times
 from knnmon.ingest.reading import load_queries, read_objects, stream_order
 from knnmon.oracle import BruteForceKnn
@@ -33,11 +35,15 @@ def live(objects: pa.Table, upto: int, window_ms: int) -> pa.Table:
 
 @pytest.mark.parametrize("executor, reserve", [("inline", 0), ("inline", 2), ("ray", None)])
 def test_exact_after_every_batch_with_expiry_and_refill(windowed, executor, reserve, request, redis_url, namespace,
-                                                         tmp_path):
+                                                         tmp_path, monkeypatch):
     """Without a reserve every expiry in a full result refills; with one (2, and the default 8)
-    the next neighbour comes from the reserve until it runs out."""
+    the next neighbour comes from the reserve until it runs out. With a reserve the routing table
+    is rebuilt in the background after every batch that added regions (swapped in at the next
+    batch, the refills' regions added meanwhile replayed): results stay exact throughout."""
     if executor == "ray":
         request.getfixturevalue("ray_instance")
+    if reserve != 0:
+        monkeypatch.setattr(routing_upkeep, "REBUILD_S", 0.0)
     objects_dir, queries, objects = windowed
     window = 1500 * SECOND
     config = RunConfig(workers=3, initial=3000, batch=250, batches=12, executor=executor, window=window,
@@ -62,7 +68,9 @@ def test_exact_after_every_batch_with_expiry_and_refill(windowed, executor, rese
                     below_k_then_full.add(qid)
         assert len(rt.objects) == 1500  # the coordinator keeps the live objects only
         assert len(rt.dispatcher.seen) <= 1500 + 10_000 + 250  # ids forgotten as their objects expire
+        rebuilds = rt.upkeep.rebuilds
     assert refilled > 100
+    assert rebuilds >= (5 if reserve != 0 else 0)
     assert below_k_then_full  # results shrank below k when objects expired, and filled again
 
 
@@ -102,10 +110,19 @@ def test_an_unregistered_querys_routing_entries_are_gone(windowed, redis_url, na
         kept = (q0["keywords"][0], q0["lon"], q0["lat"])  # a registered query's keyword at its location
         assert route("zzqonly", at["lon"], at["lat"]) != 0 and route(*kept) != 0
         rt.registrar.unregister("only")
-        rt.upkeep_routing()  # 1 of 11 queries unregistered: due
+        rt.upkeep_routing()  # 1 of 11 queries unregistered: due, the build starts in the background
+        assert rt.upkeep.building
+        # a region added while the build runs (after its snapshot) is replayed into the fresh table
+        rt.registrar.register([Query.create("meanwhile", at["lon"], at["lat"], ["zzqmeanwhile"], 3)])
+        deadline = time.monotonic() + 60
+        while rt.upkeep.building and time.monotonic() < deadline:
+            time.sleep(0.01)
+            rt.upkeep_routing()
         assert rt.upkeep.rebuilds == 1
         assert route("zzqonly", at["lon"], at["lat"]) == 0  # gone with its query
+        assert route("zzqmeanwhile", at["lon"], at["lat"]) != 0  # not lost by the swap
         assert route(*kept) != 0
+        rt.registrar.unregister("meanwhile")
         for batch in rt.batches():
             rt.process(batch)
         assert_exact(redis_url, namespace, queries.slice(0, 10),
