@@ -169,21 +169,22 @@ class RoutingTable:
             keywords = keywords.combine_chunks()
         if len(keywords.values) >= len(self.vocabulary):
             return keyword_codes(keywords, self._vocab)
-        index = self._code_index()
+        index = self.code_index()
         owner = pc.list_parent_indices(keywords).to_numpy().astype(np.int64)
         words = keywords.flatten().dictionary_encode()
         distinct = np.fromiter((index.get(w, -1) for w in words.dictionary.to_pylist()), dtype=np.int64,
                                count=len(words.dictionary))
         return owner, distinct[words.indices.to_numpy(zero_copy_only=False)].astype(np.int64, copy=False)
 
-    def _code_index(self) -> dict[str, int]:
+    def code_index(self) -> dict[str, int]:
+        """``keyword -> code`` of the vocabulary (live: :meth:`code` adds to it)."""
         if not hasattr(self, "_code"):
             self._code = {w: i for i, w in enumerate(self.vocabulary)}
         return self._code
 
     def code(self, keyword: str) -> int:
         """The code of ``keyword``, added to the vocabulary if new (a query registered at run time)."""
-        self._code_index()
+        self.code_index()
         c = self._code.get(keyword)
         if c is None:
             c = self._code[keyword] = len(self.vocabulary)

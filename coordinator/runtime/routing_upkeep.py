@@ -122,14 +122,17 @@ class RoutingUpkeep:
     def _start(self, unregistered: int) -> None:
         pending = [self.pool.call(w, "regions") for w in range(self.pool.size)]  # in batch order
         self.routing.journal(True)
+        self.routing.code_index()  # made here, read by the build thread
         self._started_unregistered = unregistered
         if self._executor is None:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="knnmon-routing-rebuild")
         self._build = self._executor.submit(self._fresh_entries, pending)
 
     def _fresh_entries(self, pending: list[Pending]):
-        """In the build thread: the workers' regions -> a fresh table's entries, in keyword
-        strings (codes are mapped on the caller's thread, where new keywords get theirs)."""
+        """In the build thread: the workers' regions -> a fresh table's entries in the run's
+        keyword codes, sorted. Every keyword of a registered query has its code already (the
+        registration gave it one before the snapshot), so the codes are only read here (a dict
+        lookup, safe beside the caller's thread adding new keywords)."""
         t0 = time.perf_counter()
         parts = self.pool.gather(pending)
         workers = np.concatenate([np.full(len(c.ids), w, dtype=np.int32) for w, (c, _) in enumerate(parts)])
@@ -141,7 +144,16 @@ class RoutingUpkeep:
         plan = Plan("upkeep", self.pool.size, workers, np.zeros(len(workers), dtype=np.int32), [],
                     np.empty(0, dtype=np.int32))
         fresh = RoutingTable.build(workload, self.model, plan, self.max_entries)
-        return fresh, time.perf_counter() - t0, len(workers)
+        index = self.routing.code_index()
+        code = np.fromiter((index.get(w, -1) for w in fresh.vocabulary), dtype=np.int64, count=len(fresh.vocabulary))
+        used = np.unique(fresh.keys // self.routing.grid.n_cells)
+        if (code[used] < 0).any() or (code[fresh.always != 0] < 0).any():
+            raise RuntimeError("a routed keyword has no code in the run's table")  # registration gives every one
+        n = self.routing.grid.n_cells
+        keys = code[fresh.keys // n] * n + fresh.keys % n
+        order = np.argsort(keys, kind="stable")
+        entries = (code, fresh.always, keys[order], fresh.masks[order])
+        return entries, time.perf_counter() - t0, len(workers)
 
     def _finish(self) -> None:
         """Swap the finished build's entries in and replay the regions added since its snapshot.
@@ -161,13 +173,11 @@ class RoutingUpkeep:
             r.replace_entries(np.zeros(len(r.vocabulary), dtype=np.uint64), np.empty(0, np.int64),
                               np.empty(0, np.uint64))
         else:
-            code = np.array([r.code(w) for w in fresh.vocabulary], dtype=np.int64)  # in the run's codes
+            code, fresh_always, keys, masks = fresh
             always = np.zeros(len(r.vocabulary), dtype=np.uint64)
-            always[code] = fresh.always
-            n = r.grid.n_cells
-            keys = code[fresh.keys // n] * n + fresh.keys % n
-            order = np.argsort(keys, kind="stable")
-            r.replace_entries(always, keys[order], fresh.masks[order])
+            known = code >= 0
+            always[code[known]] = fresh_always[known]
+            r.replace_entries(always, keys, masks)
         for args in journal:
             r.add_many(*args)
         self.baseline, self._unregistered_at = r.entries, self._started_unregistered
