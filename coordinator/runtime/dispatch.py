@@ -12,9 +12,7 @@ objects are dropped (counted), the expired objects leave the object store and th
 every worker removes them from its results (:meth:`KnnWorker.expire`) and names the results that
 fell below ``k``; the coordinator searches their exact kNN over the live objects (one vectorised
 search for all) and sends each worker its :class:`~knnmon.batch.Refills` with the batch; the
-routing table learns the refilled queries' larger regions. The workers name those results only
-after the batches still in flight (a barrier per batch), so everything else of the batch (the
-expiry here, encoding, routing, sharing) is done before waiting for them.
+routing table learns the refilled queries' larger regions.
 """
 
 from __future__ import annotations
@@ -57,7 +55,7 @@ class DispatchedBatch:
     shared: Any = None  # the ObjectBatch as the workers receive it (to send again to a revived worker)
     rows: dict[int, np.ndarray] = field(default_factory=dict)  # each worker called: its rows (maybe none)
     late: int = 0  # with a window: objects that arrived expired
-    refill_ms: float = 0.0  # with a window: waiting for the workers' refill needs, the search, routing again
+    refill_ms: float = 0.0  # with a window: the expiry and the refill search
 
 
 class Dispatcher:
@@ -104,10 +102,10 @@ class Dispatcher:
             for oid in self._seen_log.popleft()[1]:
                 self.seen.discard(oid)
 
-    def _expire(self, batch: pa.Table) -> tuple[pa.Table, int, int, list[Pending]]:
-        """Move the watermark with ``batch``; drop its late objects; expire here and send every
-        worker its expiry (module docstring), without waiting for their refill needs. Returns the
-        live batch, late objects, cutoff, the workers' pending needs."""
+    def _expire(self, batch: pa.Table) -> tuple[pa.Table, int, int, dict[int, Refills], float]:
+        """Move the watermark with ``batch``; drop its late objects; expire everywhere; refill
+        (module docstring). Returns the live batch, late objects, cutoff, refills, ms spent."""
+        t0 = time.perf_counter()
         t = batch.column("t").to_numpy()
         cutoff = self.window.advance(t)
         if len(t):
@@ -118,7 +116,10 @@ class Dispatcher:
             batch = batch.filter(pa.array(~late))
         self.objects.expire(cutoff)
         self._forget_seen(cutoff)
-        return batch, n_late, cutoff, [self.pool.call(w, "expire", cutoff) for w in range(self.pool.size)]
+        needs: list[QueryColumns] = self.pool.gather([self.pool.call(w, "expire", cutoff)
+                                                      for w in range(self.pool.size)])
+        refills = self._refill(needs)
+        return batch, n_late, cutoff, refills, (time.perf_counter() - t0) * 1e3
 
     def _refill(self, needs: list[QueryColumns]) -> dict[int, Refills]:
         """Each worker's :class:`Refills`: one kNN search over the live objects for all."""
@@ -156,34 +157,23 @@ class Dispatcher:
 
     def dispatch(self, batch: pa.Table) -> DispatchedBatch:
         """Route ``batch`` (``id``, ``lon``, ``lat``, ``t``, ``keywords``) and send each worker
-        its objects, without waiting for them to process it.
-
-        With a window the workers' refill needs are awaited (they come after the batches still in
-        flight), so the batch's keywords are encoded, routed and shared first: only the refills'
-        search and the routing of what they added wait on the workers."""
+        its objects, without waiting."""
         t0, c0 = time.perf_counter(), time.thread_time()
         batch, dup = self.drop_seen(batch)
-        n_late, cutoff, refills, refill_ms, expiring = 0, None, {}, 0.0, []
+        n_late, cutoff, refills, refill_ms = 0, None, {}, 0.0
         if self.window is not None:
-            batch, n_late, cutoff, expiring = self._expire(batch)
+            batch, n_late, cutoff, refills, refill_ms = self._expire(batch)
         lon, lat = batch.column("lon").to_numpy(), batch.column("lat").to_numpy()
         keywords = batch.column("keywords").combine_chunks()
         owner, codes = self.routing.encode(keywords)
         keep = codes >= 0
         pair_obj, pair_code = owner[keep], codes[keep]
-        cells = self.routing.grid.cell_of(lon, lat)
-        masks = self.routing.route_v(cells, pair_obj, pair_code)
+        masks = self.routing.route_v(self.routing.grid.cell_of(lon, lat), pair_obj, pair_code)
         number = self.next_batch
         self.next_batch += 1
         table = pa.table({"id": batch.column("id"), "lon": lon, "lat": lat, "t": batch.column("t").to_numpy(),
                           "keywords": keywords})
         shared = self.pool.share(ObjectBatch(number, table, pair_obj, pair_code))
-        if expiring:
-            t1 = time.perf_counter()
-            refills = self._refill(self.pool.gather(expiring))
-            if refills:  # the refilled queries' larger regions are in the table now
-                masks = self.routing.route_v(cells, pair_obj, pair_code)
-            refill_ms = (time.perf_counter() - t1) * 1e3
         pending, sent, rows = [], 0, {}
         for w in range(self.pool.size):
             mine = np.flatnonzero((masks >> np.uint64(w)) & np.uint64(1))
