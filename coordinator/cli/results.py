@@ -21,7 +21,7 @@ def fetch_result(url: str, namespace: str, qid: str) -> dict[str, Any]:
     Returns
     -------
     dict
-        ``query``: ``{"id", "lon", "lat" (degrees), "keywords" (list), "k", "worker", "version"}``;
+        ``query``: ``{"id", "lon", "lat" (degrees), "keywords" (list), "k", "worker"}``;
         ``knn``: ``[{"id", "distance_m", "lon", "lat", "t" (epoch ms), "keywords"}, ...]``
         nearest first.
 
@@ -61,7 +61,7 @@ def _number(text: str | None, kind: type) -> Any:
 def _typed_query(qid: str, h: dict[str, str]) -> dict[str, Any]:
     return {"id": qid, "lon": _number(h.get("lon"), float), "lat": _number(h.get("lat"), float),
             "keywords": h.get("keywords", "").split(), "k": _number(h.get("k"), int),
-            "worker": _number(h.get("worker"), int), "version": _number(h.get("version"), int)}
+            "worker": _number(h.get("worker"), int)}
 
 
 def _typed_object(h: dict[str, str]) -> dict[str, Any]:
@@ -77,7 +77,7 @@ def _results(a: argparse.Namespace) -> int:
         return 0
     q = r["query"]
     print(f"query {a.qid}: k={q['k']} at ({q['lon']}, {q['lat']}), keywords {' '.join(q['keywords'])}, "
-          f"worker {q['worker']}, version {q['version']}")
+          f"worker {q['worker']}")
     for rank, o in enumerate(r["knn"], 1):
         print(f"  {rank:>2}. {o['distance_m']:>12.1f} m  {o['id']}  ({o['lon']}, {o['lat']})  {' '.join(o['keywords'])}")
     if not r["knn"]:

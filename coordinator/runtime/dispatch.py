@@ -80,13 +80,17 @@ class Dispatcher:
     rects
         With a window: ``(lon, lat, radius_m) -> Rects`` of query regions in grid cells (the
         plan's :meth:`~knnmon.assignment.loadmodel.LoadModel.rects`), for refilled queries.
+    first_batch
+        The number of the first batch: the stream batches applied before (a resumed service's);
+        batch ``b``'s changes carry the change feed's version ``b + 1``.
     """
 
     def __init__(self, pool: WorkerPool, routing: RoutingTable, objects: ObjectStore, seen: Sequence[str], *,
-                 seen_times: np.ndarray | None = None, window: Window | None = None, rects=None) -> None:
+                 seen_times: np.ndarray | None = None, window: Window | None = None, rects=None,
+                 first_batch: int = 0) -> None:
         self.pool, self.routing, self.objects, self.seen = pool, routing, objects, set(seen)
         self.window, self.rects = window, rects
-        self.next_batch = 0
+        self.next_batch = first_batch
         self._seen_log: deque[tuple[int, list[str]]] = deque()  # (largest t, ids), in arrival order
         if window is not None and len(seen):
             times = np.asarray(seen_times, dtype=np.int64)

@@ -26,8 +26,8 @@ class Prepared:
     ``initial`` and ``stream`` are tables in stream order; ``idx``, ``counts``, ``dist`` are the
     initial kNN as :meth:`ObjectIndex.knn_v` returns it (rows into ``initial``, per-query counts,
     meters), ``radius`` each query's k-th distance (``inf`` below ``k`` matches), ``timings``
-    seconds spent reading and searching; ``versions`` ``(m,)`` int64 the queries' change counts
-    when a service resumes them (else ``None``: all 0). Prepared with a ``reserve``
+    seconds spent reading and searching; ``first_batch`` the stream batches applied before (a
+    service resuming continues the change feed's versions from there; else 0). Prepared with a ``reserve``
     (:func:`prepare_tables`): each query's ``k + reserve`` nearest and the last one's distance
     instead (its result: the first ``k``).
     """
@@ -42,7 +42,7 @@ class Prepared:
     dist: np.ndarray
     radius: np.ndarray
     timings: dict[str, float]
-    versions: np.ndarray | None = None
+    first_batch: int = 0
 
     def __post_init__(self) -> None:
         self._ends = np.cumsum(self.counts)

@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -49,6 +49,9 @@ class Registrar:
         self.unregistered = 0  # queries unregistered so far
         self.worker_loads = np.array(plan.summary["worker_loads"], dtype=np.float64)
         self.worker_queries = np.bincount(plan.plan.worker, minlength=pool.size).astype(np.int64)
+        #: The change feed's version of a registration now: the stream batches applied so far
+        #: (:class:`~knnmon.batch.BatchChanges`; the runtime points it at its dispatcher).
+        self.feed_version: Callable[[], int] = lambda: 0
 
     # -- the initial load ----------------------------------------------------------------------
     def load(self, prepared: Prepared, *, resume: bool = False, redis_url: str | None = None,
@@ -71,10 +74,9 @@ class Registrar:
             sel = mine.tolist()
             rows = np.concatenate([prepared.knn_rows(i) for i in sel] + [np.empty(0, np.int64)])
             info = self.objects.initial_info(rows) if not resume or window else {}
-            versions = prepared.versions[mine] if prepared.versions is not None else None
             columns = QueryColumns([ids[i] for i in sel], lon[mine], lat[mine], [kws[i] for i in sel], k[mine])
             pending.append(self.pool.call(w, "load_queries", columns, [prepared.knn(i) for i in sel], info,
-                                          versions=versions, write=not resume))
+                                          version=prepared.first_batch, write=not resume))
             for i in sel:
                 self.query_worker[ids[i]] = w
         self.pool.gather(pending)
@@ -134,7 +136,8 @@ class Registrar:
             used = {o for i in sel for o, _ in topk[i]}
             pending.append(self.pool.call(
                 w, "register_queries", QueryColumns.of([queries[i] for i in sel]), [topk[i] for i in sel],
-                {o: info[o] for o in used}, vocabulary={x: routing.code(x) for i in sel for x in queries[i].keywords}))
+                {o: info[o] for o in used}, vocabulary={x: routing.code(x) for i in sel for x in queries[i].keywords},
+                version=self.feed_version()))
         self.pool.gather(pending)
         return workers
 
@@ -159,7 +162,7 @@ class Registrar:
             return False
         self.worker_queries[w] -= 1
         self.unregistered += 1
-        return bool(self.pool.gather([self.pool.call(w, "unregister_query", qid)])[0])
+        return bool(self.pool.gather([self.pool.call(w, "unregister_query", qid, self.feed_version())])[0])
 
     def result(self, qid: str) -> list[tuple[str, float]]:
         """A query's current kNN as its worker holds it (Redis holds the same)."""

@@ -23,7 +23,6 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 
-import numpy as np
 
 from knnmon.batch import WorkerReport
 from knnmon.connection import connect, with_retries
@@ -65,7 +64,7 @@ def revive(pool: RayPool, registrar: Registrar, redis_url: str, namespace: str, 
     client = connect(redis_url)
     try:
         qids = [q for q, w in registrar.query_worker.items() if w == worker]
-        queries, versions, topk = [], [], []
+        queries, topk = [], []
         for s in range(0, len(qids), chunk):
             part = qids[s:s + chunk]
 
@@ -78,17 +77,14 @@ def revive(pool: RayPool, registrar: Registrar, redis_url: str, namespace: str, 
 
             got = with_retries(read, f"reading worker {worker}'s queries", redis_url)
             for qid, h, result in zip(part, got[0::2], got[1::2]):
-                query, version = Query.from_hash(qid, h)
-                queries.append(query)
-                versions.append(version)
+                queries.append(Query.from_hash(qid, h))
                 topk.append([(o, float(d)) for o, d in result])
         last = with_retries(lambda: last_applied_batch(client, keys, worker), "reading a worker's marker", redis_url)
     finally:
         client.close()
     routing = registrar.plan.routing
     pool.replace(worker, vocabulary={w: i for i, w in enumerate(routing.vocabulary)})
-    pool.gather([pool.call(worker, "load_queries", QueryColumns.of(queries), topk, {},
-                           versions=np.array(versions, dtype=np.int64), write=False)])
+    pool.gather([pool.call(worker, "load_queries", QueryColumns.of(queries), topk, {}, write=False)])
     out, resent = [], 0
     for d in uncollected:
         if worker not in d.rows:

@@ -181,10 +181,11 @@ class RoutingUpkeep:
         for args in journal:
             r.add_many(*args)
         self.baseline, self._unregistered_at = r.entries, self._started_unregistered
-        self._built_at, self._additions_at = time.monotonic(), r.additions - sum(len(a[0]) for a in journal)
+        replayed = sum(len(a[0]) for a in journal)
+        self._built_at, self._additions_at = time.monotonic(), r.additions - replayed
         self.rebuilds += 1
         swap = time.perf_counter() - t0
         self.build_s += seconds
         self.swap_s += swap
         log.info("routing table rebuilt from %d queries' regions in %.2f s (background), swapped in %.3f s with %d "
-                 "regions added meanwhile: %d entries", n_queries, seconds, swap, len(journal), r.entries)
+                 "regions added meanwhile replayed: %d entries", n_queries, seconds, swap, replayed, r.entries)

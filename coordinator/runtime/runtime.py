@@ -129,7 +129,9 @@ class Runtime:
         self.upkeep = RoutingUpkeep(self.plan.routing, self.plan.model, self.pool, c.routing_entries)
         self._exit.callback(self.upkeep.close)
         self.dispatcher = Dispatcher(self.pool, self.plan.routing, self.objects, p.initial.column("id").to_pylist(),
-                                     seen_times=t, window=window, rects=self.plan.model.rects)
+                                     seen_times=t, window=window, rects=self.plan.model.rects,
+                                     first_batch=p.first_batch)
+        self.registrar.feed_version = lambda: self.dispatcher.next_batch
         return self
 
     # -- the stream ------------------------------------------------------------------------------

@@ -8,7 +8,8 @@ kept, :mod:`~knnmon.coordinator.service.checkpoint`, and only the live objects a
 the largest ``t`` among them, count). Each query's exact kNN over them is compared with its
 stored result, and a query whose result differs (a batch that was only partly written when the
 service died) gets the difference written as one change (:class:`~knnmon.batch.BatchChanges`,
-through the workers' script), with one ``knn:changes`` entry. The delivered but unacknowledged
+through the workers' script, in the change feed) at the version after the largest one written
+(:func:`feed_version`), and the stream's batches go on after it. The delivered but unacknowledged
 object entries are returned for the service to acknowledge (their rejects written);
 unacknowledged query operations are applied again by the service (both are idempotent).
 """
@@ -31,7 +32,7 @@ from knnmon.keys import Keys
 from knnmon.limits import DEFAULT_LIMITS, Limits
 from knnmon.query import Query, QueryColumns
 
-__all__ = ["OBJECT_SCHEMA", "Recovered", "create_groups", "objects_table", "read_queries", "recover"]
+__all__ = ["OBJECT_SCHEMA", "Recovered", "create_groups", "feed_version", "objects_table", "read_queries", "recover"]
 
 log = logging.getLogger("knnmon.serve")
 
@@ -47,8 +48,8 @@ class Recovered:
     Attributes
     ----------
     prepared
-        Every recovered query with its exact kNN over every object delivered, and the queries'
-        versions (results repaired already).
+        Every recovered query with its exact kNN over every object delivered (results repaired
+        already), and the stream batches applied before (``first_batch``, from the change feed).
     queries
         The registered queries, by id.
     pending
@@ -145,41 +146,49 @@ def read_object_log(client: redis.Redis, keys: Keys, preload: pa.Table, limits: 
     return table, sorted(pending, key=entry_order), rejects, read, spans
 
 
-def read_queries(client: redis.Redis, keys: Keys, chunk: int = 10_000) -> tuple[list[Query], np.ndarray]:
-    """The registered queries (``knn:queries`` and their hashes) and their versions ``(m,)``
-    int64; a hash that does not make a valid query is logged and left out."""
+def read_queries(client: redis.Redis, keys: Keys, chunk: int = 10_000) -> list[Query]:
+    """The registered queries (``knn:queries`` and their hashes); a hash that does not make a
+    valid query is logged and left out."""
     qids = sorted(client.smembers(keys.queries))
-    queries, versions = [], []
+    queries = []
     for s in range(0, len(qids), chunk):
         pipe = client.pipeline(transaction=False)
         for qid in qids[s:s + chunk]:
             pipe.hgetall(keys.query(qid))
         for qid, h in zip(qids[s:s + chunk], pipe.execute()):
             try:
-                query, version = Query.from_hash(qid, h)
+                queries.append(Query.from_hash(qid, h))
             except (KeyError, ValueError):
                 log.warning("query %s: unreadable hash %r in Redis; left out", qid, h)
-                continue
-            queries.append(query)
-            versions.append(version)
-    return queries, np.asarray(versions, dtype=np.int64)
+    return queries
 
 
-def reconcile(url: str, namespace: str, client: redis.Redis, prepared: Prepared, versions: np.ndarray,
-              chunk: int = 5000) -> tuple[np.ndarray, int]:
-    """Make every stored result equal the recomputed exact kNN (module docstring); returns the
-    versions after the repairs and how many results were repaired."""
+def feed_version(client: redis.Redis, keys: Keys, last: int = 1000) -> int:
+    """The largest change feed version among the feed's ``last`` entries (0 if empty): the
+    stream batches a service applied before it stopped, so that a restart continues the
+    versions (every entry of one batch carries the same one; batches are applied one at a time)."""
+    best = 0
+    for _, fields in client.xrevrange(keys.changes, count=last):
+        try:
+            best = max(best, int(fields.get("version", 0)))
+        except ValueError:
+            log.warning("a change feed entry with an unreadable version %r; left out", fields.get("version"))
+    return best
+
+
+def reconcile(url: str, namespace: str, client: redis.Redis, prepared: Prepared, chunk: int = 5000) -> int:
+    """Make every stored result equal the recomputed exact kNN (module docstring), each repair
+    at the feed version ``prepared.first_batch``; returns how many results were repaired."""
     from knnmon.workers.result_writer import ResultWriter
 
     keys = Keys(namespace)
     q = prepared.queries
     if not q.num_rows:
-        return versions, 0
+        return 0
     qids = q.column("id").to_pylist()
     k = q.column("k").to_numpy().astype(np.int64)
     store = ObjectStore(prepared.initial, prepared.index)
     writer = ResultWriter(url, namespace, "recovery")
-    versions = versions.copy()
     fixed = 0
     try:
         for s in range(0, len(qids), chunk):
@@ -193,16 +202,16 @@ def reconcile(url: str, namespace: str, client: redis.Redis, prepared: Prepared,
                 if new == [(o, float(d)) for o, d in old]:
                     continue
                 old_ids, new_ids = {o for o, _ in old}, {o for o, _ in new}
-                versions[i] += 1
-                diffs.append((qids[i], int(versions[i]), [(o, d) for o, d in new if o not in old_ids],
+                diffs.append((qids[i], [(o, d) for o, d in new if o not in old_ids],
                               [o for o, _ in old if o not in new_ids]))
                 rows += [int(j) for j, (o, _) in zip(prepared.knn_rows(i), new) if o not in old_ids]
             if diffs:
-                writer.write_batch(-1 - s, BatchChanges.from_diffs(diffs, store.initial_info(np.asarray(rows))))
+                writer.write_batch(-1 - s, BatchChanges.from_diffs(diffs, store.initial_info(np.asarray(rows)),
+                                                                   prepared.first_batch))
                 fixed += len(diffs)
     finally:
         writer.close()
-    return versions, fixed
+    return fixed
 
 
 def recover(client: redis.Redis, url: str, namespace: str, preload: pa.Table, model, *, processes: int = 2,
@@ -237,11 +246,16 @@ def recover(client: redis.Redis, url: str, namespace: str, preload: pa.Table, mo
     objects, pending, rejects, read, spans = read_object_log(client, keys, preload, limits, skip)
     if window is not None:
         objects = live_initial(objects, window)
-    queries, versions = read_queries(client, keys)
+    queries = read_queries(client, keys)
     queries_read = client.xlen(keys.ingest_queries) - _undelivered(client, keys.ingest_queries)
     prepared = prepare_tables(model, QueryColumns.of(queries).to_table(), objects, OBJECT_SCHEMA.empty_table(),
                               processes=processes, reserve=reserve)
-    prepared.versions, repaired = reconcile(url, namespace, client, prepared, versions)
+    # The repairs take the version after the largest written (a batch cut short by the stop may
+    # have written it for some queries), and the stream goes on after them.
+    repair_version = feed_version(client, keys) + 1
+    prepared.first_batch = repair_version
+    repaired = reconcile(url, namespace, client, prepared)
+    prepared.first_batch = repair_version + 1
     if repaired:
         log.warning("recovery: %d stored results differed from the exact kNN over the delivered objects (work in "
                     "flight when the service stopped) and were repaired, one knn:changes entry each", repaired)

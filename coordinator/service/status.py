@@ -121,7 +121,7 @@ def read_status(url: str, namespace: str = DEFAULT_NAMESPACE) -> dict[str, Any]:
         ``running`` (heartbeat younger than 10 s), ``service`` (the hash the service publishes,
         or ``None``), ``queries`` (registered), ``objects_stream`` / ``queries_stream``
         (``length``, ``pending``, ``undelivered``, ``oldest_waiting_ms``: the stream lag),
-        ``rejects`` (entries in ``knn:ingest:rejects``), ``changes``.
+        ``rejects`` (entries in ``knn:ingest:rejects``), ``changes`` (entries in the change feed: one per write of a worker).
     """
     keys = Keys(namespace)
     client = connect(url)
@@ -171,7 +171,7 @@ def format_status(s: dict[str, Any]) -> str:
             q = svc["queries_per_worker"][w] if svc["queries_per_worker"] else 0
             pl = svc["predicted_load_per_worker"][w] if svc["predicted_load_per_worker"] else 0.0
             lines.append(f"  {w:>6}  {node:<8}  {pid:<7} {q:>8,}  {pl:>14.6g}  {svc['busy_ms_per_worker'][w]:>12,.1f}")
-    lines.append(f"queries registered: {s['queries']:,}; rejects: {s['rejects']:,}; changes: {s['changes']:,}")
+    lines.append(f"queries registered: {s['queries']:,}; rejects: {s['rejects']:,}; change feed entries: {s['changes']:,}")
     for name in ("objects_stream", "queries_stream"):
         st = s[name]
         lag = "-" if st["oldest_waiting_ms"] is None else f"{st['oldest_waiting_ms']:,} ms"

@@ -53,14 +53,15 @@ class ObjectBatch:
 class BatchChanges:
     """One batch's result changes, flattened per changed query (one script call writes them).
 
-    Query ``qids[j]`` (new version ``versions[j]``) gained the next ``n_entered[j]`` ids of
-    ``entered`` (at ``distances``, meters) and lost the next ``n_left[j]`` ids of ``left``.
-    ``ref_deltas[i]`` is the net change of the number of results holding object
-    ``ref_ids[i]``; ``objects`` holds the details of every object in ``entered``.
+    Query ``qids[j]`` gained the next ``n_entered[j]`` ids of ``entered`` (at ``distances``,
+    meters) and lost the next ``n_left[j]`` ids of ``left``. ``ref_deltas[i]`` is the net change
+    of the number of results holding object ``ref_ids[i]``; ``objects`` holds the details of
+    every object in ``entered``. ``version`` is the change feed's version of all of them: the
+    number of stream batches applied once they are (a stream batch numbered ``b`` writes
+    ``b + 1``; a registration between batches, the number applied so far).
     """
 
     qids: Sequence[str]
-    versions: Sequence[int]
     n_entered: Sequence[int]
     entered: Sequence[str]
     distances: Sequence[float]
@@ -69,27 +70,33 @@ class BatchChanges:
     ref_ids: Sequence[str] = ()
     ref_deltas: Sequence[int] = ()
     objects: Mapping[str, ObjectInfo] = field(default_factory=dict)
+    version: int = 0
 
     def __len__(self) -> int:
         return len(self.qids)
 
     @classmethod
-    def from_diffs(cls, diffs: Sequence[tuple[str, int, Sequence[tuple[str, float]], Sequence[str]]],
-                   objects: Mapping[str, ObjectInfo]) -> BatchChanges:
-        """From ``(qid, version, [(entered id, distance m), ...], [left id, ...])`` per changed
-        query; reference deltas are counted here (objects entering and leaving in one batch
-        cancel)."""
+    def from_diffs(cls, diffs: Sequence[tuple[str, Sequence[tuple[str, float]], Sequence[str]]],
+                   objects: Mapping[str, ObjectInfo], version: int = 0) -> BatchChanges:
+        """From ``(qid, [(entered id, distance m), ...], [left id, ...])`` per changed query;
+        reference deltas are counted here (objects entering and leaving in one batch cancel)."""
         refs: dict[str, int] = {}
-        for _, _, entered, left in diffs:
+        for _, entered, left in diffs:
             for oid, _ in entered:
                 refs[oid] = refs.get(oid, 0) + 1
             for oid in left:
                 refs[oid] = refs.get(oid, 0) - 1
         refs = {o: d for o, d in refs.items() if d}
-        return cls([d[0] for d in diffs], [d[1] for d in diffs], [len(d[2]) for d in diffs],
-                   [o for d in diffs for o, _ in d[2]], [float(x) for d in diffs for _, x in d[2]],
-                   [len(d[3]) for d in diffs], [o for d in diffs for o in d[3]], list(refs), list(refs.values()),
-                   {o: objects[o] for d in diffs for o, _ in d[2]})
+        return cls([d[0] for d in diffs], [len(d[1]) for d in diffs],
+                   [o for d in diffs for o, _ in d[1]], [float(x) for d in diffs for _, x in d[1]],
+                   [len(d[2]) for d in diffs], [o for d in diffs for o in d[2]], list(refs), list(refs.values()),
+                   {o: objects[o] for d in diffs for o, _ in d[1]}, version)
+
+    def feed_text(self) -> str:
+        """The changes as the change feed's ``changes`` field (:mod:`knnmon.feed`)."""
+        from knnmon.feed import feed_text
+
+        return feed_text(self.qids, self.n_entered, self.entered, self.n_left, self.left)
 
 
 @dataclass(frozen=True)

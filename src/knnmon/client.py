@@ -13,6 +13,7 @@ could not do (the README shows the same with ``redis-cli``). It speaks the strea
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
@@ -20,16 +21,21 @@ from typing import Any, NamedTuple
 from knnmon.connection import connect
 from knnmon.coordinator.service.protocol import GROUP, entry_order, group_info
 from knnmon.errors import KnnmonError
+from knnmon.feed import parse_entry
 from knnmon.keys import DEFAULT_NAMESPACE, Keys
 from knnmon.limits import DEFAULT_LIMITS, Limits, check_keywords, parse_id, parse_k, parse_point
 from knnmon.query import invalid_query
 
 __all__ = ["KnnClient", "ResultChange"]
 
+log = logging.getLogger("knnmon.client")
+
 
 class ResultChange(NamedTuple):
-    """One query's result change: objects ``entered`` and ``left`` (ids), the query's
-    ``version`` after it (0: registered), and the change feed's ``entry_id``."""
+    """One query's result change: objects ``entered`` and ``left`` (ids), the change feed's
+    ``version`` of it (the stream batches applied once it is: a query's changes come in
+    increasing versions; a query registered before the stream starts has version 0), and the
+    change feed's ``entry_id`` (the changes of one batch of one worker share one entry)."""
 
     entry_id: str
     qid: str
@@ -122,21 +128,33 @@ class KnnClient:
         return [(o, float(d)) for o, d in self.client.zrange(self.keys.result(qid), 0, -1, withscores=True)]
 
     def query(self, qid: str) -> dict[str, str]:
-        """The query's hash (``lon``, ``lat``, ``keywords``, ``k``, ``worker``, ``version``); empty
-        if not registered."""
+        """The query's hash (``lon``, ``lat``, ``keywords``, ``k``, ``worker``); empty if not
+        registered."""
         return self.client.hgetall(self.keys.query(qid))
 
     def changes(self, since: str = "0", count: int = 1000) -> list[ResultChange]:
-        """Result changes after stream entry ``since`` (``"0"``: from the start), oldest first,
-        at most ``count``; pass the last ``entry_id`` seen to get only newer ones.
+        """Result changes after stream entry ``since`` (``"0"``: from the start), oldest first:
+        the changes of whole feed entries, read until at least ``count`` changes (or the end);
+        pass the last ``entry_id`` seen to get only newer ones.
 
-        Every registration is a change with the whole initial result ``entered`` (version 0),
-        every unregister one with the whole result ``left``: applying them in order from the
-        start reproduces every result's members.
+        Every registration is a change with the whole initial result ``entered``, every
+        unregister one with the whole result ``left``: applying them in order from the start
+        reproduces every result's members. An entry this client cannot read (not written by
+        knnmon) is skipped with a warning.
         """
-        rows = self.client.xrange(self.keys.changes, min="(" + since if since != "0" else "-", max="+", count=count)
-        return [ResultChange(eid, f["qid"], f.get("entered", "").split(), f.get("left", "").split(), int(f["version"]))
-                for eid, f in rows]
+        out: list[ResultChange] = []
+        start = "(" + since if since != "0" else "-"
+        while len(out) < count:
+            rows = self.client.xrange(self.keys.changes, min=start, max="+", count=max(1, min(count - len(out), 1000)))
+            for eid, f in rows:
+                try:
+                    out += [ResultChange(eid, *c) for c in parse_entry(f)]
+                except (KeyError, ValueError):
+                    log.warning("change feed entry %s is not one knnmon wrote; skipped", eid)
+            if not rows:
+                break
+            start = "(" + rows[-1][0]
+        return out
 
     def rejects(self, count: int = 1000) -> list[tuple[str, dict[str, str]]]:
         """Rejected entries with their original fields and ``_reason``, ``_detail``, ``_stream``, ``_entry``."""

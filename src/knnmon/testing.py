@@ -68,11 +68,35 @@ def assert_exact(url: str, namespace: str, queries: pa.Table, oracle: BruteForce
     return len(rows)
 
 
+def assert_applied_once(r: redis.Redis, keys: Keys) -> dict[str, set[str]]:
+    """Assert no change was written twice: each query's ``knn:changes`` versions increase (a
+    batch applied twice would repeat one; only an unregister, which enters nothing, may share
+    its version with the registration after it). Returns each query's members as the feed
+    replays them (``r``: a client with ``decode_responses``).
+
+    Raises
+    ------
+    AssertionError
+        Naming the first query whose versions do not increase.
+    """
+    from knnmon.feed import parse_entry
+
+    history: dict[str, list[tuple[int, bool]]] = {}
+    mirror: dict[str, set[str]] = {}
+    for _, f in r.xrange(keys.changes):
+        for qid, entered, left, version in parse_entry(f):
+            history.setdefault(qid, []).append((version, bool(entered)))
+            mirror[qid] = (mirror.get(qid, set()) - set(left)) | set(entered)
+    for qid, h in history.items():
+        assert all(v1 < v2 or (v1 == v2 and not e1) for (v1, e1), (v2, _) in zip(h, h[1:])), (qid, h)
+    return mirror
+
+
 def assert_feed_and_objects(r: redis.Redis, keys: Keys, qids: list[str]) -> None:
-    """Assert nothing was applied twice or lost in Redis: each query's ``knn:changes`` versions
-    are 0 (its registration) .. its hash's ``version``, once each; replaying the feed from the
-    start gives its result's members; and the object hashes are exactly the objects in some
-    result, each counting the results holding it (``r``: a client with ``decode_responses``).
+    """Assert nothing was applied twice or lost in Redis: :func:`assert_applied_once`;
+    replaying the feed from the start gives each query's result members; and the object hashes
+    are exactly the objects in some result, each counting the results holding it (``r``: a
+    client with ``decode_responses``).
 
     Raises
     ------
@@ -81,15 +105,8 @@ def assert_feed_and_objects(r: redis.Redis, keys: Keys, qids: list[str]) -> None
     """
     from collections import Counter
 
-    versions: dict[str, list[int]] = {}
-    mirror: dict[str, set[str]] = {}
-    for _, f in r.xrange(keys.changes):
-        versions.setdefault(f["qid"], []).append(int(f["version"]))
-        mirror[f["qid"]] = (mirror.get(f["qid"], set()) - set(f["left"].split())) | set(f["entered"].split())
+    mirror = assert_applied_once(r, keys)
     for qid in qids:
-        v = versions.get(qid, [])
-        assert v == list(range(len(v))), qid
-        assert int(r.hget(keys.query(qid), "version")) == len(v) - 1, qid
         assert mirror[qid] == set(r.zrange(keys.result(qid), 0, -1)), qid
     holders = Counter(o for qid in qids for o in r.zrange(keys.result(qid), 0, -1))
     stored = {k.split(":", 2)[2]: int(r.hget(k, "refs"))

@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 from knnmon.batch import BatchChanges, ObjectInfo, WorkerReport, WriteFigures
+from knnmon.feed import parse_entry
 
 OBJ = {f"o{i}": ObjectInfo(-71.0, 41.0 + i, 1_000 + i, ["coffee"]) for i in range(4)}
 
 
 def test_from_diffs_flattens_per_query_and_nets_reference_counts():
-    c = BatchChanges.from_diffs([("q1", 3, [("o1", 5.0), ("o2", 7.5)], ["o0"]),
-                                 ("q2", 1, [("o0", 2.0)], ["o2", "o3"])], OBJ)
-    assert list(c.qids) == ["q1", "q2"] and list(c.versions) == [3, 1] and len(c) == 2
+    c = BatchChanges.from_diffs([("q1", [("o1", 5.0), ("o2", 7.5)], ["o0"]),
+                                 ("q2", [("o0", 2.0)], ["o2", "o3"])], OBJ, 3)
+    assert list(c.qids) == ["q1", "q2"] and c.version == 3 and len(c) == 2
     assert (list(c.n_entered), list(c.entered), list(c.distances)) == ([2, 1], ["o1", "o2", "o0"], [5.0, 7.5, 2.0])
     assert (list(c.n_left), list(c.left)) == ([1, 2], ["o0", "o2", "o3"])
     # o0 left q1 and entered q2, o2 entered q1 and left q2: both net 0, so neither is counted.
     assert dict(zip(c.ref_ids, c.ref_deltas)) == {"o1": 1, "o3": -1}
     assert set(c.objects) == {"o0", "o1", "o2"}  # the details of every object that entered
+    assert c.feed_text() == "q1\to1 o2\to0\nq2\to0\to2 o3"
+    assert parse_entry({"version": "3", "changes": c.feed_text()}) == [("q1", ["o1", "o2"], ["o0"], 3),
+                                                                      ("q2", ["o0"], ["o2", "o3"], 3)]
 
 
 def test_a_queued_write_joins_the_report():

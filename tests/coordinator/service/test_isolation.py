@@ -20,7 +20,7 @@ from knnmon.ingest.reading import read_objects, stream_order
 from knnmon.keys import Keys
 from knnmon.oracle import BruteForceKnn
 from knnmon.store import StoreConfig
-from knnmon.testing import assert_exact, object_fields, register_fields
+from knnmon.testing import assert_applied_once, assert_exact, object_fields, register_fields
 from knnmon.workers.result_writer import ResultWriter
 from knnmon.workers.worker import KnnWorker
 
@@ -79,8 +79,5 @@ def test_an_entry_failing_at_any_stage_is_rejected_and_the_rest_is_applied(place
     assert r.scard(keys.queries) == 60
     for key in (keys.ingest_objects, keys.ingest_queries):
         assert r.xpending(key, "knnmon")["pending"] == 0
-    versions: dict[str, list[int]] = {}
-    for _, f in r.xrange(keys.changes):
-        versions.setdefault(f["qid"], []).append(int(f["version"]))
-    assert all(v == list(range(len(v))) for v in versions.values())  # nothing written twice
+    assert_applied_once(r, keys)  # nothing written twice
 

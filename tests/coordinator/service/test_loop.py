@@ -243,8 +243,9 @@ def test_python_client_round_trip_on_an_embedded_redis_that_survives_a_killed_se
         assert second.returncode == 2 and "is running in namespace 'knn'" in second.stderr
         assert server_url() == url
         changes = [c for c in client.changes() if c.qid == "c1"]
-        assert changes and changes[0].version == 0 and changes[0].left == []  # the registration: all entered
-        assert [c.version for c in changes] == list(range(len(changes)))
+        assert changes and changes[0].left == []  # the registration: all entered
+        versions = [c.version for c in changes]
+        assert versions == sorted(set(versions))  # increasing: one change per batch, none twice
         members: set[str] = set()
         for c in changes:  # the feed alone reproduces the result
             members = (members - set(c.left)) | set(c.entered)

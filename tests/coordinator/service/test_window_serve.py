@@ -68,6 +68,6 @@ def test_window_across_sigkill_and_trims(redis_url, namespace, places_slice, sli
     assert rejects == {"late": 20}
     # The stream keeps about what the window needs (+ up to one checkpoint interval of batches).
     assert r.xlen(keys.ingest_objects) < WINDOW_S + 2000
-    # The change feed replays to every result, versions contiguous; object hashes: exactly the
+    # The change feed replays to every result, versions increasing; object hashes: exactly the
     # (live) objects in some result, each counting the results holding it.
     assert_feed_and_objects(r, keys, [q["id"] for q in queries])

@@ -20,7 +20,7 @@ from knnmon.coordinator.runtime.preparation import with_arrival_times
 from knnmon.ingest.reading import read_objects, stream_order
 from knnmon.keys import Keys
 from knnmon.oracle import BruteForceKnn
-from knnmon.testing import assert_exact, knnmon_cli, object_fields, register_fields, wait_processed
+from knnmon.testing import assert_applied_once, assert_exact, knnmon_cli, object_fields, register_fields, wait_processed
 
 
 def _status(url: str, namespace: str) -> dict:
@@ -78,7 +78,4 @@ def test_a_killed_worker_process_is_rebuilt_and_serve_stays_exact(redis_url, nam
     applied = places[-window_s:] if window_s else places
     assert assert_exact(redis_url, namespace, pa.Table.from_pylist(queries),
                         BruteForceKnn(pa.Table.from_pylist(applied))) == 300
-    versions: dict[str, list[int]] = {}
-    for _, f in r.xrange(keys.changes):
-        versions.setdefault(f["qid"], []).append(int(f["version"]))
-    assert all(v == list(range(len(v))) for v in versions.values())  # nothing applied twice
+    assert_applied_once(r, keys)  # nothing applied twice
