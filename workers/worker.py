@@ -268,7 +268,7 @@ class KnnWorker:
 
     def load_queries(self, queries: QueryColumns, topk: Sequence[Sequence[tuple[str, float]]],
                      objects: Mapping[str, ObjectInfo], *, version: int = 0, write: bool = True,
-                     chunk: int = 5000) -> dict[str, Any]:
+                     details: bool = False, chunk: int = 5000) -> dict[str, Any]:
         """Take queries with their initial kNN (exact over the objects seen so far).
 
         Parameters
@@ -279,13 +279,16 @@ class KnnWorker:
             ``m`` lists of ``(object id, distance m)``: each query's exact kNN so far (with a
             reserve, its ``k + reserve`` nearest).
         objects
-            Details of every object in those lists (for ``knn:object:{oid}``).
+            Details of every object in those lists (for ``knn:objects:{worker}``).
         version
             The change feed's version of their initial results: the stream batches applied so
             far (:class:`~knnmon.batch.BatchChanges`).
         write
             Write the queries and results to Redis; ``False`` when Redis holds them already
-            (a service resuming after it reconciled them).
+            (a service resuming after it reconciled them, a worker revived).
+        details
+            With ``write=False``: write ``objects`` into ``knn:objects:{worker}`` (a resuming
+            service's plan may have moved queries between workers); else they are there.
 
         Returns
         -------
@@ -294,6 +297,12 @@ class KnnWorker:
         """
         t0 = time.perf_counter()
         slots = self._append(queries, topk, objects)
+        if self.writer is not None and not write:
+            self.writer.hold(oid for j in range(slots.start, slots.stop) for oid, _ in self._result(j))
+            mine = {oid: o for oid, o in objects.items() if oid in self.writer.held} if details else {}
+            if mine:  # (a reserve's objects beyond k are in no result)
+                tag = self._next_tag()
+                self._write_now(self.writer.apply, tag, self.writer.details_payload(tag, mine))
         if self.writer is not None and write:
             # With the write queue, Redis runs chunk i's script while this thread builds the
             # payload of chunk i + 1 (at most 2 chunks wait, to bound memory).
@@ -342,7 +351,8 @@ class KnnWorker:
         self.alive[slot] = False
         self.reach[slot, 3] = -1.0
         if self.writer is not None:
-            self._write_now(self.writer.delete_query, self._next_tag(), qid, version)
+            self._write_now(self.writer.delete_query, self._next_tag(), qid, version,
+                            [oid for oid, _ in self._result(slot)])
         a, kk = int(self.top_ptr[slot]), int(self.cap[slot])
         self.top_d[a:a + kk], self.top_h[a:a + kk], self.count[slot] = np.inf, -1, 0
         self._released += kk
@@ -560,17 +570,12 @@ class KnnWorker:
         ``l_slot``) in slot order; ``info`` holds the entered objects' details. Fresh lists, so a
         queued write may use them while the next batch runs."""
         oids = self.oids
-        ref_h, ref_n = np.unique(np.concatenate([e_h, l_h]), return_inverse=True)
-        delta = np.bincount(ref_n, weights=np.r_[np.ones(len(e_h)), -np.ones(len(l_h))], minlength=len(ref_h))
-        nz = np.flatnonzero(delta)
         return BatchChanges(
             qids=[self.qids[s] for s in changed.tolist()],
             n_entered=np.bincount(np.searchsorted(changed, e_slot), minlength=len(changed)).tolist(),
             entered=[oids[h] for h in e_h.tolist()], distances=e_d.tolist(),
             n_left=np.bincount(np.searchsorted(changed, l_slot), minlength=len(changed)).tolist(),
-            left=[oids[h] for h in l_h.tolist()],
-            ref_ids=[oids[h] for h in ref_h[nz].tolist()], ref_deltas=delta[nz].astype(np.int64).tolist(),
-            objects=info, version=self._version)
+            left=[oids[h] for h in l_h.tolist()], objects=info, version=self._version)
 
     # -- objects -----------------------------------------------------------------------------
     def encode(self, keywords: Sequence[Sequence[str]]) -> tuple[np.ndarray, np.ndarray]:

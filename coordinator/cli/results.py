@@ -6,6 +6,7 @@ import argparse
 import json
 from typing import Any
 
+from knnmon.batch import ObjectInfo
 from knnmon.connection import connect, with_retries
 from knnmon.coordinator.cli.options import add_verb, add_store_options, store_config
 from knnmon.errors import KnnmonError
@@ -38,10 +39,7 @@ def fetch_result(url: str, namespace: str, qid: str) -> dict[str, Any]:
         if not query:
             raise KnnmonError(f"no query {qid!r} in namespace {namespace!r}")
         knn = client.zrange(keys.result(qid), 0, -1, withscores=True)
-        pipe = client.pipeline(transaction=False)
-        for oid, _ in knn:
-            pipe.hgetall(keys.object(oid))
-        details = pipe.execute()
+        details = client.hmget(keys.objects(query.get("worker", "")), [oid for oid, _ in knn]) if knn else []
         return {"query": _typed_query(qid, query),
                 "knn": [{"id": oid, "distance_m": dist, **_typed_object(info)} for (oid, dist), info in zip(knn, details)]}
 
@@ -64,9 +62,12 @@ def _typed_query(qid: str, h: dict[str, str]) -> dict[str, Any]:
             "worker": _number(h.get("worker"), int)}
 
 
-def _typed_object(h: dict[str, str]) -> dict[str, Any]:
-    return {"lon": _number(h.get("lon"), float), "lat": _number(h.get("lat"), float), "t": _number(h.get("t"), int),
-            "keywords": h.get("keywords", "").split()}
+def _typed_object(value: str | None) -> dict[str, Any]:
+    try:
+        o = ObjectInfo.from_text(value or "")
+    except ValueError:
+        return {"lon": None, "lat": None, "t": None, "keywords": []}
+    return {"lon": o.lon, "lat": o.lat, "t": o.t, "keywords": list(o.keywords)}
 
 
 def _results(a: argparse.Namespace) -> int:

@@ -29,6 +29,17 @@ from knnmon.query import Query, QueryColumns
 __all__ = ["Registrar"]
 
 
+def _clear_object_details(redis_url: str, namespace: str) -> None:
+    """Delete every worker's object details hash (a resuming service's workers write theirs anew)."""
+    client = connect(redis_url)
+    try:
+        keys = list(client.scan_iter(match=Keys(namespace).objects("*"), count=1000))
+        if keys:
+            with_retries(lambda: client.unlink(*keys), "clearing the object details", redis_url)
+    finally:
+        client.close()
+
+
 class Registrar:
     """The queries of one run and their workers.
 
@@ -55,13 +66,13 @@ class Registrar:
 
     # -- the initial load ----------------------------------------------------------------------
     def load(self, prepared: Prepared, *, resume: bool = False, redis_url: str | None = None,
-             namespace: str = "knn", window: bool = False) -> float:
+             namespace: str = "knn") -> float:
         """Hand every worker its planned queries with their initial kNN; returns seconds spent.
 
         ``resume``: Redis already holds these queries and exactly these results (a service
         resuming, :mod:`knnmon.coordinator.service.recovery`): nothing is rewritten but each
-        query's ``worker`` field (``redis_url`` and ``namespace`` say where). ``window``: the
-        workers get the result objects' details even then (their times, to expire them).
+        query's ``worker`` field and the workers' object details (``knn:objects:{worker}``: the
+        plan may move queries between workers), ``redis_url`` and ``namespace`` say where.
         """
         t0 = time.perf_counter()
         q = prepared.queries
@@ -69,14 +80,16 @@ class Registrar:
         k = q.column("k").to_numpy().astype(np.int64)
         ids, kws = q.column("id").to_pylist(), q.column("keywords").to_pylist()
         pending = []
+        if resume and redis_url is not None:
+            _clear_object_details(redis_url, namespace)
         for w in range(self.pool.size):
             mine = np.flatnonzero(self.plan.plan.worker == w)
             sel = mine.tolist()
             rows = np.concatenate([prepared.knn_rows(i) for i in sel] + [np.empty(0, np.int64)])
-            info = self.objects.initial_info(rows) if not resume or window else {}
+            info = self.objects.initial_info(rows)
             columns = QueryColumns([ids[i] for i in sel], lon[mine], lat[mine], [kws[i] for i in sel], k[mine])
             pending.append(self.pool.call(w, "load_queries", columns, [prepared.knn(i) for i in sel], info,
-                                          version=prepared.first_batch, write=not resume))
+                                          version=prepared.first_batch, write=not resume, details=resume))
             for i in sel:
                 self.query_worker[ids[i]] = w
         self.pool.gather(pending)

@@ -120,7 +120,7 @@ class Runtime:
             self.timings["start_workers_s"] = time.perf_counter() - t0
             self.registrar = Registrar(self.pool, self.plan, self.objects, c.places_reserved)
             self.timings["load_s"] = self.registrar.load(p, resume=self.resume, redis_url=self.store.url,
-                                                         namespace=c.store.namespace, window=c.window is not None)
+                                                         namespace=c.store.namespace)
         except BaseException:
             self.close()
             raise

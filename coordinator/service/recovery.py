@@ -206,7 +206,7 @@ def reconcile(url: str, namespace: str, client: redis.Redis, prepared: Prepared,
                               [o for o, _ in old if o not in new_ids]))
                 rows += [int(j) for j, (o, _) in zip(prepared.knn_rows(i), new) if o not in old_ids]
             if diffs:
-                writer.write_batch(-1 - s, BatchChanges.from_diffs(diffs, store.initial_info(np.asarray(rows)),
+                writer.write_repairs(-1 - s, BatchChanges.from_diffs(diffs, store.initial_info(np.asarray(rows)),
                                                                    prepared.first_batch))
                 fixed += len(diffs)
     finally:

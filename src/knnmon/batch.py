@@ -19,12 +19,31 @@ __all__ = ["BatchChanges", "ObjectBatch", "ObjectInfo", "Refills", "WorkerReport
 
 @dataclass(frozen=True)
 class ObjectInfo:
-    """What ``knn:object:{oid}`` holds: ``lon``, ``lat`` degrees, ``t`` epoch ms, keywords."""
+    """An object's details (``knn:objects:{worker}``): ``lon``, ``lat`` degrees, ``t`` epoch ms, keywords."""
 
     lon: float
     lat: float
     t: int
     keywords: Sequence[str]
+
+    def to_text(self) -> str:
+        """The value in ``knn:objects:{worker}``: ``lon lat t keywords`` (degrees, epoch ms, the
+        keywords space separated; keywords hold no whitespace)."""
+        return " ".join([repr(float(self.lon)), repr(float(self.lat)), str(int(self.t)), *self.keywords])
+
+    @classmethod
+    def from_text(cls, value: str) -> ObjectInfo:
+        """The details :meth:`to_text` wrote.
+
+        Raises
+        ------
+        ValueError
+            Not such a text.
+        """
+        parts = value.split(" ")
+        if len(parts) < 3:
+            raise ValueError(f"not object details: {value[:80]!r}")
+        return cls(float(parts[0]), float(parts[1]), int(parts[2]), parts[3:])
 
 
 @dataclass(frozen=True)
@@ -54,8 +73,7 @@ class BatchChanges:
     """One batch's result changes, flattened per changed query (one script call writes them).
 
     Query ``qids[j]`` gained the next ``n_entered[j]`` ids of ``entered`` (at ``distances``,
-    meters) and lost the next ``n_left[j]`` ids of ``left``. ``ref_deltas[i]`` is the net change
-    of the number of results holding object ``ref_ids[i]``; ``objects`` holds the details of
+    meters) and lost the next ``n_left[j]`` ids of ``left``; ``objects`` holds the details of
     every object in ``entered``. ``version`` is the change feed's version of all of them: the
     number of stream batches applied once they are (a stream batch numbered ``b`` writes
     ``b + 1``; a registration between batches, the number applied so far).
@@ -67,8 +85,6 @@ class BatchChanges:
     distances: Sequence[float]
     n_left: Sequence[int]
     left: Sequence[str]
-    ref_ids: Sequence[str] = ()
-    ref_deltas: Sequence[int] = ()
     objects: Mapping[str, ObjectInfo] = field(default_factory=dict)
     version: int = 0
 
@@ -78,18 +94,10 @@ class BatchChanges:
     @classmethod
     def from_diffs(cls, diffs: Sequence[tuple[str, Sequence[tuple[str, float]], Sequence[str]]],
                    objects: Mapping[str, ObjectInfo], version: int = 0) -> BatchChanges:
-        """From ``(qid, [(entered id, distance m), ...], [left id, ...])`` per changed query;
-        reference deltas are counted here (objects entering and leaving in one batch cancel)."""
-        refs: dict[str, int] = {}
-        for _, entered, left in diffs:
-            for oid, _ in entered:
-                refs[oid] = refs.get(oid, 0) + 1
-            for oid in left:
-                refs[oid] = refs.get(oid, 0) - 1
-        refs = {o: d for o, d in refs.items() if d}
+        """From ``(qid, [(entered id, distance m), ...], [left id, ...])`` per changed query."""
         return cls([d[0] for d in diffs], [len(d[1]) for d in diffs],
                    [o for d in diffs for o, _ in d[1]], [float(x) for d in diffs for _, x in d[1]],
-                   [len(d[2]) for d in diffs], [o for d in diffs for o in d[2]], list(refs), list(refs.values()),
+                   [len(d[2]) for d in diffs], [o for d in diffs for o in d[2]],
                    {o: objects[o] for d in diffs for o, _ in d[1]}, version)
 
     def feed_text(self) -> str:

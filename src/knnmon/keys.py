@@ -17,7 +17,8 @@ class Keys:
     - ``query(qid)``: hash ``lon``, ``lat``, ``keywords`` (space separated), ``k``, ``worker``
       (written at registration only);
     - ``queries``: set of the registered query ids;
-    - ``object(oid)``: hash ``lon``, ``lat``, ``t``, ``keywords``, ``refs`` (results holding it);
+    - ``objects(worker)``: hash, object id -> ``lon lat t keywords`` (space separated) of every
+      object in a result of that worker's queries (the query hash's ``worker``);
     - ``changes``: stream, one entry per write of a worker: ``version`` and ``changes``, a line
       per changed result (:mod:`knnmon.feed`);
     - ``ingest_objects``, ``ingest_queries``: streams ``knnmon serve`` consumes (consumer group
@@ -41,8 +42,8 @@ class Keys:
     def query(self, qid: str) -> str:
         return f"{self.namespace}:query:{qid}"
 
-    def object(self, oid: str) -> str:
-        return f"{self.namespace}:object:{oid}"
+    def objects(self, worker: int | str) -> str:
+        return f"{self.namespace}:objects:{worker}"
 
     @property
     def queries(self) -> str:

@@ -12,6 +12,7 @@ from os import PathLike
 import pyarrow as pa
 import redis
 
+from knnmon.batch import ObjectInfo
 from knnmon.connection import connect
 from knnmon.keys import Keys
 from knnmon.oracle import BruteForceKnn
@@ -94,24 +95,27 @@ def assert_applied_once(r: redis.Redis, keys: Keys) -> dict[str, set[str]]:
 
 def assert_feed_and_objects(r: redis.Redis, keys: Keys, qids: list[str]) -> None:
     """Assert nothing was applied twice or lost in Redis: :func:`assert_applied_once`;
-    replaying the feed from the start gives each query's result members; and the object hashes
-    are exactly the objects in some result, each counting the results holding it (``r``: a
-    client with ``decode_responses``).
+    replaying the feed from the start gives each query's result members; and each worker's
+    object details (``knn:objects:{worker}``) are exactly the objects in its queries' results
+    (``qids``: every registered query; ``r``: a client with ``decode_responses``).
 
     Raises
     ------
     AssertionError
         Naming the first query (or the object hashes) that differ.
     """
-    from collections import Counter
-
     mirror = assert_applied_once(r, keys)
+    held: dict[str, set[str]] = {}
     for qid in qids:
-        assert mirror[qid] == set(r.zrange(keys.result(qid), 0, -1)), qid
-    holders = Counter(o for qid in qids for o in r.zrange(keys.result(qid), 0, -1))
-    stored = {k.split(":", 2)[2]: int(r.hget(k, "refs"))
-              for k in r.scan_iter(f"{keys.namespace}:object:*", count=10_000)}
-    assert stored == dict(holders), "object hashes differ from the results' members"
+        members = set(r.zrange(keys.result(qid), 0, -1))
+        assert mirror[qid] == members, qid
+        held.setdefault(r.hget(keys.query(qid), "worker"), set()).update(members)
+    stored = {k.rsplit(":", 1)[1]: set(r.hkeys(k)) for k in r.scan_iter(keys.objects("*"), count=10_000)}
+    assert {w: s for w, s in stored.items() if s} == {w: s for w, s in held.items() if s}, \
+        "the workers' object details differ from their results' members"
+    for w, s in stored.items():
+        for value in r.hmget(keys.objects(w), list(s)):
+            ObjectInfo.from_text(value)  # readable
 
 
 def wait_processed(r: redis.Redis, keys: Keys, proc: subprocess.Popen | None = None, timeout_s: float = 120) -> None:

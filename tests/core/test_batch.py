@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
+import pytest
+
 from knnmon.batch import BatchChanges, ObjectInfo, WorkerReport, WriteFigures
 from knnmon.feed import parse_entry
 
 OBJ = {f"o{i}": ObjectInfo(-71.0, 41.0 + i, 1_000 + i, ["coffee"]) for i in range(4)}
 
 
-def test_from_diffs_flattens_per_query_and_nets_reference_counts():
+def test_from_diffs_flattens_per_query_and_feeds_one_line_each():
     c = BatchChanges.from_diffs([("q1", [("o1", 5.0), ("o2", 7.5)], ["o0"]),
                                  ("q2", [("o0", 2.0)], ["o2", "o3"])], OBJ, 3)
     assert list(c.qids) == ["q1", "q2"] and c.version == 3 and len(c) == 2
     assert (list(c.n_entered), list(c.entered), list(c.distances)) == ([2, 1], ["o1", "o2", "o0"], [5.0, 7.5, 2.0])
     assert (list(c.n_left), list(c.left)) == ([1, 2], ["o0", "o2", "o3"])
-    # o0 left q1 and entered q2, o2 entered q1 and left q2: both net 0, so neither is counted.
-    assert dict(zip(c.ref_ids, c.ref_deltas)) == {"o1": 1, "o3": -1}
     assert set(c.objects) == {"o0", "o1", "o2"}  # the details of every object that entered
     assert c.feed_text() == "q1\to1 o2\to0\nq2\to0\to2 o3"
     assert parse_entry({"version": "3", "changes": c.feed_text()}) == [("q1", ["o1", "o2"], ["o0"], 3),
@@ -26,3 +26,11 @@ def test_a_queued_write_joins_the_report():
     r = WorkerReport(worker=1, batch=7, changed=3, cpu_s=0.010, write_queued=True)
     done = r.with_write(WriteFigures(redis_s=0.004, redis_server_s=0.003, writer_cpu_s=0.001))
     assert done.redis_server_s == 0.003 and abs(done.cpu_s - 0.014) < 1e-12 and r.cpu_s == 0.010
+
+
+def test_object_details_round_trip_as_text():
+    o = ObjectInfo(-71.4128343, 41.8239891, 1_700_000_000_123, ["coffee", "shop"])
+    assert ObjectInfo.from_text(o.to_text()) == o
+    assert ObjectInfo.from_text(ObjectInfo(1.0, 2.0, 3, []).to_text()) == ObjectInfo(1.0, 2.0, 3, [])
+    with pytest.raises(ValueError):
+        ObjectInfo.from_text("1.0 2.0")

@@ -1,4 +1,4 @@
-"""Redis writes against a real server: the layout, the change feed, reference counts, exactly-once retries."""
+"""Redis writes against a real server: the layout, the change feed, object details, exactly-once retries."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from knnmon.workers.result_writer import ResultWriter
 OBJ = {f"o{i}": ObjectInfo(-71.0 - i / 100, 41.0, 1_000 + i, ["coffee", "shop"]) for i in range(5)}
 
 
-def test_layout_and_reference_counts(redis_url, namespace):
+def test_layout_feed_and_object_details(redis_url, namespace):
     w, keys, c = ResultWriter(redis_url, namespace, 3), Keys(namespace), connect(redis_url)
     w.write_queries(-1, [("q1", {"lon": "-71.0", "lat": "41.0", "keywords": "coffee", "k": 2},
                           [("o0", 0.0), ("o1", 5.5)]),
@@ -23,20 +23,21 @@ def test_layout_and_reference_counts(redis_url, namespace):
                           [("o1", 7.0)])], OBJ)
     assert c.zrange(keys.result("q1"), 0, -1, withscores=True) == [("o0", 0.0), ("o1", 5.5)]
     assert c.hgetall(keys.query("q2")) == {"lon": "-71.1", "lat": "41.0", "keywords": "shop", "k": "1", "worker": "3"}
-    assert c.hget(keys.object("o1"), "refs") == "2" and c.hget(keys.object("o1"), "keywords") == "coffee shop"
+    assert set(c.hkeys(keys.objects(3))) == {"o0", "o1"}  # one hash per worker, a field per held object
+    assert ObjectInfo.from_text(c.hget(keys.objects(3), "o1")) == ObjectInfo(OBJ["o1"].lon, 41.0, 1_001, ["coffee", "shop"])
     w.write_batch(0, BatchChanges.from_diffs([("q1", [("o2", 1.25)], ["o1"]), ("q2", [("o3", 2.0)], ["o1"])], OBJ, 1))
     assert c.zrange(keys.result("q1"), 0, -1, withscores=True) == [("o0", 0.0), ("o2", 1.25)]
-    assert not c.exists(keys.object("o1"))  # its last result let it go
-    assert c.hgetall(keys.object("o2"))["lon"] == repr(OBJ["o2"].lon)
+    assert set(c.hkeys(keys.objects(3))) == {"o0", "o2", "o3"}  # o1's last result let it go
+    assert ObjectInfo.from_text(c.hget(keys.objects(3), "o2")).lon == OBJ["o2"].lon
     entries = [f for _, f in c.xrange(keys.changes)]  # one entry per call, one line per changed result
     assert entries == [{"version": "0", "changes": "q1\to0 o1\t\nq2\to1\t"},  # the registrations
                        {"version": "1", "changes": "q1\to2\to1\nq2\to3\to1"}]
     assert parse_entry(entries[1]) == [("q1", ["o2"], ["o1"], 1), ("q2", ["o3"], ["o1"], 1)]
     assert len(c.hgetall(keys.query("q1"))) == 5  # no per-change field in the query hash
-    w.delete_query(-2, "q1", 1)
+    w.delete_query(-2, "q1", 1, ["o0", "o2"])
     assert c.xrevrange(keys.changes, count=1)[0][1] == {"version": "1", "changes": "q1\t\to0 o2"}
-    assert not c.exists(keys.result("q1"), keys.query("q1"), keys.object("o0"), keys.object("o2"))
-    assert c.exists(keys.object("o3"))
+    assert not c.exists(keys.result("q1"), keys.query("q1"))
+    assert set(c.hkeys(keys.objects(3))) == {"o3"} and w.held == {"o3": 1}
 
 
 def test_a_resent_batch_is_applied_once(redis_url, namespace, monkeypatch):
@@ -56,7 +57,7 @@ def test_a_resent_batch_is_applied_once(redis_url, namespace, monkeypatch):
     monkeypatch.setattr(w, "_apply", lossy)
     w.write_batch(7, BatchChanges.from_diffs([("q", [("o4", 3.0)], [])], OBJ, 8))
     assert calls["n"] == 2
-    assert c.xlen(keys.changes) == 2 and c.hget(keys.object("o4"), "refs") == "1"  # registration + change
+    assert c.xlen(keys.changes) == 2 and c.hkeys(keys.objects(0)) == ["o4"]  # registration + change
 
 
 def test_unreachable_redis_is_a_clear_error_after_retries():
@@ -99,7 +100,7 @@ def test_each_embedded_binary_runs_the_script_and_times_it(source):
         seconds = w.write_batch(0, BatchChanges.from_diffs([(f"q{i}", [("o1", 0.5)], ["o0"]) for i in range(2000)],
                                                            OBJ, 1))
         assert seconds > 0  # 4,000 commands take measurable server time on either clock
-        assert c.zrange(keys.result("q7"), 0, -1) == ["o1"] and not c.exists(keys.object("o0"))
+        assert c.zrange(keys.result("q7"), 0, -1) == ["o1"] and c.hkeys(keys.objects(0)) == ["o1"]
         assert [len(parse_entry(f)) for _, f in c.xrange(keys.changes)] == [2000, 2000]
         w.close()
         c.close()
