@@ -102,12 +102,20 @@ class Publisher(threading.Thread):
             self.sent += chunk
 
 
-def batch_latencies(r: redis.Redis, keys: Keys, since: str) -> tuple[np.ndarray, str]:
+#: Per-batch costs summed over a sample (from ``knn:serve:batches``).
+BATCH_SUMS = ("objects", "deliveries", "candidates", "changed", "refilled")
+
+
+def batch_latencies(r: redis.Redis, keys: Keys, since: str) -> tuple[np.ndarray, str, dict[str, float]]:
     """XADD -> acknowledged (ms) of the first entry of each batch logged after ``since`` (the
-    batch's oldest, so its worst object), and the last log id read."""
+    batch's oldest, so its worst object), the last log id read, and the batches' costs:
+    :data:`BATCH_SUMS` summed, ``batches``, ``update_ms_max`` and ``refill_ms`` summed."""
     rows = r.xrange(keys.serve_batches, min="(" + since if since != "0-0" else "-", max="+")
     lat = [float(f["done_ms"]) - entry_time_ms(f["first"]) for _, f in rows if int(f.get("objects", 1))]
-    return np.asarray(lat, dtype=np.float64), rows[-1][0] if rows else since
+    costs: dict[str, float] = {k: sum(int(f.get(k, 0)) for _, f in rows) for k in BATCH_SUMS}
+    costs.update(batches=len(rows), update_ms_max=max((float(f["update_ms"]) for _, f in rows), default=0.0),
+                 refill_ms=sum(float(f.get("refill_ms", 0)) for _, f in rows))
+    return np.asarray(lat, dtype=np.float64), rows[-1][0] if rows else since, costs
 
 
 def caught_up(r: redis.Redis, keys: Keys, last_id: str) -> bool:
@@ -186,7 +194,7 @@ def main(argv=None) -> int:
                 if now >= next_sample:
                     next_sample += a.sample_s
                     status = json.loads(r.get(keys.serve_status) or "{}")
-                    lat, since = batch_latencies(r, keys, since)
+                    lat, since, costs = batch_latencies(r, keys, since)
                     row = {"t_s": round(now - start, 1), "published": pub.sent,
                            "redis_used_memory_mb": r.info("memory")["used_memory"] / 2**20,
                            "service_rss_mb": rss_mb(status.get("pid")),
@@ -194,7 +202,7 @@ def main(argv=None) -> int:
                            "live_objects": status.get("objects_held"), "routing_entries": status.get("routing_entries"),
                            "objects_stream_len": r.xlen(keys.ingest_objects),
                            "latency_ms_p50": float(np.percentile(lat, 50)) if len(lat) else None,
-                           "latency_ms_p99": float(np.percentile(lat, 99)) if len(lat) else None}
+                           "latency_ms_p99": float(np.percentile(lat, 99)) if len(lat) else None, **costs}
                     samples.append(row)
                     print(json.dumps(row), flush=True)
                 time.sleep(0.2)
@@ -236,7 +244,8 @@ def main(argv=None) -> int:
 
 
 def plot(out: dict, path: str) -> None:
-    """Memory (Redis, service, workers) and latency (p50, p99) over time, restarts marked."""
+    """Memory (Redis, service, workers), latency (p50, p99) and the batches' work (candidates,
+    results changed and refilled per object) over time, restarts marked."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -244,7 +253,7 @@ def plot(out: dict, path: str) -> None:
 
     s = out["samples"]
     t = [x["t_s"] / 60 for x in s]
-    fig, (m, lat) = plt.subplots(2, 1, figsize=(9, 7), sharex=True)
+    fig, (m, lat, work) = plt.subplots(3, 1, figsize=(9, 9.5), sharex=True)
     m.plot(t, [x["redis_used_memory_mb"] for x in s], label="Redis used_memory")
     m.plot(t, [x["service_rss_mb"] for x in s], label="service RSS")
     for w in range(max((len(x["worker_rss_mb"]) for x in s), default=0)):
@@ -256,9 +265,19 @@ def plot(out: dict, path: str) -> None:
     lat.plot(t, [x["latency_ms_p99"] for x in s], label="p99")
     lat.set_yscale("log")
     lat.set_ylabel("XADD -> acknowledged, ms")
-    lat.set_xlabel("minutes publishing")
     lat.legend(loc="upper left", fontsize=8)
-    for ax in (m, lat):
+
+    def per_object(key: str) -> list[float | None]:
+        return [x[key] / x["objects"] if x.get("objects") else None for x in s]
+
+    work.plot(t, per_object("candidates"), label="candidate pairs")
+    work.plot(t, per_object("changed"), label="results changed")
+    work.plot(t, per_object("refilled"), label="results refilled")
+    work.set_yscale("log")
+    work.set_ylabel("per object")
+    work.set_xlabel("minutes publishing")
+    work.legend(loc="upper left", fontsize=8)
+    for ax in (m, lat, work):
         for rs in out["restarts"]:
             ax.axvline(rs["at_s"] / 60, color="grey", linestyle=":")
     fig.suptitle(f"knnmon serve --window {out['config']['window']}: {out['config']['rate']:.0f} objects/s, "

@@ -416,6 +416,10 @@ class Service:
         record = {"first": ids[0], "last": ids[-1], "n": len(ids), "objects": len(parsed), "rejects": len(rejects),
                   "done_ms": f"{time.time() * 1000:.1f}", "parse_ms": f"{(t1 - t0) * 1e3:.2f}",
                   "update_ms": f"{(t2 - t1) * 1e3:.2f}"}
+        if report is not None:  # what the batch cost: its deliveries, candidates, changes, refills
+            record.update(deliveries=report.deliveries, candidates=report.candidates, changed=report.changed,
+                          refilled=report.refilled, refill_ms=f"{report.refill_ms:.2f}",
+                          redis_ms=f"{report.redis_server_ms:.2f}")
         self._ack(self.keys.ingest_objects, ids, rejects, record)
         if self.checkpointer is not None:
             self.checkpointer.add(ids[0], ids[-1], max((o.t for o in parsed), default=None))
