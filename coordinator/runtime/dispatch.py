@@ -91,6 +91,10 @@ class Dispatcher:
         self.pool, self.routing, self.objects, self.seen = pool, routing, objects, set(seen)
         self.window, self.rects = window, rects
         self.next_batch = first_batch
+        #: With a window, the last batch's refill step in parts (ms): ``expire`` (the store,
+        #: the seen ids and the workers' expiry round trip), ``search`` (the refills' kNN),
+        #: ``routing`` (their regions added to the routing table).
+        self.refill_parts_ms: dict[str, float] = {}
         self._seen_log: deque[tuple[int, list[str]]] = deque()  # (largest t, ids), in arrival order
         if window is not None and len(seen):
             times = np.asarray(seen_times, dtype=np.int64)
@@ -122,6 +126,7 @@ class Dispatcher:
         self._forget_seen(cutoff)
         needs: list[QueryColumns] = self.pool.gather([self.pool.call(w, "expire", cutoff)
                                                       for w in range(self.pool.size)])
+        self.refill_parts_ms = {"expire": (time.perf_counter() - t0) * 1e3, "search": 0.0, "routing": 0.0}
         refills = self._refill(needs)
         return batch, n_late, cutoff, refills, (time.perf_counter() - t0) * 1e3
 
@@ -135,11 +140,14 @@ class Dispatcher:
         k = np.concatenate([np.asarray(n.k, dtype=np.int64) for n in needs])
         keywords = [list(kw) for n in needs for kw in n.keywords]
         qids = [q for n in needs for q in n.ids]
+        t0 = time.perf_counter()
         topk, info = self.objects.knn_v(lon, lat, keywords, k)
+        t1 = time.perf_counter()
         radius = np.array([t[-1][1] if len(t) == kk else np.inf for t, kk in zip(topk, k.tolist())])
         rect = self.rects(lon, lat, radius)
         self.routing.add_many([[self.routing.code(x) for x in kw] for kw in keywords], rect.x0, rect.y0, rect.x1,
                               rect.y1, workers)
+        self.refill_parts_ms.update(search=(t1 - t0) * 1e3, routing=(time.perf_counter() - t1) * 1e3)
         out = {}
         for w in np.unique(workers).tolist():
             sel = np.flatnonzero(workers == w).tolist()

@@ -419,7 +419,8 @@ class Service:
         if report is not None:  # what the batch cost: its deliveries, candidates, changes, refills
             record.update(deliveries=report.deliveries, candidates=report.candidates, changed=report.changed,
                           refilled=report.refilled, refill_ms=f"{report.refill_ms:.2f}",
-                          redis_ms=f"{report.redis_server_ms:.2f}")
+                          redis_ms=f"{report.redis_server_ms:.2f}",
+                          **{f"refill_{k}_ms": f"{v:.2f}" for k, v in rt.dispatcher.refill_parts_ms.items()})
         self._ack(self.keys.ingest_objects, ids, rejects, record)
         if self.checkpointer is not None:
             self.checkpointer.add(ids[0], ids[-1], max((o.t for o in parsed), default=None))
