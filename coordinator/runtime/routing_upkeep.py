@@ -146,11 +146,11 @@ class RoutingUpkeep:
         fresh = RoutingTable.build(workload, self.model, plan, self.max_entries)
         index = self.routing.code_index()
         code = np.fromiter((index.get(w, -1) for w in fresh.vocabulary), dtype=np.int64, count=len(fresh.vocabulary))
-        used = np.unique(fresh.keys // self.routing.grid.n_cells)
-        if (code[used] < 0).any() or (code[fresh.always != 0] < 0).any():
-            raise RuntimeError("a routed keyword has no code in the run's table")  # registration gives every one
         n = self.routing.grid.n_cells
-        keys = code[fresh.keys // n] * n + fresh.keys % n
+        key_code = code[fresh.keys // n]
+        if (key_code < 0).any() or (code[fresh.always != 0] < 0).any():
+            raise RuntimeError("a routed keyword has no code in the run's table")  # registration gives every one
+        keys = key_code * n + fresh.keys % n
         order = np.argsort(keys, kind="stable")
         entries = (code, fresh.always, keys[order], fresh.masks[order])
         return entries, time.perf_counter() - t0, len(workers)

@@ -258,5 +258,5 @@ def recover(client: redis.Redis, url: str, namespace: str, preload: pa.Table, mo
     prepared.first_batch = repair_version + 1
     if repaired:
         log.warning("recovery: %d stored results differed from the exact kNN over the delivered objects (work in "
-                    "flight when the service stopped) and were repaired, one knn:changes entry each", repaired)
+                    "flight when the service stopped) and were repaired, one change feed line each", repaired)
     return Recovered(prepared, {q.id: q for q in queries}, pending, rejects, read, queries_read, repaired, spans)

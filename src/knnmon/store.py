@@ -138,12 +138,10 @@ def open_store(config: StoreConfig, *, existing: bool = False) -> Iterator[Store
         return
     if existing and (where is None or not os.path.exists(os.path.join(where, "knnmon.rdb"))):
         raise KnnmonError(f"no results store: give --redis URL, or run `knnmon run` first (looked in {where})")
-    from knnmon.redis_server import SOURCES, redis_server_binary
+    from knnmon.redis_server import resolve_binary
 
-    binary = config.server_binary
-    if binary in SOURCES:
-        binary = redis_server_binary(binary)
-    server = EmbeddedRedis(where, port=config.port, durable=config.durable, reuse=config.durable, binary=binary).start()
+    server = EmbeddedRedis(where, port=config.port, durable=config.durable, reuse=config.durable,
+                           binary=resolve_binary(config.server_binary)).start()
     try:
         yield Store(server.url, config, server)
     finally:

@@ -17,8 +17,9 @@ from knnmon.connection import connect
 from knnmon.keys import Keys
 from knnmon.oracle import BruteForceKnn
 
-__all__ = ["assert_exact", "assert_feed_and_objects", "client_round_trip", "dump_keys", "expected", "head_lines", "knnmon_cli", "object_fields",
-           "redis_results", "register_fields", "run_exact", "serve_process", "wait_processed"]
+__all__ = ["assert_applied_once", "assert_exact", "assert_feed_and_objects", "client_round_trip", "dump_keys", "expected",
+           "head_lines", "knnmon_cli", "object_fields", "redis_results", "register_fields", "run_exact", "serve_process",
+           "wait_processed"]
 
 
 def head_lines(path: str | PathLike[str], n: int) -> list[str]:

@@ -60,3 +60,11 @@ def test_the_embedded_binary_is_chosen_by_name_and_an_older_one_says_why_it_cann
             pass
     with open_store(StoreConfig(data_dir=data)) as store:  # the default reads it
         assert connect(store.url).get("knn:x") == "1"
+
+
+def test_a_redis_server_that_is_not_an_executable_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.delenv("KNNMON_REDIS_URL", raising=False)
+    for bad in (str(tmp_path / "nosuch"), str(tmp_path), "x" * 5000):
+        with pytest.raises(KnnmonError, match="is not an executable file"):
+            with open_store(StoreConfig(data_dir=str(tmp_path / "data"), server_binary=bad)):
+                pass
