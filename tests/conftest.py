@@ -64,6 +64,22 @@ def redis_url():
         yield server.url
 
 
+@pytest.fixture(scope="session")
+def redis_cluster_url():
+    """A real Redis Cluster of 3 masters (the embedded binary) on loopback ports, for the whole
+    session; the URL of one node."""
+    from knnmon.redis_cluster import LocalCluster
+
+    with LocalCluster(3) as cluster:
+        yield cluster.url
+
+
+@pytest.fixture(params=["standalone", "cluster"])
+def store_url(request) -> str:
+    """The URL of a standalone Redis, then of a 3-master Redis Cluster (tests of both)."""
+    return request.getfixturevalue("redis_url" if request.param == "standalone" else "redis_cluster_url")
+
+
 @pytest.fixture
 def namespace() -> str:
     """A key prefix of this test's own."""

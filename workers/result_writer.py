@@ -7,15 +7,16 @@ Layout: :class:`knnmon.keys.Keys`. A batch's writes travel as one msgpack payloa
    batch re-sent after a lost reply changes nothing (exactly once);
 2. for every changed query: ``ZADD`` the objects that entered its result sorted set (score =
    distance in meters), ``ZREM`` those that left (the whole query hash is written on
-   registration, and the id added to the ``queries`` set) -- two commands per changed result,
-   nothing else per result;
+   registration, and the id added to the ``queries`` set; a deleted query's result and hash are
+   deleted, its id removed) -- two commands per changed result, nothing else per result;
 3. keeps the details of the objects in this worker's results in one hash,
    ``knn:objects:{worker}`` (field: object id, value: ``lon lat t keywords``): one ``HSET`` for
    the objects that entered a result of this worker while none held them, one ``HDEL`` for
    those its last result let go. The writer counts the holders (:attr:`ResultWriter.held`,
    in the worker's memory), so Redis does no per-object work;
 4. appends **one** ``changes`` stream entry for the whole call (:mod:`knnmon.feed`: its
-   ``version`` and one line per changed query, built by the worker, not by Redis); the stream is
+   ``version`` and one line per changed query, built by the worker, not by Redis; a deleted
+   query's line lets go of the result the worker held); the stream is
    trimmed (``XTRIM MAXLEN ~``) to about :data:`CHANGES_MAXLEN` changes. A registration (or
    initial load) writes its queries' whole initial results as ``entered``, a deleted query its
    whole result as ``left``: applying ``knn:changes`` from the start reproduces every result's
@@ -24,11 +25,17 @@ Layout: :class:`knnmon.keys.Keys`. A batch's writes travel as one msgpack payloa
 6. returns the microseconds it ran, for the worker's busy time: the server process's CPU time
    (``os.clock``, Redis 7+, where ``TIME`` stands still inside a script), else ``TIME``.
 
+In a **Redis Cluster** the keys keep their names, so one batch's keys live on several masters:
+the payload is cut by master (:meth:`ResultWriter._split`) and each master runs the same script
+on its part, in one call per master and batch; the feed goes to its master last. Every master
+keeps the worker's marker (a key in one of its slots, :meth:`knnmon.keys.Keys.worker_batch`),
+so a re-sent batch changes nothing on a master that applied it, and a revival can tell a batch
+that reached only some masters (:func:`knnmon.coordinator.runtime.revival.last_applied_batch`).
+
 The first layout (until 2026-11-23) also wrote one stream entry and the query hash's
 ``version`` per changed result, and kept one hash per object with a reference count of the
 results holding it (``HINCRBY`` per object and batch): 19 us of server time per changed result
-against 9 here (docs/runtime.md, "Lean writes"). The script addresses keys it builds from the
-namespace, so it needs a standalone Redis (not Redis Cluster).
+against 9 here (docs/runtime.md, "Lean writes").
 """
 
 from __future__ import annotations
@@ -38,6 +45,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import msgpack
+
+from redis.cluster import RedisCluster
 
 from knnmon.batch import BatchChanges, ObjectInfo
 from knnmon.connection import connect, with_retries
@@ -63,65 +72,171 @@ local t0 = now_us()
 local p = cmsgpack.unpack(ARGV[1])
 if redis.call('GET', p.marker) == p.tag then return -1 end
 local ns = p.ns
-local e, l, f = p.e, p.l, p.f
-local ei, li, fi = 1, 1, 1
+local e, l = p.e, p.l
+local ei, li = 1, 1
 for j = 1, #p.q do
-  local qid = p.q[j]
-  local rkey = ns .. ':result:' .. qid
+  local rkey = ns .. ':result:' .. p.q[j]
   if p.rep == 1 then redis.call('DEL', rkey) end
-  local ne, nl, nf = p.ne[j], p.nl[j], p.nf[j]
+  local ne, nl = p.ne[j], p.nl[j]
   if ne > 0 then redis.call('ZADD', rkey, unpack(e, 2 * ei - 1, 2 * (ei + ne - 1))) end
   if nl > 0 then redis.call('ZREM', rkey, unpack(l, li, li + nl - 1)) end
-  if nf > 0 then
-    redis.call('HSET', ns .. ':query:' .. qid, unpack(f, fi, fi + nf - 1))
-    redis.call('SADD', ns .. ':queries', qid)
-    fi = fi + nf
-  end
   ei = ei + ne
   li = li + nl
 end
-local feed = p.feed
-for _, qid in ipairs(p.del) do
-  local rkey = ns .. ':result:' .. qid
-  if redis.call('EXISTS', ns .. ':query:' .. qid) == 1 then
-    if #feed > 0 then feed = feed .. '\\n' end
-    feed = feed .. qid .. '\\t\\t' .. table.concat(redis.call('ZRANGE', rkey, 0, -1), ' ')
-  end
-  redis.call('DEL', rkey, ns .. ':query:' .. qid)
-  redis.call('SREM', ns .. ':queries', qid)
+local f, fi = p.f, 1
+for j = 1, #p.hq do
+  local nf = p.nf[j]
+  redis.call('HSET', ns .. ':query:' .. p.hq[j], unpack(f, fi, fi + nf - 1))
+  fi = fi + nf
 end
+for _, qid in ipairs(p.dr) do redis.call('DEL', ns .. ':result:' .. qid) end
+for _, qid in ipairs(p.dq) do redis.call('DEL', ns .. ':query:' .. qid) end
+local sa, sr = p.sa, p.sr
+for s = 1, #sa, 2000 do redis.call('SADD', ns .. ':queries', unpack(sa, s, math.min(s + 1999, #sa))) end
+for s = 1, #sr, 2000 do redis.call('SREM', ns .. ':queries', unpack(sr, s, math.min(s + 1999, #sr))) end
 local hs, hd = p.hs, p.hd
 for s = 1, #hs, 2000 do redis.call('HSET', p.okey, unpack(hs, s, math.min(s + 1999, #hs))) end
 for s = 1, #hd, 1000 do redis.call('HDEL', p.okey, unpack(hd, s, math.min(s + 999, #hd))) end
-if p.log == 1 and #feed > 0 then
-  redis.call('XADD', ns .. ':changes', '*', 'version', p.version, 'changes', feed)
+if #p.feed > 0 then
+  redis.call('XADD', ns .. ':changes', '*', 'version', p.version, 'changes', p.feed)
   redis.call('XTRIM', ns .. ':changes', 'MAXLEN', '~', p.maxlen)
 end
 redis.call('SET', p.marker, p.tag)
 return math.floor(now_us() - t0)
 """
 
+#: The payload's sections by the key they write: per changed result (``q`` with ``ne``/``e``/
+#: ``nl``/``l``, split by the result key's master in a cluster), per query hash (``hq`` with
+#: ``nf``/``f``), per deleted key (``dr``, ``dq``), and the single keys (the ``queries`` set:
+#: ``sa``/``sr``; the details hash: ``hs``/``hd``; the feed: ``feed``).
+_EMPTY = {"q": [], "ne": [], "e": [], "nl": [], "l": [], "hq": [], "nf": [], "f": [], "dr": [], "dq": [],
+          "sa": [], "sr": [], "hs": [], "hd": [], "feed": ""}
+
 
 class ResultWriter:
-    """Exactly-once Redis writes of one worker (see the module docstring)."""
+    """Exactly-once Redis writes of one worker (see the module docstring).
+
+    Parameters
+    ----------
+    url : str
+        The results store: a standalone Redis, or any node of a Redis Cluster (then one script
+        call per master and batch: :meth:`apply`).
+    namespace : str
+        Key prefix (:class:`~knnmon.keys.Keys`).
+    worker : int or str
+        The worker's id (its details hash, its idempotency markers).
+    """
 
     def __init__(self, url: str, namespace: str, worker: int | str) -> None:
         self.url, self.keys, self.worker = url, Keys(namespace), worker
         self.client = connect(url)
-        self._apply = self.client.register_script(_APPLY)
+        self.masters = None
+        if isinstance(self.client, RedisCluster):
+            from knnmon.redis_cluster import MasterMap
+
+            self.masters = MasterMap(self.client)
+            self._scripts: dict[str, Any] = {}
+        else:
+            self._apply = self.client.register_script(_APPLY)
         self._marker = self.keys.worker_batch(worker)
         self.session = uuid.uuid4().hex[:12]  # markers of earlier runs never match
         self._per_entry = 100.0  # recent changes per feed entry (a moving average), for the trim
         #: Object id -> the results of this worker holding it (as written, or about to be):
         #: whether its details are in ``knn:objects:{worker}``.
         self.held: dict[str, int] = {}
+        #: Server seconds of this writer's script calls per master (``host:port``; a standalone
+        #: server: its URL's), summed since it started.
+        self.server_s_by_master: dict[str, float] = {}
 
-    def apply(self, tag: int, payload: bytes) -> float:
-        """One script call with a payload built for ``tag``; returns the server's seconds running
-        it (0 for a repeated tag)."""
+    def apply(self, tag: int, payload: dict) -> float:
+        """One script call with a payload built for ``tag`` (one per master in a cluster: see
+        :meth:`_apply_cluster`); returns the server's seconds running it (0 for a repeated tag).
+
+        Raises
+        ------
+        StoreUnavailableError
+            Redis unreachable after every retry.
+        """
+        if self.masters is not None:
+            return self._apply_cluster(tag, payload)
+        packed = msgpack.packb({**payload, "marker": self._marker, "tag": f"{self.session}:{tag}"})
         # The script ignores a tag it has applied already, so a plain retry is exactly-once.
-        us = with_retries(lambda: self._apply(args=[payload]), f"writing batch {tag} of worker {self.worker}", self.url)
-        return max(int(us), 0) / 1e6
+        us = with_retries(lambda: self._apply(args=[packed]), f"writing batch {tag} of worker {self.worker}", self.url)
+        s = max(int(us), 0) / 1e6
+        self.server_s_by_master["standalone"] = self.server_s_by_master.get("standalone", 0.0) + s
+        return s
+
+    def _split(self, payload: dict) -> dict[str, dict]:
+        """``payload`` cut into one payload per master of the cluster: each section goes to the
+        master of the key it writes (module docstring); every master gets one, empty or not, so
+        that its marker says whether the batch reached it."""
+        m, ns = self.masters, self.keys.namespace
+        out = {name: {k: ([] if k != "feed" else "") for k in _EMPTY} for name in m.names}
+        ei = li = 0
+        e, lv = payload["e"], payload["l"]
+        for qid, ne, nl in zip(payload["q"], payload["ne"], payload["nl"]):
+            d = out[m.master_of(f"{ns}:result:{qid}")]
+            d["q"].append(qid)
+            d["ne"].append(ne)
+            d["nl"].append(nl)
+            d["e"] += e[2 * ei:2 * (ei + ne)]
+            d["l"] += lv[li:li + nl]
+            ei, li = ei + ne, li + nl
+        fi = 0
+        for qid, nf in zip(payload["hq"], payload["nf"]):
+            d = out[m.master_of(f"{ns}:query:{qid}")]
+            d["hq"].append(qid)
+            d["nf"].append(nf)
+            d["f"] += payload["f"][fi:fi + nf]
+            fi += nf
+        for qid in payload["dr"]:
+            out[m.master_of(f"{ns}:result:{qid}")]["dr"].append(qid)
+        for qid in payload["dq"]:
+            out[m.master_of(f"{ns}:query:{qid}")]["dq"].append(qid)
+        single = out[m.master_of(self.keys.queries)]
+        single["sa"], single["sr"] = payload["sa"], payload["sr"]
+        single = out[m.master_of(payload["okey"])]
+        single["hs"], single["hd"] = payload["hs"], payload["hd"]
+        out[m.master_of(self.keys.changes)]["feed"] = payload["feed"]
+        common = {k: payload[k] for k in ("ns", "rep", "okey", "version", "maxlen")}
+        return {name: {**common, **d} for name, d in out.items()}
+
+    def _apply_cluster(self, tag: int, payload: dict) -> float:
+        """The cluster's :meth:`apply`: one script call per master, in the masters' order with
+        the feed's master last (a reader of the feed finds the results it names written). Each
+        call checks and sets the worker's marker on its own master
+        (``Keys.worker_batch(worker, tag of the master)``): a re-sent batch changes nothing on a
+        master that applied it. A script that finds a key not local (slots moved) makes the
+        writer read the slot table again and send the whole batch again."""
+        from redis.exceptions import ResponseError
+
+        def send() -> float:
+            last = self.masters.master_of(self.keys.changes)
+            parts = self._split(payload)
+            total = 0.0
+            for name in sorted(parts, key=lambda n: n == last):
+                script = self._scripts.get(name)
+                if script is None:
+                    script = self._scripts[name] = self.masters.connection(name).register_script(_APPLY)
+                marker = self.keys.worker_batch(self.worker, self.masters.tag_of(name))
+                us = script(args=[msgpack.packb({**parts[name], "marker": marker, "tag": f"{self.session}:{tag}"})])
+                s = max(int(us), 0) / 1e6
+                self.server_s_by_master[name] = self.server_s_by_master.get(name, 0.0) + s
+                total += s
+            return total
+
+        def attempt() -> float:
+            for moved in range(3):
+                try:
+                    return send()
+                except ResponseError as ex:
+                    if moved == 2 or ("non local key" not in str(ex) and "MOVED" not in str(ex)):
+                        raise
+                    self.masters.refresh()
+                    self._scripts.clear()
+            raise AssertionError("unreachable")
+
+        return with_retries(attempt, f"writing batch {tag} of worker {self.worker}", self.url)
 
     def hold(self, oids: Iterable[str]) -> None:
         """Count results that hold ``oids`` without writing (a worker rebuilt from what Redis
@@ -155,13 +270,14 @@ class ResultWriter:
                 hs += [oid, changes.objects[oid].to_text()]
         return hs, gone
 
-    def _payload(self, tag: int, changes: BatchChanges, *, fields: Sequence[Sequence[str]] | None = None,
-                 replace: bool = False, log: bool = True, delete: Sequence[str] = (), released: Sequence[str] = (),
-                 details: bool = True, extra_details: Sequence[str] = ()) -> bytes:
-        """The msgpack payload of one script call: ``changes``; per changed query its hash
-        ``fields`` (key, value, ...; registration); ``replace`` their results first; ``log`` the
-        changes in the feed; ``delete`` queries with their keys (``released``: their members);
-        ``details`` keep ``knn:objects:{worker}``; ``extra_details`` more HSET arguments."""
+    def _payload(self, changes: BatchChanges, *, fields: Sequence[Sequence[str]] | None = None,
+                 replace: bool = False, log: bool = True, delete: str | None = None, released: Sequence[str] = (),
+                 details: bool = True, extra_details: Sequence[str] = ()) -> dict:
+        """The payload of one script call (a dict; :meth:`apply` packs it): ``changes``; per
+        changed query its hash ``fields`` (key, value, ...; registration); ``replace`` their
+        results first; ``log`` the changes in the feed; ``delete`` a query with its keys
+        (``released``: its members, as this worker holds them, for its feed line); ``details``
+        keep ``knn:objects:{worker}``; ``extra_details`` more HSET arguments."""
         c = changes
         n = len(c.qids)
         e: list[Any] = [None] * (2 * len(c.entered))  # ZADD's score, member pairs
@@ -170,14 +286,18 @@ class ResultWriter:
         if n:
             self._per_entry = 0.9 * self._per_entry + 0.1 * n
         hs, hd = self._holds(c, released, details)
-        return msgpack.packb({
-            "ns": self.keys.namespace, "marker": self._marker, "tag": f"{self.session}:{tag}",
-            "maxlen": max(MIN_FEED_ENTRIES, int(CHANGES_MAXLEN / max(self._per_entry, 1.0))), "log": int(log),
-            "del": list(delete), "q": list(c.qids), "rep": int(replace), "ne": list(c.n_entered), "e": e,
-            "nl": list(c.n_left), "l": list(c.left), "nf": [len(f) for f in fields],
-            "f": [x for f in fields for x in f], "okey": self.keys.objects(self.worker), "hs": hs + list(extra_details),
-            "hd": hd, "feed": c.feed_text() if log else "", "version": int(c.version),
-        })
+        hq = [q for q, f in zip(c.qids, fields) if f]
+        feed = c.feed_text() if log else ""
+        if delete is not None:
+            feed = "\n".join(x for x in (feed, f"{delete}\t\t{' '.join(released)}") if x)
+        return {
+            "ns": self.keys.namespace, "maxlen": max(MIN_FEED_ENTRIES, int(CHANGES_MAXLEN / max(self._per_entry, 1.0))),
+            "q": list(c.qids), "rep": int(replace), "ne": list(c.n_entered), "e": e, "nl": list(c.n_left),
+            "l": list(c.left), "hq": hq, "nf": [len(f) for f in fields if f], "f": [x for f in fields for x in f],
+            "dr": [delete] if delete is not None else [], "dq": [delete] if delete is not None else [],
+            "sa": hq, "sr": [delete] if delete is not None else [], "okey": self.keys.objects(self.worker),
+            "hs": hs + list(extra_details), "hd": hd, "feed": feed, "version": int(c.version),
+        }
 
     def write_queries(self, tag: int, queries: Iterable[tuple[str, Mapping[str, object], Sequence[tuple[str, float]]]],
                       objects: Mapping[str, ObjectInfo], version: int = 0) -> None:
@@ -191,34 +311,34 @@ class ResultWriter:
 
     def queries_payload(self, tag: int,
                         queries: Iterable[tuple[str, Mapping[str, object], Sequence[tuple[str, float]]]],
-                        objects: Mapping[str, ObjectInfo], version: int = 0) -> bytes:
+                        objects: Mapping[str, ObjectInfo], version: int = 0) -> dict:
         """The payload of :meth:`write_queries`, for :meth:`apply` (e.g. on another thread)."""
         diffs, fields = [], []
         for qid, f, topk in queries:
             diffs.append((qid, topk, ()))
             fields.append([x for key, value in {**f, "worker": self.worker}.items() for x in (key, str(value))])
-        return self._payload(tag, BatchChanges.from_diffs(diffs, objects, version), fields=fields, replace=True)
+        return self._payload(BatchChanges.from_diffs(diffs, objects, version), fields=fields, replace=True)
 
-    def details_payload(self, tag: int, objects: Mapping[str, ObjectInfo]) -> bytes:
+    def details_payload(self, tag: int, objects: Mapping[str, ObjectInfo]) -> dict:
         """A payload writing only ``objects``' details (a resumed service's workers, whose
         queries the new plan may have moved: each writes the objects it holds)."""
         hs = [x for oid, o in objects.items() for x in (oid, o.to_text())]
-        return self._payload(tag, BatchChanges([], [], [], [], [], []), log=False, extra_details=hs)
+        return self._payload(BatchChanges([], [], [], [], [], []), log=False, extra_details=hs)
 
     def write_batch(self, tag: int, changes: BatchChanges) -> float:
         """Write one batch's result changes (module docstring); returns the server's seconds
         running the script."""
-        return self.apply(tag, self._payload(tag, changes))
+        return self.apply(tag, self._payload(changes))
 
     def write_repairs(self, tag: int, changes: BatchChanges) -> float:
         """Write result changes without touching any worker's object details (recovery's
         repairs: the workers write their details when they resume)."""
-        return self.apply(tag, self._payload(tag, changes, details=False))
+        return self.apply(tag, self._payload(changes, details=False))
 
     def delete_query(self, tag: int, qid: str, version: int = 0, members: Sequence[str] = ()) -> None:
-        """Delete a query's keys; its feed line (at ``version``) lists what Redis held; its
-        ``members`` (as this worker holds them) are let go."""
-        self.apply(tag, self._payload(tag, BatchChanges([], [], [], [], [], [], version=version), delete=[qid],
+        """Delete a query's keys; its feed line (at ``version``) lets go of its ``members`` (its
+        result as this worker holds it, nearest first: what this worker wrote)."""
+        self.apply(tag, self._payload(BatchChanges([], [], [], [], [], [], version=version), delete=qid,
                                       released=members))
 
     def close(self) -> None:

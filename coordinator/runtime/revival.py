@@ -29,6 +29,7 @@ from knnmon.connection import connect, with_retries
 from knnmon.coordinator.runtime.dispatch import DispatchedBatch
 from knnmon.coordinator.runtime.registration import Registrar
 from knnmon.coordinator.runtime.worker_pool import Pending, RayPool
+from knnmon.errors import WorkerLostError
 from knnmon.keys import Keys
 from knnmon.query import Query, QueryColumns
 
@@ -37,14 +38,35 @@ __all__ = ["last_applied_batch", "revive"]
 log = logging.getLogger("knnmon.runtime")
 
 
-def last_applied_batch(client, keys: Keys, worker: int) -> int:
-    """The number of the last batch worker ``worker``'s script applied (``-1``: none; its
-    registrations use negative tags)."""
-    marker = client.get(keys.worker_batch(worker)) or ""
+def _marker_batch(marker: str | None) -> int:
     try:
-        return max(int(marker.rsplit(":", 1)[1]), -1)
+        return max(int((marker or "").rsplit(":", 1)[1]), -1)
     except (IndexError, ValueError):
         return -1
+
+
+def last_applied_batch(client, keys: Keys, worker: int) -> int:
+    """The number of the last batch worker ``worker``'s script applied (``-1``: none; its
+    registrations use negative tags). In a Redis Cluster, every master's marker must agree.
+
+    Raises
+    ------
+    WorkerLostError
+        In a cluster, the worker's last batch reached some masters only (it died between its
+        calls): Redis holds part of a batch, so the worker cannot be rebuilt from it in place.
+    """
+    from redis.cluster import RedisCluster
+
+    if not isinstance(client, RedisCluster):
+        return _marker_batch(client.get(keys.worker_batch(worker)))
+    from knnmon.redis_cluster import MasterMap
+
+    masters = MasterMap(client)
+    found = {_marker_batch(client.get(keys.worker_batch(worker, masters.tag_of(n)))) for n in masters.names}
+    if len(found) > 1:
+        raise WorkerLostError(worker, f"its last write reached some masters of the Redis Cluster only (batches "
+                                      f"{sorted(found)}); it cannot be revived in place")
+    return found.pop()
 
 
 def revive(pool: RayPool, registrar: Registrar, redis_url: str, namespace: str, worker: int,

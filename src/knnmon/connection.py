@@ -53,13 +53,30 @@ def redis_url_from_env(url: str | None) -> str | None:
 
 
 def connect(url: str, *, socket_timeout_s: float = 30.0) -> redis.Redis:
-    """A client with string replies, deliberate timeouts and **no automatic retry**.
+    """A client with string replies, deliberate timeouts and **no automatic retry**; a
+    :class:`redis.cluster.RedisCluster` when ``url`` points at a node of a Redis Cluster
+    (``INFO cluster``: :mod:`knnmon.redis_cluster`), which routes each command to the master of
+    its key's slot (and follows ``MOVED`` on its own).
 
     redis-py would otherwise re-send a timed-out pipeline on its own; knnmon retries itself
     (:func:`with_retries`) after checking whether the first attempt took effect.
+
+    A server that does not answer gets a plain client (as lazy as redis-py's: the first command
+    raises ``redis.ConnectionError``).
     """
-    return redis.Redis.from_url(url, decode_responses=True, socket_timeout=socket_timeout_s,
-                                socket_connect_timeout=5.0, retry=Retry(NoBackoff(), 0), health_check_interval=30)
+    options = dict(decode_responses=True, socket_timeout=socket_timeout_s, socket_connect_timeout=5.0)
+    client = redis.Redis.from_url(url, retry=Retry(NoBackoff(), 0), health_check_interval=30, **options)
+    from knnmon.redis_cluster import is_cluster
+
+    try:
+        if not is_cluster(client):
+            return client
+    except (redis.ConnectionError, redis.TimeoutError):
+        return client
+    client.close()
+    from redis.cluster import RedisCluster
+
+    return RedisCluster.from_url(url, **options)
 
 
 def with_retries(op: Callable[[], T], what: str, url: str, *, attempts: int = 6, backoff_s: float = 0.2,

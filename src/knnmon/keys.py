@@ -26,7 +26,9 @@ class Keys:
     - ``serve_status``: hash the running service refreshes (``knnmon status``);
       ``serve_batches``: stream, one entry per processed batch (latency measurements);
       ``serve_checkpoint``: hash, the service's last checkpoint with a window (watermark, trim point);
-    - ``worker_batch(w)``: the last batch number worker ``w`` applied (idempotent writes).
+    - ``worker_batch(w)``: the last batch number worker ``w`` applied (idempotent writes); in a
+      Redis Cluster one per master, ``worker_batch(w, tag)`` with a hash tag of a slot of that
+      master (:mod:`knnmon.redis_cluster`).
 
     Examples
     --------
@@ -77,5 +79,6 @@ class Keys:
     def serve_checkpoint(self) -> str:
         return f"{self.namespace}:serve:checkpoint"
 
-    def worker_batch(self, worker: int) -> str:
-        return f"{self.namespace}:worker:{worker}:batch"
+    def worker_batch(self, worker: int | str, tag: str | None = None) -> str:
+        base = f"{self.namespace}:worker:{worker}:batch"
+        return base if tag is None else f"{base}{{{tag}}}"

@@ -133,6 +133,9 @@ class EmbeddedRedis:
         was killed), attach to it instead of starting a second one; this object then stops it.
     password
         Require this password (``AUTH``); :attr:`url` carries it.
+    extra_args
+        More ``redis-server`` options (e.g. ``["--cluster-enabled", "yes"]``,
+        :class:`~knnmon.redis_cluster.LocalCluster`).
 
     Examples
     --------
@@ -143,7 +146,7 @@ class EmbeddedRedis:
 
     def __init__(self, data_dir: str | None = None, port: int | None = None, start_timeout_s: float = 20.0, *,
                  durable: bool = False, reuse: bool = False, binary: str | None = None,
-                 password: str | None = None) -> None:
+                 password: str | None = None, extra_args: tuple[str, ...] = ()) -> None:
         self._tmp = data_dir is None
         if data_dir is None:
             import tempfile
@@ -153,6 +156,7 @@ class EmbeddedRedis:
         self.port = port or free_port()
         self.start_timeout_s = start_timeout_s
         self.durable, self.reuse, self.binary, self.password = durable, reuse, binary, password
+        self.extra_args = tuple(extra_args)
         self.proc: subprocess.Popen | None = None
         self._adopted_pid: int | None = None
 
@@ -185,7 +189,7 @@ class EmbeddedRedis:
              "--dbfilename", "knnmon.rdb", "--save", "", "--protected-mode", "yes", "--daemonize", "no",
              *(["--appendonly", "yes", "--appendfilename", "knnmon.aof", "--appendfsync", "everysec"]
                if self.durable else ["--appendonly", "no"]),
-             *(["--requirepass", self.password] if self.password else [])],
+             *(["--requirepass", self.password] if self.password else []), *self.extra_args],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True,  # Ctrl-C or `kill %1` in a terminal reach its owner only, who stops it
         )

@@ -7,7 +7,7 @@ import redis
 
 from knnmon.batch import BatchChanges, ObjectInfo
 from knnmon.connection import connect, with_retries
-from knnmon.errors import StoreUnavailableError
+from knnmon.errors import StoreUnavailableError, WorkerLostError
 from knnmon.feed import parse_entry
 from knnmon.keys import Keys
 from knnmon.workers.result_writer import ResultWriter
@@ -15,8 +15,8 @@ from knnmon.workers.result_writer import ResultWriter
 OBJ = {f"o{i}": ObjectInfo(-71.0 - i / 100, 41.0, 1_000 + i, ["coffee", "shop"]) for i in range(5)}
 
 
-def test_layout_feed_and_object_details(redis_url, namespace):
-    w, keys, c = ResultWriter(redis_url, namespace, 3), Keys(namespace), connect(redis_url)
+def test_layout_feed_and_object_details(store_url, namespace):
+    w, keys, c = ResultWriter(store_url, namespace, 3), Keys(namespace), connect(store_url)
     w.write_queries(-1, [("q1", {"lon": "-71.0", "lat": "41.0", "keywords": "coffee", "k": 2},
                           [("o0", 0.0), ("o1", 5.5)]),
                          ("q2", {"lon": "-71.1", "lat": "41.0", "keywords": "shop", "k": 1},
@@ -38,6 +38,7 @@ def test_layout_feed_and_object_details(redis_url, namespace):
     assert c.xrevrange(keys.changes, count=1)[0][1] == {"version": "1", "changes": "q1\t\to0 o2"}
     assert not c.exists(keys.result("q1"), keys.query("q1"))
     assert set(c.hkeys(keys.objects(3))) == {"o3"} and w.held == {"o3": 1}
+    assert not c.sismember(keys.queries, "q1") and c.sismember(keys.queries, "q2")
 
 
 def test_a_resent_batch_is_applied_once(redis_url, namespace, monkeypatch):
@@ -58,6 +59,40 @@ def test_a_resent_batch_is_applied_once(redis_url, namespace, monkeypatch):
     w.write_batch(7, BatchChanges.from_diffs([("q", [("o4", 3.0)], [])], OBJ, 8))
     assert calls["n"] == 2
     assert c.xlen(keys.changes) == 2 and c.hkeys(keys.objects(0)) == ["o4"]  # registration + change
+
+
+def test_a_resent_batch_is_applied_once_on_every_master(redis_cluster_url, namespace):
+    """In a cluster, a batch is one call per master: a reply lost after the feed's master ran
+    its part, and a failure before the last master ran, are both retried without a double."""
+    from knnmon.coordinator.runtime.revival import last_applied_batch
+
+    w, keys, c = ResultWriter(redis_cluster_url, namespace, 0), Keys(namespace), connect(redis_cluster_url)
+    qids = [f"q{i}" for i in range(30)]  # (spread over the 3 masters)
+    assert len({w.masters.master_of(keys.result(q)) for q in qids}) == 3
+    w.write_queries(-1, [(q, {"k": 3}, []) for q in qids], OBJ)
+    last = w.masters.master_of(keys.changes)
+    script = w._scripts[last]
+    calls = {"n": 0}
+
+    def lossy(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise redis.ConnectionError("refused before running (injected)")
+        result = script(*args, **kwargs)
+        if calls["n"] == 2:
+            raise redis.ConnectionError("reply lost (injected)")
+        return result
+
+    w._scripts[last] = lossy
+    w.write_batch(7, BatchChanges.from_diffs([(q, [("o4", 3.0)], []) for q in qids], OBJ, 8))
+    assert calls["n"] == 3
+    feed = [f for _, f in c.xrange(keys.changes)]
+    assert [f["version"] for f in feed] == ["0", "8"] and len(parse_entry(feed[1])) == 30
+    assert all(c.zrange(keys.result(q), 0, -1) == ["o4"] for q in qids) and c.hkeys(keys.objects(0)) == ["o4"]
+    assert last_applied_batch(c, keys, 0) == 7
+    c.set(keys.worker_batch(0, w.masters.tag_of(last)), f"{w.session}:6")  # as if 7 had not reached it
+    with pytest.raises(WorkerLostError, match="some masters"):
+        last_applied_batch(c, keys, 0)
 
 
 def test_unreachable_redis_is_a_clear_error_after_retries():
