@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import redis
+from redis.cluster import RedisCluster
 
 from knnmon.connection import with_retries
 from knnmon.coordinator.service.protocol import GROUP
@@ -23,7 +24,7 @@ def acknowledge(client: redis.Redis, url: str, keys: Keys, stream: str, ids: Seq
                 rejects: Sequence[tuple[str, dict, Rejected]], batch_record: dict[str, Any] | None = None) -> None:
     """Write ``rejects`` to ``ingest:rejects`` (original fields plus ``_reason``, ``_detail``,
     ``_stream``, ``_entry``), acknowledge entries ``ids`` of ``stream`` and log
-    ``batch_record`` to ``serve:batches``, in one MULTI. A retry first checks whether the entries
+    ``batch_record`` to ``serve:batches``, in one MULTI (in a Redis Cluster: in that order, without MULTI). A retry first checks whether the entries
     are still pending, so nothing is written twice.
 
     Raises
@@ -34,14 +35,22 @@ def acknowledge(client: redis.Redis, url: str, keys: Keys, stream: str, ids: Seq
     if not ids:
         return
 
+    cluster = isinstance(client, RedisCluster)
+
     def op() -> None:
-        pipe = client.pipeline(transaction=True)
+        # A Redis Cluster has the three streams in different slots, so no MULTI there: the
+        # rejects and the record first, the acknowledgement after them (a retry after a failure
+        # between the two may write a reject twice, never lose one).
+        pipe = client.pipeline(transaction=not cluster)
         for eid, fields, r in rejects:
             pipe.xadd(keys.ingest_rejects, {**fields, "_reason": r.reason, "_detail": str(r), "_stream": stream,
                                             "_entry": eid}, maxlen=REJECTS_MAXLEN, approximate=True)
-        pipe.xack(stream, GROUP, *ids)
         if batch_record is not None:
             pipe.xadd(keys.serve_batches, batch_record, maxlen=BATCHES_MAXLEN, approximate=True)
+        if cluster:
+            pipe.execute()
+            pipe = client.pipeline(transaction=False)
+        pipe.xack(stream, GROUP, *ids)
         pipe.execute()
 
     def done() -> bool:

@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import redis
+from redis.cluster import RedisCluster
 
 from knnmon.connection import connect, redact
 from knnmon.coordinator.runtime.runtime import Runtime
@@ -59,6 +60,9 @@ __all__ = ["COUNTERS", "Service"]
 log = logging.getLogger("knnmon.serve")
 
 #: What the service counts (:attr:`Service.counters`, published in its status).
+#: In a Redis Cluster, the longest an idle service blocks on the objects stream alone (ms).
+CLUSTER_BLOCK_MS = 100
+
 COUNTERS = ("objects", "batches", "rejects", "registered", "updated", "unchanged", "unregistered",
             "unregister_unknown", "recoveries", "worker_restarts", "isolations", "internal_errors",
             "objects_entries_read", "queries_entries_read", "late", "checkpoints", "entries_trimmed")
@@ -265,8 +269,20 @@ class Service:
 
     def _read(self, streams: dict[str, str], count: int, block_ms: int | None) -> list:
         """XREADGROUP; an entry deleted while pending comes back with no fields (``{}``: rejected
-        by the parser)."""
-        got = self.client.xreadgroup(GROUP, self.config.consumer, streams, count=count, block=block_ms) or []
+        by the parser). In a Redis Cluster the streams hash to different slots, so one
+        XREADGROUP each: without blocking, then, if all were empty, blocking on the last one
+        (the objects stream) for at most :data:`CLUSTER_BLOCK_MS` (a query operation arriving
+        meanwhile waits that long)."""
+        if len(streams) == 1 or not isinstance(self.client, RedisCluster):
+            got = self.client.xreadgroup(GROUP, self.config.consumer, streams, count=count, block=block_ms) or []
+        else:
+            got = [x for key, start in streams.items()
+                   for x in self.client.xreadgroup(GROUP, self.config.consumer, {key: start}, count=count) or []
+                   if x[1]]
+            if not got and block_ms is not None:
+                key, start = list(streams.items())[-1]
+                got = self.client.xreadgroup(GROUP, self.config.consumer, {key: start}, count=count,
+                                             block=min(block_ms, CLUSTER_BLOCK_MS)) or []
         return [(key, [(eid, fields or {}) for eid, fields in entries]) for key, entries in got]
 
     def _apply_pending_query_ops(self, skip: frozenset[str] = frozenset()) -> None:

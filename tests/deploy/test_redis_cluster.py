@@ -1,0 +1,113 @@
+"""knnmon on a real 3-master Redis Cluster (started from the embedded binary on loopback ports):
+run inline and with Ray, serve with the Python client, results and status, all exact against
+the brute-force oracle on real places."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+
+import pyarrow as pa
+import pytest
+
+from knnmon.client import KnnClient
+from knnmon.connection import connect
+from knnmon.coordinator.cli import main
+from knnmon.coordinator.runtime import RunConfig, Runtime
+from knnmon.ingest.reading import load_queries, read_objects, stream_order
+from knnmon.keys import Keys
+from knnmon.oracle import BruteForceKnn
+from knnmon.query import Query
+from knnmon.redis_cluster import MasterMap
+from knnmon.store import StoreConfig
+from knnmon.testing import (assert_exact, assert_feed_and_objects, client_round_trip, knnmon_cli, serve_process,
+                            wait_processed)
+
+
+@pytest.fixture(scope="module")
+def small(places_slice, slice_queries):
+    objects = stream_order(read_objects(str(places_slice)), None)
+    return str(places_slice), load_queries(str(slice_queries)).slice(0, 1500), objects
+
+
+@pytest.fixture(params=["ray", "inline"])
+def executor(request):
+    if request.param == "ray":
+        request.getfixturevalue("ray_instance")
+    return request.param
+
+
+def test_run_on_a_cluster_is_exact_with_registrations_and_spreads_over_every_master(small, executor, redis_cluster_url,
+                                                                                    namespace, tmp_path):
+    objects_dir, queries, objects = small
+    config = RunConfig(workers=3, initial=4000, batch=500, executor=executor,
+                       store=StoreConfig(redis_cluster_url, namespace, str(tmp_path)))
+    client, keys = connect(redis_cluster_url), Keys(namespace)
+    with Runtime(objects_dir, queries, config) as rt:
+        batches = list(rt.batches())
+        for b in batches[:4]:
+            rt.process(b)
+        probe = objects.slice(100, 1).to_pylist()[0]
+        rt.registrar.register([Query.create("late", probe["lon"] + 0.01, probe["lat"], probe["keywords"][:2], 7)])
+        gone = queries.column("id")[0].as_py()
+        assert rt.registrar.unregister(gone)
+        assert not client.exists(keys.result(gone)) and not client.exists(keys.query(gone))
+        for b in batches[4:]:
+            rt.process(b)
+        rest = queries.filter(pa.compute.not_equal(queries.column("id"), gone))
+        oracle = BruteForceKnn(objects)
+        assert assert_exact(redis_cluster_url, namespace, rest, oracle) == 1499
+        want = oracle.knn(probe["lon"] + 0.01, probe["lat"], probe["keywords"][:2], 7)
+        assert client.zrange(keys.result("late"), 0, -1) == [o for o, _ in want]
+        qids = [*rest.column("id").to_pylist(), "late"]
+        assert_feed_and_objects(client, keys, qids)
+    masters = MasterMap(client)
+    holding = {masters.master_of(keys.result(q)) for q in qids if client.exists(keys.result(q))}
+    assert holding == set(masters.names) and len(holding) == 3
+    client.close()
+
+
+def test_run_results_and_status_commands_on_a_cluster(small, redis_cluster_url, namespace, tmp_path, capsys):
+    import pyarrow.parquet as pq
+
+    objects_dir, queries, objects = small
+    qfile = tmp_path / "q.parquet"
+    pq.write_table(queries.slice(0, 200), qfile)
+    assert main(["run", "--objects", objects_dir, "--queries", str(qfile), "--workers", "2", "--executor", "inline",
+                 "--initial", "5000", "--batch", "1000", "--redis", redis_cluster_url, "--namespace", namespace,
+                 "--quiet"]) == 0
+    assert_exact(redis_cluster_url, namespace, queries.slice(0, 200), BruteForceKnn(objects))
+    capsys.readouterr()
+    assert main(["results", "q0", "--json", "--redis", redis_cluster_url, "--namespace", namespace]) == 0
+    r = json.loads(capsys.readouterr().out)
+    want = BruteForceKnn(objects).knn(r["query"]["lon"], r["query"]["lat"], r["query"]["keywords"], r["query"]["k"])
+    assert [o["id"] for o in r["knn"]] == [o for o, _ in want] and all(o["keywords"] for o in r["knn"])
+    assert main(["status", "--redis", redis_cluster_url, "--namespace", namespace]) == 0
+    assert "200" in capsys.readouterr().out  # the registered queries
+
+
+def test_serve_and_the_client_on_a_cluster(small, redis_cluster_url, namespace, tmp_path):
+    _, _, objects = small
+    places = objects.slice(0, 3000).to_pylist()
+    proc = serve_process(redis_cluster_url, namespace, tmp_path / "serve.log", "--data-dir", str(tmp_path / "data"))
+    try:
+        client = KnnClient(redis_cluster_url, namespace=namespace)
+        got, want = client_round_trip(client, places, "c1", 5)
+        assert got == want and len(got) == 5
+        client.client.xadd(Keys(namespace).ingest_objects, {"id": "bad", "lon": "1", "lat": "95", "keywords": "x"})
+        client.publish({"id": o["id"], "lon": o["lon"], "lat": o["lat"], "t": o["t"], "keywords": o["keywords"]}
+                       for o in objects.slice(3000, 2000).to_pylist())
+        wait_processed(client.client, Keys(namespace), proc)
+        rejects = client.rejects()
+        assert [f["_reason"] for _, f in rejects] == ["latitude_out_of_range"]
+        q = places[3]
+        want = BruteForceKnn(objects.slice(0, 5000)).knn(q["lon"], q["lat"], q["keywords"][:1], 5)
+        assert [o for o, _ in client.results("c1")] == [o for o, _ in want]
+        assert {c.qid for c in client.changes()} == {"c1"}  # (the only query)
+        time.sleep(1.5)
+        status = knnmon_cli("status", "--redis", redis_cluster_url, "--namespace", namespace)
+        assert status.returncode == 0 and "service: running" in status.stdout, status.stdout + status.stderr
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0, (tmp_path / "serve.log").read_text()[-3000:]
