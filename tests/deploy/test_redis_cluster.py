@@ -111,3 +111,55 @@ def test_serve_and_the_client_on_a_cluster(small, redis_cluster_url, namespace, 
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0, (tmp_path / "serve.log").read_text()[-3000:]
+
+
+def test_the_deploy_script_forms_a_cluster_that_knnmon_runs_on(small, tmp_path):
+    """``deploy/redis-cluster.sh`` as a user runs it: 3 masters formed by ``redis-cli --cluster
+    create``; ``knnmon run`` on it is exact; ``stop`` leaves none of its servers running."""
+    import os
+    import random
+    import shutil
+    import socket
+    import subprocess
+    from pathlib import Path
+
+    if shutil.which("redis-cli") is None:
+        pytest.skip("no redis-cli (.ci/run installs Debian's redis-server, which brings it)")
+    for _ in range(50):
+        base = random.randrange(20_000, 40_000, 10)
+        try:
+            for p in (base, base + 1, base + 2, base + 100, base + 101, base + 102):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", p))
+            break
+        except OSError:
+            continue
+    script = Path(__file__).resolve().parents[2] / "deploy" / "redis-cluster.sh"
+    import sys
+
+    env = {**os.environ, "KNNMON_REDIS_CLUSTER_DIR": str(tmp_path / "rc"), "KNNMON_REDIS_PORT": str(base),
+           "VIRTUAL_ENV": str(Path(sys.executable).parents[1])}
+    up = subprocess.run([str(script), "start"], env=env, capture_output=True, text=True, timeout=120)
+    try:
+        assert up.returncode == 0, up.stderr
+        url = f"redis://127.0.0.1:{base}/0"
+        assert url in up.stdout
+        objects_dir, queries, objects = small
+        import pyarrow.parquet as pq
+
+        pq.write_table(queries.slice(0, 150), tmp_path / "q.parquet")
+        run = knnmon_cli("run", "--objects", objects_dir, "--queries", str(tmp_path / "q.parquet"), "--workers", "2",
+                         "--executor", "inline", "--initial", "5000", "--redis", url, "--quiet")
+        assert run.returncode == 0, run.stderr[-2000:]
+        assert assert_exact(url, "knn", queries.slice(0, 150), BruteForceKnn(objects)) == 150
+        c = connect(url)
+        masters = MasterMap(c)
+        assert len(masters.names) == 3
+        assert len({masters.master_of(Keys().result(q)) for q in queries.slice(0, 150).column("id").to_pylist()}) == 3
+        c.close()
+    finally:
+        down = subprocess.run([str(script), "stop"], env=env, capture_output=True, text=True, timeout=60)
+    assert down.returncode == 0 and down.stdout.count("stopped port") == 3
+    for p in (base, base + 1, base + 2):  # nothing listens any more
+        with socket.socket() as s:
+            assert s.connect_ex(("127.0.0.1", p)) != 0
