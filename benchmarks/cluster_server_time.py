@@ -4,7 +4,8 @@
 Both stores run the same binary (the embedded default, or ``--redis-server``). Each run loads
 the initial queries, then snapshots every master's ``INFO commandstats`` (the ``evalsha`` line:
 calls and microseconds), streams the batches, and snapshots again, so the figures are the
-stream's writes only. Reported per run: objects/s, update time mean / p99, changed results per
+stream's writes only. Reported per run: which master holds each worker's details hash and the
+feed (``singletons_by_master``), objects/s, update time mean / p99, changed results per
 batch, the server time per batch of each master (ms) and its largest over the standalone's, and
 the server time per changed result (µs, all masters together).
 
@@ -52,6 +53,14 @@ def run_once(kind: str, url: str, urls: list[str], args, queries) -> dict:
         before = evalsha_usec(urls)
         s = rt.run(progress=False)
         after = evalsha_usec(urls)
+    census = {}  # which master holds each worker's details hash and the feed
+    for u in urls:
+        r = redis.Redis.from_url(u, decode_responses=True)
+        kw = r.connection_pool.connection_kwargs
+        census[f"{kw['host']}:{kw['port']}"] = sorted(
+            k.split(":", 1)[1] for pattern in (f"{config.store.namespace}:objects:*", f"{config.store.namespace}:changes")
+            for k in r.scan_iter(match=pattern, count=1000))
+        r.close()
     for u in urls:  # the next run starts from empty servers
         r = redis.Redis.from_url(u)
         r.flushall()
@@ -64,7 +73,8 @@ def run_once(kind: str, url: str, urls: list[str], args, queries) -> dict:
             "changed_per_batch": round(s.results_changed / s.batches, 1),
             "server_ms_per_batch_by_master": {n: round(v, 2) for n, v in per_master.items()},
             "calls_per_batch_by_master": {n: round(v, 2) for n, v in calls.items()},
-            "server_us_per_changed_result": round(total_us / max(s.results_changed, 1), 2)}
+            "server_us_per_changed_result": round(total_us / max(s.results_changed, 1), 2),
+            "singletons_by_master": census}
 
 
 def main() -> None:

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from knnmon.arrays import runs, with_capacity
+from knnmon.arrays import run_starts, runs, with_capacity
 from knnmon.batch import BatchChanges, ObjectBatch, ObjectInfo, Refills, WorkerReport, WriteFigures
 from knnmon.encoding import id_prefix_keys
 from knnmon.errors import InvalidArgumentError, InvalidQueryError
@@ -609,8 +609,7 @@ class KnnWorker:
         first = np.ones(len(slot), dtype=bool)  # a query sharing 2 keywords with an object: once
         first[1:] = (slot[1:] != slot[:-1]) | (obj[1:] != obj[:-1])
         obj, slot, d = obj[first], slot[first], d[first]
-        start = np.searchsorted(slot, slot, side="left")
-        count = np.searchsorted(slot, slot, side="right") - start
+        start, count = run_starts(slot)
         kk = self.cap[slot]
         kth = d[np.where(count >= kk, start + kk - 1, start + count - 1)]
         keep = d <= kth
@@ -643,7 +642,7 @@ class KnnWorker:
         H = np.concatenate([np.take(self.top_h, at), -1 - obj])  # negative: -1 - the object's batch position
         order = np.lexsort((D, S))
         S, D, H = S[order], D[order], H[order]
-        pos = np.arange(len(S)) - np.searchsorted(S, S, side="left")  # place within its query
+        pos = np.arange(len(S)) - run_starts(S)[0]  # place within its query
         order = self._order_ties(ids, S, D, H, pos)
         if order is not None:
             D, H = D[order], H[order]  # S is unchanged within a run of ties

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["runs", "with_capacity"]
+__all__ = ["run_starts", "runs", "with_capacity"]
 
 
 def runs(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -30,6 +30,36 @@ def runs(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     lengths = np.asarray(lengths, dtype=np.int64)
     return np.repeat(np.asarray(starts, dtype=np.int64) - (np.cumsum(lengths) - lengths), lengths) + \
         np.arange(int(lengths.sum()), dtype=np.int64)
+
+
+def run_starts(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For a sorted ``keys``, each element's run of equal keys: ``(start, length)`` of it, in
+    O(n) (what ``searchsorted(keys, keys, "left")`` and ``"right"`` give in O(n log n)).
+
+    Parameters
+    ----------
+    keys
+        ``(n,)`` sorted (equal keys adjacent).
+
+    Returns
+    -------
+    tuple of numpy.ndarray
+        ``(n,)`` int64 each: the position of the first element of the run, and the run's length.
+
+    Examples
+    --------
+    >>> [x.tolist() for x in run_starts(np.array([4, 4, 7, 9, 9, 9]))]
+    [[0, 0, 2, 3, 3, 3], [2, 2, 1, 3, 3, 3]]
+    """
+    n = len(keys)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    first = np.empty(n, dtype=bool)
+    first[0] = True
+    np.not_equal(keys[1:], keys[:-1], out=first[1:])
+    starts = np.flatnonzero(first)
+    run = np.cumsum(first) - 1
+    return starts[run], np.diff(np.append(starts, n))[run]
 
 
 def with_capacity(a: np.ndarray, n: int) -> np.ndarray:

@@ -7,6 +7,7 @@ import gzip
 import math
 import subprocess
 import time
+from collections.abc import Sequence
 from os import PathLike
 
 import pyarrow as pa
@@ -18,8 +19,8 @@ from knnmon.keys import Keys
 from knnmon.oracle import BruteForceKnn
 
 __all__ = ["assert_applied_once", "assert_exact", "assert_feed_and_objects", "client_round_trip", "dump_keys", "expected",
-           "head_lines", "knnmon_cli", "object_fields", "redis_results", "register_fields", "run_exact", "serve_process",
-           "wait_processed"]
+           "free_port_base", "head_lines", "knnmon_cli", "object_fields", "redis_results", "register_fields", "run_exact",
+           "serve_process", "wait_processed"]
 
 
 def head_lines(path: str | PathLike[str], n: int) -> list[str]:
@@ -160,6 +161,26 @@ def register_fields(q: dict, k: int | None = None) -> dict:
     """A query row as ``op=register`` fields of ``knn:ingest:queries`` (``k`` overrides its k)."""
     return {"op": "register", "id": q["id"], "lon": repr(q["lon"]), "lat": repr(q["lat"]),
             "keywords": " ".join(q["keywords"]), "k": str(k or q["k"])}
+
+
+def free_port_base(offsets: Sequence[int], step: int = 10, low: int = 20_000, high: int = 40_000,
+                   tries: int = 50) -> int | None:
+    """A base port ``b`` (a multiple of ``step`` in ``[low, high)``) such that every port
+    ``b + offset`` binds on 127.0.0.1 right now (for scripts that take a first port and use the
+    ones above it); ``None`` after ``tries`` random picks."""
+    import random
+    import socket
+
+    for _ in range(tries):
+        base = random.randrange(low, high, step)
+        try:
+            for offset in offsets:
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", base + offset))
+            return base
+        except OSError:
+            continue
+    return None
 
 
 def _cli_env() -> dict[str, str]:

@@ -1,4 +1,5 @@
-"""``knnmon.arrays.with_capacity``: keeps the rows, pads with zeros, doubles."""
+"""``knnmon.arrays``: ``with_capacity`` keeps the rows, pads with zeros, doubles; ``run_starts`` agrees with
+searching the sorted array in itself."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from knnmon.arrays import with_capacity
+from knnmon.arrays import run_starts, with_capacity
 
 
 @given(st.integers(0, 20), st.integers(0, 50), st.sampled_from([(), (3,)]))
@@ -18,3 +19,12 @@ def test_with_capacity(m, n, tail):
     else:
         assert b.shape == (max(n, 2 * m), *tail) and b.dtype == a.dtype
         assert np.array_equal(b[:m], a) and not b[m:].any()
+
+
+@given(st.lists(st.integers(-3, 12), max_size=60))
+def test_run_starts_is_searchsorted_of_the_array_in_itself(values):
+    a = np.sort(np.array(values, dtype=np.int64))
+    start, length = run_starts(a)
+    assert start.dtype == length.dtype == np.int64
+    assert np.array_equal(start, np.searchsorted(a, a, side="left"))
+    assert np.array_equal(start + length, np.searchsorted(a, a, side="right"))

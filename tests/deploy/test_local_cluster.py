@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -21,23 +19,17 @@ import redis
 from knnmon.ingest.reading import read_objects, stream_order
 from knnmon.keys import Keys
 from knnmon.oracle import BruteForceKnn
-from knnmon.testing import assert_exact, knnmon_cli, object_fields, register_fields, wait_processed
+from knnmon.testing import assert_exact, free_port_base, knnmon_cli, object_fields, register_fields, wait_processed
 
 SCRIPT = Path(__file__).resolve().parents[2] / "deploy" / "local-cluster.sh"
 
 
 def _free_block() -> int:
     """A base port whose block of 400 (the script's ports) looks free."""
-    for _ in range(50):
-        base = random.randrange(20_000, 40_000, 500)
-        try:
-            for p in (base, base + 10, base + 20, base + 30, base + 100, base + 300):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", p))
-            return base
-        except OSError:
-            continue
-    pytest.skip("no free port block for a local Ray cluster")
+    base = free_port_base((0, 10, 20, 30, 100, 300), step=500)
+    if base is None:
+        pytest.skip("no free port block for a local Ray cluster")
+    return base
 
 
 @pytest.fixture(scope="module")

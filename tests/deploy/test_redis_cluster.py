@@ -21,8 +21,8 @@ from knnmon.oracle import BruteForceKnn
 from knnmon.query import Query
 from knnmon.redis_cluster import MasterMap
 from knnmon.store import StoreConfig
-from knnmon.testing import (assert_exact, assert_feed_and_objects, client_round_trip, knnmon_cli, serve_process,
-                            wait_processed)
+from knnmon.testing import (assert_exact, assert_feed_and_objects, client_round_trip, free_port_base, knnmon_cli,
+                            serve_process, wait_processed)
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +117,6 @@ def test_the_deploy_script_forms_a_cluster_that_knnmon_runs_on(small, tmp_path):
     """``deploy/redis-cluster.sh`` as a user runs it: 3 masters formed by ``redis-cli --cluster
     create``; ``knnmon run`` on it is exact; ``stop`` leaves none of its servers running."""
     import os
-    import random
     import shutil
     import socket
     import subprocess
@@ -125,15 +124,9 @@ def test_the_deploy_script_forms_a_cluster_that_knnmon_runs_on(small, tmp_path):
 
     if shutil.which("redis-cli") is None:
         pytest.skip("no redis-cli (.ci/run installs Debian's redis-server, which brings it)")
-    for _ in range(50):
-        base = random.randrange(20_000, 40_000, 10)
-        try:
-            for p in (base, base + 1, base + 2, base + 100, base + 101, base + 102):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", p))
-            break
-        except OSError:
-            continue
+    base = free_port_base((0, 1, 2, 100, 101, 102))
+    if base is None:
+        pytest.skip("no free ports for a local Redis Cluster")
     script = Path(__file__).resolve().parents[2] / "deploy" / "redis-cluster.sh"
     import sys
 
