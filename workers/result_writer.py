@@ -52,7 +52,7 @@ from knnmon.batch import BatchChanges, ObjectInfo
 from knnmon.connection import connect, with_retries
 from knnmon.keys import Keys
 
-__all__ = ["CHANGES_MAXLEN", "ResultWriter"]
+__all__ = ["CHANGES_MAXLEN", "ResultWriter", "details_key"]
 
 #: About how many changes the ``changes`` stream keeps (trimmed by entries, each entry's share
 #: estimated from the writer's recent entries).
@@ -113,6 +113,17 @@ _EMPTY = {"q": [], "ne": [], "e": [], "nl": [], "l": [], "hq": [], "nf": [], "f"
           "sa": [], "sr": [], "hs": [], "hd": [], "feed": ""}
 
 
+def details_key(keys: Keys, worker: int | str, qid: str, masters=None) -> str:
+    """The hash holding the details of the objects in query ``qid``'s result when worker
+    ``worker`` serves it: ``knn:objects:{worker}``; in a Redis Cluster (``masters``: its
+    :class:`~knnmon.redis_cluster.MasterMap`) one per worker and master, on the master of the
+    query's result key (``knn:objects:{worker}{<tag>}``), so that details are written where the
+    results are. The query hash's ``objects`` field names it."""
+    if masters is None:
+        return keys.objects(worker)
+    return keys.objects(worker, masters.tag_of(masters.master_of(keys.result(qid))))
+
+
 class ResultWriter:
     """Exactly-once Redis writes of one worker (see the module docstring).
 
@@ -141,9 +152,10 @@ class ResultWriter:
         self._marker = self.keys.worker_batch(worker)
         self.session = uuid.uuid4().hex[:12]  # markers of earlier runs never match
         self._per_entry = 100.0  # recent changes per feed entry (a moving average), for the trim
-        #: Object id -> the results of this worker holding it (as written, or about to be):
-        #: whether its details are in ``knn:objects:{worker}``.
-        self.held: dict[str, int] = {}
+        #: Per details hash (``""``: the one of a standalone Redis; in a cluster, a master's
+        #: name), object id -> the results of this worker holding it there (as written, or
+        #: about to be): whether its details are in that hash.
+        self.held_in: dict[str, dict[str, int]] = {}
         #: Server seconds of this writer's script calls per master (``host:port``; a standalone
         #: server: its URL's), summed since it started.
         self.server_s_by_master: dict[str, float] = {}
@@ -159,7 +171,10 @@ class ResultWriter:
         """
         if self.masters is not None:
             return self._apply_cluster(tag, payload)
-        packed = msgpack.packb({**payload, "marker": self._marker, "tag": f"{self.session}:{tag}"})
+        okey = self.keys.objects(self.worker)
+        hs, hd = payload["dets"].get(okey, ([], []))
+        packed = msgpack.packb({**payload, "dets": None, "okey": okey, "hs": hs, "hd": hd, "marker": self._marker,
+                                "tag": f"{self.session}:{tag}"})
         # The script ignores a tag it has applied already, so a plain retry is exactly-once.
         us = with_retries(lambda: self._apply(args=[packed]), f"writing batch {tag} of worker {self.worker}", self.url)
         s = max(int(us), 0) / 1e6
@@ -195,10 +210,13 @@ class ResultWriter:
             out[m.master_of(f"{ns}:query:{qid}")]["dq"].append(qid)
         single = out[m.master_of(self.keys.queries)]
         single["sa"], single["sr"] = payload["sa"], payload["sr"]
-        single = out[m.master_of(payload["okey"])]
-        single["hs"], single["hd"] = payload["hs"], payload["hd"]
+        for name, d in out.items():
+            d["okey"] = self._bucket_key(name)
+        for okey, (hs, hd) in payload["dets"].items():
+            d = out[m.master_of(okey)]
+            d["okey"], d["hs"], d["hd"] = okey, hs, hd
         out[m.master_of(self.keys.changes)]["feed"] = payload["feed"]
-        common = {k: payload[k] for k in ("ns", "rep", "okey", "version", "maxlen")}
+        common = {k: payload[k] for k in ("ns", "rep", "version", "maxlen")}
         return {name: {**common, **d} for name, d in out.items()}
 
     def _apply_cluster(self, tag: int, payload: dict) -> float:
@@ -238,54 +256,100 @@ class ResultWriter:
 
         return with_retries(attempt, f"writing batch {tag} of worker {self.worker}", self.url)
 
-    def hold(self, oids: Iterable[str]) -> None:
-        """Count results that hold ``oids`` without writing (a worker rebuilt from what Redis
-        holds: its objects' details are there already)."""
-        held = self.held
+    @property
+    def held(self) -> dict[str, int]:
+        """Object id -> the results of this worker holding it (all details hashes together)."""
+        if len(self.held_in) <= 1:
+            return next(iter(self.held_in.values()), {})
+        out: dict[str, int] = {}
+        for held in self.held_in.values():
+            for oid, n in held.items():
+                out[oid] = out.get(oid, 0) + n
+        return out
+
+    def _bucket(self, qid: str) -> str:
+        """Which details hash holds the details of ``qid``'s result: ``""`` (standalone), else
+        the master of its result key."""
+        return "" if self.masters is None else self.masters.master_of(self.keys.result(qid))
+
+    def details_key(self, qid: str) -> str:
+        """The hash holding the details of the objects in ``qid``'s result
+        (:func:`details_key`)."""
+        return details_key(self.keys, self.worker, qid, self.masters)
+
+    def _bucket_key(self, bucket: str) -> str:
+        return self.keys.objects(self.worker, self.masters.tag_of(bucket) if bucket else None)
+
+    def hold(self, qid: str, oids: Iterable[str]) -> None:
+        """Count ``qid``'s result as holding ``oids`` without writing (a worker rebuilt from
+        what Redis holds: its objects' details are there already)."""
+        held = self.held_in.setdefault(self._bucket(qid), {})
         for oid in oids:
             held[oid] = held.get(oid, 0) + 1
 
-    def _holds(self, changes: BatchChanges, released: Sequence[str], details: bool) -> tuple[list[str], list[str]]:
-        """Count the changes' holders; ``(HSET arguments, HDEL ids)`` of the details hash: the
-        objects no result of this worker held before, and those none holds after (``released``:
-        the members of deleted results). ``details=False``: counted, not written."""
-        held, fresh, gone = self.held, [], []
-        for oid in changes.entered:
-            n = held.get(oid, 0)
-            if n == 0:
-                fresh.append(oid)
-            held[oid] = n + 1
-        for oid in [*changes.left, *released]:
-            n = held.get(oid, 0) - 1
-            if n > 0:
-                held[oid] = n
-            else:
-                held.pop(oid, None)
-                gone.append(oid)
+    def _holds(self, changes: BatchChanges, released: Sequence[str], delete: str | None,
+               details: bool) -> dict[str, tuple[list[str], list[str]]]:
+        """Count the changes' holders; per details hash (bucket) ``(HSET arguments, HDEL ids)``:
+        the objects no result of this worker held there before, and those none holds after
+        (``released``: the members of the deleted query ``delete``). ``details=False``: counted,
+        not written."""
+        fresh: dict[str, list[str]] = {}
+        gone: dict[str, list[str]] = {}
+        c, ei, li = changes, 0, 0
+        parts = [(q, c.entered[ei:(ei := ei + ne)], c.left[li:(li := li + nl)])
+                 for q, ne, nl in zip(c.qids, c.n_entered, c.n_left)]
+        if delete is not None:
+            parts.append((delete, [], list(released)))
+        one = self.masters is None
+        buckets = ["" if one else self._bucket(qid) for qid, _, _ in parts]
+        # Every entry first, then every departure: an object leaving one result and entering
+        # another in the same call stays held (and is neither written nor deleted).
+        for bucket, (_, entered, _) in zip(buckets, parts):
+            held = self.held_in.setdefault(bucket, {})
+            for oid in entered:
+                n = held.get(oid, 0)
+                if n == 0:
+                    fresh.setdefault(bucket, []).append(oid)
+                held[oid] = n + 1
+        for bucket, (_, _, left) in zip(buckets, parts):
+            held = self.held_in.setdefault(bucket, {})
+            for oid in left:
+                n = held.get(oid, 0) - 1
+                if n > 0:
+                    held[oid] = n
+                else:
+                    held.pop(oid, None)
+                    gone.setdefault(bucket, []).append(oid)
         if not details:
-            return [], []
-        hs: list[str] = []
-        for oid in fresh:
-            if oid in held:  # (held still: entered, and not let go again in the same call)
-                hs += [oid, changes.objects[oid].to_text()]
-        return hs, gone
+            return {}
+        out = {}
+        for bucket in {*fresh, *gone}:
+            held = self.held_in[bucket]
+            # (held still: entered, and not let go again in the same call)
+            hs = [x for oid in fresh.get(bucket, ()) if oid in held for x in (oid, c.objects[oid].to_text())]
+            out[bucket] = (hs, gone.get(bucket, []))
+        return out
 
     def _payload(self, changes: BatchChanges, *, fields: Sequence[Sequence[str]] | None = None,
                  replace: bool = False, log: bool = True, delete: str | None = None, released: Sequence[str] = (),
-                 details: bool = True, extra_details: Sequence[str] = ()) -> dict:
+                 details: bool = True, extra_details: Mapping[str, Sequence[str]] | None = None) -> dict:
         """The payload of one script call (a dict; :meth:`apply` packs it): ``changes``; per
         changed query its hash ``fields`` (key, value, ...; registration); ``replace`` their
         results first; ``log`` the changes in the feed; ``delete`` a query with its keys
         (``released``: its members, as this worker holds them, for its feed line); ``details``
-        keep ``knn:objects:{worker}``; ``extra_details`` more HSET arguments."""
+        keep the details hashes (``dets``: details key -> HSET arguments, HDEL ids);
+        ``extra_details`` more HSET arguments per details key."""
         c = changes
         n = len(c.qids)
         e: list[Any] = [None] * (2 * len(c.entered))  # ZADD's score, member pairs
         e[0::2], e[1::2] = c.distances, c.entered
         fields = fields or [()] * n
+        extra_details = extra_details or {}
         if n:
             self._per_entry = 0.9 * self._per_entry + 0.1 * n
-        hs, hd = self._holds(c, released, details)
+        dets = {self._bucket_key(b): hs_hd for b, hs_hd in self._holds(c, released, delete, details).items()}
+        for okey, hs in extra_details.items():
+            dets[okey] = (dets.get(okey, ([], []))[0] + list(hs), dets.get(okey, ([], []))[1])
         hq = [q for q, f in zip(c.qids, fields) if f]
         feed = c.feed_text() if log else ""
         if delete is not None:
@@ -295,8 +359,8 @@ class ResultWriter:
             "q": list(c.qids), "rep": int(replace), "ne": list(c.n_entered), "e": e, "nl": list(c.n_left),
             "l": list(c.left), "hq": hq, "nf": [len(f) for f in fields if f], "f": [x for f in fields for x in f],
             "dr": [delete] if delete is not None else [], "dq": [delete] if delete is not None else [],
-            "sa": hq, "sr": [delete] if delete is not None else [], "okey": self.keys.objects(self.worker),
-            "hs": hs + list(extra_details), "hd": hd, "feed": feed, "version": int(c.version),
+            "sa": hq, "sr": [delete] if delete is not None else [], "dets": dets, "feed": feed,
+            "version": int(c.version),
         }
 
     def write_queries(self, tag: int, queries: Iterable[tuple[str, Mapping[str, object], Sequence[tuple[str, float]]]],
@@ -316,14 +380,17 @@ class ResultWriter:
         diffs, fields = [], []
         for qid, f, topk in queries:
             diffs.append((qid, topk, ()))
-            fields.append([x for key, value in {**f, "worker": self.worker}.items() for x in (key, str(value))])
+            fields.append([x for key, value in {**f, "worker": self.worker, "objects": self.details_key(qid)}.items()
+                           for x in (key, str(value))])
         return self._payload(BatchChanges.from_diffs(diffs, objects, version), fields=fields, replace=True)
 
     def details_payload(self, tag: int, objects: Mapping[str, ObjectInfo]) -> dict:
-        """A payload writing only ``objects``' details (a resumed service's workers, whose
-        queries the new plan may have moved: each writes the objects it holds)."""
-        hs = [x for oid, o in objects.items() for x in (oid, o.to_text())]
-        return self._payload(BatchChanges([], [], [], [], [], []), log=False, extra_details=hs)
+        """A payload writing only ``objects``' details, each into the hashes of the results
+        holding it (a resumed service's workers, whose queries the new plan may have moved:
+        each writes the objects it holds)."""
+        extra = {self._bucket_key(b): [x for oid, o in objects.items() if oid in held for x in (oid, o.to_text())]
+                 for b, held in self.held_in.items()}
+        return self._payload(BatchChanges([], [], [], [], [], []), log=False, extra_details=extra)
 
     def write_batch(self, tag: int, changes: BatchChanges) -> float:
         """Write one batch's result changes (module docstring); returns the server's seconds

@@ -298,7 +298,8 @@ class KnnWorker:
         t0 = time.perf_counter()
         slots = self._append(queries, topk, objects)
         if self.writer is not None and not write:
-            self.writer.hold(oid for j in range(slots.start, slots.stop) for oid, _ in self._result(j))
+            for j in range(slots.start, slots.stop):
+                self.writer.hold(self.qids[j], (oid for oid, _ in self._result(j)))
             mine = {oid: o for oid, o in objects.items() if oid in self.writer.held} if details else {}
             if mine:  # (a reserve's objects beyond k are in no result)
                 tag = self._next_tag()

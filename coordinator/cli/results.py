@@ -39,7 +39,8 @@ def fetch_result(url: str, namespace: str, qid: str) -> dict[str, Any]:
         if not query:
             raise KnnmonError(f"no query {qid!r} in namespace {namespace!r}")
         knn = client.zrange(keys.result(qid), 0, -1, withscores=True)
-        details = client.hmget(keys.objects(query.get("worker", "")), [oid for oid, _ in knn]) if knn else []
+        where = query.get("objects") or keys.objects(query.get("worker", ""))  # (no `objects` field before 2026-11-23)
+        details = client.hmget(where, [oid for oid, _ in knn]) if knn else []
         return {"query": _typed_query(qid, query),
                 "knn": [{"id": oid, "distance_m": dist, **_typed_object(info)} for (oid, dist), info in zip(knn, details)]}
 

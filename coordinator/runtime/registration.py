@@ -98,15 +98,25 @@ class Registrar:
         return time.perf_counter() - t0
 
     def _record_workers(self, redis_url: str, namespace: str, chunk: int = 10_000) -> None:
-        """Write each query's worker into its hash (a resumed service may place it anew)."""
+        """Write each query's worker and details hash (``worker``, ``objects``) into its hash (a
+        resumed service may place it anew)."""
+        from redis.cluster import RedisCluster
+
+        from knnmon.workers.result_writer import details_key
+
         keys = Keys(namespace)
         client = connect(redis_url)
         try:
+            masters = None
+            if isinstance(client, RedisCluster):
+                from knnmon.redis_cluster import MasterMap
+
+                masters = MasterMap(client)
             items = list(self.query_worker.items())
             for s in range(0, len(items), chunk):
                 pipe = client.pipeline(transaction=False)
                 for qid, w in items[s:s + chunk]:
-                    pipe.hset(keys.query(qid), "worker", w)
+                    pipe.hset(keys.query(qid), mapping={"worker": w, "objects": details_key(keys, w, qid, masters)})
                 with_retries(pipe.execute, "recording the queries' workers", redis_url)
         finally:
             client.close()

@@ -14,11 +14,14 @@ class Keys:
     """Key names under ``namespace`` (default ``knn``).
 
     - ``result(qid)``: sorted set, member object id, score distance in meters;
-    - ``query(qid)``: hash ``lon``, ``lat``, ``keywords`` (space separated), ``k``, ``worker``
-      (written at registration only);
+    - ``query(qid)``: hash ``lon``, ``lat``, ``keywords`` (space separated), ``k``, ``worker``,
+      ``objects`` (the name of the hash with its result's object details) (written at
+      registration only);
     - ``queries``: set of the registered query ids;
     - ``objects(worker)``: hash, object id -> ``lon lat t keywords`` (space separated) of every
-      object in a result of that worker's queries (the query hash's ``worker``);
+      object in a result of that worker's queries (the query hash's ``worker``); in a Redis
+      Cluster one per worker and master, ``objects(worker, tag)``, with the details of the
+      results on that master (the query hash's ``objects`` names it);
     - ``changes``: stream, one entry per write of a worker: ``version`` and ``changes``, a line
       per changed result (:mod:`knnmon.feed`);
     - ``ingest_objects``, ``ingest_queries``: streams ``knnmon serve`` consumes (consumer group
@@ -44,8 +47,9 @@ class Keys:
     def query(self, qid: str) -> str:
         return f"{self.namespace}:query:{qid}"
 
-    def objects(self, worker: int | str) -> str:
-        return f"{self.namespace}:objects:{worker}"
+    def objects(self, worker: int | str, tag: str | None = None) -> str:
+        base = f"{self.namespace}:objects:{worker}"
+        return base if tag is None else f"{base}{{{tag}}}"
 
     @property
     def queries(self) -> str:

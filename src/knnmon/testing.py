@@ -97,8 +97,9 @@ def assert_applied_once(r: redis.Redis, keys: Keys) -> dict[str, set[str]]:
 
 def assert_feed_and_objects(r: redis.Redis, keys: Keys, qids: list[str]) -> None:
     """Assert nothing was applied twice or lost in Redis: :func:`assert_applied_once`;
-    replaying the feed from the start gives each query's result members; and each worker's
-    object details (``knn:objects:{worker}``) are exactly the objects in its queries' results
+    replaying the feed from the start gives each query's result members; and each details hash
+    (``knn:objects:{worker}``, per master in a cluster: the query hash's ``objects``) holds
+    exactly the objects in the results of its queries
     (``qids``: every registered query; ``r``: a client with ``decode_responses``).
 
     Raises
@@ -111,12 +112,12 @@ def assert_feed_and_objects(r: redis.Redis, keys: Keys, qids: list[str]) -> None
     for qid in qids:
         members = set(r.zrange(keys.result(qid), 0, -1))
         assert mirror[qid] == members, qid
-        held.setdefault(r.hget(keys.query(qid), "worker"), set()).update(members)
-    stored = {k.rsplit(":", 1)[1]: set(r.hkeys(k)) for k in r.scan_iter(keys.objects("*"), count=10_000)}
-    assert {w: s for w, s in stored.items() if s} == {w: s for w, s in held.items() if s}, \
+        held.setdefault(r.hget(keys.query(qid), "objects"), set()).update(members)
+    stored = {k: set(r.hkeys(k)) for k in r.scan_iter(keys.objects("*"), count=10_000)}
+    assert {k: s for k, s in stored.items() if s} == {k: s for k, s in held.items() if s}, \
         "the workers' object details differ from their results' members"
-    for w, s in stored.items():
-        for value in r.hmget(keys.objects(w), list(s)):
+    for k, s in stored.items():
+        for value in r.hmget(k, list(s)):
             ObjectInfo.from_text(value)  # readable
 
 

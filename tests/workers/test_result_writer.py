@@ -22,23 +22,44 @@ def test_layout_feed_and_object_details(store_url, namespace):
                          ("q2", {"lon": "-71.1", "lat": "41.0", "keywords": "shop", "k": 1},
                           [("o1", 7.0)])], OBJ)
     assert c.zrange(keys.result("q1"), 0, -1, withscores=True) == [("o0", 0.0), ("o1", 5.5)]
-    assert c.hgetall(keys.query("q2")) == {"lon": "-71.1", "lat": "41.0", "keywords": "shop", "k": "1", "worker": "3"}
-    assert set(c.hkeys(keys.objects(3))) == {"o0", "o1"}  # one hash per worker, a field per held object
-    assert ObjectInfo.from_text(c.hget(keys.objects(3), "o1")) == ObjectInfo(OBJ["o1"].lon, 41.0, 1_001, ["coffee", "shop"])
+    d1, d2 = w.details_key("q1"), w.details_key("q2")
+    assert c.hgetall(keys.query("q2")) == {"lon": "-71.1", "lat": "41.0", "keywords": "shop", "k": "1", "worker": "3",
+                                          "objects": d2}
+    assert c.hget(keys.query("q1"), "objects") == d1 and d1.startswith(keys.objects(3))
+    if w.masters is None:  # one hash per worker, a field per held object
+        assert d1 == d2 == keys.objects(3)
+    else:  # one per worker and master, on the master of the result
+        assert w.masters.master_of(d1) == w.masters.master_of(keys.result("q1"))
+
+    def details() -> dict[str, set[str]]:
+        return {k: set(c.hkeys(k)) for k in c.scan_iter(keys.objects("*")) if c.hlen(k)}
+
+    assert details() == ({d1: {"o0", "o1"}} if d1 == d2 else {d1: {"o0", "o1"}, d2: {"o1"}})
+    assert ObjectInfo.from_text(c.hget(d1, "o1")) == ObjectInfo(OBJ["o1"].lon, 41.0, 1_001, ["coffee", "shop"])
     w.write_batch(0, BatchChanges.from_diffs([("q1", [("o2", 1.25)], ["o1"]), ("q2", [("o3", 2.0)], ["o1"])], OBJ, 1))
     assert c.zrange(keys.result("q1"), 0, -1, withscores=True) == [("o0", 0.0), ("o2", 1.25)]
-    assert set(c.hkeys(keys.objects(3))) == {"o0", "o2", "o3"}  # o1's last result let it go
-    assert ObjectInfo.from_text(c.hget(keys.objects(3), "o2")).lon == OBJ["o2"].lon
+    assert details() == ({d1: {"o0", "o2", "o3"}} if d1 == d2 else {d1: {"o0", "o2"}, d2: {"o3"}})  # o1 let go
+    assert ObjectInfo.from_text(c.hget(d1, "o2")).lon == OBJ["o2"].lon
     entries = [f for _, f in c.xrange(keys.changes)]  # one entry per call, one line per changed result
     assert entries == [{"version": "0", "changes": "q1\to0 o1\t\nq2\to1\t"},  # the registrations
                        {"version": "1", "changes": "q1\to2\to1\nq2\to3\to1"}]
     assert parse_entry(entries[1]) == [("q1", ["o2"], ["o1"], 1), ("q2", ["o3"], ["o1"], 1)]
-    assert len(c.hgetall(keys.query("q1"))) == 5  # no per-change field in the query hash
+    assert len(c.hgetall(keys.query("q1"))) == 6  # no per-change field in the query hash
     w.delete_query(-2, "q1", 1, ["o0", "o2"])
     assert c.xrevrange(keys.changes, count=1)[0][1] == {"version": "1", "changes": "q1\t\to0 o2"}
     assert not c.exists(keys.result("q1"), keys.query("q1"))
-    assert set(c.hkeys(keys.objects(3))) == {"o3"} and w.held == {"o3": 1}
+    assert details() == {d2: {"o3"}} and w.held == {"o3": 1}
     assert not c.sismember(keys.queries, "q1") and c.sismember(keys.queries, "q2")
+
+
+def test_an_object_moving_between_results_in_one_batch_keeps_its_details(store_url, namespace):
+    """q1 lets o0 go (its line first) while q2 takes it: o0 is still held, so its details stay."""
+    w, keys, c = ResultWriter(store_url, namespace, 1), Keys(namespace), connect(store_url)
+    w.write_queries(-1, [("q1", {"k": 1}, [("o0", 1.0)]), ("q2", {"k": 1}, [("o1", 9.0)])], OBJ)
+    w.write_batch(0, BatchChanges.from_diffs([("q1", [("o2", 0.5)], ["o0"]), ("q2", [("o0", 2.0)], ["o1"])], OBJ, 1))
+    assert c.zrange(keys.result("q2"), 0, -1) == ["o0"]
+    assert ObjectInfo.from_text(c.hget(w.details_key("q2"), "o0")) == OBJ["o0"]
+    assert not c.hexists(w.details_key("q2"), "o1") and c.hexists(w.details_key("q1"), "o2")
 
 
 def test_a_resent_batch_is_applied_once(redis_url, namespace, monkeypatch):
@@ -88,7 +109,9 @@ def test_a_resent_batch_is_applied_once_on_every_master(redis_cluster_url, names
     assert calls["n"] == 3
     feed = [f for _, f in c.xrange(keys.changes)]
     assert [f["version"] for f in feed] == ["0", "8"] and len(parse_entry(feed[1])) == 30
-    assert all(c.zrange(keys.result(q), 0, -1) == ["o4"] for q in qids) and c.hkeys(keys.objects(0)) == ["o4"]
+    assert all(c.zrange(keys.result(q), 0, -1) == ["o4"] for q in qids)
+    assert {n: c.hkeys(w.details_key(q)) for q in qids for n in [w.masters.master_of(keys.result(q))]} == \
+        {n: ["o4"] for n in w.masters.names}  # the details on each master that holds a result
     assert last_applied_batch(c, keys, 0) == 7
     c.set(keys.worker_batch(0, w.masters.tag_of(last)), f"{w.session}:6")  # as if 7 had not reached it
     with pytest.raises(WorkerLostError, match="some masters"):
