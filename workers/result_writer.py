@@ -293,37 +293,45 @@ class ResultWriter:
         the objects no result of this worker held there before, and those none holds after
         (``released``: the members of the deleted query ``delete``). ``details=False``: counted,
         not written."""
+        c = changes
         fresh: dict[str, list[str]] = {}
         gone: dict[str, list[str]] = {}
-        c, ei, li = changes, 0, 0
-        parts = [(q, c.entered[ei:(ei := ei + ne)], c.left[li:(li := li + nl)])
-                 for q, ne, nl in zip(c.qids, c.n_entered, c.n_left)]
-        if delete is not None:
-            parts.append((delete, [], list(released)))
-        one = self.masters is None
-        buckets = ["" if one else self._bucket(qid) for qid, _, _ in parts]
         # Every entry first, then every departure: an object leaving one result and entering
         # another in the same call stays held (and is neither written nor deleted).
-        for bucket, (_, entered, _) in zip(buckets, parts):
+        if self.masters is None:  # one details hash: no per-query bookkeeping (the hot path)
+            entered = [("", c.entered)]
+            left = [("", c.left), ("", released)]
+        else:
+            entered, left, ei, li = [], [], 0, 0
+            for qid, ne, nl in zip(c.qids, c.n_entered, c.n_left):
+                bucket = self._bucket(qid)
+                entered.append((bucket, c.entered[ei:ei + ne]))
+                left.append((bucket, c.left[li:li + nl]))
+                ei, li = ei + ne, li + nl
+            if delete is not None:
+                left.append((self._bucket(delete), released))
+        for bucket, oids in entered:
             held = self.held_in.setdefault(bucket, {})
-            for oid in entered:
+            new = fresh.setdefault(bucket, [])
+            for oid in oids:
                 n = held.get(oid, 0)
                 if n == 0:
-                    fresh.setdefault(bucket, []).append(oid)
+                    new.append(oid)
                 held[oid] = n + 1
-        for bucket, (_, _, left) in zip(buckets, parts):
+        for bucket, oids in left:
             held = self.held_in.setdefault(bucket, {})
-            for oid in left:
+            out_ = gone.setdefault(bucket, [])
+            for oid in oids:
                 n = held.get(oid, 0) - 1
                 if n > 0:
                     held[oid] = n
                 else:
                     held.pop(oid, None)
-                    gone.setdefault(bucket, []).append(oid)
+                    out_.append(oid)
         if not details:
             return {}
         out = {}
-        for bucket in {*fresh, *gone}:
+        for bucket in {b for b in (*fresh, *gone) if fresh.get(b) or gone.get(b)}:
             held = self.held_in[bucket]
             # (held still: entered, and not let go again in the same call)
             hs = [x for oid in fresh.get(bucket, ()) if oid in held for x in (oid, c.objects[oid].to_text())]
