@@ -156,9 +156,6 @@ class ResultWriter:
         #: name), object id -> the results of this worker holding it there (as written, or
         #: about to be): whether its details are in that hash.
         self.held_in: dict[str, dict[str, int]] = {}
-        #: Server seconds of this writer's script calls per master (``host:port``; a standalone
-        #: server: its URL's), summed since it started.
-        self.server_s_by_master: dict[str, float] = {}
 
     def apply(self, tag: int, payload: dict) -> float:
         """One script call with a payload built for ``tag`` (one per master in a cluster: see
@@ -177,20 +174,18 @@ class ResultWriter:
                                 "tag": f"{self.session}:{tag}"})
         # The script ignores a tag it has applied already, so a plain retry is exactly-once.
         us = with_retries(lambda: self._apply(args=[packed]), f"writing batch {tag} of worker {self.worker}", self.url)
-        s = max(int(us), 0) / 1e6
-        self.server_s_by_master["standalone"] = self.server_s_by_master.get("standalone", 0.0) + s
-        return s
+        return max(int(us), 0) / 1e6
 
     def _split(self, payload: dict) -> dict[str, dict]:
         """``payload`` cut into one payload per master of the cluster: each section goes to the
         master of the key it writes (module docstring); every master gets one, empty or not, so
         that its marker says whether the batch reached it."""
-        m, ns = self.masters, self.keys.namespace
+        m, keys = self.masters, self.keys
         out = {name: {k: ([] if k != "feed" else "") for k in _EMPTY} for name in m.names}
         ei = li = 0
         e, lv = payload["e"], payload["l"]
         for qid, ne, nl in zip(payload["q"], payload["ne"], payload["nl"]):
-            d = out[m.master_of(f"{ns}:result:{qid}")]
+            d = out[m.master_of(keys.result(qid))]
             d["q"].append(qid)
             d["ne"].append(ne)
             d["nl"].append(nl)
@@ -199,23 +194,23 @@ class ResultWriter:
             ei, li = ei + ne, li + nl
         fi = 0
         for qid, nf in zip(payload["hq"], payload["nf"]):
-            d = out[m.master_of(f"{ns}:query:{qid}")]
+            d = out[m.master_of(keys.query(qid))]
             d["hq"].append(qid)
             d["nf"].append(nf)
             d["f"] += payload["f"][fi:fi + nf]
             fi += nf
         for qid in payload["dr"]:
-            out[m.master_of(f"{ns}:result:{qid}")]["dr"].append(qid)
+            out[m.master_of(keys.result(qid))]["dr"].append(qid)
         for qid in payload["dq"]:
-            out[m.master_of(f"{ns}:query:{qid}")]["dq"].append(qid)
-        single = out[m.master_of(self.keys.queries)]
+            out[m.master_of(keys.query(qid))]["dq"].append(qid)
+        single = out[m.master_of(keys.queries)]
         single["sa"], single["sr"] = payload["sa"], payload["sr"]
         for name, d in out.items():
             d["okey"] = self._bucket_key(name)
         for okey, (hs, hd) in payload["dets"].items():
             d = out[m.master_of(okey)]
             d["okey"], d["hs"], d["hd"] = okey, hs, hd
-        out[m.master_of(self.keys.changes)]["feed"] = payload["feed"]
+        out[m.master_of(keys.changes)]["feed"] = payload["feed"]
         common = {k: payload[k] for k in ("ns", "rep", "version", "maxlen")}
         return {name: {**common, **d} for name, d in out.items()}
 
@@ -238,9 +233,7 @@ class ResultWriter:
                     script = self._scripts[name] = self.masters.connection(name).register_script(_APPLY)
                 marker = self.keys.worker_batch(self.worker, self.masters.tag_of(name))
                 us = script(args=[msgpack.packb({**parts[name], "marker": marker, "tag": f"{self.session}:{tag}"})])
-                s = max(int(us), 0) / 1e6
-                self.server_s_by_master[name] = self.server_s_by_master.get(name, 0.0) + s
-                total += s
+                total += max(int(us), 0) / 1e6
             return total
 
         def attempt() -> float:

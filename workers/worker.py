@@ -300,7 +300,8 @@ class KnnWorker:
         if self.writer is not None and not write:
             for j in range(slots.start, slots.stop):
                 self.writer.hold(self.qids[j], (oid for oid, _ in self._result(j)))
-            mine = {oid: o for oid, o in objects.items() if oid in self.writer.held} if details else {}
+            held = self.writer.held if details else {}  # (a property: merged once, not per object)
+            mine = {oid: o for oid, o in objects.items() if oid in held}
             if mine:  # (a reserve's objects beyond k are in no result)
                 tag = self._next_tag()
                 self._write_now(self.writer.apply, tag, self.writer.details_payload(tag, mine))

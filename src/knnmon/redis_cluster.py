@@ -6,9 +6,9 @@ knnmon works with any ``--redis URL`` that points at a node of a Redis Cluster (
 a worker's batch touches several masters. The worker therefore groups its writes by master
 (:class:`MasterMap`) and sends one script call per master, which may touch keys of many slots
 on that master (a script's keys must be local to the node that runs it; Redis 7+ lets a script
-without flags touch several local slots); the change feed and the worker's idempotency marker
-share one slot (:meth:`knnmon.keys.Keys.worker_batch`), so exactly-once stays one atomic step
-(:mod:`knnmon.workers.result_writer`).
+without flags touch several local slots). Every master keeps the worker's idempotency marker in
+one of its own slots (:meth:`knnmon.keys.Keys.worker_batch` with :meth:`MasterMap.tag_of`), so
+each master applies a batch exactly once (:mod:`knnmon.workers.result_writer`).
 
 :class:`LocalCluster` starts a cluster of masters on loopback ports from a ``redis-server``
 binary, with slots assigned by ``CLUSTER ADDSLOTSRANGE`` and nodes joined by ``CLUSTER MEET``:
@@ -19,30 +19,24 @@ from __future__ import annotations
 
 import functools
 import time
-from binascii import crc_hqx
-
 import numpy as np
 import redis
+from redis.crc import REDIS_CLUSTER_HASH_SLOTS
+from redis.crc import key_slot as crc_key_slot
 
 from knnmon.errors import KnnmonError
 
 __all__ = ["SLOTS", "LocalCluster", "MasterMap", "is_cluster", "key_slot", "slot_tag"]
 
-#: Hash slots of a Redis Cluster.
-SLOTS = 16384
+#: Hash slots of a Redis Cluster (16384).
+SLOTS = REDIS_CLUSTER_HASH_SLOTS
 
 
 def key_slot(key: str) -> int:
-    """The hash slot of ``key``: CRC16 (XMODEM) of its hash tag (the part between the first
-    ``{`` and the next ``}``, if not empty) or of the whole key, modulo 16384 (Redis Cluster
-    specification, "Keys distribution model")."""
-    b = key.encode()
-    start = b.find(b"{")
-    if start >= 0:
-        end = b.find(b"}", start + 1)
-        if end > start + 1:
-            b = b[start + 1:end]
-    return crc_hqx(b, 0) % SLOTS
+    """The hash slot of ``key`` (Redis Cluster specification, "Keys distribution model": CRC16 of
+    its hash tag, the part between the first ``{`` and the next ``}`` if not empty, else of the
+    whole key, modulo 16384), as redis-py computes it (:func:`redis.crc.key_slot`)."""
+    return crc_key_slot(key.encode())
 
 
 @functools.lru_cache(maxsize=1024)
@@ -58,7 +52,7 @@ def slot_tag(slot: int) -> str:
     if not 0 <= slot < SLOTS:
         raise ValueError(f"hash slot {slot} outside 0..{SLOTS - 1}")
     i = 0
-    while crc_hqx(str(i).encode(), 0) % SLOTS != slot:
+    while crc_key_slot(str(i).encode()) != slot:
         i += 1
     return str(i)
 
@@ -96,6 +90,8 @@ class MasterMap:
                 names.append(name)
             owner[slot] = names.index(name)
         self.names, self.owner = names, owner
+        #: Master name -> :func:`slot_tag` of the first slot it serves.
+        self.tags = {name: slot_tag(int(np.flatnonzero(owner == i)[0])) for i, name in enumerate(names)}
 
     def master_of(self, key: str) -> str:
         """The name (``host:port``) of the master serving ``key``.
@@ -112,7 +108,7 @@ class MasterMap:
 
     def tag_of(self, name: str) -> str:
         """A hash tag (:func:`slot_tag`) of the first slot master ``name`` serves."""
-        return slot_tag(int(np.flatnonzero(self.owner == self.names.index(name))[0]))
+        return self.tags[name]
 
     def connection(self, name: str) -> redis.Redis:
         """A client of master ``name`` alone (its script calls)."""
