@@ -39,7 +39,9 @@ def fetch_result(url: str, namespace: str, qid: str) -> dict[str, Any]:
         if not query:
             raise KnnmonError(f"no query {qid!r} in namespace {namespace!r}")
         knn = client.zrange(keys.result(qid), 0, -1, withscores=True)
-        where = query.get("objects") or keys.objects(query.get("worker", ""))  # (no `objects` field before 2026-11-23)
+        where = query.get("objects", "")  # (no `objects` field before 2026-11-23)
+        if not where.startswith(keys.objects("")):  # only ever a details hash of this namespace
+            where = keys.objects(query.get("worker", ""))
         details = client.hmget(where, [oid for oid, _ in knn]) if knn else []
         return {"query": _typed_query(qid, query),
                 "knn": [{"id": oid, "distance_m": dist, **_typed_object(info)} for (oid, dist), info in zip(knn, details)]}

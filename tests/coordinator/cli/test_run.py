@@ -37,3 +37,23 @@ def test_run_and_results_commands(places_slice, slice_queries, ray_instance, red
     assert main(["results", "nosuch", "--redis", redis_url, "--namespace", namespace]) == 2
     assert "no query 'nosuch'" in capsys.readouterr().err
     assert main(["run", "--objects", objects_dir, "--queries", str(qfile), "--workers", "0", "--redis", redis_url]) == 2
+
+
+def test_results_reads_details_only_from_this_namespace(redis_url, namespace, capsys):
+    """A query hash whose `objects` field was overwritten to name another key (here a string
+    outside the namespace) cannot make `knnmon results` read that key: it falls back to the
+    worker's details hash."""
+    from knnmon.batch import ObjectInfo
+    from knnmon.connection import connect
+    from knnmon.keys import Keys
+    from knnmon.workers.result_writer import ResultWriter
+
+    ResultWriter(redis_url, namespace, 2).write_queries(
+        -1, [("q", {"lon": "-71.0", "lat": "41.0", "keywords": "coffee", "k": 1}, [("o", 3.0)])],
+        {"o": ObjectInfo(-71.0, 41.0, 5, ["coffee"])})
+    c = connect(redis_url)
+    c.set(f"{namespace}x", "not a hash")
+    c.hset(Keys(namespace).query("q"), "objects", f"{namespace}x")
+    assert main(["results", "q", "--json", "--redis", redis_url, "--namespace", namespace]) == 0
+    assert json.loads(capsys.readouterr().out)["knn"][0]["keywords"] == ["coffee"]
+    c.close()
