@@ -346,7 +346,7 @@ class ResultWriter:
         e[0::2], e[1::2] = c.distances, c.entered
         fields = fields or [()] * n
         extra_details = extra_details or {}
-        if n:
+        if n and log:
             self._per_entry = 0.9 * self._per_entry + 0.1 * n
         dets = {self._bucket_key(b): hs_hd for b, hs_hd in self._holds(c, released, delete, details).items()}
         for okey, hs in extra_details.items():
@@ -408,6 +408,61 @@ class ResultWriter:
         result as this worker holds it, nearest first: what this worker wrote)."""
         self.apply(tag, self._payload(BatchChanges([], [], [], [], [], [], version=version), delete=qid,
                                       released=members))
+
+    def read_details(self, queries: Sequence[tuple[str, Sequence[str]]]) -> dict[str, ObjectInfo]:
+        """The details of the objects in these results, from this worker's details hashes
+        (``queries``: ``(qid, members)``); an object whose details are missing or unreadable is
+        left out.
+
+        Raises
+        ------
+        StoreUnavailableError
+            Redis unreachable after every retry.
+        """
+        by_key: dict[str, set[str]] = {}
+        for qid, members in queries:
+            by_key.setdefault(self.details_key(qid), set()).update(members)
+        out: dict[str, ObjectInfo] = {}
+        for key, oids in by_key.items():
+            ids = sorted(oids)
+            for s in range(0, len(ids), 10_000):
+                part = ids[s:s + 10_000]
+                values = with_retries(lambda: self.client.hmget(key, part), "reading object details", self.url)
+                for oid, value in zip(part, values):
+                    if value is None:
+                        continue
+                    try:
+                        out[oid] = ObjectInfo.from_text(value.decode() if isinstance(value, bytes) else value)
+                    except ValueError:
+                        continue
+        return out
+
+    def _no_results(self, payload: dict) -> dict:
+        """``payload`` without its result sections (the holders were counted from them)."""
+        return {**payload, "q": [], "ne": [], "e": [], "nl": [], "l": []}
+
+    def adopt_queries(self, tag: int, queries: Sequence[tuple[str, Sequence[str]]],
+                      objects: Mapping[str, ObjectInfo], note: Mapping[str, str] | None = None) -> None:
+        """Take over queries another worker wrote (re-balancing, :mod:`knnmon.workers.handover`):
+        ``queries``: ``(qid, members of its result)``. Their results and the feed do not change;
+        their hashes' ``worker`` and ``objects`` fields name this worker and its details hash,
+        which gets the details (``objects``) of members no result of this worker held there;
+        ``note``: more fields for every query hash."""
+        qids = [q for q, _ in queries]
+        members = [[o for o in m if o in objects] for _, m in queries]  # (details missing: not held)
+        c = BatchChanges(qids, [len(m) for m in members], [o for m in members for o in m],
+                         [0.0] * sum(len(m) for m in members), [0] * len(qids), [], objects)
+        extra = [x for key, value in (note or {}).items() for x in (str(key), str(value))]
+        fields = [["worker", str(self.worker), "objects", self.details_key(q), *extra] for q in qids]
+        payload = self._no_results(self._payload(c, fields=fields, log=False))
+        self.apply(tag, {**payload, "sa": []})
+
+    def release_queries(self, tag: int, queries: Sequence[tuple[str, Sequence[str]]]) -> None:
+        """Let go of queries handed to another worker (``(qid, members)``): their members no
+        other result of this worker holds leave its details hashes."""
+        c = BatchChanges([q for q, _ in queries], [0] * len(queries), [], [], [len(m) for _, m in queries],
+                         [o for _, m in queries for o in m])
+        self.apply(tag, self._no_results(self._payload(c, log=False)))
 
     def close(self) -> None:
         """Close the connection pool."""

@@ -31,7 +31,9 @@ from knnmon.errors import InvalidArgumentError, InvalidQueryError
 from knnmon.geo import chord2_bound, haversine_m, unit_vectors
 from knnmon.query import QueryColumns
 from knnmon.workers.keyword_lists import KeywordLists
+from knnmon.workers.handover import Handover
 from knnmon.workers.query_index import QueryIndex
+from knnmon.workers.query_load import QueryLoad
 from knnmon.workers.result_writer import ResultWriter
 from knnmon.workers.write_queue import WriteQueue
 
@@ -57,7 +59,7 @@ def _warm_up() -> None:
     t.take(np.array([0])).column("keywords").to_pylist()
 
 
-class KnnWorker:
+class KnnWorker(Handover):
     """Exact kNN maintenance for a set of queries.
 
     Each query's top-k is a run of ``k`` places in two flat arrays, ``top_d`` (float64 meters,
@@ -140,6 +142,9 @@ class KnnWorker:
         self.kw_code = np.empty(0, dtype=np.int64)
         self.vocab: dict[str, int] = dict(vocabulary or {})
         self.index = INDEXES[index]()
+        self.load = QueryLoad()  # each query's recent measured load (re-balancing reads it)
+        self._cand: tuple[np.ndarray, np.ndarray] | None = None  # the last batch's candidate pairs
+        self._handed: list[tuple[str, list[str]]] = []  # (query, members) exported, not yet released
         self._tag = 0
         self._version = 0  # the change feed version of the batch being processed
         self.refreshed = 0
@@ -220,6 +225,7 @@ class KnnWorker:
             self._details.update({o: info for o, info in objects.items() if o in held})
         self._key_handles()
         self._live_handles = max(self._live_handles, len(self.oids))
+        self.load.extend(first + n)
         return range(first, first + n)
 
     def _entries(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -347,21 +353,30 @@ class KnnWorker:
     def unregister_query(self, qid: str, version: int = 0) -> bool:
         """Remove a query and delete its Redis keys (its feed line at ``version``, as
         :meth:`register_queries`); ``False`` if this worker does not hold it."""
-        slot = self.slot_of.pop(qid, None)
+        slot = self.slot_of.get(qid)
         if slot is None:
             return False
-        self.alive[slot] = False
-        self.reach[slot, 3] = -1.0
         if self.writer is not None:
             self._write_now(self.writer.delete_query, self._next_tag(), qid, version,
                             [oid for oid, _ in self._result(slot)])
-        a, kk = int(self.top_ptr[slot]), int(self.cap[slot])
-        self.top_d[a:a + kk], self.top_h[a:a + kk], self.count[slot] = np.inf, -1, 0
-        self._released += kk
-        self._refresh(np.array([slot]))
+        self._drop([qid])
+        return True
+
+    def _drop(self, qids: Sequence[str]) -> None:
+        """Forget queries this worker holds (no Redis write): their slots die, their places and
+        handles are released (compacting when enough are), the index forgets their regions."""
+        slots = np.array([self.slot_of.pop(q) for q in qids], dtype=np.int64)
+        if not len(slots):
+            return
+        self.alive[slots] = False
+        self.reach[slots, 3] = -1.0
+        places = runs(self.top_ptr[slots], self.cap[slots])
+        self.top_d[places], self.top_h[places], self.count[slots] = np.inf, -1, 0
+        self._released += int(self.cap[slots].sum())
+        self.load.clear(slots)
+        self._refresh(slots)
         if self._released > max(COMPACT_MIN, len(self.top_d) // 2):
             self.compact()
-        return True
 
     def compact(self) -> None:
         """Release what unregistered queries left: their slots (the live queries are
@@ -380,6 +395,7 @@ class KnnWorker:
         self.qids = [self.qids[s] for s in keep.tolist()]
         self.keywords = [self.keywords[s] for s in keep.tolist()]
         self.slot_of = {qid: s for s, qid in enumerate(self.qids)}
+        self.load.keep(keep)
         self._released = 0
         self._compact_handles()
         self.rebuild_index()
@@ -598,6 +614,7 @@ class KnnWorker:
         kept, so ties by id are decided exactly in the merge)."""
         obj, slot = self.index.candidates(lon, lat, pair_obj, pair_code)
         n_candidates = len(obj)
+        self._cand = (obj, slot)
         # Pre-test on the chord: 2 - 2 o.q <= T  <=>  (o, 1/2).(q, T) >= 1; one row per candidate
         # (np.take: several times faster than fancy indexing of rows), no trigonometry.
         o4 = np.column_stack([unit_vectors(lon, lat), np.full(len(lon), 0.5)])
@@ -742,6 +759,8 @@ class KnnWorker:
         lat = np.asarray(lat, dtype=np.float64)
         t = np.asarray(t, dtype=np.int64)
         self._version = batch + 1  # the change feed's version of this batch's changes
+        self.load.tick()
+        self._cand = None
         if cutoff is not None:
             self.expire(cutoff)
         if refills is not None:
@@ -757,6 +776,8 @@ class KnnWorker:
         if self._details is not None and m is not None:
             for j in m["entered_obj"].tolist():
                 self._details[ids[j]] = ObjectInfo(float(lon[j]), float(lat[j]), int(t[j]), keywords[j])
+        if self._cand is not None:
+            self.load.charge(*self._cand, changed)
         written = changed
         changes = None
         if self._before is not None or self.reserve:  # expiries or a reserve: diff the results whole

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from knnmon.assignment.routing import MAX_ENTRIES, check_max_entries
+from knnmon.coordinator.rebalance.config import RebalanceConfig
 from knnmon.errors import InvalidArgumentError
 from knnmon.limits import DEFAULT_LIMITS, Limits
 from knnmon.store import StoreConfig
@@ -72,6 +73,9 @@ class RunConfig:
         Neighbours each query keeps beyond its ``k`` (``--reserve``): with a window, an expiry
         then takes the next neighbour from the reserve instead of a refill search.
         ``None``: :data:`DEFAULT_RESERVE` with a window, else 0 (see :attr:`places_reserved`).
+    rebalance : RebalanceConfig or None
+        Re-balance under drift (``--rebalance``; :mod:`knnmon.coordinator.rebalance`); ``None``: the
+        plan stays as made.
 
     Raises
     ------
@@ -105,6 +109,7 @@ class RunConfig:
     window: int | None = None
     arrival_ms: int | None = None
     reserve: int | None = None
+    rebalance: RebalanceConfig | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.workers <= 64:

@@ -101,7 +101,9 @@ class RunSummary:
     seconds per start-up step, ``workers_revived`` lost workers brought back, ``workers_stats`` each worker's
     :meth:`~knnmon.workers.worker.KnnWorker.stats`, ``results_store`` where the results are;
     with a window, ``late_ignored`` objects that arrived expired, ``results_refilled`` and the
-    coordinator's ``refill_ms_mean`` per batch and ``refill_ms_per_result`` (expiry and search).
+    coordinator's ``refill_ms_mean`` per batch and ``refill_ms_per_result`` (expiry and search);
+    ``slowest_over_mean_busy`` of ``busy_ms_per_worker``; with re-balancing (``rebalance``),
+    every re-plan's record (``replans``) and ``queries_moved`` in all.
     """
 
     config: dict[str, Any]
@@ -140,6 +142,10 @@ class RunSummary:
     results_refilled: int = 0
     refill_ms_mean: float = 0.0
     refill_ms_per_result: float | None = None
+    rebalance: bool = False
+    replans: list[dict[str, Any]] = field(default_factory=list)
+    queries_moved: int = 0
+    slowest_over_mean_busy: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """As plain JSON-able values."""
@@ -148,7 +154,8 @@ class RunSummary:
 
 def summarize_run(rows: Sequence[BatchReport], wall_s: float, *, config: Any, queries: int, initial_objects: int,
                   predicted_worker_loads: list[float], startup_s: dict[str, float], results_store: str,
-                  workers_revived: int = 0, workers_stats: list[dict[str, Any]] | None = None) -> RunSummary:
+                  workers_revived: int = 0, workers_stats: list[dict[str, Any]] | None = None,
+                  replans: list[dict[str, Any]] | None = None) -> RunSummary:
     """The :class:`RunSummary` of a run's batches (``config``: its
     :class:`~knnmon.coordinator.runtime.config.RunConfig`)."""
     one = np.zeros(1)
@@ -158,6 +165,7 @@ def summarize_run(rows: Sequence[BatchReport], wall_s: float, *, config: Any, qu
     objects = sum(r.objects for r in rows)
     changed = sum(r.changed for r in rows)
     cand = sum(r.candidates for r in rows)
+    busy = np.sum([r.busy_ms for r in rows], axis=0) if rows else np.zeros(0)
     settings = asdict(config)
     settings["store"]["url"] = redact(settings["store"]["url"])
     return RunSummary(
@@ -182,4 +190,7 @@ def summarize_run(rows: Sequence[BatchReport], wall_s: float, *, config: Any, qu
         late_ignored=sum(r.late for r in rows), results_refilled=sum(r.refilled for r in rows),
         refill_ms_mean=float(np.mean([r.refill_ms for r in rows])) if rows else 0.0,
         refill_ms_per_result=(sum(r.refill_ms for r in rows) / sum(r.refilled for r in rows)
-                              if sum(r.refilled for r in rows) else None))
+                              if sum(r.refilled for r in rows) else None),
+        rebalance=bool(getattr(config, "rebalance", False)), replans=list(replans or []),
+        queries_moved=sum(r["queries_moved"] for r in replans or []),
+        slowest_over_mean_busy=float(busy.max() / busy.mean()) if len(busy) and busy.mean() > 0 else None)

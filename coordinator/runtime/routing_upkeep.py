@@ -78,11 +78,16 @@ class RoutingUpkeep:
         self._executor: ThreadPoolExecutor | None = None
         self._build: Future | None = None
         self._started_unregistered = 0
+        self._requested = False
+
+    def request(self) -> None:
+        """Make a rebuild due now (queries moved between workers: the sources' entries go)."""
+        self._requested = True
 
     def due(self, queries: int, unregistered: int) -> bool:
         """Whether the table grew or went stale enough to rebuild (``queries``: registered now;
         ``unregistered``: unregistered in all so far)."""
-        return (self.routing.entries > 1.5 * self.baseline + SLACK
+        return (self._requested or self.routing.entries > 1.5 * self.baseline + SLACK
                 or unregistered - self._unregistered_at >= max(1.0, UNREGISTERED_SHARE * queries)
                 or (self.routing.additions > self._additions_at and time.monotonic() - self._built_at >= REBUILD_S))
 
@@ -121,6 +126,7 @@ class RoutingUpkeep:
 
     def _start(self, unregistered: int) -> None:
         pending = [self.pool.call(w, "regions") for w in range(self.pool.size)]  # in batch order
+        self._requested = False
         self.routing.journal(True)
         self.routing.code_index()  # made here, read by the build thread
         self._started_unregistered = unregistered

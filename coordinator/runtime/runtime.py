@@ -10,7 +10,9 @@ puts the runtime's parts together and owns their lifetimes:
    the results store and ``W`` workers (Ray actors or in process);
 4. :mod:`~knnmon.coordinator.runtime.registration` -- each worker gets its queries;
 5. :mod:`~knnmon.coordinator.runtime.dispatch` -- the stream, in batches, measured
-   (:mod:`~knnmon.coordinator.runtime.metrics`).
+   (:mod:`~knnmon.coordinator.runtime.metrics`);
+6. with ``--rebalance``, :mod:`knnmon.coordinator.rebalance` -- after each batch, queries move
+   between workers when their measured load is uneven.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from collections.abc import Iterator
 import pyarrow as pa
 
 from knnmon.coordinator.planning import PlanResult, empty_plan, plan_workload
+from knnmon.coordinator.rebalance.rebalancer import Rebalancer
 from knnmon.coordinator.runtime.config import RunConfig
 from knnmon.coordinator.runtime.dispatch import DispatchedBatch, Dispatcher
 from knnmon.coordinator.runtime.metrics import BatchReport, RunSummary, summarize_run
@@ -64,9 +67,10 @@ class Runtime:
 
     Attributes (after :meth:`start`)
     ----------
-    store, pool, plan, objects, registrar, dispatcher, upkeep
+    store, pool, plan, objects, registrar, dispatcher, upkeep, rebalancer
         The results store, the workers, the plan, every object seen (with a window: the live
-        ones), who holds which query, the batch router, the routing table's rebuilds.
+        ones), who holds which query, the batch router, the routing table's rebuilds, the
+        re-balancing (``None`` without ``config.rebalance``).
     reports : list of BatchReport
         The batches :meth:`run` measured so far.
     workers_revived : int
@@ -85,6 +89,7 @@ class Runtime:
         self.registrar: Registrar | None = None
         self.dispatcher: Dispatcher | None = None
         self.upkeep: RoutingUpkeep | None = None
+        self.rebalancer: Rebalancer | None = None
         self.stream_table: pa.Table | None = None
         self.timings: dict[str, float] = {}
         self.reports: list[BatchReport] = []
@@ -132,6 +137,12 @@ class Runtime:
                                      seen_times=t, window=window, rects=self.plan.model.rects,
                                      first_batch=p.first_batch)
         self.registrar.feed_version = lambda: self.dispatcher.next_batch
+        if c.rebalance is not None:
+            ids = p.queries.column("id").to_pylist()
+            set_of = dict(zip(ids, self.plan.plan.set_of.tolist())) if len(self.plan.plan.set_of) == len(ids) else {}
+            self.rebalancer = Rebalancer(self.pool, self.registrar, self.upkeep, set_of, c.rebalance,
+                                         reserve=c.places_reserved, redis_url=self.store.url,
+                                         namespace=c.store.namespace)
         return self
 
     # -- the stream ------------------------------------------------------------------------------
@@ -140,7 +151,14 @@ class Runtime:
         for it (:meth:`Dispatcher.collect` of :meth:`Dispatcher.dispatch`)."""
         report = self._collect(self.dispatcher.dispatch(batch), deque())
         self.upkeep_routing()
+        self.rebalance(report)
         return report
+
+    def rebalance(self, report: BatchReport) -> None:
+        """With ``config.rebalance``: observe a collected batch, and re-plan and move queries
+        when due (:mod:`knnmon.coordinator.rebalance`); call between two dispatches."""
+        if self.rebalancer is not None:
+            self.rebalancer.after_batch(report.batch, report.busy_ms)
 
     def upkeep_routing(self) -> None:
         """Swap in a finished routing-table rebuild, or start one in the background when due
@@ -201,6 +219,7 @@ class Runtime:
                 while len(pending) >= self.config.in_flight:
                     reports.append(self._collect(pending.popleft(), pending))
                     self.upkeep_routing()
+                    self.rebalance(reports[-1])
             while pending:
                 reports.append(self._collect(pending.popleft(), pending))
         return self.summary(time.perf_counter() - t0, with_stats=True)
@@ -213,7 +232,8 @@ class Runtime:
                              initial_objects=self.objects.initial.num_rows,
                              predicted_worker_loads=self.plan.summary["worker_loads"], startup_s=self.timings,
                              results_store=self.store.describe(), workers_revived=self.workers_revived,
-                             workers_stats=self.registrar.stats() if with_stats else None)
+                             workers_stats=self.registrar.stats() if with_stats else None,
+                             replans=self.rebalancer.replans if self.rebalancer is not None else None)
 
     # -- stop ------------------------------------------------------------------------------------
     def close(self) -> None:

@@ -5,6 +5,7 @@
   :class:`~knnmon.workers.result_writer.ResultWriter`;
 - :class:`Refills`: with a window, the exact kNN of the results an expiry emptied below ``k``,
   from the coordinator's live objects to the worker holding them;
+- :class:`QueryHandover`: queries with their kNN, moving between workers (re-balancing);
 - :class:`WorkerReport` and :class:`WriteFigures`: what a worker measured on a batch.
 """
 
@@ -14,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-__all__ = ["BatchChanges", "ObjectBatch", "ObjectInfo", "Refills", "WorkerReport", "WriteFigures"]
+__all__ = ["BatchChanges", "ObjectBatch", "ObjectInfo", "QueryHandover", "Refills", "WorkerReport", "WriteFigures"]
 
 
 @dataclass(frozen=True)
@@ -116,6 +117,35 @@ class Refills:
     qids: Sequence[str]
     topk: Sequence[Sequence[tuple[str, float]]]
     objects: Mapping[str, ObjectInfo] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class QueryHandover:
+    """Queries moving from one worker to another at a batch boundary (re-balancing).
+
+    Attributes
+    ----------
+    queries : QueryColumns
+        The ``m`` queries (``knnmon.query.QueryColumns``).
+    topk : list of ``m`` lists of ``(object id, distance m)``
+        Each query's kept places as its worker held them: its kNN, and with a reserve the
+        ``k + reserve`` nearest; fewer while it has fewer matches.
+    members : list of ``m`` lists of str
+        Each query's result as written to Redis (its first ``k`` places).
+    objects : dict of str to ObjectInfo
+        Details of every object in ``topk``.
+    loads : ``(m,)`` float64
+        Each query's recent measured load (microseconds; :mod:`knnmon.workers.query_load`).
+    """
+
+    queries: Any
+    topk: Sequence[Sequence[tuple[str, float]]]
+    members: Sequence[Sequence[str]]
+    objects: Mapping[str, ObjectInfo]
+    loads: Any
+
+    def __len__(self) -> int:
+        return len(self.topk)
 
 
 @dataclass(frozen=True)

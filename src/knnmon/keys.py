@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Keys", "DEFAULT_NAMESPACE"]
+__all__ = ["Keys", "DEFAULT_NAMESPACE", "REPLANS_KEPT"]
 
 DEFAULT_NAMESPACE = "knn"
+#: Re-plan records ``replans`` keeps.
+REPLANS_KEPT = 1000
 
 
 @dataclass(frozen=True)
@@ -16,7 +18,8 @@ class Keys:
     - ``result(qid)``: sorted set, member object id, score distance in meters;
     - ``query(qid)``: hash ``lon``, ``lat``, ``keywords`` (space separated), ``k``, ``worker``,
       ``objects`` (the name of the hash with its result's object details) (written at
-      registration only);
+      registration; a query moved by re-balancing gets its new ``worker`` and ``objects`` and
+      ``moved_batch``, ``moved_from``, ``moved_replan``);
     - ``queries``: set of the registered query ids;
     - ``objects(worker)``: hash, object id -> ``lon lat t keywords`` (space separated) of every
       object in a result of that worker's queries (the query hash's ``worker``); in a Redis
@@ -29,6 +32,8 @@ class Keys:
     - ``serve_status``: hash the running service refreshes (``knnmon status``);
       ``serve_batches``: stream, one entry per processed batch (latency measurements);
       ``serve_checkpoint``: hash, the service's last checkpoint with a window (watermark, trim point);
+    - ``replans``: list, newest first, one JSON record per re-plan of re-balancing (trigger,
+      predicted gain, queries moved, seconds; the last :data:`REPLANS_KEPT`);
     - ``worker_batch(w)``: the last batch number worker ``w`` applied (idempotent writes); in a
       Redis Cluster one per master, ``worker_batch(w, tag)`` with a hash tag of a slot of that
       master (:mod:`knnmon.redis_cluster`).
@@ -78,6 +83,10 @@ class Keys:
     @property
     def serve_batches(self) -> str:
         return f"{self.namespace}:serve:batches"
+
+    @property
+    def replans(self) -> str:
+        return f"{self.namespace}:replans"
 
     @property
     def serve_checkpoint(self) -> str:

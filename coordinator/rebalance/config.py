@@ -1,0 +1,46 @@
+"""Re-balancing's settings (``--rebalance`` and its knobs)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from knnmon.errors import InvalidArgumentError
+
+__all__ = ["RebalanceConfig"]
+
+
+@dataclass(frozen=True)
+class RebalanceConfig:
+    """When and how much to re-balance.
+
+    Attributes
+    ----------
+    window : int
+        Batches the trigger looks at (and the least between two re-plans).
+    threshold : float
+        Slowest / mean busy time over the window above which a re-plan is due.
+    budget : float
+        Share of all queries one re-plan may move (0..1).
+    min_gain : float
+        A move must lower the slowest worker's predicted busy time by this share.
+
+    Raises
+    ------
+    InvalidArgumentError
+        A value out of range.
+    """
+
+    window: int = 20
+    threshold: float = 1.2
+    budget: float = 0.05
+    min_gain: float = 0.02
+
+    def __post_init__(self) -> None:
+        if self.window < 1:
+            raise InvalidArgumentError(f"the re-balancing window must be >= 1 batch; got {self.window}")
+        if self.threshold < 1.0:
+            raise InvalidArgumentError(f"the re-balancing threshold must be >= 1; got {self.threshold}")
+        if not 0.0 <= self.budget <= 1.0:
+            raise InvalidArgumentError(f"the re-balancing budget must be in [0, 1]; got {self.budget}")
+        if not 0.0 <= self.min_gain < 1.0:
+            raise InvalidArgumentError(f"the re-balancing min_gain must be in [0, 1); got {self.min_gain}")

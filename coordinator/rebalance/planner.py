@@ -1,0 +1,165 @@
+"""Which queries move where: a bounded re-plan from measured loads.
+
+Input: each worker's measured busy time per batch over the monitor's window, ``B_w`` (ms), and
+each of its queries' recent measured load ``u_q`` (:mod:`knnmon.workers.query_load`, in the
+measured cost model's microseconds). A worker's movable time ``B_w - fixed`` is shared among its
+queries in proportion to ``u_q``: moving the queries ``S`` from ``a`` to ``b`` is predicted to
+take ``x = (B_a - fixed) * u_S / u_a`` from ``a`` and to add the same to ``b``.
+
+Units of a move are the plan's **query sets** (queries kept together because they share
+keywords and space; Tsuruoka et al. 2019, §4.2), so that a move does not scatter a set's
+deliveries over two workers; only when no whole set helps (each larger than what the budget
+still allows, or overshooting) does a set move in part: its heaviest queries, just enough. Queries registered at
+run time (no set) form one unit per worker. Greedy, like the plan's LPT (Algorithm 2): while the
+budget lasts, move from the slowest worker to the least busy one the unit that brings the
+larger of their two predicted times lowest (whole sets first), as long as it lowers the slowest
+by at least ``min_gain``. CoDD (Anand & Chawathe) bounds each re-organisation's cost the same way: a budget
+of moved queries per re-plan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+__all__ = ["FIXED_MS", "Move", "MovePlan", "plan_moves"]
+
+#: A worker's busy time per batch that no query causes (ms): the measured cost model's
+#: per-batch term (:mod:`knnmon.assignment.costs`).
+FIXED_MS = 1.25
+
+
+@dataclass(frozen=True)
+class Move:
+    """Queries ``qids`` move from worker ``source`` to ``target``; ``predicted_ms`` of busy time
+    per batch go with them; ``unit`` says what they are (``"set 12"``, ``"set 12 (part)"``,
+    ``"registered at run time"``)."""
+
+    qids: list[str]
+    source: int
+    target: int
+    predicted_ms: float
+    unit: str
+
+
+@dataclass(frozen=True)
+class MovePlan:
+    """A re-plan: ``moves``; ``busy_ms`` ``(W,)`` the measured busy times it started from and
+    ``predicted_ms`` ``(W,)`` after the moves (ms per batch)."""
+
+    moves: list[Move]
+    busy_ms: np.ndarray
+    predicted_ms: np.ndarray
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def queries_moved(self) -> int:
+        return sum(len(m.qids) for m in self.moves)
+
+    @property
+    def predicted_gain(self) -> float:
+        """Predicted fall of the slowest worker's busy time, as a share of it (0..1)."""
+        top = float(self.busy_ms.max()) if len(self.busy_ms) else 0.0
+        return (top - float(self.predicted_ms.max())) / top if top > 0 else 0.0
+
+
+@dataclass
+class _Unit:
+    worker: int
+    name: str
+    qids: list[str]
+    loads: np.ndarray  # (n,) the queries' loads, heaviest first
+
+
+def _units(worker: int, qids: Sequence[str], loads: np.ndarray, set_of: Mapping[str, int]) -> list[_Unit]:
+    groups: dict[int, list[int]] = {}
+    for i, q in enumerate(qids):
+        groups.setdefault(set_of.get(q, -1), []).append(i)
+    out = []
+    for s, members in groups.items():
+        idx = np.asarray(members, dtype=np.int64)
+        idx = idx[np.argsort(-loads[idx], kind="stable")]
+        out.append(_Unit(worker, f"set {s}" if s >= 0 else "registered at run time", [qids[i] for i in idx.tolist()],
+                         loads[idx]))
+    return out
+
+
+def plan_moves(busy_ms: Sequence[float], queries: Sequence[tuple[Sequence[str], np.ndarray]],
+               set_of: Mapping[str, int], budget: int, *, min_gain: float = 0.02,
+               fixed_ms: float = FIXED_MS, max_moves: int | None = None) -> MovePlan:
+    """A bounded re-plan (module docstring).
+
+    Parameters
+    ----------
+    busy_ms
+        ``(W,)`` each worker's measured busy time per batch (ms).
+    queries
+        Per worker: its queries' ids ``(n_w,)`` and their measured loads ``(n_w,)`` float64.
+    set_of
+        Query id -> its set in the plan (absent or ``-1``: none).
+    budget
+        Queries that may move in all, ``>= 0``.
+    min_gain
+        A move must lower the slowest worker's predicted time by this share of it.
+    max_moves
+        Moves at most (default ``4 W``).
+
+    Returns
+    -------
+    MovePlan
+        Moves between the same two workers are merged.
+    """
+    busy = np.asarray(busy_ms, dtype=np.float64).copy()
+    W = len(busy)
+    before = busy.copy()
+    rate = np.zeros(W)  # ms of busy time per unit of measured load, per worker
+    units: list[list[_Unit]] = []
+    for w, (ids, loads) in enumerate(queries):
+        loads = np.asarray(loads, dtype=np.float64)
+        total = float(loads.sum())
+        rate[w] = max(busy[w] - fixed_ms, 0.0) / total if total > 0 else 0.0
+        units.append(_units(w, list(ids), loads, set_of))
+    left = int(budget)
+    merged: dict[tuple[int, int], Move] = {}
+    notes: list[str] = []
+    for _ in range(max_moves if max_moves is not None else 4 * W):
+        if left <= 0 or W < 2:
+            break
+        a, b = int(np.argmax(busy)), int(np.argmin(busy))
+        gap = busy[a] - busy[b]
+        best = None  # ((is part, pair max after), unit, count, ms, is part)
+        floor = busy[a] * (1 - min_gain)
+        for u in units[a]:
+            ms = u.loads * rate[a]
+            cands = []
+            if len(u.qids) <= left:
+                cands.append((len(u.qids), float(ms.sum()), False))
+            # in part: the heaviest queries, up to half the gap and within the budget
+            csum = np.cumsum(ms[:left])
+            n = int(np.searchsorted(csum, gap / 2)) + 1
+            n = min(n, len(csum))
+            if 0 < n < len(u.qids):
+                cands.append((n, float(csum[n - 1]), True))
+            for count, x, part in cands:
+                after = max(busy[a] - x, busy[b] + x)
+                key = (part, after)  # a whole set that helps before any part
+                if after <= floor and (best is None or key < best[0]):
+                    best = (key, u, count, x, part)
+        if best is None:
+            break
+        _, u, count, x, part = best
+        moved, u.qids, u.loads = u.qids[:count], u.qids[count:], u.loads[count:]
+        if not u.qids:
+            units[a].remove(u)
+        units[b].append(_Unit(b, u.name, moved, np.zeros(len(moved))))  # (not moved back this re-plan)
+        busy[a] -= x
+        busy[b] += x
+        left -= count
+        name = u.name + (" (part)" if part else "")
+        m = merged.get((a, b))
+        merged[(a, b)] = (Move(moved, a, b, x, name) if m is None else
+                          Move(m.qids + moved, a, b, m.predicted_ms + x, f"{m.unit}, {name}"))
+        notes.append(f"{name}: {count} queries, {x:.2f} ms/batch, worker {a} -> {b}")
+    return MovePlan(list(merged.values()), before, busy, notes)

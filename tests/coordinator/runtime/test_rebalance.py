@@ -1,0 +1,135 @@
+"""Re-balancing under drift: a stream built to drift (the west's places first, the east's after)
+makes one worker hot; queries move between live workers and every result stays exact against
+the brute-force oracle after every batch, on real places, real Redis (and Ray)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from knnmon.assignment import LoadModel
+from knnmon.connection import connect
+from knnmon.coordinator.rebalance.config import RebalanceConfig
+from knnmon.coordinator.rebalance.planner import plan_moves
+from knnmon.coordinator.runtime import RunConfig, Runtime
+from knnmon.coordinator.runtime.preparation import prepare_tables
+from knnmon.errors import InvalidArgumentError
+from knnmon.ingest.reading import load_queries, read_objects
+from knnmon.keys import Keys
+from knnmon.oracle import BruteForceKnn
+from knnmon.store import StoreConfig
+from knnmon.testing import assert_exact, assert_feed_and_objects
+
+#: Eager settings for a short stream: judge every 3 batches, move up to 15 % of the queries.
+EAGER = RebalanceConfig(window=3, threshold=1.05, budget=0.15, min_gain=0.01)
+
+
+@pytest.fixture(scope="module")
+def drifting(places_slice, slice_queries):
+    """The slice's places: 2,000 random ones initial, every other one of the rest streamed west
+    to east (a drift: the stream's objects fall in one region first, another after), and 1,500
+    queries."""
+    objects = read_objects(str(places_slice))
+    rng = np.random.default_rng(3)
+    order = rng.permutation(objects.num_rows)
+    initial = objects.take(pa.array(order[:2000]))
+    rest = objects.take(pa.array(order[2000:]))
+    west_to_east = np.argsort(rest.column("lon").to_numpy(), kind="stable")
+    rest = rest.take(pa.array(west_to_east[::2]))  # 4,000
+    queries = load_queries(str(slice_queries)).slice(0, 1500)
+    return str(places_slice), queries, initial, rest
+
+
+def _prepared(drifting, reserve: int = 0):
+    objects_dir, queries, initial, rest = drifting
+    return prepare_tables(LoadModel.from_ingest(objects_dir), queries, initial, rest, reserve=reserve)
+
+
+def _moved_fields_agree(url: str, namespace: str, rt: Runtime) -> int:
+    """Assert each moved query's hash names its worker now, and says where it came from;
+    returns how many queries moved."""
+    r, keys = connect(url), Keys(namespace)
+    moved = 0
+    try:
+        for qid, w in rt.registrar.query_worker.items():
+            h = r.hgetall(keys.query(qid))
+            assert int(h["worker"]) == w, qid
+            assert h["objects"] == keys.objects(w), qid
+            if "moved_from" in h:
+                moved += 1
+                assert int(h["moved_from"]) != w or int(h["moved_replan"]) >= 2, qid
+        records = [json.loads(x) for x in r.lrange(keys.replans, 0, -1)]
+        assert [x["replan"] for x in records] == list(range(len(records), 0, -1))  # newest first
+        assert sum(x["queries_moved"] for x in records) == rt.rebalancer.queries_moved
+    finally:
+        r.close()
+    return moved
+
+
+@pytest.mark.parametrize("reserve", [0, 2])
+def test_drift_moves_queries_exact_after_every_batch(drifting, redis_url, namespace, tmp_path, reserve):
+    """Inline workers, one batch at a time: the oracle agrees after every batch while queries
+    move (with and without a reserve); the moved queries' Redis fields, the feed and the
+    details hashes agree with where they are."""
+    objects_dir, queries, initial, rest = drifting
+    config = RunConfig(workers=3, algorithm="space", batch=250, executor="inline", reserve=reserve,
+                       rebalance=EAGER, store=StoreConfig(redis_url, namespace, str(tmp_path)))
+    with Runtime(None, None, config, prepared=_prepared(drifting, reserve)) as rt:
+        seen = initial
+        for batch in rt.batches():
+            rt.process(batch)
+            seen = pa.concat_tables([seen, batch.select(seen.column_names)])
+            assert_exact(redis_url, namespace, queries, BruteForceKnn(seen))
+        replans = rt.rebalancer.replans
+        moved = _moved_fields_agree(redis_url, namespace, rt)
+        r = connect(redis_url)
+        assert_feed_and_objects(r, Keys(namespace), list(rt.registrar.query_worker))
+        r.close()
+        assert sum(rt.registrar.worker_queries) == len(queries)
+        assert sorted(sum((rt.pool.call_all("query_loads")[w][0] for w in range(3)), [])) == \
+            sorted(queries.column("id").to_pylist())  # every query on exactly one worker
+    assert replans and rt.rebalancer.queries_moved > 0
+    assert moved > 0
+    assert all(x["queries_moved"] <= int(EAGER.budget * len(queries)) for x in replans)
+
+
+def test_migration_with_batches_in_flight_on_ray(drifting, ray_instance, redis_url, namespace, tmp_path):
+    """Ray actors with two batches in flight: a move happens while the next batch is already
+    routed and queued at both workers; the results are exact at the end and the summary says
+    what moved."""
+    objects_dir, queries, initial, rest = drifting
+    config = RunConfig(workers=3, algorithm="space", batch=250, executor="ray", in_flight=2, rebalance=EAGER,
+                       store=StoreConfig(redis_url, namespace, str(tmp_path)))
+    with Runtime(None, None, config, prepared=_prepared(drifting)) as rt:
+        summary = rt.run(progress=False)
+        assert_exact(redis_url, namespace, queries, BruteForceKnn(pa.concat_tables([initial, rest])))
+        _moved_fields_agree(redis_url, namespace, rt)
+    assert summary.rebalance and summary.replans and summary.queries_moved > 0
+    assert summary.queries_moved == sum(x["queries_moved"] for x in summary.replans)
+
+
+def test_the_planner_moves_whole_sets_within_the_budget():
+    """Worker 0 is hot with two sets; the planner moves one whole set to the idle worker, never
+    more queries than the budget, and predicts a lower maximum."""
+    ids0 = [f"a{i}" for i in range(10)] + [f"b{i}" for i in range(10)]
+    loads0 = np.r_[np.full(10, 3.0), np.full(10, 1.0)]
+    set_of = {q: (0 if q[0] == "a" else 1) for q in ids0} | {"c0": 2}
+    plan = plan_moves([41.25, 1.25], [(ids0, loads0), (["c0"], np.zeros(1))], set_of, budget=10)
+    assert plan.queries_moved <= 10
+    assert plan.moves and all(m.source == 0 and m.target == 1 for m in plan.moves)
+    assert plan.predicted_ms.max() < 41.25 * 0.8
+    assert plan.moves[0].unit == "set 0"  # whole: 30 of the 40 movable ms, the closest to half
+    tight = plan_moves([41.25, 1.25], [(ids0, loads0), (["c0"], np.zeros(1))], set_of, budget=3)
+    assert tight.queries_moved == 3 and "(part)" in tight.moves[0].unit  # the heaviest queries of a set
+    even = plan_moves([10.0, 10.0], [(ids0, loads0), (["c0"], np.ones(1))], set_of, budget=10)
+    assert not even.moves
+
+
+def test_rebalance_settings_are_checked():
+    with pytest.raises(InvalidArgumentError, match="budget"):
+        RebalanceConfig(budget=1.5)
+    with pytest.raises(InvalidArgumentError, match="threshold"):
+        RebalanceConfig(threshold=0.5)

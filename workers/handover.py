@@ -1,0 +1,104 @@
+"""A worker's side of re-balancing: report each query's load, hand queries over, take them.
+
+A move happens at a batch boundary, in three calls the coordinator makes in this order, with no
+batch dispatched in between (:mod:`knnmon.coordinator.rebalance.migration`):
+
+1. the source's :meth:`Handover.export_queries`: the moving queries with their kept places
+   (kNN and reserve), their result as written, their objects' details and recent load; the
+   source forgets them (a Ray actor runs the call after every batch sent to it before, so the
+   state handed over includes them);
+2. the target's :meth:`Handover.adopt_queries`: it takes them from the next batch on; in Redis
+   their query hashes' ``worker`` and ``objects`` fields name it, and its details hash gets
+   their objects' details (results themselves do not change: nothing enters the change feed);
+3. the source's :meth:`Handover.release_handed`: its details hash lets go of the objects no
+   query left on it holds.
+
+Results never lose details in between (the target's are written before the source's go).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from knnmon.batch import QueryHandover
+from knnmon.query import QueryColumns
+
+__all__ = ["Handover"]
+
+
+class Handover:
+    """Re-balancing methods of :class:`~knnmon.workers.worker.KnnWorker` (module docstring)."""
+
+    _handed: list[tuple[str, list[str]]]
+
+    def query_loads(self) -> tuple[list[str], np.ndarray]:
+        """The registered queries' ids and their recent measured loads ``(m,)`` float64
+        (microseconds of busy time, decayed: :mod:`knnmon.workers.query_load`)."""
+        live = np.flatnonzero(self.alive)
+        self.load.extend(len(self.alive))
+        return [self.qids[s] for s in live.tolist()], self.load.us[live].copy()
+
+    def _kept(self, slot: int) -> list[tuple[str, float]]:
+        """Every kept place of ``slot`` (its kNN and, with a reserve, beyond), nearest first."""
+        a, c = int(self.top_ptr[slot]), int(self.count[slot])
+        return list(zip((self.oids[h] for h in self.top_h[a:a + c].tolist()), self.top_d[a:a + c].tolist()))
+
+    def export_queries(self, qids: Sequence[str]) -> QueryHandover:
+        """Hand over the queries of ``qids`` this worker holds (others are skipped) and forget
+        them; their details hash entries stay until :meth:`release_handed`.
+
+        Returns
+        -------
+        QueryHandover
+            Ids in ``qids``' order.
+        """
+        held = [q for q in qids if q in self.slot_of]
+        slots = np.array([self.slot_of[q] for q in held], dtype=np.int64)
+        sl = slots.tolist()
+        topk = [self._kept(s) for s in sl]
+        members = [[o for o, _ in self._result(s)] for s in sl]
+        wanted = {o for t in topk for o, _ in t}
+        if self._details is not None:  # a reserve: every kept object's details are in memory
+            objects = {o: self._details[o] for o in wanted if o in self._details}
+        elif self.writer is not None:
+            objects = self._write_now(self.writer.read_details, list(zip(held, members)))
+        else:
+            objects = {}
+        columns = QueryColumns(held, self.lon[slots].copy(), self.lat[slots].copy(),
+                               [list(self.keywords[s]) for s in sl], self.k[slots].copy())
+        loads = self.load.us[slots].copy() if len(slots) else np.zeros(0)
+        self._drop(held)
+        self._handed += list(zip(held, members))
+        return QueryHandover(columns, topk, members, objects, loads)
+
+    def adopt_queries(self, handover: QueryHandover, vocabulary: Mapping[str, int] | None = None,
+                      note: Mapping[str, str] | None = None) -> int:
+        """Take queries another worker handed over (:meth:`export_queries`); they are
+        candidates from the next batch on. ``vocabulary``: their keywords' codes, as the
+        coordinator encodes batches; ``note``: more fields for their query hashes (why they
+        moved). Returns how many.
+
+        Raises
+        ------
+        InvalidQueryError
+            An id this worker holds already.
+        """
+        if vocabulary:
+            self.vocab.update(vocabulary)
+        slots = self._append(handover.queries, handover.topk, handover.objects)
+        self.load.us[slots.start:slots.stop] = np.asarray(handover.loads, dtype=np.float64)
+        if self.writer is not None and len(slots):
+            self._write_now(self.writer.adopt_queries, self._next_tag(),
+                            list(zip(handover.queries.ids, handover.members)), handover.objects, note)
+        self._refresh(np.arange(slots.start, slots.stop))
+        return len(slots)
+
+    def release_handed(self) -> int:
+        """Let go, in this worker's details hash, of the objects only the queries handed over
+        since the last call held; returns how many queries."""
+        handed, self._handed = self._handed, []
+        if self.writer is not None and handed:
+            self._write_now(self.writer.release_queries, self._next_tag(), handed)
+        return len(handed)
