@@ -274,7 +274,7 @@ class KnnWorker(Handover):
 
     def load_queries(self, queries: QueryColumns, topk: Sequence[Sequence[tuple[str, float]]],
                      objects: Mapping[str, ObjectInfo], *, version: int = 0, write: bool = True,
-                     details: bool = False, chunk: int = 5000) -> dict[str, Any]:
+                     details: bool = False, sets: Sequence[int] | None = None, chunk: int = 5000) -> dict[str, Any]:
         """Take queries with their initial kNN (exact over the objects seen so far).
 
         Parameters
@@ -295,6 +295,9 @@ class KnnWorker(Handover):
         details
             With ``write=False``: write ``objects`` into ``knn:objects:{worker}`` (a resuming
             service's plan may have moved queries between workers); else they are there.
+        sets
+            ``m`` ints: each query's set in the plan, written as its hash's ``set`` field
+            (``knnmon explain``).
 
         Returns
         -------
@@ -303,6 +306,7 @@ class KnnWorker(Handover):
         """
         t0 = time.perf_counter()
         slots = self._append(queries, topk, objects)
+        first = slots.start
         if self.writer is not None and not write:
             for j in range(slots.start, slots.stop):
                 self.writer.hold(self.qids[j], (oid for oid, _ in self._result(j)))
@@ -316,7 +320,8 @@ class KnnWorker(Handover):
             # payload of chunk i + 1 (at most 2 chunks wait, to bound memory).
             queued: deque = deque()
             for s in range(slots.start, slots.stop, chunk):
-                rows = [(self.qids[j], self._fields(j), self._result(j)) for j in range(s, min(s + chunk, slots.stop))]
+                rows = [(self.qids[j], self._fields(j) if sets is None else {**self._fields(j), "set": sets[j - first]},
+                         self._result(j)) for j in range(s, min(s + chunk, slots.stop))]
                 tag = self._next_tag()
                 payload = self.writer.queries_payload(tag, rows, objects, version)
                 if self.queue is None:

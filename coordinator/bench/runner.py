@@ -42,6 +42,7 @@ from knnmon.assignment import ALGORITHMS
 from knnmon.assignment.costs import CostModel
 from knnmon.coordinator.bench.oracle_check import mismatches
 from knnmon.coordinator.bench.speed_probe import speed_probe_ms
+from knnmon.coordinator.rebalance.config import RebalanceConfig
 from knnmon.coordinator.runtime import RunConfig, Runtime
 from knnmon.coordinator.runtime.metrics import RunSummary
 from knnmon.coordinator.runtime.preparation import Prepared, live_initial, prepare
@@ -93,6 +94,8 @@ class BenchConfig:
     window: int | None = None
     arrival_ms: int | None = None
     reserve: int | None = None
+    rebalance: tuple[bool, ...] = (False,)
+    rebalance_config: RebalanceConfig = field(default_factory=RebalanceConfig)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -148,12 +151,14 @@ def _row(rt: Runtime, summary: RunSummary, algorithm: str, kmax: int, repeat: in
     total = np.array(s.busy_ms_per_worker or [0.0] * rt.config.workers)
     predicted = s.predicted_worker_loads
     return {
-        "algorithm": algorithm, "workers": rt.config.workers, "kmax": kmax, "queries": s.queries,
+        "algorithm": algorithm, "rebalance": s.rebalance, "replans": len(s.replans),
+        "queries_moved": s.queries_moved, "replan_records": s.replans, "workers": rt.config.workers, "kmax": kmax, "queries": s.queries,
         "repeat": repeat, "batches": s.batches, "objects": s.objects,
         "update_ms_wall_mean": s.update_ms_mean, "update_ms_wall_p50": s.update_ms_p50,
         "update_ms_wall_p99": s.update_ms_p99, "update_ms_sim_mean": s.update_ms_sim_mean,
         "update_ms_sim_p99": s.update_ms_sim_p99, "imbalance_ms_mean": s.imbalance_ms_mean,
-        "slowest_over_mean_busy": float(total.max() / total.mean()) if total.mean() > 0 else None,
+        "slowest_over_mean_busy": s.slowest_over_mean_busy,
+        "busy_ms_per_batch": [r.busy_ms for r in rt.reports],
         "objects_per_s": s.objects_per_s, "deliveries_per_object": s.deliveries_per_object,
         "results_changed": s.results_changed, "candidates_per_change": s.candidates_per_change,
         "late_ignored": s.late_ignored, "results_refilled": s.results_refilled, "refill_ms_mean": s.refill_ms_mean,
@@ -168,13 +173,14 @@ def _row(rt: Runtime, summary: RunSummary, algorithm: str, kmax: int, repeat: in
 
 
 def _one_run(cfg: BenchConfig, prepared: Prepared, all_objects: pa.Table | None, algorithm: str, workers: int,
-             kmax: int, repeat: int, redis_url: str, progress: bool) -> dict[str, Any]:
+             kmax: int, repeat: int, redis_url: str, progress: bool, rebalance: bool = False) -> dict[str, Any]:
     reference = algorithm == REFERENCE
     config = RunConfig(workers=1 if reference else workers, algorithm="random" if reference else algorithm,
                        initial=cfg.initial, batch=cfg.batch, batches=cfg.batches, shuffle=cfg.shuffle,
                        window=cfg.window, arrival_ms=cfg.arrival_ms, reserve=cfg.reserve, cost_model=cfg.cost_model, store=StoreConfig(url=redis_url, namespace=cfg.namespace),
                        executor="inline" if reference else "ray",
                        index="keyword-lists" if reference else "grid", seed=cfg.seed,
+                       rebalance=cfg.rebalance_config if rebalance and not reference else None,
                        **{"in_flight": 1, **cfg.extra})  # the paper's update time: one batch at a time
     rt = Runtime(cfg.objects, prepared.queries, config, prepared=prepared)
     probe_before = speed_probe_ms()
@@ -254,13 +260,15 @@ def run_bench(cfg: BenchConfig, report: str | None = None, *, progress: bool = T
                 streamed = pa.concat_tables([prepared.initial, prepared.stream]) if cfg.check else None
                 if streamed is not None and cfg.window is not None:  # the oracle sees the live objects
                     streamed = live_initial(streamed, cfg.window)
-                combos = [(a, w) for w in cfg.workers for a in cfg.algorithms if a != REFERENCE]
+                combos = [(a, w, rb) for w in cfg.workers for a in cfg.algorithms if a != REFERENCE
+                          for rb in cfg.rebalance]
                 if REFERENCE in cfg.algorithms:
-                    combos.append((REFERENCE, 1))
-                for algorithm, w in combos:
+                    combos.append((REFERENCE, 1, False))
+                for algorithm, w, rb in combos:
                     for rep in range(cfg.repeat):
-                        log(f"bench: {algorithm} W={w} k_max={kmax} queries={n:,} (repeat {rep + 1}/{cfg.repeat})")
-                        row = _one_run(cfg, prepared, streamed, algorithm, w, kmax, rep, redis_url, progress)
+                        log(f"bench: {algorithm} W={w} k_max={kmax} queries={n:,} rebalance={'on' if rb else 'off'} "
+                            f"(repeat {rep + 1}/{cfg.repeat})")
+                        row = _one_run(cfg, prepared, streamed, algorithm, w, kmax, rep, redis_url, progress, rb)
                         out["rows"].append(row)
                         log(f"  sim update {row['update_ms_sim_mean']:.1f} ms, wall {row['update_ms_wall_mean']:.1f}"
                             f" ms, imbalance {row['imbalance_ms_mean']:.1f} ms, {row['objects_per_s']:,.0f} obj/s"

@@ -1,6 +1,6 @@
 """The ``knnmon`` command line: one entry point, one module per verb.
 
-``ingest``, ``queries``, ``plan``, ``run``, ``results``, ``bench``, ``serve``, ``status`` and
+``ingest``, ``queries``, ``plan``, ``run``, ``results``, ``explain``, ``bench``, ``serve``, ``status`` and
 ``demo`` each live in a module of this package; the flags several of them share are declared
 once in :mod:`~knnmon.coordinator.cli.options`. A verb's module imports its heavy parts (Spark,
 Ray, the runtime) when it runs, so ``knnmon --help`` stays fast.
@@ -20,7 +20,7 @@ __all__ = ["build_parser", "main"]
 
 def build_parser() -> argparse.ArgumentParser:
     """The root parser with every subcommand registered."""
-    from knnmon.coordinator.cli import bench, demo, ingest, plan, queries, results, run, serve, status
+    from knnmon.coordinator.cli import bench, demo, explain, ingest, plan, queries, results, run, serve, status
 
     parser = argparse.ArgumentParser(
         prog="knnmon",
@@ -34,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_plan_command(sub)
     run.add_run_command(sub)
     results.add_results_command(sub)
+    explain.add_explain_command(sub)
     bench.add_bench_command(sub)
     serve.add_serve_command(sub)
     status.add_status_command(sub)

@@ -7,7 +7,8 @@ from typing import Any
 from knnmon.assignment import ALGORITHMS
 from knnmon.coordinator.bench.runner import BENCH_NAMESPACE, REFERENCE
 from knnmon.coordinator.cli.options import (add_verb, DEFAULT_WORKERS, add_batch_option, add_cost_model_option,
-                                            add_store_options, add_window_options)
+                                            add_rebalance_options, add_store_options, add_window_options,
+                                            rebalance_config)
 from knnmon.errors import InvalidArgumentError
 
 __all__ = ["add_bench_command"]
@@ -20,6 +21,14 @@ def _ints(text: str) -> tuple[int, ...]:
         raise InvalidArgumentError(f"expected comma-separated integers; got {text!r}") from None
 
 
+def _switches(text: str) -> tuple[bool, ...]:
+    values = {"off": False, "on": True}
+    parts = [x.strip() for x in text.split(",") if x.strip()]
+    if not parts or any(p not in values for p in parts):
+        raise InvalidArgumentError(f"--rebalance takes off, on or off,on; got {text!r}")
+    return tuple(values[p] for p in parts)
+
+
 def _bench(a: Any) -> int:
     from knnmon.coordinator.bench.plots import plot_report
     from knnmon.coordinator.bench.runner import BenchConfig, run_bench
@@ -30,16 +39,17 @@ def _bench(a: Any) -> int:
                       cost_model=a.cost_model,
                       check=a.check or a.check_sample is not None, check_sample=a.check_sample,
                       seed=a.seed, redis_url=a.redis, namespace=a.namespace, ray_address=a.ray_address,
-                      window=a.window, arrival_ms=a.arrival_ms, reserve=a.reserve)
+                      window=a.window, arrival_ms=a.arrival_ms, reserve=a.reserve,
+                      rebalance=_switches(a.rebalance), rebalance_config=rebalance_config(a, on=True))
     out = run_bench(cfg, a.report, progress=not a.quiet)
     if a.plot:
         for path in plot_report(out["rows"], a.plot):
             print(f"plot: {path}")
-    print(f"{'algorithm':10s} {'W':>3s} {'k_max':>5s} {'queries':>9s} {'sim ms':>8s} {'sim p99':>8s} "
+    print(f"{'algorithm':10s} {'rebal':>5s} {'W':>3s} {'k_max':>5s} {'queries':>9s} {'sim ms':>8s} {'sim p99':>8s} "
           f"{'wall ms':>8s} {'imbal ms':>8s} {'obj/s':>8s} {'deliv':>6s} {'rho':>5s} exact")
     for r in out["rows"]:
         rho = r["spearman_predicted_vs_busy"]
-        print(f"{r['algorithm']:10s} {r['workers']:3d} {r['kmax']:5d} {r['queries']:9,d} {r['update_ms_sim_mean']:8.1f} "
+        print(f"{r['algorithm']:10s} {'on' if r['rebalance'] else 'off':>5s} {r['workers']:3d} {r['kmax']:5d} {r['queries']:9,d} {r['update_ms_sim_mean']:8.1f} "
               f"{r['update_ms_sim_p99']:8.1f} {r['update_ms_wall_mean']:8.1f} {r['imbalance_ms_mean']:8.1f} "
               f"{r['objects_per_s']:8,.0f} {r['deliveries_per_object']:6.2f} "
               f"{'-' if rho is None else f'{rho:.2f}':>5s} {r['exact']}")
@@ -67,6 +77,9 @@ def add_bench_command(sub: Any) -> None:
                    help="stream objects in random order (stationary) instead of (t, id)")
     add_cost_model_option(b)
     add_window_options(b)
+    b.add_argument("--rebalance", default="off", metavar="off,on",
+                   help="re-balancing off, on, or both (a sweep dimension; default off)")
+    add_rebalance_options(b, flag=False)
     b.add_argument("--check", action="store_true", help="check every result against the brute-force oracle")
     b.add_argument("--check-sample", type=int, metavar="N",
                    help="check N queries drawn at random (seeded) instead of all (implies --check)")

@@ -112,6 +112,34 @@ def add_routing_entries_option(p: argparse.ArgumentParser) -> None:
                         "are routed everywhere instead (results stay exact)")
 
 
+def add_rebalance_options(p: argparse.ArgumentParser, *, flag: bool = True) -> None:
+    """``--rebalance`` and its knobs (:mod:`knnmon.coordinator.rebalance`); ``flag=False``
+    leaves ``--rebalance`` itself to the caller (the bench sweeps it)."""
+    from knnmon.coordinator.rebalance.config import RebalanceConfig
+
+    d = RebalanceConfig()
+    if flag:
+        p.add_argument("--rebalance", action="store_true",
+                       help="move queries between workers when their measured load grows uneven (a drifting "
+                            "stream); results stay exact")
+    p.add_argument("--rebalance-threshold", type=float, default=d.threshold, metavar="R",
+                   help=f"re-plan when the slowest worker's busy time exceeds R x the mean (default {d.threshold})")
+    p.add_argument("--rebalance-window", type=int, default=d.window, metavar="N",
+                   help=f"over the last N batches, and at most once per N batches (default {d.window})")
+    p.add_argument("--rebalance-budget", type=float, default=d.budget, metavar="SHARE",
+                   help=f"share of all queries one re-plan may move (default {d.budget})")
+
+
+def rebalance_config(a: argparse.Namespace, on: bool | None = None):
+    """The :class:`~knnmon.coordinator.rebalance.config.RebalanceConfig` of the flags, or
+    ``None`` when re-balancing is off (``on``: instead of ``--rebalance``)."""
+    from knnmon.coordinator.rebalance.config import RebalanceConfig
+
+    if not (a.rebalance if on is None else on):
+        return None
+    return RebalanceConfig(window=a.rebalance_window, threshold=a.rebalance_threshold, budget=a.rebalance_budget)
+
+
 def add_window_options(p: argparse.ArgumentParser, *, arrival: bool = True) -> None:
     """``--window`` (and ``--arrival-ms``): a sliding window over event time (:mod:`knnmon.window`)."""
     from knnmon.window import parse_duration

@@ -8,8 +8,8 @@ from typing import Any
 
 from knnmon.coordinator.cli.options import (add_verb, add_batch_option, add_cost_model_option, add_limit_options,
                                             add_routing_entries_option, add_store_options, add_window_options,
-                                            add_worker_options, limits,
-                                            store_config)
+                                            add_rebalance_options, add_worker_options, limits,
+                                            rebalance_config, store_config)
 
 __all__ = ["add_run_command", "format_run_summary"]
 
@@ -29,6 +29,8 @@ def format_run_summary(s: Any) -> str:
         f"p99 {s.redis_server_ms_p99:.1f} ms",
         f"results in Redis: {s.results_store} (namespace {s.config['store']['namespace']!r})",
     ] + ([f"workers lost and revived: {s.workers_revived}"] if s.workers_revived else [])
+      + ([f"re-balancing: {len(s.replans)} re-plans moved {s.queries_moved:,} queries; slowest / mean worker busy "
+          f"time {s.slowest_over_mean_busy or 0:.2f}"] if s.rebalance else [])
       + ([f"window {s.config['window'] / 1e3:,.0f} s: {s.late_ignored:,} late objects ignored; "
           f"{s.results_refilled:,} results refilled after expiries "
           f"({s.refill_ms_mean:.1f} ms per batch expiring and searching"
@@ -43,7 +45,7 @@ def _run(a: argparse.Namespace) -> int:
                        shuffle=a.shuffle, store=store_config(a), ray_address=a.ray_address, executor=a.executor,
                        cost_model=a.cost_model, in_flight=a.in_flight, routing_entries=a.routing_entries,
                        overlap_writes=not a.sync_writes, limits=limits(a), window=a.window, arrival_ms=a.arrival_ms,
-                       reserve=a.reserve)
+                       reserve=a.reserve, rebalance=rebalance_config(a))
     with Runtime(a.objects, a.queries, config) as rt:
         summary = rt.run(progress=not a.quiet)
     print(format_run_summary(summary))
@@ -72,6 +74,7 @@ def add_run_command(sub: Any) -> None:
     add_routing_entries_option(r)
     add_limit_options(r)
     add_window_options(r)
+    add_rebalance_options(r)
     r.add_argument("--report", metavar="FILE.json", help="write the summary as JSON")
     r.add_argument("--quiet", action="store_true", help="no progress bar")
     add_store_options(r)

@@ -9,8 +9,8 @@ from typing import Any
 
 from knnmon.connection import redact
 from knnmon.coordinator.cli.options import (add_verb, add_batch_option, add_limit_options, add_store_options,
-                                            add_window_options, add_worker_options,
-                                            limits, store_config)
+                                            add_rebalance_options, add_window_options, add_worker_options,
+                                            limits, rebalance_config, store_config)
 
 __all__ = ["add_serve_command"]
 
@@ -23,7 +23,8 @@ def _serve(a: argparse.Namespace) -> int:
     config = ServeConfig(workers=a.workers, algorithm=a.algorithm, objects_dir=a.objects, initial=a.initial,
                          store=store_config(a, durable=True), ray_address=a.ray_address, executor=a.executor,
                          batch=a.batch, max_delay_ms=a.max_delay_ms, limits=limits(a), window=a.window,
-                         checkpoint_interval_s=a.checkpoint_interval, reserve=a.reserve)
+                         checkpoint_interval_s=a.checkpoint_interval, reserve=a.reserve,
+                         rebalance=rebalance_config(a))
     with Service(config) as svc:
         print(f"knnmon serve: {config.workers} workers ({config.algorithm}), Redis {redact(svc.redis_url)}, namespace "
               f"{config.store.namespace!r}; XADD to {svc.keys.ingest_queries} / {svc.keys.ingest_objects}", flush=True)
@@ -44,6 +45,7 @@ def add_serve_command(sub: Any) -> None:
                    help="wait at most this long after a batch's first object for more (default 20)")
     add_limit_options(s)
     add_window_options(s, arrival=False)
+    add_rebalance_options(s)
     s.add_argument("--checkpoint-interval", type=float, default=60.0, metavar="S",
                    help="with --window: seconds between checkpoints, which trim the objects stream to what "
                         "the window still needs (default 60)")

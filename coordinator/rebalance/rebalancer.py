@@ -64,6 +64,7 @@ class Rebalancer:
         self.monitor = LoadMonitor(pool.size, self.config.window, self.config.threshold)
         self.replans: list[dict[str, Any]] = []
         self.queries_moved = 0
+        self._numbered = self._last_number()  # a resumed service's re-plans continue the count
 
     def after_batch(self, batch: int, busy_ms) -> dict[str, Any] | None:
         """Observe batch ``batch``'s per-worker busy times ``(W,)`` ms; re-plan if due. Returns
@@ -82,7 +83,8 @@ class Rebalancer:
         n_queries = sum(len(ids) for ids, _ in loads)
         budget = int(self.config.budget * n_queries)
         plan = plan_moves(busy, loads, self.set_of, budget, min_gain=self.config.min_gain)
-        number = len(self.replans) + 1
+        self._numbered += 1
+        number = self._numbered
         moved = 0
         if plan.moves:
             note = {"moved_batch": str(batch), "moved_replan": str(number)}
@@ -102,6 +104,20 @@ class Rebalancer:
         log.info("re-plan %d after batch %d: slowest/mean busy %.2f, %d queries moved, predicted gain %.1f %%, "
                  "%.2f s", number, batch, trigger, moved, 100 * plan.predicted_gain, record["seconds"])
         return record
+
+    def _last_number(self) -> int:
+        """The number of the newest re-plan recorded in Redis (0: none, or unreadable)."""
+        if self.redis_url is None:
+            return 0
+        client = connect(self.redis_url)
+        try:
+            head = with_retries(lambda: client.lindex(self.keys.replans, 0), "reading the re-plans", self.redis_url)
+            number = json.loads(head).get("replan", 0) if head else 0
+            return number if isinstance(number, int) and number >= 0 else 0
+        except (ValueError, AttributeError):
+            return 0
+        finally:
+            client.close()
 
     def _record(self, record: dict[str, Any]) -> None:
         if self.redis_url is None:

@@ -88,18 +88,21 @@ class Registrar:
             rows = np.concatenate([prepared.knn_rows(i) for i in sel] + [np.empty(0, np.int64)])
             info = self.objects.initial_info(rows)
             columns = QueryColumns([ids[i] for i in sel], lon[mine], lat[mine], [kws[i] for i in sel], k[mine])
+            sets = self.plan.plan.set_of[mine].tolist() if len(self.plan.plan.set_of) == q.num_rows else None
             pending.append(self.pool.call(w, "load_queries", columns, [prepared.knn(i) for i in sel], info,
-                                          version=prepared.first_batch, write=not resume, details=resume))
+                                          version=prepared.first_batch, write=not resume, details=resume, sets=sets))
             for i in sel:
                 self.query_worker[ids[i]] = w
         self.pool.gather(pending)
         if resume and self.query_worker and redis_url is not None:
-            self._record_workers(redis_url, namespace)
+            sets = dict(zip(ids, self.plan.plan.set_of.tolist())) if len(self.plan.plan.set_of) == len(ids) else {}
+            self._record_workers(redis_url, namespace, sets)
         return time.perf_counter() - t0
 
-    def _record_workers(self, redis_url: str, namespace: str, chunk: int = 10_000) -> None:
-        """Write each query's worker and details hash (``worker``, ``objects``) into its hash (a
-        resumed service may place it anew)."""
+    def _record_workers(self, redis_url: str, namespace: str, sets: dict[str, int], chunk: int = 10_000) -> None:
+        """Write each query's worker, details hash and set in the plan (``worker``, ``objects``,
+        ``set``) into its hash, and drop what an earlier service's re-balancing noted there (a
+        resumed service places every query anew)."""
         from redis.cluster import RedisCluster
 
         from knnmon.workers.result_writer import details_key
@@ -116,7 +119,11 @@ class Registrar:
             for s in range(0, len(items), chunk):
                 pipe = client.pipeline(transaction=False)
                 for qid, w in items[s:s + chunk]:
-                    pipe.hset(keys.query(qid), mapping={"worker": w, "objects": details_key(keys, w, qid, masters)})
+                    fields = {"worker": w, "objects": details_key(keys, w, qid, masters)}
+                    if qid in sets:
+                        fields["set"] = sets[qid]
+                    pipe.hset(keys.query(qid), mapping=fields)
+                    pipe.hdel(keys.query(qid), "moved_from", "moved_batch", "moved_replan")
                 with_retries(pipe.execute, "recording the queries' workers", redis_url)
         finally:
             client.close()

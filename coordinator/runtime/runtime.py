@@ -30,6 +30,7 @@ from knnmon.coordinator.runtime.config import RunConfig
 from knnmon.coordinator.runtime.dispatch import DispatchedBatch, Dispatcher
 from knnmon.coordinator.runtime.metrics import BatchReport, RunSummary, summarize_run
 from knnmon.coordinator.runtime.object_store import ObjectStore
+from knnmon.coordinator.runtime.plan_record import record_plan
 from knnmon.coordinator.runtime.preparation import Prepared, prepare
 from knnmon.coordinator.runtime.registration import Registrar
 from knnmon.coordinator.runtime.revival import revive
@@ -126,6 +127,7 @@ class Runtime:
             self.registrar = Registrar(self.pool, self.plan, self.objects, c.places_reserved)
             self.timings["load_s"] = self.registrar.load(p, resume=self.resume, redis_url=self.store.url,
                                                          namespace=c.store.namespace)
+            record_plan(self.store.url, c.store.namespace, self.plan)
         except BaseException:
             self.close()
             raise

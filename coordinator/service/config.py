@@ -6,6 +6,7 @@ import math
 import os
 from dataclasses import dataclass, field
 
+from knnmon.coordinator.rebalance.config import RebalanceConfig
 from knnmon.coordinator.runtime.config import RunConfig
 from knnmon.errors import InvalidArgumentError
 from knnmon.limits import DEFAULT_LIMITS, Limits
@@ -43,8 +44,8 @@ class ServeConfig:
     checkpoint_interval_s
         With a window: seconds between checkpoints (``--checkpoint-interval``;
         :mod:`~knnmon.coordinator.service.checkpoint`).
-    reserve
-        As :class:`~knnmon.coordinator.runtime.config.RunConfig` (``--reserve``).
+    reserve, rebalance
+        As :class:`~knnmon.coordinator.runtime.config.RunConfig` (``--reserve``, ``--rebalance``).
 
     Raises
     ------
@@ -70,6 +71,7 @@ class ServeConfig:
     window: int | None = None
     checkpoint_interval_s: float = 60.0
     reserve: int | None = None
+    rebalance: RebalanceConfig | None = None
 
     def __post_init__(self) -> None:
         if self.max_delay_ms < 0:
@@ -90,4 +92,5 @@ class ServeConfig:
         store = StoreConfig(url=redis_url, namespace=self.store.namespace, data_dir=self.store.data_dir)
         return RunConfig(workers=self.workers, algorithm=self.algorithm, initial=0, batch=self.batch, store=store,
                          ray_address=self.ray_address, executor=self.executor, processes=self.processes,
-                         limits=self.limits, window=self.window, reserve=self.reserve)
+                         limits=self.limits, window=self.window, reserve=self.reserve,
+                         rebalance=self.rebalance)

@@ -32,6 +32,9 @@ class Keys:
     - ``serve_status``: hash the running service refreshes (``knnmon status``);
       ``serve_batches``: stream, one entry per processed batch (latency measurements);
       ``serve_checkpoint``: hash, the service's last checkpoint with a window (watermark, trim point);
+    - ``plan``: hash, the plan a run or service started with (``algorithm``, ``workers``,
+      ``set:<i>`` as JSON; :mod:`knnmon.coordinator.runtime.plan_record`); a query hash's ``set``
+      names its set;
     - ``replans``: list, newest first, one JSON record per re-plan of re-balancing (trigger,
       predicted gain, queries moved, seconds; the last :data:`REPLANS_KEPT`);
     - ``worker_batch(w)``: the last batch number worker ``w`` applied (idempotent writes); in a
@@ -83,6 +86,10 @@ class Keys:
     @property
     def serve_batches(self) -> str:
         return f"{self.namespace}:serve:batches"
+
+    @property
+    def plan(self) -> str:
+        return f"{self.namespace}:plan"
 
     @property
     def replans(self) -> str:
