@@ -69,21 +69,22 @@ class MovePlan:
 class _Unit:
     worker: int
     name: str
-    qids: list[str]
-    loads: np.ndarray  # (n,) the queries' loads, heaviest first
+    qids: np.ndarray  # (n,) object: the queries' ids, heaviest first
+    loads: np.ndarray  # (n,) float64 their loads
 
 
 def _units(worker: int, qids: Sequence[str], loads: np.ndarray, set_of: Mapping[str, int]) -> list[_Unit]:
-    groups: dict[int, list[int]] = {}
-    for i, q in enumerate(qids):
-        groups.setdefault(set_of.get(q, -1), []).append(i)
-    out = []
-    for s, members in groups.items():
-        idx = np.asarray(members, dtype=np.int64)
-        idx = idx[np.argsort(-loads[idx], kind="stable")]
-        out.append(_Unit(worker, f"set {s}" if s >= 0 else "registered at run time", [qids[i] for i in idx.tolist()],
-                         loads[idx]))
-    return out
+    """A worker's queries grouped by their set, heaviest first within each (vectorised: a
+    worker may hold a million queries)."""
+    if not len(qids):
+        return []
+    sets = np.fromiter((set_of.get(q, -1) for q in qids), dtype=np.int64, count=len(qids))
+    order = np.lexsort((-loads, sets))
+    ids = np.asarray(qids, dtype=object)[order]
+    sets, loads = sets[order], loads[order]
+    cut = np.flatnonzero(np.r_[True, sets[1:] != sets[:-1], True])
+    return [_Unit(worker, f"set {sets[a]}" if sets[a] >= 0 else "registered at run time", ids[a:b], loads[a:b])
+            for a, b in zip(cut[:-1].tolist(), cut[1:].tolist())]
 
 
 def plan_moves(busy_ms: Sequence[float], queries: Sequence[tuple[Sequence[str], np.ndarray]],
@@ -151,7 +152,7 @@ def plan_moves(busy_ms: Sequence[float], queries: Sequence[tuple[Sequence[str], 
             break
         _, u, count, x, part = best
         moved, u.qids, u.loads = u.qids[:count], u.qids[count:], u.loads[count:]
-        if not u.qids:
+        if not len(u.qids):
             units[a].remove(u)
         units[b].append(_Unit(b, u.name, moved, np.zeros(len(moved))))  # (not moved back this re-plan)
         busy[a] -= x
@@ -159,6 +160,7 @@ def plan_moves(busy_ms: Sequence[float], queries: Sequence[tuple[Sequence[str], 
         left -= count
         name = u.name + (" (part)" if part else "")
         m = merged.get((a, b))
+        moved = moved.tolist()
         merged[(a, b)] = (Move(moved, a, b, x, name) if m is None else
                           Move(m.qids + moved, a, b, m.predicted_ms + x, f"{m.unit}, {name}"))
         notes.append(f"{name}: {count} queries, {x:.2f} ms/batch, worker {a} -> {b}")
