@@ -23,8 +23,9 @@ from knnmon.arrays import with_capacity
 
 __all__ = ["HALF_LIFE", "QueryLoad"]
 
-#: Batches after which a charge counts half.
-HALF_LIFE = 16
+#: Batches after which a charge counts half: long enough that a move follows where the load
+#: stays, not a burst of a few dozen batches (a half-life of 16 chased bursts: docs/rebalance.md).
+HALF_LIFE = 64
 
 
 class QueryLoad:

@@ -128,6 +128,9 @@ def add_rebalance_options(p: argparse.ArgumentParser, *, flag: bool = True) -> N
                    help=f"over the last N batches, and at most once per N batches (default {d.window})")
     p.add_argument("--rebalance-budget", type=float, default=d.budget, metavar="SHARE",
                    help=f"share of all queries one re-plan may move (default {d.budget})")
+    p.add_argument("--rebalance-min-gain", type=float, default=d.min_total_gain, metavar="SHARE",
+                   help="move nothing unless the slowest worker's predicted busy time falls by this share "
+                        f"(default {d.min_total_gain})")
 
 
 def rebalance_config(a: argparse.Namespace, on: bool | None = None):
@@ -137,7 +140,8 @@ def rebalance_config(a: argparse.Namespace, on: bool | None = None):
 
     if not (a.rebalance if on is None else on):
         return None
-    return RebalanceConfig(window=a.rebalance_window, threshold=a.rebalance_threshold, budget=a.rebalance_budget)
+    return RebalanceConfig(window=a.rebalance_window, threshold=a.rebalance_threshold, budget=a.rebalance_budget,
+                           min_total_gain=a.rebalance_min_gain)
 
 
 def add_window_options(p: argparse.ArgumentParser, *, arrival: bool = True) -> None:

@@ -23,6 +23,12 @@ class RebalanceConfig:
         Share of all queries one re-plan may move (0..1).
     min_gain : float
         A move must lower the slowest worker's predicted busy time by this share.
+    min_total_gain : float
+        A re-plan moves nothing unless its moves together lower the slowest worker's predicted
+        busy time by this share.
+    cooldown : int
+        A query moved by one of the last ``cooldown`` re-plans does not move again (no
+        ping-pong of a hot set between workers).
 
     Raises
     ------
@@ -33,7 +39,9 @@ class RebalanceConfig:
     window: int = 20
     threshold: float = 1.2
     budget: float = 0.05
-    min_gain: float = 0.02
+    min_gain: float = 0.05
+    min_total_gain: float = 0.10
+    cooldown: int = 2
 
     def __post_init__(self) -> None:
         if self.window < 1:
@@ -42,5 +50,9 @@ class RebalanceConfig:
             raise InvalidArgumentError(f"the re-balancing threshold must be >= 1; got {self.threshold}")
         if not 0.0 <= self.budget <= 1.0:
             raise InvalidArgumentError(f"the re-balancing budget must be in [0, 1]; got {self.budget}")
+        if not 0.0 <= self.min_total_gain < 1.0:
+            raise InvalidArgumentError(f"the re-balancing min_total_gain must be in [0, 1); got {self.min_total_gain}")
+        if self.cooldown < 0:
+            raise InvalidArgumentError(f"the re-balancing cooldown must be >= 0; got {self.cooldown}")
         if not 0.0 <= self.min_gain < 1.0:
             raise InvalidArgumentError(f"the re-balancing min_gain must be in [0, 1); got {self.min_gain}")

@@ -73,9 +73,13 @@ class _Unit:
     loads: np.ndarray  # (n,) float64 their loads
 
 
-def _units(worker: int, qids: Sequence[str], loads: np.ndarray, set_of: Mapping[str, int]) -> list[_Unit]:
+def _units(worker: int, qids: Sequence[str], loads: np.ndarray, set_of: Mapping[str, int],
+           frozen: frozenset[str] = frozenset()) -> list[_Unit]:
     """A worker's queries grouped by their set, heaviest first within each (vectorised: a
-    worker may hold a million queries)."""
+    worker may hold a million queries); ``frozen`` queries are left out."""
+    if frozen:
+        keep = [i for i, q in enumerate(qids) if q not in frozen]
+        qids, loads = [qids[i] for i in keep], loads[keep]
     if not len(qids):
         return []
     sets = np.fromiter((set_of.get(q, -1) for q in qids), dtype=np.int64, count=len(qids))
@@ -89,7 +93,8 @@ def _units(worker: int, qids: Sequence[str], loads: np.ndarray, set_of: Mapping[
 
 def plan_moves(busy_ms: Sequence[float], queries: Sequence[tuple[Sequence[str], np.ndarray]],
                set_of: Mapping[str, int], budget: int, *, min_gain: float = 0.02,
-               fixed_ms: float = FIXED_MS, max_moves: int | None = None) -> MovePlan:
+               fixed_ms: float = FIXED_MS, max_moves: int | None = None, min_total_gain: float = 0.0,
+               frozen: frozenset[str] = frozenset()) -> MovePlan:
     """A bounded re-plan (module docstring).
 
     Parameters
@@ -106,6 +111,11 @@ def plan_moves(busy_ms: Sequence[float], queries: Sequence[tuple[Sequence[str], 
         A move must lower the slowest worker's predicted time by this share of it.
     max_moves
         Moves at most (default ``4 W``).
+    min_total_gain
+        No moves at all unless together they lower the slowest worker's predicted time by this
+        share of it.
+    frozen
+        Queries that must not move (moved recently).
 
     Returns
     -------
@@ -121,7 +131,7 @@ def plan_moves(busy_ms: Sequence[float], queries: Sequence[tuple[Sequence[str], 
         loads = np.asarray(loads, dtype=np.float64)
         total = float(loads.sum())
         rate[w] = max(busy[w] - fixed_ms, 0.0) / total if total > 0 else 0.0
-        units.append(_units(w, list(ids), loads, set_of))
+        units.append(_units(w, list(ids), loads, set_of, frozen))
     left = int(budget)
     merged: dict[tuple[int, int], Move] = {}
     notes: list[str] = []
@@ -164,4 +174,6 @@ def plan_moves(busy_ms: Sequence[float], queries: Sequence[tuple[Sequence[str], 
         merged[(a, b)] = (Move(moved, a, b, x, name) if m is None else
                           Move(m.qids + moved, a, b, m.predicted_ms + x, f"{m.unit}, {name}"))
         notes.append(f"{name}: {count} queries, {x:.2f} ms/batch, worker {a} -> {b}")
+    if before.max() > 0 and (before.max() - busy.max()) / before.max() < min_total_gain:
+        return MovePlan([], before, before.copy(), notes + ["predicted gain below min_total_gain: nothing moves"])
     return MovePlan(list(merged.values()), before, busy, notes)

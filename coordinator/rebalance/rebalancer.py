@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
@@ -65,6 +66,7 @@ class Rebalancer:
         self.replans: list[dict[str, Any]] = []
         self.queries_moved = 0
         self._numbered = self._last_number()  # a resumed service's re-plans continue the count
+        self._recent: deque[list[str]] = deque(maxlen=max(self.config.cooldown, 1))  # moved lately
 
     def after_batch(self, batch: int, busy_ms) -> dict[str, Any] | None:
         """Observe batch ``batch``'s per-worker busy times ``(W,)`` ms; re-plan if due. Returns
@@ -82,7 +84,9 @@ class Rebalancer:
         loads = self.pool.gather([self.pool.call(w, "query_loads") for w in range(self.pool.size)])
         n_queries = sum(len(ids) for ids, _ in loads)
         budget = int(self.config.budget * n_queries)
-        plan = plan_moves(busy, loads, self.set_of, budget, min_gain=self.config.min_gain)
+        frozen = frozenset(q for moved in self._recent for q in moved)
+        plan = plan_moves(busy, loads, self.set_of, budget, min_gain=self.config.min_gain,
+                          min_total_gain=self.config.min_total_gain, frozen=frozen)
         self._numbered += 1
         number = self._numbered
         moved = 0
@@ -90,6 +94,8 @@ class Rebalancer:
             note = {"moved_batch": str(batch), "moved_replan": str(number)}
             moved = migrate(self.pool, self.registrar, plan.moves, reserve=self.reserve, note=note)["queries"]
             self.upkeep.request()
+        if self.config.cooldown:
+            self._recent.append([q for m in plan.moves for q in m.qids])
         self.queries_moved += moved
         self.monitor.reset()
         record = {"replan": number, "batch": batch, "trigger": round(trigger, 4),

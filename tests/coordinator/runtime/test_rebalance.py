@@ -24,7 +24,7 @@ from knnmon.store import StoreConfig
 from knnmon.testing import assert_exact, assert_feed_and_objects
 
 #: Eager settings for a short stream: judge every 3 batches, move up to 15 % of the queries.
-EAGER = RebalanceConfig(window=3, threshold=1.05, budget=0.15, min_gain=0.01)
+EAGER = RebalanceConfig(window=3, threshold=1.05, budget=0.15, min_gain=0.01, min_total_gain=0.0, cooldown=1)
 
 
 @pytest.fixture(scope="module")
@@ -133,3 +133,56 @@ def test_rebalance_settings_are_checked():
         RebalanceConfig(budget=1.5)
     with pytest.raises(InvalidArgumentError, match="threshold"):
         RebalanceConfig(threshold=0.5)
+
+
+def test_routing_follows_registration_radius_and_moves(drifting, redis_url, namespace, tmp_path):
+    """A query registered before any object matches it is routed everywhere; once it has k,
+    the next rebuild routes its keyword near it only. Moved to another worker, its keyword
+    reaches the new worker, and after the rebuild the move requests, only that one."""
+    from knnmon.coordinator.rebalance.migration import migrate
+    from knnmon.coordinator.rebalance.planner import Move
+    from knnmon.query import Query
+
+    objects_dir, queries, initial, rest = drifting
+    config = RunConfig(workers=3, algorithm="space", batch=250, executor="inline",
+                       store=StoreConfig(redis_url, namespace, str(tmp_path)))
+    with Runtime(None, None, config, prepared=_prepared(drifting)) as rt:
+        routing = rt.dispatcher.routing
+        at = initial.slice(0, 1).to_pylist()[0]
+        far = (at["lon"] + 3.0, at["lat"] - 2.0)
+
+        def route(lon: float, lat: float) -> int:
+            kw = pa.array([["zzqlate"]], pa.list_(pa.string()))
+            return int(routing.route_objects(np.array([lon]), np.array([lat]), kw)[0])
+
+        [w] = rt.registrar.register([Query.create("late", at["lon"], at["lat"], ["zzqlate"], 2)])
+        assert route(*far) == route(at["lon"], at["lat"]) == 1 << w  # no match yet: everywhere
+        near = pa.table({"id": ["n1", "n2"], "lon": [at["lon"] + 1e-3, at["lon"] - 1e-3], "lat": [at["lat"]] * 2,
+                         "t": [initial.column("t").to_numpy().max() + 1] * 2,
+                         "keywords": pa.array([["zzqlate"], ["zzqlate"]], pa.list_(pa.string()))})
+        rt.process(near)
+        rt.upkeep.rebuild()
+        assert route(*far) == 0 and route(at["lon"], at["lat"]) == 1 << w  # k results: near it only
+        target = (w + 1) % 3
+        migrate(rt.pool, rt.registrar, [Move(["late"], w, target, 0.0, "test")])
+        assert route(at["lon"], at["lat"]) & (1 << target)
+        rt.upkeep.rebuild()
+        assert route(at["lon"], at["lat"]) == 1 << target and route(*far) == 0
+        assert sorted(o for o, _ in rt.registrar.result("late")) == ["n1", "n2"]  # the target holds its kNN
+        r = connect(redis_url)
+        assert int(r.hget(Keys(namespace).query("late"), "worker")) == target
+        assert {o for o in r.zrange(Keys(namespace).result("late"), 0, -1)} == {"n1", "n2"}
+        r.close()
+
+
+def test_the_planner_keeps_recently_moved_queries_and_small_gains_still():
+    """Frozen queries (moved by a recent re-plan) stay; a re-plan predicted to gain less than
+    ``min_total_gain`` moves nothing."""
+    ids0 = [f"a{i}" for i in range(10)] + [f"b{i}" for i in range(10)]
+    loads0 = np.r_[np.full(10, 3.0), np.full(10, 1.0)]
+    set_of = {q: (0 if q[0] == "a" else 1) for q in ids0}
+    plan = plan_moves([41.25, 1.25], [(ids0, loads0), ([], np.zeros(0))], set_of, budget=10,
+                      frozen=frozenset(ids0[:10]))
+    assert plan.moves and not set(plan.moves[0].qids) & set(ids0[:10])
+    small = plan_moves([12.0, 10.0], [(ids0, loads0), ([], np.zeros(0))], set_of, budget=10, min_total_gain=0.2)
+    assert not small.moves and small.predicted_gain == 0.0
