@@ -10,7 +10,7 @@ from typing import Any
 
 from knnmon.connection import connect, with_retries
 from knnmon.coordinator.cli.options import add_store_options, add_verb, store_config
-from knnmon.errors import KnnmonError
+from knnmon.coordinator.cli.results import query_hash, typed_query
 from knnmon.keys import REPLANS_KEPT, Keys
 from knnmon.store import open_store
 
@@ -51,10 +51,9 @@ def explain_query(url: str, namespace: str, qid: str) -> dict[str, Any]:
     client = connect(url)
 
     def read() -> dict[str, Any]:
-        h = client.hgetall(keys.query(qid))
-        if not h:
-            raise KnnmonError(f"no query {qid!r} in namespace {namespace!r}")
-        k = _int(h.get("k"))
+        h = query_hash(client, keys, qid)
+        query = typed_query(qid, h)
+        k = query["k"]
         last = client.zrange(keys.result(qid), -1, -1, withscores=True)
         n = client.zcard(keys.result(qid))
         number = _int(h.get("set"))
@@ -70,9 +69,8 @@ def explain_query(url: str, namespace: str, qid: str) -> dict[str, Any]:
                     record = r
                     break
             moved = {"batch": _int(h.get("moved_batch")), "from": _int(h.get("moved_from")), "replan": record}
-        return {"query": {"id": qid, "lon": h.get("lon"), "lat": h.get("lat"),
-                          "keywords": h.get("keywords", "").split(), "k": k},
-                "worker": _int(h.get("worker")), "kth_m": last[0][1] if last and k is not None and n >= k else None,
+        return {"query": {x: query[x] for x in ("id", "lon", "lat", "keywords", "k")},
+                "worker": query["worker"], "kth_m": last[0][1] if last and k is not None and n >= k else None,
                 "plan": plan, "set": None if number is None else {"number": number, **(set_record or {})},
                 "moved": moved}
 

@@ -13,7 +13,21 @@ from knnmon.errors import KnnmonError
 from knnmon.keys import Keys
 from knnmon.store import open_store
 
-__all__ = ["add_results_command", "fetch_result"]
+__all__ = ["add_results_command", "fetch_result", "query_hash", "typed_query"]
+
+
+def query_hash(client, keys: Keys, qid: str) -> dict[str, str]:
+    """The query hash of ``qid`` (``client``: string replies).
+
+    Raises
+    ------
+    KnnmonError
+        No such query in the namespace.
+    """
+    h = client.hgetall(keys.query(qid))
+    if not h:
+        raise KnnmonError(f"no query {qid!r} in namespace {keys.namespace!r}")
+    return h
 
 
 def fetch_result(url: str, namespace: str, qid: str) -> dict[str, Any]:
@@ -35,15 +49,13 @@ def fetch_result(url: str, namespace: str, qid: str) -> dict[str, Any]:
     client = connect(url)
 
     def read() -> dict[str, Any]:
-        query = client.hgetall(keys.query(qid))
-        if not query:
-            raise KnnmonError(f"no query {qid!r} in namespace {namespace!r}")
+        query = query_hash(client, keys, qid)
         knn = client.zrange(keys.result(qid), 0, -1, withscores=True)
         where = query.get("objects", "")  # (no `objects` field before 2026-11-23)
         if not where.startswith(keys.objects("")):  # only ever a details hash of this namespace
             where = keys.objects(query.get("worker", ""))
         details = client.hmget(where, [oid for oid, _ in knn]) if knn else []
-        return {"query": _typed_query(qid, query),
+        return {"query": typed_query(qid, query),
                 "knn": [{"id": oid, "distance_m": dist, **_typed_object(info)} for (oid, dist), info in zip(knn, details)]}
 
     try:
@@ -59,7 +71,9 @@ def _number(text: str | None, kind: type) -> Any:
         return None
 
 
-def _typed_query(qid: str, h: dict[str, str]) -> dict[str, Any]:
+def typed_query(qid: str, h: dict[str, str]) -> dict[str, Any]:
+    """A query hash's fields typed: ``id``, ``lon``, ``lat`` (float degrees), ``keywords``
+    (list), ``k``, ``worker`` (int); ``None`` where missing or malformed."""
     return {"id": qid, "lon": _number(h.get("lon"), float), "lat": _number(h.get("lat"), float),
             "keywords": h.get("keywords", "").split(), "k": _number(h.get("k"), int),
             "worker": _number(h.get("worker"), int)}

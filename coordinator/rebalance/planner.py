@@ -8,12 +8,14 @@ take ``x = (B_a - fixed) * u_S / u_a`` from ``a`` and to add the same to ``b``.
 
 Units of a move are the plan's **query sets** (queries kept together because they share
 keywords and space; Tsuruoka et al. 2019, §4.2), so that a move does not scatter a set's
-deliveries over two workers; only when no whole set helps (each larger than what the budget
-still allows, or overshooting) does a set move in part: its heaviest queries, just enough. Queries registered at
-run time (no set) form one unit per worker. Greedy, like the plan's LPT (Algorithm 2): while the
-budget lasts, move from the slowest worker to the least busy one the unit that brings the
-larger of their two predicted times lowest (whole sets first), as long as it lowers the slowest
-by at least ``min_gain``. CoDD (Anand & Chawathe) bounds each re-organisation's cost the same way: a budget
+deliveries over two workers. Greedy, like the plan's LPT (Algorithm 2), while the budget lasts:
+from the slowest worker, move to the least busy one the largest whole set that does not
+overshoot (at most half their gap); when none fits, the slowest worker's hottest set is too hot
+to move whole -- moving it would only move the hot spot, which is what a stream drifting in
+bursts from region to region does (docs/rebalance.md) -- so its heaviest queries are **spread**,
+one by one, onto whichever worker is least busy, while that helps. A set spread once stays
+spread: a later burst in its region lands on several workers. Queries registered at run time
+(no set) form one unit per worker. CoDD (Anand & Chawathe) bounds each re-organisation's cost the same way: a budget
 of moved queries per re-plan.
 """
 
@@ -133,47 +135,60 @@ def plan_moves(busy_ms: Sequence[float], queries: Sequence[tuple[Sequence[str], 
         rate[w] = max(busy[w] - fixed_ms, 0.0) / total if total > 0 else 0.0
         units.append(_units(w, list(ids), loads, set_of, frozen))
     left = int(budget)
-    merged: dict[tuple[int, int], Move] = {}
+    merged: dict[tuple[int, int], tuple[list[str], list[float], list[str]]] = {}  # (a, b) -> ids, ms, units
     notes: list[str] = []
+
+    def record(qids: list[str], a: int, b: int, x: float, name: str) -> None:
+        ids, ms, names = merged.setdefault((a, b), ([], [], []))
+        ids.extend(qids)
+        ms.append(x)
+        if name not in names:
+            names.append(name)
+
     for _ in range(max_moves if max_moves is not None else 4 * W):
         if left <= 0 or W < 2:
             break
         a, b = int(np.argmax(busy)), int(np.argmin(busy))
         gap = busy[a] - busy[b]
-        best = None  # ((is part, pair max after), unit, count, ms, is part)
-        floor = busy[a] * (1 - min_gain)
-        for u in units[a]:
-            ms = u.loads * rate[a]
-            cands = []
-            if len(u.qids) <= left:
-                cands.append((len(u.qids), float(ms.sum()), False))
-            # in part: the heaviest queries, up to half the gap and within the budget
-            csum = np.cumsum(ms[:left])
-            n = int(np.searchsorted(csum, gap / 2)) + 1
-            n = min(n, len(csum))
-            if 0 < n < len(u.qids):
-                cands.append((n, float(csum[n - 1]), True))
-            for count, x, part in cands:
-                after = max(busy[a] - x, busy[b] + x)
-                key = (part, after)  # a whole set that helps before any part
-                if after <= floor and (best is None or key < best[0]):
-                    best = (key, u, count, x, part)
-        if best is None:
+        if gap <= busy[a] * min_gain or not units[a]:
             break
-        _, u, count, x, part = best
-        moved, u.qids, u.loads = u.qids[:count], u.qids[count:], u.loads[count:]
+        # A whole set that fits the budget and does not overshoot (the least busy worker stays
+        # below the slowest): the largest such.
+        whole = [(float(u.loads.sum() * rate[a]), i) for i, u in enumerate(units[a]) if len(u.qids) <= left]
+        whole = [(x, i) for x, i in whole if busy[a] * min_gain <= x <= gap / 2]
+        if whole:
+            x, i = max(whole)
+            u = units[a].pop(i)
+            units[b].append(_Unit(b, u.name, u.qids, np.zeros(len(u.qids))))  # (not moved back this re-plan)
+            busy[a] -= x
+            busy[b] += x
+            left -= len(u.qids)
+            record(u.qids.tolist(), a, b, x, u.name)
+            notes.append(f"{u.name}: {len(u.qids)} queries, {x:.2f} ms/batch, worker {a} -> {b}")
+            continue
+        # Else the hottest set is too hot to move whole (moving it moves the hot spot): spread its
+        # heaviest queries, one by one, onto whichever worker is least busy, while that helps.
+        u = max(units[a], key=lambda v: float(v.loads.sum()))
+        ms = u.loads * rate[a]
+        taken = 0
+        for j in range(min(len(u.qids), left)):
+            c = int(np.argmin(busy))
+            if c == a or busy[c] + ms[j] >= busy[a]:
+                break
+            busy[a] -= ms[j]
+            busy[c] += ms[j]
+            record([u.qids[j]], a, c, float(ms[j]), f"{u.name} (spread)")
+            taken += 1
+            if int(np.argmax(busy)) != a:
+                break
+        if not taken:
+            break
+        notes.append(f"{u.name} (spread): {taken} queries from worker {a}")
+        u.qids, u.loads = u.qids[taken:], u.loads[taken:]
         if not len(u.qids):
             units[a].remove(u)
-        units[b].append(_Unit(b, u.name, moved, np.zeros(len(moved))))  # (not moved back this re-plan)
-        busy[a] -= x
-        busy[b] += x
-        left -= count
-        name = u.name + (" (part)" if part else "")
-        m = merged.get((a, b))
-        moved = moved.tolist()
-        merged[(a, b)] = (Move(moved, a, b, x, name) if m is None else
-                          Move(m.qids + moved, a, b, m.predicted_ms + x, f"{m.unit}, {name}"))
-        notes.append(f"{name}: {count} queries, {x:.2f} ms/batch, worker {a} -> {b}")
+        left -= taken
     if before.max() > 0 and (before.max() - busy.max()) / before.max() < min_total_gain:
         return MovePlan([], before, before.copy(), notes + ["predicted gain below min_total_gain: nothing moves"])
-    return MovePlan(list(merged.values()), before, busy, notes)
+    moves = [Move(ids, a, b, float(sum(ms)), ", ".join(names)) for (a, b), (ids, ms, names) in merged.items()]
+    return MovePlan(moves, before, busy, notes)

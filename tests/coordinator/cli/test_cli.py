@@ -65,6 +65,8 @@ def test_run_rejects_bad_numbers_before_any_work(places_slice, tmp_path, capsys)
                                  ("--batch", "0", "--batch must be >= 1")):
         assert main([*base, flag, value]) == 2
         assert message in capsys.readouterr().err
+    assert main([*base, "--rebalance", "--rebalance-budget", "2"]) == 2
+    assert "budget must be in [0, 1]" in capsys.readouterr().err
 
 
 def test_every_verb_has_a_description_and_every_flag_a_help():

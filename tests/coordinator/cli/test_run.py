@@ -17,7 +17,8 @@ def test_run_and_results_commands(places_slice, slice_queries, ray_instance, red
     report = tmp_path / "run.json"
     rc = main(["run", "--objects", objects_dir, "--queries", str(qfile), "--workers", "2", "--algorithm", "space",
                "--initial", "5000", "--batch", "1000", "--batches", "3", "--redis", redis_url, "--namespace", namespace,
-               "--report", str(report), "--quiet"])
+               "--report", str(report), "--quiet", "--rebalance", "--rebalance-window", "1", "--rebalance-threshold", "1",
+               "--rebalance-min-gain", "0"])
     assert rc == 0
     s = json.loads(report.read_text())
     for key in ("update_ms_mean", "update_ms_p50", "update_ms_p99", "imbalance_ms_mean", "objects_per_s",
@@ -25,7 +26,12 @@ def test_run_and_results_commands(places_slice, slice_queries, ray_instance, red
         assert key in s
     assert s["batches"] == 3 and s["objects"] == 3000 and len(s["workers_stats"]) == 2
     assert 0 < s["redis_server_ms_mean"] <= s["redis_server_ms_p99"]  # the scripts ran on the server
-    assert "throughput" in capsys.readouterr().out
+    assert s["rebalance"] and s["queries_moved"] == sum(r["queries_moved"] for r in s["replans"])
+    out = capsys.readouterr().out
+    assert "throughput" in out and "re-balancing:" in out
+    assert main(["explain", "q0", "--redis", redis_url, "--namespace", namespace]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("query q0: k=") and "of the space plan over 2 workers" in out
     assert main(["results", "q0", "--redis", redis_url, "--namespace", namespace]) == 0
     out = capsys.readouterr().out
     assert out.startswith("query q0: k=") and " m  " in out

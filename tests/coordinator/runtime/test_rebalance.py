@@ -112,8 +112,9 @@ def test_migration_with_batches_in_flight_on_ray(drifting, ray_instance, redis_u
 
 
 def test_the_planner_moves_whole_sets_within_the_budget():
-    """Worker 0 is hot with two sets; the planner moves one whole set to the idle worker, never
-    more queries than the budget, and predicts a lower maximum."""
+    """Worker 0 is hot with two sets; the planner moves a whole set to the idle worker where one
+    fits, else spreads the hottest set's heaviest queries; never more queries than the budget;
+    it predicts a lower maximum."""
     ids0 = [f"a{i}" for i in range(10)] + [f"b{i}" for i in range(10)]
     loads0 = np.r_[np.full(10, 3.0), np.full(10, 1.0)]
     set_of = {q: (0 if q[0] == "a" else 1) for q in ids0} | {"c0": 2}
@@ -121,9 +122,9 @@ def test_the_planner_moves_whole_sets_within_the_budget():
     assert plan.queries_moved <= 10
     assert plan.moves and all(m.source == 0 and m.target == 1 for m in plan.moves)
     assert plan.predicted_ms.max() < 41.25 * 0.8
-    assert plan.moves[0].unit == "set 0"  # whole: 30 of the 40 movable ms, the closest to half
+    assert plan.moves[0].unit == "set 1"  # whole: the largest set within half the gap (set 0 would overshoot)
     tight = plan_moves([41.25, 1.25], [(ids0, loads0), (["c0"], np.zeros(1))], set_of, budget=3)
-    assert tight.queries_moved == 3 and "(part)" in tight.moves[0].unit  # the heaviest queries of a set
+    assert tight.queries_moved == 3 and tight.moves[0].unit == "set 0 (spread)"  # the hottest set's heaviest
     even = plan_moves([10.0, 10.0], [(ids0, loads0), (["c0"], np.ones(1))], set_of, budget=10)
     assert not even.moves
 
