@@ -6,7 +6,10 @@ from dataclasses import dataclass
 
 from knnmon.errors import InvalidArgumentError
 
-__all__ = ["RebalanceConfig"]
+__all__ = ["RebalanceConfig", "STRATEGIES"]
+
+#: How a re-plan picks what moves (:func:`knnmon.coordinator.rebalance.planner.plan_moves`).
+STRATEGIES = ("sets", "spread")
 
 
 @dataclass(frozen=True)
@@ -26,6 +29,9 @@ class RebalanceConfig:
     min_total_gain : float
         A re-plan moves nothing unless its moves together lower the slowest worker's predicted
         busy time by this share.
+    strategy : str
+        ``"sets"`` (whole query sets first) or ``"spread"`` (the hottest set's heaviest queries
+        spread over the least busy workers): :func:`~knnmon.coordinator.rebalance.planner.plan_moves`.
     cooldown : int
         A query moved by one of the last ``cooldown`` re-plans does not move again (no
         ping-pong of a hot set between workers).
@@ -42,6 +48,7 @@ class RebalanceConfig:
     min_gain: float = 0.05
     min_total_gain: float = 0.10
     cooldown: int = 2
+    strategy: str = "spread"  # measured against "sets" on the places' time order: docs/rebalance.md
 
     def __post_init__(self) -> None:
         if self.window < 1:
@@ -52,6 +59,9 @@ class RebalanceConfig:
             raise InvalidArgumentError(f"the re-balancing budget must be in [0, 1]; got {self.budget}")
         if not 0.0 <= self.min_total_gain < 1.0:
             raise InvalidArgumentError(f"the re-balancing min_total_gain must be in [0, 1); got {self.min_total_gain}")
+        if self.strategy not in STRATEGIES:
+            raise InvalidArgumentError(f"Invalid re-balancing strategy: {self.strategy!r}.\nValid options are: "
+                                       f"{STRATEGIES}")
         if self.cooldown < 0:
             raise InvalidArgumentError(f"the re-balancing cooldown must be >= 0; got {self.cooldown}")
         if not 0.0 <= self.min_gain < 1.0:

@@ -96,7 +96,7 @@ def _units(worker: int, qids: Sequence[str], loads: np.ndarray, set_of: Mapping[
 def plan_moves(busy_ms: Sequence[float], queries: Sequence[tuple[Sequence[str], np.ndarray]],
                set_of: Mapping[str, int], budget: int, *, min_gain: float = 0.02,
                fixed_ms: float = FIXED_MS, max_moves: int | None = None, min_total_gain: float = 0.0,
-               frozen: frozenset[str] = frozenset()) -> MovePlan:
+               frozen: frozenset[str] = frozenset(), strategy: str = "spread") -> MovePlan:
     """A bounded re-plan (module docstring).
 
     Parameters
@@ -118,6 +118,10 @@ def plan_moves(busy_ms: Sequence[float], queries: Sequence[tuple[Sequence[str], 
         share of it.
     frozen
         Queries that must not move (moved recently).
+    strategy
+        ``"sets"``: whole sets first, a set spread only when none fits (module docstring);
+        ``"spread"`` (the default): always spread the slowest worker's hottest set (whole-set
+        moves chased the bursts of a drifting stream: docs/rebalance.md).
 
     Returns
     -------
@@ -154,7 +158,8 @@ def plan_moves(busy_ms: Sequence[float], queries: Sequence[tuple[Sequence[str], 
             break
         # A whole set that fits the budget and does not overshoot (the least busy worker stays
         # below the slowest): the largest such.
-        whole = [(float(u.loads.sum() * rate[a]), i) for i, u in enumerate(units[a]) if len(u.qids) <= left]
+        whole = [(float(u.loads.sum() * rate[a]), i) for i, u in enumerate(units[a])
+                 if len(u.qids) <= left and strategy == "sets"]
         whole = [(x, i) for x, i in whole if busy[a] * min_gain <= x <= gap / 2]
         if whole:
             x, i = max(whole)
@@ -173,7 +178,7 @@ def plan_moves(busy_ms: Sequence[float], queries: Sequence[tuple[Sequence[str], 
         taken = 0
         for j in range(min(len(u.qids), left)):
             c = int(np.argmin(busy))
-            if c == a or busy[c] + ms[j] >= busy[a]:
+            if c == a or ms[j] <= 0 or busy[c] + ms[j] >= busy[a]:
                 break
             busy[a] -= ms[j]
             busy[c] += ms[j]

@@ -86,7 +86,7 @@ class Rebalancer:
         budget = int(self.config.budget * n_queries)
         frozen = frozenset(q for moved in self._recent for q in moved)
         plan = plan_moves(busy, loads, self.set_of, budget, min_gain=self.config.min_gain,
-                          min_total_gain=self.config.min_total_gain, frozen=frozen)
+                          min_total_gain=self.config.min_total_gain, frozen=frozen, strategy=self.config.strategy)
         self._numbered += 1
         number = self._numbered
         moved = 0
