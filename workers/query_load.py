@@ -1,6 +1,6 @@
 """Each query's measured load on its worker, over recent batches: what re-balancing moves.
 
-Per batch the worker charges every query the work it caused, in the units of the measured cost
+With ``--rebalance`` (the worker's ``track_load``), per batch the worker charges every query the work it caused, in the units of the measured cost
 model (:mod:`knnmon.assignment.costs`: microseconds of a worker's busy time):
 
 - ``candidate`` per candidate pair (object, query) the index gave;

@@ -95,6 +95,9 @@ class KnnWorker(Handover):
         With a window: each query keeps this many neighbours beyond its ``k`` (its result is
         the first ``k``), so that an expiry takes the next one from the reserve instead of a
         refill search (Skype's k-skyband idea, VLDBJ 2017; :meth:`expire`).
+    track_load
+        Charge each query its measured load per batch (:mod:`knnmon.workers.query_load`), for
+        re-balancing; off, a batch pays nothing for it and every load reads 0.
 
     Raises
     ------
@@ -104,7 +107,7 @@ class KnnWorker(Handover):
 
     def __init__(self, worker_id: int, redis_url: str | None, namespace: str = "knn", *,
                  vocabulary: Mapping[str, int] | None = None, index: str = "grid", overlap_writes: bool = False,
-                 reserve: int = 0) -> None:
+                 reserve: int = 0, track_load: bool = False) -> None:
         if index not in INDEXES:
             raise InvalidArgumentError(f"Invalid index: {index!r}.\nValid options are: {tuple(INDEXES)}")
         if reserve < 0:
@@ -143,7 +146,7 @@ class KnnWorker(Handover):
         self.vocab: dict[str, int] = dict(vocabulary or {})
         self.index = INDEXES[index]()
         self.load = QueryLoad()  # each query's recent measured load (re-balancing reads it)
-        self._cand: tuple[np.ndarray, np.ndarray] | None = None  # the last batch's candidate pairs
+        self.track_load = track_load
         self._handed: list[tuple[str, list[str]]] = []  # (query, members) exported, not yet released
         self._tag = 0
         self._version = 0  # the change feed version of the batch being processed
@@ -613,13 +616,12 @@ class KnnWorker(Handover):
         return np.asarray(pair_obj, dtype=np.int64), np.asarray(pair_code, dtype=np.int64)
 
     def _passed(self, lon: np.ndarray, lat: np.ndarray, pair_obj: np.ndarray, pair_code: np.ndarray
-                ) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
-        """Candidates, then the (object, slot, distance m) pairs within ``r_q``: one per pair,
-        sorted by (slot, distance, object), only each query's ``k`` nearest (ties at the k-th
-        kept, so ties by id are decided exactly in the merge)."""
+                ) -> tuple[tuple[np.ndarray, np.ndarray], np.ndarray, np.ndarray, np.ndarray]:
+        """The candidate (object, slot) pairs, then the (object, slot, distance m) pairs within
+        ``r_q``: one per pair, sorted by (slot, distance, object), only each query's ``k``
+        nearest (ties at the k-th kept, so ties by id are decided exactly in the merge)."""
         obj, slot = self.index.candidates(lon, lat, pair_obj, pair_code)
-        n_candidates = len(obj)
-        self._cand = (obj, slot)
+        candidates = (obj, slot)
         # Pre-test on the chord: 2 - 2 o.q <= T  <=>  (o, 1/2).(q, T) >= 1; one row per candidate
         # (np.take: several times faster than fancy indexing of rows), no trigonometry.
         o4 = np.column_stack([unit_vectors(lon, lat), np.full(len(lon), 0.5)])
@@ -637,7 +639,7 @@ class KnnWorker(Handover):
         kk = self.cap[slot]
         kth = d[np.where(count >= kk, start + kk - 1, start + count - 1)]
         keep = d <= kth
-        return n_candidates, obj[keep], slot[keep], d[keep]
+        return candidates, obj[keep], slot[keep], d[keep]
 
     def _merge(self, ids: Sequence[str], times: np.ndarray, obj: np.ndarray, slot: np.ndarray, d: np.ndarray
                ) -> dict[str, Any]:
@@ -764,16 +766,17 @@ class KnnWorker(Handover):
         lat = np.asarray(lat, dtype=np.float64)
         t = np.asarray(t, dtype=np.int64)
         self._version = batch + 1  # the change feed's version of this batch's changes
-        self.load.tick()
-        self._cand = None
+        if self.track_load:
+            self.load.tick()
         if cutoff is not None:
             self.expire(cutoff)
         if refills is not None:
             self._refill(refills)
-        n_candidates, obj, slot, d = 0, *(np.empty(0, dtype=np.int64),) * 2, np.empty(0)
+        candidates, obj, slot, d = None, *(np.empty(0, dtype=np.int64),) * 2, np.empty(0)
         if len(ids):
             po, pc_ = pairs if pairs is not None else self.encode(keywords)
-            n_candidates, obj, slot, d = self._passed(lon, lat, po, pc_)
+            candidates, obj, slot, d = self._passed(lon, lat, po, pc_)
+        n_candidates = len(candidates[0]) if candidates is not None else 0
         changed = np.empty(0, dtype=np.int64)
         m = self._merge(ids, t, obj, slot, d) if len(slot) else None
         if m is not None:
@@ -781,8 +784,8 @@ class KnnWorker(Handover):
         if self._details is not None and m is not None:
             for j in m["entered_obj"].tolist():
                 self._details[ids[j]] = ObjectInfo(float(lon[j]), float(lat[j]), int(t[j]), keywords[j])
-        if self._cand is not None:
-            self.load.charge(*self._cand, changed)
+        if self.track_load and candidates is not None:
+            self.load.charge(*candidates, changed)
         written = changed
         changes = None
         if self._before is not None or self.reserve:  # expiries or a reserve: diff the results whole

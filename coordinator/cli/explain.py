@@ -31,6 +31,17 @@ def _json(text: str | None) -> Any:
         return None
 
 
+def _record(raw: str | None) -> dict[str, Any] | None:
+    """A JSON object knnmon wrote to Redis, or ``None`` (missing, or not an object)."""
+    r = _json(raw)
+    return r if isinstance(r, dict) else None
+
+
+def _fmt(x: Any, spec: str) -> str:
+    """A number formatted, or ``?`` for anything else (a record someone else wrote)."""
+    return format(x, spec) if isinstance(x, (int, float)) and not isinstance(x, bool) else "?"
+
+
 def explain_query(url: str, namespace: str, qid: str) -> dict[str, Any]:
     """What Redis says about where query ``qid`` is and why.
 
@@ -57,15 +68,15 @@ def explain_query(url: str, namespace: str, qid: str) -> dict[str, Any]:
         last = client.zrange(keys.result(qid), -1, -1, withscores=True)
         n = client.zcard(keys.result(qid))
         number = _int(h.get("set"))
-        set_record = _json(client.hget(keys.plan, f"set:{number}")) if number is not None else None
+        set_record = _record(client.hget(keys.plan, f"set:{number}")) if number is not None else None
         plan = {"algorithm": client.hget(keys.plan, "algorithm"), "workers": _int(client.hget(keys.plan, "workers"))}
         moved = None
         replan_no = _int(h.get("moved_replan"))
         if replan_no is not None:
             record = None
             for raw in client.lrange(keys.replans, 0, REPLANS_KEPT - 1):
-                r = _json(raw)
-                if isinstance(r, dict) and r.get("replan") == replan_no:
+                r = _record(raw)
+                if r is not None and r.get("replan") == replan_no:
                     record = r
                     break
             moved = {"batch": _int(h.get("moved_batch")), "from": _int(h.get("moved_from")), "replan": record}
@@ -91,11 +102,13 @@ def format_explanation(e: dict[str, Any]) -> str:
         lines.append("  registered at run time: placed on the least-loaded worker among the plan's sets holding "
                      "its location (SPEC.md, \"Runtime registration\")")
     else:
-        how = ("its set's queries dealt out one by one" if s.get("worker", 0) < 0
-               else f"the whole set on worker {s.get('worker')}, longest-processing-time greedy")
+        w = s.get("worker")
+        how = ("its set's queries dealt out one by one" if isinstance(w, int) and w < 0
+               else f"the whole set on worker {_fmt(w, 'd')}, longest-processing-time greedy")
         lines.append(f"  set {s['number']} of the {plan['algorithm']} plan over {plan['workers']} workers: "
-                     f"{s.get('queries', '?'):,} queries, work L(Q) = {s.get('work', 0):.6g}; {how}")
-        lines += [f"    {n}. {step}" for n, step in enumerate(s.get("history") or [], 1)]
+                     f"{_fmt(s.get('queries'), ',')} queries, work L(Q) = {_fmt(s.get('work'), '.6g')}; {how}")
+        history = s.get("history")
+        lines += [f"    {n}. {step}" for n, step in enumerate(history if isinstance(history, list) else [], 1)]
     m = e["moved"]
     if m is None:
         lines.append("  never moved: it is where the plan put it" if s is not None else "  never moved")
@@ -103,12 +116,15 @@ def format_explanation(e: dict[str, Any]) -> str:
         r = m["replan"] or {}
         lines.append(f"  moved from worker {m['from']} after batch {m['batch']} by re-plan {r.get('replan', '?')}")
         if r:
-            busy = ", ".join(f"{x:.1f}" for x in r.get("busy_ms", []))
-            pred = ", ".join(f"{x:.1f}" for x in r.get("predicted_ms", []))
-            lines.append(f"    why: slowest / mean worker busy time {r.get('trigger', 0):.2f} over the last batches "
-                         f"(busy ms per batch: {busy}); predicted after the move: {pred} "
-                         f"({100 * r.get('predicted_gain', 0):.1f} % off the slowest); "
-                         f"{r.get('queries_moved', 0):,} queries moved in that re-plan")
+            def listed(key: str) -> str:
+                xs = r.get(key)
+                return ", ".join(_fmt(x, ".1f") for x in xs) if isinstance(xs, list) else "?"
+
+            gain = r.get("predicted_gain")
+            lines.append(f"    why: slowest / mean worker busy time {_fmt(r.get('trigger'), '.2f')} over the last "
+                         f"batches (busy ms per batch: {listed('busy_ms')}); predicted after the move: "
+                         f"{listed('predicted_ms')} ({_fmt(gain * 100 if isinstance(gain, (int, float)) else None, '.1f')}"
+                         f" % off the slowest); {_fmt(r.get('queries_moved'), ',')} queries moved in that re-plan")
         else:
             lines.append("    (the re-plan's record is no longer kept)")
     return "\n".join(lines)

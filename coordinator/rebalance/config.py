@@ -25,7 +25,8 @@ class RebalanceConfig:
     budget : float
         Share of all queries one re-plan may move (0..1).
     min_gain : float
-        A move must lower the slowest worker's predicted busy time by this share.
+        Moves stop once the slowest and the least busy worker are within this share of the
+        slowest's busy time; a whole set moves only if it carries at least this share.
     min_total_gain : float
         A re-plan moves nothing unless its moves together lower the slowest worker's predicted
         busy time by this share.
@@ -53,7 +54,7 @@ class RebalanceConfig:
     def __post_init__(self) -> None:
         if self.window < 1:
             raise InvalidArgumentError(f"the re-balancing window must be >= 1 batch; got {self.window}")
-        if self.threshold < 1.0:
+        if not self.threshold >= 1.0:  # (NaN too)
             raise InvalidArgumentError(f"the re-balancing threshold must be >= 1; got {self.threshold}")
         if not 0.0 <= self.budget <= 1.0:
             raise InvalidArgumentError(f"the re-balancing budget must be in [0, 1]; got {self.budget}")

@@ -15,14 +15,14 @@ to move whole -- moving it would only move the hot spot, which is what a stream 
 bursts from region to region does (docs/rebalance.md) -- so its heaviest queries are **spread**,
 one by one, onto whichever worker is least busy, while that helps. A set spread once stays
 spread: a later burst in its region lands on several workers. Queries registered at run time
-(no set) form one unit per worker. CoDD (Anand & Chawathe) bounds each re-organisation's cost the same way: a budget
-of moved queries per re-plan.
+(no set) form one unit per worker. CoDD (Anand & Chawathe) bounds each re-organisation's cost
+the same way: a budget of moved queries per re-plan.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -36,7 +36,7 @@ FIXED_MS = 1.25
 @dataclass(frozen=True)
 class Move:
     """Queries ``qids`` move from worker ``source`` to ``target``; ``predicted_ms`` of busy time
-    per batch go with them; ``unit`` says what they are (``"set 12"``, ``"set 12 (part)"``,
+    per batch go with them; ``unit`` says what they are (``"set 12"``, ``"set 12 (spread)"``,
     ``"registered at run time"``)."""
 
     qids: list[str]
@@ -54,7 +54,6 @@ class MovePlan:
     moves: list[Move]
     busy_ms: np.ndarray
     predicted_ms: np.ndarray
-    notes: list[str] = field(default_factory=list)
 
     @property
     def queries_moved(self) -> int:
@@ -69,13 +68,12 @@ class MovePlan:
 
 @dataclass
 class _Unit:
-    worker: int
     name: str
     qids: np.ndarray  # (n,) object: the queries' ids, heaviest first
     loads: np.ndarray  # (n,) float64 their loads
 
 
-def _units(worker: int, qids: Sequence[str], loads: np.ndarray, set_of: Mapping[str, int],
+def _units(qids: Sequence[str], loads: np.ndarray, set_of: Mapping[str, int],
            frozen: frozenset[str] = frozenset()) -> list[_Unit]:
     """A worker's queries grouped by their set, heaviest first within each (vectorised: a
     worker may hold a million queries); ``frozen`` queries are left out."""
@@ -89,7 +87,7 @@ def _units(worker: int, qids: Sequence[str], loads: np.ndarray, set_of: Mapping[
     ids = np.asarray(qids, dtype=object)[order]
     sets, loads = sets[order], loads[order]
     cut = np.flatnonzero(np.r_[True, sets[1:] != sets[:-1], True])
-    return [_Unit(worker, f"set {sets[a]}" if sets[a] >= 0 else "registered at run time", ids[a:b], loads[a:b])
+    return [_Unit(f"set {sets[a]}" if sets[a] >= 0 else "registered at run time", ids[a:b], loads[a:b])
             for a, b in zip(cut[:-1].tolist(), cut[1:].tolist())]
 
 
@@ -110,7 +108,8 @@ def plan_moves(busy_ms: Sequence[float], queries: Sequence[tuple[Sequence[str], 
     budget
         Queries that may move in all, ``>= 0``.
     min_gain
-        A move must lower the slowest worker's predicted time by this share of it.
+        Moves stop once the slowest and the least busy worker are within this share of the
+        slowest's time; a whole set moves only if it carries at least this share.
     max_moves
         Moves at most (default ``4 W``).
     min_total_gain
@@ -137,10 +136,9 @@ def plan_moves(busy_ms: Sequence[float], queries: Sequence[tuple[Sequence[str], 
         loads = np.asarray(loads, dtype=np.float64)
         total = float(loads.sum())
         rate[w] = max(busy[w] - fixed_ms, 0.0) / total if total > 0 else 0.0
-        units.append(_units(w, list(ids), loads, set_of, frozen))
+        units.append(_units(list(ids), loads, set_of, frozen))
     left = int(budget)
     merged: dict[tuple[int, int], tuple[list[str], list[float], list[str]]] = {}  # (a, b) -> ids, ms, units
-    notes: list[str] = []
 
     def record(qids: list[str], a: int, b: int, x: float, name: str) -> None:
         ids, ms, names = merged.setdefault((a, b), ([], [], []))
@@ -164,12 +162,11 @@ def plan_moves(busy_ms: Sequence[float], queries: Sequence[tuple[Sequence[str], 
         if whole:
             x, i = max(whole)
             u = units[a].pop(i)
-            units[b].append(_Unit(b, u.name, u.qids, np.zeros(len(u.qids))))  # (not moved back this re-plan)
+            units[b].append(_Unit(u.name, u.qids, np.zeros(len(u.qids))))  # (not moved back this re-plan)
             busy[a] -= x
             busy[b] += x
             left -= len(u.qids)
             record(u.qids.tolist(), a, b, x, u.name)
-            notes.append(f"{u.name}: {len(u.qids)} queries, {x:.2f} ms/batch, worker {a} -> {b}")
             continue
         # Else the hottest set is too hot to move whole (moving it moves the hot spot): spread its
         # heaviest queries, one by one, onto whichever worker is least busy, while that helps.
@@ -188,12 +185,11 @@ def plan_moves(busy_ms: Sequence[float], queries: Sequence[tuple[Sequence[str], 
                 break
         if not taken:
             break
-        notes.append(f"{u.name} (spread): {taken} queries from worker {a}")
         u.qids, u.loads = u.qids[taken:], u.loads[taken:]
         if not len(u.qids):
             units[a].remove(u)
         left -= taken
     if before.max() > 0 and (before.max() - busy.max()) / before.max() < min_total_gain:
-        return MovePlan([], before, before.copy(), notes + ["predicted gain below min_total_gain: nothing moves"])
+        return MovePlan([], before, before.copy())  # (predicted gain below min_total_gain: nothing moves)
     moves = [Move(ids, a, b, float(sum(ms)), ", ".join(names)) for (a, b), (ids, ms, names) in merged.items()]
-    return MovePlan(moves, before, busy, notes)
+    return MovePlan(moves, before, busy)

@@ -180,7 +180,7 @@ def summarize_run(rows: Sequence[BatchReport], wall_s: float, *, config: Any, qu
         deliveries_per_object=sum(r.deliveries for r in rows) / objects if objects else 0.0,
         results_changed=changed, candidates=cand, pairs_within_radius=sum(r.passed for r in rows),
         candidates_per_change=cand / changed if changed else None,
-        busy_ms_per_worker=np.sum([r.busy_ms for r in rows], axis=0).round(1).tolist() if rows else [],
+        busy_ms_per_worker=busy.round(1).tolist(),
         route_cpu_ms_mean=float(np.mean([r.route_cpu_ms for r in rows])) if rows else 0.0,
         redis_server_ms_mean=float(redis_ms.mean()), redis_server_ms_p99=float(np.percentile(redis_ms, 99)),
         per_worker_totals=dict(zip(("objects", "candidates", "changed"),
@@ -191,6 +191,6 @@ def summarize_run(rows: Sequence[BatchReport], wall_s: float, *, config: Any, qu
         refill_ms_mean=float(np.mean([r.refill_ms for r in rows])) if rows else 0.0,
         refill_ms_per_result=(sum(r.refill_ms for r in rows) / sum(r.refilled for r in rows)
                               if sum(r.refilled for r in rows) else None),
-        rebalance=bool(getattr(config, "rebalance", False)), replans=list(replans or []),
+        rebalance=getattr(config, "rebalance", None) is not None, replans=list(replans or []),
         queries_moved=sum(r["queries_moved"] for r in replans or []),
         slowest_over_mean_busy=float(busy.max() / busy.mean()) if len(busy) and busy.mean() > 0 else None)

@@ -63,3 +63,24 @@ def test_results_reads_details_only_from_this_namespace(redis_url, namespace, ca
     assert main(["results", "q", "--json", "--redis", redis_url, "--namespace", namespace]) == 0
     assert json.loads(capsys.readouterr().out)["knn"][0]["keywords"] == ["coffee"]
     c.close()
+
+
+def test_explain_survives_records_it_did_not_write(redis_url, namespace, capsys):
+    """A plan or re-plan record that is not knnmon's (wrong JSON types, not an object) is shown as
+    ``?`` or left out, never a traceback."""
+    import redis
+
+    from knnmon.keys import Keys
+
+    r, keys = redis.Redis.from_url(redis_url, decode_responses=True), Keys(namespace)
+    r.hset(keys.query("qx"), mapping={"lon": "1.5", "lat": "2.5", "keywords": "tea", "k": "2", "worker": "1",
+                                      "set": "3", "moved_from": "0", "moved_batch": "x", "moved_replan": "1"})
+    r.hset(keys.plan, mapping={"algorithm": "space", "workers": "2", "set:3": '{"worker": "w", "queries": "many"}'})
+    r.lpush(keys.replans, "not json", '{"replan": 1, "trigger": "high", "busy_ms": "lots", "predicted_gain": [1]}')
+    assert main(["explain", "qx", "--redis", redis_url, "--namespace", namespace]) == 0
+    out = capsys.readouterr().out
+    assert "moved from worker 0 after batch None by re-plan 1" in out and "busy time ? " in out and "? queries" in out
+    r.hset(keys.plan, "set:3", "[1, 2]")  # not an object: the set's record is left out
+    assert main(["explain", "qx", "--json", "--redis", redis_url, "--namespace", namespace]) == 0
+    assert json.loads(capsys.readouterr().out)["set"] == {"number": 3}
+    r.close()

@@ -138,6 +138,10 @@ def test_rebalance_settings_are_checked():
         RebalanceConfig(budget=1.5)
     with pytest.raises(InvalidArgumentError, match="threshold"):
         RebalanceConfig(threshold=0.5)
+    with pytest.raises(InvalidArgumentError, match="threshold"):
+        RebalanceConfig(threshold=float("nan"))
+    with pytest.raises(InvalidArgumentError, match="strategy"):
+        RebalanceConfig(strategy="fastest")
 
 
 def test_routing_follows_registration_radius_and_moves(drifting, redis_url, namespace, tmp_path):
