@@ -35,6 +35,7 @@ from knnmon.workers.handover import Handover
 from knnmon.workers.query_index import QueryIndex
 from knnmon.workers.query_load import QueryLoad
 from knnmon.workers.result_writer import ResultWriter
+from knnmon.workers.rtree_index import RTreeIndex
 from knnmon.workers.write_queue import WriteQueue
 
 __all__ = ["INDEXES", "NO_TIME", "KnnWorker"]
@@ -42,8 +43,9 @@ __all__ = ["INDEXES", "NO_TIME", "KnnWorker"]
 #: The time of an object whose time a worker was not told (it never expires).
 NO_TIME = np.iinfo(np.int64).max
 
-#: Query-region index by name: knnmon's keyword-aware grid, or the reference's keyword lists.
-INDEXES = {"grid": QueryIndex, "keyword-lists": KeywordLists}
+#: Query-region index by name: knnmon's keyword-aware grid, the keyword-aware R-tree with
+#: BatchSearch (Wang, Zhang, Kitsuregawa), or the single-process reference's keyword lists.
+INDEXES = {"grid": QueryIndex, "rtree": RTreeIndex, "keyword-lists": KeywordLists}
 
 
 #: Compaction (:meth:`KnnWorker.compact`) waits for at least this many places or handles to release.
@@ -85,7 +87,8 @@ class KnnWorker(Handover):
         Keyword -> code map shared with the coordinator, so batches can arrive pre-encoded
         (``pairs`` of :meth:`process_batch`); keywords first seen here get new codes.
     index
-        ``"grid"`` (the keyword-aware :class:`QueryIndex`) or ``"keyword-lists"`` (the
+        ``"grid"`` (the keyword-aware :class:`QueryIndex`), ``"rtree"`` (the R-tree with BatchSearch,
+        :class:`~knnmon.workers.rtree_index.RTreeIndex`) or ``"keyword-lists"`` (the
         single-process reference's :class:`~knnmon.workers.keyword_lists.KeywordLists`).
     overlap_writes
         Write each batch's changes on a background thread (:class:`WriteQueue`) while the next

@@ -12,7 +12,7 @@ from knnmon.keys import DEFAULT_NAMESPACE
 from knnmon.limits import DEFAULT_LIMITS, Limits
 from knnmon.store import DEFAULT_DATA_DIR, StoreConfig
 
-__all__ = ["DEFAULT_BATCH", "DEFAULT_WORKERS", "DefaultsFormatter", "add_verb", "add_batch_option", "add_limit_options", "limits", "add_cluster_options", "add_cost_model_option", "add_routing_entries_option",
+__all__ = ["DEFAULT_BATCH", "DEFAULT_INDEX", "DEFAULT_WORKERS", "DefaultsFormatter", "add_index_option", "add_verb", "add_batch_option", "add_limit_options", "limits", "add_cluster_options", "add_cost_model_option", "add_routing_entries_option",
            "add_store_options", "add_worker_options", "store_config"]
 
 #: Workers of ``run`` and ``serve`` (and the demo): one per core of the 2-core reference machine.
@@ -76,6 +76,18 @@ def add_cluster_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--executor", choices=("ray", "inline"), default="ray",
                    help="workers as Ray actors (default) or in process")
     p.add_argument("--ray-address", metavar="ADDR", help="join a Ray cluster (default: a local Ray instance)")
+
+
+#: The workers' query index, by command: ``run`` for throughput, ``serve`` for response time
+#: (docs/batching.md has the measurement behind each default).
+DEFAULT_INDEX = {"run": "grid", "serve": "grid"}
+
+
+def add_index_option(p: argparse.ArgumentParser, verb: str) -> None:
+    """``--index``: the workers' query index (:data:`knnmon.workers.worker.INDEXES`)."""
+    p.add_argument("--index", choices=("grid", "rtree"), default=DEFAULT_INDEX[verb],
+                   help="the workers' index over query regions: the paper's grid inverted lists, or a keyword-aware "
+                        f"R-tree searched with BatchSearch (default {DEFAULT_INDEX[verb]}; docs/batching.md)")
 
 
 def add_limit_options(p: argparse.ArgumentParser) -> None:

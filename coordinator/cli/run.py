@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from knnmon.coordinator.cli.options import (add_verb, add_batch_option, add_cost_model_option, add_limit_options,
+from knnmon.coordinator.cli.options import (add_verb, add_batch_option, add_cost_model_option, add_index_option, add_limit_options,
                                             add_routing_entries_option, add_store_options, add_window_options,
                                             add_rebalance_options, add_worker_options, limits,
                                             rebalance_config, store_config)
@@ -45,7 +45,7 @@ def _run(a: argparse.Namespace) -> int:
                        shuffle=a.shuffle, store=store_config(a), ray_address=a.ray_address, executor=a.executor,
                        cost_model=a.cost_model, in_flight=a.in_flight, routing_entries=a.routing_entries,
                        overlap_writes=not a.sync_writes, limits=limits(a), window=a.window, arrival_ms=a.arrival_ms,
-                       reserve=a.reserve, rebalance=rebalance_config(a))
+                       reserve=a.reserve, rebalance=rebalance_config(a), index=a.index)
     with Runtime(a.objects, a.queries, config) as rt:
         summary = rt.run(progress=not a.quiet)
     print(format_run_summary(summary))
@@ -71,6 +71,7 @@ def add_run_command(sub: Any) -> None:
     r.add_argument("--sync-writes", action="store_true",
                    help="each worker waits for a batch's Redis write before its next batch (default: it computes "
                         "the next batch while Redis writes)")
+    add_index_option(r, "run")
     add_routing_entries_option(r)
     add_limit_options(r)
     add_window_options(r)

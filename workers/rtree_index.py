@@ -1,0 +1,343 @@
+"""The worker's R-tree query index (``--index rtree``) and its batched search with Short-Job-First.
+
+The design card's "local batched R-tree search": the queries' kNN-region MBRs (the bounding box
+of each query's ``r_q`` circle, :func:`knnmon.geo.cap_bbox`) in a keyword-aware packed R-tree
+(:class:`~knnmon.workers.packed_rtree.PackedRTree`: keyword code as a third dimension), one entry
+per (query, keyword). A batch is searched with Wang, Zhang and Kitsuregawa's **BatchSearch**
+(``shared/papers/batching_wang_fischer.md`` §1.3):
+
+1. **EstimateWorkload**: one shared, level-by-level traversal for all the batch's (object,
+   keyword) pairs from the root down to level ``L``, vectorised (all child-MBR x pair tests of a
+   level at once); an object's **workload** is the number of frontier nodes its pairs reached
+   at ``L`` (at ``L = height``: its exact candidate entries);
+2. the objects run in **Short-Job-First** order (ascending workload, ties in arrival order),
+   each resuming from its own frontier nodes down to the entries, in groups of ``group``
+   objects (1: Wang's one event at a time); each group's candidates are handed out as soon as
+   the group is done (:meth:`RTreeIndex.batch_search` yields them), so its objects' results can
+   be released before the next group runs.
+
+:class:`~knnmon.workers.adaptive_level.AdaptiveLevel` chooses ``L`` per input-size bucket (§4.2).
+:meth:`RTreeIndex.candidates` (what a worker's batch uses, results released per batch) runs the
+same traversal root to entries in one pass: with one release per batch, order gains nothing.
+
+**Updates** (a two-level log, like the grid's): a large base tree and a small delta tree (rebuilt
+on each refresh: small), merged when the delta's entries plus the superseded ones still in the
+trees reach ``max(DELTA_MIN, base / DELTA_SHARE)`` (a superseded entry is skipped, but its box,
+often the large one of a region that since shrank, still costs tests: counting them bounds it). Each query slot has a generation; re-indexing a query bumps it and puts its new entries
+in the delta, and entries of older generations are skipped. A region that **shrinks** is
+re-indexed lazily: only once its box's area is below ``SHRINK`` of the indexed box (until then
+the indexed box is a superset, and the worker checks every candidate against the exact ``r_q``).
+A region that grows (a window's expiry) or moves is re-indexed at once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from knnmon.arrays import with_capacity
+from knnmon.geo import cap_bbox
+from knnmon.workers.adaptive_level import AdaptiveLevel
+from knnmon.workers.packed_rtree import PackedRTree
+
+__all__ = ["RTreeIndex", "SearchGroup"]
+
+
+@dataclass(frozen=True)
+class SearchGroup:
+    """One Short-Job-First group of :meth:`RTreeIndex.batch_search`.
+
+    Attributes
+    ----------
+    objects
+        ``(g,)`` int64: the batch positions of the group's objects, in SJF order.
+    workload
+        ``(g,)`` int64: their workload estimates (frontier nodes at the level used).
+    obj, slot
+        ``(c,)`` int64: the group's candidate (object, query slot) pairs.
+    """
+
+    objects: np.ndarray
+    workload: np.ndarray
+    obj: np.ndarray
+    slot: np.ndarray
+
+
+class _Part:
+    """One packed tree with its entries' slots and generations (tree order)."""
+
+    def __init__(self, slot, gen, code, x0, y0, x1, y1, fanout: int) -> None:
+        self.tree = PackedRTree(x0, y0, x1, y1, code, fanout=fanout)
+        o = self.tree.order
+        self.slot, self.gen = np.asarray(slot, np.int64)[o], np.asarray(gen, np.int32)[o]
+        self.code = np.asarray(code, np.int64)[o]
+        self.box = np.column_stack([np.asarray(a, np.float64)[o] for a in (x0, y0, x1, y1)]) if len(o) \
+            else np.empty((0, 4))
+
+    def __len__(self) -> int:
+        return len(self.slot)
+
+    def columns(self, keep: np.ndarray) -> tuple[np.ndarray, ...]:
+        """``(slot, gen, code, x0, y0, x1, y1)`` of the entries ``keep`` (a mask, tree order)."""
+        b = self.box[keep]
+        return self.slot[keep], self.gen[keep], self.code[keep], b[:, 0], b[:, 1], b[:, 2], b[:, 3]
+
+    @classmethod
+    def empty(cls, fanout: int) -> _Part:
+        z = np.empty(0)
+        return cls(np.empty(0, np.int64), np.empty(0, np.int32), np.empty(0, np.int64), z, z, z, z, fanout)
+
+
+class RTreeIndex:
+    """Keyword-aware R-tree over query regions with BatchSearch and SJF (module docstring).
+
+    The same interface as :class:`~knnmon.workers.query_index.QueryIndex` (``rebuild``,
+    ``refresh``, ``candidates``, ``entries``), so a worker runs either.
+
+    Parameters
+    ----------
+    fanout
+        Entries per leaf and children per node.
+    adaptive
+        The level chooser of :meth:`batch_search` (default: a new :class:`AdaptiveLevel`).
+    """
+
+    DELTA_SHARE = 8
+    DELTA_MIN = 1 << 13
+    #: A shrunk region is re-indexed once its box's area is below this share of the indexed box.
+    SHRINK = 0.25
+
+    def __init__(self, *, fanout: int = 4, adaptive: AdaptiveLevel | None = None) -> None:
+        self.fanout = int(fanout)
+        self.adaptive = adaptive if adaptive is not None else AdaptiveLevel()
+        self._base = _Part.empty(self.fanout)
+        self._delta = _Part.empty(self.fanout)
+        self._gen = np.zeros(0, dtype=np.int32)
+        self._ibox = np.zeros((0, 4))  # per slot: its indexed box (current generation)
+        self._indexed = np.zeros(0, dtype=bool)  # per slot: has current entries
+        self._nent = np.zeros(0, dtype=np.int64)  # per slot: its current entries
+        self._stale = 0  # entries superseded since the last merge (still in the trees)
+        self.compactions = 0
+        self.updates = 0  # entries re-indexed so far
+
+    @property
+    def entries(self) -> int:
+        """Entries held (superseded ones not yet merged away included)."""
+        return len(self._base) + len(self._delta)
+
+    @property
+    def height(self) -> int:
+        """Node levels of the base tree (BatchSearch's levels are ``0..height``)."""
+        return self._base.tree.height
+
+    def _grow(self, n: int) -> None:
+        self._gen = with_capacity(self._gen, n)
+        self._ibox = with_capacity(self._ibox, n)
+        self._indexed = with_capacity(self._indexed, n)
+        self._nent = with_capacity(self._nent, n)
+
+    def rebuild(self, slot: np.ndarray, code: np.ndarray, lon: np.ndarray, lat: np.ndarray,
+                radius_m: np.ndarray) -> None:
+        """Index (query slot, keyword code) entries from scratch.
+
+        Parameters
+        ----------
+        slot, code
+            ``(e,)`` int64: one entry per query and keyword.
+        lon, lat, radius_m
+            ``(e,)`` float64 per entry: the query's location (degrees) and ``r_q`` (meters).
+        """
+        slot = np.asarray(slot, dtype=np.int64)
+        x0, y0, x1, y1 = cap_bbox(lon, lat, radius_m)
+        self._grow(int(slot.max(initial=-1)) + 1)
+        self._gen[:] = 0
+        self._indexed[:] = False
+        self._indexed[slot] = True
+        self._nent[:] = 0
+        np.add.at(self._nent, slot, 1)
+        self._stale = 0
+        self._ibox[slot] = np.column_stack([x0, y0, x1, y1])
+        self._base = _Part(slot, np.zeros(len(slot), np.int32), code, x0, y0, x1, y1, self.fanout)
+        self._delta = _Part.empty(self.fanout)
+
+    def refresh(self, changed: np.ndarray, slot: np.ndarray, code: np.ndarray, lon: np.ndarray, lat: np.ndarray,
+                radius_m: np.ndarray) -> None:
+        """Replace the entries of the queries ``changed`` (new, shrunk, grown or removed) with
+        the given ones (arrays as in :meth:`rebuild`, only for those queries; none for a removed
+        query). A shrink that keeps at least ``SHRINK`` of the indexed box's area is skipped."""
+        changed = np.asarray(changed, dtype=np.int64)
+        slot = np.asarray(slot, dtype=np.int64)
+        self._grow(int(max(changed.max(initial=-1), slot.max(initial=-1))) + 1)
+        x0, y0, x1, y1 = cap_bbox(lon, lat, radius_m)
+        new_box = np.column_stack([x0, y0, x1, y1])
+        has = np.zeros(len(self._gen), dtype=bool)
+        has[slot] = True
+        removed = np.unique(changed[~has[changed]])
+        self._gen[removed] += 1
+        self._indexed[removed] = False
+        self._stale += int(self._nent[removed].sum())
+        self._nent[removed] = 0
+        # Per slot with entries: keep its indexed entries if the new box lies inside and is not much smaller.
+        old = self._ibox[slot]
+        inside = ((old[:, 0] <= x0) & (old[:, 1] <= y0) & (x1 <= old[:, 2]) & (y1 <= old[:, 3])
+                  & self._indexed[slot])
+        area_new = (x1 - x0) * (y1 - y0)
+        area_old = (old[:, 2] - old[:, 0]) * (old[:, 3] - old[:, 1])
+        lazy = inside & (area_new >= self.SHRINK * area_old)
+        skip = np.zeros(len(self._gen), dtype=bool)
+        skip[slot[lazy]] = True  # all entries of a slot share its box: the same answer per slot
+        take = ~skip[slot]
+        if take.any():
+            moved = np.unique(slot[take])
+            self._gen[moved] += 1
+            self._indexed[moved] = True
+            self._stale += int(self._nent[moved].sum())
+            self._nent[moved] = 0
+            np.add.at(self._nent, slot[take], 1)
+            self._ibox[slot[take]] = new_box[take]
+            self.updates += int(take.sum())
+            self.adaptive.updated(int(take.sum()))
+        if not len(removed) and not take.any():
+            return
+        current = self._delta.gen == self._gen[self._delta.slot]
+        kept = self._delta.columns(current)
+        fresh = (slot[take], self._gen[slot[take]], np.asarray(code, np.int64)[take], x0[take], y0[take],
+                 x1[take], y1[take])
+        cols = tuple(np.concatenate([a, b]) for a, b in zip(kept, fresh))
+        if len(cols[0]) + self._stale >= max(self.DELTA_MIN, len(self._base) // self.DELTA_SHARE):
+            base_cur = self._base.gen == self._gen[self._base.slot]
+            cols = tuple(np.concatenate([a, b]) for a, b in zip(self._base.columns(base_cur), cols))
+            self._base = _Part(*cols, self.fanout)
+            self._delta = _Part.empty(self.fanout)
+            self._stale = 0
+            self.compactions += 1
+        else:
+            self._delta = _Part(*cols, self.fanout)
+
+    def _points(self, lon, lat, pair_obj, pair_code):
+        po = np.asarray(pair_obj, dtype=np.int64)
+        return (po, np.asarray(lon, np.float64)[po], np.asarray(lat, np.float64)[po],
+                np.asarray(pair_code, dtype=np.int64))
+
+    def _hits(self, part: _Part, pair: np.ndarray, node: np.ndarray, po: np.ndarray
+              ) -> tuple[np.ndarray, np.ndarray]:
+        """(object, slot) of frontier pairs at the entries of ``part``, superseded ones skipped."""
+        s = part.slot[node]  # node: entry positions in tree order, as the part's columns
+        cur = part.gen[node] == self._gen[s]
+        return po[pair[cur]], s[cur]
+
+    def candidates(self, lon: np.ndarray, lat: np.ndarray, pair_obj: np.ndarray,
+                   pair_code: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Candidate (object, query slot) pairs of a batch: one traversal, root to entries.
+
+        Parameters
+        ----------
+        lon, lat
+            ``(n,)`` float64 degrees of the batch's objects.
+        pair_obj, pair_code
+            ``(p,)`` int64: each (object, keyword code) pair of the batch.
+
+        Returns
+        -------
+        obj, slot
+            ``(c,)`` int64: pairs whose indexed box holds the object and shares the keyword (a
+            superset of the pairs that can change a result; a query sharing several keywords
+            with an object appears once per keyword).
+        """
+        po, px, py, pc = self._points(lon, lat, pair_obj, pair_code)
+        objs, slots = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
+        for part in (self._base, self._delta):
+            t = part.tree
+            pair, node = t.descend(*t.root_frontier(len(po)), px, py, pc, 0, t.height)
+            o, s = self._hits(part, pair, node, po)
+            objs.append(o)
+            slots.append(s)
+        return np.concatenate(objs), np.concatenate(slots)
+
+    def estimate(self, n: int, lon: np.ndarray, lat: np.ndarray, pair_obj: np.ndarray, pair_code: np.ndarray,
+                 level: int) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray], tuple]:
+        """EstimateWorkload: the shared traversal down to ``level`` (``0..height``).
+
+        Returns
+        -------
+        workload
+            ``(n,)`` int64: frontier nodes per object at ``level`` (the delta's entries counted
+            in full: it is searched to its entries here).
+        frontier
+            ``(pair, node)`` ``(f,)`` int64: the base tree's frontier at ``level``.
+        delta_hits
+            ``(object, slot)`` of the delta tree (small, searched whole).
+        """
+        po, px, py, pc = self._points(lon, lat, pair_obj, pair_code)
+        t = self._base.tree
+        level = min(max(int(level), 0), t.height)
+        pair, node = t.descend(*t.root_frontier(len(po)), px, py, pc, 0, level)
+        d = self._delta.tree
+        dp, dn = d.descend(*d.root_frontier(len(po)), px, py, pc, 0, d.height)
+        delta_hits = self._hits(self._delta, dp, dn, po)
+        workload = np.bincount(po[pair], minlength=n) + np.bincount(po[dp], minlength=n)
+        return workload.astype(np.int64), (pair, node), delta_hits
+
+    def batch_search(self, lon: np.ndarray, lat: np.ndarray, pair_obj: np.ndarray, pair_code: np.ndarray, *,
+                     level: int | None = None, group: int = 1, sjf: bool = True) -> Iterator[SearchGroup]:
+        """BatchSearch (module docstring): yields the batch's candidates group by group.
+
+        Parameters
+        ----------
+        lon, lat, pair_obj, pair_code
+            As :meth:`candidates`.
+        level
+            The level of the first phase (``0..height``); ``None``: the adaptive level's choice
+            for this batch size, and the batch's mean response time is reported to it.
+        group
+            Objects per group (``>= 1``).
+        sjf
+            Short-Job-First order; ``False``: arrival order (FIFO), for comparison.
+
+        Yields
+        ------
+        SearchGroup
+            In processing order; every object of the batch appears in exactly one group (objects
+            with no candidate too), and the groups' pairs together are :meth:`candidates`'.
+
+        Raises
+        ------
+        ValueError
+            ``group < 1``.
+        """
+        if group < 1:
+            raise ValueError(f"group must be >= 1; got {group}")
+        n = len(lon)
+        t0 = time.perf_counter()
+        t = self._base.tree
+        chosen = level is None
+        lv = self.adaptive.level(n, t.height) if chosen else min(max(int(level), 0), t.height)
+        workload, (pair, node), (dobj, dslot) = self.estimate(n, lon, lat, pair_obj, pair_code, lv)
+        order = np.argsort(workload, kind="stable") if sjf else np.arange(n)
+        po, px, py, pc = self._points(lon, lat, pair_obj, pair_code)
+        # Group the frontier and the delta's hits by the group of their object (one sort each).
+        rank = np.empty(n, dtype=np.int64)
+        rank[order] = np.arange(n)
+        fg = rank[po[pair]] // group
+        by = np.argsort(fg, kind="stable")
+        pair, node, fg = pair[by], node[by], fg[by]
+        dg = rank[dobj] // group
+        dby = np.argsort(dg, kind="stable")
+        dobj, dslot, dg = dobj[dby], dslot[dby], dg[dby]
+        ngroups = -(-n // group)
+        fcut = np.searchsorted(fg, np.arange(ngroups + 1))
+        dcut = np.searchsorted(dg, np.arange(ngroups + 1))
+        done = 0.0
+        for g in range(ngroups):
+            p, nd = pair[fcut[g]:fcut[g + 1]], node[fcut[g]:fcut[g + 1]]
+            p, nd = t.descend(p, nd, px, py, pc, lv, t.height)
+            o, s = self._hits(self._base, p, nd, po)
+            objs = order[g * group:(g + 1) * group]
+            yield SearchGroup(objs, workload[objs], np.concatenate([o, dobj[dcut[g]:dcut[g + 1]]]),
+                              np.concatenate([s, dslot[dcut[g]:dcut[g + 1]]]))
+            done += (time.perf_counter() - t0) * len(objs)
+        if chosen and n:
+            self.adaptive.record(n, lv, t.height, done / n)
