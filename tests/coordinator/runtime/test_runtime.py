@@ -43,11 +43,13 @@ def ct(spark, shared_data, tmp_path_factory):
     return str(root / "objects"), queries, expected(queries, BruteForceKnn(objects)), objects.num_rows
 
 
-@pytest.mark.parametrize("algorithm, executor", [("proposed", "ray"), ("keyword", "ray"), ("space", "ray"),
-                                                 ("random", "ray"), ("proposed", "inline")])
-def test_every_result_is_exact_on_real_places(ct, ray_instance, redis_url, namespace, algorithm, executor, tmp_path):
+@pytest.mark.parametrize("algorithm, executor, index", [
+    ("proposed", "ray", "grid"), ("keyword", "ray", "grid"), ("space", "ray", "grid"), ("random", "ray", "grid"),
+    ("proposed", "inline", "grid"), ("proposed", "ray", "rtree")])
+def test_every_result_is_exact_on_real_places(ct, ray_instance, redis_url, namespace, algorithm, executor, index,
+                                              tmp_path):
     objects_dir, queries, want, n_objects = ct
-    config = RunConfig(workers=4, algorithm=algorithm, initial=50_000, batch=1000, executor=executor,
+    config = RunConfig(workers=4, algorithm=algorithm, initial=50_000, batch=1000, executor=executor, index=index,
                        store=StoreConfig(redis_url, namespace, str(tmp_path)))
     with Runtime(objects_dir, queries, config) as rt:
         summary = rt.run(progress=False)

@@ -1,0 +1,182 @@
+"""The R-tree query index (``--index rtree``): its refreshes against a rebuilt index, the grid and
+brute force; BatchSearch against the plain search at every level; the self-adaptive level."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from knnmon.geo import haversine_m
+from knnmon.workers.adaptive_level import AdaptiveLevel
+from knnmon.workers.packed_rtree import PackedRTree
+from knnmon.workers.query_index import QueryIndex
+from knnmon.workers.rtree_index import RTreeIndex
+
+from tests.workers.test_query_index import N_CODES, _State, _pairs
+
+
+def _probe(rng: np.random.Generator, m: int = 200):
+    """``m`` objects near the two clusters of :class:`_State` (one across the antimeridian and
+    near the pole), two keyword codes each."""
+    lon = np.r_[rng.uniform(-2, 2, m // 2), rng.uniform(177, 181, m // 2)]
+    lon = (lon + 180.0) % 360.0 - 180.0
+    lat = np.r_[rng.uniform(-2, 2, m // 2), rng.uniform(87, 90, m // 2)]
+    return lon, lat, np.repeat(np.arange(m), 2), rng.integers(0, N_CODES, 2 * m)
+
+
+def _exact(state: _State, lon, lat, pair_obj, pair_code) -> list[tuple[int, int]]:
+    """Brute force: (object, slot) per shared keyword where the object is within ``r_q``."""
+    out = []
+    for o, c in zip(pair_obj.tolist(), pair_code.tolist()):
+        for s in np.flatnonzero(state.alive).tolist():
+            if c in state.codes[s] and haversine_m(lon[o], lat[o], state.lon[s], state.lat[s]) <= state.radius[s]:
+                out.append((o, s))
+    return sorted(out)
+
+
+def _within(state: _State, lon, lat, pairs) -> list[tuple[int, int]]:
+    return sorted((o, s) for o, s in pairs
+                  if haversine_m(lon[o], lat[o], state.lon[s], state.lat[s]) <= state.radius[s])
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 60),
+       steps=st.lists(st.sampled_from(["shrink", "grow", "add", "remove"]), min_size=1, max_size=12),
+       delta_min=st.sampled_from([1, 8, 1 << 16]))
+def test_refresh_matches_a_rebuilt_index_the_grid_and_brute_force(seed, n, steps, delta_min):
+    rng = np.random.default_rng(seed)
+    state = _State(rng, n)
+    index = RTreeIndex()
+    index.DELTA_MIN = delta_min  # 1: a merge at every refresh; 1 << 16: never here
+    if delta_min == 1:
+        index.DELTA_SHARE = 1 << 40
+    index.rebuild(*state.entries(np.arange(n)))
+    for step in steps:
+        live = np.flatnonzero(state.alive)
+        if step == "add" or not len(live):
+            changed = state.add(int(rng.integers(1, 6)))
+        else:
+            changed = rng.choice(live, size=min(len(live), int(rng.integers(1, 6))), replace=False)
+            if step == "shrink":  # some a little (kept lazily), some a lot (re-indexed)
+                state.radius[changed] = np.minimum(state.radius[changed],
+                                                   state.radius[changed] * rng.choice([0.9, 0.01], len(changed)))
+                state.radius[changed] = np.minimum(state.radius[changed], 10 ** rng.uniform(0, 6, len(changed)))
+            elif step == "grow":  # a window's expiry: the region grows, at once
+                state.radius[changed] = state.radius[changed] * rng.uniform(1.5, 20, len(changed))
+            else:
+                state.alive[changed] = False
+        index.refresh(changed, *state.entries(changed))
+
+        lon, lat, pair_obj, pair_code = _probe(rng)
+        got = _pairs(*index.candidates(lon, lat, pair_obj, pair_code))
+        codes = {o: set() for o in range(len(lon))}
+        for o, c in zip(pair_obj.tolist(), pair_code.tolist()):
+            codes[o].add(c)
+        # Every candidate is a live query sharing a keyword (a stale box may hold more objects).
+        assert all(state.alive[s] and codes[o] & set(state.codes[s]) for o, s in got), step
+        want = _exact(state, lon, lat, pair_obj, pair_code)
+        assert set(want) <= set(got), step
+        assert sorted(set(_within(state, lon, lat, got))) == sorted(set(want)), step
+        fresh = RTreeIndex()
+        fresh.rebuild(*state.entries(np.arange(len(state.lon))))
+        assert set(_within(state, lon, lat, _pairs(*fresh.candidates(lon, lat, pair_obj, pair_code)))) == set(want)
+        grid = QueryIndex()
+        grid.rebuild(*state.entries(np.arange(len(state.lon))))
+        assert set(_within(state, lon, lat, _pairs(*grid.candidates(lon, lat, pair_obj, pair_code)))) == set(want)
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 400), fanout=st.sampled_from([2, 4, 16]),
+       group=st.sampled_from([1, 3, 1000]), sjf=st.booleans())
+def test_batch_search_finds_exactly_the_plain_search_pairs_at_every_level(seed, n, fanout, group, sjf):
+    rng = np.random.default_rng(seed)
+    state = _State(rng, n)
+    index = RTreeIndex(fanout=fanout)
+    index.DELTA_MIN = 1 << 20
+    index.rebuild(*state.entries(np.arange(n)))
+    extra = state.add(int(rng.integers(0, 20)))  # some in the delta tree too
+    index.refresh(extra, *state.entries(extra))
+    lon, lat, pair_obj, pair_code = _probe(rng, 120)
+    plain = _pairs(*index.candidates(lon, lat, pair_obj, pair_code))
+    assert index.height >= 1
+    for level in range(index.height + 1):
+        groups = list(index.batch_search(lon, lat, pair_obj, pair_code, level=level, group=group, sjf=sjf))
+        objs = np.concatenate([g.objects for g in groups])
+        assert sorted(objs.tolist()) == list(range(len(lon)))  # every object once
+        assert all(len(g.objects) <= group for g in groups)
+        got = sorted(p for g in groups for p in zip(g.obj.tolist(), g.slot.tolist()))
+        assert got == plain, level
+        for g in groups:  # a group's pairs are its own objects'
+            assert set(g.obj.tolist()) <= set(g.objects.tolist())
+        work = np.concatenate([g.workload for g in groups])
+        if sjf:
+            assert (np.diff(work) >= 0).all()  # Short-Job-First
+        else:
+            assert objs.tolist() == list(range(len(lon)))  # arrival order
+        if level == 0:  # at the root every pair is one frontier node: workload = pairs + delta hits
+            est, _, (dobj, _) = index.estimate(len(lon), lon, lat, pair_obj, pair_code, 0)
+            assert (est == np.bincount(pair_obj, minlength=len(lon)) + np.bincount(dobj, minlength=len(lon))).all()
+
+
+def test_packed_rtree_search_against_brute_force():
+    rng = np.random.default_rng(3)
+    n = 3000
+    x0, y0 = rng.uniform(-10, 10, n), rng.uniform(-10, 10, n)
+    x1, y1 = x0 + rng.exponential(2.0, n), y0 + rng.exponential(2.0, n)
+    code = rng.integers(0, 7, n)
+    t = PackedRTree(x0, y0, x1, y1, code, fanout=4)
+    px, py, pc = rng.uniform(-10, 11, 500), rng.uniform(-10, 11, 500), rng.integers(0, 8, 500)
+    pair, entry = t.search(px, py, pc)
+    got = sorted(zip(pair.tolist(), entry.tolist()))
+    inside = ((x0 <= px[:, None]) & (px[:, None] <= x1) & (y0 <= py[:, None]) & (py[:, None] <= y1)
+              & (code == pc[:, None]))
+    assert got == sorted(zip(*(a.tolist() for a in np.nonzero(inside)))) and len(got) > 100
+    assert PackedRTree([], [], [], [], []).search(px, py, pc)[0].size == 0
+    with pytest.raises(ValueError):
+        PackedRTree([0.0], [0.0], [1.0], [1.0], [1, 2])
+
+
+def test_adaptive_level_settles_at_the_best_level_and_probes_again_after_updates():
+    best, height = 5, 8
+    adaptive = AdaptiveLevel(loop=4, threshold=1000)
+    rng = np.random.default_rng(0)
+    for _ in range(400):
+        lv = adaptive.level(100, height)
+        adaptive.record(100, lv, height, 1.0 + 0.1 * abs(lv - best) + rng.uniform(0, 0.01))
+    st_ = adaptive.state()[AdaptiveLevel.bucket_of(100)]
+    assert st_ == {"level": best, "stable": True, "moves": abs(best - height // 2)}
+    assert adaptive.level(100, height) == best
+    adaptive.updated(999)
+    assert adaptive.level(100, height) == best
+    adaptive.updated(1)  # the tree changed: probe again, round robin around the current level
+    assert adaptive.level(100, height) == best
+    adaptive.record(100, best, height, 1.0)
+    assert adaptive.level(100, height) == best - 1
+    # Another input size has its own state; the top and bottom of the tree clip the round robin.
+    assert adaptive.level(3, 0) == 0
+    for _ in range(30):
+        lv = adaptive.level(3, 0)
+        assert lv == 0
+        adaptive.record(3, lv, 0, 1.0)
+    assert adaptive.state()[AdaptiveLevel.bucket_of(3)]["stable"]
+    with pytest.raises(ValueError):
+        AdaptiveLevel(loop=0)
+
+
+def test_batch_search_with_the_adaptive_level_reports_each_batch():
+    rng = np.random.default_rng(5)
+    state = _State(rng, 300)
+    index = RTreeIndex(adaptive=AdaptiveLevel(loop=1))
+    index.rebuild(*state.entries(np.arange(300)))
+    lon, lat, pair_obj, pair_code = _probe(rng, 64)
+    plain = _pairs(*index.candidates(lon, lat, pair_obj, pair_code))
+    for _ in range(12):  # loop=1: a decision every 3 batches, 4 in all
+        groups = list(index.batch_search(lon, lat, pair_obj, pair_code, group=8))
+        assert sorted(p for g in groups for p in zip(g.obj.tolist(), g.slot.tolist())) == plain
+    b = index.adaptive.buckets[AdaptiveLevel.bucket_of(64)]
+    assert b.stable or b.moves == 4  # every decision either settled or moved
+    assert 0 <= b.cur <= index.height
+    with pytest.raises(ValueError):
+        next(index.batch_search(lon, lat, pair_obj, pair_code, group=0))
