@@ -820,6 +820,33 @@ class KnnWorker(Handover):
                             index_s=index_s, write_queued=self.queue is not None and bool(len(written)),
                             refilled=len(refills.qids) if refills is not None else 0)
 
+    def estimate_rows(self, batch: ObjectBatch, rows: np.ndarray) -> np.ndarray:
+        """Wang, Zhang and Kitsuregawa's EstimateWorkload for this worker's rows of a batch (no
+        state changes): each row's candidate (object, query) pairs in the query index, the cost
+        that drives its processing. For Short-Job-First minibatches in ``knnmon serve``
+        (:mod:`knnmon.coordinator.service.batching`).
+
+        Parameters
+        ----------
+        batch
+            A batch as :meth:`process_rows` takes it (its number is not used).
+        rows
+            ``(m,)`` int64: this worker's rows.
+
+        Returns
+        -------
+        numpy.ndarray
+            ``(m,)`` int64 candidates per row.
+        """
+        rows = np.asarray(rows, dtype=np.int64)
+        remap = np.full(batch.table.num_rows, -1, dtype=np.int64)
+        remap[rows] = np.arange(len(rows))
+        sel = remap[batch.pair_obj] >= 0
+        lon = batch.table.column("lon").to_numpy()[rows]
+        lat = batch.table.column("lat").to_numpy()[rows]
+        obj, _ = self.index.candidates(lon, lat, remap[batch.pair_obj[sel]], batch.pair_code[sel])
+        return np.bincount(obj, minlength=len(rows)).astype(np.int64)
+
     def process_rows(self, batch: ObjectBatch, rows: np.ndarray, *, cutoff: int | None = None,
                      refills: Refills | None = None) -> WorkerReport:
         """:meth:`process_batch` for the rows ``rows`` (``(m,)`` int64: this worker's objects)

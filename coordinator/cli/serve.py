@@ -8,11 +8,13 @@ import logging
 from typing import Any
 
 from knnmon.connection import redact
-from knnmon.coordinator.cli.options import (add_verb, add_batch_option, add_limit_options, add_store_options,
+from knnmon.coordinator.cli.options import (add_verb, add_batch_option, add_index_option, add_limit_options, add_store_options,
                                             add_rebalance_options, add_window_options, add_worker_options,
                                             limits, rebalance_config, store_config)
 
 __all__ = ["add_serve_command"]
+
+POLICIES = ("fixed", "no-wait", "adaptive")  # knnmon.coordinator.service.batching.POLICIES, without its imports
 
 
 def _serve(a: argparse.Namespace) -> int:
@@ -24,7 +26,8 @@ def _serve(a: argparse.Namespace) -> int:
                          store=store_config(a, durable=True), ray_address=a.ray_address, executor=a.executor,
                          batch=a.batch, max_delay_ms=a.max_delay_ms, limits=limits(a), window=a.window,
                          checkpoint_interval_s=a.checkpoint_interval, reserve=a.reserve,
-                         rebalance=rebalance_config(a))
+                         rebalance=rebalance_config(a), index=a.index, batching=a.batching,
+                         latency_target_ms=a.latency_target_ms, sjf=a.sjf)
     with Service(config) as svc:
         print(f"knnmon serve: {config.workers} workers ({config.algorithm}), Redis {redact(svc.redis_url)}, namespace "
               f"{config.store.namespace!r}; XADD to {svc.keys.ingest_queries} / {svc.keys.ingest_objects}", flush=True)
@@ -41,8 +44,20 @@ def add_serve_command(sub: Any) -> None:
     s.add_argument("--initial", type=int, metavar="N",
                    help="preload only the first N objects of --objects in stream order (t, id) (default all)")
     add_batch_option(s, "largest object batch")
+    s.add_argument("--batching", choices=POLICIES, default="adaptive",
+                   help="how batches form: wait up to --max-delay-ms for more (fixed), never wait (no-wait), or "
+                        "never wait and cut what queued into minibatches sized for --latency-target-ms from the "
+                        "measured arrival rate and cost (adaptive, default); docs/batching.md")
     s.add_argument("--max-delay-ms", type=float, default=20.0, metavar="MS",
-                   help="wait at most this long after a batch's first object for more (default 20)")
+                   help="with --batching fixed: wait at most this long after a batch's first object for more "
+                        "(default 20)")
+    s.add_argument("--latency-target-ms", type=float, default=50.0, metavar="MS",
+                   help="with --batching adaptive: the response time (publish to result) minibatches are sized for "
+                        "(default 50)")
+    s.add_argument("--sjf", action="store_true",
+                   help="with --batching no-wait or adaptive: cut each read into minibatches Short-Job-First, cheap "
+                        "objects answered first (not with --window)")
+    add_index_option(s, "serve")
     add_limit_options(s)
     add_window_options(s, arrival=False)
     add_rebalance_options(s)

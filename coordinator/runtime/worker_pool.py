@@ -93,6 +93,10 @@ class InlinePool(WorkerPool):
         self.workers = []
 
 
+#: A batch smaller than this (its Arrow table, bytes) is sent inline rather than put in Ray's object store.
+SHARE_MIN_BYTES = 64 * 1024
+
+
 class RayPool(WorkerPool):
     """Workers as Ray actors (``executor="ray"``), one per worker, spread over the alive nodes.
 
@@ -146,6 +150,12 @@ class RayPool(WorkerPool):
             raise
 
     def share(self, obj: Any) -> Any:
+        """``obj`` in Ray's object store, once for every worker; a batch whose table is below
+        :data:`SHARE_MIN_BYTES` goes inline in each call instead (a ``ray.put`` costs more than
+        copying a few objects: a served object waits for it)."""
+        table = getattr(obj, "table", None)
+        if table is not None and table.nbytes < SHARE_MIN_BYTES:
+            return obj
         return self._ray.put(obj)
 
     def kill(self, worker: int) -> None:

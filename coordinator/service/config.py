@@ -44,13 +44,17 @@ class ServeConfig:
     checkpoint_interval_s
         With a window: seconds between checkpoints (``--checkpoint-interval``;
         :mod:`~knnmon.coordinator.service.checkpoint`).
-    reserve, rebalance
-        As :class:`~knnmon.coordinator.runtime.config.RunConfig` (``--reserve``, ``--rebalance``).
+    reserve, rebalance, index
+        As :class:`~knnmon.coordinator.runtime.config.RunConfig` (``--reserve``, ``--rebalance``,
+        ``--index``).
+    batching, latency_target_ms, sjf
+        How batches form (``--batching``, ``--latency-target-ms``, ``--sjf``):
+        :class:`~knnmon.coordinator.service.batching.BatchPolicy`.
 
     Raises
     ------
     InvalidArgumentError
-        ``max_delay_ms < 0``, ``initial < 0``, ``block_ms < 1``, a missing ``objects_dir``, or
+        ``max_delay_ms < 0``, a bad batching policy, ``initial < 0``, ``block_ms < 1``, a missing ``objects_dir``, or
         what :class:`RunConfig` rejects (workers outside 1..64, ``batch < 1``, an unknown
         executor).
     """
@@ -72,8 +76,16 @@ class ServeConfig:
     checkpoint_interval_s: float = 60.0
     reserve: int | None = None
     rebalance: RebalanceConfig | None = None
+    index: str = "grid"
+    batching: str = "adaptive"
+    latency_target_ms: float = 50.0
+    sjf: bool = False
 
     def __post_init__(self) -> None:
+        from knnmon.coordinator.service.batching import BatchPolicy
+
+        BatchPolicy(self.batching, batch=max(self.batch, 1), max_delay_ms=self.max_delay_ms,
+                    latency_target_ms=self.latency_target_ms, sjf=self.sjf)  # raises when invalid
         if self.max_delay_ms < 0:
             raise InvalidArgumentError(f"--max-delay-ms must be >= 0; got {self.max_delay_ms}")
         if self.initial is not None and self.initial < 0:
@@ -88,9 +100,11 @@ class ServeConfig:
 
     def run_config(self, redis_url: str) -> RunConfig:
         """The :class:`RunConfig` of the runtime the service drives, writing to ``redis_url``
-        (the store the service opened)."""
+        (the store the service opened). Its workers write each batch before they return: the
+        service waits for a batch's writes before the next anyway, and overlapped writes would
+        cost every batch a second call to each worker."""
         store = StoreConfig(url=redis_url, namespace=self.store.namespace, data_dir=self.store.data_dir)
         return RunConfig(workers=self.workers, algorithm=self.algorithm, initial=0, batch=self.batch, store=store,
                          ray_address=self.ray_address, executor=self.executor, processes=self.processes,
                          limits=self.limits, window=self.window, reserve=self.reserve,
-                         rebalance=self.rebalance)
+                         rebalance=self.rebalance, index=self.index, overlap_writes=False)

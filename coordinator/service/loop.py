@@ -10,14 +10,17 @@ Clients add entries to two Redis streams (the stream protocol,
   as ``updated``), with the same parameters a no-op (``unchanged``: a retried client, or an
   operation applied again after a restart); an unregister of an unknown id is a no-op, counted
   as ``unregister_unknown``;
-- processes objects in **batches**: up to ``batch`` objects, waiting at most ``max_delay_ms``
-  after the first one for more (under load batches fill at once, idle streams are served with
-  the latency of one read: Fischer & Kossmann, ICDE 2005, "batching pays under load");
+- processes objects in **batches** formed by the batching policy
+  (:mod:`~knnmon.coordinator.service.batching`): by default an object arriving at an idle
+  service is processed at once, and a batch is what queued while the previous one ran, up to
+  ``batch`` (Fischer & Kossmann, ICDE 2005, "batching pays under load"); each (mini)batch is
+  acknowledged, its results released, before the next one runs;
 - rejects malformed entries, and an object whose id was seen before (``duplicate_id``: the first
   one counts), into ``knn:ingest:rejects``;
 - acknowledges entries only after their effect is in Redis
   (:mod:`~knnmon.coordinator.service.acks`), and logs each batch to ``knn:serve:batches``
-  (``first``, ``last`` entry ids, ``n``, ``done_ms``), from which XADD-to-result latency is measured.
+  (``first``, ``last`` entry ids, ``n``, ``done_ms``, and ``lat_hist``: its objects' response
+  times from XADD to acknowledgement, :mod:`~knnmon.coordinator.service.latency`).
 
 At start, and whenever Redis went away mid-stream (retried with backoff, logged), the state is
 rebuilt from Redis (:mod:`~knnmon.coordinator.service.recovery`): nothing acknowledged is lost
@@ -48,7 +51,9 @@ from knnmon.coordinator.service import status as service_status
 from knnmon.coordinator.service.acks import acknowledge
 from knnmon.coordinator.service.checkpoint import Checkpointer
 from knnmon.coordinator.service.config import ServeConfig
-from knnmon.coordinator.service.protocol import GROUP, entry_time_ms, parse_object, parse_query_op
+from knnmon.coordinator.service import latency
+from knnmon.coordinator.service.batching import BatchPolicy
+from knnmon.coordinator.service.protocol import GROUP, entry_order, entry_time_ms, parse_object, parse_query_op
 from knnmon.coordinator.service.recovery import OBJECT_SCHEMA, objects_table, recover
 from knnmon.errors import KnnmonError, Rejected, StoreUnavailableError, WorkerLostError
 from knnmon.keys import Keys
@@ -99,6 +104,9 @@ class Service:
         self._handle_signals = False
         self._revived_seen = 0  # the runtime's workers_revived when the worker list was taken
         self.checkpointer: Checkpointer | None = None
+        self._backlog = False  # the last read came back full
+        self.batching = BatchPolicy(config.batching, batch=config.batch, max_delay_ms=config.max_delay_ms,
+                                    latency_target_ms=config.latency_target_ms, sjf=config.sjf)
 
     @property
     def redis_url(self) -> str | None:
@@ -330,7 +338,7 @@ class Service:
         """One read of both streams; query operations applied, objects batched. ``True`` if
         anything was done."""
         ko, kq = self.keys.ingest_objects, self.keys.ingest_queries
-        got = self._read({kq: ">", ko: ">"}, self.config.batch, self.config.block_ms)
+        got = self._read({kq: ">", ko: ">"}, self.batching.read_count, self.config.block_ms)
         objects: list = []
         for key, entries in got:
             if key == kq:
@@ -345,8 +353,8 @@ class Service:
             else:
                 objects += entries
         if objects:
-            deadline = time.monotonic() + self.config.max_delay_ms / 1000
-            while len(objects) < self.config.batch:
+            deadline = time.monotonic() + self.batching.wait_ms / 1000
+            while len(objects) < self.config.batch and self.batching.wait_ms > 0:
                 wait = int((deadline - time.monotonic()) * 1000)
                 more = self._read({ko: ">"}, self.config.batch - len(objects), wait if wait >= 1 else None)
                 if not more or not more[0][1]:
@@ -355,6 +363,8 @@ class Service:
                     continue
                 objects += more[0][1]
             self.counters["objects_entries_read"] += len(objects)
+            self.batching.read(len(objects))
+            self._backlog = len(objects) >= self.batching.read_count
             self._guarded(ko, objects, self._process_objects)
         return bool(got)
 
@@ -401,7 +411,9 @@ class Service:
         self.runtime.upkeep_routing()  # unregistered queries' routing entries go in time
 
     def _process_objects(self, entries: list) -> None:
-        """Parse, reject, process one batch on the workers, then acknowledge it."""
+        """Parse and reject a read's entries, then process its objects in the minibatches the
+        batching policy cuts (:mod:`~knnmon.coordinator.service.batching`), each acknowledged
+        (its results released) before the next runs; rejects go with the first."""
         rt = self.runtime
         t0 = time.perf_counter()
         parsed, sources, rejects, in_batch = [], [], [], set()
@@ -420,31 +432,57 @@ class Service:
             cutoff = window.cutoff_after([o.t for o in parsed])
             late = [(eid, fields, o) for (eid, fields), o in zip(sources, parsed) if o.t <= cutoff]
             if late:
-                parsed = [o for o in parsed if o.t > cutoff]
+                keep = [o.t > cutoff for o in parsed]
+                parsed = [o for o, k in zip(parsed, keep) if k]
+                sources = [e for e, k in zip(sources, keep) if k]
                 rejects += [(eid, fields, Rejected("late", f"t={o.t} <= watermark - window = {cutoff}"))
                             for eid, fields, o in late]
                 self.counters["late"] += len(late)
         table = objects_table(parsed)
-        t1 = time.perf_counter()
-        report = rt.process(table) if parsed else None
-        t2 = time.perf_counter()
-        ids = [e for e, _ in entries]
-        record = {"first": ids[0], "last": ids[-1], "n": len(ids), "objects": len(parsed), "rejects": len(rejects),
-                  "done_ms": f"{time.time() * 1000:.1f}", "parse_ms": f"{(t1 - t0) * 1e3:.2f}",
-                  "update_ms": f"{(t2 - t1) * 1e3:.2f}"}
+        parse_ms = (time.perf_counter() - t0) * 1e3
+        sjf = self.batching.sjf and window is None and self.batching.splits(len(parsed), backlog=self._backlog)
+        parts = self.batching.cut(rt.dispatcher.workload(table) if sjf else np.zeros(len(parsed), np.int64), sjf=sjf,
+                                  backlog=self._backlog)
+        rejected = [e for e, _, _ in rejects]
+        if not parts:
+            self._finish([], rejected, rejects, None, parse_ms, 0.0, None)
+        times = table.column("t").to_numpy()
+        for i, part in enumerate(parts):
+            t1 = time.perf_counter()
+            report = rt.process(table.take(pa.array(part)))
+            update_ms = (time.perf_counter() - t1) * 1e3
+            ids = [sources[j][0] for j in part.tolist()]
+            self._finish(ids, rejected if i == 0 else [], rejects if i == 0 else [], report,
+                         parse_ms if i == 0 else 0.0, update_ms, int(times[part].max()))
+            self.batching.observe(len(part), time.perf_counter() - t1)
+
+    def _finish(self, ids: list[str], rejected: list[str], rejects: list, report, parse_ms: float, update_ms: float,
+                top_t: int | None) -> None:
+        """Acknowledge one minibatch's objects' entries ``ids`` (and the read's rejected entries,
+        with its first), with its batch record; then checkpoint when due and count. ``top_t``:
+        the largest time of its objects (``None``: none)."""
+        n_objects = len(ids)
+        rt = self.runtime
+        now_ms = time.time() * 1000
+        acked = sorted(ids + rejected, key=entry_order)
+        lat = now_ms - np.array([entry_time_ms(e) for e in ids], dtype=np.float64)
+        record = {"first": acked[0], "last": acked[-1], "n": len(acked), "objects": n_objects,
+                  "rejects": len(rejects), "done_ms": f"{now_ms:.1f}", "parse_ms": f"{parse_ms:.2f}",
+                  "update_ms": f"{update_ms:.2f}", "lat_hist": latency.encode(lat)}
         if report is not None:  # what the batch cost: its deliveries, candidates, changes, refills
             record.update(deliveries=report.deliveries, candidates=report.candidates, changed=report.changed,
                           refilled=report.refilled, refill_ms=f"{report.refill_ms:.2f}",
                           redis_ms=f"{report.redis_server_ms:.2f}",
                           **{f"refill_{k}_ms": f"{v:.2f}" for k, v in rt.dispatcher.refill_parts_ms.items()})
-        self._ack(self.keys.ingest_objects, ids, rejects, record)
+        self._ack(self.keys.ingest_objects, acked, rejects, record)
         if self.checkpointer is not None:
-            self.checkpointer.add(ids[0], ids[-1], max((o.t for o in parsed), default=None))
+            self.checkpointer.add(acked[0], acked[-1], top_t)
             if self.checkpointer.due():
                 self._checkpoint()
         acked_ms = time.time() * 1000
-        self.latencies.append(acked_ms - np.array([entry_time_ms(e) for e in ids], dtype=np.float64))
-        self.counters["objects"] += len(parsed)
+        if ids:
+            self.latencies.append(acked_ms - np.array([entry_time_ms(e) for e in ids], dtype=np.float64))
+        self.counters["objects"] += n_objects
         self.counters["batches"] += 1
         if report is not None:
             self.busy_ms += np.asarray(report.busy_ms)

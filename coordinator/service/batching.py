@@ -1,0 +1,206 @@
+"""How ``knnmon serve`` forms batches: when to wait, how big a (mini)batch is, in which order.
+
+Policies (``--batching``):
+
+- ``fixed``: after a read's first object, wait up to ``--max-delay-ms`` for more (knnmon's first
+  policy; a lone object always waits the delay);
+- ``no-wait``: never wait; a batch is what one read returns, i.e. what queued while the
+  previous batch ran (an idle service answers an object at once);
+- ``adaptive`` (Fischer & Kossmann, ICDE 2005, §7 "adaptive batching"): no wait either, and a
+  read is cut into **minibatches** whose size follows the measured arrival rate and cost per
+  object, each processed and acknowledged (its results released) before the next:
+
+  - the cost of a minibatch of ``m`` objects is fitted online as ``T(m) = a + b m`` (least
+    squares over the last :data:`FIT_BATCHES` minibatches);
+  - **latency**: an object that arrives while a minibatch runs waits for it and then for its
+    own, about ``2 T(m)``; ``2 T(m) <= --latency-target-ms`` gives ``m_lat = (target / 2 - a) / b``
+    (FK §7.2: ``batchsize < acceptable_latency / (1/rate + matching_single/speedup)``);
+  - **throughput**: minibatches must keep up with the arrival rate ``r`` (objects/s over the last
+    :data:`RATE_WINDOW_S` s): ``m / T(m) >= r`` gives ``m_thr = r a / (1 - r b)``, and when
+    ``r b`` nears 1 the service is saturated and takes whole reads (``--batch``): FK, "switch to
+    batching during bursts; messages are queued then, so batching adds no latency";
+  - ``m = max(m_lat, m_thr)``, at least 1 and at most ``--batch``; a read of ``n <= m`` objects is
+    one batch, one of ``n > m`` is cut into ``ceil(n / m)`` minibatches of equal size (FK's
+    fixed-number cut: no tiny tail);
+  - a **backlog** (a read that came back full: more is queued) is processed in batches of
+    ``--batch``: the objects waited already, and small minibatches would only lower the
+    throughput that drains the backlog.
+
+``--sjf`` (with ``no-wait`` or ``adaptive``): a read takes up to :data:`SJF_HORIZON` ``x --batch`` entries, and
+its minibatches are formed in **Short-Job-First** order (Wang, Zhang, Kitsuregawa) by each
+object's workload estimate: EstimateWorkload, distributed: the candidate pairs it has in the
+query index of each worker it is routed to, counted by the workers in one call each before the
+read is processed (:meth:`~knnmon.coordinator.runtime.dispatch.Dispatcher.workload`). Objects
+with no workload go first, in minibatches of their own (they cost the workers next to nothing),
+then the others, cheapest first, so a burst's cheap objects are answered before its expensive
+ones. An object is
+overtaken only by objects of its own read (fewer than ``SJF_HORIZON x --batch``): every read is
+finished before the next is taken, so no object starves. Without a window only (with one,
+arrival order keeps the watermark's progress as the stream has it).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+
+import numpy as np
+
+from knnmon.errors import InvalidArgumentError
+
+__all__ = ["FIT_BATCHES", "POLICIES", "RATE_WINDOW_S", "SJF_HORIZON", "BatchPolicy"]
+
+#: ``--batching`` choices.
+POLICIES = ("fixed", "no-wait", "adaptive")
+#: Minibatches in the cost fit.
+FIT_BATCHES = 64
+#: Seconds of reads in the arrival rate.
+RATE_WINDOW_S = 2.0
+#: ``r b`` above this counts as saturated (whole reads).
+SATURATED = 0.8
+#: With SJF, a read takes up to this many ``--batch`` of entries (the horizon SJF reorders).
+SJF_HORIZON = 4
+
+
+class BatchPolicy:
+    """The service's batching policy (module docstring).
+
+    Parameters
+    ----------
+    policy
+        One of :data:`POLICIES`.
+    batch
+        The largest batch (``--batch``): a read takes at most this many entries.
+    max_delay_ms
+        ``fixed`` only: the wait for more after a read's first object (ms).
+    latency_target_ms
+        ``adaptive`` only: the target for an object's time from publish to result (ms).
+    sjf
+        ``no-wait`` and ``adaptive``: Short-Job-First minibatches.
+
+    Raises
+    ------
+    InvalidArgumentError
+        An unknown policy, ``batch < 1``, a negative delay, a target that is not a positive
+        finite number, or ``sjf`` with ``fixed``.
+    """
+
+    def __init__(self, policy: str = "adaptive", *, batch: int = 1000, max_delay_ms: float = 20.0,
+                 latency_target_ms: float = 50.0, sjf: bool = False) -> None:
+        if policy not in POLICIES:
+            raise InvalidArgumentError(f"Invalid --batching: {policy!r}.\nValid options are: {POLICIES}")
+        if batch < 1:
+            raise InvalidArgumentError(f"--batch must be >= 1; got {batch}")
+        if not max_delay_ms >= 0:
+            raise InvalidArgumentError(f"--max-delay-ms must be >= 0; got {max_delay_ms}")
+        if not (math.isfinite(latency_target_ms) and latency_target_ms > 0):
+            raise InvalidArgumentError(f"--latency-target-ms must be a finite number > 0; got {latency_target_ms}")
+        if sjf and policy == "fixed":
+            raise InvalidArgumentError("--sjf needs --batching no-wait or adaptive")
+        self.policy, self.batch, self.sjf = policy, int(batch), bool(sjf)
+        self.max_delay_ms, self.latency_target_ms = float(max_delay_ms), float(latency_target_ms)
+        self._costs: deque[tuple[int, float]] = deque(maxlen=FIT_BATCHES)  # (objects, seconds)
+        self._reads: deque[tuple[float, int]] = deque()  # (monotonic time, objects read)
+
+    @property
+    def read_count(self) -> int:
+        """Entries one read takes: ``batch``, with SJF ``SJF_HORIZON x batch``."""
+        return self.batch * (SJF_HORIZON if self.sjf else 1)
+
+    @property
+    def wait_ms(self) -> float:
+        """How long to wait for more objects after a read's first (ms): 0 but for ``fixed``."""
+        return self.max_delay_ms if self.policy == "fixed" else 0.0
+
+    def read(self, n: int, now: float | None = None) -> None:
+        """Note ``n`` objects read now (for the arrival rate)."""
+        now = time.monotonic() if now is None else now
+        self._reads.append((now, int(n)))
+        while self._reads and now - self._reads[0][0] > RATE_WINDOW_S:
+            self._reads.popleft()
+
+    def observe(self, n: int, seconds: float) -> None:
+        """Note that a minibatch of ``n`` objects took ``seconds`` from start to acknowledgement."""
+        if n > 0 and math.isfinite(seconds) and seconds >= 0:
+            self._costs.append((int(n), float(seconds)))
+
+    def rate(self, now: float | None = None) -> float:
+        """Objects read per second over the last :data:`RATE_WINDOW_S` seconds."""
+        now = time.monotonic() if now is None else now
+        recent = [n for t, n in self._reads if now - t <= RATE_WINDOW_S]
+        return sum(recent) / RATE_WINDOW_S
+
+    def cost(self) -> tuple[float, float] | None:
+        """The fitted ``(a, b)`` of ``T(m) = a + b m`` in seconds, or ``None`` before any minibatch."""
+        if not self._costs:
+            return None
+        m = np.array([c[0] for c in self._costs], dtype=np.float64)
+        t = np.array([c[1] for c in self._costs], dtype=np.float64)
+        if len(m) >= 4 and m.std() > 0.1 * max(m.mean(), 1.0):
+            b, a = np.polyfit(m, t, 1)
+            if a >= 0 and b > 0:
+                return float(a), float(b)
+        # Sizes too alike (or a fit with a negative part): the cheapest minibatch as the fixed
+        # cost, the rest spread over the objects.
+        a = float(t.min())
+        b = max(float((t.mean() - a) / m.mean()), 1e-7)
+        return a, b
+
+    def size(self, now: float | None = None, *, backlog: bool = False) -> int:
+        """The minibatch size ``m`` for the next read (module docstring); ``batch`` but for
+        ``adaptive`` without a ``backlog``."""
+        if self.policy != "adaptive" or backlog:
+            return self.batch
+        fit = self.cost()
+        if fit is None:
+            return self.batch
+        a, b = fit
+        target = self.latency_target_ms / 1000
+        m_lat = (target / 2 - a) / b
+        r = self.rate(now)
+        m_thr = self.batch if r * b >= SATURATED else 1.2 * r * a / (1 - r * b)
+        return int(min(max(m_lat, m_thr, 1), self.batch))
+
+    def splits(self, n: int, *, backlog: bool = False, now: float | None = None) -> bool:
+        """Whether a read of ``n`` objects is cut into more than one minibatch (only then does
+        the order, and so a workload estimate, matter)."""
+        return n > self.size(now, backlog=backlog)
+
+    def cut(self, workload: np.ndarray, *, sjf: bool | None = None, backlog: bool = False,
+            now: float | None = None) -> list[np.ndarray]:
+        """The minibatches of a read: positions (``int64``) into its objects, in processing order.
+
+        Parameters
+        ----------
+        workload
+            ``(n,)`` int64: each object's workload estimate (only its order is used, and only
+            with SJF).
+        sjf
+            Override the policy's ``sjf`` (the service turns it off with a window).
+        backlog
+            The read came back full (more is queued).
+
+        Returns
+        -------
+        list of numpy.ndarray
+            Every position once; each array ascending (stream order within a minibatch).
+        """
+        workload = np.asarray(workload)
+        n = len(workload)
+        if n == 0:
+            return []
+        m = self.size(now, backlog=backlog)
+        sjf = self.sjf if sjf is None else sjf
+        if n <= m:
+            return [np.arange(n, dtype=np.int64)]
+        if not sjf:
+            parts = -(-n // m)
+            return [a for a in np.array_split(np.arange(n, dtype=np.int64), parts)]
+        order = np.argsort(workload, kind="stable")
+        free = int((workload == 0).sum())
+        out = []
+        for run in (order[:free], order[free:]):  # the free objects apart: they cost no worker anything
+            if len(run):
+                out += [np.sort(a) for a in np.array_split(run, -(-len(run) // m))]
+        return out

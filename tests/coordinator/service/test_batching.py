@@ -1,0 +1,157 @@
+"""How ``knnmon serve`` forms batches: the policy's rules, an idle service answering at once, and
+Short-Job-First minibatches exact against the oracle with every object's response time recorded."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import redis
+
+from knnmon.coordinator.service import latency
+from knnmon.coordinator.service.batching import SJF_HORIZON, BatchPolicy
+from knnmon.errors import InvalidArgumentError
+from knnmon.ingest.reading import read_objects, stream_order
+from knnmon.keys import Keys
+from knnmon.oracle import BruteForceKnn
+from knnmon.testing import assert_exact, object_fields, register_fields, serve_process, wait_processed
+
+
+def test_the_policy_rejects_bad_settings():
+    for kwargs in ({"policy": "eager"}, {"batch": 0}, {"max_delay_ms": -1}, {"latency_target_ms": 0},
+                   {"latency_target_ms": float("nan")}, {"policy": "fixed", "sjf": True}):
+        with pytest.raises(InvalidArgumentError):
+            BatchPolicy(**kwargs)
+
+
+def test_only_the_fixed_policy_waits():
+    assert BatchPolicy("fixed", max_delay_ms=20).wait_ms == 20
+    assert BatchPolicy("no-wait", max_delay_ms=20).wait_ms == 0 == BatchPolicy("adaptive").wait_ms
+    assert BatchPolicy("no-wait", batch=100, sjf=True).read_count == SJF_HORIZON * 100
+
+
+def test_adaptive_minibatches_follow_the_latency_target_and_the_arrival_rate():
+    p = BatchPolicy("adaptive", batch=1000, latency_target_ms=50)
+    assert p.size() == 1000  # nothing measured yet
+    for m in (1, 10, 100, 400, 1000) * 4:  # T(m) = 5 ms + 0.05 ms per object
+        p.observe(m, 0.005 + 0.00005 * m)
+    a, b = p.cost()
+    assert a == pytest.approx(0.005, rel=1e-6) and b == pytest.approx(0.00005, rel=1e-6)
+    now = 1000.0
+    p.read(200, now)  # 100 objects/s: latency decides, 2 T(m) <= 50 ms
+    assert p.size(now) == pytest.approx((0.025 - 0.005) / 0.00005, abs=1)
+    p.read(40_000, now)  # 20,100 objects/s over the window: saturated, whole reads
+    assert p.size(now) == 1000
+    assert p.size(now + 10) == pytest.approx(400, abs=1)  # the burst left the window
+    assert p.size(now, backlog=True) == 1000
+    parts = p.cut(np.zeros(1000, np.int64), now=now + 10)
+    assert [len(x) for x in parts] == [334, 333, 333]  # equal parts (m = 399 or 400), no tiny tail
+    assert np.concatenate(parts).tolist() == list(range(1000))  # arrival order without SJF
+    small = p.cut(np.zeros(5, np.int64), now=now + 10)
+    assert len(small) == 1 and small[0].tolist() == list(range(5))
+
+
+@pytest.mark.parametrize("policy", ["no-wait", "adaptive"])
+def test_sjf_orders_minibatches_by_workload_with_the_free_objects_first(policy):
+    rng = np.random.default_rng(2)
+    p = BatchPolicy(policy, batch=100, sjf=True)
+    work = rng.integers(0, 20, 350)
+    parts = p.cut(work, backlog=True)
+    flat = np.concatenate(parts)
+    assert sorted(flat.tolist()) == list(range(350))  # every object once
+    assert (work[parts[0]] == 0).all() and (work[np.concatenate(parts[1:])] > 0).all()
+    assert all(len(x) <= 100 for x in parts[1:])
+    for x, y in zip(parts[1:], parts[2:]):  # Short-Job-First across minibatches
+        assert work[x].max() <= work[y].min()
+    for x in parts:
+        assert (np.diff(x) > 0).all()  # stream order within a minibatch
+    assert [len(x) for x in p.cut(work, sjf=False, backlog=True)] == [88, 88, 87, 87]
+
+
+@pytest.fixture(scope="module")
+def places(places_slice):
+    return stream_order(read_objects(str(places_slice)), None).to_pylist()
+
+
+def _answer_time(r: redis.Redis, keys: Keys, qid: str, obj: dict) -> float:
+    """Publish ``obj`` and return the seconds until it is in ``qid``'s result."""
+    t0 = time.monotonic()
+    r.xadd(keys.ingest_objects, object_fields(obj))
+    while obj["id"] not in r.zrange(keys.result(qid), 0, -1):
+        assert time.monotonic() - t0 < 30
+        time.sleep(0.002)
+    return time.monotonic() - t0
+
+
+def test_an_idle_service_answers_one_object_without_the_delay(redis_url, namespace, places, tmp_path):
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    times = {}
+    for policy in ("adaptive", "fixed"):
+        keys = Keys(f"{namespace}-{policy}")
+        q = {"id": "q1", "lon": places[0]["lon"], "lat": places[0]["lat"], "keywords": places[0]["keywords"][:1],
+             "k": 3}
+        r.xadd(keys.ingest_queries, register_fields(q))
+        proc = serve_process(redis_url, keys.namespace, tmp_path / f"{policy}.log", "--batching", policy,
+                             "--max-delay-ms", "2000", "--data-dir", str(tmp_path / policy))
+        try:
+            wait_processed(r, keys, proc)
+            time.sleep(0.5)  # idle
+            obj = {**places[0], "id": "fresh-1"}
+            times[policy] = _answer_time(r, keys, "q1", obj)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=60)
+    assert times["fixed"] >= 1.9  # it waited the delay for more objects
+    assert times["adaptive"] < 1.0  # it did not
+
+
+def test_sjf_minibatches_are_exact_and_record_every_response_time(redis_url, namespace, places, slice_queries,
+                                                                  tmp_path):
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    keys = Keys(namespace)
+    queries = pq.read_table(slice_queries).slice(0, 200)
+    for q in queries.to_pylist():
+        r.xadd(keys.ingest_queries, register_fields(q))
+    proc = serve_process(redis_url, namespace, tmp_path / "serve.log", "--batching", "no-wait", "--sjf",
+                         "--batch", "200", "--data-dir", str(tmp_path / "data"))
+    try:
+        wait_processed(r, keys, proc)
+        pipe = r.pipeline(transaction=False)
+        for o in places:  # one burst: reads of up to 4 x 200 entries, cut Short-Job-First
+            pipe.xadd(keys.ingest_objects, object_fields(o))
+        pipe.execute()
+        wait_processed(r, keys, proc, timeout_s=300)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    assert assert_exact(redis_url, namespace, queries, BruteForceKnn(pa.Table.from_pylist(places))) == 200
+    records = [f for _, f in r.xrange(keys.serve_batches)]
+    hist = latency.decode(f.get("lat_hist", "") for f in records)
+    objects = sum(int(f["objects"]) for f in records)
+    assert int(hist.sum()) == objects == len(places) - int(r.xlen(keys.ingest_rejects))
+    assert max(int(f["objects"]) for f in records) <= 200
+    assert len(records) > len(places) // 800  # reads were cut into minibatches
+    assert 0 < latency.percentile(hist, 50) <= latency.percentile(hist, 99) < 300_000
+
+
+def test_the_distributed_workload_estimate_counts_the_candidates_the_batch_then_checks(places_slice, slice_queries,
+                                                                                        redis_url, namespace,
+                                                                                        tmp_path):
+    from knnmon.coordinator.runtime import RunConfig, Runtime
+    from knnmon.store import StoreConfig
+
+    config = RunConfig(workers=2, executor="inline", initial=6000, batch=1000,
+                       store=StoreConfig(redis_url, namespace, str(tmp_path)))
+    with Runtime(str(places_slice), str(slice_queries), config) as rt:
+        for start in (0, 1000, 2000):
+            table = rt.stream_table.slice(start, 1000)
+            est = rt.dispatcher.workload(table)
+            routing = rt.dispatcher.workload(table, source="routing")
+            assert est.shape == routing.shape == (1000,) and (est >= 0).all()
+            report = rt.process(table)  # the estimate changed nothing: the batch checks those pairs
+            assert est.sum() == report.candidates > 0
+            assert ((routing == 0) <= (est == 0)).all()  # routed nowhere: no candidate anywhere
