@@ -42,7 +42,9 @@ from knnmon.ingest.reading import read_objects, stream_order
 from knnmon.keys import Keys
 from knnmon.oracle import BruteForceKnn
 from knnmon.redis_server import EmbeddedRedis
-from knnmon.testing import assert_exact, object_fields, register_fields, wait_processed
+from knnmon.testing import assert_exact, register_fields, wait_processed
+
+import serve_load  # beside this script
 
 #: name -> serve flags.
 PHASES = {
@@ -54,6 +56,7 @@ PHASES = {
     "no-wait/rtree": ["--batching", "no-wait", "--index", "rtree"],
     "adaptive/rtree": ["--batching", "adaptive", "--index", "rtree"],
     "no-wait+sjf/rtree": ["--batching", "no-wait", "--sjf", "--index", "rtree"],
+    "adaptive/inline-w1": ["--batching", "adaptive", "--executor", "inline", "--workers", "1"],
 }
 
 
@@ -93,19 +96,8 @@ def summary(hist: np.ndarray) -> dict:
 
 
 def publish(r: redis.Redis, key: str, rows: list[dict], rate: float | None) -> float:
-    """XADD ``rows``, paced to ``rate`` objects/s in 10 ms steps (all at once without a rate)."""
-    chunk = max(1, int(rate / 100)) if rate else 500
-    t0 = time.perf_counter()
-    for s in range(0, len(rows), chunk):
-        if rate:
-            ahead = s / rate - (time.perf_counter() - t0)
-            if ahead > 0:
-                time.sleep(ahead)
-        pipe = r.pipeline(transaction=False)
-        for o in rows[s:s + chunk]:
-            pipe.xadd(key, object_fields(o))
-        pipe.execute()
-    return time.perf_counter() - t0
+    """XADD ``rows`` paced to ``rate`` objects/s (all at once without a rate); seconds taken."""
+    return serve_load.publish(r, key, rows, rate, float("inf"))[1]
 
 
 def run_phase(name: str, a, r, keys, url, stream: list[dict], at: int) -> tuple[dict, int]:
@@ -187,13 +179,16 @@ def main(argv=None) -> int:
     ap.add_argument("--saturated-phases", default="fixed,adaptive,adaptive+sjf")
     ap.add_argument("--latency-target-ms", type=float, default=50.0)
     ap.add_argument("--no-abba", action="store_true", help="run the phases once, not again in reverse")
+    ap.add_argument("--warmup", metavar="PHASE",
+                    help="run this phase first and leave it out of the report (the first phase after the "
+                         "registrations ran 2-3x slower in bursts in the first two sittings)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--check", type=int, default=0)
     ap.add_argument("--report")
     ap.add_argument("--plot")
     a = ap.parse_args(argv)
     names = a.phases.split(",")
-    unknown = [n for n in names if n not in PHASES]
+    unknown = [n for n in names + ([a.warmup] if a.warmup else []) if n not in PHASES]
     if unknown:
         raise SystemExit(f"unknown phases {unknown}; known: {list(PHASES)}")
     order = names if a.no_abba else names + names[::-1]
@@ -202,7 +197,8 @@ def main(argv=None) -> int:
     rest = objects.slice(a.initial)
     rest = rest.take(pa.array(np.random.default_rng(a.seed).permutation(rest.num_rows)))
     per_phase = int(a.rate * a.steady_s) + a.burst * a.bursts
-    need = len(order) * per_phase + a.saturated * sum(n in a.saturated_phases.split(",") for n in order)
+    need = (len(order) + bool(a.warmup)) * per_phase + a.saturated * sum(
+        n in a.saturated_phases.split(",") for n in order + ([a.warmup] if a.warmup else []))
     if need > rest.num_rows:
         raise SystemExit(f"the phases need {need:,} objects beyond the initial ones; {rest.num_rows:,} there")
     stream = rest.slice(0, need).to_pylist()
@@ -221,7 +217,10 @@ def main(argv=None) -> int:
         proc.terminate()
         proc.wait(timeout=300)
         print(f"{queries.num_rows:,} queries registered in {time.perf_counter() - t0:.1f} s", flush=True)
-        at = 0
+        at, warm = 0, None
+        if a.warmup:
+            warm, at = run_phase(a.warmup, a, r, keys, server.url, stream, at)
+            warm["warmup"] = True
         for name in order:
             row, at = run_phase(name, a, r, keys, server.url, stream, at)
             rows.append(row)
@@ -234,7 +233,7 @@ def main(argv=None) -> int:
     report = {"machine": {"platform": platform.platform(), "python": platform.python_version(),
                           "cpus": __import__("os").cpu_count()},
               "command": " ".join(sys.argv), "config": vars(a), "rows": rows, "checked_queries": a.check,
-              "exact": exact}
+              "exact": exact, "warmup": warm}
     if a.report:
         with open(a.report, "w", encoding="utf-8") as fh:
             json.dump(report, fh, indent=2)
