@@ -27,6 +27,7 @@ import pyarrow.parquet as pq
 import redis
 
 from knnmon.ingest.reading import read_objects, stream_order
+from knnmon.coordinator.service import latency
 from knnmon.coordinator.service.protocol import entry_order, entry_time_ms
 from knnmon.keys import Keys
 from knnmon.oracle import BruteForceKnn
@@ -65,10 +66,16 @@ def latencies(r: redis.Redis, keys: Keys, first_id: str) -> tuple[np.ndarray, fl
     for b in batches:
         if entry_order(b["last"]) < start:
             continue
-        ids = [e for e, _ in r.xrange(keys.ingest_objects, min=b["first"], max=b["last"])]
         done = float(b["done_ms"])
-        ms = np.array([entry_time_ms(e) for e in ids], dtype=np.float64)
-        lat.append(done - ms)
+        ms = np.array([entry_time_ms(b["first"])], dtype=np.float64)
+        if "lat_hist" in b:  # each object's time, whichever entries the (mini)batch held
+            hist = latency.decode([b["lat_hist"]])
+            mids = latency.BASE_MS * latency.FACTOR ** (np.arange(len(hist)) + 0.5)
+            lat.append(np.repeat(mids, hist))
+        else:  # records written before lat_hist: the batch was a run of the stream
+            ids = [e for e, _ in r.xrange(keys.ingest_objects, min=b["first"], max=b["last"])]
+            ms = np.array([entry_time_ms(e) for e in ids], dtype=np.float64)
+            lat.append(done - ms)
         first_ms = ms.min() if first_ms is None else min(first_ms, ms.min())
         last_ms = max(last_ms, done)
         n += 1
@@ -80,7 +87,8 @@ def start_serve(url: str, a: argparse.Namespace, r: redis.Redis, keys: Keys) -> 
     r.delete(keys.serve_status)
     proc = subprocess.Popen([sys.executable, "-m", "knnmon.coordinator.cli", "serve", "--redis", url,
                              "--namespace", "load", "--objects", a.objects, "--initial", str(a.initial),
-                             "--workers", str(a.workers), "--batch", str(a.batch), "--max-delay-ms", str(a.max_delay_ms)])
+                             "--workers", str(a.workers), "--batch", str(a.batch), "--max-delay-ms", str(a.max_delay_ms),
+                             "--batching", a.batching])
     while not r.exists(keys.serve_status):
         if proc.poll() is not None:
             raise SystemExit(f"serve exited with {proc.returncode}")
@@ -99,7 +107,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rate", type=float, help="objects/s to publish at (default: as fast as possible)")
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--batch", type=int, default=1000)
-    ap.add_argument("--max-delay-ms", type=float, default=20.0)
+    ap.add_argument("--max-delay-ms", type=float, default=20.0, help="with --batching fixed")
+    ap.add_argument("--batching", default="adaptive", help="the service's --batching (fixed: the first policy)")
     ap.add_argument("--replan", action="store_true",
                     help="restart the service after the registrations, so that it plans them with its algorithm")
     ap.add_argument("--check", type=int, default=0, help="queries to check against the brute-force oracle")
