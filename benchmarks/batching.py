@@ -57,6 +57,7 @@ PHASES = {
     "adaptive/rtree": ["--batching", "adaptive", "--index", "rtree"],
     "no-wait+sjf/rtree": ["--batching", "no-wait", "--sjf", "--index", "rtree"],
     "adaptive/inline-w1": ["--batching", "adaptive", "--executor", "inline", "--workers", "1"],
+    "adaptive/ray-w2": ["--batching", "adaptive", "--workers", "2"],
 }
 
 

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import pytest
 
 from knnmon.coordinator.cli import main
 from knnmon.testing import knnmon_cli
@@ -90,3 +91,14 @@ def test_every_verb_has_a_description_and_every_flag_a_help():
     assert missing == []
     p = run_cli("serve", "--help")
     assert "(default 1000)" in p.stdout and "--max-k" in p.stdout  # defaults shown
+
+
+def test_serve_rejects_bad_batching_flags_before_touching_redis(capsys):
+    base = ["serve", "--redis", "redis://127.0.0.1:1/0"]  # nothing listens there: refused first
+    for extra, message in ((["--batching", "fixed", "--sjf"], "--sjf needs --batching no-wait or adaptive"),
+                           (["--latency-target-ms", "nan"], "--latency-target-ms must be a finite number > 0"),
+                           (["--latency-target-ms", "-5"], "--latency-target-ms must be a finite number > 0")):
+        assert main([*base, *extra]) == 2
+        assert message in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # argparse's choices
+        main([*base, "--index", "quadtree"])
