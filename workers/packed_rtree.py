@@ -25,13 +25,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from knnmon.workers.query_index import zorder
+
 __all__ = ["PackedRTree"]
-
-
-def _morton_of(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    from knnmon.workers.query_index import _cells0, _morton
-
-    return _morton(*_cells0(x, y))
 
 
 def _size_class(x0, y0, x1, y1) -> np.ndarray:
@@ -81,7 +77,7 @@ class PackedRTree:
         self.fanout = int(fanout)
         if n:
             size = _size_class(x0, y0, x1, y1)
-            cell = _morton_of((x0 + x1) / 2, (y0 + y1) / 2)
+            cell = zorder((x0 + x1) / 2, (y0 + y1) / 2)
             quad = (cell >> (2 * size)) << (2 * size)  # the quadtree cell a box of its size belongs to
             self.order = np.lexsort((size, quad, code))
         else:

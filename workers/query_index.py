@@ -32,7 +32,7 @@ from rtree import index as rtree_index
 from knnmon.arrays import runs, with_capacity
 from knnmon.geo import cap_bbox
 
-__all__ = ["FINEST", "LEVELS", "QueryIndex"]
+__all__ = ["FINEST", "LEVELS", "QueryIndex", "zorder"]
 
 #: Grid levels 0..LEVELS-1; level l has 2**(FINEST - l) cells per side.
 LEVELS = 11
@@ -65,6 +65,13 @@ def _morton(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     cell at level ``l`` of a level-0 cell ``m`` is ``m >> 2 * l``, so points sorted by their
     level-0 index are sorted at every level."""
     return _spread(x) | (_spread(y) << 1)
+
+
+def zorder(lon, lat) -> np.ndarray:
+    """The level-0 grid cell of points (degrees) as its Z-order (Morton) index, ``(n,)`` int64:
+    sorting by it sorts the points along the Z curve at every level (the R-tree's packing order
+    uses it too, :mod:`knnmon.workers.packed_rtree`)."""
+    return _morton(*_cells0(lon, lat))
 
 
 def _key(level, code, cell) -> np.ndarray:
