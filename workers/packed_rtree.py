@@ -101,9 +101,34 @@ class PackedRTree:
         self._code = [c for _, c in levels]
         self.height = len(levels) - 1
         self.sizes = [len(b) for b in self._box]
+        self._entry_points()
 
     def __len__(self) -> int:
         return len(self.order)
+
+    def _entry_points(self) -> None:
+        """Per keyword code, where a search for it may start: the deepest level at which at most
+        ``fanout`` nodes cover the code's entries (entries are sorted by code, so they are one
+        run, and a node of level ``h`` covers ``fanout ** (height - h)`` consecutive entries),
+        and the first of those nodes. The levels above only tell codes apart."""
+        codes = self._code[-1][:, 0] if self.height else np.empty(0, np.int64)
+        n_codes = int(codes.max()) + 1 if len(codes) else 0
+        self._start = np.full(n_codes, -1, dtype=np.int64)  # -1: no entry has the code
+        self._first = np.zeros(n_codes, dtype=np.int64)
+        self._count = np.zeros(n_codes, dtype=np.int64)
+        if not len(codes):
+            return
+        u, lo = np.unique(codes, return_index=True)
+        hi = np.r_[lo[1:], len(codes)] - 1
+        start = np.zeros(len(u), dtype=np.int64)
+        for h in range(self.height):  # deepest level wins: later levels overwrite
+            span = self.fanout ** (self.height - h)
+            few = hi // span - lo // span + 1 <= self.fanout
+            start[few] = h
+        span = self.fanout ** (self.height - start)
+        self._start[u] = start
+        self._first[u] = lo // span
+        self._count[u] = hi // span - lo // span + 1
 
     def root_frontier(self, npairs: int) -> tuple[np.ndarray, np.ndarray]:
         """Every pair at the root: ``(pair, node)`` ``(p,)`` int64 each (none for an empty tree)."""
@@ -142,16 +167,43 @@ class PackedRTree:
             pp = np.repeat(pair, F)
             valid = child < self.sizes[h + 1]
             child, pp = child[valid], pp[valid]
-            b = np.take(self._box[h + 1], child, axis=0)
-            c = np.take(self._code[h + 1], child, axis=0)
-            x, y, k = px[pp], py[pp], pc[pp]
-            hit = (b[:, 0] <= x) & (x <= b[:, 2]) & (b[:, 1] <= y) & (y <= b[:, 3]) & (c[:, 0] <= k) & (k <= c[:, 1])
+            hit = self._test(h + 1, pp, child, px, py, pc)
             pair, node = pp[hit], child[hit]
+        return pair, node
+
+    def _test(self, h: int, pair: np.ndarray, node: np.ndarray, px, py, pc) -> np.ndarray:
+        """Mask: the nodes of level ``h`` that hold their pair's point and code."""
+        b = np.take(self._box[h], node, axis=0)
+        c = np.take(self._code[h], node, axis=0)
+        x, y, k = px[pair], py[pair], pc[pair]
+        return (b[:, 0] <= x) & (x <= b[:, 2]) & (b[:, 1] <= y) & (y <= b[:, 3]) & (c[:, 0] <= k) & (k <= c[:, 1])
+
+    def entries_of(self, px: np.ndarray, py: np.ndarray, pc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Every (pair, entry) whose entry box holds the pair's point and has its code, ``(h,)``
+        int64 each, entries in tree order: the search starts each pair at its code's entry
+        points (:meth:`_entry_points`) instead of the root, joining the level-by-level descent
+        there. The same pairs as :meth:`descend` from the root to the entries."""
+        pc = np.asarray(pc, dtype=np.int64)
+        if not len(self) or not len(pc):
+            return np.empty(0, np.int64), np.empty(0, np.int64)
+        known = np.flatnonzero((pc >= 0) & (pc < len(self._start)))
+        start = np.full(len(pc), -1, dtype=np.int64)
+        start[known] = self._start[pc[known]]
+        pair, node = np.empty(0, np.int64), np.empty(0, np.int64)
+        for h in range(self.height + 1):
+            if h:
+                pair, node = self.descend(pair, node, px, py, pc, h - 1, h)
+            join = np.flatnonzero(start == h)
+            if len(join):
+                n = self._count[pc[join]]
+                jp = np.repeat(join, n)
+                jn = np.repeat(self._first[pc[join]], n) + (np.arange(len(jp)) - np.repeat(np.cumsum(n) - n, n))
+                ok = self._test(h, jp, jn, px, py, pc)
+                pair, node = np.concatenate([pair, jp[ok]]), np.concatenate([node, jn[ok]])
         return pair, node
 
     def search(self, px: np.ndarray, py: np.ndarray, pc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Every (pair, entry) whose entry box holds the pair's point and has its code:
-        ``(h,)`` int64 each, entries as input positions (plain search, root to entries)."""
-        pair, node = self.root_frontier(len(px))
-        pair, node = self.descend(pair, node, px, py, pc, 0, self.height)
+        ``(h,)`` int64 each, entries as input positions."""
+        pair, node = self.entries_of(px, py, pc)
         return pair, self.order[node]

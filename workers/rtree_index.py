@@ -231,7 +231,8 @@ class RTreeIndex:
 
     def candidates(self, lon: np.ndarray, lat: np.ndarray, pair_obj: np.ndarray,
                    pair_code: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Candidate (object, query slot) pairs of a batch: one traversal, root to entries.
+        """Candidate (object, query slot) pairs of a batch: one level-by-level traversal, each
+        pair starting at its keyword's entry points (:meth:`PackedRTree.entries_of`).
 
         Parameters
         ----------
@@ -250,8 +251,7 @@ class RTreeIndex:
         po, px, py, pc = self._points(lon, lat, pair_obj, pair_code)
         objs, slots = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
         for part in (self._base, self._delta):
-            t = part.tree
-            pair, node = t.descend(*t.root_frontier(len(po)), px, py, pc, 0, t.height)
+            pair, node = part.tree.entries_of(px, py, pc)  # from each keyword's entry points
             o, s = self._hits(part, pair, node, po)
             objs.append(o)
             slots.append(s)
