@@ -14,6 +14,7 @@ import redis
 
 from knnmon.coordinator.service import latency
 from knnmon.coordinator.service.batching import SJF_HORIZON, BatchPolicy
+from knnmon.coordinator.service.protocol import entry_order
 from knnmon.errors import InvalidArgumentError
 from knnmon.ingest.reading import read_objects, stream_order
 from knnmon.keys import Keys
@@ -136,6 +137,14 @@ def test_sjf_minibatches_are_exact_and_record_every_response_time(redis_url, nam
     assert max(int(f["objects"]) for f in records) <= 200
     assert len(records) > len(places) // 800  # reads were cut into minibatches
     assert 0 < latency.percentile(hist, 50) <= latency.percentile(hist, 99) < 300_000
+    # No starvation: when a minibatch acknowledged later holds an entry published before one of a
+    # minibatch acknowledged earlier (SJF overtook it), the two are at most one read apart: fewer
+    # than 4 x 200 entries.
+    pos = {e: i for i, (e, _) in enumerate(r.xrange(keys.ingest_objects))}
+    ranges = [(pos[f["first"]], pos[f["last"]]) for f in records]
+    overtaken = [(ranges[i][1] - ranges[j][0]) for i in range(len(ranges)) for j in range(i + 1, len(ranges))
+                 if ranges[j][0] < ranges[i][1]]
+    assert overtaken and max(overtaken) < SJF_HORIZON * 200
 
 
 def test_the_distributed_workload_estimate_counts_the_candidates_the_batch_then_checks(places_slice, slice_queries,
