@@ -162,6 +162,16 @@ class BatchPolicy:
         m_thr = self.batch if r * b >= SATURATED else 1.2 * r * a / (1 - r * b)
         return int(min(max(m_lat, m_thr, 1), self.batch))
 
+    def state(self, now: float | None = None) -> dict:
+        """For the service's status: ``policy``, ``sjf``, ``minibatch`` (the size a read would be
+        cut to now, without a backlog), ``cost_fixed_ms`` and ``cost_per_object_ms`` of the fit
+        (``None`` before any minibatch), ``arrival_per_s``."""
+        fit = self.cost()
+        return {"policy": self.policy, "sjf": self.sjf, "minibatch": self.size(now),
+                "cost_fixed_ms": round(fit[0] * 1e3, 3) if fit else None,
+                "cost_per_object_ms": round(fit[1] * 1e3, 5) if fit else None,
+                "arrival_per_s": round(self.rate(now), 1)}
+
     def splits(self, n: int, *, backlog: bool = False, now: float | None = None) -> bool:
         """Whether a read of ``n`` objects is cut into more than one minibatch (only then does
         the order, and so a workload estimate, matter)."""

@@ -34,7 +34,8 @@ def snapshot(svc: Any) -> dict[str, Any]:
     heartbeat, settings (without the Redis URL), queries and predicted load per worker, measured
     busy time per worker, the workers' nodes, latency XADD -> acknowledged (p50, p99 over the
     last 1,000 batches, ms), the objects held (with a window: live), the routing table's entries,
-    the watermark (with a window), and the service's counters."""
+    the watermark (with a window), the batching policy's state
+    (:meth:`~knnmon.coordinator.service.batching.BatchPolicy.state`), and the service's counters."""
     rt = svc.runtime
     reg = rt.registrar if rt is not None else None
     window = rt.dispatcher.window if rt is not None and rt.dispatcher is not None else None
@@ -56,6 +57,7 @@ def snapshot(svc: Any) -> dict[str, Any]:
         "objects_held": len(rt.objects) if rt is not None and rt.objects is not None else None,
         "routing_entries": rt.plan.routing.entries if rt is not None and rt.plan is not None else None,
         "watermark_ms": window.watermark if window is not None else None,
+        "batching": svc.batching.state(),
         **svc.counters,
     }
 
@@ -158,6 +160,12 @@ def format_status(s: dict[str, Any]) -> str:
         if svc.get("latency_ms_p50") is not None:
             lines.append(f"  latency XADD -> result written: p50 {svc['latency_ms_p50']:.1f} ms, "
                          f"p99 {svc['latency_ms_p99']:.1f} ms (last 1,000 batches)")
+        b = svc.get("batching")
+        if b:
+            cost = (f"; a minibatch costs {b['cost_fixed_ms']:.1f} ms + {b['cost_per_object_ms']:.3f} ms per object"
+                    if b.get("cost_fixed_ms") is not None else "")
+            lines.append(f"  batching {b['policy']}{' + SJF' if b.get('sjf') else ''}: minibatches of up to "
+                         f"{b['minibatch']:,} objects at {b['arrival_per_s']:,.0f} objects/s arriving{cost}")
         if svc.get("watermark_ms") is not None:
             lines.append(f"  window {svc['config']['window'] / 1e3:,.0f} s: watermark {svc['watermark_ms']}, "
                          f"{svc.get('objects_held') or 0:,} live objects, {svc.get('late', 0):,} late rejected, "

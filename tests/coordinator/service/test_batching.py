@@ -145,6 +145,13 @@ def test_sjf_minibatches_are_exact_and_record_every_response_time(redis_url, nam
     overtaken = [(ranges[i][1] - ranges[j][0]) for i in range(len(ranges)) for j in range(i + 1, len(ranges))
                  if ranges[j][0] < ranges[i][1]]
     assert overtaken and max(overtaken) < SJF_HORIZON * 200
+    from knnmon.coordinator.service.status import format_status, read_status
+
+    status = read_status(redis_url, namespace)
+    b = status["service"]["batching"]
+    assert b["policy"] == "no-wait" and b["sjf"] and b["minibatch"] == 200
+    assert b["cost_fixed_ms"] is not None and b["cost_per_object_ms"] > 0
+    assert "batching no-wait + SJF: minibatches of up to 200 objects" in format_status(status)
 
 
 def test_the_distributed_workload_estimate_counts_the_candidates_the_batch_then_checks(places_slice, slice_queries,
