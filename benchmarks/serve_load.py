@@ -69,9 +69,7 @@ def latencies(r: redis.Redis, keys: Keys, first_id: str) -> tuple[np.ndarray, fl
         done = float(b["done_ms"])
         ms = np.array([entry_time_ms(b["first"])], dtype=np.float64)
         if "lat_hist" in b:  # each object's time, whichever entries the (mini)batch held
-            hist = latency.decode([b["lat_hist"]])
-            mids = latency.BASE_MS * latency.FACTOR ** (np.arange(len(hist)) + 0.5)
-            lat.append(np.repeat(mids, hist))
+            lat.append(np.repeat(latency.midpoints(), latency.decode([b["lat_hist"]])))
         else:  # records written before lat_hist: the batch was a run of the stream
             ids = [e for e, _ in r.xrange(keys.ingest_objects, min=b["first"], max=b["last"])]
             ms = np.array([entry_time_ms(e) for e in ids], dtype=np.float64)

@@ -112,6 +112,16 @@ class PackedRTree:
     def __len__(self) -> int:
         return len(self.order)
 
+    @property
+    def entry_boxes(self) -> np.ndarray:
+        """``(n, 4)`` float64 ``[x0, y0, x1, y1]`` of the entries, in tree order."""
+        return self._box[-1]
+
+    @property
+    def entry_codes(self) -> np.ndarray:
+        """``(n,)`` int64 keyword code of the entries, in tree order."""
+        return self._code[-1][:, 0]
+
     def _entry_points(self) -> None:
         """Per keyword code, where a search for it may start: the deepest level at which at most
         ``fanout`` nodes cover the code's entries (entries are sorted by code, so they are one

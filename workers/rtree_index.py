@@ -73,17 +73,14 @@ class _Part:
         self.tree = PackedRTree(x0, y0, x1, y1, code, fanout=fanout)
         o = self.tree.order
         self.slot, self.gen = np.asarray(slot, np.int64)[o], np.asarray(gen, np.int32)[o]
-        self.code = np.asarray(code, np.int64)[o]
-        self.box = np.column_stack([np.asarray(a, np.float64)[o] for a in (x0, y0, x1, y1)]) if len(o) \
-            else np.empty((0, 4))
 
     def __len__(self) -> int:
         return len(self.slot)
 
     def columns(self, keep: np.ndarray) -> tuple[np.ndarray, ...]:
         """``(slot, gen, code, x0, y0, x1, y1)`` of the entries ``keep`` (a mask, tree order)."""
-        b = self.box[keep]
-        return self.slot[keep], self.gen[keep], self.code[keep], b[:, 0], b[:, 1], b[:, 2], b[:, 3]
+        b = self.tree.entry_boxes[keep]
+        return self.slot[keep], self.gen[keep], self.tree.entry_codes[keep], b[:, 0], b[:, 1], b[:, 2], b[:, 3]
 
     @classmethod
     def empty(cls, fanout: int) -> _Part:
@@ -117,11 +114,9 @@ class RTreeIndex:
         self._delta = _Part.empty(self.fanout)
         self._gen = np.zeros(0, dtype=np.int32)
         self._ibox = np.zeros((0, 4))  # per slot: its indexed box (current generation)
-        self._indexed = np.zeros(0, dtype=bool)  # per slot: has current entries
-        self._nent = np.zeros(0, dtype=np.int64)  # per slot: its current entries
+        self._nent = np.zeros(0, dtype=np.int64)  # per slot: its current entries (0: not indexed)
         self._stale = 0  # entries superseded since the last merge (still in the trees)
         self.compactions = 0
-        self.updates = 0  # entries re-indexed so far
 
     @property
     def entries(self) -> int:
@@ -136,7 +131,6 @@ class RTreeIndex:
     def _grow(self, n: int) -> None:
         self._gen = with_capacity(self._gen, n)
         self._ibox = with_capacity(self._ibox, n)
-        self._indexed = with_capacity(self._indexed, n)
         self._nent = with_capacity(self._nent, n)
 
     def rebuild(self, slot: np.ndarray, code: np.ndarray, lon: np.ndarray, lat: np.ndarray,
@@ -154,8 +148,6 @@ class RTreeIndex:
         x0, y0, x1, y1 = cap_bbox(lon, lat, radius_m)
         self._grow(int(slot.max(initial=-1)) + 1)
         self._gen[:] = 0
-        self._indexed[:] = False
-        self._indexed[slot] = True
         self._nent[:] = 0
         np.add.at(self._nent, slot, 1)
         self._stale = 0
@@ -177,13 +169,12 @@ class RTreeIndex:
         has[slot] = True
         removed = np.unique(changed[~has[changed]])
         self._gen[removed] += 1
-        self._indexed[removed] = False
         self._stale += int(self._nent[removed].sum())
         self._nent[removed] = 0
         # Per slot with entries: keep its indexed entries if the new box lies inside and is not much smaller.
         old = self._ibox[slot]
         inside = ((old[:, 0] <= x0) & (old[:, 1] <= y0) & (x1 <= old[:, 2]) & (y1 <= old[:, 3])
-                  & self._indexed[slot])
+                  & (self._nent[slot] > 0))
         area_new = (x1 - x0) * (y1 - y0)
         area_old = (old[:, 2] - old[:, 0]) * (old[:, 3] - old[:, 1])
         lazy = inside & (area_new >= self.SHRINK * area_old)
@@ -193,12 +184,10 @@ class RTreeIndex:
         if take.any():
             moved = np.unique(slot[take])
             self._gen[moved] += 1
-            self._indexed[moved] = True
             self._stale += int(self._nent[moved].sum())
             self._nent[moved] = 0
             np.add.at(self._nent, slot[take], 1)
             self._ibox[slot[take]] = new_box[take]
-            self.updates += int(take.sum())
             self.adaptive.updated(int(take.sum()))
         if not len(removed) and not take.any():
             return

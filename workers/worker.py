@@ -52,6 +52,15 @@ INDEXES = {"grid": QueryIndex, "rtree": RTreeIndex, "keyword-lists": KeywordList
 COMPACT_MIN = 1 << 16
 
 
+def _pairs_of_rows(batch: ObjectBatch, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The (object, keyword code) pairs of a shared batch's rows ``rows`` (``(m,)`` int64), the
+    objects renumbered as positions in ``rows``: ``(p,)`` int64 each."""
+    remap = np.full(batch.table.num_rows, -1, dtype=np.int64)
+    remap[rows] = np.arange(len(rows))
+    sel = remap[batch.pair_obj] >= 0
+    return remap[batch.pair_obj[sel]], batch.pair_code[sel]
+
+
 def _warm_up() -> None:
     """Load pyarrow's compute kernels now: in a fresh worker process their first use costs
     ~0.2-0.6 s, which would otherwise land on the first batch's update time."""
@@ -839,12 +848,9 @@ class KnnWorker(Handover):
             ``(m,)`` int64 candidates per row.
         """
         rows = np.asarray(rows, dtype=np.int64)
-        remap = np.full(batch.table.num_rows, -1, dtype=np.int64)
-        remap[rows] = np.arange(len(rows))
-        sel = remap[batch.pair_obj] >= 0
         lon = batch.table.column("lon").to_numpy()[rows]
         lat = batch.table.column("lat").to_numpy()[rows]
-        obj, _ = self.index.candidates(lon, lat, remap[batch.pair_obj[sel]], batch.pair_code[sel])
+        obj, _ = self.index.candidates(lon, lat, *_pairs_of_rows(batch, rows))
         return np.bincount(obj, minlength=len(rows)).astype(np.int64)
 
     def process_rows(self, batch: ObjectBatch, rows: np.ndarray, *, cutoff: int | None = None,
@@ -855,13 +861,10 @@ class KnnWorker(Handover):
         t0, c0 = time.perf_counter(), time.thread_time()
         table = batch.table
         rows = np.asarray(rows, dtype=np.int64)
-        remap = np.full(table.num_rows, -1, dtype=np.int64)
-        remap[rows] = np.arange(len(rows))
-        sel = remap[batch.pair_obj] >= 0
         part = table.take(rows)
         args = (batch.number, part.column("id").to_pylist(), part.column("lon").to_numpy(),
                 part.column("lat").to_numpy(), part.column("t").to_numpy(), part.column("keywords").to_pylist(),
-                (remap[batch.pair_obj[sel]], batch.pair_code[sel]))
+                _pairs_of_rows(batch, rows))
         wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
         report = self.process_batch(*args, cutoff=cutoff, refills=refills)
         return replace(report, busy_s=report.busy_s + wall, cpu_s=report.cpu_s + cpu)

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from knnmon.assignment.routing import RoutingTable
+from knnmon.assignment.routing import RoutingTable, popcount
 from knnmon.batch import ObjectBatch, Refills, WorkerReport
 from knnmon.coordinator.runtime.metrics import BatchReport
 from knnmon.coordinator.runtime.object_store import ObjectStore
@@ -179,22 +179,13 @@ class Dispatcher:
         has, times the workers the routing table sends it to (no call, but on 100 k real
         queries its rank correlation with the candidates was 0.04: docs/batching.md).
         """
-        lon, lat = batch.column("lon").to_numpy(), batch.column("lat").to_numpy()
-        owner, codes = self.routing.encode(batch.column("keywords").combine_chunks())
-        keep = codes >= 0
-        pair_obj, pair_code = owner[keep], codes[keep]
-        masks = self.routing.route_v(self.routing.grid.cell_of(lon, lat), pair_obj, pair_code)
+        table, pair_obj, pair_code, masks = self._route(batch)
         if source == "routing":
-            workers = np.zeros(len(masks), dtype=np.int64)
-            for w in range(self.pool.size):
-                workers += ((masks >> np.uint64(w)) & np.uint64(1)).astype(np.int64)
-            return workers * np.bincount(pair_obj, minlength=len(masks))
-        table = pa.table({"id": batch.column("id"), "lon": lon, "lat": lat, "t": batch.column("t").to_numpy(),
-                          "keywords": batch.column("keywords").combine_chunks()})
+            return popcount(masks) * np.bincount(pair_obj, minlength=len(masks))
         shared = self.pool.share(ObjectBatch(-1, table, pair_obj, pair_code))
         pending, rows = [], []
         for w in range(self.pool.size):
-            mine = np.flatnonzero((masks >> np.uint64(w)) & np.uint64(1))
+            mine = _rows_of(masks, w)
             if len(mine):
                 pending.append(self.pool.call(w, "estimate_rows", shared, mine))
                 rows.append(mine)
@@ -202,6 +193,20 @@ class Dispatcher:
         for mine, counts in zip(rows, self.pool.gather(pending)):
             out[mine] += counts
         return out
+
+    def _route(self, batch: pa.Table) -> tuple[pa.Table, np.ndarray, np.ndarray, np.ndarray]:
+        """A batch as the workers receive it (``id``, ``lon``, ``lat``, ``t``, ``keywords``), its
+        (object, keyword code) pairs that some query has, ``(p,)`` int64 each, and each object's
+        worker bitmask, ``(n,)`` uint64 (:meth:`RoutingTable.route_v`)."""
+        lon, lat = batch.column("lon").to_numpy(), batch.column("lat").to_numpy()
+        keywords = batch.column("keywords").combine_chunks()
+        owner, codes = self.routing.encode(keywords)
+        keep = codes >= 0
+        pair_obj, pair_code = owner[keep], codes[keep]
+        masks = self.routing.route_v(self.routing.grid.cell_of(lon, lat), pair_obj, pair_code)
+        table = pa.table({"id": batch.column("id"), "lon": lon, "lat": lat, "t": batch.column("t").to_numpy(),
+                          "keywords": keywords})
+        return table, pair_obj, pair_code, masks
 
     def dispatch(self, batch: pa.Table) -> DispatchedBatch:
         """Route ``batch`` (``id``, ``lon``, ``lat``, ``t``, ``keywords``) and send each worker
@@ -211,20 +216,13 @@ class Dispatcher:
         n_late, cutoff, refills, refill_ms = 0, None, {}, 0.0
         if self.window is not None:
             batch, n_late, cutoff, refills, refill_ms = self._expire(batch)
-        lon, lat = batch.column("lon").to_numpy(), batch.column("lat").to_numpy()
-        keywords = batch.column("keywords").combine_chunks()
-        owner, codes = self.routing.encode(keywords)
-        keep = codes >= 0
-        pair_obj, pair_code = owner[keep], codes[keep]
-        masks = self.routing.route_v(self.routing.grid.cell_of(lon, lat), pair_obj, pair_code)
+        table, pair_obj, pair_code, masks = self._route(batch)
         number = self.next_batch
         self.next_batch += 1
-        table = pa.table({"id": batch.column("id"), "lon": lon, "lat": lat, "t": batch.column("t").to_numpy(),
-                          "keywords": keywords})
         shared = self.pool.share(ObjectBatch(number, table, pair_obj, pair_code))
         pending, sent, rows = [], 0, {}
         for w in range(self.pool.size):
-            mine = np.flatnonzero((masks >> np.uint64(w)) & np.uint64(1))
+            mine = _rows_of(masks, w)
             if len(mine) or cutoff is not None:
                 window = {"cutoff": cutoff, "refills": refills.get(w)} if cutoff is not None else {}
                 pending.append(self.pool.call(w, "process_rows", shared, mine, **window))
@@ -260,3 +258,8 @@ class Dispatcher:
         update_ms = (time.perf_counter() - d.t0) * 1e3
         return BatchReport.of(d.number, d.objects, d.duplicates, d.deliveries, self.pool.size, update_ms, route_ms,
                               route_cpu_ms, reports, late=d.late, refill_ms=d.refill_ms)
+
+
+def _rows_of(masks: np.ndarray, worker: int) -> np.ndarray:
+    """The rows (``int64``) whose worker bitmask (``(n,)`` uint64) has ``worker``'s bit."""
+    return np.flatnonzero((masks >> np.uint64(worker)) & np.uint64(1))

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-__all__ = ["BASE_MS", "BUCKETS", "FACTOR", "decode", "encode", "mean", "percentile"]
+__all__ = ["BASE_MS", "BUCKETS", "FACTOR", "decode", "encode", "mean", "midpoints", "percentile"]
 
 BASE_MS = 0.1
 FACTOR = 1.05
@@ -53,7 +53,12 @@ def percentile(hist: np.ndarray, q: float) -> float:
     if total == 0:
         return float("nan")
     i = int(np.searchsorted(np.cumsum(hist), max(1, math.ceil(q / 100 * total))))
-    return BASE_MS * FACTOR ** (i + 0.5)
+    return float(midpoints()[i])
+
+
+def midpoints() -> np.ndarray:
+    """``(BUCKETS,)`` float64: each bucket's geometric middle, ms."""
+    return BASE_MS * FACTOR ** (np.arange(BUCKETS) + 0.5)
 
 
 def mean(hist: np.ndarray) -> float:
@@ -61,5 +66,4 @@ def mean(hist: np.ndarray) -> float:
     total = int(hist.sum())
     if total == 0:
         return float("nan")
-    mids = BASE_MS * FACTOR ** (np.arange(len(hist)) + 0.5)
-    return float((hist * mids).sum() / total)
+    return float((hist * midpoints()).sum() / total)

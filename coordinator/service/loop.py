@@ -465,7 +465,8 @@ class Service:
         rt = self.runtime
         now_ms = time.time() * 1000
         acked = sorted(ids + rejected, key=entry_order)
-        lat = now_ms - np.array([entry_time_ms(e) for e in ids], dtype=np.float64)
+        published_ms = np.array([entry_time_ms(e) for e in ids], dtype=np.float64)
+        lat = now_ms - published_ms
         record = {"first": acked[0], "last": acked[-1], "n": len(acked), "objects": n_objects,
                   "rejects": len(rejects), "done_ms": f"{now_ms:.1f}", "parse_ms": f"{parse_ms:.2f}",
                   "update_ms": f"{update_ms:.2f}", "lat_hist": latency.encode(lat)}
@@ -481,7 +482,7 @@ class Service:
                 self._checkpoint()
         acked_ms = time.time() * 1000
         if ids:
-            self.latencies.append(acked_ms - np.array([entry_time_ms(e) for e in ids], dtype=np.float64))
+            self.latencies.append(acked_ms - published_ms)
         self.counters["objects"] += n_objects
         self.counters["batches"] += 1
         if report is not None:
