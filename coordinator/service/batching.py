@@ -82,7 +82,7 @@ class BatchPolicy:
     Raises
     ------
     InvalidArgumentError
-        An unknown policy, ``batch < 1``, a negative delay, a target that is not a positive
+        An unknown policy, ``batch < 1``, a negative or infinite delay, a target that is not a positive
         finite number, or ``sjf`` with ``fixed``.
     """
 
@@ -92,8 +92,8 @@ class BatchPolicy:
             raise InvalidArgumentError(f"Invalid --batching: {policy!r}.\nValid options are: {POLICIES}")
         if batch < 1:
             raise InvalidArgumentError(f"--batch must be >= 1; got {batch}")
-        if not max_delay_ms >= 0:
-            raise InvalidArgumentError(f"--max-delay-ms must be >= 0; got {max_delay_ms}")
+        if not (math.isfinite(max_delay_ms) and max_delay_ms >= 0):
+            raise InvalidArgumentError(f"--max-delay-ms must be a finite number >= 0; got {max_delay_ms}")
         if not (math.isfinite(latency_target_ms) and latency_target_ms > 0):
             raise InvalidArgumentError(f"--latency-target-ms must be a finite number > 0; got {latency_target_ms}")
         if sjf and policy == "fixed":

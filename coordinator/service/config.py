@@ -54,7 +54,7 @@ class ServeConfig:
     Raises
     ------
     InvalidArgumentError
-        ``max_delay_ms < 0``, a bad batching policy, ``initial < 0``, ``block_ms < 1``, a missing ``objects_dir``, or
+        a negative or infinite ``max_delay_ms``, a bad batching policy, ``initial < 0``, ``block_ms < 1``, a missing ``objects_dir``, or
         what :class:`RunConfig` rejects (workers outside 1..64, ``batch < 1``, an unknown
         executor).
     """
@@ -85,9 +85,7 @@ class ServeConfig:
         from knnmon.coordinator.service.batching import BatchPolicy
 
         BatchPolicy(self.batching, batch=max(self.batch, 1), max_delay_ms=self.max_delay_ms,
-                    latency_target_ms=self.latency_target_ms, sjf=self.sjf)  # raises when invalid
-        if self.max_delay_ms < 0:
-            raise InvalidArgumentError(f"--max-delay-ms must be >= 0; got {self.max_delay_ms}")
+                    latency_target_ms=self.latency_target_ms, sjf=self.sjf)  # raises when invalid (the delay too)
         if self.initial is not None and self.initial < 0:
             raise InvalidArgumentError(f"--initial must be >= 0; got {self.initial}")
         if not (math.isfinite(self.checkpoint_interval_s) and self.checkpoint_interval_s > 0):

@@ -97,7 +97,8 @@ def test_serve_rejects_bad_batching_flags_before_touching_redis(capsys):
     base = ["serve", "--redis", "redis://127.0.0.1:1/0"]  # nothing listens there: refused first
     for extra, message in ((["--batching", "fixed", "--sjf"], "--sjf needs --batching no-wait or adaptive"),
                            (["--latency-target-ms", "nan"], "--latency-target-ms must be a finite number > 0"),
-                           (["--latency-target-ms", "-5"], "--latency-target-ms must be a finite number > 0")):
+                           (["--latency-target-ms", "-5"], "--latency-target-ms must be a finite number > 0"),
+                           (["--max-delay-ms", "inf"], "--max-delay-ms must be a finite number >= 0")):
         assert main([*base, *extra]) == 2
         assert message in capsys.readouterr().err
     with pytest.raises(SystemExit):  # argparse's choices

@@ -23,7 +23,8 @@ from knnmon.testing import assert_exact, object_fields, register_fields, serve_p
 
 
 def test_the_policy_rejects_bad_settings():
-    for kwargs in ({"policy": "eager"}, {"batch": 0}, {"max_delay_ms": -1}, {"latency_target_ms": 0},
+    for kwargs in ({"policy": "eager"}, {"batch": 0}, {"max_delay_ms": -1}, {"max_delay_ms": float("inf")},
+                   {"max_delay_ms": float("nan")}, {"latency_target_ms": 0},
                    {"latency_target_ms": float("nan")}, {"policy": "fixed", "sjf": True}):
         with pytest.raises(InvalidArgumentError):
             BatchPolicy(**kwargs)
