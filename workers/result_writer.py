@@ -21,7 +21,12 @@ Layout: :class:`knnmon.keys.Keys`. A batch's writes travel as one msgpack payloa
    initial load) writes its queries' whole initial results as ``entered``, a deleted query its
    whole result as ``left``: applying ``knn:changes`` from the start reproduces every result's
    members;
-5. sets the marker ``<session>:<tag>``;
+5. sets the marker ``<session>:<tag>``. A batch released in parts (:meth:`ResultWriter.write_part`:
+   its objects' changes group by group, each as soon as it is done) has the tags ``<batch>/0``,
+   ``<batch>/1``, ... and ``<batch>`` for its last part; each part also appends its objects' rows
+   to the list ``<marker>:rows`` (the first part empties it first, the last part and every
+   whole batch delete it), so a revival knows which of a half-written batch's objects Redis
+   holds already (:func:`knnmon.coordinator.runtime.revival.applied_state`);
 6. returns the microseconds it ran, for the worker's busy time: the server process's CPU time
    (``os.clock``, Redis 7+, where ``TIME`` stands still inside a script), else ``TIME``.
 
@@ -101,6 +106,14 @@ if #p.feed > 0 then
   redis.call('XADD', ns .. ':changes', '*', 'version', p.version, 'changes', p.feed)
   redis.call('XTRIM', ns .. ':changes', 'MAXLEN', '~', p.maxlen)
 end
+if p.prows then
+  local rows = p.marker .. ':rows'
+  if p.pfirst == 1 then redis.call('DEL', rows) end
+  local r = p.prows
+  for s = 1, #r, 2000 do redis.call('RPUSH', rows, unpack(r, s, math.min(s + 1999, #r))) end
+else
+  redis.call('DEL', p.marker .. ':rows')
+end
 redis.call('SET', p.marker, p.tag)
 return math.floor(now_us() - t0)
 """
@@ -157,8 +170,9 @@ class ResultWriter:
         #: about to be): whether its details are in that hash.
         self.held_in: dict[str, dict[str, int]] = {}
 
-    def apply(self, tag: int, payload: dict) -> float:
-        """One script call with a payload built for ``tag`` (one per master in a cluster: see
+    def apply(self, tag: int | str, payload: dict) -> float:
+        """One script call with a payload built for ``tag`` (a batch's number, or
+        ``<batch>/<part>`` for a part of it: :meth:`write_part`; one per master in a cluster: see
         :meth:`_apply_cluster`); returns the server's seconds running it (0 for a repeated tag).
 
         Raises
@@ -211,10 +225,10 @@ class ResultWriter:
             d = out[m.master_of(okey)]
             d["okey"], d["hs"], d["hd"] = okey, hs, hd
         out[m.master_of(keys.changes)]["feed"] = payload["feed"]
-        common = {k: payload[k] for k in ("ns", "rep", "version", "maxlen")}
+        common = {k: payload[k] for k in ("ns", "rep", "version", "maxlen", "prows", "pfirst") if k in payload}
         return {name: {**common, **d} for name, d in out.items()}
 
-    def _apply_cluster(self, tag: int, payload: dict) -> float:
+    def _apply_cluster(self, tag: int | str, payload: dict) -> float:
         """The cluster's :meth:`apply`: one script call per master, in the masters' order with
         the feed's master last (a reader of the feed finds the results it names written). Each
         call checks and sets the worker's marker on its own master
@@ -397,6 +411,16 @@ class ResultWriter:
         """Write one batch's result changes (module docstring); returns the server's seconds
         running the script."""
         return self.apply(tag, self._payload(changes))
+
+    def write_part(self, batch: int, part: int, last: bool, rows: Sequence[int], changes: BatchChanges) -> float:
+        """Write part ``part`` (``0, 1, ...``) of batch ``batch``'s changes, ``last`` if the
+        batch has no more: the changes of the objects at ``rows`` (the batch's rows, ints),
+        released before the rest of the batch is done (module docstring, 5.). Exactly once like
+        :meth:`write_batch`; returns the server's seconds running the script."""
+        payload = self._payload(changes)
+        if not last:
+            payload.update(prows=[int(r) for r in rows], pfirst=int(part == 0))
+        return self.apply(str(batch) if last else f"{batch}/{part}", payload)
 
     def write_repairs(self, tag: int, changes: BatchChanges) -> float:
         """Write result changes without touching any worker's object details (recovery's

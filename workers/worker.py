@@ -19,7 +19,7 @@ import os
 import time
 from collections import deque
 from dataclasses import replace
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -35,10 +35,10 @@ from knnmon.workers.handover import Handover
 from knnmon.workers.query_index import QueryIndex
 from knnmon.workers.query_load import QueryLoad
 from knnmon.workers.result_writer import ResultWriter
-from knnmon.workers.rtree_index import RTreeIndex
+from knnmon.workers.rtree_index import RTreeIndex, SearchGroup
 from knnmon.workers.write_queue import WriteQueue
 
-__all__ = ["INDEXES", "NO_TIME", "KnnWorker"]
+__all__ = ["INDEXES", "MAX_RELEASE_GROUPS", "NO_TIME", "KnnWorker", "sjf_groups"]
 
 #: The time of an object whose time a worker was not told (it never expires).
 NO_TIME = np.iinfo(np.int64).max
@@ -46,6 +46,9 @@ NO_TIME = np.iinfo(np.int64).max
 #: Query-region index by name: knnmon's keyword-aware grid, the keyword-aware R-tree with
 #: BatchSearch (Wang, Zhang, Kitsuregawa), or the single-process reference's keyword lists.
 INDEXES = {"grid": QueryIndex, "rtree": RTreeIndex, "keyword-lists": KeywordLists}
+#: At most this many parts per batch (:class:`KnnWorker`'s ``release_groups``): each costs a
+#: script call.
+MAX_RELEASE_GROUPS = 64
 
 
 #: Compaction (:meth:`KnnWorker.compact`) waits for at least this many places or handles to release.
@@ -59,6 +62,24 @@ def _pairs_of_rows(batch: ObjectBatch, rows: np.ndarray) -> tuple[np.ndarray, np
     remap[rows] = np.arange(len(rows))
     sel = remap[batch.pair_obj] >= 0
     return remap[batch.pair_obj[sel]], batch.pair_code[sel]
+
+
+def sjf_groups(obj: np.ndarray, slot: np.ndarray, n: int, size: int) -> Iterator[SearchGroup]:
+    """A batch's exact candidate pairs (``(c,)`` int64 ``obj``, ``slot``; ``n`` objects) cut
+    into Short-Job-First groups of ``size`` objects: the objects by ascending candidate count
+    (ties in batch order), each group with its pairs. An index without BatchSearch releases a
+    batch in parts with these (:class:`KnnWorker`'s ``release_groups``)."""
+    work = np.bincount(obj, minlength=n).astype(np.int64)
+    order = np.argsort(work, kind="stable")
+    rank = np.empty(n, dtype=np.int64)
+    rank[order] = np.arange(n)
+    g = rank[obj] // size
+    by = np.argsort(g, kind="stable")
+    obj, slot, g = obj[by], slot[by], g[by]
+    cut = np.searchsorted(g, np.arange(-(-n // size) + 1))
+    for i in range(len(cut) - 1):
+        objs = order[i * size:(i + 1) * size]
+        yield SearchGroup(objs, work[objs], obj[cut[i]:cut[i + 1]], slot[cut[i]:cut[i + 1]])
 
 
 def _warm_up() -> None:
@@ -110,20 +131,31 @@ class KnnWorker(Handover):
     track_load
         Charge each query its measured load per batch (:mod:`knnmon.workers.query_load`), for
         re-balancing; off, a batch pays nothing for it and every load reads 0.
+    release_groups
+        Release a batch's changes in up to this many parts, objects in Short-Job-First order
+        (Wang, Zhang and Kitsuregawa: each object's changes go out as soon as it is done, so
+        the cheap ones do not wait for the expensive ones): the R-tree index's BatchSearch
+        (:meth:`RTreeIndex.batch_search`) or, with another index, the batch's exact candidates
+        grouped by their count. 1 (the default): one write per batch. Not with
+        ``overlap_writes``.
 
     Raises
     ------
     InvalidArgumentError
-        An unknown ``index``, a negative ``reserve``.
+        An unknown ``index``, a negative ``reserve``, ``release_groups`` outside
+        ``1..MAX_RELEASE_GROUPS``.
     """
 
     def __init__(self, worker_id: int, redis_url: str | None, namespace: str = "knn", *,
                  vocabulary: Mapping[str, int] | None = None, index: str = "grid", overlap_writes: bool = False,
-                 reserve: int = 0, track_load: bool = False) -> None:
+                 reserve: int = 0, track_load: bool = False, release_groups: int = 1) -> None:
         if index not in INDEXES:
             raise InvalidArgumentError(f"Invalid index: {index!r}.\nValid options are: {tuple(INDEXES)}")
         if reserve < 0:
             raise InvalidArgumentError(f"the reserve must be >= 0; got {reserve}")
+        if not 1 <= release_groups <= MAX_RELEASE_GROUPS:
+            raise InvalidArgumentError(f"release_groups must be in 1..{MAX_RELEASE_GROUPS}; got {release_groups}")
+        self.release_groups = int(release_groups)
         self.worker_id, self.reserve = worker_id, int(reserve)
         self.writer = ResultWriter(redis_url, namespace, worker_id) if redis_url else None
         self.queue = WriteQueue(self.writer) if self.writer is not None and overlap_writes else None
@@ -633,7 +665,12 @@ class KnnWorker(Handover):
         ``r_q``: one per pair, sorted by (slot, distance, object), only each query's ``k``
         nearest (ties at the k-th kept, so ties by id are decided exactly in the merge)."""
         obj, slot = self.index.candidates(lon, lat, pair_obj, pair_code)
-        candidates = (obj, slot)
+        return (obj, slot), *self._within(lon, lat, obj, slot)
+
+    def _within(self, lon: np.ndarray, lat: np.ndarray, obj: np.ndarray, slot: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`_passed` after the index: of the candidate pairs ``(obj, slot)``, the
+        (object, slot, distance m) pairs within ``r_q``, sorted and cut as it says."""
         # Pre-test on the chord: 2 - 2 o.q <= T  <=>  (o, 1/2).(q, T) >= 1; one row per candidate
         # (np.take: several times faster than fancy indexing of rows), no trigonometry.
         o4 = np.column_stack([unit_vectors(lon, lat), np.full(len(lon), 0.5)])
@@ -651,7 +688,7 @@ class KnnWorker(Handover):
         kk = self.cap[slot]
         kth = d[np.where(count >= kk, start + kk - 1, start + count - 1)]
         keep = d <= kth
-        return candidates, obj[keep], slot[keep], d[keep]
+        return obj[keep], slot[keep], d[keep]
 
     def _merge(self, ids: Sequence[str], times: np.ndarray, obj: np.ndarray, slot: np.ndarray, d: np.ndarray
                ) -> dict[str, Any]:
@@ -748,7 +785,8 @@ class KnnWorker(Handover):
 
     def process_batch(self, batch: int, ids: Sequence[str], lon: np.ndarray, lat: np.ndarray, t: np.ndarray,
                       keywords: Sequence[Sequence[str]], pairs: tuple[np.ndarray, np.ndarray] | None = None, *,
-                      cutoff: int | None = None, refills: Refills | None = None) -> WorkerReport:
+                      cutoff: int | None = None, refills: Refills | None = None,
+                      rows: np.ndarray | None = None) -> WorkerReport:
         """Update every affected kNN for a batch of objects and write the changes to Redis.
 
         Parameters
@@ -766,12 +804,16 @@ class KnnWorker(Handover):
         refills
             With a window: the exact kNN over the live objects (before this batch) of the queries
             :meth:`expire` asked to refill, applied before the batch's objects.
+        rows
+            ``(n,)`` int64: the objects' rows in the shared batch (:meth:`process_rows`), which
+            a batch released in parts records (default ``0..n-1``).
 
         Returns
         -------
         WorkerReport
             With ``overlap_writes`` and a changed result, the write is queued
-            (``write_queued``) and its figures come from :meth:`written`.
+            (``write_queued``) and its figures come from :meth:`written`. Released in parts
+            (``release_groups > 1``), ``released`` holds each row's release time.
         """
         t0, c0 = time.perf_counter(), time.thread_time()
         lon = np.asarray(lon, dtype=np.float64)
@@ -784,6 +826,12 @@ class KnnWorker(Handover):
             self.expire(cutoff)
         if refills is not None:
             self._refill(refills)
+        if self.release_groups > 1 and len(ids) > 1 and self.queue is None:
+            rows = np.arange(len(ids), dtype=np.int64) if rows is None else np.asarray(rows, dtype=np.int64)
+            report = self._process_in_parts(batch, ids, lon, lat, t, keywords, pairs, rows)
+            return replace(report, busy_s=time.perf_counter() - t0,
+                           cpu_s=time.thread_time() - c0 + report.redis_server_s,
+                           refilled=len(refills.qids) if refills is not None else 0)
         candidates, obj, slot, d = None, *(np.empty(0, dtype=np.int64),) * 2, np.empty(0)
         if len(ids):
             po, pc_ = pairs if pairs is not None else self.encode(keywords)
@@ -814,20 +862,108 @@ class KnnWorker(Handover):
         redis_s = time.perf_counter() - t1
         t2 = time.perf_counter()
         if len(changed):
-            kth = self.top_d[self.top_ptr[changed] + self.cap[changed] - 1]  # inf unless the list is full
-            shrink = kth < self.radius[changed]
-            if shrink.any():
-                self.radius[changed[shrink]] = kth[shrink]
-                self.reach[changed[shrink], 3] = chord2_bound(kth[shrink])
-                self._refresh(changed[shrink])
+            self._shrink(changed)
         if len(self.oids) > max(COMPACT_MIN, 4 * self._live_handles):
             self._compact_handles()  # objects that left every result: their handles released
         index_s = time.perf_counter() - t2
+        released = None
+        if self.release_groups > 1:  # (one object, or queued writes: released whole, now)
+            rows = np.arange(len(ids), dtype=np.int64) if rows is None else np.asarray(rows, dtype=np.int64)
+            released = (rows, np.full(len(ids), time.time() * 1e3))
         return WorkerReport(worker=self.worker_id, batch=batch, objects=len(ids), candidates=n_candidates,
                             passed=len(slot), changed=len(written), busy_s=busy_core + redis_s + index_s,
                             cpu_s=time.thread_time() - c0 + server_s, redis_s=redis_s, redis_server_s=server_s,
                             index_s=index_s, write_queued=self.queue is not None and bool(len(written)),
-                            refilled=len(refills.qids) if refills is not None else 0)
+                            refilled=len(refills.qids) if refills is not None else 0, released=released)
+
+    def _groups(self, lon: np.ndarray, lat: np.ndarray, pair_obj: np.ndarray, pair_code: np.ndarray
+                ) -> Iterator[SearchGroup]:
+        """The batch's objects in Short-Job-First groups with their candidate pairs, at most
+        ``release_groups`` of them: the R-tree index's BatchSearch, else the exact candidates
+        grouped by their count per object (:func:`sjf_groups`)."""
+        size = -(-len(lon) // self.release_groups)
+        if isinstance(self.index, RTreeIndex):
+            return self.index.batch_search(lon, lat, pair_obj, pair_code, group=size)
+        return sjf_groups(*self.index.candidates(lon, lat, pair_obj, pair_code), len(lon), size)
+
+    def _process_in_parts(self, batch: int, ids: Sequence[str], lon: np.ndarray, lat: np.ndarray, t: np.ndarray,
+                          keywords: Sequence[Sequence[str]], pairs: tuple[np.ndarray, np.ndarray] | None,
+                          rows: np.ndarray) -> WorkerReport:
+        """:meth:`process_batch` released in parts (``release_groups``): an expiry's changes
+        first, then group by group in Short-Job-First order, each group's objects merged, its
+        changes written (:meth:`ResultWriter.write_part`) and its shrunk radii applied before
+        the next group is searched; the index is re-indexed once, at the end (a shrunk region
+        lies inside its indexed one, so the later groups' candidates stay a superset)."""
+        none, n = np.empty(0, dtype=np.int64), len(ids)
+        released = np.zeros(n)
+        part, server_s, redis_s = 0, 0.0, 0.0
+        n_candidates = n_passed = n_written = 0
+        shrunk: list[np.ndarray] = []
+
+        def write(changes: BatchChanges | None, objs: np.ndarray, last: bool) -> None:
+            nonlocal part, server_s, redis_s
+            if self.writer is not None:
+                t1 = time.perf_counter()
+                changes = changes if changes is not None else BatchChanges([], [], [], [], [], [],
+                                                                          version=self._version)
+                server_s += self.writer.write_part(batch, part, last, rows[objs].tolist(), changes)
+                redis_s += time.perf_counter() - t1
+            part += 1
+
+        if self._before is not None:  # an expiry touched results: its changes are part 0
+            changes, written = self._window_changes(ids, lon, lat, t, keywords, None)
+            if len(written):
+                write(changes, none, False)
+                n_written += len(written)
+        po, pc = pairs if pairs is not None else self.encode(keywords)
+        groups = self._groups(lon, lat, po, pc)
+        n_groups = -(-n // (-(-n // self.release_groups)))
+        for g, grp in enumerate(groups):
+            last = g == n_groups - 1
+            n_candidates += len(grp.obj)
+            obj, slot, d = self._within(lon, lat, grp.obj, grp.slot) if len(grp.obj) else (none, none, np.empty(0))
+            n_passed += len(slot)
+            m = self._merge(ids, t, obj, slot, d) if len(slot) else None
+            changed = m["changed"] if m is not None else none
+            if m is not None and self._details is not None:
+                for j in m["entered_obj"].tolist():
+                    self._details[ids[j]] = ObjectInfo(float(lon[j]), float(lat[j]), int(t[j]), keywords[j])
+            if self.track_load:
+                self.load.charge(grp.obj, grp.slot, changed)
+            changes, written = None, changed
+            if m is not None and self.reserve:
+                changes, written = self._window_changes(ids, lon, lat, t, keywords, m)
+            elif len(changed):
+                changes = self._changes(ids, lon, lat, t, keywords, m)
+            if len(written) or (last and part > 0):
+                write(changes, grp.objects, last)
+                n_written += len(written)
+            released[grp.objects] = time.time() * 1e3
+            if len(changed):
+                shrunk.append(self._shrink(changed, refresh=False))
+        t2 = time.perf_counter()
+        if shrunk:
+            self._refresh(np.unique(np.concatenate(shrunk)))
+        if len(self.oids) > max(COMPACT_MIN, 4 * self._live_handles):
+            self._compact_handles()
+        index_s = time.perf_counter() - t2
+        return WorkerReport(worker=self.worker_id, batch=batch, objects=n, candidates=n_candidates,
+                            passed=n_passed, changed=n_written, busy_s=0.0, redis_s=redis_s, redis_server_s=server_s,
+                            index_s=index_s, released=(rows, released))
+
+    def _shrink(self, changed: np.ndarray, *, refresh: bool = True) -> np.ndarray:
+        """Shrink the kNN radius ``r_q`` of the ``changed`` slots whose list is full to its
+        k-th (last kept) distance; re-index them unless ``refresh=False``. Returns the shrunk
+        slots."""
+        kth = self.top_d[self.top_ptr[changed] + self.cap[changed] - 1]  # inf unless the list is full
+        shrink = kth < self.radius[changed]
+        slots = changed[shrink]
+        if len(slots):
+            self.radius[slots] = kth[shrink]
+            self.reach[slots, 3] = chord2_bound(kth[shrink])
+            if refresh:
+                self._refresh(slots)
+        return slots
 
     def estimate_rows(self, batch: ObjectBatch, rows: np.ndarray) -> np.ndarray:
         """Wang, Zhang and Kitsuregawa's EstimateWorkload for this worker's rows of a batch (no
@@ -866,7 +1002,7 @@ class KnnWorker(Handover):
                 part.column("lat").to_numpy(), part.column("t").to_numpy(), part.column("keywords").to_pylist(),
                 _pairs_of_rows(batch, rows))
         wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
-        report = self.process_batch(*args, cutoff=cutoff, refills=refills)
+        report = self.process_batch(*args, cutoff=cutoff, refills=refills, rows=rows)
         return replace(report, busy_s=report.busy_s + wall, cpu_s=report.cpu_s + cpu)
 
     def _changes(self, ids: Sequence[str], lon: np.ndarray, lat: np.ndarray, t: np.ndarray,

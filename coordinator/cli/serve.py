@@ -27,7 +27,7 @@ def _serve(a: argparse.Namespace) -> int:
                          batch=a.batch, max_delay_ms=a.max_delay_ms, limits=limits(a), window=a.window,
                          checkpoint_interval_s=a.checkpoint_interval, reserve=a.reserve,
                          rebalance=rebalance_config(a), index=a.index, batching=a.batching,
-                         latency_target_ms=a.latency_target_ms, sjf=a.sjf)
+                         latency_target_ms=a.latency_target_ms, sjf=a.sjf, release_groups=a.release_groups)
     with Service(config) as svc:
         print(f"knnmon serve: {config.workers} workers ({config.algorithm}), Redis {redact(svc.redis_url)}, namespace "
               f"{config.store.namespace!r}; XADD to {svc.keys.ingest_queries} / {svc.keys.ingest_objects}", flush=True)
@@ -57,6 +57,10 @@ def add_serve_command(sub: Any) -> None:
     s.add_argument("--sjf", action="store_true",
                    help="with --batching no-wait or adaptive: cut each read into minibatches Short-Job-First, cheap "
                         "objects answered first (not with --window)")
+    s.add_argument("--release-groups", type=int, default=1, metavar="G",
+                   help="each worker releases a minibatch's result changes in up to G parts, its objects Short-Job-"
+                        "First (the R-tree index's BatchSearch, else by candidate count), each part as soon as it "
+                        "is done (default 1: one write per minibatch; 1..64)")
     add_index_option(s, "serve")
     add_limit_options(s)
     add_window_options(s, arrival=False)

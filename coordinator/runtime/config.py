@@ -10,7 +10,7 @@ from knnmon.errors import InvalidArgumentError
 from knnmon.limits import DEFAULT_LIMITS, Limits
 from knnmon.store import StoreConfig
 from knnmon.window import Window
-from knnmon.workers.worker import INDEXES
+from knnmon.workers.worker import INDEXES, MAX_RELEASE_GROUPS
 
 __all__ = ["ARRIVAL_EPOCH_MS", "DEFAULT_RESERVE", "EXECUTORS", "RunConfig"]
 
@@ -76,6 +76,10 @@ class RunConfig:
     rebalance : RebalanceConfig or None
         Re-balance under drift (``--rebalance``; :mod:`knnmon.coordinator.rebalance`); ``None``: the
         plan stays as made.
+    release_groups : int
+        Each worker releases a batch's changes in up to this many Short-Job-First parts, each
+        as soon as it is done (:class:`~knnmon.workers.worker.KnnWorker`; ``--release-groups``
+        of ``serve``); 1: one write per batch. Needs ``overlap_writes=False``.
 
     Raises
     ------
@@ -83,7 +87,8 @@ class RunConfig:
         ``workers`` outside 1..64, ``batch < 1``, ``initial < 0``, ``batches < 1``,
         ``in_flight < 1``, an unknown ``executor`` or ``index``, a bad ``routing_entries``,
         a window outside 1 ms..10 years, ``arrival_ms`` outside 1..:data:`MAX_ARRIVAL_MS`, a
-        ``reserve`` outside 0..1000.
+        ``reserve`` outside 0..1000, ``release_groups`` outside 1..64 or above 1 with
+        ``overlap_writes``.
     """
 
     workers: int = 2
@@ -110,6 +115,7 @@ class RunConfig:
     arrival_ms: int | None = None
     reserve: int | None = None
     rebalance: RebalanceConfig | None = None
+    release_groups: int = 1
 
     def __post_init__(self) -> None:
         if not 1 <= self.workers <= 64:
@@ -123,6 +129,11 @@ class RunConfig:
         check_max_entries(self.routing_entries)
         if self.index not in INDEXES:
             raise InvalidArgumentError(f"Invalid index: {self.index!r}.\nValid options are: {tuple(INDEXES)}")
+        if not 1 <= self.release_groups <= MAX_RELEASE_GROUPS:
+            raise InvalidArgumentError(f"--release-groups must be in 1..{MAX_RELEASE_GROUPS}; got {self.release_groups}")
+        if self.release_groups > 1 and self.overlap_writes:
+            raise InvalidArgumentError("--release-groups above 1 needs synchronous writes (--sync-writes): a part is "
+                                       "released when its write is in Redis")
         if self.executor not in EXECUTORS:
             raise InvalidArgumentError(f"Invalid executor: {self.executor!r}.\nValid options are: {EXECUTORS}")
         if self.window is not None:

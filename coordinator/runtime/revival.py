@@ -11,7 +11,9 @@ a new one and rebuilds it from what Redis holds, while the other workers keep th
 3. the batches dispatched but not yet collected are sent again to the new worker, those after
    that number only (the earlier ones it applied already; a collected batch was written). A
    batch between the marker and the uncollected ones changed nothing of this worker's results,
-   so nothing is lost by not sending it again.
+   so nothing is lost by not sending it again. Of a batch the worker released in parts and
+   died in the middle of, only the rows whose changes Redis does not hold are sent again
+   (:func:`rows_to_resend`).
 
 The revived worker's reports of batches it had applied before dying are lost (empty reports).
 """
@@ -23,6 +25,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 
+import numpy as np
 
 from knnmon.batch import WorkerReport
 from knnmon.connection import connect, with_retries
@@ -33,40 +36,78 @@ from knnmon.errors import WorkerLostError
 from knnmon.keys import Keys
 from knnmon.query import Query, QueryColumns
 
-__all__ = ["last_applied_batch", "revive"]
+__all__ = ["applied_state", "last_applied_batch", "revive", "rows_to_resend"]
 
 log = logging.getLogger("knnmon.runtime")
 
 
-def _marker_batch(marker: str | None) -> int:
+def _marker_tag(marker: str | None) -> tuple[int, int | None]:
+    """A marker's (batch, part): ``<session>:<batch>`` a whole batch (part ``None``),
+    ``<session>:<batch>/<part>`` a batch written up to that part (``(-1, None)``: none yet)."""
     try:
-        return max(int((marker or "").rsplit(":", 1)[1]), -1)
+        tag = (marker or "").rsplit(":", 1)[1]
+        batch, _, part = tag.partition("/")
+        return max(int(batch), -1), (int(part) if part else None)
     except (IndexError, ValueError):
-        return -1
+        return -1, None
 
 
-def last_applied_batch(client, keys: Keys, worker: int) -> int:
-    """The number of the last batch worker ``worker``'s script applied (``-1``: none; its
-    registrations use negative tags). In a Redis Cluster, every master's marker must agree.
+def applied_state(client, keys: Keys, worker: int) -> tuple[int, tuple[int, np.ndarray] | None]:
+    """What of its batches worker ``worker``'s scripts applied: the number of the last whole
+    batch (``-1``: none; its registrations use negative tags) and, if its last write was a part
+    of a batch released in parts (:meth:`ResultWriter.write_part`), that batch's number with the
+    rows Redis holds the changes of (``(m,)`` int64). In a Redis Cluster every master's marker
+    must agree.
 
     Raises
     ------
     WorkerLostError
-        In a cluster, the worker's last batch reached some masters only (it died between its
-        calls): Redis holds part of a batch, so the worker cannot be rebuilt from it in place.
+        In a cluster, the worker's last write reached some masters only (it died between its
+        calls): Redis holds part of a write, so the worker cannot be rebuilt from it in place.
     """
     from redis.cluster import RedisCluster
 
     if not isinstance(client, RedisCluster):
-        return _marker_batch(client.get(keys.worker_batch(worker)))
-    from knnmon.redis_cluster import MasterMap
+        marker = keys.worker_batch(worker)
+        batch, part = _marker_tag(client.get(marker))
+    else:
+        from knnmon.redis_cluster import MasterMap
 
-    masters = MasterMap(client)
-    found = {_marker_batch(client.get(keys.worker_batch(worker, masters.tag_of(n)))) for n in masters.names}
-    if len(found) > 1:
-        raise WorkerLostError(worker, f"its last write reached some masters of the Redis Cluster only (batches "
-                                      f"{sorted(found)}); it cannot be revived in place")
-    return found.pop()
+        masters = MasterMap(client)
+        found = {_marker_tag(client.get(keys.worker_batch(worker, masters.tag_of(n)))) for n in masters.names}
+        if len(found) > 1:
+            raise WorkerLostError(worker, f"its last write reached some masters of the Redis Cluster only (batches "
+                                          f"{sorted(found, key=str)}); it cannot be revived in place")
+        batch, part = found.pop()
+        marker = keys.worker_batch(worker, masters.tag_of(masters.names[0]))
+    if part is None:
+        return batch, None
+    rows = np.array([int(r) for r in client.lrange(f"{marker}:rows", 0, -1)], dtype=np.int64)
+    return batch - 1, (batch, rows)
+
+
+def last_applied_batch(client, keys: Keys, worker: int) -> int:
+    """The number of the last whole batch worker ``worker``'s scripts applied
+    (:func:`applied_state`).
+
+    Raises
+    ------
+    WorkerLostError
+        As :func:`applied_state`.
+    """
+    return applied_state(client, keys, worker)[0]
+
+
+def rows_to_resend(number: int, rows: np.ndarray, last: int, partial: tuple[int, np.ndarray] | None
+                   ) -> np.ndarray | None:
+    """Of batch ``number``'s rows for a revived worker (``rows``, int64), those to send again
+    (``None``: none, it applied the batch): all after the last whole batch ``last``, but of a
+    batch it released in part (``partial``: :func:`applied_state`) only the rows Redis does not
+    hold the changes of. Merging the rest on top of what Redis holds gives the batch's exact
+    result: a batch's kNN is the top-k of the union, whatever order its objects merge in."""
+    if partial is not None and number == partial[0]:
+        return np.setdiff1d(rows, partial[1])
+    return rows if number > last else None
 
 
 def revive(pool: RayPool, registrar: Registrar, redis_url: str, namespace: str, worker: int,
@@ -101,7 +142,8 @@ def revive(pool: RayPool, registrar: Registrar, redis_url: str, namespace: str, 
             for qid, h, result in zip(part, got[0::2], got[1::2]):
                 queries.append(Query.from_hash(qid, h))
                 topk.append([(o, float(d)) for o, d in result])
-        last = with_retries(lambda: last_applied_batch(client, keys, worker), "reading a worker's marker", redis_url)
+        last, partial = with_retries(lambda: applied_state(client, keys, worker), "reading a worker's marker",
+                                     redis_url)
     finally:
         client.close()
     routing = registrar.plan.routing
@@ -112,8 +154,9 @@ def revive(pool: RayPool, registrar: Registrar, redis_url: str, namespace: str, 
         if worker not in d.rows:
             out.append(d)
             continue
-        if d.number > last:
-            call = pool.call(worker, "process_rows", d.shared, d.rows[worker])
+        rows = rows_to_resend(d.number, d.rows[worker], last, partial)
+        if rows is not None:
+            call = pool.call(worker, "process_rows", d.shared, rows)
             resent += 1
         else:  # applied before the worker died; its report is lost
             call = Pending(worker, pool.share(WorkerReport(worker=worker, batch=d.number)))

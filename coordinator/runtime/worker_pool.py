@@ -195,7 +195,7 @@ def make_pool(config: RunConfig, redis_url: str | None, vocabulary: Mapping[str,
 
     args = {"redis_url": redis_url, "namespace": config.store.namespace, "vocabulary": vocabulary,
             "index": config.index, "overlap_writes": config.overlap_writes, "reserve": config.places_reserved,
-            "track_load": config.rebalance is not None}
+            "track_load": config.rebalance is not None, "release_groups": config.release_groups}
     if config.executor == "inline":
         return InlinePool([KnnWorker(w, **args) for w in range(config.workers)])
     return RayPool(config.workers, args, config.ray_address)

@@ -50,6 +50,9 @@ class ServeConfig:
     batching, latency_target_ms, sjf
         How batches form (``--batching``, ``--latency-target-ms``, ``--sjf``):
         :class:`~knnmon.coordinator.service.batching.BatchPolicy`.
+    release_groups
+        Each worker releases a minibatch's changes in up to this many Short-Job-First parts
+        (``--release-groups``; :class:`~knnmon.coordinator.runtime.config.RunConfig`).
 
     Raises
     ------
@@ -80,6 +83,7 @@ class ServeConfig:
     batching: str = "adaptive"
     latency_target_ms: float = 50.0
     sjf: bool = False
+    release_groups: int = 1
 
     def __post_init__(self) -> None:
         from knnmon.coordinator.service.batching import BatchPolicy
@@ -105,4 +109,5 @@ class ServeConfig:
         return RunConfig(workers=self.workers, algorithm=self.algorithm, initial=0, batch=self.batch, store=store,
                          ray_address=self.ray_address, executor=self.executor, processes=self.processes,
                          limits=self.limits, window=self.window, reserve=self.reserve,
-                         rebalance=self.rebalance, index=self.index, overlap_writes=False)
+                         rebalance=self.rebalance, index=self.index, overlap_writes=False,
+                         release_groups=self.release_groups)

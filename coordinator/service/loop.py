@@ -20,7 +20,8 @@ Clients add entries to two Redis streams (the stream protocol,
 - acknowledges entries only after their effect is in Redis
   (:mod:`~knnmon.coordinator.service.acks`), and logs each batch to ``knn:serve:batches``
   (``first``, ``last`` entry ids, ``n``, ``done_ms``, and ``lat_hist``: its objects' response
-  times from XADD to acknowledgement, :mod:`~knnmon.coordinator.service.latency`).
+  times from XADD to their results written -- each object's own part with ``--release-groups``,
+  else the minibatch's end -- :mod:`~knnmon.coordinator.service.latency`).
 
 At start, and whenever Redis went away mid-stream (retried with backoff, logged), the state is
 rebuilt from Redis (:mod:`~knnmon.coordinator.service.recovery`): nothing acknowledged is lost
@@ -466,7 +467,11 @@ class Service:
         now_ms = time.time() * 1000
         acked = sorted(ids + rejected, key=entry_order)
         published_ms = np.array([entry_time_ms(e) for e in ids], dtype=np.float64)
-        lat = now_ms - published_ms
+        done_ms = np.full(len(ids), now_ms)
+        released = report.released_ms if report is not None else None
+        if released is not None and len(released) == len(ids):  # workers released in parts
+            done_ms = np.where(np.isfinite(released), np.minimum(released, now_ms), now_ms)
+        lat = done_ms - published_ms
         record = {"first": acked[0], "last": acked[-1], "n": len(acked), "objects": n_objects,
                   "rejects": len(rejects), "done_ms": f"{now_ms:.1f}", "parse_ms": f"{parse_ms:.2f}",
                   "update_ms": f"{update_ms:.2f}", "lat_hist": latency.encode(lat)}

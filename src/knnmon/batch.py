@@ -13,7 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["BatchChanges", "ObjectBatch", "ObjectInfo", "QueryHandover", "Refills", "WorkerReport", "WriteFigures"]
 
@@ -183,6 +186,10 @@ class WorkerReport:
         here and come with :meth:`with_write`.
     refilled : int
         Results refilled after a window's expiry (:class:`Refills`).
+    released : tuple of two arrays, or None
+        A batch released in parts (the worker's ``release_groups``): its objects' rows in the
+        shared batch, ``(n,)`` int64, and when each one's changes were written (or found to be
+        none), ``(n,)`` float64 epoch ms. ``None``: all at the end of the call.
     """
 
     worker: int
@@ -198,6 +205,7 @@ class WorkerReport:
     index_s: float = 0.0
     write_queued: bool = False
     refilled: int = 0
+    released: tuple[np.ndarray, np.ndarray] | None = None
 
     def with_write(self, w: WriteFigures) -> WorkerReport:
         """This report with its queued write's figures: the writing thread's CPU and the
