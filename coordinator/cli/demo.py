@@ -76,7 +76,17 @@ def run_demo(workdir: str, *, n_queries: int = 2000, k_max: int = 5, workers: in
 
 def _run(a: argparse.Namespace) -> int:
     result = run_demo(a.workdir, n_queries=a.queries, k_max=a.kmax, workers=a.workers, show=a.show, seed=a.seed)
-    return 0 if all(exact for _, _, exact in result["shown"]) else 1
+    ok = all(exact for _, _, exact in result["shown"])
+    if a.dashboard:
+        from knnmon.coordinator.cli.dashboard import serve_dashboard
+        from knnmon.store import StoreConfig, open_store
+
+        first = result["shown"][0][0]["id"] if result["shown"] else ""
+        print(f"\nThe dashboard shows these queries on a map; try the search box with {first}.")
+        config = StoreConfig(data_dir=os.path.join(a.workdir, "data"))
+        with open_store(config, existing=True) as store:
+            serve_dashboard(store.url, config.namespace, a.http)
+    return 0 if ok else 1
 
 
 def add_demo_command(sub: Any) -> None:
@@ -88,4 +98,8 @@ def add_demo_command(sub: Any) -> None:
     d.add_argument("--workers", type=int, default=DEFAULT_WORKERS, help=f"workers (default {DEFAULT_WORKERS})")
     d.add_argument("--show", type=int, default=3, help="queries to print with their kNN (default 3)")
     d.add_argument("--seed", type=int, default=0, help="query workload seed")
+    d.add_argument("--dashboard", action="store_true",
+                   help="then serve `knnmon dashboard` on the demo's results (prints its URL; Ctrl-C stops it)")
+    d.add_argument("--http", default="127.0.0.1:8765", metavar="HOST:PORT",
+                   help="with --dashboard: where it is served (default 127.0.0.1:8765)")
     d.set_defaults(func=_run)
