@@ -8,8 +8,9 @@ One embedded Redis; ``knnmon serve`` (4 Ray workers) with ``--queries-n`` querie
   for the whole world and for a city-sized box (p50 / max ms, bytes);
 - ``/api/results/<qid>`` and ``/api/status`` (p50 / max ms);
 - saturated objects/s of the service for ``--objects-n`` objects published unpaced, first with no
-  dashboard client, then with ``--clients`` clients on ``/api/changes`` and one polling
-  ``/api/queries`` and ``/api/status`` every second (the page's load), alternated ABAB.
+  dashboard client, then with ``--clients`` pages open: each on ``/api/changes`` watching a
+  query, and a map view (``/api/queries``) loaded every 5 s; after one warm-up run, in the order
+  ABBAAB; with the dashboard process's CPU seconds per second during each run.
 
     python benchmarks/dashboard_load.py --objects /tmp/full_default --queries /tmp/q100k.parquet \\
         --report docs/bench/dashboard_load.json
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -44,26 +46,32 @@ def timed_get(url: str) -> tuple[float, int]:
     return (time.perf_counter() - t0) * 1e3, len(body)
 
 
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) of process ``pid`` so far, from ``/proc``."""
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def stats(ms: list[float]) -> dict:
     return {"n": len(ms), "p50_ms": round(float(np.median(ms)), 2), "max_ms": round(float(np.max(ms)), 2)}
 
 
-def watchers(http: str, clients: int, stop: threading.Event) -> list[threading.Thread]:
-    """``clients`` readers of the live feed and one poller of what the page polls."""
+def watchers(http: str, qids: list[str], stop: threading.Event) -> list[threading.Thread]:
+    """A reader of the live feed per query of ``qids`` (each watching that query, as a page with
+    a query selected does), and a view of the map loaded every 5 s."""
 
-    def feed() -> None:
-        with urllib.request.urlopen(http + "/api/changes", timeout=120) as resp:
+    def feed(qid: str) -> None:
+        with urllib.request.urlopen(f"{http}/api/changes?qid={qid}", timeout=120) as resp:
             for _ in resp:
                 if stop.is_set():
                     return
 
-    def poll() -> None:
-        while not stop.is_set():
-            for path in ("/api/queries?limit=2000", "/api/status"):
-                timed_get(http + path)
-            time.sleep(1.0)
+    def poll() -> None:  # a user panning the map now and then (the page polls nothing else)
+        while not stop.wait(5.0):
+            timed_get(http + "/api/queries?limit=2000")
 
-    threads = [threading.Thread(target=feed, daemon=True) for _ in range(clients)]
+    threads = [threading.Thread(target=feed, args=(q,), daemon=True) for q in qids]
     threads.append(threading.Thread(target=poll, daemon=True))
     for t in threads:
         t.start()
@@ -97,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
 
     objects = stream_order(read_objects(a.objects, ["id", "lon", "lat", "t", "keywords"]), None)
     rest = objects.slice(a.initial)
-    rest = rest.take(pa.array(np.random.default_rng(1).permutation(rest.num_rows)[:4 * a.objects_n])).to_pylist()
+    rest = rest.take(pa.array(np.random.default_rng(1).permutation(rest.num_rows)[:7 * a.objects_n])).to_pylist()
     queries = pq.read_table(a.queries).slice(0, a.queries_n)
     out: dict = {"machine": {"platform": platform.platform(), "python": platform.python_version()},
                  "command": " ".join(sys.argv), "config": vars(a)}
@@ -139,17 +147,23 @@ def main(argv: list[str] | None = None) -> int:
                 out[name] = {**stats([g[0] for g in got]), "bytes": got[-1][1]}
             qids = queries.column("id").to_pylist()[:a.repeat]
             out["results"] = stats([timed_get(f"{http}/api/results/{q}")[0] for q in qids])
+            saturated(r, keys, proc, rest[:a.objects_n])  # warm-up, not counted (the first run is slower)
             rates: dict[str, list[float]] = {"no dashboard": [], "dashboard watching": []}
-            for i, watched in enumerate([False, True, True, False]):
+            cpu: dict[str, list[float]] = {"no dashboard": [], "dashboard watching": []}
+            for i, watched in enumerate([False, True, True, False, False, True], start=1):
                 stop = threading.Event()
-                threads = watchers(http, a.clients, stop) if watched else []
+                threads = watchers(http, qids[:a.clients], stop) if watched else []
+                c0, t0 = cpu_s(dash.pid), time.perf_counter()
                 rate = saturated(r, keys, proc, rest[i * a.objects_n:(i + 1) * a.objects_n])
+                share = (cpu_s(dash.pid) - c0) / (time.perf_counter() - t0)
                 stop.set()
                 rates["dashboard watching" if watched else "no dashboard"].append(round(rate, 1))
+                cpu["dashboard watching" if watched else "no dashboard"].append(round(share, 3))
                 print(f"{'watched' if watched else 'alone'}: {rate:,.0f} objects/s", flush=True)
                 for t in threads:
                     t.join(timeout=5)
             out["saturated_objects_per_s"] = rates
+            out["dashboard_cpu_s_per_s"] = cpu  # the dashboard process's CPU seconds per second of the run
         finally:
             dash.terminate()
             dash.wait(timeout=30)
