@@ -158,6 +158,15 @@ def object_fields(o: dict, use_text: bool = False) -> dict:
     return f
 
 
+def publish_objects(r: redis.Redis, keys: Keys, objects: Sequence[dict]) -> None:
+    """XADD ``objects`` (dicts as :func:`object_fields` takes them) to the objects stream, in one
+    pipeline, in order."""
+    pipe = r.pipeline(transaction=False)
+    for o in objects:
+        pipe.xadd(keys.ingest_objects, object_fields(o))
+    pipe.execute()
+
+
 def register_fields(q: dict, k: int | None = None) -> dict:
     """A query row as ``op=register`` fields of ``knn:ingest:queries`` (``k`` overrides its k)."""
     return {"op": "register", "id": q["id"], "lon": repr(q["lon"]), "lat": repr(q["lat"]),

@@ -19,7 +19,7 @@ import redis
 from knnmon.ingest.reading import read_objects, stream_order
 from knnmon.keys import Keys
 from knnmon.oracle import BruteForceKnn
-from knnmon.testing import assert_exact, free_port_base, knnmon_cli, object_fields, register_fields, wait_processed
+from knnmon.testing import assert_exact, free_port_base, knnmon_cli, publish_objects, register_fields, wait_processed
 
 SCRIPT = Path(__file__).resolve().parents[2] / "deploy" / "local-cluster.sh"
 
@@ -87,10 +87,7 @@ def test_serve_on_the_local_cluster_spreads_workers_and_stays_exact(cluster, pla
                              "--ray-address", address, "--redis", redis_url, "--namespace", namespace,
                              "--data-dir", str(tmp_path / "data")], env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
-        pipe = r.pipeline(transaction=False)
-        for o in places:
-            pipe.xadd(keys.ingest_objects, object_fields(o))
-        pipe.execute()
+        publish_objects(r, keys, places)
         wait_processed(r, keys, proc, timeout_s=300)
         for _ in range(20):  # the service publishes its status once a second, and when it goes idle
             status = knnmon("status", "--json", "--redis", redis_url, "--namespace", namespace, env=env, timeout=60)

@@ -18,7 +18,7 @@ from knnmon.ingest.reading import read_objects, stream_order
 from knnmon.keys import Keys
 from knnmon.oracle import BruteForceKnn
 from knnmon.redis_server import EmbeddedRedis, free_port
-from knnmon.testing import object_fields, register_fields, serve_process, wait_processed
+from knnmon.testing import publish_objects, register_fields, serve_process, wait_processed
 
 #: The Redis password: no page, endpoint or output may show it.
 SECRET = "dashboard-s3cret-pw"
@@ -36,8 +36,7 @@ class Served:
         self._oracle = None
 
     def publish(self, obj: dict) -> None:
-        r = redis.Redis.from_url(self.url, decode_responses=True)
-        r.xadd(self.keys.ingest_objects, object_fields(obj))
+        publish_objects(redis.Redis.from_url(self.url, decode_responses=True), self.keys, [obj])
         self.published = [*self.published, obj]
         self._oracle = None
 
@@ -65,10 +64,7 @@ def served(places_slice, slice_queries, tmp_path_factory):
         dash = None
         try:
             wait_processed(r, keys, proc)
-            pipe = r.pipeline(transaction=False)
-            for o in places:
-                pipe.xadd(keys.ingest_objects, object_fields(o))
-            pipe.execute()
+            publish_objects(r, keys, places)
             wait_processed(r, keys, proc, timeout_s=300)
             with open(log, "w") as fh:
                 dash = subprocess.Popen([sys.executable, "-m", "knnmon.coordinator.cli", "dashboard", "--redis", url,

@@ -20,7 +20,7 @@ from knnmon.feed import parse_entry
 from knnmon.ingest.reading import read_objects, stream_order
 from knnmon.keys import Keys
 from knnmon.oracle import BruteForceKnn
-from knnmon.testing import assert_exact, object_fields, register_fields, serve_process, wait_processed
+from knnmon.testing import assert_exact, object_fields, publish_objects, register_fields, serve_process, wait_processed
 
 
 def test_the_policy_rejects_bad_settings():
@@ -123,10 +123,7 @@ def test_sjf_minibatches_are_exact_and_record_every_response_time(redis_url, nam
                          "--batch", "200", "--data-dir", str(tmp_path / "data"))
     try:
         wait_processed(r, keys, proc)
-        pipe = r.pipeline(transaction=False)
-        for o in places:  # one burst: reads of up to 4 x 200 entries, cut Short-Job-First
-            pipe.xadd(keys.ingest_objects, object_fields(o))
-        pipe.execute()
+        publish_objects(r, keys, places)  # one burst: reads of up to 4 x 200 entries, cut Short-Job-First
         wait_processed(r, keys, proc, timeout_s=300)
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -171,10 +168,7 @@ def test_minibatches_released_in_parts_are_exact_and_timed_per_part(redis_url, n
                          "--batch", "400", "--data-dir", str(tmp_path / "data"))
     try:
         wait_processed(r, keys, proc)
-        pipe = r.pipeline(transaction=False)
-        for o in places:
-            pipe.xadd(keys.ingest_objects, object_fields(o))
-        pipe.execute()
+        publish_objects(r, keys, places)
         wait_processed(r, keys, proc, timeout_s=300)
     finally:
         proc.send_signal(signal.SIGTERM)

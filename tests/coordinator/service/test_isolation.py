@@ -20,7 +20,7 @@ from knnmon.ingest.reading import read_objects, stream_order
 from knnmon.keys import Keys
 from knnmon.oracle import BruteForceKnn
 from knnmon.store import StoreConfig
-from knnmon.testing import assert_applied_once, assert_exact, object_fields, register_fields
+from knnmon.testing import assert_applied_once, assert_exact, publish_objects, register_fields
 from knnmon.workers.result_writer import ResultWriter
 from knnmon.workers.worker import KnnWorker
 
@@ -62,10 +62,7 @@ def test_an_entry_failing_at_any_stage_is_rejected_and_the_rest_is_applied(place
     keys = Keys(namespace)
     for q in queries[:30] + poison_queries + queries[30:]:
         r.xadd(keys.ingest_queries, register_fields(q))
-    pipe = r.pipeline(transaction=False)
-    for o in places[:1000] + poison_objects + places[1000:]:
-        pipe.xadd(keys.ingest_objects, object_fields(o))
-    pipe.execute()
+    publish_objects(r, keys, places[:1000] + poison_objects + places[1000:])
     config = ServeConfig(workers=2, executor="inline", store=StoreConfig(url=redis_url, namespace=namespace),
                          batch=500, max_delay_ms=5, block_ms=50)
     with Service(config) as svc:

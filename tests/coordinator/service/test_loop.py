@@ -19,7 +19,7 @@ import redis
 from knnmon.ingest.reading import read_objects, stream_order
 from knnmon.keys import Keys
 from knnmon.oracle import BruteForceKnn
-from knnmon.testing import assert_exact, assert_feed_and_objects, knnmon_cli, object_fields, register_fields, serve_process, wait_processed
+from knnmon.testing import assert_exact, assert_feed_and_objects, knnmon_cli, object_fields, publish_objects, register_fields, serve_process, wait_processed
 
 
 def start_serve(url: str, namespace: str, tmp_path, *extra: str) -> subprocess.Popen:
@@ -122,10 +122,7 @@ def test_serve_killed_mid_stream_loses_nothing_and_duplicates_nothing(redis_url,
     queries = pq.read_table(slice_queries).slice(0, 1500).to_pylist()
     for q in queries:
         r.xadd(keys.ingest_queries, register_fields(q))
-    pipe = r.pipeline(transaction=False)
-    for o in places:
-        pipe.xadd(keys.ingest_objects, object_fields(o))
-    pipe.execute()
+    publish_objects(r, keys, places)
     r.xadd(keys.ingest_objects, {"id": "bad", "lon": "x", "lat": "0", "keywords": "a"})
     proc = start_serve(redis_url, namespace, tmp_path, "--batch", "100")
     kills = 0

@@ -16,7 +16,7 @@ from knnmon.coordinator.runtime.config import ARRIVAL_EPOCH_MS
 from knnmon.ingest.reading import read_objects, stream_order
 from knnmon.keys import Keys
 from knnmon.oracle import BruteForceKnn
-from knnmon.testing import (assert_exact, assert_feed_and_objects, object_fields, register_fields, serve_process,
+from knnmon.testing import (assert_exact, assert_feed_and_objects, publish_objects, register_fields, serve_process,
                             wait_processed)
 
 WINDOW_S = 1500
@@ -38,10 +38,7 @@ def test_window_across_sigkill_and_trims(redis_url, namespace, places_slice, sli
     for q in queries:
         r.xadd(keys.ingest_queries, register_fields(q))
     late = [{**places[i], "id": f"late-{i}"} for i in range(20)]  # as old as the first places: expired on arrival
-    pipe = r.pipeline(transaction=False)
-    for o in places + late:
-        pipe.xadd(keys.ingest_objects, object_fields(o))
-    pipe.execute()
+    publish_objects(r, keys, places + late)
     published = r.xlen(keys.ingest_objects)
     proc = start_serve(redis_url, namespace, tmp_path)
     try:

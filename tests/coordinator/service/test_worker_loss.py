@@ -20,7 +20,7 @@ from knnmon.coordinator.runtime.preparation import with_arrival_times
 from knnmon.ingest.reading import read_objects, stream_order
 from knnmon.keys import Keys
 from knnmon.oracle import BruteForceKnn
-from knnmon.testing import assert_applied_once, assert_exact, knnmon_cli, object_fields, register_fields, wait_processed
+from knnmon.testing import assert_applied_once, assert_exact, knnmon_cli, publish_objects, register_fields, wait_processed
 
 
 def _status(url: str, namespace: str) -> dict:
@@ -50,10 +50,7 @@ def test_a_killed_worker_process_is_rebuilt_and_serve_stays_exact(redis_url, nam
                                  *extra],
                                 stdout=log, stderr=subprocess.STDOUT, env=env)
     try:
-        pipe = r.pipeline(transaction=False)
-        for o in places[:4000]:
-            pipe.xadd(keys.ingest_objects, object_fields(o))
-        pipe.execute()
+        publish_objects(r, keys, places[:4000])
         wait_processed(r, keys, proc, timeout_s=300)
         deadline = time.monotonic() + 60
         while not all(w.get("pid") for w in _status(redis_url, namespace).get("worker_processes") or [{}]):
@@ -61,10 +58,7 @@ def test_a_killed_worker_process_is_rebuilt_and_serve_stays_exact(redis_url, nam
             time.sleep(0.5)
         victim = _status(redis_url, namespace)["worker_processes"][1]["pid"]
         os.kill(victim, signal.SIGKILL)  # the worker's Ray process dies
-        pipe = r.pipeline(transaction=False)
-        for o in places[4000:]:
-            pipe.xadd(keys.ingest_objects, object_fields(o))
-        pipe.execute()
+        publish_objects(r, keys, places[4000:])
         wait_processed(r, keys, proc, timeout_s=300)
         time.sleep(1.5)
         status = _status(redis_url, namespace)
