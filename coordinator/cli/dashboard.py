@@ -10,8 +10,9 @@ from typing import Any
 
 from knnmon.coordinator.cli.options import add_store_options, add_verb, store_config
 from knnmon.errors import InvalidArgumentError
+from knnmon.store import StoreConfig
 
-__all__ = ["DEFAULT_HTTP", "add_dashboard_command", "parse_http", "serve_dashboard"]
+__all__ = ["DEFAULT_HTTP", "add_dashboard_command", "dashboard_on", "parse_http", "serve_dashboard"]
 
 DEFAULT_HTTP = "127.0.0.1:8765"
 
@@ -69,12 +70,26 @@ def serve_dashboard(url: str, namespace: str, http: str = DEFAULT_HTTP, *, tiles
     uvicorn.run(app, host=host, port=port, log_level="warning")
 
 
-def _dashboard(a: argparse.Namespace) -> int:
+def dashboard_on(config: StoreConfig, http: str = DEFAULT_HTTP, *, tiles: str | None = None) -> None:
+    """Serve the dashboard on the results ``config`` names (a URL, or the embedded server of its
+    data directory, as a service left it or as ``knnmon run`` saved it) until interrupted.
+
+    Raises
+    ------
+    InvalidArgumentError
+        A bad ``http``.
+    KnnmonError
+        No URL and nothing saved in the data directory.
+    """
     from knnmon.store import open_store
 
-    parse_http(a.http)  # a bad address fails before Redis is opened
-    with open_store(store_config(a), existing=True) as store:
-        serve_dashboard(store.url, a.namespace, a.http, tiles=a.tiles)
+    parse_http(http)  # a bad address fails before Redis is opened
+    with open_store(config, existing=True) as store:
+        serve_dashboard(store.url, config.namespace, http, tiles=tiles)
+
+
+def _dashboard(a: argparse.Namespace) -> int:
+    dashboard_on(store_config(a), a.http, tiles=a.tiles)
     return 0
 
 

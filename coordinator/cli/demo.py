@@ -78,14 +78,12 @@ def _run(a: argparse.Namespace) -> int:
     result = run_demo(a.workdir, n_queries=a.queries, k_max=a.kmax, workers=a.workers, show=a.show, seed=a.seed)
     ok = all(exact for _, _, exact in result["shown"])
     if a.dashboard:
-        from knnmon.coordinator.cli.dashboard import serve_dashboard
-        from knnmon.store import StoreConfig, open_store
+        from knnmon.coordinator.cli.dashboard import dashboard_on
+        from knnmon.store import StoreConfig
 
         first = result["shown"][0][0]["id"] if result["shown"] else ""
         print(f"\nThe dashboard shows these queries on a map; try the search box with {first}.")
-        config = StoreConfig(data_dir=os.path.join(a.workdir, "data"))
-        with open_store(config, existing=True) as store:
-            serve_dashboard(store.url, config.namespace, a.http)
+        dashboard_on(StoreConfig(data_dir=os.path.join(a.workdir, "data")), a.http)
     return 0 if ok else 1
 
 

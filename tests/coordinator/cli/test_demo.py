@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
 
 from knnmon.coordinator.cli.demo import run_demo, sample_places_path
+from knnmon.redis_server import free_port
 
 
 def test_sample_ships_with_the_package():
@@ -23,3 +30,26 @@ def test_demo_runs_on_the_bundled_sample(spark, ray_instance, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "equals the brute-force kNN" in out and result["shown"][0][1][0]["id"] in out
     assert os.path.exists(tmp_path / "data" / "redis" / "knnmon.rdb")  # saved for `knnmon results`
+    # `knnmon demo --dashboard` then serves the dashboard on the saved results (dashboard_on), as
+    # `knnmon dashboard --data-dir` does: the demo's queries and their kNN.
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "knnmon.coordinator.cli", "dashboard", "--data-dir",
+                             str(tmp_path / "data"), "--http", f"127.0.0.1:{port}"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        assert f"http://127.0.0.1:{port}/" in proc.stdout.readline()
+        t0 = time.monotonic()
+        while True:
+            try:
+                queries = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/api/queries", timeout=10))
+                break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() - t0 < 60
+                time.sleep(0.2)
+        assert queries["registered"] == 300
+        q, knn, _ = result["shown"][0]
+        got = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/api/results/{q['id']}", timeout=10))
+        assert [o["id"] for o in got["result"]] == [o["id"] for o in knn]
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)

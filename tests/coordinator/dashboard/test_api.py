@@ -145,3 +145,27 @@ def test_parsing_of_addresses_and_boxes():
     assert parse_bbox("-200,-100,200,100") == (-180, -90, 180, 90)
     with pytest.raises(BadRequest):
         parse_bbox("1,2,3,4," + "5" * 300)
+
+
+def test_the_reads_work_against_a_redis_cluster(redis_cluster_url, namespace):
+    """What the dashboard reads, on a real 3-master Redis Cluster, written by a worker's writer."""
+    from knnmon.batch import ObjectInfo
+    from knnmon.connection import connect
+    from knnmon.coordinator.dashboard.reader import QueryCache, read_result
+    from knnmon.keys import Keys
+    from knnmon.workers.result_writer import ResultWriter
+
+    keys = Keys(namespace)
+    objs = {f"o{i}": ObjectInfo(-72.0 + i / 100, 43.0, 1_000 + i, ["cafe"]) for i in range(6)}
+    w = ResultWriter(redis_cluster_url, namespace, 1)
+    qs = [(f"q{i}", {"lon": -72.0 + i / 10, "lat": 43.0, "keywords": "cafe", "k": 2},
+           [(f"o{i}", 10.0 * i), (f"o{i + 1}", 10.0 * i + 5)]) for i in range(5)]
+    w.write_queries(-1, qs, objs)
+    assert len({w.masters.master_of(keys.result(q)) for q, _, _ in qs}) > 1
+    client = connect(redis_cluster_url)
+    got = QueryCache(client, keys).in_bbox((-72.05, 42.9, -71.55, 43.1), 10)
+    assert got["total"] == got["registered"] == 5 and got["workers"] == [0, 5]
+    r = read_result(client, keys, "q3")
+    assert [(o["id"], o["distance_m"], o["lon"]) for o in r["result"]] == [("o3", 30.0, -71.97), ("o4", 35.0, -71.96)]
+    assert r["radius_m"] == 35.0 and r["query"]["worker"] == "1"
+    assert read_result(client, keys, "nope") is None
