@@ -18,7 +18,6 @@ routing table learns the refilled queries' larger regions.
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,12 +29,10 @@ from knnmon.assignment.routing import RoutingTable, popcount
 from knnmon.batch import ObjectBatch, Refills, WorkerReport
 from knnmon.coordinator.runtime.metrics import BatchReport
 from knnmon.coordinator.runtime.object_store import ObjectStore
+from knnmon.coordinator.runtime.seen_ids import SeenIds
 from knnmon.coordinator.runtime.worker_pool import Pending, WorkerPool
 from knnmon.query import QueryColumns
 from knnmon.window import Window
-
-#: Ids of initial objects are forgotten in groups of this many, oldest first (with a window).
-SEEN_CHUNK = 10_000
 
 __all__ = ["DispatchedBatch", "Dispatcher"]
 
@@ -71,7 +68,8 @@ class Dispatcher:
         The object store: each batch joins it, so a query registered next starts from a kNN
         over it.
     seen
-        Ids of the objects seen so far (the initial ones); a batch's repeats of them are dropped.
+        Ids of the objects seen so far (the initial ones; a sequence or an Arrow string array);
+        a batch's repeats of them are dropped (:class:`~knnmon.coordinator.runtime.seen_ids.SeenIds`).
     seen_times
         With a window: ``(len(seen),)`` int64, the times (epoch ms) of ``seen``'s objects, so
         that their ids are forgotten when they expire.
@@ -85,30 +83,17 @@ class Dispatcher:
         batch ``b``'s changes carry the change feed's version ``b + 1``.
     """
 
-    def __init__(self, pool: WorkerPool, routing: RoutingTable, objects: ObjectStore, seen: Sequence[str], *,
+    def __init__(self, pool: WorkerPool, routing: RoutingTable, objects: ObjectStore, seen: Sequence[str] | pa.Array, *,
                  seen_times: np.ndarray | None = None, window: Window | None = None, rects=None,
                  first_batch: int = 0) -> None:
-        self.pool, self.routing, self.objects, self.seen = pool, routing, objects, set(seen)
+        self.pool, self.routing, self.objects = pool, routing, objects
+        self.seen = SeenIds(seen, seen_times, windowed=window is not None)
         self.window, self.rects = window, rects
         self.next_batch = first_batch
         #: With a window, the last batch's refill step in parts (ms): ``expire`` (the store,
         #: the seen ids and the workers' expiry round trip), ``search`` (the refills' kNN),
         #: ``routing`` (their regions added to the routing table).
         self.refill_parts_ms: dict[str, float] = {}
-        self._seen_log: deque[tuple[int, list[str]]] = deque()  # (largest t, ids), in arrival order
-        if window is not None and len(seen):
-            times = np.asarray(seen_times, dtype=np.int64)
-            order = np.argsort(times, kind="stable")
-            for s in range(0, len(order), SEEN_CHUNK):
-                group = order[s:s + SEEN_CHUNK]
-                self._seen_log.append((int(times[group].max()), [seen[i] for i in group.tolist()]))
-
-    def _forget_seen(self, cutoff: int) -> None:
-        """Forget the ids of groups whose objects all expired: an id is a duplicate while it is
-        in the window (bounded memory; a group goes once its newest object expires)."""
-        while self._seen_log and self._seen_log[0][0] <= cutoff:
-            for oid in self._seen_log.popleft()[1]:
-                self.seen.discard(oid)
 
     def _expire(self, batch: pa.Table) -> tuple[pa.Table, int, int, dict[int, Refills], float]:
         """Move the watermark with ``batch``; drop its late objects; expire everywhere; refill
@@ -116,14 +101,12 @@ class Dispatcher:
         t0 = time.perf_counter()
         t = batch.column("t").to_numpy()
         cutoff = self.window.advance(t)
-        if len(t):
-            self._seen_log.append((int(t.max()), batch.column("id").to_pylist()))
         late = t <= cutoff
         n_late = int(late.sum())
         if n_late:
             batch = batch.filter(pa.array(~late))
         self.objects.expire(cutoff)
-        self._forget_seen(cutoff)
+        self.seen.forget(cutoff)
         needs: list[QueryColumns] = self.pool.gather([self.pool.call(w, "expire", cutoff)
                                                       for w in range(self.pool.size)])
         self.refill_parts_ms = {"expire": (time.perf_counter() - t0) * 1e3, "search": 0.0, "routing": 0.0}
@@ -158,14 +141,10 @@ class Dispatcher:
     def drop_seen(self, batch: pa.Table) -> tuple[pa.Table, int]:
         """``batch`` without the ids seen before (or twice in it; the first one counts), and how
         many were dropped; the rest are seen from now on."""
-        fresh, dup = [], 0
-        for i, oid in enumerate(batch.column("id").to_pylist()):
-            if oid in self.seen:
-                dup += 1
-            else:
-                self.seen.add(oid)
-                fresh.append(i)
-        return (batch.take(pa.array(fresh, type=pa.int64())) if dup else batch), dup
+        t = batch.column("t").to_numpy() if self.window is not None else None
+        fresh = self.seen.add_new(batch.column("id").to_pylist(), t)
+        dup = int(len(fresh) - fresh.sum())
+        return (batch.filter(pa.array(fresh)) if dup else batch), dup
 
     def workload(self, batch: pa.Table, *, source: str = "workers") -> np.ndarray:
         """Each object's workload estimate, for Short-Job-First minibatches

@@ -16,6 +16,7 @@ top-k object out.
 from __future__ import annotations
 
 import multiprocessing
+from collections import OrderedDict
 
 import numpy as np
 import pyarrow as pa
@@ -26,13 +27,34 @@ from knnmon.arrays import runs
 from knnmon.encoding import keyword_codes
 from knnmon.geo import haversine_m, unit_vectors
 
-__all__ = ["ObjectIndex", "morton_codes"]
+__all__ = ["IdColumn", "ObjectIndex", "TREE_BUDGET", "morton_codes"]
 
 #: Extra neighbours asked of each per-keyword tree beyond ``k`` (near-tie safety).
 TIE_MARGIN = 2
 
 #: A ``brute`` index compares queries with a keyword's objects directly up to this many of them.
 BRUTE_MAX = 256
+
+#: The per-keyword trees kept at most, in (object, keyword) entries (about 180 bytes each in
+#: ``rtree``): beyond, the least recently used trees are dropped and built again when needed.
+TREE_BUDGET = 4_000_000
+
+
+class IdColumn:
+    """The objects' ids as one Arrow string array (about 4 bytes per id beyond its characters,
+    where a Python string costs ~50): ``ids[i]`` is a ``str``, ``ids[rows]`` an object array."""
+
+    def __init__(self, ids: pa.Array) -> None:
+        self.array = ids.combine_chunks() if isinstance(ids, pa.ChunkedArray) else ids
+
+    def __len__(self) -> int:
+        return len(self.array)
+
+    def __getitem__(self, rows):
+        if isinstance(rows, (int, np.integer)):
+            return self.array[int(rows)].as_py()
+        rows = np.asarray(rows, dtype=np.int64)
+        return np.asarray(self.array.take(pa.array(rows)).to_pylist(), dtype=object)
 
 
 #: The index and queries forked children work on (set only while forking).
@@ -56,6 +78,17 @@ def morton_codes(lon: np.ndarray, lat: np.ndarray) -> np.ndarray:
     x = np.clip((np.asarray(lon) + 180.0) / 360.0 * 65535, 0, 65535).astype(np.uint64)
     y = np.clip((np.asarray(lat) + 90.0) / 180.0 * 65535, 0, 65535).astype(np.uint64)
     return spread(x) | (spread(y) << np.uint64(1))
+
+
+def _give_back() -> None:
+    """Return freed heap memory to the operating system (glibc's ``malloc_trim``): a dropped
+    ``rtree`` tree (~180 bytes per entry) otherwise stays in the process's resident set."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: the allocator keeps what it keeps
+        pass
 
 
 def _tree(points: np.ndarray) -> rtree_index.Index:
@@ -88,22 +121,23 @@ class ObjectIndex:
 
     def __init__(self, objects: pa.Table, *, brute: bool = False) -> None:
         self.brute = brute  # small keywords: compare with every object, no tree (an index searched once)
-        self.ids = np.asarray(objects.column("id").to_pylist(), dtype=object)
+        self.ids = IdColumn(objects.column("id"))
         self.lon = objects.column("lon").to_numpy()
         self.lat = objects.column("lat").to_numpy()
-        self._xyz = unit_vectors(self.lon, self.lat)
         kw = objects.column("keywords").combine_chunks()
-        owner = pc.list_parent_indices(kw).to_numpy()
+        owner = pc.list_parent_indices(kw).to_numpy().astype(np.int32)
         codes = pc.dictionary_encode(kw.flatten())
         self._vocab_array = codes.dictionary
-        self.vocabulary: dict[str, int] = {w: i for i, w in enumerate(codes.dictionary.to_pylist())}
+        self.n_keywords = len(codes.dictionary)  # (no dict of Python strings: ~120 bytes per keyword)
         code = codes.indices.to_numpy()
         order = np.argsort(code, kind="stable")
-        self._post_ptr = np.searchsorted(code[order], np.arange(len(self.vocabulary) + 1))
-        self._post = owner[order]
-        self._trees: dict[int, rtree_index.Index] = {}
-        rank = np.empty(len(self.ids), dtype=np.int64)
-        rank[np.argsort(self.ids, kind="stable")] = np.arange(len(self.ids))
+        self._post_ptr = np.searchsorted(code[order], np.arange(self.n_keywords + 1))
+        self._post = owner[order]  # int32: object rows, grouped by keyword code
+        del owner, code, order, codes
+        self._trees: OrderedDict[int, rtree_index.Index] = OrderedDict()  # least recently used first
+        self._tree_entries = 0
+        rank = np.empty(len(self.ids), dtype=np.int32)  # each object's place in id order (ties by id)
+        rank[pc.sort_indices(self.ids.array).to_numpy()] = np.arange(len(self.ids), dtype=np.int32)
         self._id_rank = rank
 
     def __len__(self) -> int:
@@ -111,16 +145,46 @@ class ObjectIndex:
 
     def postings(self, keyword: str) -> np.ndarray:
         """Indices (int64) of the objects carrying ``keyword`` (empty if none)."""
-        c = self.vocabulary.get(keyword)
-        if c is None:
+        c = self.code_of(keyword)
+        if c < 0:
             return np.empty(0, dtype=np.int64)
-        return self._post[self._post_ptr[c]:self._post_ptr[c + 1]]
+        return self._post[self._post_ptr[c]:self._post_ptr[c + 1]].astype(np.int64)
+
+    @property
+    def vocabulary(self) -> list[str]:
+        """The objects' keywords, by code."""
+        return self._vocab_array.to_pylist()
+
+    def code_of(self, keyword: str) -> int:
+        """``keyword``'s code (``-1``: no object has it)."""
+        c = pc.index_in(pa.array([keyword], type=pa.string()), value_set=self._vocab_array)[0].as_py()
+        return -1 if c is None else int(c)
 
     def _tree_for(self, code: int) -> rtree_index.Index:
+        """Keyword ``code``'s tree, built on first use; the least recently used trees beyond
+        :data:`TREE_BUDGET` entries are dropped."""
         tree = self._trees.get(code)
-        if tree is None:
-            tree = self._trees[code] = _tree(self._xyz[self._post[self._post_ptr[code]:self._post_ptr[code + 1]]])
+        if tree is not None:
+            self._trees.move_to_end(code)
+            return tree
+        post = self._post[self._post_ptr[code]:self._post_ptr[code + 1]]
+        tree = self._trees[code] = _tree(unit_vectors(self.lon[post], self.lat[post]))
+        self._tree_entries += len(post)
+        dropped = 0
+        while self._tree_entries > TREE_BUDGET and len(self._trees) > 1:
+            old, _ = self._trees.popitem(last=False)
+            self._tree_entries -= int(self._post_ptr[old + 1] - self._post_ptr[old])
+            dropped += int(self._post_ptr[old + 1] - self._post_ptr[old])
+        if dropped >= TREE_BUDGET // 8:
+            _give_back()
         return tree
+
+    def drop_trees(self) -> None:
+        """Forget every per-keyword tree (built again on use): after a start-up's search of every
+        query, most of them serve nothing until a registration asks for their keyword."""
+        self._trees.clear()
+        self._tree_entries = 0
+        _give_back()
 
     def keyword_pairs(self, keywords) -> tuple[np.ndarray, np.ndarray]:
         """(query index, keyword code) pairs of a batch, unknown keywords left out.
@@ -133,8 +197,8 @@ class ObjectIndex:
         owner, code = keyword_codes(keywords, self._vocab_array)
         known = code >= 0
         q, c = owner[known], code[known]
-        key = np.unique(q * (len(self.vocabulary) + 1) + c)
-        return key // (len(self.vocabulary) + 1), key % (len(self.vocabulary) + 1)
+        key = np.unique(q * (self.n_keywords + 1) + c)
+        return key // (self.n_keywords + 1), key % (self.n_keywords + 1)
 
     def _groups(self, pq_, pc_, lon, lat, k, by_k: bool = True) -> list[tuple[np.ndarray, int, int]]:
         """``(queries, keyword code, k)`` search groups; queries in Morton order.

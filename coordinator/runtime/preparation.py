@@ -6,6 +6,7 @@ plan balances). Benchmarks prepare once and run many plans on the result.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,6 +14,7 @@ import numpy as np
 import pyarrow as pa
 
 from knnmon.coordinator.runtime.config import ARRIVAL_EPOCH_MS, RunConfig
+from knnmon.arrays import runs
 from knnmon.coordinator.runtime.object_index import ObjectIndex
 from knnmon.ingest.reading import OBJECT_COLUMNS, load_queries, read_objects, stream_order
 
@@ -55,10 +57,16 @@ class Prepared:
 
     def knn(self, q: int) -> list[tuple[str, float]]:
         """Query ``q``'s initial kNN: ``[(object id, distance m), ...]`` nearest first, ties by id."""
-        end = int(self._ends[q])
-        start = end - int(self.counts[q])
-        return [(str(self._ids[j]), float(d)) for j, d in zip(self.idx[start:end].tolist(),
-                                                             self.dist[start:end].tolist())]
+        return self.knn_lists([q])[0]
+
+    def knn_lists(self, qs: Sequence[int]) -> list[list[tuple[str, float]]]:
+        """:meth:`knn` of each query of ``qs``, the ids read in one take."""
+        qs = np.asarray(qs, dtype=np.int64)
+        counts = self.counts[qs]
+        at = runs(self._ends[qs] - counts, counts)
+        pairs = list(zip(self._ids[self.idx[at]].tolist(), self.dist[at].tolist()))
+        cut = np.concatenate([[0], np.cumsum(counts)]).tolist()
+        return [pairs[a:b] for a, b in zip(cut[:-1], cut[1:])]
 
 
 def prepare(objects_dir: str, queries: str | pa.Table, config: RunConfig) -> Prepared:

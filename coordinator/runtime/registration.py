@@ -89,7 +89,7 @@ class Registrar:
             info = self.objects.initial_info(rows)
             columns = QueryColumns([ids[i] for i in sel], lon[mine], lat[mine], [kws[i] for i in sel], k[mine])
             sets = self.plan.plan.set_of[mine].tolist() if len(self.plan.plan.set_of) == q.num_rows else None
-            pending.append(self.pool.call(w, "load_queries", columns, [prepared.knn(i) for i in sel], info,
+            pending.append(self.pool.call(w, "load_queries", columns, prepared.knn_lists(sel), info,
                                           version=prepared.first_batch, write=not resume, details=resume, sets=sets))
             for i in sel:
                 self.query_worker[ids[i]] = w

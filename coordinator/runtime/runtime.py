@@ -127,6 +127,8 @@ class Runtime:
             self.registrar = Registrar(self.pool, self.plan, self.objects, c.places_reserved)
             self.timings["load_s"] = self.registrar.load(p, resume=self.resume, redis_url=self.store.url,
                                                          namespace=c.store.namespace)
+            if p.index is not None:
+                p.index.drop_trees()  # built for the start-up's searches; a registration builds its own
             record_plan(self.store.url, c.store.namespace, self.plan)
         except BaseException:
             self.close()
@@ -135,7 +137,7 @@ class Runtime:
         window = None if c.window is None else Window(c.window, int(t.max()) if len(t) else None)
         self.upkeep = RoutingUpkeep(self.plan.routing, self.plan.model, self.pool, c.routing_entries)
         self._exit.callback(self.upkeep.close)
-        self.dispatcher = Dispatcher(self.pool, self.plan.routing, self.objects, p.initial.column("id").to_pylist(),
+        self.dispatcher = Dispatcher(self.pool, self.plan.routing, self.objects, p.initial.column("id"),
                                      seen_times=t, window=window, rects=self.plan.model.rects,
                                      first_batch=p.first_batch)
         self.registrar.feed_version = lambda: self.dispatcher.next_batch

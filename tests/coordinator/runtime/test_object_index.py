@@ -39,6 +39,31 @@ def test_equals_the_oracle_on_real_places(places_slice):
         assert r[i] == (got[i][-1][1] if len(got[i]) == k[i] else np.inf)
 
 
+def test_a_tree_budget_drops_trees_and_answers_stay_exact(places_slice, monkeypatch):
+    """Trees beyond the budget (least recently used first) and after drop_trees are built again
+    on use; every answer equals the unbounded index's."""
+    import knnmon.coordinator.runtime.object_index as object_index
+
+    objects = read_objects(str(places_slice), ["id", "lon", "lat", "keywords"])
+    free, bounded = ObjectIndex(objects), ObjectIndex(objects)
+    rng = np.random.default_rng(5)
+    rows = objects.take(pa.array(rng.choice(objects.num_rows, 300, replace=False))).to_pylist()
+    lon, lat = np.array([r["lon"] for r in rows]), np.array([r["lat"] for r in rows])
+    kws, k = [r["keywords"][:3] for r in rows], rng.integers(1, 12, size=len(rows))
+    want = as_lists(*free.knn_v(lon, lat, kws, k), free.ids)
+    monkeypatch.setattr(object_index, "TREE_BUDGET", 300)
+    for half in (slice(0, 150), slice(150, 300), slice(0, 300)):
+        got = as_lists(*bounded.knn_v(lon[half], lat[half], kws[half], k[half]), bounded.ids)
+        assert got == want[half]
+        assert bounded._tree_entries <= 300 or len(bounded._trees) == 1
+        assert bounded._tree_entries == sum(len(bounded.postings(w)) for w in bounded.vocabulary
+                                            if bounded.code_of(w) in bounded._trees)
+    assert len(free._trees) > len(bounded._trees)
+    bounded.drop_trees()
+    assert not bounded._trees and bounded._tree_entries == 0
+    assert as_lists(*bounded.knn_v(lon, lat, kws, k), bounded.ids) == want
+
+
 def test_forked_equals_serial(places_slice):
     objects = read_objects(str(places_slice), ["id", "lon", "lat", "keywords"])
     index = ObjectIndex(objects)
