@@ -67,7 +67,7 @@ class Handover:
         else:
             objects = {}
         columns = QueryColumns(held, self.lon[slots].copy(), self.lat[slots].copy(),
-                               [list(self.keywords[s]) for s in sl], self.k[slots].copy())
+                               [self.keywords[s].split() for s in sl], self.k[slots].copy())
         loads = self.load.us[slots].copy() if len(slots) else np.zeros(0)
         self._drop(held)
         self._handed += list(zip(held, members))

@@ -184,7 +184,7 @@ class KnnWorker(Handover):
         self._refilled: dict[str, ObjectInfo] = {}  # details of the objects a refill brought in
         self._details: dict[str, ObjectInfo] | None = {} if reserve else None  # of every object held
         self.expired = self.refills = 0
-        self.keywords: list[tuple[str, ...]] = []
+        self.keywords: list[str] = []  # per slot, its keywords space separated (keywords hold no space)
         self.kw_ptr = np.zeros(1, dtype=np.int64)  # CSR: query slot -> its keyword codes
         self.kw_code = np.empty(0, dtype=np.int64)
         self.vocab: dict[str, int] = dict(vocabulary or {})
@@ -245,7 +245,7 @@ class KnnWorker(Handover):
                 raise InvalidQueryError(f"worker {self.worker_id}: query {qid!r} is already registered")
             self.slot_of[qid] = first + i
             self.qids.append(qid)
-            self.keywords.append(words)
+            self.keywords.append(" ".join(words))
             row = self._codes(words)
             codes.append(row)
             lst = sorted((float(d), str(o)) for o, d in topk[i])[:kk + self.reserve]
@@ -298,7 +298,7 @@ class KnnWorker(Handover):
 
     def _fields(self, slot: int) -> dict[str, Any]:
         return {"lon": repr(float(self.lon[slot])), "lat": repr(float(self.lat[slot])),
-                "keywords": " ".join(self.keywords[slot]), "k": int(self.k[slot])}
+                "keywords": self.keywords[slot], "k": int(self.k[slot])}
 
     def _write_now(self, fn, *args) -> Any:
         """Call a writer method now, after any batch writes still queued (in stream order)."""
@@ -479,7 +479,7 @@ class KnnWorker(Handover):
         live = np.flatnonzero(self.alive)
         sel = live.tolist()
         return (QueryColumns([self.qids[j] for j in sel], self.lon[live], self.lat[live],
-                             [list(self.keywords[j]) for j in sel], self.k[live].copy()), self.radius[live].copy())
+                             [self.keywords[j].split() for j in sel], self.k[live].copy()), self.radius[live].copy())
 
     def result(self, qid: str) -> list[tuple[str, float]]:
         """The current kNN of ``qid``: ``[(object id, distance m), ...]`` by (distance, id)."""
@@ -552,7 +552,7 @@ class KnnWorker(Handover):
         need = slots[np.isfinite(self.radius[slots]) & (below < self.k[slots])]
         sel = need.tolist()
         return QueryColumns([self.qids[j] for j in sel], self.lon[need], self.lat[need],
-                            [list(self.keywords[j]) for j in sel], self.cap[need].copy())
+                            [self.keywords[j].split() for j in sel], self.cap[need].copy())
 
     def _sort_lists(self, slots: np.ndarray) -> None:
         """Order the held entries of ``slots`` by (distance, object id) in place."""

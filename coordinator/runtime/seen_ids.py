@@ -50,8 +50,8 @@ class _Run:
 
     @classmethod
     def of(cls, ids: Sequence[str] | pa.Array, t_max: int, hashes: np.ndarray | None = None) -> _Run:
+        h = _hashes(ids) if hashes is None else hashes
         arr = ids if isinstance(ids, pa.Array) else pa.array(list(ids), type=pa.string())
-        h = _hashes(arr) if hashes is None else hashes
         order = np.argsort(h, kind="stable")
         return cls(h[order], arr.take(pa.array(order)), int(t_max))
 
@@ -59,7 +59,8 @@ class _Run:
         return len(self.hashes)
 
     def holds(self, h: np.ndarray, ids: Sequence[str]) -> np.ndarray:
-        """``(m,)`` bool: which of the ids (with their hashes ``h``) this run holds."""
+        """``(m,)`` bool: which of the ids (with their hashes ``h``, sorted: lookups in order
+        touch the run's memory in order) this run holds."""
         out = np.zeros(len(h), dtype=bool)
         if not len(self.hashes):
             return out
@@ -127,8 +128,12 @@ class SeenIds:
             return fresh
         if self._runs:
             h = _hashes(ids)
+            order = np.argsort(h)
+            h, in_order = h[order], [ids[j] for j in order.tolist()]
+            held = np.zeros(m, dtype=bool)
             for r in self._runs:
-                fresh &= ~r.holds(h, ids)
+                held |= r.holds(h, in_order)
+            fresh[order[held]] = False
         t = np.zeros(m, dtype=np.int64) if times is None else np.asarray(times, dtype=np.int64)
         store = self._fresh
         for j in np.flatnonzero(fresh).tolist():
