@@ -159,14 +159,25 @@ class LoadModel:
         g[self.cells[s]] = self.counts[s] / self.n_objects
         return g.reshape(n, n)
 
-    def entry_loads(self, owner: np.ndarray, code: np.ndarray, rects: QueryRects) -> np.ndarray:
+    def entry_loads(self, owner: np.ndarray, code: np.ndarray, rects: QueryRects,
+                    sparse_pairs: int = SPARSE_PAIRS) -> np.ndarray:
         """``P(R_q, key)`` of each (query, keyword) entry: ``(e,)`` float64.
 
         ``owner`` indexes ``rects``; a code outside the vocabulary (``< 0`` or
-        ``>= len(keywords)``: a keyword absent from the statistics) gives 0.
+        ``>= len(keywords)``: a keyword absent from the statistics) gives 0. A keyword whose
+        statistics rows times entries are at most ``sparse_pairs`` is summed by testing each
+        row's cell against each entry's rectangle; the others through a summed-area table of
+        the whole grid (whose cost is the grid's area per keyword). Both are exact.
         """
         out = np.zeros(len(code), dtype=np.float64)
         known = np.flatnonzero((code >= 0) & (code < len(self.keywords)))
+        if not len(known):
+            return out
+        codes, n_entries = np.unique(code[known], return_counts=True)
+        n_rows = self.ptr[codes + 1] - self.ptr[codes]
+        sparse = np.isin(code[known], codes[n_rows * n_entries <= sparse_pairs])
+        self._sparse_entry_loads(known[sparse], owner, code, rects, out)
+        known = known[~sparse]
         if not len(known):
             return out
         order = known[np.argsort(code[known], kind="stable")]
@@ -179,6 +190,25 @@ class LoadModel:
             x0, y0, x1, y1 = rects.x0[q], rects.y0[q], rects.x1[q] + 1, rects.y1[q] + 1
             out[grp] = sat[y1, x1] - sat[y0, x1] - sat[y1, x0] + sat[y0, x0]
         return out
+
+    def _sparse_entry_loads(self, entries: np.ndarray, owner: np.ndarray, code: np.ndarray, rects: QueryRects,
+                            out: np.ndarray, chunk: int = 1 << 22) -> None:
+        """:meth:`entry_loads` of ``entries`` (positions, known codes) into ``out``: every
+        statistics row of an entry's keyword tested against its rectangle, in chunks of pairs."""
+        n = self.grid.n
+        m = self.ptr[code[entries] + 1] - self.ptr[code[entries]]  # rows per entry
+        ends = np.cumsum(m)
+        lo = 0
+        while lo < len(entries):
+            base = ends[lo] - m[lo]
+            hi = max(int(np.searchsorted(ends, base + chunk, side="right")), lo + 1)
+            e = np.repeat(entries[lo:hi], m[lo:hi])
+            row = runs(self.ptr[code[entries[lo:hi]]], m[lo:hi])
+            q = owner[e]
+            cx, cy = self.cells[row] % n, self.cells[row] // n
+            inside = (rects.x0[q] <= cx) & (cx <= rects.x1[q]) & (rects.y0[q] <= cy) & (cy <= rects.y1[q])
+            np.add.at(out, e[inside], self.counts[row[inside]] / self.n_objects)
+            lo = hi
 
     def keyword_total(self, code: int) -> float:
         """``P(all cells, key)``: the share of objects carrying keyword ``code`` (0 if unknown)."""
@@ -199,9 +229,12 @@ class LoadModel:
         (codes, covered, (wx0, wy0))
             First ``(full_codes, None, None)``: keywords with a rectangle spanning the whole grid
             (every cell covered). Then, per chunk of at most :data:`COVERAGE_CHUNK` keywords,
-            ``codes (c,)`` and ``covered (c, h, w)`` bool over the window of cells
-            ``[wx0, wx0 + w) x [wy0, wy0 + h)`` that holds the chunk's rectangles, computed
-            exactly with 2-D difference arrays.
+            ``codes (c,)`` and ``covered (c, h, w)`` bool, keyword ``i``'s cells over its own
+            window ``[wx0[i], wx0[i] + w) x [wy0[i], wy0[i] + h)`` (``wx0``, ``wy0``: ``(c,)``
+            int64; the window starts at the keyword's bounding box of rectangles, and the
+            chunk's keywords have boxes of the same height and about the same width, so the
+            work is about their boxes' area, not the grid's), computed exactly with 2-D
+            difference arrays.
         """
         keep = code >= 0
         owner, code = owner[keep], code[keep]
@@ -213,21 +246,48 @@ class LoadModel:
         part = ~np.isin(code, full_codes)
         code, x0, y0, x1, y1 = code[part], x0[part], y0[part], x1[part], y1[part]
         keys, local = np.unique(code, return_inverse=True)
-        for start in range(0, len(keys), COVERAGE_CHUNK):
-            sel = (local >= start) & (local < start + COVERAGE_CHUNK)
-            lk = local[sel] - start
-            nk = min(COVERAGE_CHUNK, len(keys) - start)
-            wx0, wy0 = int(x0[sel].min()), int(y0[sel].min())
-            w, h = int(x1[sel].max()) - wx0 + 1, int(y1[sel].max()) - wy0 + 1
-            sx0, sy0 = x0[sel] - wx0, y0[sel] - wy0
-            sx1, sy1 = x1[sel] - wx0 + 1, y1[sel] - wy0 + 1
+        if not len(keys):
+            return
+        # Each keyword's bounding box of rectangles; keywords ordered by its (height, width).
+        kx0, ky0 = np.full(len(keys), n, dtype=np.int64), np.full(len(keys), n, dtype=np.int64)
+        kx1, ky1 = np.full(len(keys), -1, dtype=np.int64), np.full(len(keys), -1, dtype=np.int64)
+        np.minimum.at(kx0, local, x0)
+        np.minimum.at(ky0, local, y0)
+        np.maximum.at(kx1, local, x1)
+        np.maximum.at(ky1, local, y1)
+        kh, kw = ky1 - ky0 + 1, kx1 - kx0 + 1
+        order = np.lexsort((kw, kh))
+        rank = np.empty(len(keys), dtype=np.int64)
+        rank[order] = np.arange(len(keys))
+        by = np.argsort(rank[local], kind="stable")  # entries grouped by their keyword's rank
+        erank = rank[local][by]
+        x0, y0, x1, y1 = x0[by], y0[by], x1[by], y1[by]
+        # Chunks: one height, at most COVERAGE_CHUNK keywords.
+        h_sorted = kh[order]
+        cuts = np.flatnonzero(np.diff(h_sorted)) + 1
+        bounds = [0]
+        for seg_end in [*cuts.tolist(), len(keys)]:
+            bounds += list(range(bounds[-1] + COVERAGE_CHUNK, seg_end, COVERAGE_CHUNK)) + [seg_end]
+        starts = np.searchsorted(erank, bounds)
+        for b in range(len(bounds) - 1):
+            k0, k1 = bounds[b], bounds[b + 1]
+            if k0 == k1:
+                continue
+            ks = order[k0:k1]  # the chunk's keywords (indices into keys)
+            e0, e1 = int(starts[b]), int(starts[b + 1])
+            lk = erank[e0:e1] - k0
+            nk = k1 - k0
+            h, w = int(kh[ks].max()), int(kw[ks].max())
+            wx0, wy0 = kx0[ks], ky0[ks]
+            sx0, sy0 = x0[e0:e1] - wx0[lk], y0[e0:e1] - wy0[lk]
+            sx1, sy1 = x1[e0:e1] - wx0[lk] + 1, y1[e0:e1] - wy0[lk] + 1
             base = lk * ((h + 1) * (w + 1))
             flat = np.concatenate([base + sy0 * (w + 1) + sx0, base + sy0 * (w + 1) + sx1,
                                    base + sy1 * (w + 1) + sx0, base + sy1 * (w + 1) + sx1])
             sign = np.repeat(np.array([1.0, -1.0, -1.0, 1.0]), len(lk))
             diff = np.bincount(flat, weights=sign, minlength=nk * (h + 1) * (w + 1))
-            covered = diff.reshape(nk, h + 1, w + 1).cumsum(1).cumsum(2)[:, :h, :w] > 0
-            yield keys[start:start + nk], covered, (wx0, wy0)
+            covered = diff.reshape(nk, h + 1, w + 1).cumsum(1).cumsum(2)[:, :h, :w] > 0.5
+            yield keys[ks], covered, (wx0, wy0)
 
     def stats_rows(self, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Rows of the statistics of ``codes`` (in the vocabulary): ``(row, j)`` int64 arrays,
@@ -239,7 +299,7 @@ class LoadModel:
         return row, j
 
     def covered_probability(self, codes: np.ndarray, covered: np.ndarray,
-                            window: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+                            window: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         """``P(Cov(key), key)`` and ``P(key)`` of one :meth:`coverage` chunk.
 
         Parameters
@@ -259,8 +319,9 @@ class LoadModel:
         row, j = self.stats_rows(codes[known])
         p = self.counts[row] / self.n_objects
         np.add.at(total_p, known[j], p)
-        cx = self.cells[row] % n - window[0]
-        cy = self.cells[row] // n - window[1]
+        wx0, wy0 = np.broadcast_to(window[0], len(codes)), np.broadcast_to(window[1], len(codes))
+        cx = self.cells[row] % n - wx0[known[j]]
+        cy = self.cells[row] // n - wy0[known[j]]
         _, h, w = covered.shape
         inside = np.flatnonzero((cx >= 0) & (cx < w) & (cy >= 0) & (cy < h))
         hit = inside[covered[known[j[inside]], cy[inside], cx[inside]]]

@@ -103,6 +103,7 @@ class RoutingTable:
             n_full += int(full.sum())
             part = ~full
             codes, covered, cells = codes[part], covered[part], cells[part]
+            window = (window[0][part], window[1][part])
             covered_p, total_p = model.covered_probability(codes, covered, window)
             extra = np.where(codes < len(model.keywords), np.maximum(total_p - covered_p, 0.0), np.inf)
             pairs.add(w, codes, cells, extra)
@@ -116,7 +117,8 @@ class RoutingTable:
             for w, bit, codes, covered, window in _coverages(workload, model, plan):
                 if covered is not None:
                     keep = (always[codes] & bit) == 0
-                    _append_entries(key_parts, bit_parts, model, bit, codes[keep], covered[keep], window)
+                    _append_entries(key_parts, bit_parts, model, bit, codes[keep], covered[keep],
+                                    (window[0][keep], window[1][keep]))
         keys, masks = _merge_entries(key_parts, bit_parts)
         table = cls(model.grid, list(workload.vocabulary), always, keys, masks)
         table.stats = {"routing_pairs_full": n_full, "routing_pairs": pairs.n,
@@ -260,10 +262,11 @@ def _coverages(workload: Workload, model: LoadModel, plan: Plan):
 
 
 def _append_entries(key_parts: list, bit_parts: list, model: LoadModel, bit: np.uint64, codes: np.ndarray,
-                    covered: np.ndarray, window: tuple[int, int]) -> None:
+                    covered: np.ndarray, window: tuple[np.ndarray, np.ndarray]) -> None:
     """Append the ``code * n_cells + cell`` keys of a coverage chunk, each with ``bit``."""
     j, cy, cx = np.nonzero(covered)
-    cell = (cy + window[1]) * model.grid.n + (cx + window[0])
+    wx0, wy0 = np.broadcast_to(window[0], len(codes)), np.broadcast_to(window[1], len(codes))
+    cell = (cy + wy0[j]) * model.grid.n + (cx + wx0[j])
     key_parts.append(codes[j].astype(np.int64) * model.grid.n_cells + cell)
     bit_parts.append(np.full(len(cell), bit, dtype=np.uint64))
 

@@ -107,6 +107,20 @@ def test_measured_cost_model_weighs_candidates_and_expected_changes():
         CostModel.named("guess")
 
 
+def test_entry_loads_cell_by_cell_equal_the_summed_area_tables(setup):
+    """On real places: P(R_q, key) of every entry by testing rows against rectangles (sparse),
+    through summed-area tables (dense), or mixed (the default threshold): the same."""
+    model, wl, _ = setup
+    dense = model.entry_loads(wl.owner, wl.code, wl.rects, sparse_pairs=-1)
+    sparse = model.entry_loads(wl.owner, wl.code, wl.rects, sparse_pairs=1 << 62)
+    mixed = model.entry_loads(wl.owner, wl.code, wl.rects)
+    assert dense.sum() > 0 and sparse == pytest.approx(dense, rel=1e-9, abs=1e-15)
+    assert mixed == pytest.approx(dense, rel=1e-9, abs=1e-15)
+    codes, n = np.unique(wl.code[(wl.code >= 0) & (wl.code < len(model.keywords))], return_counts=True)
+    pairs = (model.ptr[codes + 1] - model.ptr[codes]) * n
+    assert (pairs <= 4096).any() and (pairs > 4096).any()  # the default took both ways
+
+
 def test_deliveries_cell_by_cell_equal_the_coverage_arrays(setup):
     """On real places: pricing every keyword cell by cell (sparse), through coverage arrays
     (dense) or mixed (the default threshold) gives the same D(S), for random query sets."""
@@ -125,3 +139,39 @@ def test_deliveries_cell_by_cell_equal_the_coverage_arrays(setup):
         pairs = (model.ptr[codes + 1] - model.ptr[codes]) * n
         mixed_seen |= bool((pairs <= 4096).any() and (pairs > 4096).any())
     assert mixed_seen  # the default threshold took both ways on some set
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n_rects=st.integers(1, 60), n_codes=st.integers(1, 700))
+def test_coverage_equals_the_union_of_rectangles_cell_by_cell(seed, n_rects, n_codes):
+    """Each keyword's covered cells, over its own window, are exactly the union of its
+    rectangles; keywords of many chunks and heights, full-grid ones apart."""
+    from knnmon.assignment.loadmodel import QueryRects
+
+    rng = np.random.default_rng(seed)
+    n = 16
+    model = LoadModel(Grid(-10.0, -10.0, 10.0, 10.0, n), [], np.zeros(1, dtype=np.int64), np.zeros(0, dtype=np.int64),
+                      np.zeros(0, dtype=np.int64), 1)
+    x0 = rng.integers(0, n, n_rects)
+    y0 = rng.integers(0, n, n_rects)
+    x1 = np.minimum(x0 + rng.integers(0, n, n_rects) * (rng.random(n_rects) < 0.3), n - 1)
+    y1 = np.minimum(y0 + rng.integers(0, 4, n_rects), n - 1)
+    x0[0], y0[0], x1[0], y1[0] = 0, 0, n - 1, n - 1  # a rectangle spanning the grid
+    rects = QueryRects(x0, y0, x1, y1)
+    e = rng.integers(0, n_rects, 3 * n_codes)
+    code = rng.integers(-1, n_codes, len(e))
+    want: dict[int, set] = {}
+    for q, c in zip(e.tolist(), code.tolist()):
+        if c >= 0:
+            want.setdefault(c, set()).update((x, y) for x in range(x0[q], x1[q] + 1) for y in range(y0[q], y1[q] + 1))
+    got: dict[int, set] = {}
+    chunks = model.coverage(e, code, rects)
+    full, _, _ = next(chunks)
+    for c in full.tolist():
+        got[c] = {(x, y) for x in range(n) for y in range(n)}
+    for codes, covered, (wx0, wy0) in chunks:
+        assert covered.shape[0] == len(codes) == len(wx0) == len(wy0)
+        for i, c in enumerate(codes.tolist()):
+            j, cy, cx = np.nonzero(covered[i:i + 1])
+            got[c] = {(int(x + wx0[i]), int(y + wy0[i])) for x, y in zip(cx, cy)}
+    assert got == want
