@@ -163,9 +163,13 @@ def ingest_synthetic(spec: SyntheticSpec, out_dir: str, *, grid_n: int = 128,
     if grid_n < 1:
         raise InvalidArgumentError(f"--grid must be >= 1; got {grid_n}")
     out = check_output_dir(out_dir)
-    spark = spark_session(master)
+    # Large streams: more shuffle partitions and heap, so that the keyword aggregations of
+    # 20 M objects (110 M pairs, 2.2 M keywords) fit (4 partitions in 4 GB ran out of memory).
+    big = spec.n >= 5_000_000
+    spark = spark_session(master, shuffle_partitions=max(4, spec.n // 250_000) if big else 4,
+                          driver_memory="10g" if big else "4g")
     blocks = -(-spec.n // BLOCK)
-    parts = max(1, min(blocks, spark.sparkContext.defaultParallelism * 4))
+    parts = blocks  # one block of 65,536 per partition: at 20 M objects, 8 partitions of 2.5 M ran the 4 GB JVM out of heap
 
     def generate(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         for batch in batches:
