@@ -16,7 +16,7 @@ import pyarrow as pa
 from knnmon.coordinator.runtime.config import ARRIVAL_EPOCH_MS, RunConfig
 from knnmon.arrays import runs
 from knnmon.coordinator.runtime.object_index import ObjectIndex
-from knnmon.ingest.reading import OBJECT_COLUMNS, load_queries, read_objects, stream_order
+from knnmon.ingest.reading import OBJECT_COLUMNS, load_queries, read_objects, stream_head, stream_order
 
 __all__ = ["Prepared", "live_initial", "prepare", "prepare_tables", "with_arrival_times"]
 
@@ -84,7 +84,10 @@ def prepare(objects_dir: str, queries: str | pa.Table, config: RunConfig) -> Pre
     t0 = time.perf_counter()
     model = LoadModel.from_ingest(objects_dir)
     queries = queries if isinstance(queries, pa.Table) else load_queries(queries, c.limits)
-    objects = stream_order(read_objects(objects_dir, OBJECT_COLUMNS), c.shuffle)
+    if c.batches is not None and c.shuffle is None:  # a bounded stream: read only the objects it uses
+        objects = stream_head(objects_dir, c.initial + c.batches * c.batch, OBJECT_COLUMNS)
+    else:
+        objects = stream_order(read_objects(objects_dir, OBJECT_COLUMNS), c.shuffle)
     if c.arrival_ms is not None:
         objects = with_arrival_times(objects, c.arrival_ms)
     initial = objects.slice(0, min(c.initial, objects.num_rows))

@@ -1,0 +1,201 @@
+"""Benchmark: the paper's largest setting on one machine (Tsuruoka et al. 2019, §5: up to 3 M
+queries over 20 M geo-tagged tweets), end to end, with the memory of every process.
+
+Usage (the figures in docs/scale.md):
+
+    knnmon ingest synthetic --n 20000000 --out /tmp/synth20m
+    knnmon queries generate --objects /tmp/synth20m --n 3000000 --kmax 10 --seed 3 --out /tmp/sq3m.parquet
+    python benchmarks/paper_scale.py --objects /tmp/synth20m --queries /tmp/sq3m.parquet \
+        --n 3000000 --workers 12 --algorithms proposed --batches 100 --report docs/bench/paper_scale.json
+
+Each run (a query count ``n``: the query file's first ``n`` rows; a worker count ``W``; an
+algorithm) is its own child process doing what ``knnmon run`` does: read the first ``initial``
+objects and the ``batches x batch`` streamed after them (only those rows are read), compute every
+query's exact initial kNN, plan, start ``W`` Ray workers and an embedded Redis, load the initial
+results, stream the batches one at a time (``in_flight = 1``: the paper's update time), then
+check a seeded sample of ``check_sample`` queries' Redis results against the brute-force oracle
+over every object seen.
+
+While a run lasts this parent samples, once a second, every process of the child's tree (the
+coordinator, Ray's GCS, raylet and helpers, the worker actors, redis-server): RSS and PSS per
+process (``psutil``). Reported per run: the peak of the tree's summed PSS (shared pages, such as
+Ray's object store, counted once: the figure the 20 GB target is checked on) and summed RSS, each
+role's peak RSS (``coordinator``, ``worker``, ``redis``, ``ray``), the machine's used memory
+(``MemTotal - MemAvailable``) at its peak minus before the run, the child's timings (read,
+initial kNN, plan, start-up), objects/s, update time (ms per batch), Redis's own ``used_memory``,
+and the oracle check. The report is rewritten after every run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+import psutil
+
+ROLES = ("coordinator", "worker", "redis", "ray")
+
+
+def role_of(proc: psutil.Process, child_pid: int) -> str:
+    """Which part of a run a process is: the child itself is the coordinator."""
+    if proc.pid == child_pid:
+        return "coordinator"
+    try:
+        name = " ".join(proc.cmdline()[:2]) or proc.name()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return "ray"
+    if "redis-server" in name:
+        return "redis"
+    if "KnnWorker" in name:
+        return "worker"
+    return "ray"
+
+
+def used_bytes() -> int:
+    """The machine's used memory, ``MemTotal - MemAvailable`` (bytes)."""
+    vm = psutil.virtual_memory()
+    return int(vm.total - vm.available)
+
+
+def watch(child: subprocess.Popen, timeout_s: float, interval_s: float = 1.0) -> dict[str, Any]:
+    """Sample ``child``'s process tree until it exits (killed after ``timeout_s``)."""
+    root = psutil.Process(child.pid)
+    base_used = used_bytes()
+    peak: dict[str, Any] = {"pss_sum": 0, "rss_sum": 0, "used": 0, "processes": 0}
+    role_peak = dict.fromkeys(ROLES, 0)
+    per_pid: dict[int, tuple[str, int]] = {}
+    timeline: list[tuple[float, float]] = []
+    t0 = time.monotonic()
+    while child.poll() is None:
+        if time.monotonic() - t0 > timeout_s:
+            child.kill()
+            break
+        try:
+            procs = [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            break
+        pss = rss = 0
+        for p in procs:
+            try:
+                m = p.memory_full_info()
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+            pss += m.pss
+            rss += m.rss
+            role = role_of(p, child.pid)  # again each time: a Ray worker names itself once it hosts an actor
+            per_pid[p.pid] = (role, max(m.rss, per_pid.get(p.pid, (role, 0))[1]))
+            role_peak[role] = max(role_peak[role], m.rss)
+        peak["pss_sum"], peak["rss_sum"] = max(peak["pss_sum"], pss), max(peak["rss_sum"], rss)
+        peak["used"] = max(peak["used"], used_bytes() - base_used)
+        peak["processes"] = max(peak["processes"], len(procs))
+        timeline.append((round(time.monotonic() - t0, 1), round(pss / 2**30, 3)))
+        time.sleep(interval_s)
+    child.wait()
+    workers = sorted(r for role, r in per_pid.values() if role == "worker")
+    return {"peak_pss_sum_gb": round(peak["pss_sum"] / 2**30, 2), "peak_rss_sum_gb": round(peak["rss_sum"] / 2**30, 2),
+            "peak_used_gb": round(peak["used"] / 2**30, 2), "processes": peak["processes"],
+            "role_peak_rss_gb": {k: round(v / 2**30, 2) for k, v in role_peak.items()},
+            "worker_peak_rss_gb": [round(r / 2**30, 2) for r in workers],
+            "wall_s": round(time.monotonic() - t0, 1), "pss_timeline_gb": timeline[::5]}
+
+
+def run_child(a: argparse.Namespace) -> None:
+    """One run (module docstring); writes its JSON to ``a.child_report``."""
+    import numpy as np
+    import pyarrow as pa
+
+    from knnmon.connection import connect
+    from knnmon.coordinator.bench.oracle_check import mismatches
+    from knnmon.coordinator.runtime import RunConfig, Runtime
+    from knnmon.ingest.reading import load_queries
+    from knnmon.store import StoreConfig
+
+    t0 = time.perf_counter()
+    queries = load_queries(a.queries).slice(0, a.n)
+    config = RunConfig(workers=a.workers[0], algorithm=a.algorithms[0], initial=a.initial, batch=a.batch,
+                       batches=a.batches, in_flight=1, seed=a.seed,
+                       store=StoreConfig(namespace="scale", data_dir=None))
+    out: dict[str, Any] = {}
+    with Runtime(a.objects, queries, config) as rt:
+        out["startup_wall_s"] = round(time.perf_counter() - t0, 1)
+        s = rt.run(progress=False)
+        info = connect(rt.store.url).info("memory")
+        out.update({"objects_per_s": s.objects_per_s, "update_ms_mean": s.update_ms_mean,
+                    "update_ms_p50": s.update_ms_p50, "update_ms_p99": s.update_ms_p99,
+                    "update_ms_sim_mean": s.update_ms_sim_mean, "deliveries_per_object": s.deliveries_per_object,
+                    "batches": s.batches, "objects": s.objects, "queries": s.queries,
+                    "initial_objects": s.initial_objects, "timings_s": {k: round(v, 1) for k, v in s.startup_s.items()},
+                    "plan": {k: v for k, v in rt.plan.summary.items() if not isinstance(v, list | dict)},
+                    "worker_peak_rss_mb_self": [round(w["peak_rss_mb"], 1) for w in s.workers_stats],
+                    "redis_used_memory_gb": round(info["used_memory"] / 2**30, 2),
+                    "redis_used_memory_peak_gb": round(info["used_memory_peak"] / 2**30, 2)})
+        seen = pa.concat_tables([rt.prepared.initial, rt.stream_table]).select(["id", "lon", "lat", "keywords"])
+        pick = np.sort(np.random.default_rng(a.seed).choice(queries.num_rows, min(a.check_sample, queries.num_rows),
+                                                            replace=False))
+        t1 = time.perf_counter()
+        bad = mismatches(rt.store.url, "scale", queries.take(pa.array(pick)), seen)
+        out.update({"checked_queries": len(pick), "mismatched_queries": len(bad), "exact": not bad,
+                    "check_s": round(time.perf_counter() - t1, 1)})
+    with open(a.child_report, "w", encoding="utf-8") as fh:
+        json.dump(out, fh, indent=1)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--objects", required=True, help="an ingest output (20 M synthetic objects)")
+    p.add_argument("--queries", required=True, help="a query file with at least max(--n) rows")
+    p.add_argument("--n", default="1000000,2000000,3000000", help="query counts, comma-separated")
+    p.add_argument("--workers", default="12,24", help="worker counts, comma-separated")
+    p.add_argument("--algorithms", default="proposed,random")
+    p.add_argument("--initial", type=int, default=1_000_000)
+    p.add_argument("--batch", type=int, default=1000)
+    p.add_argument("--batches", type=int, default=100, help="streamed batches per run (bounded)")
+    p.add_argument("--check-sample", type=int, default=2000, help="queries checked against the oracle")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=3600, help="seconds before a run is killed")
+    p.add_argument("--report", help="JSON report path")
+    p.add_argument("--child-report", help=argparse.SUPPRESS)
+    a = p.parse_args()
+    a.workers = [int(x) for x in str(a.workers).split(",")]
+    a.algorithms = a.algorithms.split(",")
+    if a.child_report:
+        a.n = int(a.n)
+        run_child(a)
+        return
+    machine = {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
+               "memory_gb": round(psutil.virtual_memory().total / 2**30, 1), "date": time.strftime("%Y-%m-%d %H:%M")}
+    report: dict[str, Any] = {"machine": machine, "args": {k: v for k, v in vars(a).items() if k != "child_report"},
+                              "rows": []}
+    for n in [int(x) for x in a.n.split(",")]:
+        for w in a.workers:
+            for algo in a.algorithms:
+                with tempfile.TemporaryDirectory() as tmp:
+                    child_report = os.path.join(tmp, "run.json")
+                    cmd = [sys.executable, os.path.abspath(__file__), "--objects", a.objects, "--queries", a.queries,
+                           "--n", str(n), "--workers", str(w), "--algorithms", algo, "--initial", str(a.initial),
+                           "--batch", str(a.batch), "--batches", str(a.batches), "--check-sample",
+                           str(a.check_sample), "--seed", str(a.seed), "--child-report", child_report]
+                    print(f"paper_scale: n={n:,} W={w} {algo}", file=sys.stderr, flush=True)
+                    child = subprocess.Popen(cmd)
+                    mem = watch(child, a.timeout)
+                    row: dict[str, Any] = {"n": n, "workers": w, "algorithm": algo, "exit": child.returncode, **mem}
+                    if os.path.exists(child_report):
+                        with open(child_report, encoding="utf-8") as fh:
+                            row.update(json.load(fh))
+                report["rows"].append(row)
+                print(f"  exit {row['exit']}, {row['wall_s']} s, peak PSS {row['peak_pss_sum_gb']} GB, "
+                      f"{row.get('objects_per_s', 0):,.0f} obj/s, exact={row.get('exact')}", file=sys.stderr, flush=True)
+                if a.report:
+                    with open(a.report, "w", encoding="utf-8") as fh:
+                        json.dump(report, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
