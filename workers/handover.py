@@ -85,8 +85,7 @@ class Handover:
         InvalidQueryError
             An id this worker holds already.
         """
-        if vocabulary:
-            self.vocab.update(vocabulary)
+        self._learn(vocabulary)
         slots = self._append(handover.queries, handover.topk, handover.objects)
         self.load.us[slots.start:slots.stop] = np.asarray(handover.loads, dtype=np.float64)
         if self.writer is not None and len(slots):

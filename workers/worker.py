@@ -187,7 +187,9 @@ class KnnWorker(Handover):
         self.keywords: list[str] = []  # per slot, its keywords space separated (keywords hold no space)
         self.kw_ptr = np.zeros(1, dtype=np.int64)  # CSR: query slot -> its keyword codes
         self.kw_code = np.empty(0, dtype=np.int64)
-        self.vocab: dict[str, int] = dict(vocabulary or {})
+        self.vocab: dict[str, int] = {}
+        self._next_code = 0  # a keyword no coordinator code came with gets this one, then it grows
+        self._learn(vocabulary)
         self.index = INDEXES[index]()
         self.load = QueryLoad()  # each query's recent measured load (re-balancing reads it)
         self.track_load = track_load
@@ -198,8 +200,21 @@ class KnnWorker(Handover):
         _warm_up()
 
     # -- queries -----------------------------------------------------------------------------
+    def _learn(self, vocabulary: Mapping[str, int] | None) -> None:
+        """Take the coordinator's codes of some keywords (those of the queries coming here)."""
+        if vocabulary:
+            self.vocab.update(vocabulary)
+            self._next_code = max(self._next_code, max(vocabulary.values()) + 1)
+
     def _codes(self, words: Sequence[str]) -> list[int]:
-        return [self.vocab.setdefault(w, len(self.vocab)) for w in words]
+        out = []
+        for w in words:
+            c = self.vocab.get(w)
+            if c is None:
+                c = self.vocab[w] = self._next_code
+                self._next_code += 1
+            out.append(c)
+        return out
 
     def _handle(self, oid: str, t: int = NO_TIME) -> int:
         h = self.handle_of.get(oid)
@@ -321,7 +336,8 @@ class KnnWorker(Handover):
 
     def load_queries(self, queries: QueryColumns, topk: Sequence[Sequence[tuple[str, float]]],
                      objects: Mapping[str, ObjectInfo], *, version: int = 0, write: bool = True,
-                     details: bool = False, sets: Sequence[int] | None = None, chunk: int = 5000) -> dict[str, Any]:
+                     details: bool = False, sets: Sequence[int] | None = None, chunk: int = 5000,
+                     vocabulary: Mapping[str, int] | None = None, rebuild: bool = True) -> dict[str, Any]:
         """Take queries with their initial kNN (exact over the objects seen so far).
 
         Parameters
@@ -345,6 +361,13 @@ class KnnWorker(Handover):
         sets
             ``m`` ints: each query's set in the plan, written as its hash's ``set`` field
             (``knnmon explain``).
+        chunk
+            Queries per Redis script call.
+        vocabulary
+            The coordinator's codes of their keywords (it encodes batches with them).
+        rebuild
+            Rebuild the query index now; ``False`` for all but the last of several loads in a
+            row (the coordinator hands a worker its queries in parts, to bound the payloads).
 
         Returns
         -------
@@ -352,6 +375,7 @@ class KnnWorker(Handover):
             ``queries``, ``index_entries``, ``seconds``.
         """
         t0 = time.perf_counter()
+        self._learn(vocabulary)
         slots = self._append(queries, topk, objects)
         first = slots.start
         if self.writer is not None and not write:
@@ -379,7 +403,8 @@ class KnnWorker(Handover):
                     queued.popleft().result()
             for f in queued:
                 f.result()
-        self.rebuild_index()
+        if rebuild:
+            self.rebuild_index()
         return {"queries": len(queries), "index_entries": self.index.entries, "seconds": time.perf_counter() - t0}
 
     def register_queries(self, queries: QueryColumns, topk: Sequence[Sequence[tuple[str, float]]],
@@ -394,8 +419,7 @@ class KnnWorker(Handover):
         InvalidQueryError
             An id this worker holds already.
         """
-        if vocabulary:
-            self.vocab.update(vocabulary)
+        self._learn(vocabulary)
         slots = self._append(queries, topk, objects)
         if self.writer is not None:
             self._write_now(self.writer.write_queries, self._next_tag(),

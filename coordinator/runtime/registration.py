@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from knnmon.connection import connect, with_retries
 from knnmon.coordinator.planning import PlanResult
@@ -26,7 +27,10 @@ from knnmon.errors import InvalidQueryError
 from knnmon.keys import Keys
 from knnmon.query import Query, QueryColumns
 
-__all__ = ["Registrar"]
+__all__ = ["LOAD_CHUNK", "Registrar"]
+
+#: Queries per worker per call of the initial load (:meth:`Registrar.load`).
+LOAD_CHUNK = 25_000
 
 
 def _clear_object_details(redis_url: str, namespace: str) -> None:
@@ -66,8 +70,14 @@ class Registrar:
 
     # -- the initial load ----------------------------------------------------------------------
     def load(self, prepared: Prepared, *, resume: bool = False, redis_url: str | None = None,
-             namespace: str = "knn") -> float:
+             namespace: str = "knn", chunk: int | None = None) -> float:
         """Hand every worker its planned queries with their initial kNN; returns seconds spent.
+
+        Each worker gets its queries in parts of ``chunk`` (default :data:`LOAD_CHUNK`; one part
+        per worker in flight), each
+        with its keywords' codes in the routing table, so what is in flight at once (the
+        coordinator's payloads, Ray's object store, each worker's copy) is bounded by ``W x
+        chunk`` queries, whatever the number of queries.
 
         ``resume``: Redis already holds these queries and exactly these results (a service
         resuming, :mod:`knnmon.coordinator.service.recovery`): nothing is rewritten but each
@@ -75,27 +85,38 @@ class Registrar:
         plan may move queries between workers), ``redis_url`` and ``namespace`` say where.
         """
         t0 = time.perf_counter()
+        chunk = LOAD_CHUNK if chunk is None else int(chunk)
         q = prepared.queries
         lon, lat = q.column("lon").to_numpy(), q.column("lat").to_numpy()
         k = q.column("k").to_numpy().astype(np.int64)
-        ids, kws = q.column("id").to_pylist(), q.column("keywords").to_pylist()
-        pending = []
+        routing, plan = self.plan.routing, self.plan.plan
+        with_sets = len(plan.set_of) == q.num_rows
         if resume and redis_url is not None:
             _clear_object_details(redis_url, namespace)
-        for w in range(self.pool.size):
-            mine = np.flatnonzero(self.plan.plan.worker == w)
-            sel = mine.tolist()
-            rows = np.concatenate([prepared.knn_rows(i) for i in sel] + [np.empty(0, np.int64)])
-            info = self.objects.initial_info(rows)
-            columns = QueryColumns([ids[i] for i in sel], lon[mine], lat[mine], [kws[i] for i in sel], k[mine])
-            sets = self.plan.plan.set_of[mine].tolist() if len(self.plan.plan.set_of) == q.num_rows else None
-            pending.append(self.pool.call(w, "load_queries", columns, prepared.knn_lists(sel), info,
-                                          version=prepared.first_batch, write=not resume, details=resume, sets=sets))
-            for i in sel:
-                self.query_worker[ids[i]] = w
-        self.pool.gather(pending)
+        mine_of = [np.flatnonzero(plan.worker == w) for w in range(self.pool.size)]
+        for s in range(0, max((len(m) for m in mine_of), default=0) or 1, chunk):
+            pending = []
+            for w, mine_all in enumerate(mine_of):
+                mine = mine_all[s:s + chunk]
+                if s and not len(mine):
+                    continue
+                sel = mine.tolist()
+                part = q.take(pa.array(mine, type=pa.int64())).select(["id", "keywords"])
+                ids, kws = part.column("id").to_pylist(), part.column("keywords").to_pylist()
+                rows = np.concatenate([prepared.knn_rows(i) for i in sel] + [np.empty(0, np.int64)])
+                info = self.objects.initial_info(rows)
+                columns = QueryColumns(ids, lon[mine], lat[mine], kws, k[mine])
+                codes = {x: routing.code(x) for words in kws for x in words}
+                pending.append(self.pool.call(w, "load_queries", columns, prepared.knn_lists(sel), info,
+                                              version=prepared.first_batch, write=not resume, details=resume,
+                                              sets=plan.set_of[mine].tolist() if with_sets else None,
+                                              vocabulary=codes, rebuild=s + chunk >= len(mine_all)))
+                for qid in ids:
+                    self.query_worker[qid] = w
+            self.pool.gather(pending)
         if resume and self.query_worker and redis_url is not None:
-            sets = dict(zip(ids, self.plan.plan.set_of.tolist())) if len(self.plan.plan.set_of) == len(ids) else {}
+            ids = q.column("id").to_pylist()
+            sets = dict(zip(ids, plan.set_of.tolist())) if len(plan.set_of) == len(ids) else {}
             self._record_workers(redis_url, namespace, sets)
         return time.perf_counter() - t0
 

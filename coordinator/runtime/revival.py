@@ -147,8 +147,10 @@ def revive(pool: RayPool, registrar: Registrar, redis_url: str, namespace: str, 
     finally:
         client.close()
     routing = registrar.plan.routing
-    pool.replace(worker, vocabulary={w: i for i, w in enumerate(routing.vocabulary)})
-    pool.gather([pool.call(worker, "load_queries", QueryColumns.of(queries), topk, {}, write=False)])
+    pool.replace(worker, vocabulary={})
+    codes = {x: routing.code(x) for q in queries for x in q.keywords}
+    pool.gather([pool.call(worker, "load_queries", QueryColumns.of(queries), topk, {}, write=False,
+                           vocabulary=codes)])
     out, resent = [], 0
     for d in uncollected:
         if worker not in d.rows:

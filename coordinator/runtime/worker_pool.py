@@ -189,8 +189,9 @@ def init_ray(address: str | None = None) -> bool:
 
 def make_pool(config: RunConfig, redis_url: str | None, vocabulary: Mapping[str, int]) -> WorkerPool:
     """``config.workers`` workers writing to ``redis_url`` under ``config.store.namespace``, in
-    process or as Ray actors (``config.executor``); ``vocabulary`` is the routing table's
-    keyword codes, shared so that batches arrive pre-encoded."""
+    process or as Ray actors (``config.executor``); ``vocabulary``: keyword codes of the routing
+    table the workers know from the start (the runtime gives none: each load, registration and
+    hand-over brings the codes of its queries' keywords, so a worker holds only its own)."""
     from knnmon.workers.worker import KnnWorker
 
     args = {"redis_url": redis_url, "namespace": config.store.namespace, "vocabulary": vocabulary,

@@ -58,6 +58,27 @@ def test_every_result_is_exact_on_real_places(ct, ray_instance, redis_url, names
         assert assert_exact(redis_url, namespace, queries, want) == 10_000
 
 
+@pytest.mark.parametrize("executor", ["ray", "inline"])
+def test_a_load_in_parts_gives_each_worker_only_its_keywords_and_stays_exact(ct, ray_instance, redis_url, namespace,
+                                                                          executor, tmp_path, monkeypatch):
+    from knnmon.coordinator.runtime import registration
+
+    monkeypatch.setattr(registration, "LOAD_CHUNK", 700)  # 10,000 queries on 4 workers: 4 parts each
+    objects_dir, queries, want, _ = ct
+    config = RunConfig(workers=4, algorithm="proposed", initial=50_000, batch=1000, batches=20, executor=executor,
+                       store=StoreConfig(redis_url, namespace, str(tmp_path)))
+    with Runtime(objects_dir, queries, config) as rt:
+        rt.run(progress=False)
+        words = [set() for _ in range(4)]
+        for qid, kws in zip(queries.column("id").to_pylist(), queries.column("keywords").to_pylist()):
+            words[rt.registrar.query_worker[qid]].update(kws)
+        # Each worker knows the codes of its own queries' keywords, not the whole vocabulary.
+        assert [s["keywords"] for s in rt.registrar.stats()] == [len(w) for w in words]
+        assert max(len(w) for w in words) < len(rt.plan.routing.vocabulary)
+        seen = stream_order(read_objects(objects_dir), None).slice(0, 50_000 + 20 * 1000)
+        assert assert_exact(redis_url, namespace, queries, BruteForceKnn(seen)) == 10_000
+
+
 @pytest.fixture(scope="module")
 def small(places_slice, slice_queries):
     objects = stream_order(read_objects(str(places_slice)), None)
