@@ -43,14 +43,18 @@ import psutil
 ROLES = ("coordinator", "worker", "redis", "ray")
 
 
-def role_of(proc: psutil.Process, child_pid: int) -> str:
-    """Which part of a run a process is: the child itself is the coordinator."""
+def role_of(proc: psutil.Process, child_pid: int, child_cmdline: list[str]) -> str:
+    """Which part of a run a process is: the child itself and the processes it forks (the
+    initial kNN's) are the coordinator."""
     if proc.pid == child_pid:
         return "coordinator"
     try:
-        name = " ".join(proc.cmdline()[:2]) or proc.name()
+        cmdline = proc.cmdline()
+        name = " ".join(cmdline[:2]) or proc.name()
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return "ray"
+    if cmdline == child_cmdline:
+        return "coordinator"
     if "redis-server" in name:
         return "redis"
     if "KnnWorker" in name:
@@ -67,6 +71,7 @@ def used_bytes() -> int:
 def watch(child: subprocess.Popen, timeout_s: float, interval_s: float = 1.0) -> dict[str, Any]:
     """Sample ``child``'s process tree until it exits (killed after ``timeout_s``)."""
     root = psutil.Process(child.pid)
+    root_cmdline = root.cmdline()
     base_used = used_bytes()
     peak: dict[str, Any] = {"pss_sum": 0, "rss_sum": 0, "used": 0, "processes": 0}
     role_peak = dict.fromkeys(ROLES, 0)
@@ -89,7 +94,7 @@ def watch(child: subprocess.Popen, timeout_s: float, interval_s: float = 1.0) ->
                 continue
             pss += m.pss
             rss += m.rss
-            role = role_of(p, child.pid)  # again each time: a Ray worker names itself once it hosts an actor
+            role = role_of(p, child.pid, root_cmdline)  # again each time: a Ray worker names itself once it hosts an actor
             per_pid[p.pid] = (role, max(m.rss, per_pid.get(p.pid, (role, 0))[1]))
             role_peak[role] = max(role_peak[role], m.rss)
         peak["pss_sum"], peak["rss_sum"] = max(peak["pss_sum"], pss), max(peak["rss_sum"], rss)

@@ -104,6 +104,8 @@ class Runtime:
         self.timings.update(p.timings)
         self.stream_table = p.stream
         self.objects = ObjectStore(p.initial, p.index)
+        if p.index is not None:
+            p.index.drop_trees()  # built for the initial kNN; a registration builds its own
 
         t0 = time.perf_counter()
         if p.queries.num_rows:
@@ -120,15 +122,12 @@ class Runtime:
             self.store = self._exit.enter_context(open_store(c.store))
             if not self.resume:
                 clear_namespace(self.store)
-            vocabulary = {w: i for i, w in enumerate(self.plan.routing.vocabulary)}
-            self.pool = make_pool(c, self.store.url, vocabulary)
+            self.pool = make_pool(c, self.store.url, {})  # each load brings its queries' keyword codes
             self._exit.callback(self.pool.close)
             self.timings["start_workers_s"] = time.perf_counter() - t0
             self.registrar = Registrar(self.pool, self.plan, self.objects, c.places_reserved)
             self.timings["load_s"] = self.registrar.load(p, resume=self.resume, redis_url=self.store.url,
                                                          namespace=c.store.namespace)
-            if p.index is not None:
-                p.index.drop_trees()  # built for the start-up's searches; a registration builds its own
             record_plan(self.store.url, c.store.namespace, self.plan)
         except BaseException:
             self.close()
