@@ -98,3 +98,19 @@ def test_handles_of_objects_that_left_every_result_are_released(monkeypatch):
         w.process_batch(b, [f"o{b}"], np.array([d]), np.array([0.0]), np.array([b]), [["cafe"]])
         assert [o for o, _ in w.result("q")] == [f"o{b}"]
         assert len(w.oids) <= 8 + 1
+
+
+def test_a_keyword_without_a_coordinator_code_gets_a_code_no_given_keyword_has():
+    # A worker knows only its own queries' codes (sparse in the routing table's numbering):
+    # a keyword that came without one must not take a code the coordinator gave another.
+    w = KnnWorker(0, None, vocabulary={"cafe": 7})
+    w.load_queries(QueryColumns(["a"], [0.0], [0.0], [["cafe"]], [1]), [[]], {}, vocabulary={"bar": 3})
+    w.register_queries(QueryColumns(["b"], [0.0], [0.0], [["park", "bar"]], [1]), [[]], {})
+    assert w.vocab == {"cafe": 7, "bar": 3, "park": 8}
+    objects = _objects(np.random.default_rng(0), 40, 0)
+    w.process_batch(1, objects.column("id").to_pylist(), objects.column("lon").to_numpy(),
+                    objects.column("lat").to_numpy(), objects.column("t").to_numpy(),
+                    objects.column("keywords").to_pylist())
+    oracle = BruteForceKnn(objects)
+    assert w.result("b") == oracle.knn(0.0, 0.0, ["park", "bar"], 1)
+    assert w.result("a") == oracle.knn(0.0, 0.0, ["cafe"], 1)
