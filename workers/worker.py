@@ -29,6 +29,7 @@ from knnmon.batch import BatchChanges, ObjectBatch, ObjectInfo, Refills, WorkerR
 from knnmon.encoding import id_prefix_keys
 from knnmon.errors import InvalidArgumentError, InvalidQueryError
 from knnmon.geo import chord2_bound, haversine_m, unit_vectors
+from knnmon.heap import give_back
 from knnmon.query import QueryColumns
 from knnmon.workers.keyword_lists import KeywordLists
 from knnmon.workers.handover import Handover
@@ -405,6 +406,7 @@ class KnnWorker(Handover):
                 f.result()
         if rebuild:
             self.rebuild_index()
+            give_back()  # the load's payloads
         return {"queries": len(queries), "index_entries": self.index.entries, "seconds": time.perf_counter() - t0}
 
     def register_queries(self, queries: QueryColumns, topk: Sequence[Sequence[tuple[str, float]]],

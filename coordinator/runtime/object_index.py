@@ -26,6 +26,7 @@ from rtree import index as rtree_index
 from knnmon.arrays import runs
 from knnmon.encoding import keyword_codes
 from knnmon.geo import haversine_m, unit_vectors
+from knnmon.heap import give_back
 
 __all__ = ["IdColumn", "ObjectIndex", "TREE_BUDGET", "morton_codes"]
 
@@ -78,17 +79,6 @@ def morton_codes(lon: np.ndarray, lat: np.ndarray) -> np.ndarray:
     x = np.clip((np.asarray(lon) + 180.0) / 360.0 * 65535, 0, 65535).astype(np.uint64)
     y = np.clip((np.asarray(lat) + 90.0) / 180.0 * 65535, 0, 65535).astype(np.uint64)
     return spread(x) | (spread(y) << np.uint64(1))
-
-
-def _give_back() -> None:
-    """Return freed heap memory to the operating system (glibc's ``malloc_trim``): a dropped
-    ``rtree`` tree (~180 bytes per entry) otherwise stays in the process's resident set."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: the allocator keeps what it keeps
-        pass
 
 
 def _tree(points: np.ndarray) -> rtree_index.Index:
@@ -176,7 +166,7 @@ class ObjectIndex:
             self._tree_entries -= int(self._post_ptr[old + 1] - self._post_ptr[old])
             dropped += int(self._post_ptr[old + 1] - self._post_ptr[old])
         if dropped >= TREE_BUDGET // 8:
-            _give_back()
+            give_back()
         return tree
 
     def drop_trees(self) -> None:
@@ -184,7 +174,7 @@ class ObjectIndex:
         query, most of them serve nothing until a registration asks for their keyword."""
         self._trees.clear()
         self._tree_entries = 0
-        _give_back()
+        give_back()
 
     def keyword_pairs(self, keywords) -> tuple[np.ndarray, np.ndarray]:
         """(query index, keyword code) pairs of a batch, unknown keywords left out.

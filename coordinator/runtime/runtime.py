@@ -37,6 +37,7 @@ from knnmon.coordinator.runtime.revival import revive
 from knnmon.coordinator.runtime.routing_upkeep import RoutingUpkeep
 from knnmon.coordinator.runtime.worker_pool import RayPool, WorkerPool, make_pool
 from knnmon.errors import WorkerLostError
+from knnmon.heap import give_back
 from knnmon.store import Store, clear_namespace, open_store
 from knnmon.window import Window
 
@@ -115,6 +116,7 @@ class Runtime:
                                       routing_entries=c.routing_entries, seed=c.seed)
         else:
             self.plan = empty_plan(p.model, c.workers, c.algorithm)
+        give_back()  # the plan's transients (GBs at millions of queries)
         self.timings["plan_s"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
@@ -128,6 +130,7 @@ class Runtime:
             self.registrar = Registrar(self.pool, self.plan, self.objects, c.places_reserved)
             self.timings["load_s"] = self.registrar.load(p, resume=self.resume, redis_url=self.store.url,
                                                          namespace=c.store.namespace)
+            give_back()  # the load's payloads
             record_plan(self.store.url, c.store.namespace, self.plan)
         except BaseException:
             self.close()
