@@ -80,12 +80,12 @@ def stream_head(objects_dir: str, n: int, columns: list[str] | None = None) -> p
     if not os.path.exists(path):
         raise InputPathError(f"no {OBJECTS} in {objects_dir}: run `knnmon ingest ... --out {objects_dir}` first")
     t = pq.read_table(path, columns=["t"]).column("t").to_numpy()
+    cols = None if columns is None else list(dict.fromkeys([*columns, "t", "id"]))  # the order's keys
     if n >= len(t) or not bool(np.all(np.diff(t) >= 0)):
-        return stream_order(read_objects(objects_dir, columns), None).slice(0, n)
-    end = int(np.searchsorted(t, t[n - 1], side="right")) if n else 0
-    cols = None if columns is None else list(dict.fromkeys([*columns, "t", "id"]))
-    head = ds.dataset(path, format="parquet").head(end, columns=cols)
-    head = stream_order(head, None).slice(0, n)
+        head = stream_order(read_objects(objects_dir, cols), None).slice(0, n)
+    else:
+        end = int(np.searchsorted(t, t[n - 1], side="right")) if n else 0
+        head = stream_order(ds.dataset(path, format="parquet").head(end, columns=cols), None).slice(0, n)
     return head if columns is None else head.select(columns)
 
 
