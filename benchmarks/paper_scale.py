@@ -22,8 +22,9 @@ process (``psutil``). Reported per run: the peak of the tree's summed PSS (share
 Ray's object store, counted once: the figure the 20 GB target is checked on) and summed RSS, each
 role's peak RSS (``coordinator``, ``worker``, ``redis``, ``ray``), the machine's used memory
 (``MemTotal - MemAvailable``) at its peak minus before the run, the child's timings (read,
-initial kNN, plan, start-up), objects/s, update time (ms per batch), Redis's own ``used_memory``,
-and the oracle check. The report is rewritten after every run.
+initial kNN, plan, start-up), objects/s, update time (ms per batch), Redis's own ``used_memory``
+(and per query), the coordinator's RSS after the stream, each worker's RSS after the stream and
+its bytes per query over an idle worker's (:func:`per_query_in_workers`), and the oracle check. The report is rewritten after every run.
 """
 
 from __future__ import annotations
@@ -95,6 +96,8 @@ def watch(child: subprocess.Popen, timeout_s: float, interval_s: float = 1.0) ->
             pss += m.pss
             rss += m.rss
             role = role_of(p, child.pid, root_cmdline)  # again each time: a Ray worker names itself once it hosts an actor
+            if role == "ray" and per_pid.get(p.pid, ("ray",))[0] != "ray":
+                role = per_pid[p.pid][0]  # an actor's process keeps its role while it exits
             per_pid[p.pid] = (role, max(m.rss, per_pid.get(p.pid, (role, 0))[1]))
             role_peak[role] = max(role_peak[role], m.rss)
         peak["pss_sum"], peak["rss_sum"] = max(peak["pss_sum"], pss), max(peak["rss_sum"], rss)
@@ -109,6 +112,33 @@ def watch(child: subprocess.Popen, timeout_s: float, interval_s: float = 1.0) ->
             "role_peak_rss_gb": {k: round(v / 2**30, 2) for k, v in role_peak.items()},
             "worker_peak_rss_gb": [round(r / 2**30, 2) for r in workers],
             "wall_s": round(time.monotonic() - t0, 1), "pss_timeline_gb": timeline[::5]}
+
+
+def rss_bytes() -> int:
+    """This process's resident set size now (bytes)."""
+    return psutil.Process().memory_info().rss
+
+
+def per_query_in_workers(rt: Any, stats: list[dict[str, Any]]) -> dict[str, Any]:
+    """Bytes per query held in the workers after the stream: each worker's RSS now less the RSS
+    of an idle worker started beside them (same actor class and options, no queries: the Ray
+    worker process, its imports and warm-up), divided by the queries it holds. The peak RSS
+    includes the initial load's transient payloads; this is what a worker keeps."""
+    import ray
+
+    from knnmon.coordinator.runtime.worker_pool import WORKER_CPUS
+    from knnmon.workers.actor import WorkerActor
+
+    if not ray.is_initialized():
+        return {}
+    idle = WorkerActor(num_cpus=WORKER_CPUS).remote(len(stats), rt.store.url, "scale-idle")
+    idle_mb = ray.get(idle.stats.remote(), timeout=120)["rss_mb"]
+    ray.kill(idle)
+    held = [(w["rss_mb"] - idle_mb) * 2**20 / max(w["queries"], 1) for w in stats if w.get("rss_mb") is not None]
+    return {"worker_rss_mb_after": [round(w["rss_mb"], 1) for w in stats if w.get("rss_mb") is not None],
+            "worker_queries": [w["queries"] for w in stats], "idle_worker_rss_mb": round(idle_mb, 1),
+            "worker_bytes_per_query": [round(b) for b in held],
+            "worker_bytes_per_query_max": round(max(held)) if held else None}
 
 
 def run_child(a: argparse.Namespace) -> None:
@@ -140,7 +170,10 @@ def run_child(a: argparse.Namespace) -> None:
                     "plan": {k: v for k, v in rt.plan.summary.items() if not isinstance(v, list | dict)},
                     "worker_peak_rss_mb_self": [round(w["peak_rss_mb"], 1) for w in s.workers_stats],
                     "redis_used_memory_gb": round(info["used_memory"] / 2**30, 2),
-                    "redis_used_memory_peak_gb": round(info["used_memory_peak"] / 2**30, 2)})
+                    "redis_used_memory_peak_gb": round(info["used_memory_peak"] / 2**30, 2),
+                    "redis_bytes_per_query": round(info["used_memory"] / max(queries.num_rows, 1)),
+                    "coordinator_rss_gb_after": round(rss_bytes() / 2**30, 2),
+                    **per_query_in_workers(rt, s.workers_stats)})
         seen = pa.concat_tables([rt.prepared.initial, rt.stream_table]).select(["id", "lon", "lat", "keywords"])
         pick = np.sort(np.random.default_rng(a.seed).choice(queries.num_rows, min(a.check_sample, queries.num_rows),
                                                             replace=False))

@@ -83,6 +83,15 @@ def sjf_groups(obj: np.ndarray, slot: np.ndarray, n: int, size: int) -> Iterator
         yield SearchGroup(objs, work[objs], obj[cut[i]:cut[i + 1]], slot[cut[i]:cut[i + 1]])
 
 
+def _rss_mb() -> float | None:
+    """This process's resident set size now (MB), from ``/proc/self/statm``; ``None`` elsewhere."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _warm_up() -> None:
     """Load pyarrow's compute kernels now: in a fresh worker process their first use costs
     ~0.2-0.6 s, which would otherwise land on the first batch's update time."""
@@ -1042,8 +1051,9 @@ class KnnWorker(Handover):
 
     def stats(self) -> dict[str, Any]:
         """Queries held, index entries, queries re-indexed so far, list entries expired and results
-        refilled so far (a window), this process's peak RSS (MB), its process id, and the Ray node
-        it runs on (``None`` outside Ray)."""
+        refilled so far (a window), this process's peak and current RSS (MB; current ``None``
+        where ``/proc`` is not), its process id, and the Ray node it runs on (``None`` outside
+        Ray)."""
         import resource
 
         node = None
@@ -1058,4 +1068,5 @@ class KnnWorker(Handover):
                 "expired": self.expired, "refilled": self.refills,
                 "index_entries": self.index.entries,
                 "refreshed": self.refreshed, "keywords": len(self.vocab),
-                "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+                "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                "rss_mb": _rss_mb()}
