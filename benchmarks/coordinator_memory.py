@@ -35,16 +35,9 @@ import pyarrow.parquet as pq
 
 from knnmon.coordinator.runtime.seen_ids import SeenIds
 from knnmon.coordinator.runtime.object_index import ObjectIndex
+from knnmon.heap import give_back, resident_bytes
 from knnmon.ingest.reading import OBJECT_COLUMNS, read_objects, stream_order
 
-
-def rss() -> int:
-    """This process's resident set size, bytes."""
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,11 +53,11 @@ def main(argv: list[str] | None = None) -> int:
     def step(name: str, build) -> None:
         gc.collect()
         pa.default_memory_pool().release_unused()
-        r0, p0, t0 = rss(), pa.total_allocated_bytes(), time.perf_counter()
+        r0, p0, t0 = resident_bytes(), pa.total_allocated_bytes(), time.perf_counter()
         keep.append(build())
         gc.collect()
         pa.default_memory_pool().release_unused()
-        steps.append({"step": name, "rss_bytes": rss() - r0, "arrow_bytes": pa.total_allocated_bytes() - p0,
+        steps.append({"step": name, "rss_bytes": resident_bytes() - r0, "arrow_bytes": pa.total_allocated_bytes() - p0,
                       "s": round(time.perf_counter() - t0, 1)})
         print(steps[-1], flush=True)
 

@@ -120,25 +120,28 @@ def rss_bytes() -> int:
 
 
 def per_query_in_workers(rt: Any, stats: list[dict[str, Any]]) -> dict[str, Any]:
-    """Bytes per query held in the workers after the stream: each worker's RSS now less the RSS
+    """Bytes per query held in the workers after the stream: each worker's memory now less that
     of an idle worker started beside them (same actor class and options, no queries: the Ray
-    worker process, its imports and warm-up), divided by the queries it holds. The peak RSS
+    worker process, its imports and warm-up), divided by the queries it holds. Counted on the
+    anonymous RSS (``RssAnon``: the worker's own heap; its RSS also holds the pages of Ray's
+    object store it read its load from, shared with the store), the RSS beside it. The peak RSS
     includes the initial load's transient payloads; this is what a worker keeps."""
     import ray
 
     from knnmon.coordinator.runtime.worker_pool import WORKER_CPUS
     from knnmon.workers.actor import WorkerActor
 
-    if not ray.is_initialized():
+    if not ray.is_initialized() or any(w.get("rss_anon_mb") is None for w in stats):
         return {}
-    idle = WorkerActor(num_cpus=WORKER_CPUS).remote(len(stats), rt.store.url, "scale-idle")
-    idle_mb = ray.get(idle.stats.remote(), timeout=120)["rss_mb"]
-    ray.kill(idle)
-    held = [(w["rss_mb"] - idle_mb) * 2**20 / max(w["queries"], 1) for w in stats if w.get("rss_mb") is not None]
-    return {"worker_rss_mb_after": [round(w["rss_mb"], 1) for w in stats if w.get("rss_mb") is not None],
-            "worker_queries": [w["queries"] for w in stats], "idle_worker_rss_mb": round(idle_mb, 1),
-            "worker_bytes_per_query": [round(b) for b in held],
-            "worker_bytes_per_query_max": round(max(held)) if held else None}
+    idle_actor = WorkerActor(num_cpus=WORKER_CPUS).remote(len(stats), rt.store.url, "scale-idle")
+    idle = ray.get(idle_actor.stats.remote(), timeout=120)
+    ray.kill(idle_actor)
+    held = [(w["rss_anon_mb"] - idle["rss_anon_mb"]) * 2**20 / max(w["queries"], 1) for w in stats]
+    return {"worker_queries": [w["queries"] for w in stats],
+            "worker_rss_mb_after": [round(w["rss_mb"], 1) for w in stats],
+            "worker_rss_anon_mb_after": [round(w["rss_anon_mb"], 1) for w in stats],
+            "idle_worker_rss_mb": round(idle["rss_mb"], 1), "idle_worker_rss_anon_mb": round(idle["rss_anon_mb"], 1),
+            "worker_bytes_per_query": [round(b) for b in held], "worker_bytes_per_query_max": round(max(held))}
 
 
 def run_child(a: argparse.Namespace) -> None:

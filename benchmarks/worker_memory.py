@@ -25,25 +25,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from knnmon.coordinator.runtime.object_index import ObjectIndex
+from knnmon.heap import give_back, resident_bytes
 from knnmon.ingest.reading import OBJECT_COLUMNS, read_objects, stream_order
 from knnmon.query import QueryColumns
 from knnmon.redis_server import EmbeddedRedis
 from knnmon.workers.worker import KnnWorker
 
 
-def rss() -> int:
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS")
-
-
-def give_back() -> None:
-    """Return freed heap to the OS (glibc), so that RSS differences are what is held."""
-    import ctypes
-
-    ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def deep(obj, seen: set[int] | None = None) -> int:
@@ -110,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         del topk, info
         gc.collect()
         give_back()
-        r_load = rss()
+        r_load = resident_bytes()
         out["after_load"] = {k: round(v / q.num_rows, 1) for k, v in sizes(w).items()}
         for b in range(a.batches):
             part = stream.slice(b * 1000, 1000)
@@ -119,14 +107,14 @@ def main(argv: list[str] | None = None) -> int:
                             part.column("keywords").to_pylist())
         gc.collect()
         give_back()
-        r_stream = rss()
+        r_stream = resident_bytes()
         out["after_stream"] = {k: round(v / q.num_rows, 1) for k, v in sizes(w).items()}
         out["objects_held"] = len(w.oids)
         w.writer.close()
         del w
         gc.collect()
         give_back()
-        r0 = rss()  # the process without the worker: the difference is what the worker held
+        r0 = resident_bytes()  # the process without the worker: the difference is what the worker held
         out["rss_after_load_bytes_per_query"] = round((r_load - r0) / q.num_rows, 1)
         out["rss_after_stream_bytes_per_query"] = round((r_stream - r0) / q.num_rows, 1)
         out["sized_after_load_bytes_per_query"] = round(sum(out["after_load"].values()), 1)

@@ -29,7 +29,7 @@ from knnmon.batch import BatchChanges, ObjectBatch, ObjectInfo, Refills, WorkerR
 from knnmon.encoding import id_prefix_keys
 from knnmon.errors import InvalidArgumentError, InvalidQueryError
 from knnmon.geo import chord2_bound, haversine_m, unit_vectors
-from knnmon.heap import give_back
+from knnmon.heap import give_back, resident_bytes
 from knnmon.query import QueryColumns
 from knnmon.workers.keyword_lists import KeywordLists
 from knnmon.workers.handover import Handover
@@ -83,13 +83,16 @@ def sjf_groups(obj: np.ndarray, slot: np.ndarray, n: int, size: int) -> Iterator
         yield SearchGroup(objs, work[objs], obj[cut[i]:cut[i + 1]], slot[cut[i]:cut[i + 1]])
 
 
-def _rss_mb() -> float | None:
-    """This process's resident set size now (MB), from ``/proc/self/statm``; ``None`` elsewhere."""
-    try:
-        with open("/proc/self/statm", encoding="ascii") as fh:
-            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-    except (OSError, ValueError, IndexError):
-        return None
+def _own(text: str) -> str:
+    """A fresh copy of ``text`` for the worker to keep. The ids of queries and objects arrive
+    inside a call's arguments, unpickled among millions of short-lived objects (lists, tuples,
+    floats); keeping those very strings pins every memory arena of the payload after the call
+    (docs/scale.md, "Bytes per query in a worker"), while copies made here sit together."""
+    return text.encode("utf-8", "surrogatepass").decode("utf-8", "surrogatepass")
+
+
+def _mb(n: int | None) -> float | None:
+    return None if n is None else n / 2**20
 
 
 def _warm_up() -> None:
@@ -213,7 +216,7 @@ class KnnWorker(Handover):
     def _learn(self, vocabulary: Mapping[str, int] | None) -> None:
         """Take the coordinator's codes of some keywords (those of the queries coming here)."""
         if vocabulary:
-            self.vocab.update(vocabulary)
+            self.vocab.update({_own(w): int(c) for w, c in vocabulary.items()})
             self._next_code = max(self._next_code, max(vocabulary.values()) + 1)
 
     def _codes(self, words: Sequence[str]) -> list[int]:
@@ -221,7 +224,7 @@ class KnnWorker(Handover):
         for w in words:
             c = self.vocab.get(w)
             if c is None:
-                c = self.vocab[w] = self._next_code
+                c = self.vocab[_own(w)] = self._next_code
                 self._next_code += 1
             out.append(c)
         return out
@@ -229,6 +232,7 @@ class KnnWorker(Handover):
     def _handle(self, oid: str, t: int = NO_TIME) -> int:
         h = self.handle_of.get(oid)
         if h is None:
+            oid = _own(oid)
             h = self.handle_of[oid] = len(self.oids)
             self.oids.append(oid)
             self._t = with_capacity(self._t, h + 1)
@@ -268,6 +272,7 @@ class KnnWorker(Handover):
             qid, kk, words = str(qid), int(k[i]), tuple(keywords[i])
             if qid in self.slot_of:
                 raise InvalidQueryError(f"worker {self.worker_id}: query {qid!r} is already registered")
+            qid = _own(qid)
             self.slot_of[qid] = first + i
             self.qids.append(qid)
             self.keywords.append(" ".join(words))
@@ -1051,9 +1056,10 @@ class KnnWorker(Handover):
 
     def stats(self) -> dict[str, Any]:
         """Queries held, index entries, queries re-indexed so far, list entries expired and results
-        refilled so far (a window), this process's peak and current RSS (MB; current ``None``
-        where ``/proc`` is not), its process id, and the Ray node it runs on (``None`` outside
-        Ray)."""
+        refilled so far (a window), this process's peak and current RSS and its current anonymous
+        RSS (MB; the current ones ``None`` where there is no ``/proc``:
+        :func:`~knnmon.heap.resident_bytes`), its process id, and the Ray node it runs on
+        (``None`` outside Ray)."""
         import resource
 
         node = None
@@ -1069,4 +1075,4 @@ class KnnWorker(Handover):
                 "index_entries": self.index.entries,
                 "refreshed": self.refreshed, "keywords": len(self.vocab),
                 "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                "rss_mb": _rss_mb()}
+                "rss_mb": _mb(resident_bytes()), "rss_anon_mb": _mb(resident_bytes("RssAnon"))}

@@ -29,8 +29,12 @@ from knnmon.query import Query, QueryColumns
 
 __all__ = ["LOAD_CHUNK", "Registrar"]
 
-#: Queries per worker per call of the initial load (:meth:`Registrar.load`).
-LOAD_CHUNK = 25_000
+#: Queries per worker per call of the initial load (:meth:`Registrar.load`). Small: a worker
+#: unpickles each call's payload (lists, tuples, floats: ~2-4 KB per query) among what it keeps,
+#: and Python's allocator hands back only whole 1 MiB arenas, so the memory a worker keeps after
+#: its load grows with the part's size (a Ray worker loading 40,000 queries kept 161 MB over an
+#: idle one in 1 part, 74 MB in 8 parts, 59 MB in 20: docs/scale.md).
+LOAD_CHUNK = 2_000
 
 
 def _clear_object_details(redis_url: str, namespace: str) -> None:
@@ -73,10 +77,10 @@ class Registrar:
              namespace: str = "knn", chunk: int | None = None) -> float:
         """Hand every worker its planned queries with their initial kNN; returns seconds spent.
 
-        Each worker gets its queries in parts of ``chunk`` (default :data:`LOAD_CHUNK`; one part
-        per worker in flight), each
+        Each worker gets its queries in parts of ``chunk`` (default :data:`LOAD_CHUNK`; at most
+        two parts per worker in flight: the next is built while the workers take the last), each
         with its keywords' codes in the routing table, so what is in flight at once (the
-        coordinator's payloads, Ray's object store, each worker's copy) is bounded by ``W x
+        coordinator's payloads, Ray's object store, each worker's copy) is bounded by ``2 x W x
         chunk`` queries, whatever the number of queries.
 
         ``resume``: Redis already holds these queries and exactly these results (a service
@@ -94,6 +98,7 @@ class Registrar:
         if resume and redis_url is not None:
             _clear_object_details(redis_url, namespace)
         mine_of = [np.flatnonzero(plan.worker == w) for w in range(self.pool.size)]
+        last: list = []
         for s in range(0, max((len(m) for m in mine_of), default=0) or 1, chunk):
             pending = []
             for w, mine_all in enumerate(mine_of):
@@ -113,7 +118,9 @@ class Registrar:
                                               vocabulary=codes, rebuild=s + chunk >= len(mine_all)))
                 for qid in ids:
                     self.query_worker[qid] = w
-            self.pool.gather(pending)
+            self.pool.gather(last)  # (a worker takes its calls in order: this part waits behind it)
+            last = pending
+        self.pool.gather(last)
         if resume and self.query_worker and redis_url is not None:
             ids = q.column("id").to_pylist()
             sets = dict(zip(ids, plan.set_of.tolist())) if len(plan.set_of) == len(ids) else {}

@@ -1,8 +1,9 @@
-"""Handing freed heap memory back to the operating system."""
+"""A process's own memory: how much it holds, and handing freed heap back to the operating
+system."""
 
 from __future__ import annotations
 
-__all__ = ["give_back"]
+__all__ = ["give_back", "resident_bytes"]
 
 
 def give_back() -> None:
@@ -17,3 +18,18 @@ def give_back() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc: the allocator keeps what it keeps
         pass
+
+
+def resident_bytes(field: str = "VmRSS") -> int | None:
+    """This process's resident memory now (bytes), one field of ``/proc/self/status``:
+    ``VmRSS`` (everything resident) or ``RssAnon`` (its own heap and stacks: without mapped
+    files and shared memory, such as the pages of Ray's object store that an actor read its
+    arguments from). ``None`` where there is no ``/proc`` or no such field."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024  # kB
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
