@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 
 from knnmon.coordinator.runtime.object_index import ObjectIndex
 from knnmon.heap import give_back, resident_bytes
-from knnmon.ingest.reading import OBJECT_COLUMNS, read_objects, stream_order
+from knnmon.ingest.reading import OBJECT_COLUMNS, stream_head
 from knnmon.query import QueryColumns
 from knnmon.redis_server import EmbeddedRedis
 from knnmon.workers.worker import KnnWorker
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--index", default="grid")
     ap.add_argument("--report")
     a = ap.parse_args(argv)
-    objects = stream_order(read_objects(a.objects, OBJECT_COLUMNS), None)
+    objects = stream_head(a.objects, a.initial + a.batches * 1000, OBJECT_COLUMNS)  # only the rows used
     initial, stream = objects.slice(0, a.initial), objects.slice(a.initial, a.batches * 1000)
     q = pq.read_table(a.queries).slice(0, a.queries_n)
     index = ObjectIndex(initial)
