@@ -26,10 +26,9 @@ import platform
 import sys
 import tempfile
 
-import numpy as np
 import pyarrow.parquet as pq
 
-from knnmon.coordinator.runtime.object_index import ObjectIndex
+from knnmon.coordinator.bench.worker_load import initial_load
 from knnmon.ingest.reading import OBJECT_COLUMNS, stream_head
 from knnmon.query import QueryColumns
 from knnmon.redis_server import EmbeddedRedis
@@ -72,17 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     initial = stream_head(a.objects, a.initial, OBJECT_COLUMNS)
     q = pq.read_table(a.queries).slice(0, a.queries_n)
     n = q.num_rows
-    index = ObjectIndex(initial)
-    idx, counts, dist = index.knn_v(q.column("lon").to_numpy(), q.column("lat").to_numpy(), q.column("keywords"),
-                                    q.column("k").to_numpy().astype(np.int64))
-    ends = np.cumsum(counts)
-    ids = index.ids[idx]
-    topk = [list(zip(ids[e - c:e].tolist(), dist[e - c:e].tolist())) for e, c in zip(ends.tolist(), counts.tolist())]
-    from knnmon.coordinator.runtime.object_store import _info
-
-    info = _info(initial, idx)
-    cols = QueryColumns(q.column("id").to_pylist(), q.column("lon").to_numpy(), q.column("lat").to_numpy(),
-                        q.column("keywords").to_pylist(), q.column("k").to_numpy())
+    cols, topk, info = initial_load(initial, q)
     out = {"machine": {"platform": platform.platform(), "python": platform.python_version()},
            "command": " ".join(sys.argv), "queries": n, "rows": []}
     ray.init(num_cpus=2, include_dashboard=False)

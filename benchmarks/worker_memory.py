@@ -21,13 +21,11 @@ import platform
 import sys
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 
-from knnmon.coordinator.runtime.object_index import ObjectIndex
+from knnmon.coordinator.bench.worker_load import initial_load
 from knnmon.heap import give_back, resident_bytes
 from knnmon.ingest.reading import OBJECT_COLUMNS, stream_head
-from knnmon.query import QueryColumns
 from knnmon.redis_server import EmbeddedRedis
 from knnmon.workers.worker import KnnWorker
 
@@ -78,20 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     objects = stream_head(a.objects, a.initial + a.batches * 1000, OBJECT_COLUMNS)  # only the rows used
     initial, stream = objects.slice(0, a.initial), objects.slice(a.initial, a.batches * 1000)
     q = pq.read_table(a.queries).slice(0, a.queries_n)
-    index = ObjectIndex(initial)
-    idx, counts, dist = index.knn_v(q.column("lon").to_numpy(), q.column("lat").to_numpy(), q.column("keywords"),
-                                    q.column("k").to_numpy().astype(np.int64), processes=2)
-    ends = np.cumsum(counts)
-    ids = index.ids[idx]
-    topk = [list(zip(ids[e - c:e].tolist(), dist[e - c:e].tolist())) for e, c in zip(ends.tolist(), counts.tolist())]
-    from knnmon.coordinator.runtime.object_store import _info
-
-    info = _info(initial, idx)
-    cols = QueryColumns(q.column("id").to_pylist(), q.column("lon").to_numpy(), q.column("lat").to_numpy(),
-                        q.column("keywords").to_pylist(), q.column("k").to_numpy())
-    del index
+    cols, topk, info = initial_load(initial, q, processes=2)
     out = {"machine": {"platform": platform.platform(), "python": platform.python_version()},
-           "command": " ".join(sys.argv), "queries": q.num_rows, "places": int(counts.sum())}
+           "command": " ".join(sys.argv), "queries": q.num_rows, "places": sum(len(t) for t in topk)}
     with EmbeddedRedis() as server:
         w = KnnWorker(0, server.url, "bench", index=a.index)
         w.load_queries(cols, topk, info)
