@@ -35,9 +35,8 @@ import pyarrow.parquet as pq
 
 from knnmon.coordinator.runtime.seen_ids import SeenIds
 from knnmon.coordinator.runtime.object_index import ObjectIndex
-from knnmon.heap import give_back, resident_bytes
+from knnmon.heap import resident_bytes
 from knnmon.ingest.reading import OBJECT_COLUMNS, read_objects, stream_order
-
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,7 +24,8 @@ role's peak RSS (``coordinator``, ``worker``, ``redis``, ``ray``), the machine's
 (``MemTotal - MemAvailable``) at its peak minus before the run, the child's timings (read,
 initial kNN, plan, start-up), objects/s, update time (ms per batch), Redis's own ``used_memory``
 (and per query), the coordinator's RSS after the stream, each worker's RSS after the stream and
-its bytes per query over an idle worker's (:func:`per_query_in_workers`), and the oracle check. The report is rewritten after every run.
+its bytes per query over an idle worker's (:func:`per_query_in_workers`), and the oracle check.
+The report is rewritten after every run.
 """
 
 from __future__ import annotations
@@ -114,12 +115,7 @@ def watch(child: subprocess.Popen, timeout_s: float, interval_s: float = 1.0) ->
             "wall_s": round(time.monotonic() - t0, 1), "pss_timeline_gb": timeline[::5]}
 
 
-def rss_bytes() -> int:
-    """This process's resident set size now (bytes)."""
-    return psutil.Process().memory_info().rss
-
-
-def per_query_in_workers(rt: Any, stats: list[dict[str, Any]]) -> dict[str, Any]:
+def per_query_in_workers(redis_url: str, stats: list[dict[str, Any]]) -> dict[str, Any]:
     """Bytes per query held in the workers after the stream: each worker's memory now less that
     of an idle worker started beside them (same actor class and options, no queries: the Ray
     worker process, its imports and warm-up), divided by the queries it holds. Counted on the
@@ -133,7 +129,7 @@ def per_query_in_workers(rt: Any, stats: list[dict[str, Any]]) -> dict[str, Any]
 
     if not ray.is_initialized() or any(w.get("rss_anon_mb") is None for w in stats):
         return {}
-    idle_actor = WorkerActor(num_cpus=WORKER_CPUS).remote(len(stats), rt.store.url, "scale-idle")
+    idle_actor = WorkerActor(num_cpus=WORKER_CPUS).remote(len(stats), redis_url, "scale-idle")
     idle = ray.get(idle_actor.stats.remote(), timeout=120)
     ray.kill(idle_actor)
     held = [(w["rss_anon_mb"] - idle["rss_anon_mb"]) * 2**20 / max(w["queries"], 1) for w in stats]
@@ -152,6 +148,7 @@ def run_child(a: argparse.Namespace) -> None:
     from knnmon.connection import connect
     from knnmon.coordinator.bench.oracle_check import mismatches
     from knnmon.coordinator.runtime import RunConfig, Runtime
+    from knnmon.heap import resident_bytes
     from knnmon.ingest.reading import load_queries
     from knnmon.store import StoreConfig
 
@@ -175,8 +172,8 @@ def run_child(a: argparse.Namespace) -> None:
                     "redis_used_memory_gb": round(info["used_memory"] / 2**30, 2),
                     "redis_used_memory_peak_gb": round(info["used_memory_peak"] / 2**30, 2),
                     "redis_bytes_per_query": round(info["used_memory"] / max(queries.num_rows, 1)),
-                    "coordinator_rss_gb_after": round(rss_bytes() / 2**30, 2),
-                    **per_query_in_workers(rt, s.workers_stats)})
+                    "coordinator_rss_gb_after": round(resident_bytes() / 2**30, 2),
+                    **per_query_in_workers(rt.store.url, s.workers_stats)})
         seen = pa.concat_tables([rt.prepared.initial, rt.stream_table]).select(["id", "lon", "lat", "keywords"])
         pick = np.sort(np.random.default_rng(a.seed).choice(queries.num_rows, min(a.check_sample, queries.num_rows),
                                                             replace=False))

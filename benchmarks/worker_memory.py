@@ -30,8 +30,6 @@ from knnmon.redis_server import EmbeddedRedis
 from knnmon.workers.worker import KnnWorker
 
 
-
-
 def deep(obj, seen: set[int] | None = None) -> int:
     """Bytes of a container and what it holds (strings, tuples, lists, dicts, sets, arrays)."""
     seen = set() if seen is None else seen
