@@ -23,12 +23,20 @@ from knnmon.errors import InvalidArgumentError
 from knnmon.ingest.grid import Grid
 from knnmon.sorted_search import searchsorted_batch
 
-__all__ = ["MAX_ENTRIES", "RoutingTable", "check_max_entries", "popcount"]
+__all__ = ["MAX_ENTRIES", "MAX_ENTRIES_PER_QUERY", "RoutingTable", "check_max_entries", "popcount"]
 
 #: Default bound on the table's (keyword, cell) entries, counted per worker before merging:
 #: 16 M entries are at most 256 MiB of keys and masks (the build holds ~3x that at its peak).
 #: 300 k synthetic queries on 12 workers would need 747 M (4.2 GB after merging).
 MAX_ENTRIES = 16_000_000
+
+
+#: The most (keyword, cell) entries one query added at run time (registration, refill, hand-over)
+#: may take; a query whose keywords times cells would exceed it is routed by its keywords
+#: everywhere instead (exact: a superset of its cells). One query registered with ``--max-keywords``
+#: keywords and a region over the whole grid would otherwise add 32 x 16,384 entries to the
+#: table every query shares.
+MAX_ENTRIES_PER_QUERY = 4096
 
 
 def check_max_entries(max_entries: int) -> None:
@@ -202,7 +210,9 @@ class RoutingTable:
     def add_many(self, codes: list[list[int]], x0, y0, x1, y1, workers) -> None:
         """:meth:`add` for many queries at once: query ``i``'s keyword codes ``codes[i]`` in cells
         ``[x0[i], x1[i]] x [y0[i], y1[i]]`` to worker ``workers[i]``; one merge of the sorted
-        table for all (registering one by one would re-copy the table per query)."""
+        table for all (registering one by one would re-copy the table per query). A query whose
+        entries would exceed :data:`MAX_ENTRIES_PER_QUERY` goes to its keywords' ``always``
+        masks instead."""
         n = self.grid.n
         self.additions += len(codes)
         if self._journal is not None:
@@ -211,7 +221,9 @@ class RoutingTable:
         key_parts, bit_parts = [self.delta_keys], [self.delta_masks]
         for i, cs in enumerate(codes):
             bit = np.uint64(1) << np.uint64(int(workers[i]))
-            if (int(x0[i]), int(y0[i]), int(x1[i]), int(y1[i])) == (0, 0, n - 1, n - 1):
+            span = (int(x1[i]) - int(x0[i]) + 1) * (int(y1[i]) - int(y0[i]) + 1)
+            if (int(x0[i]), int(y0[i]), int(x1[i]), int(y1[i])) == (0, 0, n - 1, n - 1) \
+                    or span * len(cs) > MAX_ENTRIES_PER_QUERY:
                 self.always[np.asarray(cs, dtype=np.int64)] |= bit
                 continue
             cells = (np.arange(int(y0[i]), int(y1[i]) + 1)[:, None] * n

@@ -14,6 +14,7 @@ from knnmon.ingest.records import validate
 from knnmon.ingest.sources import check_input_paths
 from knnmon.ingest.spark import DEFAULT_MASTER, spark_session
 from knnmon.ingest.tweets import split_tweet_files, tweet_candidates
+from knnmon.limits import DEFAULT_MAX_FUTURE_MS
 
 __all__ = ["ingest_places", "ingest_tweets", "check_output_dir", "DEFAULT_GRID"]
 
@@ -34,8 +35,15 @@ def _check_grid(grid_n: int) -> None:
         raise InvalidArgumentError(f"--grid must be >= 1; got {grid_n}")
 
 
+def _event_time(max_future_ms: int | None) -> dict[str, Any]:
+    """The ingest run's clock (now, epoch ms) and the bound on the future, for :func:`validate`
+    and the manifest (``event_time``)."""
+    return {"clock_ms": int(time.time() * 1000), "max_future_ms": max_future_ms}
+
+
 def ingest_places(paths: Sequence[str], out_dir: str, *, grid_n: int = DEFAULT_GRID, master: str = DEFAULT_MASTER,
-                  with_names: bool = False, stem: bool = False) -> dict[str, Any]:
+                  with_names: bool = False, stem: bool = False,
+                  max_future_ms: int | None = DEFAULT_MAX_FUTURE_MS) -> dict[str, Any]:
     """Ingest SimpleGeo place files into ``out_dir`` (layout in :mod:`knnmon.ingest`).
 
     Parameters
@@ -48,6 +56,9 @@ def ingest_places(paths: Sequence[str], out_dir: str, *, grid_n: int = DEFAULT_G
         Spark master URL.
     with_names, stem
         Keyword options (:mod:`knnmon.ingest.keywords`).
+    max_future_ms
+        Reject records whose ``t`` leads the run's own clock (its start) by more than this, ms,
+        as ``future`` (``None``: no bound). The manifest's ``event_time`` records both.
 
     Returns
     -------
@@ -66,15 +77,16 @@ def ingest_places(paths: Sequence[str], out_dir: str, *, grid_n: int = DEFAULT_G
     files = check_input_paths(paths)
     out = check_output_dir(out_dir)
     spark = spark_session(master)
-    frame = validate(place_candidates(spark, files, with_names=with_names), stem=stem)
+    when = _event_time(max_future_ms)
+    frame = validate(place_candidates(spark, files, with_names=with_names), stem=stem, **when)
     return write_outputs(frame, out, grid_n=grid_n, started=started, manifest={
-        "kind": "places", "synthetic": False, "inputs": files,
+        "kind": "places", "synthetic": False, "inputs": files, "event_time": when,
         "normalisation": {"stem": stem, "with_names": with_names},
     })
 
 
 def ingest_tweets(paths: Sequence[str], out_dir: str, *, grid_n: int = DEFAULT_GRID, master: str = DEFAULT_MASTER,
-                  stem: bool = False) -> dict[str, Any]:
+                  stem: bool = False, max_future_ms: int | None = DEFAULT_MAX_FUTURE_MS) -> dict[str, Any]:
     """Ingest tweet files (CSV or API v1.1 JSON lines, mixed freely) into ``out_dir``.
 
     Parameters and errors as :func:`ingest_places`; a file in neither tweet form is an
@@ -86,8 +98,9 @@ def ingest_tweets(paths: Sequence[str], out_dir: str, *, grid_n: int = DEFAULT_G
     forms = split_tweet_files(files)
     out = check_output_dir(out_dir)
     spark = spark_session(master)
-    frame = validate(tweet_candidates(spark, forms), stem=stem)
+    when = _event_time(max_future_ms)
+    frame = validate(tweet_candidates(spark, forms), stem=stem, **when)
     return write_outputs(frame, out, grid_n=grid_n, started=started, manifest={
-        "kind": "tweets", "synthetic": False, "inputs": files, "forms": {k: len(v) for k, v in forms.items()},
+        "kind": "tweets", "synthetic": False, "inputs": files, "event_time": when, "forms": {k: len(v) for k, v in forms.items()},
         "normalisation": {"stem": stem, "with_names": False},
     })

@@ -90,7 +90,7 @@ def write_outputs(frame: DataFrame, out_dir: str, *, grid_n: int, manifest: dict
         kept = frame.where(F.col("reason").isNull()).select("id", "lon", "lat", "t", "keywords")
         kept.orderBy("t", "id").write.mode("overwrite").parquet(os.path.join(out_dir, OBJECTS))
         (frame.where(F.col("reason").isNotNull())
-         .select("reason", "source", F.col("raw").alias("record"))
+         .select("reason", *(["detail"] if "detail" in frame.columns else []), "source", F.col("raw").alias("record"))
          .coalesce(1).write.mode("overwrite").json(os.path.join(out_dir, REJECTS)))
         summary = kept.agg(
             F.min("lon").alias("min_lon"), F.min("lat").alias("min_lat"),

@@ -8,9 +8,10 @@ itself found -- malformed JSON or CSV, a non-Point geometry -- or null), ``id``,
 the text the keywords come from).
 
 :func:`validate` adds ``lon``, ``lat``, ``keywords`` and ``reason`` -- null for a kept record,
-else the first failing rule of :data:`REJECT_REASONS`, in that order -- and marks all but one
-record of each id as ``duplicate_id`` (the newest ``t`` is kept). Every record ends with exactly
-one outcome, so ``kept + rejected == read``.
+else the first failing rule of :data:`REJECT_REASONS`, in that order, with a ``detail`` where the
+reason alone does not say enough (``future``: both times) -- and marks all but one record of each
+id as ``duplicate_id`` (the newest ``t`` is kept). Every record ends with exactly one outcome, so
+``kept + rejected == read``.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ REJECT_REASONS: dict[str, str] = {
     "longitude_out_of_range": "longitude outside [-180, 180]",
     "null_island": "coordinates exactly (0, 0): what a device reports without a position",
     "bad_time": "no parseable time (places: version after '@' in the id; tweets: created_at)",
+    "future": "a time ahead of the ingest run's clock by more than --max-future (default 1m)",
     "no_keywords": "no keyword left after normalisation",
     "duplicate_id": "an id seen before; the record with the newest time is kept",
 }
@@ -58,7 +60,8 @@ def _not_finite(c: Column) -> Column:
     return c.isNull() | F.isnan(c) | (F.abs(c) == float("inf"))
 
 
-def validate(candidates: DataFrame, *, stem: bool = False, dedupe: bool = True) -> DataFrame:
+def validate(candidates: DataFrame, *, stem: bool = False, dedupe: bool = True, clock_ms: int | None = None,
+             max_future_ms: int | None = None) -> DataFrame:
     """Apply the reject rules to a candidate frame.
 
     Parameters
@@ -69,13 +72,17 @@ def validate(candidates: DataFrame, *, stem: bool = False, dedupe: bool = True) 
         Stem keywords (see :func:`~knnmon.ingest.keywords.normalize_keywords`).
     dedupe
         Reject all but the newest record of each id as ``duplicate_id`` (costs one shuffle).
+    clock_ms, max_future_ms
+        The ingest run's clock (epoch ms) and how far a record's ``t`` may lead it (ms; either
+        ``None``: no bound): a record further ahead is rejected as ``future``.
 
     Returns
     -------
     DataFrame
         ``id`` string, ``lon``/``lat`` float64 degrees, ``t`` int64 epoch ms, ``keywords``
-        array<string>, ``reason`` string (null when kept), ``source`` string, ``raw`` string
-        (null when kept, to keep the persisted frame small).
+        array<string>, ``reason`` string (null when kept), ``detail`` string (null but for
+        ``future``), ``source`` string, ``raw`` string (null when kept, to keep the persisted
+        frame small).
     """
     lon = F.expr("try_cast(lon_s as double)")
     lat = F.expr("try_cast(lat_s as double)")
@@ -92,9 +99,18 @@ def validate(candidates: DataFrame, *, stem: bool = False, dedupe: bool = True) 
         .when((F.col("lon") < -180) | (F.col("lon") > 180), "longitude_out_of_range")
         .when((F.col("lon") == 0) & (F.col("lat") == 0), "null_island")
         .when(F.col("t").isNull(), "bad_time")
-        .when(F.size("keywords") == 0, "no_keywords")
     )
+    bounded = clock_ms is not None and max_future_ms is not None
+    if bounded:
+        reason = reason.when(F.col("t") - F.lit(int(clock_ms)) > F.lit(int(max_future_ms)), "future")
+    reason = reason.when(F.size("keywords") == 0, "no_keywords")
     df = df.withColumn("reason", reason)
+    detail = F.lit(None).cast("string")
+    if bounded:
+        detail = F.when(F.col("reason") == "future", F.format_string(
+            "t=%d is %d ms ahead of the ingest run's clock (%d); at most %d ms (--max-future)",
+            F.col("t"), F.col("t") - F.lit(int(clock_ms)), F.lit(int(clock_ms)), F.lit(int(max_future_ms))))
+    df = df.withColumn("detail", detail)
     if dedupe:
         kept = F.col("reason").isNull()
         order = Window.partitionBy("id", kept).orderBy(
@@ -104,6 +120,6 @@ def validate(candidates: DataFrame, *, stem: bool = False, dedupe: bool = True) 
             "reason", F.when(kept & (F.row_number().over(order) > 1), "duplicate_id").otherwise(F.col("reason"))
         )
     return df.select(
-        "id", "lon", "lat", F.col("t").cast("long").alias("t"), "keywords", "reason", "source",
+        "id", "lon", "lat", F.col("t").cast("long").alias("t"), "keywords", "reason", "detail", "source",
         F.when(F.col("reason").isNotNull(), F.col("raw")).alias("raw"),
     )

@@ -49,6 +49,7 @@ from knnmon.coordinator.runtime.preparation import Prepared, live_initial, prepa
 from knnmon.coordinator.runtime.worker_pool import init_ray
 from knnmon.connection import redact
 from knnmon.errors import InputPathError, InvalidArgumentError
+from knnmon.limits import DEFAULT_LIMITS, Limits
 from knnmon.ingest.queries import QueryWorkload, generate_queries
 from knnmon.ingest.reading import OBJECT_COLUMNS, read_objects
 from knnmon.store import StoreConfig, open_store
@@ -92,6 +93,8 @@ class BenchConfig:
     namespace: str = BENCH_NAMESPACE
     ray_address: str | None = None
     window: int | None = None
+    allowed_lateness: int = 0
+    max_future_ms: int | None = DEFAULT_LIMITS.max_future_ms
     arrival_ms: int | None = None
     reserve: int | None = None
     rebalance: tuple[bool, ...] = (False,)
@@ -115,7 +118,12 @@ class BenchConfig:
         if self.check_sample is not None and self.check_sample < 1:
             raise InvalidArgumentError(f"--check-sample must be >= 1; got {self.check_sample}")
         RunConfig(workers=1, initial=self.initial, batch=self.batch, batches=self.batches, window=self.window,
-                  arrival_ms=self.arrival_ms)  # same checks
+                  allowed_lateness=self.allowed_lateness, arrival_ms=self.arrival_ms)  # same checks
+
+    @property
+    def limits(self) -> Limits:
+        """The bounds on input: only ``--max-future`` is a bench flag."""
+        return Limits(max_future_ms=self.max_future_ms)
         if not os.path.isfile(os.path.join(self.objects, "manifest.json")):
             raise InputPathError(f"{self.objects} is not an ingest output (no manifest.json): "
                                  f"run `knnmon ingest ... --out {self.objects}` first")
@@ -177,7 +185,9 @@ def _one_run(cfg: BenchConfig, prepared: Prepared, all_objects: pa.Table | None,
     reference = algorithm == REFERENCE
     config = RunConfig(workers=1 if reference else workers, algorithm="random" if reference else algorithm,
                        initial=cfg.initial, batch=cfg.batch, batches=cfg.batches, shuffle=cfg.shuffle,
-                       window=cfg.window, arrival_ms=cfg.arrival_ms, reserve=cfg.reserve, cost_model=cfg.cost_model, store=StoreConfig(url=redis_url, namespace=cfg.namespace),
+                       window=cfg.window, allowed_lateness=cfg.allowed_lateness, limits=cfg.limits,
+                       arrival_ms=cfg.arrival_ms, reserve=cfg.reserve, cost_model=cfg.cost_model,
+                       store=StoreConfig(url=redis_url, namespace=cfg.namespace),
                        executor="inline" if reference else "ray",
                        index="keyword-lists" if reference else "grid", seed=cfg.seed,
                        rebalance=cfg.rebalance_config if rebalance and not reference else None,
@@ -255,11 +265,12 @@ def run_bench(cfg: BenchConfig, report: str | None = None, *, progress: bool = T
             for kmax in cfg.kmax:
                 queries = generate_queries(objects, QueryWorkload(n=n, k_max=kmax, seed=cfg.seed))
                 base = RunConfig(initial=cfg.initial, batch=cfg.batch, batches=cfg.batches, shuffle=cfg.shuffle,
-                                 window=cfg.window, arrival_ms=cfg.arrival_ms, reserve=cfg.reserve)
+                                 window=cfg.window, allowed_lateness=cfg.allowed_lateness, limits=cfg.limits,
+                                 arrival_ms=cfg.arrival_ms, reserve=cfg.reserve)
                 prepared = prepare(cfg.objects, queries, base)
                 streamed = pa.concat_tables([prepared.initial, prepared.stream]) if cfg.check else None
                 if streamed is not None and cfg.window is not None:  # the oracle sees the live objects
-                    streamed = live_initial(streamed, cfg.window)
+                    streamed = live_initial(streamed, cfg.window, cfg.allowed_lateness)
                 combos = [(a, w, rb) for w in cfg.workers for a in cfg.algorithms if a != REFERENCE
                           for rb in cfg.rebalance]
                 if REFERENCE in cfg.algorithms:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from knnmon.coordinator.cli.options import add_verb
+from knnmon.coordinator.cli.options import add_max_future_option, add_verb
 
 from knnmon.ingest.jobs import DEFAULT_GRID
 from knnmon.ingest.spark import DEFAULT_MASTER
@@ -42,14 +42,15 @@ def _run_places(a: argparse.Namespace) -> int:
     from knnmon.ingest.jobs import ingest_places
 
     print(format_manifest(ingest_places(a.paths, a.out, grid_n=a.grid, master=a.master,
-                                        with_names=a.with_names, stem=a.stem)))
+                                        with_names=a.with_names, stem=a.stem, max_future_ms=a.max_future)))
     return 0
 
 
 def _run_tweets(a: argparse.Namespace) -> int:
     from knnmon.ingest.jobs import ingest_tweets
 
-    print(format_manifest(ingest_tweets(a.paths, a.out, grid_n=a.grid, master=a.master, stem=a.stem)))
+    print(format_manifest(ingest_tweets(a.paths, a.out, grid_n=a.grid, master=a.master, stem=a.stem,
+                                        max_future_ms=a.max_future)))
     return 0
 
 
@@ -72,12 +73,14 @@ def add_ingest_commands(sub: Any) -> None:
     _common(p)
     p.add_argument("--with-names", action="store_true", help="also take keywords from place names")
     p.add_argument("--stem", action="store_true", help="Snowball-stem keywords")
+    add_max_future_option(p, "the ingest run's clock")
     p.set_defaults(func=_run_places)
 
     t = add_verb(kinds, "tweets", "tweet CSV (id,username,created_at,lng,lat,text) or API v1.1 JSON lines")
     t.add_argument("paths", nargs="+", metavar="PATH", help="files or directories")
     _common(t)
     t.add_argument("--stem", action="store_true", help="Snowball-stem keywords")
+    add_max_future_option(t, "the ingest run's clock")
     t.set_defaults(func=_run_tweets)
 
     s = add_verb(kinds, "synthetic", "SYNTHETIC Twitter-scale stream shaped like the paper's Table 1")

@@ -100,8 +100,21 @@ def add_limit_options(p: argparse.ArgumentParser) -> None:
 
 
 def limits(a: argparse.Namespace) -> Limits:
-    """The :class:`~knnmon.limits.Limits` of :func:`add_limit_options`' flags."""
-    return Limits(max_k=a.max_k, max_keywords=a.max_keywords)
+    """The :class:`~knnmon.limits.Limits` of :func:`add_limit_options`' flags (and of
+    :func:`add_window_options`' ``--max-future``)."""
+    return Limits(max_k=a.max_k, max_keywords=a.max_keywords,
+                  max_future_ms=getattr(a, "max_future", DEFAULT_LIMITS.max_future_ms))
+
+
+def add_max_future_option(p: argparse.ArgumentParser, arrival: str) -> None:
+    """``--max-future DURATION|off``: how far an object's ``t`` may lead its arrival time
+    (:func:`knnmon.limits.check_future`); ``arrival`` says what the arrival time is."""
+    from knnmon.window import parse_bound
+
+    p.add_argument("--max-future", type=parse_bound, default=DEFAULT_LIMITS.max_future_ms, metavar="DURATION",
+                   help=f"reject objects whose t leads {arrival} by more than DURATION (reason future), so that no "
+                        "object moves the watermark to the end of time; off: no bound, for data whose times lie "
+                        "ahead on purpose (default 1m)")
 
 
 def add_batch_option(p: argparse.ArgumentParser, what: str = "objects per batch") -> None:
@@ -160,12 +173,18 @@ def rebalance_config(a: argparse.Namespace, on: bool | None = None):
 
 
 def add_window_options(p: argparse.ArgumentParser, *, arrival: bool = True) -> None:
-    """``--window`` (and ``--arrival-ms``): a sliding window over event time (:mod:`knnmon.window`)."""
+    """``--window``, ``--allowed-lateness``, ``--max-future`` (and ``--arrival-ms``): event time
+    and a sliding window over it (:mod:`knnmon.window`)."""
     from knnmon.window import parse_duration
 
     p.add_argument("--window", type=parse_duration, metavar="DURATION",
                    help="keep only objects newer than the watermark minus DURATION (90s, 15m, 2h, 7d); "
                         "results refill exactly as objects expire (default: none, append-only)")
+    p.add_argument("--allowed-lateness", type=lambda x: parse_duration(x, zero=True), default=0, metavar="DURATION",
+                   help="with --window: the watermark trails the largest t applied by DURATION, so an object up to "
+                        "that much behind the newest one is still applied while live (default 0: the largest t)")
+    add_max_future_option(p, "the arrival time (serve: the entry id's time; run, bench: the wall clock)"
+                          if arrival else "its arrival time (the stream entry id's time)")
     p.add_argument("--reserve", type=int, metavar="N",
                    help="neighbours each query keeps beyond its k, so that an expiry rarely needs a refill search "
                         "(default 8 with --window, else 0)")

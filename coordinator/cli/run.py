@@ -44,7 +44,8 @@ def _run(a: argparse.Namespace) -> int:
     config = RunConfig(workers=a.workers, algorithm=a.algorithm, initial=a.initial, batch=a.batch, batches=a.batches,
                        shuffle=a.shuffle, store=store_config(a), ray_address=a.ray_address, executor=a.executor,
                        cost_model=a.cost_model, in_flight=a.in_flight, routing_entries=a.routing_entries,
-                       overlap_writes=not a.sync_writes, limits=limits(a), window=a.window, arrival_ms=a.arrival_ms,
+                       overlap_writes=not a.sync_writes, limits=limits(a), window=a.window,
+                       allowed_lateness=a.allowed_lateness, arrival_ms=a.arrival_ms,
                        reserve=a.reserve, rebalance=rebalance_config(a), index=a.index)
     with Runtime(a.objects, a.queries, config) as rt:
         summary = rt.run(progress=not a.quiet)

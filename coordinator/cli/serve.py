@@ -25,6 +25,7 @@ def _serve(a: argparse.Namespace) -> int:
     config = ServeConfig(workers=a.workers, algorithm=a.algorithm, objects_dir=a.objects, initial=a.initial,
                          store=store_config(a, durable=True), ray_address=a.ray_address, executor=a.executor,
                          batch=a.batch, max_delay_ms=a.max_delay_ms, limits=limits(a), window=a.window,
+                         allowed_lateness=a.allowed_lateness,
                          checkpoint_interval_s=a.checkpoint_interval, reserve=a.reserve,
                          rebalance=rebalance_config(a), index=a.index, batching=a.batching,
                          latency_target_ms=a.latency_target_ms, sjf=a.sjf, release_groups=a.release_groups)

@@ -65,6 +65,9 @@ class RunConfig:
         Bounds on the queries' ``k`` and keywords (``--max-k``, ``--max-keywords``).
     window : int or None
         The sliding window, ms (``--window``; :mod:`knnmon.window`); ``None``: append-only.
+    allowed_lateness : int
+        With a window: the watermark trails the largest ``t`` applied by this much, ms
+        (``--allowed-lateness``; :class:`~knnmon.window.Window`); 0: the largest ``t``.
     arrival_ms : int or None
         Replace every object's ``t`` by its arrival time: the ``i``-th object of the stream
         (initial ones first) gets ``ARRIVAL_EPOCH_MS + i * arrival_ms`` (``--arrival-ms``): a
@@ -86,7 +89,8 @@ class RunConfig:
     InvalidArgumentError
         ``workers`` outside 1..64, ``batch < 1``, ``initial < 0``, ``batches < 1``,
         ``in_flight < 1``, an unknown ``executor`` or ``index``, a bad ``routing_entries``,
-        a window outside 1 ms..10 years, ``arrival_ms`` outside 1..:data:`MAX_ARRIVAL_MS`, a
+        a window outside 1 ms..10 years, an allowed lateness outside 0..10 years or without a
+        window, ``arrival_ms`` outside 1..:data:`MAX_ARRIVAL_MS`, a
         ``reserve`` outside 0..1000, ``release_groups`` outside 1..64 or above 1 with
         ``overlap_writes``.
     """
@@ -112,6 +116,7 @@ class RunConfig:
     overlap_writes: bool = True
     limits: Limits = DEFAULT_LIMITS
     window: int | None = None
+    allowed_lateness: int = 0
     arrival_ms: int | None = None
     reserve: int | None = None
     rebalance: RebalanceConfig | None = None
@@ -137,7 +142,9 @@ class RunConfig:
         if self.executor not in EXECUTORS:
             raise InvalidArgumentError(f"Invalid executor: {self.executor!r}.\nValid options are: {EXECUTORS}")
         if self.window is not None:
-            Window(self.window)  # raises when out of range
+            Window(self.window, lateness_ms=self.allowed_lateness)  # raises when out of range
+        elif self.allowed_lateness:
+            raise InvalidArgumentError("--allowed-lateness needs --window: without a window no object is late")
         if self.reserve is not None and not 0 <= self.reserve <= 1000:
             raise InvalidArgumentError(f"--reserve must be between 0 and 1000; got {self.reserve}")
         if self.arrival_ms is not None and not 1 <= self.arrival_ms <= MAX_ARRIVAL_MS:

@@ -17,8 +17,9 @@ from knnmon.coordinator.runtime.config import ARRIVAL_EPOCH_MS, RunConfig
 from knnmon.arrays import runs
 from knnmon.coordinator.runtime.object_index import ObjectIndex
 from knnmon.ingest.reading import OBJECT_COLUMNS, load_queries, read_objects, stream_head, stream_order
+from knnmon.window import check_no_future, live_mask
 
-__all__ = ["Prepared", "live_initial", "prepare", "prepare_tables", "with_arrival_times"]
+__all__ = ["Prepared", "check_objects_not_future", "live_initial", "prepare", "prepare_tables", "with_arrival_times"]
 
 
 @dataclass
@@ -75,7 +76,9 @@ def prepare(objects_dir: str, queries: str | pa.Table, config: RunConfig) -> Pre
     Raises
     ------
     InvalidArgumentError
-        A missing or invalid ingest directory or query file.
+        A missing or invalid ingest directory or query file, or an object whose ``t`` leads the
+        wall clock by more than ``config.limits.max_future_ms`` (``knnmon run``'s arrival time
+        is the wall clock: :func:`~knnmon.window.check_no_future`).
     """
     from knnmon.assignment import LoadModel
 
@@ -90,10 +93,11 @@ def prepare(objects_dir: str, queries: str | pa.Table, config: RunConfig) -> Pre
         objects = stream_order(read_objects(objects_dir, OBJECT_COLUMNS), c.shuffle)
     if c.arrival_ms is not None:
         objects = with_arrival_times(objects, c.arrival_ms)
+    check_objects_not_future(objects, c.limits.max_future_ms)
     initial = objects.slice(0, min(c.initial, objects.num_rows))
     rest = objects.slice(initial.num_rows)
     if c.window is not None:
-        initial = live_initial(initial, c.window)
+        initial = live_initial(initial, c.window, c.allowed_lateness)
     if c.batches is not None:
         rest = rest.slice(0, c.batches * c.batch)
     timings["read_s"] = time.perf_counter() - t0
@@ -109,13 +113,30 @@ def with_arrival_times(objects: pa.Table, arrival_ms: int) -> pa.Table:
     return objects.set_column(objects.column_names.index("t"), "t", pa.array(t, type=pa.int64()))
 
 
-def live_initial(initial: pa.Table, window_ms: int) -> pa.Table:
-    """The initial objects still live at their own watermark (the largest ``t``) with a window
-    of ``window_ms``: a run with a window starts from these (``SPEC.md``, "Semantics")."""
+def live_initial(initial: pa.Table, window_ms: int, lateness_ms: int = 0) -> pa.Table:
+    """The initial objects still live at their own watermark (the largest ``t`` minus
+    ``lateness_ms``) with a window of ``window_ms``: a run with a window starts from these
+    (``SPEC.md``, "Semantics"; :func:`~knnmon.window.live_mask`)."""
     if not initial.num_rows:
         return initial
-    t = initial.column("t").to_numpy()
-    return initial.filter(pa.array(t > int(t.max()) - int(window_ms)))
+    return initial.filter(pa.array(live_mask(initial.column("t").to_numpy(), window_ms, lateness_ms)))
+
+
+def check_objects_not_future(objects: pa.Table, max_future_ms: int | None, what: str = "the stream") -> None:
+    """Refuse a table of objects (``id``, ``t``) holding one whose ``t`` leads the wall clock
+    by more than ``max_future_ms`` (:func:`~knnmon.window.check_no_future`).
+
+    Raises
+    ------
+    InvalidArgumentError
+        Naming the object.
+    """
+    if max_future_ms is None or not objects.num_rows:
+        return
+    t = objects.column("t").to_numpy()
+    if int(t.max()) - int(time.time() * 1000) <= max_future_ms:
+        return  # the common case: no id column read
+    check_no_future(objects.column("id").to_pylist(), t, int(time.time() * 1000), max_future_ms, what)
 
 
 def prepare_tables(model: Any, queries: pa.Table, initial: pa.Table, stream: pa.Table, *, processes: int = 2,

@@ -136,7 +136,7 @@ class Runtime:
             self.close()
             raise
         t = p.initial.column("t").to_numpy()
-        window = None if c.window is None else Window(c.window, int(t.max()) if len(t) else None)
+        window = None if c.window is None else Window(c.window, int(t.max()) if len(t) else None, c.allowed_lateness)
         self.upkeep = RoutingUpkeep(self.plan.routing, self.plan.model, self.pool, c.routing_entries)
         self._exit.callback(self.upkeep.close)
         self.dispatcher = Dispatcher(self.pool, self.plan.routing, self.objects, p.initial.column("id"),

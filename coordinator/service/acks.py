@@ -21,11 +21,13 @@ BATCHES_MAXLEN = 100_000
 
 
 def acknowledge(client: redis.Redis, url: str, keys: Keys, stream: str, ids: Sequence[str],
-                rejects: Sequence[tuple[str, dict, Rejected]], batch_record: dict[str, Any] | None = None) -> None:
+                rejects: Sequence[tuple[str, dict, Rejected]], batch_record: dict[str, Any] | None = None, *,
+                delete: Sequence[str] = ()) -> None:
     """Write ``rejects`` to ``ingest:rejects`` (original fields plus ``_reason``, ``_detail``,
-    ``_stream``, ``_entry``), acknowledge entries ``ids`` of ``stream`` and log
-    ``batch_record`` to ``serve:batches``, in one MULTI (in a Redis Cluster: in that order, without MULTI). A retry first checks whether the entries
-    are still pending, so nothing is written twice.
+    ``_stream``, ``_entry``), acknowledge entries ``ids`` of ``stream``, delete its entries
+    ``delete`` (rejected ones whose fields the rejects keep) and log ``batch_record`` to
+    ``serve:batches``, in one MULTI (in a Redis Cluster: in that order, without MULTI). A retry
+    first checks whether the entries are still pending, so nothing is written twice.
 
     Raises
     ------
@@ -51,6 +53,8 @@ def acknowledge(client: redis.Redis, url: str, keys: Keys, stream: str, ids: Seq
             pipe.execute()
             pipe = client.pipeline(transaction=False)
         pipe.xack(stream, GROUP, *ids)
+        if delete:
+            pipe.xdel(stream, *delete)
         pipe.execute()
 
     def done() -> bool:

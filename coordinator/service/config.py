@@ -41,6 +41,9 @@ class ServeConfig:
         The sliding window, ms (``--window``; :mod:`knnmon.window`): expired objects leave
         results, late ones are rejected (``late``), and the objects stream is trimmed below what
         the window still needs. ``None``: append-only.
+    allowed_lateness
+        With a window: the watermark trails the largest ``t`` by this much, ms
+        (``--allowed-lateness``; :class:`~knnmon.window.Window`).
     checkpoint_interval_s
         With a window: seconds between checkpoints (``--checkpoint-interval``;
         :mod:`~knnmon.coordinator.service.checkpoint`).
@@ -76,6 +79,7 @@ class ServeConfig:
     processes: int = 2
     limits: Limits = DEFAULT_LIMITS
     window: int | None = None
+    allowed_lateness: int = 0
     checkpoint_interval_s: float = 60.0
     reserve: int | None = None
     rebalance: RebalanceConfig | None = None
@@ -108,6 +112,7 @@ class ServeConfig:
         store = StoreConfig(url=redis_url, namespace=self.store.namespace, data_dir=self.store.data_dir)
         return RunConfig(workers=self.workers, algorithm=self.algorithm, initial=0, batch=self.batch, store=store,
                          ray_address=self.ray_address, executor=self.executor, processes=self.processes,
-                         limits=self.limits, window=self.window, reserve=self.reserve,
+                         limits=self.limits, window=self.window, allowed_lateness=self.allowed_lateness,
+                         reserve=self.reserve,
                          rebalance=self.rebalance, index=self.index, overlap_writes=False,
                          release_groups=self.release_groups)

@@ -15,8 +15,10 @@ Clients add entries to two Redis streams (the stream protocol,
   service is processed at once, and a batch is what queued while the previous one ran, up to
   ``batch`` (Fischer & Kossmann, ICDE 2005, "batching pays under load"); each (mini)batch is
   acknowledged, its results released, before the next one runs;
-- rejects malformed entries, and an object whose id was seen before (``duplicate_id``: the first
-  one counts), into ``knn:ingest:rejects``;
+- rejects malformed entries, an object whose id was seen before (``duplicate_id``: the first
+  one counts), and an object from the future (``future``: its ``t`` leads its entry id's time, or
+  that time leads Redis's clock, by more than ``--max-future``) into ``knn:ingest:rejects``; a
+  ``future`` entry also leaves the objects stream, so that recovery never reads it again;
 - acknowledges entries only after their effect is in Redis
   (:mod:`~knnmon.coordinator.service.acks`), and logs each batch to ``knn:serve:batches``
   (``first``, ``last`` entry ids, ``n``, ``done_ms``, and ``lat_hist``: its objects' response
@@ -47,6 +49,7 @@ import redis
 from redis.cluster import RedisCluster
 
 from knnmon.connection import connect, redact
+from knnmon.coordinator.runtime.preparation import check_objects_not_future
 from knnmon.coordinator.runtime.runtime import Runtime
 from knnmon.coordinator.service import status as service_status
 from knnmon.coordinator.service.acks import acknowledge
@@ -54,7 +57,8 @@ from knnmon.coordinator.service.checkpoint import Checkpointer
 from knnmon.coordinator.service.config import ServeConfig
 from knnmon.coordinator.service import latency
 from knnmon.coordinator.service.batching import BatchPolicy
-from knnmon.coordinator.service.protocol import GROUP, entry_order, entry_time_ms, parse_object, parse_query_op
+from knnmon.coordinator.service.protocol import (GROUP, entry_order, entry_time_ms, parse_object, parse_query_op,
+                                                  redis_clock_ms)
 from knnmon.coordinator.service.recovery import OBJECT_SCHEMA, objects_table, recover
 from knnmon.errors import KnnmonError, Rejected, StoreUnavailableError, WorkerLostError
 from knnmon.keys import Keys
@@ -71,7 +75,7 @@ CLUSTER_BLOCK_MS = 100
 
 COUNTERS = ("objects", "batches", "rejects", "registered", "updated", "unchanged", "unregistered",
             "unregister_unknown", "recoveries", "worker_restarts", "isolations", "internal_errors",
-            "objects_entries_read", "queries_entries_read", "late", "checkpoints", "entries_trimmed")
+            "objects_entries_read", "queries_entries_read", "late", "future", "checkpoints", "entries_trimmed")
 
 
 class Service:
@@ -81,6 +85,8 @@ class Service:
     ----------
     counters : dict of int
         :data:`COUNTERS`.
+    rejects_by_reason : dict of str to int
+        Entries rejected since start, by reason (:data:`~knnmon.errors.REJECT_REASONS`).
     queries : dict of str to Query
         Every registered query.
     """
@@ -94,6 +100,7 @@ class Service:
         self.runtime: Runtime | None = None
         self.stopping = False
         self.counters = dict.fromkeys(COUNTERS, 0)
+        self.rejects_by_reason: dict[str, int] = {}
         self.busy_ms = np.zeros(config.workers)
         self.latencies: deque[np.ndarray] = deque(maxlen=1000)  # per batch: XADD -> acknowledged, ms
         self.started_ms = int(time.time() * 1000)
@@ -153,6 +160,7 @@ class Service:
             table = stream_order(read_objects(self.config.objects_dir, OBJECT_COLUMNS), None).cast(OBJECT_SCHEMA)
             n = table.num_rows if self.config.initial is None else min(self.config.initial, table.num_rows)
             self._preload = table.slice(0, n)
+            check_objects_not_future(self._preload, self.config.limits.max_future_ms, "the preloaded objects (--objects)")
         else:
             self._model = LoadModel.uniform()
             self._preload = OBJECT_SCHEMA.empty_table()
@@ -183,7 +191,7 @@ class Service:
         run_config = self.config.run_config(self.redis_url)
         r = recover(self.client, self.redis_url, self.config.store.namespace, self._preload, self._model,
                     processes=processes, limits=self.config.limits, skip=skip, window=self.config.window,
-                    reserve=run_config.places_reserved)
+                    reserve=run_config.places_reserved, allowed_lateness=self.config.allowed_lateness)
         self.counters["objects_entries_read"] = r.objects_entries_read
         self.counters["queries_entries_read"] = r.queries_entries_read
         self.runtime = Runtime(None, None, run_config, r.prepared, resume=True).start()
@@ -206,8 +214,14 @@ class Service:
         self._revived_seen = self.runtime.workers_revived
 
     def _ack(self, key: str, ids: list[str], rejects: list, batch_record: dict[str, Any] | None = None) -> None:
-        acknowledge(self.client, self.redis_url, self.keys, key, ids, rejects, batch_record)
+        # A `future` entry leaves the objects stream with its acknowledgement: recovery re-reads
+        # the stream, and Redis's clock will have caught up with an entry id from the future.
+        gone = [eid for eid, _, r in rejects if r.reason == "future"] if key == self.keys.ingest_objects else []
+        acknowledge(self.client, self.redis_url, self.keys, key, ids, rejects, batch_record, delete=gone)
         self.counters["rejects"] += len(rejects)
+        self.counters["objects_entries_read"] -= len(gone)  # the stream's length no longer counts them
+        for _, _, r in rejects:
+            self.rejects_by_reason[r.reason] = self.rejects_by_reason.get(r.reason, 0) + 1
 
     # -- the loop ----------------------------------------------------------------------------
     def run(self, *, max_batches: int | None = None, idle_exit_s: float | None = None,
@@ -418,9 +432,10 @@ class Service:
         rt = self.runtime
         t0 = time.perf_counter()
         parsed, sources, rejects, in_batch = [], [], [], set()
+        clock = redis_clock_ms(self.client) if self.config.limits.max_future_ms is not None else None
         for eid, fields in entries:
             try:
-                o = parse_object(eid, fields, self.config.limits)
+                o = parse_object(eid, fields, self.config.limits, clock_ms=clock)
                 if o.id in rt.dispatcher.seen or o.id in in_batch:
                     raise Rejected("duplicate_id", f"id={o.id}")
                 in_batch.add(o.id)
@@ -428,6 +443,8 @@ class Service:
                 sources.append((eid, fields))
             except Rejected as r:
                 rejects.append((eid, fields, r))
+                if r.reason == "future":
+                    self.counters["future"] += 1
         window = rt.dispatcher.window
         if window is not None and parsed:  # late: expired at the watermark this batch moves to
             cutoff = window.cutoff_after([o.t for o in parsed])
@@ -436,7 +453,8 @@ class Service:
                 keep = [o.t > cutoff for o in parsed]
                 parsed = [o for o, k in zip(parsed, keep) if k]
                 sources = [e for e, k in zip(sources, keep) if k]
-                rejects += [(eid, fields, Rejected("late", f"t={o.t} <= watermark - window = {cutoff}"))
+                rejects += [(eid, fields, Rejected("late", f"t={o.t} <= watermark - window = {cutoff}"
+                                                                 f"{' (watermark: the largest t - the allowed lateness)' if window.lateness_ms else ''}"))
                             for eid, fields, o in late]
                 self.counters["late"] += len(late)
         table = objects_table(parsed)
@@ -466,7 +484,8 @@ class Service:
         rt = self.runtime
         now_ms = time.time() * 1000
         acked = sorted(ids + rejected, key=entry_order)
-        published_ms = np.array([entry_time_ms(e) for e in ids], dtype=np.float64)
+        # an entry id from the future (within --max-future) counts no negative response time
+        published_ms = np.minimum(np.array([entry_time_ms(e) for e in ids], dtype=np.float64), now_ms)
         done_ms = np.full(len(ids), now_ms)
         released = report.released_ms if report is not None else None
         if released is not None and len(released) == len(ids):  # workers released in parts

@@ -6,10 +6,12 @@ it imports only ``redis`` and knnmon's light core, so a client does not load num
 Streams (key names: :class:`knnmon.keys.Keys`), read by the consumer group :data:`GROUP`:
 
 - ``knn:ingest:objects``: ``id``, ``lon``, ``lat`` (WGS84 degrees), ``t`` (optional, epoch
-  ms; default: the entry id's time, i.e. when Redis took the entry), and ``keywords``
+  ms; default: the entry id's time, i.e. when Redis took the entry; at most ``--max-future``
+  ahead of it, and the entry id's time at most that far ahead of Redis's clock when the
+  service reads it: else rejected as ``future``), and ``keywords``
   (space-separated terms, already normalised: used as given, lower-cased) or ``text`` (raw
   text, normalised by :func:`~knnmon.ingest.keywords.normalize_keywords`, as the ingest does).
-- ``knn:ingest:queries``: ``op=register`` with ``id``, ``lon``, ``lat``, ``keywords``
+- ``knn:ingest:queries``: ``op=register`` with ``id`` (no ``{`` or ``}``), ``lon``, ``lat``, ``keywords``
   (space-separated terms, normalised) and ``k`` (integer ``>= 1``); or ``op=unregister`` with
   ``id``.
 - ``knn:ingest:rejects`` (written by the service): a rejected entry's original fields plus
@@ -27,11 +29,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from knnmon.errors import REJECT_REASONS, InvalidQueryError, Rejected
-from knnmon.limits import DEFAULT_LIMITS, Limits, check_fields, check_keywords, parse_id, parse_point, parse_time
+from knnmon.limits import (DEFAULT_LIMITS, Limits, check_fields, check_future, check_keywords, parse_id, parse_point,
+                           parse_query_id, parse_time)
 from knnmon.query import Query
 
 __all__ = ["GROUP", "OBJECT_FIELDS", "QUERY_FIELDS", "REJECT_FIELDS", "REJECT_REASONS", "ObjectEntry", "QueryOp",
-           "Rejected", "entry_order", "entry_time_ms", "group_info", "parse_object", "parse_query_op"]
+           "Rejected", "entry_order", "entry_time_ms", "group_info", "parse_object", "parse_query_op", "redis_clock_ms"]
 
 #: The consumer group ``knnmon serve`` reads both ingest streams with.
 GROUP = "knnmon"
@@ -68,6 +71,14 @@ def entry_time_ms(entry_id: str) -> int:
     return int(entry_id.split("-", 1)[0])
 
 
+def redis_clock_ms(client: Any) -> int:
+    """Redis's clock (``TIME``), epoch ms: the clock entry ids are made from. In a Redis Cluster,
+    the latest of the masters' clocks."""
+    got = client.time()
+    clocks = list(got.values()) if isinstance(got, dict) else [got]
+    return max(int(sec) * 1000 + int(usec) // 1000 for sec, usec in clocks)
+
+
 def entry_order(entry_id: str) -> tuple[int, int]:
     """A stream entry id as a sortable ``(ms, sequence)`` pair."""
     ms, _, seq = entry_id.partition("-")
@@ -88,8 +99,14 @@ def _point(fields: Mapping[str, str]) -> tuple[float, float]:
     return parse_point(fields["lon"], fields["lat"])
 
 
-def parse_object(entry_id: str, fields: Mapping[str, str], limits: Limits = DEFAULT_LIMITS) -> ObjectEntry:
+def parse_object(entry_id: str, fields: Mapping[str, str], limits: Limits = DEFAULT_LIMITS, *,
+                 clock_ms: int | None = None) -> ObjectEntry:
     """Parse one ``knn:ingest:objects`` entry (module docstring; bounds of :mod:`knnmon.limits`).
+
+    The entry's arrival time is its id's time. ``t`` may lead it by at most
+    ``limits.max_future_ms``; with ``clock_ms`` (Redis's clock when the entry was read, epoch
+    ms), the arrival may lead that clock by at most as much too: a client may XADD with an
+    explicit id, and an entry without ``t`` takes its id's time.
 
     Raises
     ------
@@ -100,7 +117,12 @@ def parse_object(entry_id: str, fields: Mapping[str, str], limits: Limits = DEFA
     oid = parse_id(fields.get("id"))
     lon, lat = _point(fields)
     t_raw = fields.get("t")
-    t = entry_time_ms(entry_id) if t_raw in (None, "") else parse_time(t_raw)
+    arrival = entry_time_ms(entry_id)
+    t = arrival if t_raw in (None, "") else parse_time(t_raw)
+    if clock_ms is not None and limits.max_future_ms is not None and arrival - clock_ms > limits.max_future_ms:
+        raise Rejected("future", f"the entry id's time {arrival} is {arrival - clock_ms:,} ms ahead of Redis's clock "
+                                 f"({clock_ms}); at most {limits.max_future_ms:,} ms (--max-future)")
+    check_future(t, arrival, limits.max_future_ms, "its arrival, the entry id's time")
     if fields.get("keywords"):
         words = sorted(set(fields["keywords"].lower().split()))
     else:
@@ -124,7 +146,7 @@ def parse_query_op(fields: Mapping[str, str], limits: Limits = DEFAULT_LIMITS) -
     op = (fields.get("op") or "").strip().lower()
     if op not in ("register", "unregister"):
         raise Rejected("unknown_op", f"op={str(fields.get('op'))[:64]!r}")
-    qid = parse_id(fields.get("id"))
+    qid = parse_query_id(fields.get("id"))
     if op == "unregister":
         return QueryOp("unregister", qid)
     lon, lat = _point(fields)

@@ -26,8 +26,8 @@ import redis
 from knnmon.batch import BatchChanges
 from knnmon.coordinator.runtime.object_store import ObjectStore
 from knnmon.coordinator.runtime.preparation import Prepared, live_initial, prepare_tables
-from knnmon.coordinator.service.protocol import GROUP, entry_order, group_info, parse_object
-from knnmon.errors import Rejected, StoreUnavailableError
+from knnmon.coordinator.service.protocol import GROUP, entry_order, group_info, parse_object, redis_clock_ms
+from knnmon.errors import PoisonedWatermarkError, Rejected, StoreUnavailableError
 from knnmon.keys import Keys
 from knnmon.limits import DEFAULT_LIMITS, Limits
 from knnmon.query import Query, QueryColumns
@@ -109,8 +109,18 @@ def read_object_log(client: redis.Redis, keys: Keys, preload: pa.Table, limits: 
                     ) -> tuple[pa.Table, list[str], list[tuple[str, dict, Rejected]], int, list]:
     """Preloaded objects plus every delivered entry of the objects stream but those in
     ``skip``; the ids of the delivered but unacknowledged entries (not in ``skip``), the
-    rejects among those, the entries read, and :attr:`Recovered.spans`."""
+    rejects among those, the entries read, and :attr:`Recovered.spans`.
+
+    Raises
+    ------
+    PoisonedWatermarkError
+        An acknowledged entry fails with ``future`` now: an earlier knnmon (or one with a laxer
+        ``--max-future``) applied it, since this one deletes the ``future`` entries it rejects
+        (:func:`check_event_time`).
+    """
     key = keys.ingest_objects
+    clock = redis_clock_ms(client) if limits.max_future_ms is not None else None
+    poisoned: list[tuple[str, Rejected]] = []
     last = _group(client, key)["last-delivered-id"]
     pending = set()
     if last != "0-0":
@@ -129,7 +139,7 @@ def read_object_log(client: redis.Redis, keys: Keys, preload: pa.Table, limits: 
             if eid in skip:
                 continue
             try:
-                o = parse_object(eid, fields, limits)
+                o = parse_object(eid, fields, limits, clock_ms=clock)
                 if o.id in seen:
                     raise Rejected("duplicate_id", f"id={o.id}")
                 seen.add(o.id)
@@ -137,13 +147,48 @@ def read_object_log(client: redis.Redis, keys: Keys, preload: pa.Table, limits: 
             except Rejected as r:
                 if eid in pending:
                     rejects.append((eid, fields, r))
+                elif r.reason == "future" and str(fields.get("id", "")).strip() not in seen:
+                    poisoned.append((eid, r))
         if entries:
             spans.append((entries[0][0], entries[-1][0], max((o.t for o in parsed[before:]), default=None)))
         if len(entries) < chunk:
             break
         start = "(" + entries[-1][0]
+    check_event_time(client, keys, limits, poisoned, clock)
     table = pa.concat_tables([preload, objects_table(parsed)]) if parsed else preload
     return table, sorted(pending, key=entry_order), rejects, read, spans
+
+
+def check_event_time(client: redis.Redis, keys: Keys, limits: Limits, poisoned: list[tuple[str, Rejected]],
+                     clock: int | None) -> None:
+    """Refuse to start on state from the future (:class:`PoisonedWatermarkError`): acknowledged
+    object entries (``poisoned``: entry id, why) that the bound ``limits.max_future_ms`` rejects
+    now, or a checkpoint's watermark ahead of Redis's clock ``clock`` by more than twice the
+    bound (an entry id may lead the clock by the bound, and its ``t`` the entry id by as much)."""
+    if clock is None:
+        return
+    bound = limits.max_future_ms
+    raw = client.hget(keys.serve_checkpoint, "watermark")
+    try:
+        watermark = int(raw) if raw not in (None, "") else None
+    except ValueError:
+        watermark = None  # not a number: no watermark (nothing reads it back but this check)
+    ahead = watermark is not None and watermark - clock > 2 * bound
+    if not poisoned and not ahead:
+        return
+    what = []
+    if poisoned:
+        eid, r = poisoned[0]
+        what.append(f"{len(poisoned):,} acknowledged entries of {keys.ingest_objects} are from the future by "
+                    f"today's bound (--max-future {bound:,} ms), e.g. entry {eid}: {r.detail}")
+    if ahead:
+        what.append(f"the last checkpoint's watermark {watermark} is {watermark - clock:,} ms ahead of Redis's clock")
+    raise PoisonedWatermarkError(
+        "refusing to start: " + "; ".join(what) + ". An earlier knnmon (or one with --max-future off) applied them, "
+        "so a window expired every object before them and rejected newer ones as late. Starting without them would "
+        "change the results silently. Stop here and run `knnmon repair --watermark` (same --redis/--namespace): it "
+        "rejects those entries as `future`, gives the objects rejected as late after them back to the stream, and "
+        "the next start recomputes every result exactly; or start with --max-future off to keep them")
 
 
 def read_queries(client: redis.Redis, keys: Keys, chunk: int = 10_000) -> list[Query]:
@@ -216,7 +261,7 @@ def reconcile(url: str, namespace: str, client: redis.Redis, prepared: Prepared,
 
 def recover(client: redis.Redis, url: str, namespace: str, preload: pa.Table, model, *, processes: int = 2,
             limits: Limits = DEFAULT_LIMITS, skip: frozenset[str] = frozenset(), window: int | None = None,
-            reserve: int = 0) -> Recovered:
+            reserve: int = 0, allowed_lateness: int = 0) -> Recovered:
     """Rebuild the service's state (module docstring).
 
     Parameters
@@ -233,6 +278,8 @@ def recover(client: redis.Redis, url: str, namespace: str, preload: pa.Table, mo
         Delivered entries of the objects stream to leave out, and pending (poison isolation).
     window
         The service's window, ms: only the live objects count (``None``: all).
+    allowed_lateness
+        With a window: the watermark trails the largest ``t`` by this much, ms.
     reserve
         Neighbours each query keeps beyond ``k`` (:class:`~knnmon.workers.worker.KnnWorker`).
 
@@ -240,12 +287,14 @@ def recover(client: redis.Redis, url: str, namespace: str, preload: pa.Table, mo
     ------
     StoreUnavailableError
         Redis unreachable, or the consumer group vanished.
+    PoisonedWatermarkError
+        Objects from the future that an earlier version applied (:func:`check_event_time`).
     """
     keys = Keys(namespace)
     create_groups(client, keys)
     objects, pending, rejects, read, spans = read_object_log(client, keys, preload, limits, skip)
     if window is not None:
-        objects = live_initial(objects, window)
+        objects = live_initial(objects, window, allowed_lateness)
     queries = read_queries(client, keys)
     queries_read = client.xlen(keys.ingest_queries) - _undelivered(client, keys.ingest_queries)
     prepared = prepare_tables(model, QueryColumns.of(queries).to_table(), objects, OBJECT_SCHEMA.empty_table(),

@@ -34,7 +34,8 @@ def snapshot(svc: Any) -> dict[str, Any]:
     heartbeat, settings (without the Redis URL), queries and predicted load per worker, measured
     busy time per worker, the workers' nodes, latency XADD -> acknowledged (p50, p99 over the
     last 1,000 batches, ms), the objects held (with a window: live), the routing table's entries,
-    the watermark (with a window), the batching policy's state
+    the watermark and the largest ``t`` applied (with a window), the rejects by reason since
+    start, the batching policy's state
     (:meth:`~knnmon.coordinator.service.batching.BatchPolicy.state`), and the service's counters."""
     rt = svc.runtime
     reg = rt.registrar if rt is not None else None
@@ -57,6 +58,8 @@ def snapshot(svc: Any) -> dict[str, Any]:
         "objects_held": len(rt.objects) if rt is not None and rt.objects is not None else None,
         "routing_entries": rt.plan.routing.entries if rt is not None and rt.plan is not None else None,
         "watermark_ms": window.watermark if window is not None else None,
+        "top_t_ms": window.top if window is not None else None,
+        "rejects_by_reason": dict(sorted(svc.rejects_by_reason.items())),
         "batching": svc.batching.state(),
         **svc.counters,
     }
@@ -166,8 +169,13 @@ def format_status(s: dict[str, Any]) -> str:
                     if b.get("cost_fixed_ms") is not None else "")
             lines.append(f"  batching {b['policy']}{' + SJF' if b.get('sjf') else ''}: minibatches of up to "
                          f"{b['minibatch']:,} objects at {b['arrival_per_s']:,.0f} objects/s arriving{cost}")
+        by_reason = svc.get("rejects_by_reason") or {}
+        if by_reason:
+            lines.append("  rejected since start: " + ", ".join(f"{r} {n:,}" for r, n in by_reason.items()))
         if svc.get("watermark_ms") is not None:
-            lines.append(f"  window {svc['config']['window'] / 1e3:,.0f} s: watermark {svc['watermark_ms']}, "
+            lateness = svc["config"].get("allowed_lateness") or 0
+            lines.append(f"  window {svc['config']['window'] / 1e3:,.0f} s"
+                         f"{f' (allowed lateness {lateness / 1e3:,.0f} s)' if lateness else ''}: watermark {svc['watermark_ms']}, "
                          f"{svc.get('objects_held') or 0:,} live objects, {svc.get('late', 0):,} late rejected, "
                          f"{svc.get('checkpoints', 0):,} checkpoints trimmed {svc.get('entries_trimmed', 0):,} "
                          f"entries; routing entries {svc.get('routing_entries') or 0:,}")

@@ -23,7 +23,7 @@ from knnmon.coordinator.service.protocol import GROUP, entry_order, group_info
 from knnmon.errors import KnnmonError
 from knnmon.feed import parse_entry
 from knnmon.keys import DEFAULT_NAMESPACE, Keys
-from knnmon.limits import DEFAULT_LIMITS, Limits, check_keywords, parse_id, parse_k, parse_point
+from knnmon.limits import DEFAULT_LIMITS, Limits, check_keywords, parse_k, parse_point, parse_query_id
 from knnmon.query import invalid_query
 
 __all__ = ["KnnClient", "ResultChange"]
@@ -81,7 +81,7 @@ class KnnClient:
             ``limits.max_keywords``; ``reason`` says which.
         """
         with invalid_query(qid):
-            qid = parse_id(qid)
+            qid = parse_query_id(qid)
             lon, lat = parse_point(lon, lat)
             k = parse_k(k, self.limits)
             if not isinstance(keywords, str):

@@ -8,8 +8,8 @@ edge where they happen (:func:`knnmon.connection.with_retries`,
 
 from __future__ import annotations
 
-__all__ = ["KnnmonError", "InputPathError", "InvalidArgumentError", "InvalidQueryError", "REJECT_REASONS",
-           "Rejected", "StoreUnavailableError", "WorkerLostError"]
+__all__ = ["KnnmonError", "InputPathError", "InvalidArgumentError", "InvalidQueryError", "PoisonedWatermarkError",
+           "REJECT_REASONS", "Rejected", "StoreUnavailableError", "WorkerLostError"]
 
 
 class KnnmonError(Exception):
@@ -42,6 +42,13 @@ class StoreUnavailableError(KnnmonError):
     """Redis could not be reached after every retry; the message names the operation and URL."""
 
 
+class PoisonedWatermarkError(KnnmonError):
+    """What Redis holds has objects from the future that an earlier knnmon (or one with
+    ``--max-future off``) accepted, or a persisted watermark beyond every bound: starting on it
+    would silently change results. The message names them and the repair
+    (``knnmon repair --watermark``)."""
+
+
 class WorkerLostError(KnnmonError):
     """A worker (a Ray actor) died or became unreachable; ``worker`` is its number.
 
@@ -58,13 +65,15 @@ class WorkerLostError(KnnmonError):
 REJECT_REASONS: dict[str, str] = {
     "field_too_large": "a field longer than 64 KiB",
     "missing_id": "no `id` field, or an empty one",
-    "bad_id": "an `id` longer than 256 bytes, or holding whitespace or a control character",
+    "bad_id": "an `id` longer than 256 bytes, or holding whitespace or a control character (a query id: or `{`, `}`)",
     "missing_coordinates": "no `lon` or `lat`",
     "non_numeric_coordinates": "`lon` or `lat` is not a finite number",
     "longitude_out_of_range": "`lon` outside [-180, 180]",
     "latitude_out_of_range": "`lat` outside [-90, 90]",
     "null_island": "coordinates (0, 0): what a device reports without a position",
     "bad_time": "`t` is not an integer (epoch milliseconds) that fits 64 bits",
+    "future": "`t` (or the entry id's time) ahead of its arrival (the entry id's time; Redis's clock) by more "
+              "than `--max-future` (default 1m)",
     "no_keywords": "no `keywords`/`text`, or no keyword left after normalisation",
     "too_many_keywords": "more keywords than `--max-keywords` (default 32)",
     "duplicate_id": "an object id seen before (the first one is kept; with a window, seen within it)",

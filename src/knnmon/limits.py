@@ -16,14 +16,17 @@ from typing import Any
 
 from knnmon.errors import InvalidArgumentError, Rejected
 
-__all__ = ["DEFAULT_LIMITS", "INT64_MAX", "INT64_MIN", "MAX_FIELD_BYTES", "MAX_ID_BYTES", "Limits", "check_fields", "check_keywords",
-           "parse_id", "parse_k", "parse_point", "parse_time"]
+__all__ = ["DEFAULT_LIMITS", "DEFAULT_MAX_FUTURE_MS", "INT64_MAX", "INT64_MIN", "MAX_FIELD_BYTES", "MAX_ID_BYTES", "Limits",
+           "check_fields", "check_future", "check_keywords", "parse_id", "parse_k", "parse_point", "parse_query_id",
+           "parse_time"]
 
 #: Longest id, in UTF-8 bytes.
 MAX_ID_BYTES = 256
 #: Longest field of a stream entry, in bytes (64 KiB).
 MAX_FIELD_BYTES = 64 * 1024
 INT64_MIN, INT64_MAX = -2**63, 2**63 - 1
+#: How far an object's ``t`` may lead its arrival time by default (``--max-future``): 1 minute.
+DEFAULT_MAX_FUTURE_MS = 60_000
 
 
 @dataclass(frozen=True)
@@ -36,21 +39,27 @@ class Limits:
         Largest ``k`` of a query (default 1,000): a worker's memory grows with its queries' k.
     max_keywords : int
         Most keywords of a query or an object after normalisation (default 32).
+    max_future_ms : int or None
+        How far an object's ``t`` may lead its arrival time, ms (default 60,000:
+        ``--max-future 1m``; ``None``: ``--max-future off``, no bound): :func:`check_future`.
 
     Raises
     ------
     InvalidArgumentError
-        A bound below 1.
+        A bound below 1, or a negative ``max_future_ms``.
     """
 
     max_k: int = 1000
     max_keywords: int = 32
+    max_future_ms: int | None = DEFAULT_MAX_FUTURE_MS
 
     def __post_init__(self) -> None:
         if self.max_k < 1:
             raise InvalidArgumentError(f"--max-k must be >= 1; got {self.max_k}")
         if self.max_keywords < 1:
             raise InvalidArgumentError(f"--max-keywords must be >= 1; got {self.max_keywords}")
+        if self.max_future_ms is not None and self.max_future_ms < 0:
+            raise InvalidArgumentError(f"--max-future must be >= 0 or off; got {self.max_future_ms} ms")
 
 
 DEFAULT_LIMITS = Limits()
@@ -86,6 +95,37 @@ def parse_id(raw: Any) -> str:
     if any(c.isspace() or not c.isprintable() for c in oid):
         raise Rejected("bad_id", f"id={oid[:64]!r} holds whitespace or a control character")
     return oid
+
+
+def parse_query_id(raw: Any) -> str:
+    """A query id: :func:`parse_id`, and no ``{`` or ``}``. A query's id becomes part of Redis
+    keys (``knn:result:{qid}``); braces there would be a Redis Cluster hash tag, which lets one
+    client pin any number of results to one master of a cluster.
+
+    Raises
+    ------
+    Rejected
+        ``missing_id`` or ``bad_id``.
+    """
+    qid = parse_id(raw)
+    if "{" in qid or "}" in qid:
+        raise Rejected("bad_id", f"query id={qid[:64]!r} holds {{ or }} (a Redis Cluster hash tag in its keys)")
+    return qid
+
+
+def check_future(t: int, arrival_ms: int, max_future_ms: int | None, arrival: str = "its arrival") -> int:
+    """``t`` if it leads ``arrival_ms`` (both epoch ms) by at most ``max_future_ms`` (``None``:
+    no bound). An object further ahead would move the watermark past every honest object.
+
+    Raises
+    ------
+    Rejected
+        ``future``, with both times and the bound.
+    """
+    if max_future_ms is not None and t - arrival_ms > max_future_ms:
+        raise Rejected("future", f"t={t} is {t - arrival_ms:,} ms ahead of {arrival} ({arrival_ms}); at most "
+                                 f"{max_future_ms:,} ms (--max-future)")
+    return t
 
 
 def parse_point(lon: Any, lat: Any) -> tuple[float, float]:

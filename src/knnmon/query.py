@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from knnmon.errors import InvalidQueryError, Rejected
-from knnmon.limits import DEFAULT_LIMITS, Limits, check_keywords, parse_id, parse_k, parse_point
+from knnmon.limits import DEFAULT_LIMITS, Limits, check_keywords, parse_k, parse_point, parse_query_id
 
 __all__ = ["Query", "QueryColumns", "invalid_query"]
 
@@ -68,7 +68,7 @@ class Query:
         Raises
         ------
         InvalidQueryError
-            The first problem, in this order: the id (empty, too long, whitespace), the
+            The first problem, in this order: the id (empty, too long, whitespace, ``{`` or ``}``), the
             coordinates (not finite, out of range, (0, 0)), ``k`` (not an integer in
             ``[1, limits.max_k]``), the keywords (none left after normalisation, or more than
             ``limits.max_keywords``); its ``reason`` is a key of :data:`~knnmon.errors.REJECT_REASONS`.
@@ -76,7 +76,7 @@ class Query:
         from knnmon.ingest.keywords import normalize_keywords  # nltk: imported on first use only
 
         with invalid_query(id):
-            qid = parse_id(id)
+            qid = parse_query_id(id)
             lon_f, lat_f = parse_point(lon, lat)
             k_i = parse_k(k, limits)
             text = keywords if isinstance(keywords, str) or keywords is None else " ".join(map(str, keywords))

@@ -6,6 +6,7 @@ import pytest
 
 from knnmon.coordinator.service.protocol import parse_object, parse_query_op
 from knnmon.errors import REJECT_REASONS, Rejected
+from knnmon.limits import Limits
 
 
 @pytest.mark.parametrize("fields, reason", [
@@ -21,11 +22,15 @@ from knnmon.errors import REJECT_REASONS, Rejected
     ({"id": "a", "lon": "1", "lat": "2", "keywords": "x", "t": "9" * 30}, "bad_time"),
     ({"id": "a", "lon": "1e999", "lat": "2", "keywords": "x"}, "non_numeric_coordinates"),
     ({"id": "a", "lon": "1", "lat": "2", "keywords": " ".join(f"w{i}" for i in range(33))}, "too_many_keywords"),
+    ({"id": "a", "lon": "1", "lat": "2", "keywords": "x", "t": "9000000000000000000"}, "future"),
+    ({"id": "a", "lon": "1", "lat": "2", "keywords": "x", "t": str(1700000000000 + 60_001)}, "future"),
+    ({"id": "a", "lon": "1", "lat": "2", "keywords": "x", "t": "1"}, None),  # the past: bounded by a window
 ])
 def test_object_entries_parse_or_are_rejected_with_a_reason(fields, reason):
     if reason is None:
         o = parse_object("1700000000000-0", fields)
-        assert o.t == 1700000000000 and o.keywords in (("coffee", "tea"), ("coffee", "great"))
+        assert o.t == int(fields.get("t", 1700000000000)) and o.keywords in (("coffee", "tea"), ("coffee", "great"),
+                                                                              ("x",))
     else:
         with pytest.raises(Rejected) as ex:
             parse_object("1700000000000-0", fields)
@@ -43,6 +48,8 @@ def test_object_entries_parse_or_are_rejected_with_a_reason(fields, reason):
     ({"op": "register", "id": "q", "lon": "1", "lat": "2", "keywords": "coffee", "k": "9" * 20}, "k_too_large"),
     ({"op": "register", "id": "q", "lon": "0", "lat": "0", "keywords": "coffee", "k": "1"}, "null_island"),
     ({"op": "register", "id": "q\u0007", "lon": "1", "lat": "2", "keywords": "coffee", "k": "1"}, "bad_id"),
+    ({"op": "register", "id": "{knn}q", "lon": "1", "lat": "2", "keywords": "coffee", "k": "1"}, "bad_id"),
+    ({"op": "unregister", "id": "q}"}, "bad_id"),
 ])
 def test_query_operations_parse_into_a_validated_query_or_are_rejected(fields, reason):
     if reason is None:
@@ -53,3 +60,20 @@ def test_query_operations_parse_into_a_validated_query_or_are_rejected(fields, r
         with pytest.raises(Rejected) as ex:
             parse_query_op(fields)
         assert ex.value.reason == reason and reason in REJECT_REASONS
+
+
+def test_future_bounds_t_by_the_entry_id_and_the_entry_id_by_redis_clock():
+    base = {"id": "a", "lon": "1", "lat": "2", "keywords": "x"}
+    eid = "1700000000000-0"
+    assert parse_object(eid, {**base, "t": str(1700000000000 + 60_000)}).t == 1700000000000 + 60_000  # at the bound
+    assert parse_object(eid, {**base, "t": "9000000000000000000"}, Limits(max_future_ms=None)).t == 9 * 10**18
+    with pytest.raises(Rejected, match="ahead of its arrival") as ex:
+        parse_object(eid, {**base, "t": str(1700000000000 + 1000)}, Limits(max_future_ms=999))
+    assert ex.value.reason == "future" and "1700000000000" in ex.value.detail and "1700000001000" in ex.value.detail
+    # An entry XADDed with an explicit id from the future, without t (it takes the id's time):
+    far = "9999999999999-0"
+    assert parse_object(far, base).t == 9999999999999  # without a clock, only t against the id is checked
+    with pytest.raises(Rejected, match="ahead of Redis's clock") as ex:
+        parse_object(far, base, clock_ms=1700000000000)
+    assert ex.value.reason == "future"
+    assert parse_object("1700000060000-0", base, clock_ms=1700000000000).t == 1700000060000  # at the bound

@@ -1,0 +1,56 @@
+"""``knnmon repair --watermark``: undo objects from the future that an earlier knnmon applied
+(:mod:`knnmon.coordinator.service.repair`)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from knnmon.coordinator.cli.options import add_max_future_option, add_store_options, add_verb, store_config
+from knnmon.errors import KnnmonError, InvalidArgumentError
+from knnmon.keys import Keys
+from knnmon.limits import Limits
+from knnmon.store import open_store
+
+__all__ = ["add_repair_command"]
+
+
+def _repair(a: argparse.Namespace) -> int:
+    from knnmon.connection import connect
+    from knnmon.coordinator.service.repair import repair_watermark
+    from knnmon.coordinator.service.status import running_service
+
+    if not a.watermark:
+        raise InvalidArgumentError("say what to repair: --watermark")
+    keys = Keys(a.namespace)
+    with open_store(store_config(a, durable=True), existing=True) as store:
+        client = connect(store.url)
+        try:
+            other = running_service(client, keys)
+            if other is not None:
+                raise KnnmonError(f"a knnmon serve (pid {other.get('pid')} on {other.get('host')}) runs in namespace "
+                                  f"{a.namespace!r}: stop it before repairing")
+            report = repair_watermark(client, keys, Limits(max_future_ms=a.max_future), readmit=not a.no_readmit,
+                                      dry_run=a.dry_run)
+        finally:
+            client.close()
+    print("\n".join(f"knnmon repair: {line}" for line in report.lines()))
+    if not a.dry_run:
+        print("knnmon repair: done; the next `knnmon serve` recomputes every result over the live objects")
+    return 0
+
+
+def add_repair_command(sub: Any) -> None:
+    """Register ``repair`` on a root parser's subparsers."""
+    r = add_verb(sub, "repair", "repair what an earlier knnmon let a client poison (run with the service stopped)",
+                 "Repair a namespace's state with the service stopped. --watermark: reject as `future` the object "
+                 "entries an earlier knnmon (or --max-future off) applied from the future, set the objects stream's "
+                 "ids back to Redis's clock, and give back the objects rejected as late because of them; the next "
+                 "`knnmon serve` recomputes every result (docs/serve.md, \"Event time\").")
+    r.add_argument("--watermark", action="store_true", help="repair the watermark (see above)")
+    add_max_future_option(r, "its arrival time (the entry id's time; the same bound as the service's)")
+    r.add_argument("--no-readmit", action="store_true",
+                   help="keep the objects rejected as late after the poisoned entries rejected")
+    r.add_argument("--dry-run", action="store_true", help="report what would be repaired; change nothing")
+    add_store_options(r)
+    r.set_defaults(func=_repair)

@@ -1,0 +1,217 @@
+"""Repairing event time that an earlier knnmon let a client poison (``knnmon repair --watermark``).
+
+Before ``--max-future`` existed, one object entry with a ``t`` far in the future (or an entry id
+far in the future, which an entry without ``t`` takes as its time) moved the watermark to the
+end of time: with a window every object expired, every later one was rejected as ``late``, and
+a restart read the same entries back. Recovery now refuses to start on such state
+(:func:`~knnmon.coordinator.service.recovery.check_event_time`). This repair, run while no
+service runs in the namespace:
+
+1. rejects every entry of ``knn:ingest:objects`` that fails ``future`` at Redis's clock now: its
+   fields go to ``knn:ingest:rejects`` with reason ``future`` (the detail says the repair did it),
+   and it leaves the objects stream (acknowledged first, if it was pending);
+2. if the stream's last id lies ahead of Redis's clock by more than the bound (an entry added
+   with an explicit id from the future: every entry added after it took a later id), sets it
+   back to the newest entry left (``XSETID``, Redis 7.0+), and the consumer group's last
+   delivered id with it, so that new entries get ids from Redis's clock again;
+3. gives back the objects rejected as ``late`` after the first poisoned entry (unless
+   ``readmit=False``): each is added to the objects stream again with its own ``t`` (its old
+   entry id's time if it had none), and its reject leaves ``knn:ingest:rejects``; the service
+   rejects again those that are late at the repaired watermark;
+4. removes the checkpoint's poisoned ``watermark`` (the hash gets ``repaired_ms``).
+
+The next ``knnmon serve`` then recovers as after any restart: every result is recomputed over the
+live objects and the differences are written as change feed lines. Objects that a checkpoint
+trimmed from the stream under the poisoned watermark are gone from Redis; the repair reports the
+trim point so that they can be published again from their source.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import redis
+
+from knnmon.coordinator.service.acks import REJECTS_MAXLEN
+from knnmon.coordinator.service.protocol import (GROUP, REJECT_FIELDS, entry_order, entry_time_ms, group_info,
+                                                 parse_object, redis_clock_ms)
+from knnmon.errors import InvalidArgumentError, Rejected
+from knnmon.keys import Keys
+from knnmon.limits import DEFAULT_LIMITS, Limits
+
+__all__ = ["WatermarkRepair", "repair_watermark"]
+
+
+@dataclass
+class WatermarkRepair:
+    """What :func:`repair_watermark` found and did (``dry_run``: would do).
+
+    Attributes
+    ----------
+    clock_ms
+        Redis's clock when the repair ran, epoch ms.
+    rejected
+        Entry ids of the objects stream rejected as ``future`` and deleted.
+    stream_last_id
+        The objects stream's last id before and after (equal when it was not ahead).
+    readmitted
+        Objects rejected as ``late`` after the first poisoned entry, added to the stream again.
+    trimmed_below
+        The last checkpoint's trim point (entries below it are gone from Redis), if any.
+    """
+
+    clock_ms: int
+    dry_run: bool
+    rejected: list[str] = field(default_factory=list)
+    stream_last_id: tuple[str, str] = ("0-0", "0-0")
+    readmitted: int = 0
+    trimmed_below: str | None = None
+    checkpoint_watermark: str | None = None
+
+    def lines(self) -> list[str]:
+        """The repair as readable lines."""
+        done = "would be" if self.dry_run else "were"
+        out = [f"Redis's clock: {self.clock_ms}",
+               f"object entries from the future: {len(self.rejected):,} {done} rejected as `future`"
+               + (f" (the first: {self.rejected[0]})" if self.rejected else "")]
+        before, after = self.stream_last_id
+        if before != after:
+            out.append(f"the objects stream's last id {before} {'would be' if self.dry_run else 'was'} set back to "
+                       f"{after}")
+        out.append(f"objects rejected as late after the first of them: {self.readmitted:,} {done} given back to "
+                   "the objects stream")
+        if self.checkpoint_watermark is not None:
+            out.append(f"the checkpoint's watermark {self.checkpoint_watermark} "
+                       f"{'would be' if self.dry_run else 'was'} removed")
+        if self.trimmed_below and self.rejected:
+            out.append(f"a checkpoint trimmed the objects stream below {self.trimmed_below}: objects published "
+                       "before it and expired by the poisoned watermark are gone from Redis; publish them again from "
+                       "their source if they should still count")
+        return out
+
+
+def _future(eid: str, fields: dict, limits: Limits, clock: int) -> Rejected | None:
+    try:
+        parse_object(eid, fields, limits, clock_ms=clock)
+    except Rejected as r:
+        return r if r.reason == "future" else None
+    return None
+
+
+def repair_watermark(client: redis.Redis, keys: Keys, limits: Limits = DEFAULT_LIMITS, *, readmit: bool = True,
+                     dry_run: bool = False, chunk: int = 10_000) -> WatermarkRepair:
+    """Repair the event time of namespace ``keys`` (module docstring). No service may run there.
+
+    Parameters
+    ----------
+    limits
+        The bounds the service will run with (``limits.max_future_ms``: ``--max-future``).
+    readmit
+        Give the objects rejected as ``late`` after the first poisoned entry back to the stream.
+    dry_run
+        Find and report only; change nothing.
+
+    Raises
+    ------
+    InvalidArgumentError
+        ``--max-future off``: with no bound nothing is from the future.
+    redis.ResponseError
+        The stream's last id must go back and the server is older than Redis 7.0 (no ``XSETID``
+        with ``MAXDELETEDID``).
+    """
+    if limits.max_future_ms is None:
+        raise InvalidArgumentError("repair --watermark needs a bound: --max-future off makes nothing from the future")
+    key = keys.ingest_objects
+    clock = redis_clock_ms(client)
+    report = WatermarkRepair(clock, dry_run)
+    checkpoint = client.hgetall(keys.serve_checkpoint)
+    report.trimmed_below = checkpoint.get("trimmed_below")
+    try:
+        if checkpoint.get("watermark") not in (None, "") and \
+                int(checkpoint["watermark"]) - clock > 2 * limits.max_future_ms:
+            report.checkpoint_watermark = checkpoint["watermark"]
+    except ValueError:
+        report.checkpoint_watermark = checkpoint["watermark"]
+    if not client.exists(key):
+        return report
+    pending = set()
+    group = group_info(client, key)
+    if group is not None and group["pending"]:
+        pending = {r["message_id"] for r in client.xpending_range(key, GROUP, min="-", max="+",
+                                                                  count=group["pending"])}
+    poisoned: list[tuple[str, dict, Rejected]] = []
+    start = "-"
+    while True:
+        entries = client.xrange(key, min=start, max="+", count=chunk)
+        for eid, fields in entries:
+            r = _future(eid, fields, limits, clock)
+            if r is not None:
+                poisoned.append((eid, fields, r))
+        if len(entries) < chunk:
+            break
+        start = "(" + entries[-1][0]
+    report.rejected = [eid for eid, _, _ in poisoned]
+    info = client.xinfo_stream(key)
+    last = info["last-generated-id"]
+    report.stream_last_id = (last, last)
+    if entry_time_ms(last) - clock > limits.max_future_ms:
+        report.stream_last_id = (last, max(_newest_left(client, key, set(report.rejected), chunk), f"{clock}-0",
+                                           key=entry_order))
+    late = _late_after(client, keys, min(report.rejected, key=entry_order)) if readmit and report.rejected else []
+    report.readmitted = len(late)
+    if dry_run:
+        return report
+    now = int(time.time() * 1000)
+    for eid, fields, r in poisoned:
+        pipe = client.pipeline(transaction=True)
+        pipe.xadd(keys.ingest_rejects, {**fields, "_reason": "future", "_detail": f"{r} (knnmon repair --watermark)",
+                                        "_stream": key, "_entry": eid}, maxlen=REJECTS_MAXLEN, approximate=True)
+        if eid in pending:
+            pipe.xack(key, GROUP, eid)
+        pipe.xdel(key, eid)
+        pipe.execute()
+    before, after = report.stream_last_id
+    if before != after:
+        client.execute_command("XSETID", key, after, "MAXDELETEDID", after)
+        if group is not None and entry_order(group["last-delivered-id"]) > entry_order(after):
+            client.xgroup_setid(key, GROUP, after)
+    for reject_id, fields in late:
+        original = {k: v for k, v in fields.items() if k not in REJECT_FIELDS}
+        if original.get("t") in (None, ""):
+            original["t"] = str(entry_time_ms(fields["_entry"]))
+        pipe = client.pipeline(transaction=True)
+        pipe.xadd(key, original)
+        pipe.xdel(keys.ingest_rejects, reject_id)
+        pipe.execute()
+    if report.checkpoint_watermark is not None:
+        client.hdel(keys.serve_checkpoint, "watermark")
+        client.hset(keys.serve_checkpoint, "repaired_ms", now)
+    return report
+
+
+def _newest_left(client: redis.Redis, key: str, gone: set[str], chunk: int) -> str:
+    """The newest entry id of stream ``key`` not in ``gone`` (``"0-1"``: none)."""
+    end = "+"
+    while True:
+        got = client.xrevrange(key, max=end, min="-", count=chunk)
+        for eid, _ in got:
+            if eid not in gone:
+                return eid
+        if len(got) < chunk:
+            return "0-1"
+        end = "(" + got[-1][0]
+
+
+def _late_after(client: redis.Redis, keys: Keys, first: str, chunk: int = 10_000) -> list[tuple[str, dict]]:
+    """Rejects of reason ``late`` of object entries after entry ``first``: (reject id, fields)."""
+    out, start = [], "-"
+    after = entry_order(first)
+    while True:
+        entries = client.xrange(keys.ingest_rejects, min=start, max="+", count=chunk)
+        out += [(rid, f) for rid, f in entries
+                if f.get("_reason") == "late" and f.get("_stream") == keys.ingest_objects
+                and f.get("_entry") and entry_order(f["_entry"]) > after]
+        if len(entries) < chunk:
+            return out
+        start = "(" + entries[-1][0]
