@@ -30,8 +30,7 @@ def _repair(a: argparse.Namespace) -> int:
             if other is not None:
                 raise KnnmonError(f"a knnmon serve (pid {other.get('pid')} on {other.get('host')}) runs in namespace "
                                   f"{a.namespace!r}: stop it before repairing")
-            report = repair_watermark(client, keys, Limits(max_future_ms=a.max_future), readmit=not a.no_readmit,
-                                      dry_run=a.dry_run)
+            report = repair_watermark(client, keys, Limits(max_future_ms=a.max_future), dry_run=a.dry_run)
         finally:
             client.close()
     print("\n".join(f"knnmon repair: {line}" for line in report.lines()))
@@ -45,12 +44,11 @@ def add_repair_command(sub: Any) -> None:
     r = add_verb(sub, "repair", "repair what an earlier knnmon let a client poison (run with the service stopped)",
                  "Repair a namespace's state with the service stopped. --watermark: reject as `future` the object "
                  "entries an earlier knnmon (or --max-future off) applied from the future, set the objects stream's "
-                 "ids back to Redis's clock, and give back the objects rejected as late because of them; the next "
-                 "`knnmon serve` recomputes every result (docs/serve.md, \"Event time\").")
+                 "ids back to Redis's clock, and remove a poisoned checkpoint watermark; the next `knnmon serve` "
+                 "recomputes every result over the live objects, those rejected as late because of the poison "
+                 "included (docs/serve.md, \"Event time\").")
     r.add_argument("--watermark", action="store_true", help="repair the watermark (see above)")
     add_max_future_option(r, "its arrival time (the entry id's time; the same bound as the service's)")
-    r.add_argument("--no-readmit", action="store_true",
-                   help="keep the objects rejected as late after the poisoned entries rejected")
     r.add_argument("--dry-run", action="store_true", help="report what would be repaired; change nothing")
     add_store_options(r)
     r.set_defaults(func=_repair)

@@ -131,9 +131,14 @@ class Service:
             this host, its process lives).
         """
         self._refuse_a_second_service()  # before opening the store: a refused start touches nothing
-        self.store = self._exit.enter_context(open_store(self.config.store))
-        self._load_preload()
-        self._recover()
+        try:
+            self.store = self._exit.enter_context(open_store(self.config.store))
+            self._load_preload()
+            self._recover()
+        except BaseException:
+            self._drop_workers()
+            self._exit.close()  # a refused start (e.g. a poisoned watermark) leaves no server running
+            raise
         return self
 
     def _refuse_a_second_service(self) -> None:

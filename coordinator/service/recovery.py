@@ -29,7 +29,7 @@ from knnmon.coordinator.runtime.preparation import Prepared, live_initial, prepa
 from knnmon.coordinator.service.protocol import GROUP, entry_order, group_info, parse_object, redis_clock_ms
 from knnmon.errors import PoisonedWatermarkError, Rejected, StoreUnavailableError
 from knnmon.keys import Keys
-from knnmon.limits import DEFAULT_LIMITS, Limits
+from knnmon.limits import DEFAULT_LIMITS, Limits, check_keywords, parse_k, parse_point, parse_query_id
 from knnmon.query import Query, QueryColumns
 
 __all__ = ["OBJECT_SCHEMA", "Recovered", "create_groups", "feed_version", "objects_table", "read_queries", "recover"]
@@ -191,9 +191,10 @@ def check_event_time(client: redis.Redis, keys: Keys, limits: Limits, poisoned: 
         "the next start recomputes every result exactly; or start with --max-future off to keep them")
 
 
-def read_queries(client: redis.Redis, keys: Keys, chunk: int = 10_000) -> list[Query]:
+def read_queries(client: redis.Redis, keys: Keys, chunk: int = 10_000, limits: Limits = DEFAULT_LIMITS) -> list[Query]:
     """The registered queries (``knn:queries`` and their hashes); a hash that does not make a
-    valid query is logged and left out."""
+    valid query within ``limits`` (a client with write access to Redis may have written it) is
+    logged and left out."""
     qids = sorted(client.smembers(keys.queries))
     queries = []
     for s in range(0, len(qids), chunk):
@@ -202,9 +203,12 @@ def read_queries(client: redis.Redis, keys: Keys, chunk: int = 10_000) -> list[Q
             pipe.hgetall(keys.query(qid))
         for qid, h in zip(qids[s:s + chunk], pipe.execute()):
             try:
-                queries.append(Query.from_hash(qid, h))
+                q = Query.from_hash(qid, h)
+                parse_query_id(qid), parse_point(q.lon, q.lat), parse_k(q.k, limits), check_keywords(q.keywords, limits)
+                queries.append(q)
             except (KeyError, ValueError):
-                log.warning("query %s: unreadable hash %r in Redis; left out", qid, h)
+                log.warning("query %s: unreadable or out-of-bounds hash %r in Redis; left out", str(qid)[:64],
+                            {k: str(v)[:64] for k, v in list(h.items())[:8]})
     return queries
 
 
@@ -295,7 +299,7 @@ def recover(client: redis.Redis, url: str, namespace: str, preload: pa.Table, mo
     objects, pending, rejects, read, spans = read_object_log(client, keys, preload, limits, skip)
     if window is not None:
         objects = live_initial(objects, window, allowed_lateness)
-    queries = read_queries(client, keys)
+    queries = read_queries(client, keys, limits=limits)
     queries_read = client.xlen(keys.ingest_queries) - _undelivered(client, keys.ingest_queries)
     prepared = prepare_tables(model, QueryColumns.of(queries).to_table(), objects, OBJECT_SCHEMA.empty_table(),
                               processes=processes, reserve=reserve)

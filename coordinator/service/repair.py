@@ -11,13 +11,18 @@ service runs in the namespace:
    fields go to ``knn:ingest:rejects`` with reason ``future`` (the detail says the repair did it),
    and it leaves the objects stream (acknowledged first, if it was pending);
 2. if the stream's last id lies ahead of Redis's clock by more than the bound (an entry added
-   with an explicit id from the future: every entry added after it took a later id), sets it
-   back to the newest entry left (``XSETID``, Redis 7.0+), and the consumer group's last
-   delivered id with it, so that new entries get ids from Redis's clock again;
-3. gives back the objects rejected as ``late`` after the first poisoned entry (unless
-   ``readmit=False``): each is added to the objects stream again with its own ``t`` (its old
-   entry id's time if it had none), and its reject leaves ``knn:ingest:rejects``; the service
-   rejects again those that are late at the repaired watermark;
+   with an explicit id from the future: every entry added after it took a later id), rebuilds
+   the stream from the entries left, under their own ids (Redis keeps a stream's last id even
+   when its entries are deleted, and ``XSETID`` cannot go below a deleted one), with the
+   consumer group delivered up to the newest entry left -- or, if the stopped service left
+   entries pending, up to just before the first of them, which it then reads again -- so that
+   new entries get ids from Redis's clock again (not on a Redis Cluster: ``RENAME`` stays in one
+   slot);
+3. counts the objects rejected as ``late`` after the first poisoned entry: their entries are
+   still in the objects stream (only a checkpoint trims it, and under the poisoned watermark it
+   kept everything after the poison), and recovery recomputes the results from every entry
+   there, so those live at the repaired watermark count again at the next start (their
+   ``late`` records stay in ``knn:ingest:rejects`` as the history of what happened);
 4. removes the checkpoint's poisoned ``watermark`` (the hash gets ``repaired_ms``).
 
 The next ``knnmon serve`` then recovers as after any restart: every result is recomputed over the
@@ -34,8 +39,8 @@ from dataclasses import dataclass, field
 import redis
 
 from knnmon.coordinator.service.acks import REJECTS_MAXLEN
-from knnmon.coordinator.service.protocol import (GROUP, REJECT_FIELDS, entry_order, entry_time_ms, group_info,
-                                                 parse_object, redis_clock_ms)
+from knnmon.coordinator.service.protocol import (GROUP, entry_order, entry_time_ms, group_info, parse_object,
+                                                 redis_clock_ms)
 from knnmon.errors import InvalidArgumentError, Rejected
 from knnmon.keys import Keys
 from knnmon.limits import DEFAULT_LIMITS, Limits
@@ -55,8 +60,9 @@ class WatermarkRepair:
         Entry ids of the objects stream rejected as ``future`` and deleted.
     stream_last_id
         The objects stream's last id before and after (equal when it was not ahead).
-    readmitted
-        Objects rejected as ``late`` after the first poisoned entry, added to the stream again.
+    reconsidered
+        Objects rejected as ``late`` after the first poisoned entry: the next start applies
+        those live at the repaired watermark.
     trimmed_below
         The last checkpoint's trim point (entries below it are gone from Redis), if any.
     """
@@ -65,7 +71,7 @@ class WatermarkRepair:
     dry_run: bool
     rejected: list[str] = field(default_factory=list)
     stream_last_id: tuple[str, str] = ("0-0", "0-0")
-    readmitted: int = 0
+    reconsidered: int = 0
     trimmed_below: str | None = None
     checkpoint_watermark: str | None = None
 
@@ -79,8 +85,8 @@ class WatermarkRepair:
         if before != after:
             out.append(f"the objects stream's last id {before} {'would be' if self.dry_run else 'was'} set back to "
                        f"{after}")
-        out.append(f"objects rejected as late after the first of them: {self.readmitted:,} {done} given back to "
-                   "the objects stream")
+        out.append(f"objects rejected as late after the first of them: {self.reconsidered:,}; the next start "
+                   "applies those live at the repaired watermark (their entries are still in the stream)")
         if self.checkpoint_watermark is not None:
             out.append(f"the checkpoint's watermark {self.checkpoint_watermark} "
                        f"{'would be' if self.dry_run else 'was'} removed")
@@ -99,16 +105,14 @@ def _future(eid: str, fields: dict, limits: Limits, clock: int) -> Rejected | No
     return None
 
 
-def repair_watermark(client: redis.Redis, keys: Keys, limits: Limits = DEFAULT_LIMITS, *, readmit: bool = True,
-                     dry_run: bool = False, chunk: int = 10_000) -> WatermarkRepair:
+def repair_watermark(client: redis.Redis, keys: Keys, limits: Limits = DEFAULT_LIMITS, *, dry_run: bool = False,
+                     chunk: int = 10_000) -> WatermarkRepair:
     """Repair the event time of namespace ``keys`` (module docstring). No service may run there.
 
     Parameters
     ----------
     limits
         The bounds the service will run with (``limits.max_future_ms``: ``--max-future``).
-    readmit
-        Give the objects rejected as ``late`` after the first poisoned entry back to the stream.
     dry_run
         Find and report only; change nothing.
 
@@ -116,9 +120,8 @@ def repair_watermark(client: redis.Redis, keys: Keys, limits: Limits = DEFAULT_L
     ------
     InvalidArgumentError
         ``--max-future off``: with no bound nothing is from the future.
-    redis.ResponseError
-        The stream's last id must go back and the server is older than Redis 7.0 (no ``XSETID``
-        with ``MAXDELETEDID``).
+    InvalidArgumentError
+        The stream's last id must go back on a Redis Cluster.
     """
     if limits.max_future_ms is None:
         raise InvalidArgumentError("repair --watermark needs a bound: --max-future off makes nothing from the future")
@@ -158,8 +161,7 @@ def repair_watermark(client: redis.Redis, keys: Keys, limits: Limits = DEFAULT_L
     if entry_time_ms(last) - clock > limits.max_future_ms:
         report.stream_last_id = (last, max(_newest_left(client, key, set(report.rejected), chunk), f"{clock}-0",
                                            key=entry_order))
-    late = _late_after(client, keys, min(report.rejected, key=entry_order)) if readmit and report.rejected else []
-    report.readmitted = len(late)
+    report.reconsidered = len(_late_after(client, keys, min(report.rejected, key=entry_order))) if report.rejected else 0
     if dry_run:
         return report
     now = int(time.time() * 1000)
@@ -173,21 +175,45 @@ def repair_watermark(client: redis.Redis, keys: Keys, limits: Limits = DEFAULT_L
         pipe.execute()
     before, after = report.stream_last_id
     if before != after:
-        client.execute_command("XSETID", key, after, "MAXDELETEDID", after)
-        if group is not None and entry_order(group["last-delivered-id"]) > entry_order(after):
-            client.xgroup_setid(key, GROUP, after)
-    for reject_id, fields in late:
-        original = {k: v for k, v in fields.items() if k not in REJECT_FIELDS}
-        if original.get("t") in (None, ""):
-            original["t"] = str(entry_time_ms(fields["_entry"]))
-        pipe = client.pipeline(transaction=True)
-        pipe.xadd(key, original)
-        pipe.xdel(keys.ingest_rejects, reject_id)
-        pipe.execute()
+        left = set(pending) - set(report.rejected)
+        delivered = after if not left else _before(min(left, key=entry_order))
+        _rebuild(client, key, delivered, chunk)
     if report.checkpoint_watermark is not None:
         client.hdel(keys.serve_checkpoint, "watermark")
         client.hset(keys.serve_checkpoint, "repaired_ms", now)
     return report
+
+
+def _before(entry_id: str) -> str:
+    """The largest stream entry id below ``entry_id``."""
+    ms, seq = entry_order(entry_id)
+    return f"{ms}-{seq - 1}" if seq else f"{ms - 1}-18446744073709551615"
+
+
+def _rebuild(client: redis.Redis, key: str, delivered: str, chunk: int) -> None:
+    """Stream ``key`` made anew from its entries (same ids): its last id becomes the newest
+    entry's, and the consumer group :data:`GROUP` has delivered up to ``delivered``."""
+    from redis.cluster import RedisCluster
+
+    if isinstance(client, RedisCluster):
+        raise InvalidArgumentError(f"{key}'s last id lies in the future; on a Redis Cluster delete the stream's "
+                                   "entries from the future and recreate it by hand (RENAME cannot cross slots)")
+    tmp = f"{key}:repairing"
+    client.delete(tmp)
+    start = "-"
+    while True:
+        entries = client.xrange(key, min=start, max="+", count=chunk)
+        pipe = client.pipeline(transaction=False)
+        for eid, fields in entries:
+            pipe.xadd(tmp, fields, id=eid)
+        pipe.execute()
+        if len(entries) < chunk:
+            break
+        start = "(" + entries[-1][0]
+    pipe = client.pipeline(transaction=True)
+    pipe.xgroup_create(tmp, GROUP, id=delivered, mkstream=True)
+    pipe.rename(tmp, key)
+    pipe.execute()
 
 
 def _newest_left(client: redis.Redis, key: str, gone: set[str], chunk: int) -> str:
