@@ -65,6 +65,7 @@ JSON_INJECTED = [
     (json.dumps({**BASE, "id_str": "906", "text": "@bob 🥰 https://t.co/x"}), "no_keywords"),
     (json.dumps({k: v for k, v in BASE.items() if k != "id_str"}), "missing_id"),
     (json.dumps({**BASE, "created_at": "Fri Apr 22 18:00:00 +0000 2022"}), "duplicate_id"),  # older copy of 900
+    (json.dumps({**BASE, "id_str": "910", "created_at": "Sat Apr 23 18:00:00 +0000 2300"}), "future"),
 ]
 CSV_INJECTED = [
     ('7001,someone,Sat Apr 23 18:00:00 +0000 2022,-100.0', "malformed_csv"),
@@ -111,6 +112,12 @@ def test_rejects_keep_the_original_record(tweets_run):
     by_record = {r["record"]: r["reason"] for r in rejects}
     for record, reason in JSON_INJECTED + CSV_INJECTED:
         assert by_record[record] == reason, record
+    # A record from the future: its detail gives both times; the manifest the clock and bound.
+    clock = tweets_run["manifest"]["event_time"]["clock_ms"]
+    assert tweets_run["manifest"]["event_time"]["max_future_ms"] == 60_000
+    future = [r for r in rejects if r["reason"] == "future"]
+    assert len(future) == 1 and f"t={created_ms('Sat Apr 23 18:00:00 +0000 2300')}" in future[0]["detail"]
+    assert f"({clock})" in future[0]["detail"]
 
 
 def test_kept_tweets_from_both_forms(tweets_run):
