@@ -101,6 +101,7 @@ def ingest_tweets(paths: Sequence[str], out_dir: str, *, grid_n: int = DEFAULT_G
     when = _event_time(max_future_ms)
     frame = validate(tweet_candidates(spark, forms), stem=stem, **when)
     return write_outputs(frame, out, grid_n=grid_n, started=started, manifest={
-        "kind": "tweets", "synthetic": False, "inputs": files, "event_time": when, "forms": {k: len(v) for k, v in forms.items()},
+        "kind": "tweets", "synthetic": False, "inputs": files, "event_time": when,
+        "forms": {k: len(v) for k, v in forms.items()},
         "normalisation": {"stem": stem, "with_names": False},
     })

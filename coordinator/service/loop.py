@@ -165,7 +165,8 @@ class Service:
             table = stream_order(read_objects(self.config.objects_dir, OBJECT_COLUMNS), None).cast(OBJECT_SCHEMA)
             n = table.num_rows if self.config.initial is None else min(self.config.initial, table.num_rows)
             self._preload = table.slice(0, n)
-            check_objects_not_future(self._preload, self.config.limits.max_future_ms, "the preloaded objects (--objects)")
+            check_objects_not_future(self._preload, self.config.limits.max_future_ms,
+                                     "the preloaded objects (--objects)")
         else:
             self._model = LoadModel.uniform()
             self._preload = OBJECT_SCHEMA.empty_table()
@@ -458,8 +459,8 @@ class Service:
                 keep = [o.t > cutoff for o in parsed]
                 parsed = [o for o, k in zip(parsed, keep) if k]
                 sources = [e for e, k in zip(sources, keep) if k]
-                rejects += [(eid, fields, Rejected("late", f"t={o.t} <= watermark - window = {cutoff}"
-                                                                 f"{' (watermark: the largest t - the allowed lateness)' if window.lateness_ms else ''}"))
+                why = " (watermark: the largest t - the allowed lateness)" if window.lateness_ms else ""
+                rejects += [(eid, fields, Rejected("late", f"t={o.t} <= watermark - window = {cutoff}{why}"))
                             for eid, fields, o in late]
                 self.counters["late"] += len(late)
         table = objects_table(parsed)

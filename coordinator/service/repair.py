@@ -161,7 +161,8 @@ def repair_watermark(client: redis.Redis, keys: Keys, limits: Limits = DEFAULT_L
     if entry_time_ms(last) - clock > limits.max_future_ms:
         report.stream_last_id = (last, max(_newest_left(client, key, set(report.rejected), chunk), f"{clock}-0",
                                            key=entry_order))
-    report.reconsidered = len(_late_after(client, keys, min(report.rejected, key=entry_order))) if report.rejected else 0
+    if report.rejected:
+        report.reconsidered = len(_late_after(client, keys, min(report.rejected, key=entry_order)))
     if dry_run:
         return report
     now = int(time.time() * 1000)

@@ -16,8 +16,8 @@ from typing import Any
 
 from knnmon.errors import InvalidArgumentError, Rejected
 
-__all__ = ["DEFAULT_LIMITS", "DEFAULT_MAX_FUTURE_MS", "INT64_MAX", "INT64_MIN", "MAX_FIELD_BYTES", "MAX_ID_BYTES", "Limits",
-           "check_fields", "check_future", "check_keywords", "parse_id", "parse_k", "parse_point", "parse_query_id",
+__all__ = ["DEFAULT_LIMITS", "DEFAULT_MAX_FUTURE_MS", "INT64_MAX", "INT64_MIN", "MAX_FIELD_BYTES", "MAX_ID_BYTES",
+           "Limits", "check_fields", "check_future", "check_keywords", "parse_id", "parse_k", "parse_point", "parse_query_id",
            "parse_time"]
 
 #: Longest id, in UTF-8 bytes.

@@ -61,6 +61,15 @@ def publish(r: redis.Redis, keys: Keys, entries: list[dict]) -> None:
     pipe.execute()
 
 
+def registered(url: str, namespace: str, queries: pa.Table) -> tuple[redis.Redis, Keys]:
+    """A client, and the namespace's keys with ``queries`` waiting in its queries stream."""
+    r = redis.Redis.from_url(url, decode_responses=True)
+    keys = Keys(namespace)
+    for q in queries.to_pylist():
+        r.xadd(keys.ingest_queries, register_fields(q))
+    return r, keys
+
+
 def feed_lines(r: redis.Redis, keys: Keys) -> list[tuple[int, list[str]]]:
     by_version = defaultdict(list)
     for _, f in r.xrange(keys.changes):
@@ -81,16 +90,15 @@ def test_hostile_entries_change_nothing_else(redis_url, timed, window, lateness)
     states = {}
     for name in ("twin", "hostile"):
         ns = f"evt{time.monotonic_ns()}"
-        keys = Keys(ns)
-        for q in queries.to_pylist():
-            r.xadd(keys.ingest_queries, register_fields(q))
+        r, keys = registered(redis_url, ns, queries)
         with serve(redis_url, ns, window=window, lateness=lateness) as svc:
             publish(r, keys, [object_fields(o) for o in rows[:2000]])
             drain(svc)
             if name == "hostile":
                 q0 = queries.to_pylist()[0]
                 held = r.zrange(keys.result(q0["id"]), 0, 0)[0]
-                near = {"id": "evil", "lon": repr(q0["lon"]), "lat": repr(q0["lat"]), "keywords": " ".join(q0["keywords"])}
+                near = {"id": "evil", "lon": repr(q0["lon"]), "lat": repr(q0["lat"]),
+                        "keywords": " ".join(q0["keywords"])}
                 publish(r, keys, [{**near, "t": FAR},  # the watermark to the end of time
                                   {**near, "id": "evil-hour", "t": str(int(time.time() * 1000) + 3_600_000)},
                                   {**near, "id": held}])  # an object in a result, again, nearer
@@ -126,10 +134,7 @@ def test_an_entry_id_from_the_future_is_rejected_and_repaired(redis_url, namespa
     ``knnmon repair --watermark`` sets the stream's ids back to Redis's clock."""
     objects, queries = timed
     rows = objects.to_pylist()
-    r = redis.Redis.from_url(redis_url, decode_responses=True)
-    keys = Keys(namespace)
-    for q in queries.to_pylist():
-        r.xadd(keys.ingest_queries, register_fields(q))
+    r, keys = registered(redis_url, namespace, queries)
     # A query whose id is one of the service's own key names: its keys stay its own.
     r.xadd(keys.ingest_queries, {**register_fields(queries.to_pylist()[1]), "id": "ingest:objects"})
     with serve(redis_url, namespace, window=1500 * SECOND) as svc:
@@ -161,10 +166,7 @@ def test_a_poisoned_watermark_is_refused_at_start_and_repaired(redis_url, namesp
     the repair; after it, the objects rejected as late count again and the results are exact."""
     objects, queries = timed
     rows = objects.to_pylist()
-    r = redis.Redis.from_url(redis_url, decode_responses=True)
-    keys = Keys(namespace)
-    for q in queries.to_pylist():
-        r.xadd(keys.ingest_queries, register_fields(q))
+    r, keys = registered(redis_url, namespace, queries)
     # A forged query hash (a client with write access to Redis): left out at recovery, not loaded.
     r.hset(keys.query("forged"), mapping={"lon": "1", "lat": "2", "keywords": "coffee", "k": str(10**12)})
     r.sadd(keys.queries, "forged")
