@@ -119,14 +119,14 @@ class BenchConfig:
             raise InvalidArgumentError(f"--check-sample must be >= 1; got {self.check_sample}")
         RunConfig(workers=1, initial=self.initial, batch=self.batch, batches=self.batches, window=self.window,
                   allowed_lateness=self.allowed_lateness, arrival_ms=self.arrival_ms)  # same checks
+        if not os.path.isfile(os.path.join(self.objects, "manifest.json")):
+            raise InputPathError(f"{self.objects} is not an ingest output (no manifest.json): "
+                                 f"run `knnmon ingest ... --out {self.objects}` first")
 
     @property
     def limits(self) -> Limits:
         """The bounds on input: only ``--max-future`` is a bench flag."""
         return Limits(max_future_ms=self.max_future_ms)
-        if not os.path.isfile(os.path.join(self.objects, "manifest.json")):
-            raise InputPathError(f"{self.objects} is not an ingest output (no manifest.json): "
-                                 f"run `knnmon ingest ... --out {self.objects}` first")
 
 
 def machine_info() -> dict[str, Any]:
