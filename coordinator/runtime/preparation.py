@@ -133,10 +133,10 @@ def check_objects_not_future(objects: pa.Table, max_future_ms: int | None, what:
     """
     if max_future_ms is None or not objects.num_rows:
         return
-    t = objects.column("t").to_numpy()
-    if int(t.max()) - int(time.time() * 1000) <= max_future_ms:
+    t, now = objects.column("t").to_numpy(), int(time.time() * 1000)
+    if int(t.max()) - now <= max_future_ms:
         return  # the common case: no id column read
-    check_no_future(objects.column("id").to_pylist(), t, int(time.time() * 1000), max_future_ms, what)
+    check_no_future(objects.column("id").to_pylist(), t, now, max_future_ms, what)
 
 
 def prepare_tables(model: Any, queries: pa.Table, initial: pa.Table, stream: pa.Table, *, processes: int = 2,

@@ -228,6 +228,7 @@ class Service:
         self.counters["objects_entries_read"] -= len(gone)  # the stream's length no longer counts them
         for _, _, r in rejects:
             self.rejects_by_reason[r.reason] = self.rejects_by_reason.get(r.reason, 0) + 1
+        self.counters["future"] += len(gone)
 
     # -- the loop ----------------------------------------------------------------------------
     def run(self, *, max_batches: int | None = None, idle_exit_s: float | None = None,
@@ -449,8 +450,6 @@ class Service:
                 sources.append((eid, fields))
             except Rejected as r:
                 rejects.append((eid, fields, r))
-                if r.reason == "future":
-                    self.counters["future"] += 1
         window = rt.dispatcher.window
         if window is not None and parsed:  # late: expired at the watermark this batch moves to
             cutoff = window.cutoff_after([o.t for o in parsed])

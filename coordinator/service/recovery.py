@@ -32,7 +32,8 @@ from knnmon.keys import Keys
 from knnmon.limits import DEFAULT_LIMITS, Limits, check_keywords, parse_k, parse_point, parse_query_id
 from knnmon.query import Query, QueryColumns
 
-__all__ = ["OBJECT_SCHEMA", "Recovered", "create_groups", "feed_version", "objects_table", "read_queries", "recover"]
+__all__ = ["OBJECT_SCHEMA", "Recovered", "check_event_time", "checkpoint_watermark", "create_groups", "feed_version",
+           "objects_table", "read_queries", "recover"]
 
 log = logging.getLogger("knnmon.serve")
 
@@ -168,11 +169,7 @@ def check_event_time(client: redis.Redis, keys: Keys, limits: Limits, poisoned: 
     if clock is None:
         return
     bound = limits.max_future_ms
-    raw = client.hget(keys.serve_checkpoint, "watermark")
-    try:
-        watermark = int(raw) if raw not in (None, "") else None
-    except ValueError:
-        watermark = None  # not a number: no watermark (nothing reads it back but this check)
+    _, watermark = checkpoint_watermark(client.hgetall(keys.serve_checkpoint))
     ahead = watermark is not None and watermark - clock > 2 * bound
     if not poisoned and not ahead:
         return
@@ -187,8 +184,21 @@ def check_event_time(client: redis.Redis, keys: Keys, limits: Limits, poisoned: 
         "refusing to start: " + "; ".join(what) + ". An earlier knnmon (or one with --max-future off) applied them, "
         "so a window expired every object before them and rejected newer ones as late. Starting without them would "
         "change the results silently. Stop here and run `knnmon repair --watermark` (same --redis/--namespace): it "
-        "rejects those entries as `future`, gives the objects rejected as late after them back to the stream, and "
-        "the next start recomputes every result exactly; or start with --max-future off to keep them")
+        "rejects those entries as `future`, and the next start recomputes every result exactly, the objects "
+        "rejected as late because of them included; or start with --max-future off to keep them")
+
+
+def checkpoint_watermark(checkpoint: dict[str, str]) -> tuple[str | None, int | None]:
+    """The ``watermark`` field of a ``knn:serve:checkpoint`` hash: as stored (``None``: none),
+    and as a number (``None``: none, or not a number; nothing reads it back but the start-up
+    check and the repair)."""
+    raw = checkpoint.get("watermark")
+    if raw in (None, ""):
+        return None, None
+    try:
+        return raw, int(raw)
+    except ValueError:
+        return raw, None
 
 
 def read_queries(client: redis.Redis, keys: Keys, chunk: int = 10_000, limits: Limits = DEFAULT_LIMITS) -> list[Query]:

@@ -41,6 +41,7 @@ import redis
 from knnmon.coordinator.service.acks import REJECTS_MAXLEN
 from knnmon.coordinator.service.protocol import (GROUP, entry_order, entry_time_ms, group_info, parse_object,
                                                  redis_clock_ms)
+from knnmon.coordinator.service.recovery import checkpoint_watermark
 from knnmon.errors import InvalidArgumentError, Rejected
 from knnmon.keys import Keys
 from knnmon.limits import DEFAULT_LIMITS, Limits
@@ -119,9 +120,8 @@ def repair_watermark(client: redis.Redis, keys: Keys, limits: Limits = DEFAULT_L
     Raises
     ------
     InvalidArgumentError
-        ``--max-future off``: with no bound nothing is from the future.
-    InvalidArgumentError
-        The stream's last id must go back on a Redis Cluster.
+        ``--max-future off`` (with no bound nothing is from the future), or the stream's last id
+        must go back on a Redis Cluster.
     """
     if limits.max_future_ms is None:
         raise InvalidArgumentError("repair --watermark needs a bound: --max-future off makes nothing from the future")
@@ -130,12 +130,9 @@ def repair_watermark(client: redis.Redis, keys: Keys, limits: Limits = DEFAULT_L
     report = WatermarkRepair(clock, dry_run)
     checkpoint = client.hgetall(keys.serve_checkpoint)
     report.trimmed_below = checkpoint.get("trimmed_below")
-    try:
-        if checkpoint.get("watermark") not in (None, "") and \
-                int(checkpoint["watermark"]) - clock > 2 * limits.max_future_ms:
-            report.checkpoint_watermark = checkpoint["watermark"]
-    except ValueError:
-        report.checkpoint_watermark = checkpoint["watermark"]
+    raw, watermark = checkpoint_watermark(checkpoint)
+    if raw is not None and (watermark is None or watermark - clock > 2 * limits.max_future_ms):
+        report.checkpoint_watermark = raw  # ahead of every bound, or not a number
     if not client.exists(key):
         return report
     pending = set()
@@ -143,17 +140,8 @@ def repair_watermark(client: redis.Redis, keys: Keys, limits: Limits = DEFAULT_L
     if group is not None and group["pending"]:
         pending = {r["message_id"] for r in client.xpending_range(key, GROUP, min="-", max="+",
                                                                   count=group["pending"])}
-    poisoned: list[tuple[str, dict, Rejected]] = []
-    start = "-"
-    while True:
-        entries = client.xrange(key, min=start, max="+", count=chunk)
-        for eid, fields in entries:
-            r = _future(eid, fields, limits, clock)
-            if r is not None:
-                poisoned.append((eid, fields, r))
-        if len(entries) < chunk:
-            break
-        start = "(" + entries[-1][0]
+    poisoned = [(eid, fields, r) for eid, fields in _scan(client, key, chunk)
+                if (r := _future(eid, fields, limits, clock)) is not None]
     report.rejected = [eid for eid, _, _ in poisoned]
     info = client.xinfo_stream(key)
     last = info["last-generated-id"]
@@ -162,7 +150,7 @@ def repair_watermark(client: redis.Redis, keys: Keys, limits: Limits = DEFAULT_L
         report.stream_last_id = (last, max(_newest_left(client, key, set(report.rejected), chunk), f"{clock}-0",
                                            key=entry_order))
     if report.rejected:
-        report.reconsidered = len(_late_after(client, keys, min(report.rejected, key=entry_order)))
+        report.reconsidered = _late_after(client, keys, min(report.rejected, key=entry_order))
     if dry_run:
         return report
     now = int(time.time() * 1000)
@@ -201,16 +189,12 @@ def _rebuild(client: redis.Redis, key: str, delivered: str, chunk: int) -> None:
                                    "entries from the future and recreate it by hand (RENAME cannot cross slots)")
     tmp = f"{key}:repairing"
     client.delete(tmp)
-    start = "-"
-    while True:
-        entries = client.xrange(key, min=start, max="+", count=chunk)
-        pipe = client.pipeline(transaction=False)
-        for eid, fields in entries:
-            pipe.xadd(tmp, fields, id=eid)
-        pipe.execute()
-        if len(entries) < chunk:
-            break
-        start = "(" + entries[-1][0]
+    pipe = client.pipeline(transaction=False)
+    for i, (eid, fields) in enumerate(_scan(client, key, chunk), 1):
+        pipe.xadd(tmp, fields, id=eid)
+        if i % chunk == 0:
+            pipe.execute()
+    pipe.execute()
     pipe = client.pipeline(transaction=True)
     pipe.xgroup_create(tmp, GROUP, id=delivered, mkstream=True)
     pipe.rename(tmp, key)
@@ -230,15 +214,20 @@ def _newest_left(client: redis.Redis, key: str, gone: set[str], chunk: int) -> s
         end = "(" + got[-1][0]
 
 
-def _late_after(client: redis.Redis, keys: Keys, first: str, chunk: int = 10_000) -> list[tuple[str, dict]]:
-    """Rejects of reason ``late`` of object entries after entry ``first``: (reject id, fields)."""
-    out, start = [], "-"
+def _late_after(client: redis.Redis, keys: Keys, first: str, chunk: int = 10_000) -> int:
+    """How many rejects of reason ``late`` are of object entries after entry ``first``."""
     after = entry_order(first)
+    return sum(1 for _, f in _scan(client, keys.ingest_rejects, chunk)
+               if f.get("_reason") == "late" and f.get("_stream") == keys.ingest_objects
+               and f.get("_entry") and entry_order(f["_entry"]) > after)
+
+
+def _scan(client: redis.Redis, key: str, chunk: int):
+    """Every entry ``(id, fields)`` of stream ``key``, oldest first, read ``chunk`` at a time."""
+    start = "-"
     while True:
-        entries = client.xrange(keys.ingest_rejects, min=start, max="+", count=chunk)
-        out += [(rid, f) for rid, f in entries
-                if f.get("_reason") == "late" and f.get("_stream") == keys.ingest_objects
-                and f.get("_entry") and entry_order(f["_entry"]) > after]
+        entries = client.xrange(key, min=start, max="+", count=chunk)
+        yield from entries
         if len(entries) < chunk:
-            return out
+            return
         start = "(" + entries[-1][0]
