@@ -18,19 +18,20 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
-from knnmon.arrays import run_starts, runs, with_capacity
+from knnmon.arrays import runs, with_capacity
 from knnmon.batch import BatchChanges, ObjectBatch, ObjectInfo, Refills, WorkerReport, WriteFigures
 from knnmon.encoding import id_prefix_keys
 from knnmon.errors import InvalidArgumentError, InvalidQueryError
 from knnmon.geo import chord2_bound, haversine_m, unit_vectors
 from knnmon.heap import give_back, resident_bytes
 from knnmon.query import QueryColumns
+from knnmon.workers import kernels
 from knnmon.workers.keyword_lists import KeywordLists
 from knnmon.workers.handover import Handover
 from knnmon.workers.query_index import QueryIndex
@@ -39,7 +40,7 @@ from knnmon.workers.result_writer import ResultWriter
 from knnmon.workers.rtree_index import RTreeIndex, SearchGroup
 from knnmon.workers.write_queue import WriteQueue
 
-__all__ = ["INDEXES", "MAX_RELEASE_GROUPS", "NO_TIME", "KnnWorker", "sjf_groups"]
+__all__ = ["INDEXES", "MAX_RELEASE_GROUPS", "NO_TIME", "KnnWorker", "Merge", "sjf_groups"]
 
 #: The time of an object whose time a worker was not told (it never expires).
 NO_TIME = np.iinfo(np.int64).max
@@ -96,12 +97,63 @@ def _mb(n: int | None) -> float | None:
 
 
 def _warm_up() -> None:
-    """Load pyarrow's compute kernels now: in a fresh worker process their first use costs
-    ~0.2-0.6 s, which would otherwise land on the first batch's update time."""
+    """Load pyarrow's compute kernels and compile (or load) the worker's numba kernels now: in a
+    fresh worker process their first use costs ~0.2-0.6 s, which would otherwise land on the
+    first batch's update time."""
     import pyarrow as pa
+
+    kernels.compile_kernels()
 
     t = pa.table({"id": ["a"], "keywords": [["b"]]})
     t.take(np.array([0])).column("keywords").to_pylist()
+
+
+@dataclass
+class Merge:
+    """What merging a batch's pairs changed (:meth:`KnnWorker._update`). Arrays ``(x,)``;
+    entered and left entries grouped by slot in slot order.
+
+    ``passed``: pairs within ``r_q``; ``changed``: sorted slots whose kept list gained an entry
+    (without a reserve, whose result changed); ``in_result``: sorted slots a new entry entered
+    the result (the first ``k``) of; entered ``e_slot``, ``e_obj`` (batch position), ``e_d``
+    (meters), ``e_place`` (its place in the flat lists), ``e_h`` (its handle); left ``l_slot``,
+    ``l_h``; ``b_slot``, ``b_h``: the changed lists' results before the merge;
+    ``entered_obj``: the sorted batch positions of the objects that entered.
+    """
+
+    ARRAYS: ClassVar[tuple[str, ...]] = ("changed", "in_result", "e_slot", "e_obj", "e_d", "e_place", "l_slot",
+                                          "l_h", "b_slot", "b_h")
+
+    passed: int
+    changed: np.ndarray
+    in_result: np.ndarray
+    e_slot: np.ndarray
+    e_obj: np.ndarray
+    e_d: np.ndarray
+    e_place: np.ndarray
+    l_slot: np.ndarray
+    l_h: np.ndarray
+    b_slot: np.ndarray
+    b_h: np.ndarray
+    e_h: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+    entered_obj: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+
+    @property
+    def before(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.b_slot, self.b_h
+
+    def plus(self, other: Merge) -> Merge:
+        """Both merges' entries (of disjoint slots), regrouped in slot order."""
+        def cat(names: tuple[str, ...], key: str) -> list[np.ndarray]:
+            arrays = [np.concatenate([getattr(self, n), getattr(other, n)]) for n in names]
+            order = np.argsort(arrays[names.index(key)], kind="stable")
+            return [a[order] for a in arrays]
+
+        e = cat(("e_slot", "e_obj", "e_d", "e_place"), "e_slot")
+        lv = cat(("l_slot", "l_h"), "l_slot")
+        b = cat(("b_slot", "b_h"), "b_slot")
+        return Merge(self.passed + other.passed, np.union1d(self.changed, other.changed),
+                     np.union1d(self.in_result, other.in_result), *e, *lv, *b)
 
 
 class KnnWorker(Handover):
@@ -639,16 +691,16 @@ class KnnWorker(Handover):
         self.refills += len(slots)
 
     def _window_changes(self, ids: Sequence[str], lon: np.ndarray, lat: np.ndarray, t: np.ndarray,
-                        keywords: Sequence[Sequence[str]], m: dict[str, Any] | None) -> tuple[BatchChanges, np.ndarray]:
+                        keywords: Sequence[Sequence[str]], m: Merge | None) -> tuple[BatchChanges, np.ndarray]:
         """The batch's changes when an expiry touched results: each touched or changed result's
         difference to what Redis holds (before the expiry, or before the merge), as
         :class:`BatchChanges`, and the sorted slots written."""
         none = np.empty(0, dtype=np.int64)
         old_slot, old_h = self._before if self._before is not None else (none, none)
         touched = np.unique(old_slot)
-        merged = m["in_result"] if m is not None else none
+        merged = m.in_result if m is not None else none
         if len(merged):
-            b_slot, b_h = m["before"]
+            b_slot, b_h = m.before
             fresh = np.zeros(len(self.k), dtype=bool)
             fresh[merged] = True
             fresh[touched] = False  # an expired result's 'before' is the expiry's
@@ -699,129 +751,72 @@ class KnnWorker(Handover):
                     pair_code.append(c)
         return np.asarray(pair_obj, dtype=np.int64), np.asarray(pair_code, dtype=np.int64)
 
-    def _passed(self, lon: np.ndarray, lat: np.ndarray, pair_obj: np.ndarray, pair_code: np.ndarray
-                ) -> tuple[tuple[np.ndarray, np.ndarray], np.ndarray, np.ndarray, np.ndarray]:
-        """The candidate (object, slot) pairs, then the (object, slot, distance m) pairs within
-        ``r_q``: one per pair, sorted by (slot, distance, object), only each query's ``k``
-        nearest (ties at the k-th kept, so ties by id are decided exactly in the merge)."""
-        obj, slot = self.index.candidates(lon, lat, pair_obj, pair_code)
-        return (obj, slot), *self._within(lon, lat, obj, slot)
-
-    def _within(self, lon: np.ndarray, lat: np.ndarray, obj: np.ndarray, slot: np.ndarray
-                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """:meth:`_passed` after the index: of the candidate pairs ``(obj, slot)``, the
-        (object, slot, distance m) pairs within ``r_q``, sorted and cut as it says."""
-        # Pre-test on the chord: 2 - 2 o.q <= T  <=>  (o, 1/2).(q, T) >= 1; one row per candidate
-        # (np.take: several times faster than fancy indexing of rows), no trigonometry.
-        o4 = np.column_stack([unit_vectors(lon, lat), np.full(len(lon), 0.5)])
-        near = np.einsum("ij,ij->i", np.take(o4, obj, axis=0), np.take(self.reach, slot, axis=0)) >= 1.0
-        obj, slot = obj[near], slot[near]
+    def _update(self, ids: Sequence[str], times: np.ndarray, lon: np.ndarray, lat: np.ndarray, obj: np.ndarray,
+                slot: np.ndarray) -> Merge | None:
+        """Merge a batch's candidate pairs ``(obj, slot)`` (``(c,)`` int64 each, from the query
+        index) into the touched queries' top-k lists: the chord pre-test, the haversine distance
+        and the merge with ties by id, in :mod:`~knnmon.workers.kernels`; then handles for the
+        objects that entered. ``None`` if no pair lies within its ``r_q``."""
+        if not len(obj):
+            return None
+        u = unit_vectors(lon, lat)
+        sel = kernels.chord_pretest(*(np.ascontiguousarray(u[:, i]) for i in range(3)), obj, slot, self.reach)
+        obj, slot = obj[sel], slot[sel]
         d = haversine_m(lon[obj], lat[obj], self.lon[slot], self.lat[slot])
-        ok = d <= self.radius[slot]
-        obj, slot, d = obj[ok], slot[ok], d[ok]
-        order = np.lexsort((obj, d, slot))
-        obj, slot, d = obj[order], slot[order], d[order]
-        first = np.ones(len(slot), dtype=bool)  # a query sharing 2 keywords with an object: once
-        first[1:] = (slot[1:] != slot[:-1]) | (obj[1:] != obj[:-1])
-        obj, slot, d = obj[first], slot[first], d[first]
-        start, count = run_starts(slot)
-        kk = self.cap[slot]
-        kth = d[np.where(count >= kk, start + kk - 1, start + count - 1)]
-        keep = d <= kth
-        return obj[keep], slot[keep], d[keep]
-
-    def _merge(self, ids: Sequence[str], times: np.ndarray, obj: np.ndarray, slot: np.ndarray, d: np.ndarray
-               ) -> dict[str, Any]:
-        """Merge a batch's passed pairs into the touched queries' top-k, all queries at once.
-
-        The old entries and the new pairs of every touched query are sorted together by
-        (slot, distance); a query keeps its first ``k`` (with a reserve, ``k + reserve``: its
-        result is the first ``k``). Where entries at equal distance straddle the k-th (or the
-        last kept) place, they are ordered by object id (one string sort over those entries
-        only), so the kept set is the exact kNN with ties broken by id.
-
-        Returns
-        -------
-        dict
-            ``changed`` (sorted slots whose kept list changed; without a reserve, whose result
-            changed), ``ent`` / ``left`` (masks over the merged arrays ``S``, ``D``, ``H``: new
-            entries that were kept, old ones that were dropped), ``before`` (``(slot, handle)``
-            of the changed lists' results before), ``in_result`` (slots a new entry entered the
-            result of), ``entered_obj`` (batch positions of the kept new objects).
-        """
-        touched = slot[np.r_[True, slot[1:] != slot[:-1]]]
-        held = self.count[touched]
-        at = runs(self.top_ptr[touched], held)  # the touched queries' filled places
-        S = np.concatenate([np.repeat(touched, held), slot])
-        D = np.concatenate([np.take(self.top_d, at), d])
-        H = np.concatenate([np.take(self.top_h, at), -1 - obj])  # negative: -1 - the object's batch position
-        order = np.lexsort((D, S))
-        S, D, H = S[order], D[order], H[order]
-        pos = np.arange(len(S)) - run_starts(S)[0]  # place within its query
-        order = self._order_ties(ids, S, D, H, pos)
-        if order is not None:
-            D, H = D[order], H[order]  # S is unchanged within a run of ties
-        kept = pos < self.cap[S]
-        new = H < 0
-        ent, left = kept & new, ~kept & ~new
-        changed = np.unique(S[ent])
-        n_res = np.minimum(self.count[changed], self.k[changed])  # the results before, for a diff
-        before = (np.repeat(changed, n_res), self.top_h[runs(self.top_ptr[changed], n_res)])
-        # Handles for the objects that entered; write the changed rows back.
-        entered_obj = -1 - H[ent]
-        uniq = np.unique(entered_obj)
+        within = np.unique(obj[d <= self.radius[slot]])
+        if not len(within):
+            return None
+        okey = np.zeros(len(lon), dtype=np.uint64)
+        okey[within] = id_prefix_keys([ids[j] for j in within.tolist()])
+        (passed, changed, in_result, e_slot, e_obj, e_d, e_place, l_slot, l_h, b_slot, b_h, fallback, f_slot, f_obj,
+         f_d) = kernels.merge_topk(obj, slot, d, okey, self.radius, self.k, self.cap, self.top_ptr, self.count,
+                                   self.top_d, self.top_h, self._oid_key, len(lon))
+        m = Merge(int(passed[0]), changed, in_result, e_slot, e_obj, e_d, e_place, l_slot, l_h, b_slot, b_h)
+        if len(fallback):
+            m = m.plus(self._merge_by_ids(ids, fallback, f_slot, f_obj, f_d))
+        uniq = np.unique(m.e_obj)
         handles = np.array([self._handle(ids[j], int(times[j])) for j in uniq.tolist()], dtype=np.int64)
-        H[ent] = handles[np.searchsorted(uniq, entered_obj)]
+        m.e_h = handles[np.searchsorted(uniq, m.e_obj)]
+        m.entered_obj = uniq
+        self.top_h[m.e_place] = m.e_h
         self._key_handles()
-        is_changed = np.zeros(len(self.k), dtype=bool)
-        is_changed[changed] = True
-        put = kept & is_changed[S]
-        place = self.top_ptr[S[put]] + pos[put]
-        self.top_d[place] = D[put]
-        self.top_h[place] = H[put]
-        self.count[changed] = np.bincount(S[put], minlength=len(self.k))[changed]
-        in_result = np.unique(S[ent & (pos < self.k[S])])  # an entry into the reserve changes no result
-        return {"changed": changed, "S": S, "D": D, "H": H, "ent": ent, "left": left, "before": before,
-                "in_result": in_result, "entered_obj": uniq}
+        return m
 
-    def _order_ties(self, ids: Sequence[str], S: np.ndarray, D: np.ndarray, H: np.ndarray, pos: np.ndarray
-                    ) -> np.ndarray | None:
-        """The permutation that orders by object id the runs of equal (query, distance) that
-        straddle their query's k-th place or, with a reserve, its last place (``None`` if there
-        are none); arrays as in :meth:`_merge`.
-
-        Only those runs decide by id which entries are kept; elsewhere the order within a run
-        does not matter (a row stores its ties in any order and :meth:`result` orders them).
-        Places share coordinates often, so such runs are common (docs/runtime.md counts them).
-        They are sorted on the ids' 8-byte prefix keys, and with the ids themselves only
-        if two entries of a run share a prefix key.
-        """
-        eq = (S[1:] == S[:-1]) & (D[1:] == D[:-1])
-        if not eq.any():
-            return None
-        start = np.flatnonzero(np.r_[True, ~eq])
-        end = np.r_[start[1:], len(S)] - 1
-        k, cap = self.k[S[start]], self.cap[S[start]]
-        straddle = ((pos[start] < cap) & (pos[end] >= cap)) | ((pos[start] < k) & (pos[end] >= k))
-        if not straddle.any():
-            return None
-        run = np.cumsum(np.r_[True, ~eq]) - 1
-        at = np.flatnonzero(straddle[run])
-        h = H[at]
-        new = h < 0
-        key = np.empty(len(at), dtype=np.uint64)
-        key[new] = id_prefix_keys([ids[-1 - j] for j in h[new].tolist()])
-        key[~new] = self._oid_key[h[~new]]
-        run = run[at]
-        by = np.lexsort((key, run))
-        r, kk = run[by], key[by]
-        if ((r[1:] == r[:-1]) & (kk[1:] == kk[:-1])).any():  # shared prefixes: compare the ids
-            names = np.array([ids[-1 - j] if j < 0 else self.oids[j] for j in h.tolist()], dtype=object)
-            by_id = np.argsort(names, kind="stable")
-            by = by_id[np.argsort(run[by_id], kind="stable")]
-        order = np.arange(len(S))
-        order[at] = at[by]
-        return order
+    def _merge_by_ids(self, ids: Sequence[str], slots: np.ndarray, f_slot: np.ndarray, f_obj: np.ndarray,
+                      f_d: np.ndarray) -> Merge:
+        """:func:`~knnmon.workers.kernels.merge_topk` for the queries it left to the ids
+        themselves (entries at equal distance sharing an 8-byte id prefix across the ``k``-th or
+        last place): each list and its new pairs sorted by (distance, id) in Python."""
+        out: dict[str, list] = {name: [] for name in Merge.ARRAYS}
+        for s in slots.tolist():
+            a, c, kk, cp = int(self.top_ptr[s]), int(self.count[s]), int(self.k[s]), int(self.cap[s])
+            mine = f_slot == s
+            merged = sorted([(d, self.oids[h], h) for d, h in zip(self.top_d[a:a + c].tolist(),
+                                                                   self.top_h[a:a + c].tolist())]
+                            + [(d, ids[o], -1 - o) for d, o in zip(f_d[mine].tolist(), f_obj[mine].tolist())])
+            kept = merged[:cp]
+            new_at = [i for i, e in enumerate(kept) if e[2] < 0]
+            if not new_at:
+                continue
+            out["changed"].append(s)
+            if new_at[0] < kk:
+                out["in_result"].append(s)
+            out["b_slot"] += [s] * min(c, kk)
+            out["b_h"] += self.top_h[a:a + min(c, kk)].tolist()
+            for i in new_at:
+                out["e_slot"].append(s)
+                out["e_obj"].append(-1 - kept[i][2])
+                out["e_d"].append(kept[i][0])
+                out["e_place"].append(a + i)
+            for d, _, h in merged[cp:]:
+                if h >= 0:
+                    out["l_slot"].append(s)
+                    out["l_h"].append(h)
+            self.top_d[a:a + len(kept)] = [e[0] for e in kept]
+            self.top_h[a:a + len(kept)] = [e[2] for e in kept]
+            self.count[s] = len(kept)
+        return Merge(0, **{name: np.asarray(v, dtype=np.float64 if name == "e_d" else np.int64)
+                           for name, v in out.items()})
 
     def process_batch(self, batch: int, ids: Sequence[str], lon: np.ndarray, lat: np.ndarray, t: np.ndarray,
                       keywords: Sequence[Sequence[str]], pairs: tuple[np.ndarray, np.ndarray] | None = None, *,
@@ -872,29 +867,15 @@ class KnnWorker(Handover):
             return replace(report, busy_s=time.perf_counter() - t0,
                            cpu_s=time.thread_time() - c0 + report.redis_server_s,
                            refilled=len(refills.qids) if refills is not None else 0)
-        candidates, obj, slot, d = None, *(np.empty(0, dtype=np.int64),) * 2, np.empty(0)
+        obj = slot = np.empty(0, dtype=np.int64)
         if len(ids):
             po, pc_ = pairs if pairs is not None else self.encode(keywords)
-            candidates, obj, slot, d = self._passed(lon, lat, po, pc_)
-        n_candidates = len(candidates[0]) if candidates is not None else 0
-        changed = np.empty(0, dtype=np.int64)
-        m = self._merge(ids, t, obj, slot, d) if len(slot) else None
-        if m is not None:
-            changed = m["changed"]
-        if self._details is not None and m is not None:
-            for j in m["entered_obj"].tolist():
-                self._details[ids[j]] = ObjectInfo(float(lon[j]), float(lat[j]), int(t[j]), keywords[j])
-        if self.track_load and candidates is not None:
-            self.load.charge(*candidates, changed)
-        written = changed
-        changes = None
-        if self._before is not None or self.reserve:  # expiries or a reserve: diff the results whole
-            changes, written = self._window_changes(ids, lon, lat, t, keywords, m)
+            obj, slot = self.index.candidates(lon, lat, po, pc_)
+        m, changed, changes, written = self._apply(ids, lon, lat, t, keywords, obj, slot)
         busy_core = time.perf_counter() - t0
         t1 = time.perf_counter()
         server_s = 0.0
         if len(written) and self.writer is not None:
-            changes = changes if changes is not None else self._changes(ids, lon, lat, t, keywords, m)
             if self.queue is not None:
                 self.queue.submit_batch(batch, changes)
             else:
@@ -910,11 +891,32 @@ class KnnWorker(Handover):
         if self.release_groups > 1:  # (one object, or queued writes: released whole, now)
             rows = np.arange(len(ids), dtype=np.int64) if rows is None else np.asarray(rows, dtype=np.int64)
             released = (rows, np.full(len(ids), time.time() * 1e3))
-        return WorkerReport(worker=self.worker_id, batch=batch, objects=len(ids), candidates=n_candidates,
-                            passed=len(slot), changed=len(written), busy_s=busy_core + redis_s + index_s,
+        return WorkerReport(worker=self.worker_id, batch=batch, objects=len(ids), candidates=len(obj),
+                            passed=m.passed if m is not None else 0, changed=len(written), busy_s=busy_core + redis_s + index_s,
                             cpu_s=time.thread_time() - c0 + server_s, redis_s=redis_s, redis_server_s=server_s,
                             index_s=index_s, write_queued=self.queue is not None and bool(len(written)),
                             refilled=len(refills.qids) if refills is not None else 0, released=released)
+
+    def _apply(self, ids: Sequence[str], lon: np.ndarray, lat: np.ndarray, t: np.ndarray,
+               keywords: Sequence[Sequence[str]], obj: np.ndarray, slot: np.ndarray
+               ) -> tuple[Merge | None, np.ndarray, BatchChanges | None, np.ndarray]:
+        """One batch (or one part of it): merge the candidate pairs ``(obj, slot)`` (:meth:`_update`),
+        keep the entered objects' details (a reserve), charge the load, and build the changes
+        to write: ``(merge, changed slots, changes or None, written slots)``. With an expiry not
+        yet written or a reserve, the changed results are diffed whole (:meth:`_window_changes`)."""
+        m = self._update(ids, t, lon, lat, obj, slot)
+        changed = m.changed if m is not None else np.empty(0, dtype=np.int64)
+        if m is not None and self._details is not None:
+            for j in m.entered_obj.tolist():
+                self._details[ids[j]] = ObjectInfo(float(lon[j]), float(lat[j]), int(t[j]), keywords[j])
+        if self.track_load:
+            self.load.charge(obj, slot, changed)
+        changes, written = None, changed
+        if self._before is not None or (m is not None and self.reserve):
+            changes, written = self._window_changes(ids, lon, lat, t, keywords, m)
+        elif len(changed) and self.writer is not None:
+            changes = self._changes(ids, lon, lat, t, keywords, m)
+        return m, changed, changes, written
 
     def _groups(self, lon: np.ndarray, lat: np.ndarray, pair_obj: np.ndarray, pair_code: np.ndarray
                 ) -> Iterator[SearchGroup]:
@@ -961,20 +963,8 @@ class KnnWorker(Handover):
         for g, grp in enumerate(groups):
             last = g == n_groups - 1
             n_candidates += len(grp.obj)
-            obj, slot, d = self._within(lon, lat, grp.obj, grp.slot) if len(grp.obj) else (none, none, np.empty(0))
-            n_passed += len(slot)
-            m = self._merge(ids, t, obj, slot, d) if len(slot) else None
-            changed = m["changed"] if m is not None else none
-            if m is not None and self._details is not None:
-                for j in m["entered_obj"].tolist():
-                    self._details[ids[j]] = ObjectInfo(float(lon[j]), float(lat[j]), int(t[j]), keywords[j])
-            if self.track_load:
-                self.load.charge(grp.obj, grp.slot, changed)
-            changes, written = None, changed
-            if m is not None and self.reserve:
-                changes, written = self._window_changes(ids, lon, lat, t, keywords, m)
-            elif len(changed):
-                changes = self._changes(ids, lon, lat, t, keywords, m)
+            m, changed, changes, written = self._apply(ids, lon, lat, t, keywords, grp.obj, grp.slot)
+            n_passed += m.passed if m is not None else 0
             if len(written) or (last and part > 0):
                 write(changes, grp.objects, last)
                 n_written += len(written)
@@ -1046,13 +1036,11 @@ class KnnWorker(Handover):
         return replace(report, busy_s=report.busy_s + wall, cpu_s=report.cpu_s + cpu)
 
     def _changes(self, ids: Sequence[str], lon: np.ndarray, lat: np.ndarray, t: np.ndarray,
-                 keywords: Sequence[Sequence[str]], m: dict[str, Any]) -> BatchChanges:
-        """A batch's changes from :meth:`_merge`'s arrays (no reserve, no expiry: every kept new
+                 keywords: Sequence[Sequence[str]], m: Merge) -> BatchChanges:
+        """A batch's changes from :meth:`_update`'s merge (no reserve, no expiry: every kept new
         entry entered a result, every dropped old one left it), per changed query in slot order."""
-        S, D, H, ent, left = m["S"], m["D"], m["H"], m["ent"], m["left"]
-        info = {ids[j]: ObjectInfo(float(lon[j]), float(lat[j]), int(t[j]), keywords[j])
-                for j in m["entered_obj"].tolist()}
-        return self._batch_changes(m["changed"], S[ent], H[ent], D[ent], S[left], H[left], info)
+        info = {ids[j]: ObjectInfo(float(lon[j]), float(lat[j]), int(t[j]), keywords[j]) for j in m.entered_obj.tolist()}
+        return self._batch_changes(m.changed, m.e_slot, m.e_h, m.e_d, m.l_slot, m.l_h, info)
 
     def stats(self) -> dict[str, Any]:
         """Queries held, index entries, queries re-indexed so far, list entries expired and results

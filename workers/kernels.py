@@ -1,0 +1,265 @@
+"""The worker's compiled kernels (numba): one pass per step of a batch, no Python per pair.
+
+A batch's candidate (object, query) pairs come from the query index; then (``SPEC.md``, "The
+worker"; Tsuruoka et al. 2019, §4.4, steps 2-3):
+
+1. :func:`chord_pretest` -- the cheap superset test of ``d(o, q) <= r_q`` on unit vectors
+   (:func:`knnmon.geo.chord2_bound`);
+2. the exact haversine distance of the pairs that pass, in numpy (:func:`knnmon.geo.haversine_m`:
+   every distance knnmon stores comes from that one function, so equal distances compare equal
+   bit for bit, whichever code computed them);
+3. :func:`merge_topk` -- each touched query's top-k merged with its new pairs within ``r_q``,
+   ordered by (distance, object id), with the changed results' entered and left entries.
+
+Compiled with ``cache=True`` into ``NUMBA_CACHE_DIR`` (set here to a per-user cache when the
+environment does not set it: an installed package's directory may be read-only);
+:func:`compile_kernels` compiles or loads them once, before a worker's first batch. With
+``NUMBA_DISABLE_JIT=1`` they run as plain Python (the tests run both ways).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+os.environ.setdefault("NUMBA_CACHE_DIR", str(Path.home() / ".cache" / "knnmon" / "numba"))
+
+import numba  # noqa: E402  (after NUMBA_CACHE_DIR: numba reads it on import)
+import numpy as np  # noqa: E402
+
+__all__ = ["chord_pretest", "compile_kernels", "merge_topk"]
+
+_jit = numba.njit(cache=True, nogil=True)
+
+
+@_jit
+def chord_pretest(ox: np.ndarray, oy: np.ndarray, oz: np.ndarray, obj: np.ndarray, slot: np.ndarray,
+                  reach: np.ndarray) -> np.ndarray:
+    """The candidate pairs that may lie within their query's kNN radius.
+
+    Parameters
+    ----------
+    ox, oy, oz
+        ``(n,)`` float64: the batch's objects' unit vectors (:func:`knnmon.geo.unit_vectors`).
+    obj, slot
+        ``(c,)`` int64: the candidate pairs (batch position, query slot).
+    reach
+        ``(Q, 4)`` float64 per query slot: its unit vector and ``chord2_bound(r_q)`` (``-1`` once
+        removed, so nothing passes).
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(p,)`` int64 positions in ``obj``/``slot`` of the pairs with ``2 - 2 o.q <=
+        chord2_bound(r_q)``, i.e. ``(o, 1/2).(q, T) >= 1`` (a superset of ``d <= r_q``).
+    """
+    out = np.empty(len(obj), dtype=np.int64)
+    m = 0
+    for i in range(len(obj)):
+        o, s = obj[i], slot[i]
+        if ox[o] * reach[s, 0] + oy[o] * reach[s, 1] + oz[o] * reach[s, 2] + 0.5 * reach[s, 3] >= 1.0:
+            out[m] = i
+            m += 1
+    return out[:m]
+
+
+@_jit
+def _before(da: float, ka: np.uint64, db: float, kb: np.uint64) -> bool:
+    """Entry a orders before entry b: by distance, then by id prefix key."""
+    return da < db or (da == db and ka < kb)
+
+
+@_jit
+def _sort_run(md: np.ndarray, mh: np.ndarray, mk: np.ndarray, a: int, b: int) -> bool:
+    """Insertion-sort the scratch entries ``a..b-1`` (equal distances) by key; ``True`` if two
+    of them share a key (their order needs the ids themselves)."""
+    for i in range(a + 1, b):
+        h, k = mh[i], mk[i]
+        j = i - 1
+        while j >= a and mk[j] > k:
+            mh[j + 1], mk[j + 1] = mh[j], mk[j]
+            j -= 1
+        mh[j + 1], mk[j + 1] = h, k
+    for i in range(a + 1, b):
+        if mk[i] == mk[i - 1]:
+            return True
+    return False
+
+
+@_jit
+def _straddle(md: np.ndarray, mh: np.ndarray, mk: np.ndarray, n: int, cut: int) -> bool:
+    """Order by key the run of equal distances across place ``cut`` of the ``n`` merged entries
+    (if one straddles it: only such a run decides by id which entries are kept); ``True`` if
+    that needs the ids themselves (two keys equal)."""
+    if cut <= 0 or cut >= n or md[cut - 1] != md[cut]:
+        return False
+    a, b = cut - 1, cut + 1
+    while a > 0 and md[a - 1] == md[cut]:
+        a -= 1
+    while b < n and md[b] == md[cut]:
+        b += 1
+    return _sort_run(md, mh, mk, a, b)
+
+
+@_jit
+def merge_topk(obj: np.ndarray, slot: np.ndarray, d: np.ndarray, okey: np.ndarray, radius: np.ndarray,
+               k: np.ndarray, cap: np.ndarray, top_ptr: np.ndarray, count: np.ndarray, top_d: np.ndarray,
+               top_h: np.ndarray, hkey: np.ndarray, n_obj: int):
+    """Merge a batch's pairs into the touched queries' top-k lists, in place.
+
+    A query's list is ``top_d`` / ``top_h`` at ``top_ptr[s] .. + cap[s]`` (nearest first, its
+    first ``count[s]`` filled; its result is the first ``k[s]``, the rest a window's reserve).
+    The pairs within ``r_q`` (``d <= radius[s]``) are merged with it by distance; a run of equal
+    distances across the ``k``-th or the last place is ordered by the objects' id prefix keys
+    (:func:`knnmon.encoding.id_prefix_keys`), so the kept set is the exact kNN with ties broken
+    by id. Where two such entries share a key, the query is left untouched and returned in
+    ``fallback`` (the caller orders it by the ids themselves). A kept new entry's handle is
+    written as ``-1 - obj`` (its batch position); the caller replaces it by the handle it assigns
+    (at ``e_place``).
+
+    Parameters
+    ----------
+    obj, slot, d
+        ``(p,)`` int64, int64, float64 meters: pairs (batch position, query slot, distance); a
+        query sharing several keywords with an object may appear once per keyword.
+    okey
+        ``(n_obj,)`` uint64: the batch's objects' id prefix keys (only those of objects in
+        ``obj`` are read).
+    radius, k, cap, top_ptr, count
+        Per query slot: ``r_q`` (float64 meters, ``inf`` below ``cap`` entries), ``k``, places
+        (``k`` + reserve), the first place, places filled (int64). ``count`` is updated.
+    top_d, top_h
+        The flat lists (float64 meters, int64 handles; updated).
+    hkey
+        ``(handles,)`` uint64: the id prefix key of each handle in the lists.
+    n_obj
+        Objects in the batch.
+
+    Returns
+    -------
+    tuple of numpy.ndarray
+        ``passed`` (int64 scalar array: pairs within ``r_q``, duplicates counted once),
+        ``changed`` (sorted slots whose kept list gained an entry), ``in_result`` (sorted slots
+        a new entry entered the first ``k`` of), entered ``e_slot``, ``e_obj``, ``e_d``,
+        ``e_place`` (grouped by slot in slot order; ``e_place`` the flat place written), left
+        ``l_slot``, ``l_h`` (old entries pushed past the last place), ``b_slot``, ``b_h`` (the
+        changed lists' results before, their first ``min(count, k)`` handles), and ``fallback``
+        with its pairs ``f_slot``, ``f_obj``, ``f_d`` (within ``r_q``, duplicates dropped).
+
+    Source: the per-query top-k update of Tsuruoka et al. 2019, §4.4, for every query of a
+    batch in one pass.
+    """
+    # Pairs within r_q, grouped by slot, by distance within a slot.
+    keep = np.empty(len(obj), dtype=np.int64)
+    p = 0
+    for i in range(len(obj)):
+        if d[i] <= radius[slot[i]]:
+            keep[p] = i
+            p += 1
+    keep = keep[:p]
+    by_d = keep[np.argsort(d[keep], kind="mergesort")]
+    order = by_d[np.argsort(slot[by_d], kind="mergesort")]
+    big = 0
+    for s in slot[order]:
+        big = max(big, cap[s])
+    md = np.empty(big + p, dtype=np.float64)
+    mh = np.empty(big + p, dtype=np.int64)
+    mk = np.empty(big + p, dtype=np.uint64)
+    seen = np.full(n_obj, -1, dtype=np.int64)
+    nb = 0  # the before arrays' size: sum of min(count, k) over touched slots
+    g = 0
+    while g < p:
+        s = slot[order[g]]
+        e = g
+        while e < p and slot[order[e]] == s:
+            e += 1
+        nb += min(count[s], k[s])
+        g = e
+    changed = np.empty(p, dtype=np.int64)
+    in_result = np.empty(p, dtype=np.int64)
+    e_slot, e_obj, e_place = np.empty(p, np.int64), np.empty(p, np.int64), np.empty(p, np.int64)
+    e_d = np.empty(p, np.float64)
+    l_slot, l_h = np.empty(p, np.int64), np.empty(p, np.int64)
+    b_slot, b_h = np.empty(nb, np.int64), np.empty(nb, np.int64)
+    fallback = np.empty(p, np.int64)
+    f_slot, f_obj, f_d = np.empty(p, np.int64), np.empty(p, np.int64), np.empty(p, np.float64)
+    nc = ni = ne = nl = nbf = nf = nfp = 0
+    passed = 0
+    g = 0
+    while g < p:
+        s = slot[order[g]]
+        e = g
+        while e < p and slot[order[e]] == s:
+            e += 1
+        a, c, kk, cp = top_ptr[s], count[s], k[s], cap[s]
+        # Merge the old list (sorted by distance) with the new pairs (sorted by distance).
+        n = 0
+        i, j = 0, g
+        while i < c or j < e:
+            if j < e:
+                o = obj[order[j]]
+                if seen[o] == s:  # the same object under another shared keyword
+                    j += 1
+                    continue
+            take_old = j >= e or (i < c and top_d[a + i] <= d[order[j]])
+            if take_old:
+                h = top_h[a + i]
+                md[n], mh[n], mk[n] = top_d[a + i], h, hkey[h]
+                i += 1
+            else:
+                o = obj[order[j]]
+                seen[o] = s
+                md[n], mh[n], mk[n] = d[order[j]], -1 - o, okey[o]
+                passed += 1
+                j += 1
+            n += 1
+        # Order by key the runs of equal distance that decide which entries are kept.
+        if _straddle(md, mh, mk, n, kk) or _straddle(md, mh, mk, n, cp):
+            fallback[nf] = s
+            nf += 1
+            for t in range(n):
+                if mh[t] < 0:
+                    f_slot[nfp], f_obj[nfp], f_d[nfp] = s, -1 - mh[t], md[t]
+                    nfp += 1
+            g = e
+            continue
+        kept = min(n, cp)
+        gained = False
+        into_result = False
+        for t in range(kept):
+            if mh[t] < 0:
+                gained = True
+                if t < kk:
+                    into_result = True
+        if gained:
+            changed[nc] = s
+            nc += 1
+            if into_result:
+                in_result[ni] = s
+                ni += 1
+            for t in range(min(c, kk)):
+                b_slot[nbf], b_h[nbf] = s, top_h[a + t]
+                nbf += 1
+            for t in range(kept):
+                if mh[t] < 0:
+                    e_slot[ne], e_obj[ne], e_d[ne], e_place[ne] = s, -1 - mh[t], md[t], a + t
+                    ne += 1
+            for t in range(kept, n):
+                if mh[t] >= 0:
+                    l_slot[nl], l_h[nl] = s, mh[t]
+                    nl += 1
+            for t in range(kept):
+                top_d[a + t], top_h[a + t] = md[t], mh[t]
+            count[s] = kept
+        g = e
+    return (np.array([passed], dtype=np.int64), changed[:nc], in_result[:ni], e_slot[:ne], e_obj[:ne], e_d[:ne],
+            e_place[:ne], l_slot[:nl], l_h[:nl], b_slot[:nbf], b_h[:nbf], fallback[:nf], f_slot[:nfp],
+            f_obj[:nfp], f_d[:nfp])
+
+
+def compile_kernels() -> None:
+    """Compile (or load from the cache) every kernel for the dtypes the worker passes, so that
+    no batch pays for compilation."""
+    i0, f0, u0 = np.zeros(0, np.int64), np.zeros(0), np.zeros(0, np.uint64)
+    chord_pretest(f0, f0, f0, i0, i0, np.zeros((0, 4)))
+    merge_topk(i0, i0, f0, u0, f0, i0, i0, i0, i0, f0, i0, u0, 0)
