@@ -62,10 +62,10 @@ def main(argv=None) -> int:
     sizes = [int(s) for s in a.sizes.split(",")]
     with Runtime(a.objects, a.queries, cfg) as rt:
         w = rt.pool.workers[0]
-        slot, code = w._entries(np.flatnonzero(w.alive))
+        slot, code = w.queries.entries(np.flatnonzero(w.queries.alive))
         index = RTreeIndex()
-        index.rebuild(slot, code, w.lon[slot], w.lat[slot], w.radius[slot])
-        q_lon, q_lat, q_r = w.lon, w.lat, w.radius
+        index.rebuild(slot, code, w.queries.lon[slot], w.queries.lat[slot], w.queries.radius[slot])
+        q_lon, q_lat, q_r = w.queries.lon, w.queries.lat, w.queries.radius
         at, batches = 0, {}
         for n in sizes:
             batches[n] = []

@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         give_back()
         r_stream = resident_bytes()
         out["after_stream"] = {k: round(v / q.num_rows, 1) for k, v in sizes(w).items()}
-        out["objects_held"] = len(w.oids)
+        out["objects_held"] = len(w.handles)
         w.writer.close()
         del w
         gc.collect()

@@ -23,7 +23,6 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from knnmon.batch import QueryHandover
-from knnmon.query import QueryColumns
 
 __all__ = ["Handover"]
 
@@ -36,14 +35,14 @@ class Handover:
     def query_loads(self) -> tuple[list[str], np.ndarray]:
         """The registered queries' ids and their recent measured loads ``(m,)`` float64
         (microseconds of busy time, decayed: :mod:`knnmon.workers.query_load`)."""
-        live = np.flatnonzero(self.alive)
-        self.load.extend(len(self.alive))
-        return [self.qids[s] for s in live.tolist()], self.load.us[live].copy()
+        live = np.flatnonzero(self.queries.alive)
+        self.load.extend(len(self.queries))
+        return [self.queries.ids[s] for s in live.tolist()], self.load.us[live].copy()
 
     def _kept(self, slot: int) -> list[tuple[str, float]]:
         """Every kept place of ``slot`` (its kNN and, with a reserve, beyond), nearest first."""
-        a, c = int(self.top_ptr[slot]), int(self.count[slot])
-        return list(zip((self.oids[h] for h in self.top_h[a:a + c].tolist()), self.top_d[a:a + c].tolist()))
+        h, d = self.lists.row(slot, int(self.lists.count[slot]))
+        return list(zip(self.handles.names(h), d))
 
     def export_queries(self, qids: Sequence[str]) -> QueryHandover:
         """Hand over the queries of ``qids`` this worker holds (others are skipped) and forget
@@ -54,8 +53,9 @@ class Handover:
         QueryHandover
             Ids in ``qids``' order.
         """
-        held = [q for q in qids if q in self.slot_of]
-        slots = np.array([self.slot_of[q] for q in held], dtype=np.int64)
+        slot_of = self.queries.slot_of
+        held = [q for q in qids if q in slot_of]
+        slots = np.array([slot_of[q] for q in held], dtype=np.int64)
         sl = slots.tolist()
         topk = [self._kept(s) for s in sl]
         members = [[o for o, _ in self._result(s)] for s in sl]
@@ -66,8 +66,7 @@ class Handover:
             objects = self._write_now(self.writer.read_details, list(zip(held, members)))
         else:
             objects = {}
-        columns = QueryColumns(held, self.lon[slots].copy(), self.lat[slots].copy(),
-                               [self.keywords[s].split() for s in sl], self.k[slots].copy())
+        columns = self.queries.columns(slots)
         loads = self.load.us[slots].copy() if len(slots) else np.zeros(0)
         self._drop(held)
         self._handed += list(zip(held, members))
@@ -85,7 +84,7 @@ class Handover:
         InvalidQueryError
             An id this worker holds already.
         """
-        self._learn(vocabulary)
+        self.vocabulary.learn(vocabulary)
         slots = self._append(handover.queries, handover.topk, handover.objects)
         self.load.us[slots.start:slots.stop] = np.asarray(handover.loads, dtype=np.float64)
         if self.writer is not None and len(slots):

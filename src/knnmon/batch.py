@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["BatchChanges", "ObjectBatch", "ObjectInfo", "QueryHandover", "Refills", "WorkerReport", "WriteFigures"]
+__all__ = ["BatchChanges", "LoadResult", "ObjectBatch", "ObjectInfo", "QueryHandover", "Refills", "WorkerReport",
+           "WriteFigures"]
 
 
 @dataclass(frozen=True)
@@ -149,6 +150,16 @@ class QueryHandover:
 
     def __len__(self) -> int:
         return len(self.topk)
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    """A worker's load of queries: ``queries`` taken, ``index_entries`` in its query index
+    after it, ``seconds`` (wall) it took."""
+
+    queries: int
+    index_entries: int
+    seconds: float
 
 
 @dataclass(frozen=True)

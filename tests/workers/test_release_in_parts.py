@@ -56,7 +56,7 @@ def test_parts_equal_one_write_per_batch_and_the_oracle(seed, batches, groups, i
         for i, qid in enumerate(q["id"]):
             want = [o for o, _ in oracle.knn(q["lon"][i], q["lat"][i], q["keywords"][i], int(q["k"][i]))]
             assert [o for o, _ in parts.result(qid)] == want == [o for o, _ in whole.result(qid)], (b, qid)
-        assert np.array_equal(parts.radius, whole.radius)
+        assert np.array_equal(parts.queries.radius, whole.queries.radius)
 
 
 def test_sjf_groups_cover_every_pair_cheapest_first():

@@ -1,0 +1,352 @@
+"""A worker's batch: candidates from the query index, the compiled merge into the top-k lists,
+the changes to write, and ``r_q`` shrinking (``SPEC.md``, "The worker"; Tsuruoka et al. 2019,
+§4.4):
+
+1. candidates: (object, query) pairs whose query region holds the object and shares a keyword,
+   from the worker's index (vectorised, no loop over objects);
+2. the chord pre-test, the exact haversine check against ``r_q`` (queries with fewer than ``k``
+   results pass always) and the top-k merge ordered by ``(distance m, object id)``, in
+   :mod:`~knnmon.workers.kernels`;
+3. ``r_q`` shrinks to the k-th distance and the query is re-indexed with its smaller region
+   (:meth:`QueryIndex.refresh`, into a small delta run, no re-sort);
+4. every changed result, the objects now in results, and one ``changes`` entry per changed
+   query (:class:`~knnmon.batch.BatchChanges`) written in one atomic, exactly-once script call
+   (:class:`~knnmon.workers.result_writer.ResultWriter`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import ClassVar
+
+import numpy as np
+
+from knnmon.batch import BatchChanges, ObjectBatch, ObjectInfo, Refills, WorkerReport
+from knnmon.encoding import id_prefix_keys
+from knnmon.geo import haversine_m, unit_vectors
+from knnmon.workers import kernels
+from knnmon.workers.object_handles import ObjectHandles
+from knnmon.workers.query_table import QueryTable
+from knnmon.workers import registration
+from knnmon.workers.topk_lists import TopKLists
+from knnmon.workers.vocabulary import Vocabulary
+
+__all__ = ["BatchUpdate", "Merge", "pairs_of_rows"]
+
+
+def pairs_of_rows(batch: ObjectBatch, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The (object, keyword code) pairs of a shared batch's rows ``rows`` (``(m,)`` int64), the
+    objects renumbered as positions in ``rows``: ``(p,)`` int64 each."""
+    remap = np.full(batch.table.num_rows, -1, dtype=np.int64)
+    remap[rows] = np.arange(len(rows))
+    sel = remap[batch.pair_obj] >= 0
+    return remap[batch.pair_obj[sel]], batch.pair_code[sel]
+
+
+@dataclass
+class Merge:
+    """What merging a batch's pairs changed (:meth:`BatchUpdate._update`). Arrays ``(x,)``;
+    entered and left entries grouped by slot in slot order.
+
+    ``passed``: pairs within ``r_q``; ``changed``: sorted slots whose kept list gained an entry
+    (without a reserve, whose result changed); ``in_result``: sorted slots a new entry entered
+    the result (the first ``k``) of; entered ``e_slot``, ``e_obj`` (batch position), ``e_d``
+    (meters), ``e_place`` (its place in the flat lists), ``e_h`` (its handle); left ``l_slot``,
+    ``l_h``; ``b_slot``, ``b_h``: the changed lists' results before the merge;
+    ``entered_obj``: the sorted batch positions of the objects that entered.
+    """
+
+    ARRAYS: ClassVar[tuple[str, ...]] = ("changed", "in_result", "e_slot", "e_obj", "e_d", "e_place", "l_slot",
+                                          "l_h", "b_slot", "b_h")
+
+    passed: int
+    changed: np.ndarray
+    in_result: np.ndarray
+    e_slot: np.ndarray
+    e_obj: np.ndarray
+    e_d: np.ndarray
+    e_place: np.ndarray
+    l_slot: np.ndarray
+    l_h: np.ndarray
+    b_slot: np.ndarray
+    b_h: np.ndarray
+    e_h: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+    entered_obj: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+
+    @property
+    def before(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.b_slot, self.b_h
+
+    def plus(self, other: Merge) -> Merge:
+        """Both merges' entries (of disjoint slots), regrouped in slot order."""
+        def cat(names: tuple[str, ...], key: str) -> list[np.ndarray]:
+            arrays = [np.concatenate([getattr(self, n), getattr(other, n)]) for n in names]
+            order = np.argsort(arrays[names.index(key)], kind="stable")
+            return [a[order] for a in arrays]
+
+        e = cat(("e_slot", "e_obj", "e_d", "e_place"), "e_slot")
+        lv = cat(("l_slot", "l_h"), "l_slot")
+        b = cat(("b_slot", "b_h"), "b_slot")
+        return Merge(self.passed + other.passed, np.union1d(self.changed, other.changed),
+                     np.union1d(self.in_result, other.in_result), *e, *lv, *b)
+
+
+class BatchUpdate:
+    """Batch methods of :class:`~knnmon.workers.worker.KnnWorker` (module docstring)."""
+
+    queries: QueryTable
+    lists: TopKLists
+    handles: ObjectHandles
+    vocabulary: Vocabulary
+    reserve: int
+    release_groups: int
+    track_load: bool
+    _details: dict[str, ObjectInfo] | None
+    _before: tuple[np.ndarray, np.ndarray] | None
+    _version: int
+
+    def process_batch(self, batch: int, ids: Sequence[str], lon: np.ndarray, lat: np.ndarray, t: np.ndarray,
+                      keywords: Sequence[Sequence[str]], pairs: tuple[np.ndarray, np.ndarray] | None = None, *,
+                      cutoff: int | None = None, refills: Refills | None = None,
+                      rows: np.ndarray | None = None) -> WorkerReport:
+        """Update every affected kNN for a batch of objects and write the changes to Redis.
+
+        Parameters
+        ----------
+        batch
+            The batch number (``>= 0``; the idempotency tag of the Redis transaction).
+        ids, lon, lat, t, keywords
+            ``n`` objects: string ids, degrees, epoch ms, normalised keywords. Ids must be new
+            (the coordinator drops duplicates).
+        pairs
+            Optional ``(object index, keyword code)`` int64 arrays, pre-encoded with the shared
+            vocabulary (else :meth:`Vocabulary.encode` computes them).
+        cutoff
+            With a window: the batch's expiry cutoff (:meth:`expire`, if not called already).
+        refills
+            With a window: the exact kNN over the live objects (before this batch) of the queries
+            :meth:`expire` asked to refill, applied before the batch's objects.
+        rows
+            ``(n,)`` int64: the objects' rows in the shared batch (:meth:`process_rows`), which
+            a batch released in parts records (default ``0..n-1``).
+
+        Returns
+        -------
+        WorkerReport
+            With ``overlap_writes`` and a changed result, the write is queued
+            (``write_queued``) and its figures come from :meth:`written`. Released in parts
+            (``release_groups > 1``), ``released`` holds each row's release time.
+        """
+        t0, c0 = time.perf_counter(), time.thread_time()
+        lon = np.asarray(lon, dtype=np.float64)
+        lat = np.asarray(lat, dtype=np.float64)
+        t = np.asarray(t, dtype=np.int64)
+        self._version = batch + 1  # the change feed's version of this batch's changes
+        if self.track_load:
+            self.load.tick()
+        if cutoff is not None:
+            self.expire(cutoff)
+        if refills is not None:
+            self._refill(refills)
+        n_refilled = len(refills.qids) if refills is not None else 0
+        if self.release_groups > 1 and len(ids) > 1 and self.queue is None:
+            rows = np.arange(len(ids), dtype=np.int64) if rows is None else np.asarray(rows, dtype=np.int64)
+            report = self._process_in_parts(batch, ids, lon, lat, t, keywords, pairs, rows)
+            return replace(report, busy_s=time.perf_counter() - t0,
+                           cpu_s=time.thread_time() - c0 + report.redis_server_s, refilled=n_refilled)
+        obj = slot = np.empty(0, dtype=np.int64)
+        if len(ids):
+            po, pc_ = pairs if pairs is not None else self.vocabulary.encode(keywords)
+            obj, slot = self.index.candidates(lon, lat, po, pc_)
+        m, changed, changes, written = self._apply(ids, lon, lat, t, keywords, obj, slot)
+        busy_core = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        server_s = 0.0
+        if len(written) and self.writer is not None:
+            if self.queue is not None:
+                self.queue.submit_batch(batch, changes)
+            else:
+                server_s = self.writer.write_batch(batch, changes)
+        redis_s = time.perf_counter() - t1
+        t2 = time.perf_counter()
+        if len(changed):
+            self._shrink(changed)
+        self._release_handles()
+        index_s = time.perf_counter() - t2
+        released = None
+        if self.release_groups > 1:  # (one object, or queued writes: released whole, now)
+            rows = np.arange(len(ids), dtype=np.int64) if rows is None else np.asarray(rows, dtype=np.int64)
+            released = (rows, np.full(len(ids), time.time() * 1e3))
+        return WorkerReport(worker=self.worker_id, batch=batch, objects=len(ids), candidates=len(obj),
+                            passed=m.passed if m is not None else 0, changed=len(written),
+                            busy_s=busy_core + redis_s + index_s, cpu_s=time.thread_time() - c0 + server_s,
+                            redis_s=redis_s, redis_server_s=server_s, index_s=index_s,
+                            write_queued=self.queue is not None and bool(len(written)), refilled=n_refilled,
+                            released=released)
+
+    def process_rows(self, batch: ObjectBatch, rows: np.ndarray, *, cutoff: int | None = None,
+                     refills: Refills | None = None) -> WorkerReport:
+        """:meth:`process_batch` for the rows ``rows`` (``(m,)`` int64: this worker's objects)
+        of a batch that every worker shares; selecting them is part of this worker's work.
+        ``cutoff`` and ``refills`` as in :meth:`process_batch`."""
+        t0, c0 = time.perf_counter(), time.thread_time()
+        table = batch.table
+        rows = np.asarray(rows, dtype=np.int64)
+        part = table.take(rows)
+        args = (batch.number, part.column("id").to_pylist(), part.column("lon").to_numpy(),
+                part.column("lat").to_numpy(), part.column("t").to_numpy(), part.column("keywords").to_pylist(),
+                pairs_of_rows(batch, rows))
+        wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
+        report = self.process_batch(*args, cutoff=cutoff, refills=refills, rows=rows)
+        return replace(report, busy_s=report.busy_s + wall, cpu_s=report.cpu_s + cpu)
+
+    def estimate_rows(self, batch: ObjectBatch, rows: np.ndarray) -> np.ndarray:
+        """Wang, Zhang and Kitsuregawa's EstimateWorkload for this worker's rows of a batch (no
+        state changes): each row's candidate (object, query) pairs in the query index, the cost
+        that drives its processing. For Short-Job-First minibatches in ``knnmon serve``
+        (:mod:`knnmon.coordinator.service.batching`).
+
+        Parameters
+        ----------
+        batch
+            A batch as :meth:`process_rows` takes it (its number is not used).
+        rows
+            ``(m,)`` int64: this worker's rows.
+
+        Returns
+        -------
+        numpy.ndarray
+            ``(m,)`` int64 candidates per row.
+        """
+        rows = np.asarray(rows, dtype=np.int64)
+        lon = batch.table.column("lon").to_numpy()[rows]
+        lat = batch.table.column("lat").to_numpy()[rows]
+        obj, _ = self.index.candidates(lon, lat, *pairs_of_rows(batch, rows))
+        return np.bincount(obj, minlength=len(rows)).astype(np.int64)
+
+    def _apply(self, ids: Sequence[str], lon: np.ndarray, lat: np.ndarray, t: np.ndarray,
+               keywords: Sequence[Sequence[str]], obj: np.ndarray, slot: np.ndarray
+               ) -> tuple[Merge | None, np.ndarray, BatchChanges | None, np.ndarray]:
+        """One batch (or one part of it): merge the candidate pairs ``(obj, slot)`` (:meth:`_update`),
+        keep the entered objects' details (a reserve), charge the load, and build the changes
+        to write: ``(merge, changed slots, changes or None, written slots)``. With an expiry not
+        yet written or a reserve, the changed results are diffed whole (:meth:`_window_changes`)."""
+        m = self._update(ids, t, lon, lat, obj, slot)
+        changed = m.changed if m is not None else np.empty(0, dtype=np.int64)
+        if m is not None and self._details is not None:
+            for j in m.entered_obj.tolist():
+                self._details[ids[j]] = ObjectInfo(float(lon[j]), float(lat[j]), int(t[j]), keywords[j])
+        if self.track_load:
+            self.load.charge(obj, slot, changed)
+        changes, written = None, changed
+        if self._before is not None or (m is not None and self.reserve):
+            changes, written = self._window_changes(ids, lon, lat, t, keywords, m)
+        elif len(changed) and self.writer is not None:
+            info = {ids[j]: ObjectInfo(float(lon[j]), float(lat[j]), int(t[j]), keywords[j])
+                    for j in m.entered_obj.tolist()}
+            changes = self._batch_changes(m.changed, m.e_slot, m.e_h, m.e_d, m.l_slot, m.l_h, info)
+        return m, changed, changes, written
+
+    def _update(self, ids: Sequence[str], times: np.ndarray, lon: np.ndarray, lat: np.ndarray, obj: np.ndarray,
+                slot: np.ndarray) -> Merge | None:
+        """Merge a batch's candidate pairs ``(obj, slot)`` (``(c,)`` int64 each, from the query
+        index) into the touched queries' top-k lists: the chord pre-test, the haversine distance
+        and the merge with ties by id, in :mod:`~knnmon.workers.kernels`; then handles for the
+        objects that entered. ``None`` if no pair lies within its ``r_q``."""
+        if not len(obj):
+            return None
+        q, L = self.queries, self.lists
+        u = unit_vectors(lon, lat)
+        sel = kernels.chord_pretest(*(np.ascontiguousarray(u[:, i]) for i in range(3)), obj, slot, q.reach)
+        obj, slot = obj[sel], slot[sel]
+        d = haversine_m(lon[obj], lat[obj], q.lon[slot], q.lat[slot])
+        within = np.unique(obj[d <= q.radius[slot]])
+        if not len(within):
+            return None
+        okey = np.zeros(len(lon), dtype=np.uint64)
+        okey[within] = id_prefix_keys([ids[j] for j in within.tolist()])
+        (passed, changed, in_result, e_slot, e_obj, e_d, e_place, l_slot, l_h, b_slot, b_h, fallback, f_slot, f_obj,
+         f_d) = kernels.merge_topk(obj, slot, d, okey, q.radius, q.k, q.cap, L.ptr, L.count, L.d, L.h, self.handles.key,
+                                   len(lon))
+        m = Merge(int(passed[0]), changed, in_result, e_slot, e_obj, e_d, e_place, l_slot, l_h, b_slot, b_h)
+        if len(fallback):
+            m = m.plus(self._merge_by_ids(ids, fallback, f_slot, f_obj, f_d))
+        uniq = np.unique(m.e_obj)
+        handles = np.array([self.handles.handle(ids[j], int(times[j])) for j in uniq.tolist()], dtype=np.int64)
+        m.e_h = handles[np.searchsorted(uniq, m.e_obj)]
+        m.entered_obj = uniq
+        L.h[m.e_place] = m.e_h
+        self.handles.key_new()
+        return m
+
+    def _merge_by_ids(self, ids: Sequence[str], slots: np.ndarray, f_slot: np.ndarray, f_obj: np.ndarray,
+                      f_d: np.ndarray) -> Merge:
+        """:func:`~knnmon.workers.kernels.merge_topk` for the queries it left to the ids
+        themselves (entries at equal distance sharing an 8-byte id prefix across the ``k``-th or
+        last place): each list and its new pairs sorted by (distance, id) in Python."""
+        q, L, oids = self.queries, self.lists, self.handles.oids
+        out: dict[str, list] = {name: [] for name in Merge.ARRAYS}
+        for s in slots.tolist():
+            a, c, kk, cp = int(L.ptr[s]), int(L.count[s]), int(q.k[s]), int(q.cap[s])
+            mine = f_slot == s
+            merged = sorted([(d, oids[h], h) for d, h in zip(L.d[a:a + c].tolist(), L.h[a:a + c].tolist())]
+                            + [(d, ids[o], -1 - o) for d, o in zip(f_d[mine].tolist(), f_obj[mine].tolist())])
+            kept = merged[:cp]
+            new_at = [i for i, e in enumerate(kept) if e[2] < 0]
+            if not new_at:
+                continue
+            out["changed"].append(s)
+            if new_at[0] < kk:
+                out["in_result"].append(s)
+            out["b_slot"] += [s] * min(c, kk)
+            out["b_h"] += L.h[a:a + min(c, kk)].tolist()
+            for i in new_at:
+                out["e_slot"].append(s)
+                out["e_obj"].append(-1 - kept[i][2])
+                out["e_d"].append(kept[i][0])
+                out["e_place"].append(a + i)
+            for d, _, h in merged[cp:]:
+                if h >= 0:
+                    out["l_slot"].append(s)
+                    out["l_h"].append(h)
+            L.d[a:a + len(kept)] = [e[0] for e in kept]
+            L.h[a:a + len(kept)] = [e[2] for e in kept]
+            L.count[s] = len(kept)
+        return Merge(0, **{name: np.asarray(v, dtype=np.float64 if name == "e_d" else np.int64)
+                           for name, v in out.items()})
+
+    def _batch_changes(self, changed: np.ndarray, e_slot: np.ndarray, e_h: np.ndarray, e_d: np.ndarray,
+                       l_slot: np.ndarray, l_h: np.ndarray, info: Mapping[str, ObjectInfo]) -> BatchChanges:
+        """:class:`BatchChanges` of the results ``changed`` (sorted slots): handles ``e_h`` (at
+        ``e_d`` meters) entered and ``l_h`` left them, each grouped by their slot (``e_slot``,
+        ``l_slot``) in slot order; ``info`` holds the entered objects' details. Fresh lists, so a
+        queued write may use them while the next batch runs."""
+        oids = self.handles.oids
+        return BatchChanges(
+            qids=[self.queries.ids[s] for s in changed.tolist()],
+            n_entered=np.bincount(np.searchsorted(changed, e_slot), minlength=len(changed)).tolist(),
+            entered=[oids[h] for h in e_h.tolist()], distances=e_d.tolist(),
+            n_left=np.bincount(np.searchsorted(changed, l_slot), minlength=len(changed)).tolist(),
+            left=[oids[h] for h in l_h.tolist()], objects=info, version=self._version)
+
+    def _shrink(self, changed: np.ndarray, *, refresh: bool = True) -> np.ndarray:
+        """Shrink the kNN radius ``r_q`` of the ``changed`` slots whose list is full to its
+        k-th (last kept) distance; re-index them unless ``refresh=False``. Returns the shrunk
+        slots."""
+        q, L = self.queries, self.lists
+        kth = L.d[L.ptr[changed] + q.cap[changed] - 1]  # inf unless the list is full
+        shrink = kth < q.radius[changed]
+        slots = changed[shrink]
+        if len(slots):
+            q.set_radius(slots, kth[shrink])
+            if refresh:
+                self._refresh(slots)
+        return slots
+
+    def _release_handles(self) -> None:
+        """Compact the handles once those of objects that left every result outnumber the
+        live ones 3 to 1."""
+        if len(self.handles) > max(registration.COMPACT_MIN, 4 * self.handles.live):
+            self._compact_handles()

@@ -1,0 +1,123 @@
+"""A worker's queries as columns, one row per slot: location, keywords, ``k``, kNN radius.
+
+A slot is a query's row number; a dropped query's slot dies (``alive`` false, its ``reach``
+``-1`` so the kernels' pre-test passes nothing) until :meth:`QueryTable.compact` renumbers the
+live ones. Keywords are kept as codes in CSR form (``kw_ptr``, ``kw_code``), what the query index
+is built from, and as text for the queries' hashes and hand-over.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from knnmon.arrays import runs
+from knnmon.errors import InvalidQueryError
+from knnmon.geo import chord2_bound, unit_vectors
+from knnmon.query import QueryColumns
+from knnmon.workers.vocabulary import own
+
+__all__ = ["QueryTable"]
+
+
+class QueryTable:
+    """The query columns (module docstring).
+
+    ``ids`` (list of str) and ``slot_of`` (id -> slot); per slot ``lon``, ``lat`` (float64
+    degrees), ``k``, ``cap`` (int64: ``k`` + reserve, the places kept), ``radius`` (float64
+    meters: ``r_q``, ``inf`` below ``cap`` entries), ``reach`` (``(Q, 4)`` float64: unit vector
+    and :func:`~knnmon.geo.chord2_bound` of ``r_q``, ``-1`` once dropped), ``alive`` (bool),
+    ``keywords`` (space separated text), ``kw_ptr`` / ``kw_code`` (int64 CSR of keyword codes).
+    """
+
+    def __init__(self) -> None:
+        self.ids: list[str] = []
+        self.slot_of: dict[str, int] = {}
+        self.lon = np.empty(0)
+        self.lat = np.empty(0)
+        self.k = np.empty(0, dtype=np.int64)
+        self.cap = np.empty(0, dtype=np.int64)
+        self.radius = np.empty(0)
+        self.reach = np.empty((0, 4))
+        self.alive = np.empty(0, dtype=bool)
+        self.keywords: list[str] = []
+        self.kw_ptr = np.zeros(1, dtype=np.int64)
+        self.kw_code = np.empty(0, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def append(self, ids: Sequence[str], lon: np.ndarray, lat: np.ndarray, keywords: Sequence[Sequence[str]],
+               codes: Sequence[Sequence[int]], k: np.ndarray, cap: np.ndarray, radius: np.ndarray) -> range:
+        """Add ``n`` queries (their keyword ``codes`` given); returns their slots.
+
+        Raises
+        ------
+        InvalidQueryError
+            An id this table holds already (nothing is added).
+        """
+        first, n = len(self.ids), len(ids)
+        ids = [str(q) for q in ids]
+        dup = [q for q in ids if q in self.slot_of]
+        if dup or len(set(ids)) < n:
+            raise InvalidQueryError(f"query {(dup or ids)[0]!r} is already registered")
+        for i, qid in enumerate(ids):
+            qid = own(qid)
+            self.slot_of[qid] = first + i
+            self.ids.append(qid)
+        self.keywords += [" ".join(words) for words in keywords]
+        self.kw_ptr = np.concatenate([self.kw_ptr, self.kw_ptr[-1] + np.cumsum([len(c) for c in codes], dtype=np.int64)])
+        self.kw_code = np.concatenate([self.kw_code, np.fromiter((c for row in codes for c in row), dtype=np.int64)])
+        lon, lat = np.asarray(lon, dtype=np.float64), np.asarray(lat, dtype=np.float64)
+        self.lon = np.concatenate([self.lon, lon])
+        self.lat = np.concatenate([self.lat, lat])
+        self.k = np.concatenate([self.k, k])
+        self.cap = np.concatenate([self.cap, cap])
+        self.alive = np.concatenate([self.alive, np.ones(n, dtype=bool)])
+        self.radius = np.concatenate([self.radius, radius])
+        self.reach = np.concatenate([self.reach, np.column_stack([unit_vectors(lon, lat), chord2_bound(radius)])])
+        return range(first, first + n)
+
+    def entries(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(slot, keyword code)`` int64 index entries of ``slots`` (one per query keyword)."""
+        slots = np.asarray(slots, dtype=np.int64)
+        a = self.kw_ptr[slots]
+        n = self.kw_ptr[slots + 1] - a
+        return np.repeat(slots, n), self.kw_code[runs(a, n)]
+
+    def set_radius(self, slots: np.ndarray, radius: np.ndarray) -> None:
+        """``r_q`` of ``slots`` becomes ``radius`` (meters), with its pre-test bound."""
+        self.radius[slots] = radius
+        self.reach[slots, 3] = chord2_bound(radius)
+
+    def drop(self, qids: Sequence[str]) -> np.ndarray:
+        """Kill the slots of ``qids`` (held ones); returns them."""
+        slots = np.array([self.slot_of.pop(q) for q in qids], dtype=np.int64)
+        self.alive[slots] = False
+        self.reach[slots, 3] = -1.0
+        return slots
+
+    def compact(self, keep: np.ndarray) -> None:
+        """Keep the rows ``keep`` (sorted live slots) only, renumbered ``0..len(keep)-1``."""
+        n_kw = self.kw_ptr[keep + 1] - self.kw_ptr[keep]
+        self.kw_code = self.kw_code[runs(self.kw_ptr[keep], n_kw)]
+        self.kw_ptr = np.concatenate([[0], np.cumsum(n_kw)]).astype(np.int64)
+        for name in ("lon", "lat", "k", "cap", "radius", "reach"):
+            setattr(self, name, getattr(self, name)[keep])
+        self.alive = np.ones(len(keep), dtype=bool)
+        sel = keep.tolist()
+        self.ids = [self.ids[s] for s in sel]
+        self.keywords = [self.keywords[s] for s in sel]
+        self.slot_of = {qid: s for s, qid in enumerate(self.ids)}
+
+    def fields(self, slot: int) -> dict[str, object]:
+        """The query hash's fields of ``slot`` (``knn:query:{qid}``)."""
+        return {"lon": repr(float(self.lon[slot])), "lat": repr(float(self.lat[slot])),
+                "keywords": self.keywords[slot], "k": int(self.k[slot])}
+
+    def columns(self, slots: np.ndarray, k: np.ndarray | None = None) -> QueryColumns:
+        """:class:`QueryColumns` of ``slots`` (``k`` instead of their own if given)."""
+        sel = slots.tolist()
+        return QueryColumns([self.ids[j] for j in sel], self.lon[slots].copy(), self.lat[slots].copy(),
+                            [self.keywords[j].split() for j in sel], (self.k if k is None else k)[slots].copy())

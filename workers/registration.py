@@ -1,0 +1,205 @@
+"""A worker taking and dropping queries: the initial load, registrations and unregisters at run
+time, and the compaction that releases what dropped queries left."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from knnmon.batch import LoadResult, ObjectInfo
+from knnmon.heap import give_back
+from knnmon.query import QueryColumns
+from knnmon.workers.object_handles import ObjectHandles
+from knnmon.workers.query_table import QueryTable
+from knnmon.workers.topk_lists import TopKLists
+from knnmon.workers.vocabulary import Vocabulary
+
+__all__ = ["COMPACT_MIN", "Registration"]
+
+#: Compaction (:meth:`Registration.compact`) waits for at least this many places or handles to release.
+COMPACT_MIN = 1 << 16
+
+
+class Registration:
+    """Query registration methods of :class:`~knnmon.workers.worker.KnnWorker` (module docstring)."""
+
+    queries: QueryTable
+    lists: TopKLists
+    handles: ObjectHandles
+    vocabulary: Vocabulary
+    reserve: int
+    _details: dict[str, ObjectInfo] | None
+
+    def _append(self, queries: QueryColumns, topk: Sequence[Sequence[tuple[str, float]]],
+                objects: Mapping[str, ObjectInfo]) -> range:
+        """Add valid queries in bulk (one array concatenation); returns their slots.
+
+        Raises
+        ------
+        InvalidQueryError
+            An id this worker holds already.
+        """
+        n = len(queries.ids)
+        k = np.asarray(queries.k, dtype=np.int64).reshape(n)
+        cap = k + self.reserve
+        start = np.cumsum(cap) - cap  # each new query's first place, relative
+        top_d, top_h = np.full(int(cap.sum()), np.inf), np.full(int(cap.sum()), -1, dtype=np.int64)
+        count, radii = np.zeros(n, dtype=np.int64), np.full(n, np.inf)
+        lists = [sorted((float(d), str(o)) for o, d in topk[i])[:int(cap[i])] for i in range(n)]
+        slots = self.queries.append(queries.ids, queries.lon, queries.lat, queries.keywords,
+                                    [self.vocabulary.code_row(words) for words in queries.keywords], k, cap, radii)
+        for i, lst in enumerate(lists):
+            count[i] = len(lst)
+            for j, (d, o) in enumerate(lst):
+                top_d[start[i] + j], top_h[start[i] + j] = d, self.handles.handle_in(o, objects)
+        full = count == cap
+        self.queries.set_radius(np.arange(slots.start, slots.stop)[full],
+                                np.array([lst[-1][0] for lst, f in zip(lists, full) if f], dtype=np.float64))
+        self.lists.append(cap, top_d, top_h, count)
+        if self._details is not None:
+            held = {o for top in topk for o, _ in top}
+            self._details.update({o: info for o, info in objects.items() if o in held})
+        self.handles.key_new()
+        self.handles.live = max(self.handles.live, len(self.handles))
+        self.load.extend(slots.stop)
+        return slots
+
+    def load_queries(self, queries: QueryColumns, topk: Sequence[Sequence[tuple[str, float]]],
+                     objects: Mapping[str, ObjectInfo], *, version: int = 0, write: bool = True,
+                     details: bool = False, sets: Sequence[int] | None = None, chunk: int = 5000,
+                     vocabulary: Mapping[str, int] | None = None, rebuild: bool = True) -> LoadResult:
+        """Take queries with their initial kNN (exact over the objects seen so far).
+
+        Parameters
+        ----------
+        queries
+            ``m`` valid queries (validated where they entered knnmon).
+        topk
+            ``m`` lists of ``(object id, distance m)``: each query's exact kNN so far (with a
+            reserve, its ``k + reserve`` nearest).
+        objects
+            Details of every object in those lists (for ``knn:objects:{worker}``).
+        version
+            The change feed's version of their initial results: the stream batches applied so
+            far (:class:`~knnmon.batch.BatchChanges`).
+        write
+            Write the queries and results to Redis; ``False`` when Redis holds them already
+            (a service resuming after it reconciled them, a worker revived).
+        details
+            With ``write=False``: write ``objects`` into ``knn:objects:{worker}`` (a resuming
+            service's plan may have moved queries between workers); else they are there.
+        sets
+            ``m`` ints: each query's set in the plan, written as its hash's ``set`` field
+            (``knnmon explain``).
+        chunk
+            Queries per Redis script call.
+        vocabulary
+            The coordinator's codes of their keywords (it encodes batches with them).
+        rebuild
+            Rebuild the query index now; ``False`` for all but the last of several loads in a
+            row (the coordinator hands a worker its queries in parts, to bound the payloads).
+
+        Returns
+        -------
+        LoadResult
+            Queries taken, index entries, seconds.
+        """
+        t0 = time.perf_counter()
+        self.vocabulary.learn(vocabulary)
+        slots = self._append(queries, topk, objects)
+        first = slots.start
+        if self.writer is not None and not write:
+            for j in range(slots.start, slots.stop):
+                self.writer.hold(self.queries.ids[j], (oid for oid, _ in self._result(j)))
+            held = self.writer.held if details else {}  # (a property: merged once, not per object)
+            mine = {oid: o for oid, o in objects.items() if oid in held}
+            if mine:  # (a reserve's objects beyond k are in no result)
+                tag = self._next_tag()
+                self._write_now(self.writer.apply, tag, self.writer.details_payload(tag, mine))
+        if self.writer is not None and write:
+            # With the write queue, Redis runs chunk i's script while this thread builds the
+            # payload of chunk i + 1 (at most 2 chunks wait, to bound memory).
+            queued: deque = deque()
+            q = self.queries
+            for s in range(slots.start, slots.stop, chunk):
+                rows = [(q.ids[j], q.fields(j) if sets is None else {**q.fields(j), "set": sets[j - first]},
+                         self._result(j)) for j in range(s, min(s + chunk, slots.stop))]
+                tag = self._next_tag()
+                payload = self.writer.queries_payload(tag, rows, objects, version)
+                if self.queue is None:
+                    self.writer.apply(tag, payload)
+                    continue
+                queued.append(self.queue.submit(self.writer.apply, tag, payload))
+                if len(queued) > 2:
+                    queued.popleft().result()
+            for f in queued:
+                f.result()
+        if rebuild:
+            self.rebuild_index()
+            give_back()  # the load's payloads
+        return LoadResult(len(queries), self.index.entries, time.perf_counter() - t0)
+
+    def register_queries(self, queries: QueryColumns, topk: Sequence[Sequence[tuple[str, float]]],
+                         objects: Mapping[str, ObjectInfo], vocabulary: Mapping[str, int] | None = None,
+                         version: int = 0) -> None:
+        """Add queries at run time with their initial kNN (one Redis script call for all); they
+        are candidates from the next batch on. Arguments as :meth:`load_queries`;
+        ``vocabulary`` gives the codes of their keywords when the coordinator encodes batches.
+
+        Raises
+        ------
+        InvalidQueryError
+            An id this worker holds already.
+        """
+        self.vocabulary.learn(vocabulary)
+        slots = self._append(queries, topk, objects)
+        if self.writer is not None:
+            q = self.queries
+            self._write_now(self.writer.write_queries, self._next_tag(),
+                            [(q.ids[j], q.fields(j), self._result(j)) for j in slots], objects, version)
+        self._refresh(np.arange(slots.start, slots.stop))
+
+    def unregister_query(self, qid: str, version: int = 0) -> bool:
+        """Remove a query and delete its Redis keys (its feed line at ``version``, as
+        :meth:`register_queries`); ``False`` if this worker does not hold it."""
+        slot = self.queries.slot_of.get(qid)
+        if slot is None:
+            return False
+        if self.writer is not None:
+            self._write_now(self.writer.delete_query, self._next_tag(), qid, version,
+                            [oid for oid, _ in self._result(slot)])
+        self._drop([qid])
+        return True
+
+    def _drop(self, qids: Sequence[str]) -> None:
+        """Forget queries this worker holds (no Redis write): their slots die, their places and
+        handles are released (compacting when enough are), the index forgets their regions."""
+        if not len(qids):
+            return
+        slots = self.queries.drop(qids)
+        self.lists.release(slots, self.queries.cap[slots])
+        self.load.clear(slots)
+        self._refresh(slots)
+        if self.lists.released > max(COMPACT_MIN, len(self.lists.d) // 2):
+            self.compact()
+
+    def compact(self) -> None:
+        """Release what unregistered queries left: their slots (the live queries are
+        renumbered), their top-k places, and the handles of objects no result holds; then
+        rebuild the query index. O(sum of k + index entries)."""
+        keep = np.flatnonzero(self.queries.alive)
+        self.lists.compact(keep, self.queries.cap[keep])
+        self.queries.compact(keep)
+        self.load.keep(keep)
+        self._compact_handles()
+        self.rebuild_index()
+
+    def _compact_handles(self) -> None:
+        """Drop the handles of objects no result holds (renumbering the others). O(sum of k)."""
+        used = np.unique(self.lists.h[self.lists.h >= 0])
+        self.lists.renumber(self.handles.compact(used))
+        if self._details is not None:
+            self._details = {oid: self._details[oid] for oid in self.handles.oids if oid in self._details}

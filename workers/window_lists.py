@@ -1,0 +1,186 @@
+"""A worker's side of a sliding window: expiring objects from the lists, taking refills, and the
+changes an expiry makes (each touched result diffed whole against what Redis holds).
+
+With a reserve, each list keeps ``reserve`` neighbours beyond its ``k``, so an expiry mostly
+takes the next one from the reserve instead of a refill search (Skype's k-skyband idea,
+VLDBJ 2017).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from knnmon.batch import BatchChanges, ObjectInfo, Refills
+from knnmon.query import QueryColumns
+from knnmon.workers.object_handles import ObjectHandles
+from knnmon.workers.query_table import QueryTable
+from knnmon.workers.topk_lists import TopKLists
+
+__all__ = ["WindowLists"]
+
+
+class WindowLists:
+    """Window methods of :class:`~knnmon.workers.worker.KnnWorker` (module docstring)."""
+
+    queries: QueryTable
+    lists: TopKLists
+    handles: ObjectHandles
+    reserve: int
+    _details: dict[str, ObjectInfo] | None
+    _refilled: dict[str, ObjectInfo]
+    _before: tuple[np.ndarray, np.ndarray] | None
+    _cutoff: int
+    expired: int
+    refills: int
+
+    def expire(self, cutoff: int) -> QueryColumns:
+        """Remove the objects with ``t <= cutoff`` (epoch ms) from every list held here.
+
+        Every live matching object strictly within a query's ``r_q`` is in its list (``r_q`` is
+        the list's last distance when it was last full, ``inf`` if it never was). So a list that
+        lost objects still starts with the exact kNN if at least ``k`` of what is left lie
+        strictly within ``r_q`` (objects tied at exactly ``r_q`` may be missing); otherwise the
+        query is returned, to be refilled with its exact ``k + reserve`` nearest over the live
+        objects (:meth:`process_batch`'s ``refills``). A list with ``r_q = inf`` held every
+        matching live object and just shrinks. The results as they were are kept until the
+        batch's write, which sends each changed result's whole difference (``left`` and
+        ``entered``). Calling it again with a cutoff not larger does nothing. O(sum of k +
+        reserve) per call.
+
+        Returns
+        -------
+        QueryColumns
+            The queries to refill, ``k`` holding the neighbours to search (``k + reserve``).
+        """
+        none = QueryColumns([], np.empty(0), np.empty(0), [], np.empty(0, dtype=np.int64))
+        if cutoff <= self._cutoff:
+            return none
+        before, self._cutoff = self._cutoff, int(cutoff)
+        n = len(self.handles)
+        t = self.handles.t[:n]
+        dead = t <= cutoff
+        if not n or not dead.any():
+            return none
+        for oid in self.handles.forget(np.flatnonzero(dead & (t > before))):
+            if self._details is not None:
+                self._details.pop(oid, None)
+        q, L = self.queries, self.lists
+        held = L.h >= 0
+        hit = np.zeros(len(L.h), dtype=bool)
+        hit[held] = dead[L.h[held]]
+        places = np.flatnonzero(hit)
+        if not len(places):
+            return none
+        self.expired += len(places)
+        of = np.searchsorted(L.ptr, places, side="right") - 1
+        slots = np.unique(of)
+        # Results that lost an entry (not only their reserve): diffed at the write, re-sorted.
+        in_res = np.unique(of[places - L.ptr[of] < np.minimum(L.count[of], q.k[of])])
+        n_res = np.minimum(L.count[in_res], q.k[in_res])
+        res_slot, res_h = np.repeat(in_res, n_res), L.h[L.places(in_res, n_res)]
+        if self._before is None:
+            self._before = (res_slot, res_h)
+        else:  # a second expiry before the write: the first one's results are what Redis holds
+            seen = np.isin(res_slot, self._before[0])
+            self._before = tuple(np.concatenate([b, x[~seen]]) for b, x in zip(self._before, (res_slot, res_h)))
+        c = L.count[slots]
+        at = L.places(slots, c)
+        keep = ~hit[at]
+        s_keep, h_keep, d_keep = np.repeat(slots, c)[keep], L.h[at][keep], L.d[at][keep]
+        whole = L.places(slots, q.cap[slots])
+        L.d[whole], L.h[whole] = np.inf, -1
+        pos = np.arange(len(s_keep)) - np.searchsorted(s_keep, s_keep, side="left")
+        L.d[L.ptr[s_keep] + pos], L.h[L.ptr[s_keep] + pos] = d_keep, h_keep
+        L.count[slots] = np.bincount(np.searchsorted(slots, s_keep), minlength=len(slots))
+        if self.reserve and len(in_res):
+            self._sort_lists(in_res)  # ties now at the k-th place decide by id
+        # Exact still iff k of what is left lie strictly within r_q (the docstring above).
+        r = q.radius[s_keep]
+        below = np.bincount(np.searchsorted(slots, s_keep[d_keep < r]), minlength=len(slots))
+        need = slots[np.isfinite(q.radius[slots]) & (below < q.k[slots])]
+        return q.columns(need, q.cap)
+
+    def _sort_lists(self, slots: np.ndarray) -> None:
+        """Order the held entries of ``slots`` by (distance, object id) in place."""
+        L, oids = self.lists, self.handles.oids
+        c = L.count[slots]
+        at = L.places(slots, c)
+        S, D, H = np.repeat(slots, c), L.d[at], L.h[at]
+        key = self.handles.key[H]
+        order = np.lexsort((key, D, S))
+        S, D, H, key = S[order], D[order], H[order], key[order]
+        same = (S[1:] == S[:-1]) & (D[1:] == D[:-1]) & (key[1:] == key[:-1])
+        if same.any():  # shared 8-byte prefixes: those queries' lists by the ids themselves
+            for j in np.unique(S[1:][same]).tolist():
+                run = np.flatnonzero(S == j)
+                by = sorted(run.tolist(), key=lambda i: (D[i], oids[H[i]]))
+                D[run], H[run] = D[by], H[by]
+        L.d[at], L.h[at] = D, H
+
+    def _refill(self, refills: Refills) -> None:
+        """Replace the results of :meth:`expire`'s queries with their exact kNN over the live
+        objects; ``r_q`` grows back (the query is re-indexed with its larger region)."""
+        q, L = self.queries, self.lists
+        slots, radii = [], []
+        for qid, top in zip(refills.qids, refills.topk):
+            j = q.slot_of.get(qid)
+            if j is None:
+                continue
+            a, kk = int(L.ptr[j]), int(q.cap[j])
+            lst = sorted((float(d), str(o)) for o, d in top)[:kk]
+            L.d[a:a + kk], L.h[a:a + kk] = np.inf, -1
+            for i, (d, o) in enumerate(lst):
+                L.d[a + i], L.h[a + i] = d, self.handles.handle_in(o, refills.objects)
+            L.count[j] = len(lst)
+            slots.append(j)
+            radii.append(lst[-1][0] if len(lst) == kk else np.inf)
+        if not slots:
+            return
+        slots = np.asarray(slots, dtype=np.int64)
+        q.set_radius(slots, np.asarray(radii, dtype=np.float64))
+        if self._details is not None:
+            self._details.update(refills.objects)
+        else:
+            self._refilled.update(refills.objects)
+        self.handles.key_new()
+        self._refresh(slots)
+        self.refills += len(slots)
+
+    def _window_changes(self, ids: Sequence[str], lon: np.ndarray, lat: np.ndarray, t: np.ndarray,
+                        keywords: Sequence[Sequence[str]], m) -> tuple[BatchChanges, np.ndarray]:
+        """The batch's changes when an expiry touched results or a reserve is kept: each touched
+        or changed result's difference to what Redis holds (before the expiry, or before the
+        merge ``m``, a :class:`~knnmon.workers.batch_update.Merge` or ``None``), as
+        :class:`BatchChanges`, and the sorted slots written."""
+        q, L = self.queries, self.lists
+        none = np.empty(0, dtype=np.int64)
+        old_slot, old_h = self._before if self._before is not None else (none, none)
+        touched = np.unique(old_slot)
+        merged = m.in_result if m is not None else none
+        if len(merged):
+            b_slot, b_h = m.before
+            fresh = np.zeros(len(q.k), dtype=bool)
+            fresh[merged] = True
+            fresh[touched] = False  # an expired result's 'before' is the expiry's
+            fresh = fresh[b_slot]
+            old_slot, old_h = np.concatenate([old_slot, b_slot[fresh]]), np.concatenate([old_h, b_h[fresh]])
+        slots = np.union1d(touched, merged)
+        c = np.minimum(L.count[slots], q.k[slots])
+        at = L.places(slots, c)
+        new_slot, new_h, new_d = np.repeat(slots, c), L.h[at], L.d[at]
+        ko, kn = (old_slot << 32) | old_h, (new_slot << 32) | new_h
+        ent, left = ~np.isin(kn, ko), ~np.isin(ko, kn)
+        changed = np.union1d(new_slot[ent], old_slot[left])
+        order = np.argsort(old_slot[left], kind="stable")
+        at_batch = {oid: j for j, oid in enumerate(ids)}
+        info = {}
+        for h in np.unique(new_h[ent]).tolist():
+            oid = self.handles.oids[h]
+            j = at_batch.get(oid)
+            info[oid] = (ObjectInfo(float(lon[j]), float(lat[j]), int(t[j]), keywords[j]) if j is not None
+                         else (self._details if self._details is not None else self._refilled)[oid])
+        self._before, self._refilled = None, {}
+        return self._batch_changes(changed, new_slot[ent], new_h[ent], new_d[ent], old_slot[left][order],
+                                   old_h[left][order], info), changed
