@@ -29,8 +29,9 @@ from functools import cached_property
 import numpy as np
 from rtree import index as rtree_index
 
-from knnmon.arrays import runs, with_capacity
+from knnmon.arrays import with_capacity
 from knnmon.geo import cap_bbox
+from knnmon.workers import kernels
 
 __all__ = ["FINEST", "LEVELS", "QueryIndex", "zorder"]
 
@@ -90,25 +91,13 @@ class _Run:
     gens: np.ndarray
 
     @cached_property
-    def _distinct(self) -> tuple[np.ndarray, np.ndarray]:
-        """The distinct keys ``(u,)`` and where each one's entries start ``(u + 1,)``; computed on
-        the first probe, so runs merged away unprobed (a refresh's new entries, a merge's
-        inputs) never pay for it."""
+    def distinct(self) -> tuple[np.ndarray, np.ndarray]:
+        """The distinct keys ``(u,)`` and where each one's entries start ``(u + 1,)`` (int64);
+        computed on the first probe, so runs merged away unprobed (a refresh's new entries, a
+        merge's inputs) never pay for it. A probe is one binary search among the distinct keys,
+        not two among all entries (:func:`~knnmon.workers.kernels.grid_hits`)."""
         first = np.flatnonzero(np.r_[True, self.keys[1:] != self.keys[:-1]]) if len(self.keys) else self.keys
         return self.keys[first], np.r_[first, len(self.keys)]
-
-    def find(self, probes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``(lo, n)`` int64 ``(m,)``: the entries equal to ``probes[i]`` are ``lo[i]:lo[i] + n[i]``.
-
-        ``probes`` come sorted (:meth:`QueryIndex.candidates` builds them in order), so
-        consecutive binary searches share cache lines. One binary search per probe among the
-        distinct keys, not two among all entries (docs/runtime.md has the timing)."""
-        ukeys, ustart = self._distinct
-        if not len(ukeys):
-            return np.zeros(len(probes), np.int64), np.zeros(len(probes), np.int64)
-        i = np.minimum(np.searchsorted(ukeys, probes), len(ukeys) - 1)
-        hit = ukeys[i] == probes
-        return ustart[i], np.where(hit, ustart[i + 1] - ustart[i], 0)
 
     @classmethod
     def empty(cls) -> _Run:
@@ -279,17 +268,12 @@ class QueryIndex:
     def _grid_hits(self, probe: np.ndarray, owner: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(owner, slot)`` ``(h,)`` int64 for every current grid entry whose key equals a probe
         (``probe``, ``owner``: ``(m,)`` int64 keys, sorted, and the object each belongs to)."""
-        objs, slots = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
+        objs, slots = [], []
         for run in (self._base, self._delta):
-            lo, n = run.find(probe)
-            hit = np.flatnonzero(n)
-            if len(hit):
-                n = n[hit]
-                at = runs(lo[hit], n)
-                s = run.slots[at]
-                current = run.gens[at] == self._gen[s]  # skip superseded entries
-                objs.append(np.repeat(owner[hit], n)[current])
-                slots.append(s[current])
+            ukeys, ustart = run.distinct
+            o, s = kernels.grid_hits(probe, owner, ukeys, ustart, run.slots, run.gens, self._gen)
+            objs.append(o)
+            slots.append(s)
         return np.concatenate(objs), np.concatenate(slots)
 
     def candidates(self, lon: np.ndarray, lat: np.ndarray, pair_obj: np.ndarray,
