@@ -47,7 +47,9 @@ def run_once(pythonpath: str | None, args: list[str], report: str) -> dict:
         s = json.load(fh)
     return {"elapsed_s": round(time.perf_counter() - t0, 1), "objects_per_s": round(s["objects_per_s"]),
             "update_ms_mean": round(s["update_ms_mean"], 2), "update_ms_p99": round(s["update_ms_p99"], 2),
-            "redis_server_ms_mean": round(s["redis_server_ms_mean"], 2), "results_changed": s["results_changed"]}
+            "redis_server_ms_mean": round(s["redis_server_ms_mean"], 2), "results_changed": s["results_changed"],
+            "busy_ms_per_batch": [round(b / max(s["batches"], 1), 2) for b in s.get("busy_ms_per_worker") or []],
+            "worker_peak_rss_mb": [round(w.get("peak_rss_mb") or 0) for w in s.get("workers_stats") or []]}
 
 
 def main() -> None:
