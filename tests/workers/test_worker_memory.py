@@ -40,8 +40,8 @@ def test_top_k_memory_is_the_sum_of_k_not_the_largest_k_times_the_queries():
 
 
 @settings(max_examples=20, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), steps=st.lists(st.sampled_from(["batch", "register", "unregister"]),
-                                                      min_size=3, max_size=14))
+@given(seed=st.integers(0, 2**32 - 1),
+       steps=st.lists(st.sampled_from(["batch", "register", "unregister", "handover"]), min_size=3, max_size=14))
 def test_released_and_compacted_state_stays_exact(seed, steps):
     rng = np.random.default_rng(seed)
     original = registration.COMPACT_MIN
@@ -73,6 +73,12 @@ def test_released_and_compacted_state_stays_exact(seed, steps):
             elif step == "register":
                 register([f"q{made}", f"q{made + 1}"])
                 made += 2
+            elif step == "handover":  # half the queries to another worker and back (new slots here)
+                names = list(live)[::2]
+                other = KnnWorker(1, None)
+                other.adopt_queries(w.export_queries(names))
+                w.release_handed()
+                w.adopt_queries(other.export_queries(names))
             elif live:
                 for name in list(live)[: max(1, len(live) // 2)]:
                     assert w.unregister_query(name)
@@ -85,6 +91,15 @@ def test_released_and_compacted_state_stays_exact(seed, steps):
             assert len(w.queries) <= 2 * len(live) + 8 and sorted(w.queries.slot_of) == sorted(live)
             held = set(w.handles.names(w.lists.h[w.lists.h >= 0].tolist()))
             assert len(w.handles) <= max(8, 4 * w.handles.live) and held <= set(w.handles.oids)
+        # The state equals a worker rebuilt from the exact results: same queries, same kNN radii.
+        names = sorted(live)
+        rebuilt = KnnWorker(2, None)
+        cols = QueryColumns(names, [live[n][0] for n in names], [live[n][1] for n in names],
+                            [live[n][2] for n in names], [live[n][3] for n in names])
+        rebuilt.load_queries(cols, [oracle.knn(*live[n]) for n in names], {})
+        radii = {name: dict(zip(q.ids, r.tolist())) for name, (q, r) in (("w", w.regions()),
+                                                                         ("rebuilt", rebuilt.regions()))}
+        assert sorted(radii["w"]) == names and radii["w"] == radii["rebuilt"]
     finally:
         registration.COMPACT_MIN = original
 
