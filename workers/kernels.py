@@ -131,10 +131,13 @@ def _sort_run(md: np.ndarray, mh: np.ndarray, mk: np.ndarray, a: int, b: int) ->
 
 
 @_jit
-def _straddle(md: np.ndarray, mh: np.ndarray, mk: np.ndarray, n: int, cut: int) -> bool:
+def _straddle(md: np.ndarray, mh: np.ndarray, mk: np.ndarray, n: int, cut: int, hkey: np.ndarray,
+              okey: np.ndarray) -> bool:
     """Order by key the run of equal distances across place ``cut`` of the ``n`` merged entries
     (if one straddles it: only such a run decides by id which entries are kept); ``True`` if
-    that needs the ids themselves (two keys equal)."""
+    that needs the ids themselves (two keys equal). The keys are read here, for such runs only
+    (a handle's from ``hkey``, a new object's from ``okey``): most lists never need them, and
+    each is a cache miss."""
     if cut <= 0 or cut >= n or md[cut - 1] != md[cut]:
         return False
     a, b = cut - 1, cut + 1
@@ -142,6 +145,8 @@ def _straddle(md: np.ndarray, mh: np.ndarray, mk: np.ndarray, n: int, cut: int) 
         a -= 1
     while b < n and md[b] == md[cut]:
         b += 1
+    for t in range(a, b):
+        mk[t] = hkey[mh[t]] if mh[t] >= 0 else okey[-1 - mh[t]]
     return _sort_run(md, mh, mk, a, b)
 
 
@@ -250,17 +255,17 @@ def merge_topk(obj: np.ndarray, slot: np.ndarray, d: np.ndarray, okey: np.ndarra
                 h = top_h[a + i]
                 if h < 0:  # (a placeholder left unpatched: the outputs are sized for valid lists only)
                     raise ValueError("a top-k list holds an entry without a handle")
-                md[n], mh[n], mk[n] = top_d[a + i], h, hkey[h]
+                md[n], mh[n] = top_d[a + i], h
                 i += 1
             else:
                 o = obj[order[j]]
                 seen[o] = s
-                md[n], mh[n], mk[n] = d[order[j]], -1 - o, okey[o]
+                md[n], mh[n] = d[order[j]], -1 - o
                 passed += 1
                 j += 1
             n += 1
         # Order by key the runs of equal distance that decide which entries are kept.
-        if _straddle(md, mh, mk, n, kk) or _straddle(md, mh, mk, n, cp):
+        if _straddle(md, mh, mk, n, kk, hkey, okey) or _straddle(md, mh, mk, n, cp, hkey, okey):
             fallback[nf] = s
             nf += 1
             for t in range(n):
