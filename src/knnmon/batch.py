@@ -11,14 +11,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["BatchChanges", "LoadResult", "ObjectBatch", "ObjectInfo", "QueryHandover", "Refills", "WorkerReport",
+__all__ = ["BatchChanges", "BatchObjects", "LoadResult", "ObjectBatch", "ObjectInfo", "QueryHandover", "Refills", "WorkerReport",
            "WriteFigures"]
 
 
@@ -49,6 +49,37 @@ class ObjectInfo:
         if len(parts) < 3:
             raise ValueError(f"not object details: {value[:80]!r}")
         return cls(float(parts[0]), float(parts[1]), int(parts[2]), parts[3:])
+
+
+class BatchObjects(Mapping[str, ObjectInfo]):
+    """The details of a batch's objects by id, each :class:`ObjectInfo` made when it is looked
+    up: a batch's write needs the details of the objects no result held before, a few hundred
+    of its objects, and a mapping built ahead would make one for every object that entered a
+    result.
+
+    Parameters
+    ----------
+    ids
+        ``n`` object ids (distinct).
+    lon, lat, t
+        ``(n,)`` float64 degrees, float64 degrees, int64 epoch ms.
+    keywords
+        ``n`` keyword lists.
+    """
+
+    def __init__(self, ids: Sequence[str], lon: Any, lat: Any, t: Any, keywords: Sequence[Sequence[str]]) -> None:
+        self._at = {oid: j for j, oid in enumerate(ids)}
+        self._ids, self._lon, self._lat, self._t, self._keywords = ids, lon, lat, t, keywords
+
+    def __getitem__(self, oid: str) -> ObjectInfo:
+        j = self._at[oid]
+        return ObjectInfo(float(self._lon[j]), float(self._lat[j]), int(self._t[j]), self._keywords[j])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._ids)
+
+    def __len__(self) -> int:
+        return len(self._ids)
 
 
 @dataclass(frozen=True)
