@@ -273,7 +273,7 @@ class BatchUpdate:
         if len(fallback):
             m = m.plus(self._merge_by_ids(ids, fallback, f_slot, f_obj, f_d))
         uniq = np.unique(m.e_obj)
-        handles = np.array([self.handles.handle(ids[j], int(times[j])) for j in uniq.tolist()], dtype=np.int64)
+        handles = self.handles.handles_of([ids[j] for j in uniq.tolist()], times[uniq])
         m.e_h = handles[np.searchsorted(uniq, m.e_obj)]
         m.entered_obj = uniq
         L.h[m.e_place] = m.e_h

@@ -8,7 +8,7 @@ a window's expiry). Handles of objects no list holds are released by :meth:`Obje
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -52,6 +52,25 @@ class ObjectHandles:
             self.t = with_capacity(self.t, h + 1)
             self.t[h] = t
         return h
+
+    def handles_of(self, oids: Sequence[str], times: np.ndarray) -> np.ndarray:
+        """:meth:`handle` of distinct ``oids`` (times ``(m,)`` int64 epoch ms) in bulk: ``(m,)``
+        int64, new handles made in one extension of the arrays."""
+        get = self.handle_of.get
+        out = np.fromiter((get(o, -1) for o in oids), dtype=np.int64, count=len(oids))
+        new = np.flatnonzero(out < 0)
+        if not len(new):
+            return out
+        names = [own(oids[j]) for j in new.tolist()]
+        if len(set(names)) < len(names):
+            raise ValueError("handles_of takes distinct ids")
+        first = len(self.oids)
+        self.oids.extend(names)
+        self.handle_of.update(zip(names, range(first, first + len(names))))
+        self.t = with_capacity(self.t, len(self.oids))
+        self.t[first:len(self.oids)] = np.asarray(times, dtype=np.int64)[new]
+        out[new] = np.arange(first, len(self.oids))
+        return out
 
     def handle_in(self, oid: str, objects: Mapping[str, ObjectInfo]) -> int:
         """:meth:`handle` of an object whose details ``objects`` may hold (its time, if so)."""
