@@ -273,7 +273,7 @@ class BatchUpdate:
         if len(fallback):
             m = m.plus(self._merge_by_ids(ids, fallback, f_slot, f_obj, f_d))
         uniq = np.unique(m.e_obj)
-        handles = self.handles.handles_of([ids[j] for j in uniq.tolist()], times[uniq])
+        handles = self.handles.handles_of([ids[j] for j in uniq.tolist()], times[uniq], okey[uniq])
         m.e_h = handles[np.searchsorted(uniq, m.e_obj)]
         m.entered_obj = uniq
         L.h[m.e_place] = m.e_h

@@ -53,9 +53,10 @@ class ObjectHandles:
             self.t[h] = t
         return h
 
-    def handles_of(self, oids: Sequence[str], times: np.ndarray) -> np.ndarray:
-        """:meth:`handle` of distinct ``oids`` (times ``(m,)`` int64 epoch ms) in bulk: ``(m,)``
-        int64, new handles made in one extension of the arrays."""
+    def handles_of(self, oids: Sequence[str], times: np.ndarray, keys: np.ndarray | None = None) -> np.ndarray:
+        """:meth:`handle` of distinct ``oids`` (times ``(m,)`` int64 epoch ms; ``keys``: their
+        prefix keys ``(m,)`` uint64, if known) in bulk: ``(m,)`` int64, new handles made in one
+        extension of the arrays."""
         get = self.handle_of.get
         out = np.fromiter((get(o, -1) for o in oids), dtype=np.int64, count=len(oids))
         new = np.flatnonzero(out < 0)
@@ -70,6 +71,10 @@ class ObjectHandles:
         self.t = with_capacity(self.t, len(self.oids))
         self.t[first:len(self.oids)] = np.asarray(times, dtype=np.int64)[new]
         out[new] = np.arange(first, len(self.oids))
+        if keys is not None and self._keyed == first:
+            self.key = with_capacity(self.key, len(self.oids))
+            self.key[first:len(self.oids)] = keys[new]
+            self._keyed = len(self.oids)
         return out
 
     def handle_in(self, oid: str, objects: Mapping[str, ObjectInfo]) -> int:
