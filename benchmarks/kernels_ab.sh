@@ -12,5 +12,5 @@ $py -c "from knnmon.coordinator.bench.speed_probe import speed_probe_ms as p; pr
 ab inline_w1_shuffled --workers 1 --executor inline --shuffle 1
 ab ray_w2_shuffled --workers 2 --shuffle 1
 ab inline_w1_time --workers 1 --executor inline
-ab ray_w2_window500s --workers 2 --window 500s
+ab ray_w2_window500s --workers 2 --window 500s --reserve 8 --shuffle 1 --arrival-ms 1
 $py -c "from knnmon.coordinator.bench.speed_probe import speed_probe_ms as p; print('speed probe', round(p()), 'ms')"

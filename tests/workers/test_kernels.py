@@ -37,6 +37,15 @@ def test_chord_pretest_keeps_every_pair_within_the_radius(seed, n, q):
     assert np.all(np.diff(sel) > 0)
 
 
+@settings(max_examples=100, deadline=None)
+@given(keys=st.lists(st.integers(-50, 50), max_size=60), probe=st.lists(st.integers(-60, 60), max_size=40),
+       sort=st.booleans())
+def test_the_galloping_search_equals_searchsorted(keys, probe, sort):
+    keys = np.unique(np.array(keys, dtype=np.int64))
+    probe = np.array(sorted(probe) if sort else probe, dtype=np.int64)
+    assert kernels._sorted_search(keys, probe).tolist() == np.searchsorted(keys, probe).tolist()
+
+
 def _case(rng: np.random.Generator, prefix: str):
     """Query lists with ties and a batch of pairs (several per object and query)."""
     q = int(rng.integers(1, 8))
