@@ -255,22 +255,21 @@ def merge_topk(obj: np.ndarray, slot: np.ndarray, d: np.ndarray, okey: np.ndarra
     keep = keep[:p]
     by_d = keep[np.argsort(d[keep], kind="mergesort")]
     order = by_d[np.argsort(slot[by_d], kind="mergesort")]
-    big = 0
-    for s in slot[order]:
-        big = max(big, cap[s])
+    bounds = np.empty(p + 1, dtype=np.int64)  # where each slot's run of pairs starts in `order`
+    ng = 0
+    big = nb = 0  # the longest list; the before arrays' size: sum of min(count, k) over touched slots
+    for i in range(p):
+        s = slot[order[i]]
+        if i == 0 or s != slot[order[i - 1]]:
+            bounds[ng] = i
+            ng += 1
+            big = max(big, cap[s])
+            nb += min(count[s], k[s])
+    bounds[ng] = p
     md = np.empty(big + p, dtype=np.float64)
     mh = np.empty(big + p, dtype=np.int64)
     mk = np.empty(big + p, dtype=np.uint64)
     seen = np.full(n_obj, -1, dtype=np.int64)
-    nb = 0  # the before arrays' size: sum of min(count, k) over touched slots
-    g = 0
-    while g < p:
-        s = slot[order[g]]
-        e = g
-        while e < p and slot[order[e]] == s:
-            e += 1
-        nb += min(count[s], k[s])
-        g = e
     changed = np.empty(p, dtype=np.int64)
     in_result = np.empty(p, dtype=np.int64)
     e_slot, e_obj, e_place = np.empty(p, np.int64), np.empty(p, np.int64), np.empty(p, np.int64)
@@ -281,12 +280,9 @@ def merge_topk(obj: np.ndarray, slot: np.ndarray, d: np.ndarray, okey: np.ndarra
     f_slot, f_obj, f_d = np.empty(p, np.int64), np.empty(p, np.int64), np.empty(p, np.float64)
     nc = ni = ne = nl = nbf = nf = nfp = 0
     passed = 0
-    g = 0
-    while g < p:
+    for gi in range(ng):
+        g, e = bounds[gi], bounds[gi + 1]
         s = slot[order[g]]
-        e = g
-        while e < p and slot[order[e]] == s:
-            e += 1
         a, c, kk, cp = top_ptr[s], count[s], k[s], cap[s]
         # Merge the old list (sorted by distance) with the new pairs (sorted by distance).
         n = 0
@@ -319,7 +315,6 @@ def merge_topk(obj: np.ndarray, slot: np.ndarray, d: np.ndarray, okey: np.ndarra
                 if mh[t] < 0:
                     f_slot[nfp], f_obj[nfp], f_d[nfp] = s, -1 - mh[t], md[t]
                     nfp += 1
-            g = e
             continue
         kept = min(n, cp)
         gained = False
@@ -349,7 +344,6 @@ def merge_topk(obj: np.ndarray, slot: np.ndarray, d: np.ndarray, okey: np.ndarra
             for t in range(kept):
                 top_d[a + t], top_h[a + t] = md[t], mh[t]
             count[s] = kept
-        g = e
     return (np.array([passed], dtype=np.int64), changed[:nc], in_result[:ni], e_slot[:ne], e_obj[:ne], e_d[:ne],
             e_place[:ne], l_slot[:nl], l_h[:nl], b_slot[:nbf], b_h[:nbf], fallback[:nf], f_slot[:nfp],
             f_obj[:nfp], f_d[:nfp])
