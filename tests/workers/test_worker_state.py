@@ -1,0 +1,46 @@
+"""The worker's state rooms on their own: object handles (bulk lookup, keys, compaction, expiry)
+and the query table (a duplicate id refused before anything changes)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from knnmon.encoding import id_prefix_keys
+from knnmon.errors import InvalidQueryError
+from knnmon.workers.object_handles import NO_TIME, ObjectHandles
+from knnmon.workers.query_table import QueryTable
+
+
+def test_handles_in_bulk_equal_handles_one_by_one_and_survive_compaction():
+    bulk, single = ObjectHandles(), ObjectHandles()
+    first = ["a", "b", "c"]
+    got = bulk.handles_of(first, np.array([1, 2, 3]), id_prefix_keys(first))
+    assert got.tolist() == [single.handle(o, t) for o, t in zip(first, [1, 2, 3])] == [0, 1, 2]
+    again = bulk.handles_of(["c", "d", "a"], np.array([9, 4, 9]))  # known ids keep their handle and time
+    assert again.tolist() == [2, 3, 0] and bulk.t[:4].tolist() == [1, 2, 3, 4]
+    bulk.key_new()
+    assert bulk.key[:4].tolist() == id_prefix_keys(["a", "b", "c", "d"]).tolist()
+    with pytest.raises(ValueError, match="distinct"):
+        bulk.handles_of(["e", "e"], np.array([5, 5]))
+    assert len(bulk) == 4  # a refused call adds nothing
+    assert bulk.forget(np.array([1])) == ["b"] and "b" not in bulk.handle_of
+    remap = bulk.compact(np.array([0, 3]))
+    assert remap[[0, 3]].tolist() == [0, 1] and bulk.oids == ["a", "d"] and bulk.live == 2
+    assert bulk.handle_of == {"a": 0, "d": 1} and bulk.t.tolist() == [1, 4]
+    assert bulk.key.tolist() == id_prefix_keys(["a", "d"]).tolist()
+    assert bulk.handle("z") == 2 and bulk.t[2] == NO_TIME
+
+
+def test_a_duplicate_query_id_is_refused_before_anything_changes():
+    table = QueryTable()
+    inf = np.full(2, np.inf)
+    table.append(["q0", "q1"], [0.0, 1.0], [0.0, 1.0], [["cafe"], ["bar"]], [[0], [1]], np.array([1, 2]),
+                 np.array([1, 2]), inf)
+    before = (list(table.ids), dict(table.slot_of), table.kw_code.copy(), table.lon.copy())
+    for ids in (["q2", "q1"], ["q3", "q3"]):
+        with pytest.raises(InvalidQueryError, match="already registered"):
+            table.append(ids, [0.0, 0.0], [0.0, 0.0], [["x"], ["y"]], [[2], [3]], np.array([1, 1]), np.array([1, 1]),
+                         inf)
+        assert (table.ids, table.slot_of) == before[:2] and np.array_equal(table.kw_code, before[2])
+        assert np.array_equal(table.lon, before[3]) and len(table.alive) == len(table.reach) == 2
