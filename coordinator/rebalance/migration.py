@@ -63,7 +63,7 @@ def migrate(pool: WorkerPool, registrar: Registrar, moves: Sequence[Move], *, re
         if m.qids:
             by_source.setdefault(m.source, []).append(m)
     sources = sorted(by_source)
-    exports = pool.gather([pool.call(s, "export_queries", [q for m in by_source[s] for q in m.qids])
+    exports = pool.gather([pool.export(s, [q for m in by_source[s] for q in m.qids])
                            for s in sources])
     routing, model = registrar.plan.routing, registrar.plan.model
     adopts, parts = [], []
@@ -74,8 +74,8 @@ def migrate(pool: WorkerPool, registrar: Registrar, moves: Sequence[Move], *, re
             if not len(part):
                 continue
             vocabulary = {x: routing.code(x) for kws in part.queries.keywords for x in kws}
-            adopts.append(pool.call(m.target, "adopt_queries", part, vocabulary,
-                                    {**(note or {}), "moved_from": str(m.source)}))
+            adopts.append(pool.adopt(m.target, part, vocabulary,
+                                {**(note or {}), "moved_from": str(m.source)}))
             parts.append((m, part))
     pool.gather(adopts)
     moved = 0
@@ -91,5 +91,5 @@ def migrate(pool: WorkerPool, registrar: Registrar, moves: Sequence[Move], *, re
         registrar.worker_queries[m.source] -= len(q.ids)
         registrar.worker_queries[m.target] += len(q.ids)
         moved += len(q.ids)
-    pool.gather([pool.call(s, "release_handed") for s in sources])
+    pool.gather([pool.release_handed(s) for s in sources])
     return {"queries": moved, "seconds": time.perf_counter() - t0}

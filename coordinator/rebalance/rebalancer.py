@@ -81,7 +81,7 @@ class Rebalancer:
         t0 = time.perf_counter()
         trigger = self.monitor.ratio()
         busy = self.monitor.busy()
-        loads = self.pool.gather([self.pool.call(w, "query_loads") for w in range(self.pool.size)])
+        loads = self.pool.gather([self.pool.query_loads(w) for w in range(self.pool.size)])
         n_queries = sum(len(ids) for ids, _ in loads)
         budget = int(self.config.budget * n_queries)
         frozen = frozenset(q for moved in self._recent for q in moved)

@@ -107,7 +107,7 @@ class Dispatcher:
             batch = batch.filter(pa.array(~late))
         self.objects.expire(cutoff)
         self.seen.forget(cutoff)
-        needs: list[QueryColumns] = self.pool.gather([self.pool.call(w, "expire", cutoff)
+        needs: list[QueryColumns] = self.pool.gather([self.pool.expire(w, cutoff)
                                                       for w in range(self.pool.size)])
         self.refill_parts_ms = {"expire": (time.perf_counter() - t0) * 1e3, "search": 0.0, "routing": 0.0}
         refills = self._refill(needs)
@@ -166,7 +166,7 @@ class Dispatcher:
         for w in range(self.pool.size):
             mine = _rows_of(masks, w)
             if len(mine):
-                pending.append(self.pool.call(w, "estimate_rows", shared, mine))
+                pending.append(self.pool.estimate(w, shared, mine))
                 rows.append(mine)
         out = np.zeros(len(masks), dtype=np.int64)
         for mine, counts in zip(rows, self.pool.gather(pending)):
@@ -204,7 +204,7 @@ class Dispatcher:
             mine = _rows_of(masks, w)
             if len(mine) or cutoff is not None:
                 window = {"cutoff": cutoff, "refills": refills.get(w)} if cutoff is not None else {}
-                pending.append(self.pool.call(w, "process_rows", shared, mine, **window))
+                pending.append(self.pool.process(w, shared, mine, **window))
                 sent += len(mine)
                 rows[w] = mine
         route_ms = (time.perf_counter() - t0) * 1e3
@@ -231,7 +231,7 @@ class Dispatcher:
             route_ms -= sum(r.busy_s for r in reports) * 1e3
         queued = [i for i, r in enumerate(reports) if r.write_queued]
         if queued:  # the batch is done when its writes are in Redis
-            writes = self.pool.gather([self.pool.call(reports[i].worker, "written", d.number) for i in queued])
+            writes = self.pool.gather([self.pool.written(reports[i].worker, d.number) for i in queued])
             for i, w in zip(queued, writes):
                 reports[i] = reports[i].with_write(w)
         update_ms = (time.perf_counter() - d.t0) * 1e3

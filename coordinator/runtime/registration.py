@@ -113,7 +113,7 @@ class Registrar:
                 info = self.objects.initial_info(rows)
                 columns = QueryColumns(ids, lon[mine], lat[mine], kws, k[mine])
                 codes = {x: routing.code(x) for words in kws for x in words}
-                pending.append(self.pool.call(w, "load_queries", columns, prepared.knn_lists(sel), info,
+                pending.append(self.pool.load(w, columns, prepared.knn_lists(sel), info,
                                               version=prepared.first_batch, write=not resume, details=resume,
                                               sets=plan.set_of[mine].tolist() if with_sets else None,
                                               vocabulary=codes, rebuild=s + chunk >= len(mine_all)))
@@ -193,8 +193,8 @@ class Registrar:
         pending = []
         for w, sel in mine.items():
             used = {o for i in sel for o, _ in topk[i]}
-            pending.append(self.pool.call(
-                w, "register_queries", QueryColumns.of([queries[i] for i in sel]), [topk[i] for i in sel],
+            pending.append(self.pool.register(
+                w, QueryColumns.of([queries[i] for i in sel]), [topk[i] for i in sel],
                 {o: info[o] for o in used}, vocabulary={x: routing.code(x) for i in sel for x in queries[i].keywords},
                 version=self.feed_version()))
         self.pool.gather(pending)
@@ -221,12 +221,12 @@ class Registrar:
             return False
         self.worker_queries[w] -= 1
         self.unregistered += 1
-        return bool(self.pool.gather([self.pool.call(w, "unregister_query", qid, self.feed_version())])[0])
+        return bool(self.pool.gather([self.pool.unregister(w, qid, self.feed_version())])[0])
 
     def result(self, qid: str) -> list[tuple[str, float]]:
         """A query's current kNN as its worker holds it (Redis holds the same)."""
-        return self.pool.gather([self.pool.call(self.query_worker[qid], "result", qid)])[0]
+        return self.pool.gather([self.pool.result(self.query_worker[qid], qid)])[0]
 
     def stats(self) -> list[dict[str, Any]]:
         """Each worker's :meth:`~knnmon.workers.worker.KnnWorker.stats`."""
-        return self.pool.call_all("stats")
+        return self.pool.gather([self.pool.stats(w) for w in range(self.pool.size)])

@@ -149,7 +149,7 @@ def revive(pool: RayPool, registrar: Registrar, redis_url: str, namespace: str, 
     routing = registrar.plan.routing
     pool.replace(worker, vocabulary={})
     codes = {x: routing.code(x) for q in queries for x in q.keywords}
-    pool.gather([pool.call(worker, "load_queries", QueryColumns.of(queries), topk, {}, write=False,
+    pool.gather([pool.load(worker, QueryColumns.of(queries), topk, {}, write=False,
                            vocabulary=codes)])
     out, resent = [], 0
     for d in uncollected:
@@ -158,7 +158,7 @@ def revive(pool: RayPool, registrar: Registrar, redis_url: str, namespace: str, 
             continue
         rows = rows_to_resend(d.number, d.rows[worker], last, partial)
         if rows is not None:
-            call = pool.call(worker, "process_rows", d.shared, rows)
+            call = pool.process(worker, d.shared, rows)
             resent += 1
         else:  # applied before the worker died; its report is lost
             call = Pending(worker, pool.share(WorkerReport(worker=worker, batch=d.number)))

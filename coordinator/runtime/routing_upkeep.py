@@ -125,7 +125,7 @@ class RoutingUpkeep:
             self._executor = None
 
     def _start(self, unregistered: int) -> None:
-        pending = [self.pool.call(w, "regions") for w in range(self.pool.size)]  # in batch order
+        pending = [self.pool.regions(w) for w in range(self.pool.size)]  # in batch order
         self._requested = False
         self.routing.journal(True)
         self.routing.code_index()  # made here, read by the build thread

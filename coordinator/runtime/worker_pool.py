@@ -3,8 +3,9 @@
 :func:`make_pool` starts ``W`` :class:`~knnmon.workers.worker.KnnWorker` s either as plain objects
 in the coordinator's process (:class:`InlinePool`: one process, no serialisation; tests and the
 fastest setting on one core) or as Ray actors (:class:`RayPool`: one process each, on the nodes
-of a Ray cluster). Callers send with :meth:`WorkerPool.call` and wait with
-:meth:`WorkerPool.gather`; a worker that died surfaces as :class:`~knnmon.errors.WorkerLostError`
+of a Ray cluster). Callers send with the typed calls of :class:`WorkerPool` (``process``,
+``load``, ``expire``, ..., one per :class:`~knnmon.workers.interface.WorkerApi` method) and wait
+with :meth:`WorkerPool.gather`; a worker that died surfaces as :class:`~knnmon.errors.WorkerLostError`
 naming it (the ``ActorPool`` pattern of Ray's ``util/actor_pool.py``).
 """
 
@@ -14,12 +15,17 @@ import contextlib
 import logging
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
+from knnmon.batch import ObjectBatch, ObjectInfo, QueryHandover, Refills
 from knnmon.coordinator.runtime.config import RunConfig
 from knnmon.errors import WorkerLostError
+from knnmon.query import QueryColumns
+from knnmon.workers.interface import WorkerApi
 
 __all__ = ["WORKER_CPUS", "InlinePool", "Pending", "RayPool", "WorkerPool", "init_ray", "make_pool"]
 
@@ -61,9 +67,72 @@ class WorkerPool(ABC):
             A worker died (its actor process was killed, or its node was lost).
         """
 
-    def call_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
-        """``method`` on every worker; their results in worker order."""
-        return self.gather([self.call(w, method, *args, **kwargs) for w in range(self.size)])
+    def _send(self, worker: int, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Pending:
+        return self.call(worker, method.__name__, *args, **kwargs)
+
+    # The worker's calls, typed (:class:`~knnmon.workers.interface.WorkerApi`; each returns a
+    # :class:`Pending` for :meth:`gather`).
+    def process(self, worker: int, batch: ObjectBatch, rows: np.ndarray, *, cutoff: int | None = None,
+                refills: Refills | None = None) -> Pending:
+        """:meth:`KnnWorker.process_rows`: a shared batch's rows for ``worker``."""
+        return self._send(worker, WorkerApi.process_rows, batch, rows, cutoff=cutoff, refills=refills)
+
+    def estimate(self, worker: int, batch: ObjectBatch, rows: np.ndarray) -> Pending:
+        """:meth:`KnnWorker.estimate_rows`: candidates per row, nothing changed."""
+        return self._send(worker, WorkerApi.estimate_rows, batch, rows)
+
+    def written(self, worker: int, batch: int) -> Pending:
+        """:meth:`KnnWorker.written`: the queued write of ``batch``."""
+        return self._send(worker, WorkerApi.written, batch)
+
+    def expire(self, worker: int, cutoff: int) -> Pending:
+        """:meth:`KnnWorker.expire`: the queries to refill."""
+        return self._send(worker, WorkerApi.expire, cutoff)
+
+    def load(self, worker: int, queries: QueryColumns, topk: Sequence[Sequence[tuple[str, float]]],
+             objects: Mapping[str, ObjectInfo], **options: Any) -> Pending:
+        """:meth:`KnnWorker.load_queries` (its keyword options as given)."""
+        return self._send(worker, WorkerApi.load_queries, queries, topk, objects, **options)
+
+    def register(self, worker: int, queries: QueryColumns, topk: Sequence[Sequence[tuple[str, float]]],
+                 objects: Mapping[str, ObjectInfo], *, vocabulary: Mapping[str, int] | None = None,
+                 version: int = 0) -> Pending:
+        """:meth:`KnnWorker.register_queries`."""
+        return self._send(worker, WorkerApi.register_queries, queries, topk, objects, vocabulary=vocabulary,
+                          version=version)
+
+    def unregister(self, worker: int, qid: str, version: int = 0) -> Pending:
+        """:meth:`KnnWorker.unregister_query`: ``True`` if ``worker`` held ``qid``."""
+        return self._send(worker, WorkerApi.unregister_query, qid, version)
+
+    def result(self, worker: int, qid: str) -> Pending:
+        """:meth:`KnnWorker.result`."""
+        return self._send(worker, WorkerApi.result, qid)
+
+    def regions(self, worker: int) -> Pending:
+        """:meth:`KnnWorker.regions`: its queries and their kNN radii."""
+        return self._send(worker, WorkerApi.regions)
+
+    def stats(self, worker: int) -> Pending:
+        """:meth:`KnnWorker.stats`."""
+        return self._send(worker, WorkerApi.stats)
+
+    def query_loads(self, worker: int) -> Pending:
+        """:meth:`KnnWorker.query_loads`: each query's recent measured load."""
+        return self._send(worker, WorkerApi.query_loads)
+
+    def export(self, worker: int, qids: Sequence[str]) -> Pending:
+        """:meth:`KnnWorker.export_queries`: hand queries over (the worker forgets them)."""
+        return self._send(worker, WorkerApi.export_queries, qids)
+
+    def adopt(self, worker: int, handover: QueryHandover, vocabulary: Mapping[str, int] | None = None,
+              note: Mapping[str, str] | None = None) -> Pending:
+        """:meth:`KnnWorker.adopt_queries`."""
+        return self._send(worker, WorkerApi.adopt_queries, handover, vocabulary, note)
+
+    def release_handed(self, worker: int) -> Pending:
+        """:meth:`KnnWorker.release_handed`."""
+        return self._send(worker, WorkerApi.release_handed)
 
     def share(self, obj: Any) -> Any:
         """``obj`` as the workers receive it without one copy each (Ray's object store)."""

@@ -89,7 +89,7 @@ def test_drift_moves_queries_exact_after_every_batch(drifting, redis_url, namesp
         assert_feed_and_objects(r, Keys(namespace), list(rt.registrar.query_worker))
         r.close()
         assert sum(rt.registrar.worker_queries) == len(queries)
-        assert sorted(sum((rt.pool.call_all("query_loads")[w][0] for w in range(3)), [])) == \
+        assert sorted(sum((rt.pool.gather([rt.pool.query_loads(w) for w in range(3)])[w][0] for w in range(3)), [])) == \
             sorted(queries.column("id").to_pylist())  # every query on exactly one worker
     assert replans and rt.rebalancer.queries_moved > 0
     assert moved > 0

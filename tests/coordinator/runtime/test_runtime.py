@@ -181,7 +181,7 @@ def test_a_killed_ray_worker_surfaces_as_worker_lost(small, ray_instance, redis_
         rt.pool.kill(1)  # asynchronous: calls may still reach the actor for a moment
         with pytest.raises(WorkerLostError, match="worker 1 was lost") as ex:
             for _ in range(100):
-                rt.pool.gather([rt.pool.call(0, "stats"), rt.pool.call(1, "stats")])
+                rt.pool.gather([rt.pool.stats(0), rt.pool.stats(1)])
                 time.sleep(0.05)
         assert ex.value.worker == 1
 

@@ -14,7 +14,7 @@ import redis
 
 from knnmon.coordinator.service import latency
 from knnmon.coordinator.service.batching import SJF_HORIZON, BatchPolicy
-from knnmon.coordinator.service.protocol import entry_order, entry_time_ms
+from knnmon.coordinator.service.protocol import entry_time_ms
 from knnmon.errors import InvalidArgumentError
 from knnmon.feed import parse_entry
 from knnmon.ingest.reading import read_objects, stream_order

@@ -1,0 +1,42 @@
+"""The pools send a worker only calls of its typed interface, and a worker answers all of them."""
+
+from __future__ import annotations
+
+import inspect
+
+from knnmon.coordinator.runtime.worker_pool import InlinePool, WorkerPool
+from knnmon.query import QueryColumns
+from knnmon.workers.interface import WorkerApi
+from knnmon.workers.worker import KnnWorker
+
+
+def _api() -> set[str]:
+    return {n for n, f in inspect.getmembers(WorkerApi, inspect.isfunction) if not n.startswith("_")}
+
+
+def test_a_worker_answers_every_call_of_the_interface_with_the_same_parameters():
+    w = KnnWorker(0, None)
+    assert isinstance(w, WorkerApi)
+    for name in _api():
+        mine, api = inspect.signature(getattr(w, name)), inspect.signature(getattr(WorkerApi, name))
+        wanted = [p for p in api.parameters.values() if p.name != "self" and p.kind != p.VAR_KEYWORD]
+        for p in wanted:  # every parameter the interface names, the worker takes by that name
+            assert p.name in mine.parameters, (name, p.name)
+
+
+def test_the_pool_sends_each_call_by_its_interface_method():
+    sent: list[str] = []
+
+    class Recorder(InlinePool):
+        def call(self, worker, method, *args, **kwargs):
+            sent.append(method)
+            return super().call(worker, method, *args, **kwargs)
+
+    pool = Recorder([KnnWorker(0, None)])
+    pool.gather([pool.load(0, QueryColumns(["q"], [0.0], [0.0], [["cafe"]], [1]), [[]], {})])
+    pool.gather([pool.regions(0), pool.stats(0), pool.query_loads(0), pool.result(0, "q"), pool.expire(0, 0),
+                 pool.written(0, 0), pool.unregister(0, "q"), pool.release_handed(0)])
+    assert set(sent) <= _api() and {"load_queries", "regions", "unregister_query"} <= set(sent)
+    typed = {n for n, f in inspect.getmembers(WorkerPool, inspect.isfunction)
+             if not n.startswith("_") and n not in ("call", "gather", "share", "close")}
+    assert len(typed) == len(_api())  # one typed sender per call of the interface
