@@ -6,21 +6,65 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Mapping, Sequence
+from itertools import chain
 
 import numpy as np
 
 from knnmon.batch import LoadResult, ObjectInfo
+from knnmon.encoding import id_prefix_keys
 from knnmon.heap import give_back
 from knnmon.query import QueryColumns
-from knnmon.workers.object_handles import ObjectHandles
+from knnmon.workers.object_handles import NO_TIME, ObjectHandles
 from knnmon.workers.query_table import QueryTable
 from knnmon.workers.topk_lists import TopKLists
 from knnmon.workers.vocabulary import Vocabulary
 
-__all__ = ["COMPACT_MIN", "Registration"]
+__all__ = ["COMPACT_MIN", "Registration", "kept_entries"]
 
 #: Compaction (:meth:`Registration.compact`) waits for at least this many places or handles to release.
 COMPACT_MIN = 1 << 16
+
+
+def kept_entries(topk: Sequence[Sequence[tuple[str, float]]], cap: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
+    """Each query's list ordered by (distance, object id) and cut to its ``cap`` places.
+
+    Parameters
+    ----------
+    topk
+        ``n`` lists of ``(object id, distance m)``, in any order.
+    cap
+        ``(n,)`` int64: places per query.
+
+    Returns
+    -------
+    query, rank, distance, ids
+        The kept entries, by query then place: ``(e,)`` int64 query index and place, ``(e,)``
+        float64 meters, and their ``e`` ids. Sorted on the ids' 8-byte prefix keys, and by the ids
+        themselves within a query whose entries share a distance and a key.
+    """
+    n = len(topk)
+    sizes = np.fromiter(map(len, topk), dtype=np.int64, count=n)
+    total = int(sizes.sum())
+    if not total:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0), []
+    oids, dists = zip(*chain.from_iterable(topk))
+    oids = [str(o) for o in oids]
+    d = np.asarray(dists, dtype=np.float64)
+    q = np.repeat(np.arange(n, dtype=np.int64), sizes)
+    key = id_prefix_keys(oids)
+    order = np.lexsort((key, d, q))
+    q, d, key = q[order], d[order], key[order]
+    oids = [oids[i] for i in order.tolist()]
+    same = (q[1:] == q[:-1]) & (d[1:] == d[:-1]) & (key[1:] == key[:-1])
+    for j in np.unique(q[1:][same]).tolist():  # shared prefixes at a tie: those lists by the ids
+        a, b = np.searchsorted(q, j), np.searchsorted(q, j, side="right")
+        run = sorted(range(a, b), key=lambda i: (d[i], oids[i]))
+        d[a:b] = d[run]
+        oids[a:b] = [oids[i] for i in run]
+    rank = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+    keep = rank < cap[q]
+    return q[keep], rank[keep], d[keep], [o for o, k in zip(oids, keep.tolist()) if k]
 
 
 class Registration:
@@ -47,17 +91,21 @@ class Registration:
         cap = k + self.reserve
         start = np.cumsum(cap) - cap  # each new query's first place, relative
         top_d, top_h = np.full(int(cap.sum()), np.inf), np.full(int(cap.sum()), -1, dtype=np.int64)
-        count, radii = np.zeros(n, dtype=np.int64), np.full(n, np.inf)
-        lists = [sorted((float(d), str(o)) for o, d in topk[i])[:int(cap[i])] for i in range(n)]
         slots = self.queries.append(queries.ids, queries.lon, queries.lat, queries.keywords,
-                                    [self.vocabulary.code_row(words) for words in queries.keywords], k, cap, radii)
-        for i, lst in enumerate(lists):
-            count[i] = len(lst)
-            for j, (d, o) in enumerate(lst):
-                top_d[start[i] + j], top_h[start[i] + j] = d, self.handles.handle_in(o, objects)
-        full = count == cap
-        self.queries.set_radius(np.arange(slots.start, slots.stop)[full],
-                                np.array([lst[-1][0] for lst, f in zip(lists, full) if f], dtype=np.float64))
+                                    [self.vocabulary.code_row(words) for words in queries.keywords], k, cap,
+                                    np.full(n, np.inf))
+        q, rank, d, oids = kept_entries(topk, cap)
+        if len(q):
+            distinct = list(dict.fromkeys(oids))
+            get = objects.get
+            times = np.fromiter((NO_TIME if (o := get(oid)) is None else o.t for oid in distinct), dtype=np.int64,
+                                count=len(distinct))
+            handle = dict(zip(distinct, self.handles.handles_of(distinct, times).tolist()))
+            top_d[start[q] + rank] = d
+            top_h[start[q] + rank] = np.fromiter(map(handle.__getitem__, oids), dtype=np.int64, count=len(oids))
+        count = np.bincount(q, minlength=n).astype(np.int64)
+        full = np.flatnonzero(count == cap)
+        self.queries.set_radius(slots.start + full, top_d[start[full] + cap[full] - 1])
         self.lists.append(cap, top_d, top_h, count)
         if self._details is not None:
             held = {o for top in topk for o, _ in top}

@@ -1,15 +1,18 @@
-"""The worker's state rooms on their own: object handles (bulk lookup, keys, compaction, expiry)
-and the query table (a duplicate id refused before anything changes)."""
+"""The worker's state rooms on their own: object handles (bulk lookup, keys, compaction, expiry),
+the query table (a duplicate id refused before anything changes) and the initial lists' order."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from knnmon.encoding import id_prefix_keys
 from knnmon.errors import InvalidQueryError
 from knnmon.workers.object_handles import NO_TIME, ObjectHandles
 from knnmon.workers.query_table import QueryTable
+from knnmon.workers.registration import kept_entries
 
 
 def test_handles_in_bulk_equal_handles_one_by_one_and_survive_compaction():
@@ -44,3 +47,18 @@ def test_a_duplicate_query_id_is_refused_before_anything_changes():
                          inf)
         assert (table.ids, table.slot_of) == before[:2] and np.array_equal(table.kw_code, before[2])
         assert np.array_equal(table.lon, before[3]) and len(table.alive) == len(table.reach) == 2
+
+
+@settings(max_examples=100, deadline=None)
+@given(lists=st.lists(st.lists(st.tuples(st.sampled_from(["a", "b", "object-1", "object-2", "object-3", "zz"]),
+                                         st.sampled_from([0.0, 1.5, 2.0])), max_size=6, unique_by=lambda e: e[0]),
+                      max_size=5),
+       caps=st.lists(st.integers(1, 4), min_size=5, max_size=5))
+def test_kept_entries_are_each_list_sorted_by_distance_then_id_and_cut(lists, caps):
+    cap = np.array(caps[:len(lists)], dtype=np.int64)
+    q, rank, d, ids = kept_entries(lists, cap)
+    for i, lst in enumerate(lists):
+        want = sorted((x, o) for o, x in lst)[:cap[i]]
+        mine = q == i
+        assert list(zip(d[mine].tolist(), [o for o, m in zip(ids, mine.tolist()) if m])) == want
+        assert rank[mine].tolist() == list(range(len(want)))
