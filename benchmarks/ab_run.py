@@ -49,7 +49,8 @@ def run_once(pythonpath: str | None, args: list[str], report: str) -> dict:
             "update_ms_mean": round(s["update_ms_mean"], 2), "update_ms_p99": round(s["update_ms_p99"], 2),
             "redis_server_ms_mean": round(s["redis_server_ms_mean"], 2), "results_changed": s["results_changed"],
             "busy_ms_per_batch": [round(b / max(s["batches"], 1), 2) for b in s.get("busy_ms_per_worker") or []],
-            "worker_peak_rss_mb": [round(w.get("peak_rss_mb") or 0) for w in s.get("workers_stats") or []]}
+            "worker_peak_rss_mb": [round(w.get("peak_rss_mb") or 0) for w in s.get("workers_stats") or []],
+            "startup_s": s.get("startup_s")}
 
 
 def main() -> None:
