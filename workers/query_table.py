@@ -67,7 +67,8 @@ class QueryTable:
             self.slot_of[qid] = first + i
             self.ids.append(qid)
         self.keywords += [" ".join(words) for words in keywords]
-        self.kw_ptr = np.concatenate([self.kw_ptr, self.kw_ptr[-1] + np.cumsum([len(c) for c in codes], dtype=np.int64)])
+        n_codes = np.cumsum([len(c) for c in codes], dtype=np.int64)
+        self.kw_ptr = np.concatenate([self.kw_ptr, self.kw_ptr[-1] + n_codes])
         self.kw_code = np.concatenate([self.kw_code, np.fromiter((c for row in codes for c in row), dtype=np.int64)])
         lon, lat = np.asarray(lon, dtype=np.float64), np.asarray(lat, dtype=np.float64)
         self.lon = np.concatenate([self.lon, lon])

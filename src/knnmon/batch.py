@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["BatchChanges", "BatchObjects", "LoadResult", "ObjectBatch", "ObjectInfo", "QueryHandover", "Refills", "WorkerReport",
-           "WriteFigures"]
+__all__ = ["BatchChanges", "BatchObjects", "LoadResult", "ObjectBatch", "ObjectInfo", "QueryHandover", "Refills",
+           "WorkerReport", "WriteFigures"]
 
 
 @dataclass(frozen=True)
