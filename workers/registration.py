@@ -26,7 +26,7 @@ COMPACT_MIN = 1 << 16
 
 
 def kept_entries(topk: Sequence[Sequence[tuple[str, float]]], cap: np.ndarray
-                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str], np.ndarray]:
     """Each query's list ordered by (distance, object id) and cut to its ``cap`` places.
 
     Parameters
@@ -38,16 +38,17 @@ def kept_entries(topk: Sequence[Sequence[tuple[str, float]]], cap: np.ndarray
 
     Returns
     -------
-    query, rank, distance, ids
+    query, rank, distance, ids, keys
         The kept entries, by query then place: ``(e,)`` int64 query index and place, ``(e,)``
-        float64 meters, and their ``e`` ids. Sorted on the ids' 8-byte prefix keys, and by the ids
-        themselves within a query whose entries share a distance and a key.
+        float64 meters, their ``e`` ids and ``(e,)`` uint64 id prefix keys
+        (:func:`~knnmon.encoding.id_prefix_keys`). Sorted on the keys, and by the ids themselves
+        within a query whose entries share a distance and a key.
     """
     n = len(topk)
     sizes = np.fromiter(map(len, topk), dtype=np.int64, count=n)
     total = int(sizes.sum())
     if not total:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0), []
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0), [], np.zeros(0, np.uint64)
     oids, dists = zip(*chain.from_iterable(topk))
     oids = [str(o) for o in oids]
     d = np.asarray(dists, dtype=np.float64)
@@ -60,11 +61,11 @@ def kept_entries(topk: Sequence[Sequence[tuple[str, float]]], cap: np.ndarray
     for j in np.unique(q[1:][same]).tolist():  # shared prefixes at a tie: those lists by the ids
         a, b = np.searchsorted(q, j), np.searchsorted(q, j, side="right")
         run = sorted(range(a, b), key=lambda i: (d[i], oids[i]))
-        d[a:b] = d[run]
+        d[a:b], key[a:b] = d[run], key[run]
         oids[a:b] = [oids[i] for i in run]
     rank = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(sizes) - sizes, sizes)
     keep = rank < cap[q]
-    return q[keep], rank[keep], d[keep], [o for o, k in zip(oids, keep.tolist()) if k]
+    return q[keep], rank[keep], d[keep], [o for o, k in zip(oids, keep.tolist()) if k], key[keep]
 
 
 class Registration:
@@ -94,13 +95,15 @@ class Registration:
         slots = self.queries.append(queries.ids, queries.lon, queries.lat, queries.keywords,
                                     [self.vocabulary.code_row(words) for words in queries.keywords], k, cap,
                                     np.full(n, np.inf))
-        q, rank, d, oids = kept_entries(topk, cap)
+        q, rank, d, oids, keys = kept_entries(topk, cap)
         if len(q):
-            distinct = list(dict.fromkeys(oids))
+            key_of = dict(zip(oids, keys.tolist()))  # (distinct ids, in first-seen order)
+            distinct = list(key_of)
             get = objects.get
             times = np.fromiter((NO_TIME if (o := get(oid)) is None else o.t for oid in distinct), dtype=np.int64,
                                 count=len(distinct))
-            handle = dict(zip(distinct, self.handles.handles_of(distinct, times).tolist()))
+            distinct_keys = np.fromiter(key_of.values(), dtype=np.uint64, count=len(distinct))
+            handle = dict(zip(distinct, self.handles.handles_of(distinct, times, distinct_keys).tolist()))
             top_d[start[q] + rank] = d
             top_h[start[q] + rank] = np.fromiter(map(handle.__getitem__, oids), dtype=np.int64, count=len(oids))
         count = np.bincount(q, minlength=n).astype(np.int64)

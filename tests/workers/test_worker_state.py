@@ -56,7 +56,8 @@ def test_a_duplicate_query_id_is_refused_before_anything_changes():
        caps=st.lists(st.integers(1, 4), min_size=5, max_size=5))
 def test_kept_entries_are_each_list_sorted_by_distance_then_id_and_cut(lists, caps):
     cap = np.array(caps[:len(lists)], dtype=np.int64)
-    q, rank, d, ids = kept_entries(lists, cap)
+    q, rank, d, ids, keys = kept_entries(lists, cap)
+    assert keys.tolist() == id_prefix_keys(ids).tolist()
     for i, lst in enumerate(lists):
         want = sorted((x, o) for o, x in lst)[:cap[i]]
         mine = q == i
