@@ -51,12 +51,12 @@ def sizes(w: KnnWorker) -> dict[str, int]:
     out = {}
     seen: set[int] = set()
     for name, value in sorted(vars(w).items()):
-        if name in ("writer", "index", "load", "queue"):
+        if name in ("writer", "index", "load", "queue", "holders"):
             continue
         out[name] = deep(value, seen)
     out["index"] = sum(deep(v, seen) for v in vars(w.index).values())
-    if w.writer is not None:
-        out["writer.held_in"] = deep(w.writer.held_in, seen)
+    if w.holders is not None:
+        out["holders"] = deep(w.holders.counts, seen)
     out["load"] = sum(deep(v, seen) for v in vars(w.load).values())
     return out
 

@@ -321,14 +321,16 @@ class BatchUpdate:
         """:class:`BatchChanges` of the results ``changed`` (sorted slots): handles ``e_h`` (at
         ``e_d`` meters) entered and ``l_h`` left them, each grouped by their slot (``e_slot``,
         ``l_slot``) in slot order; ``info`` holds the entered objects' details. Fresh lists, so a
-        queued write may use them while the next batch runs."""
+        queued write may use them while the next batch runs. The holders are counted here, in
+        the batch's order (:meth:`KnnWorker._held`)."""
         oids = self.handles.oids
+        details = self._held(e_slot, e_h, l_slot, l_h, lambda oid: info[oid].to_text())
         return BatchChanges(
             qids=[self.queries.ids[s] for s in changed.tolist()],
             n_entered=np.bincount(np.searchsorted(changed, e_slot), minlength=len(changed)).tolist(),
             entered=[oids[h] for h in e_h.tolist()], distances=e_d.tolist(),
             n_left=np.bincount(np.searchsorted(changed, l_slot), minlength=len(changed)).tolist(),
-            left=[oids[h] for h in l_h.tolist()], objects=info, version=self._version)
+            left=[oids[h] for h in l_h.tolist()], objects=info, version=self._version, details=details)
 
     def _shrink(self, changed: np.ndarray, *, refresh: bool = True) -> np.ndarray:
         """Shrink the kNN radius ``r_q`` of the ``changed`` slots whose list is full to its

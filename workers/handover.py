@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from knnmon.batch import QueryHandover
+from knnmon.workers.registration import details_text
 
 __all__ = ["Handover"]
 
@@ -88,8 +89,13 @@ class Handover:
         slots = self._append(handover.queries, handover.topk, handover.objects)
         self.load.us[slots.start:slots.stop] = np.asarray(handover.loads, dtype=np.float64)
         if self.writer is not None and len(slots):
+            r_slot, r_h = self._results_of(np.arange(slots.start, slots.stop))
+            known = np.fromiter((o in handover.objects for o in self.handles.names(r_h.tolist())), dtype=bool,
+                                count=len(r_h))  # (details missing: not held)
+            none = np.empty(0, dtype=np.int64)
+            dets = self._held(r_slot[known], r_h[known], none, none, details_text(handover.objects))
             self._write_now(self.writer.adopt_queries, self._next_tag(),
-                            list(zip(handover.queries.ids, handover.members)), handover.objects, note)
+                            list(zip(handover.queries.ids, handover.members)), handover.objects, note, dets)
         self._refresh(np.arange(slots.start, slots.stop))
         return len(slots)
 
@@ -98,5 +104,10 @@ class Handover:
         since the last call held; returns how many queries."""
         handed, self._handed = self._handed, []
         if self.writer is not None and handed:
-            self._write_now(self.writer.release_queries, self._next_tag(), handed)
+            handle_of = self.handles.handle_of  # (held, so kept by every compaction since)
+            pairs = [(j, handle_of[o]) for j, (_, members) in enumerate(handed) for o in members if o in handle_of]
+            both = np.array(pairs, dtype=np.int64).reshape(-1, 2)
+            l_q, l_h, none = both[:, 0], both[:, 1], np.empty(0, dtype=np.int64)
+            dets = self._held(none, none, l_q, l_h, details_text({}), qids=[q for q, _ in handed])
+            self._write_now(self.writer.release_queries, self._next_tag(), handed, dets)
         return len(handed)

@@ -10,7 +10,10 @@ worker"; Tsuruoka et al. 2019, §4.4, steps 2-3):
    every distance knnmon stores comes from that one function, so equal distances compare equal
    bit for bit, whichever code computed them);
 3. :func:`merge_topk` -- each touched query's top-k merged with its new pairs within ``r_q``,
-   ordered by (distance, object id), with the changed results' entered and left entries.
+   ordered by (distance, object id), with the changed results' entered and left entries;
+4. :func:`count_holders` -- how many results of the worker hold each object (per details hash),
+   and so which objects' details the write adds and which it deletes
+   (:mod:`knnmon.workers.holders`).
 
 Compiled with ``cache=True`` into ``NUMBA_CACHE_DIR`` (set here to ``~/.cache/knnmon/numba``, or
 a temporary directory where home is not writable, when the environment does not set it: an
@@ -46,7 +49,7 @@ if "NUMBA_CACHE_DIR" not in os.environ:
 import numba  # noqa: E402  (after NUMBA_CACHE_DIR: numba reads it on import)
 import numpy as np  # noqa: E402
 
-__all__ = ["chord_pretest", "compile_kernels", "grid_hits", "merge_topk"]
+__all__ = ["chord_pretest", "compile_kernels", "count_holders", "grid_hits", "merge_topk"]
 
 _jit = numba.njit(cache=True, nogil=True)
 
@@ -349,6 +352,56 @@ def merge_topk(obj: np.ndarray, slot: np.ndarray, d: np.ndarray, okey: np.ndarra
             f_obj[:nfp], f_d[:nfp])
 
 
+@_jit
+def count_holders(counts: np.ndarray, e_h: np.ndarray, e_b: np.ndarray, l_h: np.ndarray, l_b: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """Count one write's holders: every entry first, then every departure, so an object leaving
+    one result and entering another in the same write stays held.
+
+    Parameters
+    ----------
+    counts
+        ``(handles, buckets)`` int32, updated in place: how many results of the worker hold
+        each object handle, per details hash (bucket).
+    e_h, e_b
+        ``(e,)`` int64: the handles that entered a result and the bucket of that result.
+    l_h, l_b
+        ``(l,)`` int64: the same for the handles that left one.
+
+    Returns
+    -------
+    fresh, gone
+        ``(f,)`` int64 positions in ``e_h`` of the (handle, bucket)s no result held before and
+        one holds after (each once: their details are written), and ``(g,)`` int64 positions in
+        ``l_h`` of those no result holds after (their details are deleted). A departure of an
+        object not held leaves its count at 0 and counts as gone.
+    """
+    fresh = np.empty(len(e_h), dtype=np.int64)
+    nf = 0
+    for i in range(len(e_h)):
+        c = counts[e_h[i], e_b[i]]
+        if c == 0:
+            fresh[nf] = i
+            nf += 1
+        counts[e_h[i], e_b[i]] = c + 1
+    gone = np.empty(len(l_h), dtype=np.int64)
+    ng = 0
+    for i in range(len(l_h)):
+        c = counts[l_h[i], l_b[i]] - 1
+        if c <= 0:
+            c = 0
+            gone[ng] = i
+            ng += 1
+        counts[l_h[i], l_b[i]] = c
+    kept = 0
+    for j in range(nf):
+        i = fresh[j]
+        if counts[e_h[i], e_b[i]] > 0:
+            fresh[kept] = i
+            kept += 1
+    return fresh[:kept], gone[:ng]
+
+
 def compile_kernels() -> None:
     """Compile (or load from the cache) every kernel for the dtypes the worker passes, so that
     no batch pays for compilation."""
@@ -356,3 +409,4 @@ def compile_kernels() -> None:
     chord_pretest(f0, f0, f0, i0, i0, np.zeros((0, 4)))
     grid_hits(i0, i0, i0, np.zeros(1, np.int64), i0, np.zeros(0, np.int32), np.zeros(0, np.int32))
     merge_topk(i0, i0, f0, u0, f0, i0, i0, i0, i0, f0, i0, u0, 0)
+    count_holders(np.zeros((0, 1), np.int32), i0, i0, i0, i0)

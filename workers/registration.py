@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from itertools import chain
 
 import numpy as np
@@ -19,10 +19,20 @@ from knnmon.workers.query_table import QueryTable
 from knnmon.workers.topk_lists import TopKLists
 from knnmon.workers.vocabulary import Vocabulary
 
-__all__ = ["COMPACT_MIN", "Registration", "kept_entries"]
+__all__ = ["COMPACT_MIN", "Registration", "details_text", "kept_entries"]
 
 #: Compaction (:meth:`Registration.compact`) waits for at least this many places or handles to release.
 COMPACT_MIN = 1 << 16
+
+
+def details_text(objects: Mapping[str, ObjectInfo]) -> Callable[[str], str | None]:
+    """An object's details text (:meth:`ObjectInfo.to_text`) from ``objects``, ``None`` if
+    they are not there (:meth:`KnnWorker._held`)."""
+    def text(oid: str) -> str | None:
+        info = objects.get(oid)
+        return None if info is None else info.to_text()
+
+    return text
 
 
 def kept_entries(topk: Sequence[Sequence[tuple[str, float]]], cap: np.ndarray
@@ -162,14 +172,13 @@ class Registration:
         self.vocabulary.learn(vocabulary)
         slots = self._append(queries, topk, objects)
         first = slots.start
-        if self.writer is not None and not write:
-            for j in range(slots.start, slots.stop):
-                self.writer.hold(self.queries.ids[j], (oid for oid, _ in self._result(j)))
-            held = self.writer.held if details else {}  # (a property: merged once, not per object)
-            mine = {oid: o for oid, o in objects.items() if oid in held}
-            if mine:  # (a reserve's objects beyond k are in no result)
+        none = np.empty(0, dtype=np.int64)
+        if self.writer is not None and not write:  # Redis holds them: count their holders
+            r_slot, r_h = self._results_of(np.arange(slots.start, slots.stop))
+            dets = self._held(r_slot, r_h, none, none, details_text(objects) if details else lambda oid: None)
+            if any(hs for hs, _ in dets.values()):  # (a reserve's objects beyond k are in no result)
                 tag = self._next_tag()
-                self._write_now(self.writer.apply, tag, self.writer.details_payload(tag, mine))
+                self._write_now(self.writer.apply, tag, self.writer.details_payload(tag, dets))
         if self.writer is not None and write:
             # With the write queue, Redis runs chunk i's script while this thread builds the
             # payload of chunk i + 1 (at most 2 chunks wait, to bound memory).
@@ -179,7 +188,9 @@ class Registration:
                 rows = [(q.ids[j], q.fields(j) if sets is None else {**q.fields(j), "set": sets[j - first]},
                          self._result(j)) for j in range(s, min(s + chunk, slots.stop))]
                 tag = self._next_tag()
-                payload = self.writer.queries_payload(tag, rows, objects, version)
+                r_slot, r_h = self._results_of(np.arange(s, min(s + chunk, slots.stop)))
+                dets = self._held(r_slot, r_h, none, none, details_text(objects))
+                payload = self.writer.queries_payload(tag, rows, objects, version, dets)
                 if self.queue is None:
                     self.writer.apply(tag, payload)
                     continue
@@ -208,9 +219,11 @@ class Registration:
         self.vocabulary.learn(vocabulary)
         slots = self._append(queries, topk, objects)
         if self.writer is not None:
-            q = self.queries
+            q, none = self.queries, np.empty(0, dtype=np.int64)
+            r_slot, r_h = self._results_of(np.arange(slots.start, slots.stop))
+            dets = self._held(r_slot, r_h, none, none, details_text(objects))
             self._write_now(self.writer.write_queries, self._next_tag(),
-                            [(q.ids[j], q.fields(j), self._result(j)) for j in slots], objects, version)
+                            [(q.ids[j], q.fields(j), self._result(j)) for j in slots], objects, version, dets)
         self._refresh(np.arange(slots.start, slots.stop))
 
     def unregister_query(self, qid: str, version: int = 0) -> bool:
@@ -220,8 +233,11 @@ class Registration:
         if slot is None:
             return False
         if self.writer is not None:
+            r_slot, r_h = self._results_of(np.array([slot], dtype=np.int64))
+            none = np.empty(0, dtype=np.int64)
+            dets = self._held(none, none, r_slot, r_h, details_text({}))
             self._write_now(self.writer.delete_query, self._next_tag(), qid, version,
-                            [oid for oid, _ in self._result(slot)])
+                            [oid for oid, _ in self._result(slot)], dets)
         self._drop([qid])
         return True
 
@@ -249,8 +265,13 @@ class Registration:
         self.rebuild_index()
 
     def _compact_handles(self) -> None:
-        """Drop the handles of objects no result holds (renumbering the others). O(sum of k)."""
+        """Drop the handles of objects no list holds and no written result holds (renumbering
+        the others). O(sum of k + handles)."""
         used = np.unique(self.lists.h[self.lists.h >= 0])
+        if self.holders is not None:  # (a query handed over holds its objects until it is released)
+            used = np.union1d(used, self.holders.held())
         self.lists.renumber(self.handles.compact(used))
+        if self.holders is not None:
+            self.holders.renumber(used)
         if self._details is not None:
             self._details = {oid: self._details[oid] for oid in self.handles.oids if oid in self._details}

@@ -75,7 +75,7 @@ class ReleaseInParts:
             if self.writer is not None:
                 t1 = time.perf_counter()
                 changes = changes if changes is not None else BatchChanges([], [], [], [], [], [],
-                                                                          version=self._version)
+                                                                          version=self._version, details={})
                 server_s += self.writer.write_part(batch, part, last, rows[objs].tolist(), changes)
                 redis_s += time.perf_counter() - t1
             part += 1

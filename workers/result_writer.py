@@ -12,8 +12,10 @@ Layout: :class:`knnmon.keys.Keys`. A batch's writes travel as one msgpack payloa
 3. keeps the details of the objects in this worker's results in one hash,
    ``knn:objects:{worker}`` (field: object id, value: ``lon lat t keywords``): one ``HSET`` for
    the objects that entered a result of this worker while none held them, one ``HDEL`` for
-   those its last result let go. The writer counts the holders (:attr:`ResultWriter.held`,
-   in the worker's memory), so Redis does no per-object work;
+   those its last result let go. The worker counts the holders (:mod:`knnmon.workers.holders`,
+   an int32 array per object handle) and the write carries the result
+   (:attr:`knnmon.batch.BatchChanges.details`), so Redis does no per-object work; a writer used
+   alone counts them itself by id;
 4. appends **one** ``changes`` stream entry for the whole call (:mod:`knnmon.feed`: its
    ``version`` and one line per changed query, built by the worker, not by Redis; a deleted
    query's line lets go of the result the worker held); the stream is
@@ -47,15 +49,18 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import msgpack
+import numpy as np
 
 from redis.cluster import RedisCluster
 
 from knnmon.batch import BatchChanges, ObjectInfo
 from knnmon.connection import connect, with_retries
 from knnmon.keys import Keys
+from knnmon.workers.holders import Details, Holders
 
 __all__ = ["CHANGES_MAXLEN", "ResultWriter", "details_key"]
 
@@ -165,10 +170,8 @@ class ResultWriter:
         self._marker = self.keys.worker_batch(worker)
         self.session = uuid.uuid4().hex[:12]  # markers of earlier runs never match
         self._per_entry = 100.0  # recent changes per feed entry (a moving average), for the trim
-        #: Per details hash (``""``: the one of a standalone Redis; in a cluster, a master's
-        #: name), object id -> the results of this worker holding it there (as written, or
-        #: about to be): whether its details are in that hash.
-        self.held_in: dict[str, dict[str, int]] = {}
+        #: The holder counts of a writer used alone (:meth:`_details`), with its own handles.
+        self._own: tuple[Holders, dict[str, int], list[str]] | None = None
 
     def apply(self, tag: int | str, payload: dict) -> float:
         """One script call with a payload built for ``tag`` (a batch's number, or
@@ -220,7 +223,7 @@ class ResultWriter:
         single = out[m.master_of(keys.queries)]
         single["sa"], single["sr"] = payload["sa"], payload["sr"]
         for name, d in out.items():
-            d["okey"] = self._bucket_key(name)
+            d["okey"] = self.bucket_key(name)
         for okey, (hs, hd) in payload["dets"].items():
             d = out[m.master_of(okey)]
             d["okey"], d["hs"], d["hd"] = okey, hs, hd
@@ -265,16 +268,15 @@ class ResultWriter:
 
     @property
     def held(self) -> dict[str, int]:
-        """Object id -> the results of this worker holding it (all details hashes together)."""
-        if len(self.held_in) <= 1:
-            return next(iter(self.held_in.values()), {})
-        out: dict[str, int] = {}
-        for held in self.held_in.values():
-            for oid, n in held.items():
-                out[oid] = out.get(oid, 0) + n
-        return out
+        """Object id -> the results holding it, as counted by this writer itself (a writer used
+        alone; a worker counts its own: :mod:`knnmon.workers.holders`)."""
+        if self._own is None:
+            return {}
+        holders, _, names = self._own
+        n = holders.by_handle()
+        return {names[h]: int(n[h]) for h in np.flatnonzero(n).tolist()}
 
-    def _bucket(self, qid: str) -> str:
+    def bucket(self, qid: str) -> str:
         """Which details hash holds the details of ``qid``'s result: ``""`` (standalone), else
         the master of its result key."""
         return "" if self.masters is None else self.masters.master_of(self.keys.result(qid))
@@ -284,87 +286,60 @@ class ResultWriter:
         (:func:`details_key`)."""
         return details_key(self.keys, self.worker, qid, self.masters)
 
-    def _bucket_key(self, bucket: str) -> str:
+    def bucket_key(self, bucket: str) -> str:
+        """The key of the details hash of ``bucket`` (:meth:`bucket`)."""
         return self.keys.objects(self.worker, self.masters.tag_of(bucket) if bucket else None)
 
-    def hold(self, qid: str, oids: Iterable[str]) -> None:
-        """Count ``qid``'s result as holding ``oids`` without writing (a worker rebuilt from
-        what Redis holds: its objects' details are there already)."""
-        held = self.held_in.setdefault(self._bucket(qid), {})
-        for oid in oids:
-            held[oid] = held.get(oid, 0) + 1
+    def holders(self) -> Holders:
+        """A new :class:`~knnmon.workers.holders.Holders` for this writer's details hashes."""
+        return Holders(self.bucket_key, self.bucket if self.masters is not None else None)
 
-    def _holds(self, changes: BatchChanges, released: Sequence[str], delete: str | None,
-               details: bool) -> dict[str, tuple[list[str], list[str]]]:
-        """Count the changes' holders; per details hash (bucket) ``(HSET arguments, HDEL ids)``:
-        the objects no result of this worker held there before, and those none holds after
-        (``released``: the members of the deleted query ``delete``). ``details=False``: counted,
-        not written."""
-        c = changes
-        fresh: dict[str, list[str]] = {}
-        gone: dict[str, list[str]] = {}
-        # Every entry first, then every departure: an object leaving one result and entering
-        # another in the same call stays held (and is neither written nor deleted).
-        if self.masters is None:  # one details hash: no per-query bookkeeping (the hot path)
-            entered = [("", c.entered)]
-            left = [("", c.left), ("", released)]
-        else:
-            entered, left, ei, li = [], [], 0, 0
-            for qid, ne, nl in zip(c.qids, c.n_entered, c.n_left):
-                bucket = self._bucket(qid)
-                entered.append((bucket, c.entered[ei:ei + ne]))
-                left.append((bucket, c.left[li:li + nl]))
-                ei, li = ei + ne, li + nl
-            if delete is not None:
-                left.append((self._bucket(delete), released))
-        for bucket, oids in entered:
-            held = self.held_in.setdefault(bucket, {})
-            new = fresh.setdefault(bucket, [])
-            for oid in oids:
-                n = held.get(oid, 0)
-                if n == 0:
-                    new.append(oid)
-                held[oid] = n + 1
-        for bucket, oids in left:
-            held = self.held_in.setdefault(bucket, {})
-            out_ = gone.setdefault(bucket, [])
-            for oid in oids:
-                n = held.get(oid, 0) - 1
-                if n > 0:
-                    held[oid] = n
-                else:
-                    held.pop(oid, None)
-                    out_.append(oid)
-        if not details:
-            return {}
-        out = {}
-        for bucket in {b for b in (*fresh, *gone) if fresh.get(b) or gone.get(b)}:
-            held = self.held_in[bucket]
-            # (held still: entered, and not let go again in the same call)
-            hs = [x for oid in fresh.get(bucket, ()) if oid in held for x in (oid, c.objects[oid].to_text())]
-            out[bucket] = (hs, gone.get(bucket, []))
-        return out
+    def _details(self, c: BatchChanges, released: Sequence[str], delete: str | None) -> Mapping[str, tuple]:
+        """What ``c`` does to the details hashes: ``c.details`` if its maker counted the
+        holders, else counted here by id (the deleted query ``delete``'s members ``released``
+        let go too)."""
+        if c.details is not None:
+            return c.details
+        if self._own is None:
+            self._own = (self.holders(), {}, [])
+        holders, handle_of, names = self._own
+
+        def handles(oids: Sequence[str]) -> np.ndarray:
+            out = np.empty(len(oids), dtype=np.int64)
+            for i, oid in enumerate(oids):
+                h = handle_of.get(oid)
+                if h is None:
+                    h = handle_of[oid] = len(names)
+                    names.append(oid)
+                out[i] = h
+            return out
+
+        qb = holders.buckets(list(c.qids))
+        left, l_b = list(c.left), np.repeat(qb, np.asarray(c.n_left, dtype=np.int64))
+        if delete is not None:
+            left += released
+            l_b = np.concatenate([l_b, np.repeat(holders.buckets([delete]), len(released))])
+        objects = c.objects
+        return holders.change(handles(c.entered), np.repeat(qb, np.asarray(c.n_entered, dtype=np.int64)),
+                              handles(left), l_b, names,
+                              lambda oid: objects[oid].to_text() if oid in objects else None)
 
     def _payload(self, changes: BatchChanges, *, fields: Sequence[Sequence[str]] | None = None,
-                 replace: bool = False, log: bool = True, delete: str | None = None, released: Sequence[str] = (),
-                 details: bool = True, extra_details: Mapping[str, Sequence[str]] | None = None) -> dict:
-        """The payload of one script call (a dict; :meth:`apply` packs it): ``changes``; per
-        changed query its hash ``fields`` (key, value, ...; registration); ``replace`` their
-        results first; ``log`` the changes in the feed; ``delete`` a query with its keys
-        (``released``: its members, as this worker holds them, for its feed line); ``details``
-        keep the details hashes (``dets``: details key -> HSET arguments, HDEL ids);
-        ``extra_details`` more HSET arguments per details key."""
+                 replace: bool = False, log: bool = True, delete: str | None = None,
+                 released: Sequence[str] = ()) -> dict:
+        """The payload of one script call (a dict; :meth:`apply` packs it): ``changes`` (with
+        what they do to the details hashes: :meth:`_details`); per changed query its hash
+        ``fields`` (key, value, ...; registration); ``replace`` their results first; ``log`` the
+        changes in the feed; ``delete`` a query with its keys (``released``: its members, as
+        this worker holds them, for its feed line)."""
         c = changes
         n = len(c.qids)
         e: list[Any] = [None] * (2 * len(c.entered))  # ZADD's score, member pairs
         e[0::2], e[1::2] = c.distances, c.entered
         fields = fields or [()] * n
-        extra_details = extra_details or {}
         if n and log:
             self._per_entry = 0.9 * self._per_entry + 0.1 * n
-        dets = {self._bucket_key(b): hs_hd for b, hs_hd in self._holds(c, released, delete, details).items()}
-        for okey, hs in extra_details.items():
-            dets[okey] = (dets.get(okey, ([], []))[0] + list(hs), dets.get(okey, ([], []))[1])
+        dets = self._details(c, released, delete)
         hq = [q for q, f in zip(c.qids, fields) if f]
         feed = c.feed_text() if log else ""
         if delete is not None:
@@ -379,33 +354,36 @@ class ResultWriter:
         }
 
     def write_queries(self, tag: int, queries: Iterable[tuple[str, Mapping[str, object], Sequence[tuple[str, float]]]],
-                      objects: Mapping[str, ObjectInfo], version: int = 0) -> None:
+                      objects: Mapping[str, ObjectInfo], version: int = 0, details: Details | None = None) -> None:
         """Write queries with their whole results (registration, initial load).
 
         ``queries``: ``(qid, query hash fields, [(oid, distance m), ...])``; ``objects``: the
         details of every object in them; ``version``: the feed's
-        (:class:`~knnmon.batch.BatchChanges`). Ids this writer holds no result of.
+        (:class:`~knnmon.batch.BatchChanges`); ``details``: what the write does to the details
+        hashes, if the caller counted the holders (:attr:`BatchChanges.details`). Ids this
+        writer holds no result of.
         """
-        self.apply(tag, self.queries_payload(tag, queries, objects, version))
+        self.apply(tag, self.queries_payload(tag, queries, objects, version, details))
 
     def queries_payload(self, tag: int,
                         queries: Iterable[tuple[str, Mapping[str, object], Sequence[tuple[str, float]]]],
-                        objects: Mapping[str, ObjectInfo], version: int = 0) -> dict:
+                        objects: Mapping[str, ObjectInfo], version: int = 0, details: Details | None = None) -> dict:
         """The payload of :meth:`write_queries`, for :meth:`apply` (e.g. on another thread)."""
-        diffs, fields = [], []
+        qids, n_entered, entered, distances, fields = [], [], [], [], []
         for qid, f, topk in queries:
-            diffs.append((qid, topk, ()))
+            qids.append(qid)
+            n_entered.append(len(topk))
+            entered += [o for o, _ in topk]
+            distances += [float(d) for _, d in topk]
             fields.append([x for key, value in {**f, "worker": self.worker, "objects": self.details_key(qid)}.items()
                            for x in (key, str(value))])
-        return self._payload(BatchChanges.from_diffs(diffs, objects, version), fields=fields, replace=True)
+        c = BatchChanges(qids, n_entered, entered, distances, [0] * len(qids), [], objects, version, details)
+        return self._payload(c, fields=fields, replace=True)
 
-    def details_payload(self, tag: int, objects: Mapping[str, ObjectInfo]) -> dict:
-        """A payload writing only ``objects``' details, each into the hashes of the results
-        holding it (a resumed service's workers, whose queries the new plan may have moved:
-        each writes the objects it holds)."""
-        extra = {self._bucket_key(b): [x for oid, o in objects.items() if oid in held for x in (oid, o.to_text())]
-                 for b, held in self.held_in.items()}
-        return self._payload(BatchChanges([], [], [], [], [], []), log=False, extra_details=extra)
+    def details_payload(self, tag: int, details: Details) -> dict:
+        """A payload writing only ``details`` (:attr:`BatchChanges.details`: a resumed service's
+        workers, whose queries the new plan may have moved, each write the objects they hold)."""
+        return self._payload(BatchChanges([], [], [], [], [], [], details=details), log=False)
 
     def write_batch(self, tag: int, changes: BatchChanges) -> float:
         """Write one batch's result changes (module docstring); returns the server's seconds
@@ -425,13 +403,15 @@ class ResultWriter:
     def write_repairs(self, tag: int, changes: BatchChanges) -> float:
         """Write result changes without touching any worker's object details (recovery's
         repairs: the workers write their details when they resume)."""
-        return self.apply(tag, self._payload(changes, details=False))
+        return self.apply(tag, self._payload(replace(changes, details={})))
 
-    def delete_query(self, tag: int, qid: str, version: int = 0, members: Sequence[str] = ()) -> None:
+    def delete_query(self, tag: int, qid: str, version: int = 0, members: Sequence[str] = (),
+                     details: Details | None = None) -> None:
         """Delete a query's keys; its feed line (at ``version``) lets go of its ``members`` (its
-        result as this worker holds it, nearest first: what this worker wrote)."""
-        self.apply(tag, self._payload(BatchChanges([], [], [], [], [], [], version=version), delete=qid,
-                                      released=members))
+        result as this worker holds it, nearest first: what this worker wrote); ``details`` as
+        in :meth:`write_queries`."""
+        self.apply(tag, self._payload(BatchChanges([], [], [], [], [], [], version=version, details=details),
+                                      delete=qid, released=members))
 
     def read_details(self, queries: Sequence[tuple[str, Sequence[str]]]) -> dict[str, ObjectInfo]:
         """The details of the objects in these results, from this worker's details hashes
@@ -466,26 +446,29 @@ class ResultWriter:
         return {**payload, "q": [], "ne": [], "e": [], "nl": [], "l": []}
 
     def adopt_queries(self, tag: int, queries: Sequence[tuple[str, Sequence[str]]],
-                      objects: Mapping[str, ObjectInfo], note: Mapping[str, str] | None = None) -> None:
+                      objects: Mapping[str, ObjectInfo], note: Mapping[str, str] | None = None,
+                      details: Details | None = None) -> None:
         """Take over queries another worker wrote (re-balancing, :mod:`knnmon.workers.handover`):
         ``queries``: ``(qid, members of its result)``. Their results and the feed do not change;
         their hashes' ``worker`` and ``objects`` fields name this worker and its details hash,
         which gets the details (``objects``) of members no result of this worker held there;
-        ``note``: more fields for every query hash."""
+        ``note``: more fields for every query hash; ``details`` as in :meth:`write_queries`."""
         qids = [q for q, _ in queries]
         members = [[o for o in m if o in objects] for _, m in queries]  # (details missing: not held)
         c = BatchChanges(qids, [len(m) for m in members], [o for m in members for o in m],
-                         [0.0] * sum(len(m) for m in members), [0] * len(qids), [], objects)
+                         [0.0] * sum(len(m) for m in members), [0] * len(qids), [], objects, details=details)
         extra = [x for key, value in (note or {}).items() for x in (str(key), str(value))]
         fields = [["worker", str(self.worker), "objects", self.details_key(q), *extra] for q in qids]
         payload = self._no_results(self._payload(c, fields=fields, log=False))
         self.apply(tag, {**payload, "sa": []})
 
-    def release_queries(self, tag: int, queries: Sequence[tuple[str, Sequence[str]]]) -> None:
+    def release_queries(self, tag: int, queries: Sequence[tuple[str, Sequence[str]]],
+                        details: Details | None = None) -> None:
         """Let go of queries handed to another worker (``(qid, members)``): their members no
-        other result of this worker holds leave its details hashes."""
+        other result of this worker holds leave its details hashes; ``details`` as in
+        :meth:`write_queries`."""
         c = BatchChanges([q for q, _ in queries], [0] * len(queries), [], [], [len(m) for _, m in queries],
-                         [o for _, m in queries for o in m])
+                         [o for _, m in queries for o in m], details=details)
         self.apply(tag, self._no_results(self._payload(c, log=False)))
 
     def close(self) -> None:

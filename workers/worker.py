@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -24,6 +24,7 @@ from knnmon.query import QueryColumns
 from knnmon.workers import kernels
 from knnmon.workers.batch_update import BatchUpdate, Merge
 from knnmon.workers.handover import Handover
+from knnmon.workers.holders import Details
 from knnmon.workers.keyword_lists import KeywordLists
 from knnmon.workers.object_handles import NO_TIME, ObjectHandles
 from knnmon.workers.query_index import QueryIndex
@@ -129,6 +130,7 @@ class KnnWorker(Registration, BatchUpdate, WindowLists, ReleaseInParts, Handover
         self.worker_id, self.reserve = worker_id, int(reserve)
         self.writer = ResultWriter(redis_url, namespace, worker_id) if redis_url else None
         self.queue = WriteQueue(self.writer) if self.writer is not None and overlap_writes else None
+        self.holders = self.writer.holders() if self.writer is not None else None  # of the written results
         self.queries = QueryTable()
         self.lists = TopKLists()
         self.handles = ObjectHandles()
@@ -179,6 +181,31 @@ class KnnWorker(Registration, BatchUpdate, WindowLists, ReleaseInParts, Handover
             The write, or an earlier one, failed after every retry.
         """
         return self.queue.wait(batch) if self.queue is not None else WriteFigures()
+
+    def _held(self, e_slot: np.ndarray, e_h: np.ndarray, l_slot: np.ndarray, l_h: np.ndarray,
+              text: Callable[[str], str | None], qids: Sequence[str] | None = None) -> Details | None:
+        """Count one write's holders (:mod:`knnmon.workers.holders`): handles ``e_h`` entered
+        the results of slots ``e_slot``, ``l_h`` left those of ``l_slot`` (``(x,)`` int64 each;
+        with ``qids``, positions in it instead of slots); ``text(object id)``: an entered
+        object's details (``None``: unknown, not written). The write's
+        :attr:`~knnmon.batch.BatchChanges.details`; ``None`` without Redis."""
+        if self.holders is None:
+            return None
+        e_slot, l_slot = np.asarray(e_slot, dtype=np.int64), np.asarray(l_slot, dtype=np.int64)
+        if self.holders.single:
+            e_b, l_b = np.zeros(len(e_h), dtype=np.int64), np.zeros(len(l_h), dtype=np.int64)
+        else:
+            slots = np.union1d(e_slot, l_slot)
+            names = qids if qids is not None else self.queries.ids
+            b = self.holders.buckets([names[s] for s in slots.tolist()])
+            e_b, l_b = b[np.searchsorted(slots, e_slot)], b[np.searchsorted(slots, l_slot)]
+        return self.holders.change(e_h, e_b, l_h, l_b, self.handles.oids, text)
+
+    def _results_of(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The results of ``slots`` (``(m,)`` int64) as written: ``(slot, handle)`` of each
+        member, ``(e,)`` int64 each, in slot order."""
+        n = np.minimum(self.lists.count[slots], self.queries.k[slots])
+        return np.repeat(slots, n), self.lists.h[self.lists.places(slots, n)]
 
     def _next_tag(self) -> int:
         self._tag -= 1  # initial loads and registrations use negative tags, batches their number

@@ -112,7 +112,10 @@ class BatchChanges:
     meters) and lost the next ``n_left[j]`` ids of ``left``; ``objects`` holds the details of
     every object in ``entered``. ``version`` is the change feed's version of all of them: the
     number of stream batches applied once they are (a stream batch numbered ``b`` writes
-    ``b + 1``; a registration between batches, the number applied so far).
+    ``b + 1``; a registration between batches, the number applied so far). ``details``: what
+    the write does to the worker's details hashes, counted by the worker
+    (:mod:`knnmon.workers.holders`): details hash key -> (``HSET`` arguments ``id, text, ...``,
+    ``HDEL`` ids); ``None``: the writer counts them itself, by id, from ``objects``.
     """
 
     qids: Sequence[str]
@@ -123,6 +126,7 @@ class BatchChanges:
     left: Sequence[str]
     objects: Mapping[str, ObjectInfo] = field(default_factory=dict)
     version: int = 0
+    details: Mapping[str, tuple[Sequence[str], Sequence[str]]] | None = None
 
     def __len__(self) -> int:
         return len(self.qids)

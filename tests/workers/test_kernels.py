@@ -1,6 +1,7 @@
 """The worker's compiled kernels against plain Python: the chord pre-test never drops a pair
 within ``r_q``, and the top-k merge keeps exactly the ``cap`` nearest by (distance, id) with the
-right entered / left / before entries, on data full of exact ties and shared id prefixes. The
+right entered / left / before entries, on data full of exact ties and shared id prefixes; the
+holder counts match counting by dict. The
 same tests run again with the JIT disabled (``NUMBA_DISABLE_JIT=1``), so a failure can be read
 in plain Python."""
 
@@ -112,6 +113,30 @@ def test_merge_keeps_the_nearest_by_distance_then_id(seed, prefix):
         assert b_h[b_slot == s].tolist() == before_h[a:a + min(c, k[s])].tolist()
     assert passed[0] == n_within
     assert np.all(np.diff(changed) > 0) and np.all(np.diff(e_slot) >= 0) and np.all(np.diff(l_slot) >= 0)
+
+
+@settings(max_examples=100, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), e=st.integers(0, 40), l_=st.integers(0, 40), buckets=st.integers(1, 3))
+def test_count_holders_matches_counting_by_dict(seed, e, l_, buckets):
+    """Entries first, then departures: the details written are the (handle, bucket)s held
+    after that were not before, those deleted the ones no result holds after."""
+    rng = np.random.default_rng(seed)
+    counts = rng.integers(0, 3, (12, buckets)).astype(np.int32)
+    before = {(h, b): int(counts[h, b]) for h in range(12) for b in range(buckets)}
+    e_h, e_b = rng.integers(0, 12, e), rng.integers(0, buckets, e)
+    l_h, l_b = rng.integers(0, 12, l_), rng.integers(0, buckets, l_)
+    fresh, gone = kernels.count_holders(counts, e_h, e_b, l_h, l_b)
+    want = dict(before)
+    for h, b in zip(e_h.tolist(), e_b.tolist()):
+        want[h, b] += 1
+    for h, b in zip(l_h.tolist(), l_b.tolist()):
+        want[h, b] = max(want[h, b] - 1, 0)
+    assert {(h, b): int(counts[h, b]) for h, b in want} == want
+    got_fresh = [(int(e_h[i]), int(e_b[i])) for i in fresh]
+    assert len(set(got_fresh)) == len(got_fresh)
+    assert set(got_fresh) == {(h, b) for h, b in zip(e_h.tolist(), e_b.tolist()) if before[h, b] == 0 and want[h, b]}
+    assert {(int(l_h[i]), int(l_b[i])) for i in gone} == {(h, b) for h, b in zip(l_h.tolist(), l_b.tolist())
+                                                         if want[h, b] == 0}
 
 
 def test_the_kernels_agree_with_the_jit_disabled():
