@@ -27,6 +27,7 @@ from knnmon.batch import BatchChanges, BatchObjects, ObjectBatch, ObjectInfo, Re
 from knnmon.encoding import id_prefix_keys
 from knnmon.geo import haversine_m, unit_vectors
 from knnmon.workers import kernels
+from knnmon.workers.holders import texts_of
 from knnmon.workers.object_handles import ObjectHandles
 from knnmon.workers.query_table import QueryTable
 from knnmon.workers import registration
@@ -324,7 +325,7 @@ class BatchUpdate:
         queued write may use them while the next batch runs. The holders are counted here, in
         the batch's order (:meth:`KnnWorker._held`)."""
         oids = self.handles.oids
-        details = self._held(e_slot, e_h, l_slot, l_h, lambda oid: info[oid].to_text())
+        details = self._held(e_slot, e_h, l_slot, l_h, texts_of(info))
         return BatchChanges(
             qids=[self.queries.ids[s] for s in changed.tolist()],
             n_entered=np.bincount(np.searchsorted(changed, e_slot), minlength=len(changed)).tolist(),

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from knnmon.batch import QueryHandover
-from knnmon.workers.registration import details_text
+from knnmon.workers.holders import texts_of
 
 __all__ = ["Handover"]
 
@@ -93,7 +93,7 @@ class Handover:
             known = np.fromiter((o in handover.objects for o in self.handles.names(r_h.tolist())), dtype=bool,
                                 count=len(r_h))  # (details missing: not held)
             none = np.empty(0, dtype=np.int64)
-            dets = self._held(r_slot[known], r_h[known], none, none, details_text(handover.objects))
+            dets = self._held(r_slot[known], r_h[known], none, none, texts_of(handover.objects))
             self._write_now(self.writer.adopt_queries, self._next_tag(),
                             list(zip(handover.queries.ids, handover.members)), handover.objects, note, dets)
         self._refresh(np.arange(slots.start, slots.stop))
@@ -108,6 +108,6 @@ class Handover:
             pairs = [(j, handle_of[o]) for j, (_, members) in enumerate(handed) for o in members if o in handle_of]
             both = np.array(pairs, dtype=np.int64).reshape(-1, 2)
             l_q, l_h, none = both[:, 0], both[:, 1], np.empty(0, dtype=np.int64)
-            dets = self._held(none, none, l_q, l_h, details_text({}), qids=[q for q, _ in handed])
+            dets = self._held(none, none, l_q, l_h, texts_of({}), qids=[q for q, _ in handed])
             self._write_now(self.writer.release_queries, self._next_tag(), handed, dets)
         return len(handed)

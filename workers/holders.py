@@ -12,17 +12,33 @@ The worker counts every write's entered and left handles here before the write
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
 from knnmon.arrays import with_capacity
+from knnmon.batch import BatchObjects, ObjectInfo
 from knnmon.workers import kernels
 
-__all__ = ["Details", "Holders"]
+__all__ = ["Details", "Holders", "Texts", "texts_of"]
 
 #: Details hash key -> (HSET arguments: id, text, id, text, ...; HDEL ids).
 Details = dict[str, tuple[list[str], list[str]]]
+#: Object ids -> their details' texts (:meth:`knnmon.batch.ObjectInfo.to_text`), ``None`` where unknown.
+Texts = Callable[[list[str]], Sequence[str | None]]
+
+
+def texts_of(objects: Mapping[str, ObjectInfo]) -> Texts:
+    """:data:`Texts` from ``objects`` (a :class:`~knnmon.batch.BatchObjects` makes them in
+    bulk)."""
+    if isinstance(objects, BatchObjects):
+        return objects.texts
+
+    def texts(oids: list[str]) -> list[str | None]:
+        get = objects.get
+        return [None if (info := get(oid)) is None else info.to_text() for oid in oids]
+
+    return texts
 
 
 class Holders:
@@ -68,22 +84,21 @@ class Holders:
         return out
 
     def change(self, e_h: np.ndarray, e_b: np.ndarray, l_h: np.ndarray, l_b: np.ndarray, oids: Sequence[str],
-               text: Callable[[str], str | None]) -> Details:
+               texts: Texts) -> Details:
         """Count one write's entered handles ``e_h`` (results of buckets ``e_b``) and left ones
-        ``l_h`` (``l_b``), all ``(x,)`` int64; the details to write: the text
-        (``text(object id)``; ``None``: unknown, not written) of the objects no result held
-        there before, the ids of those none holds after, per details hash key. ``oids``: the
-        handles' ids."""
+        ``l_h`` (``l_b``), all ``(x,)`` int64; the details to write: the text (``texts``;
+        ``None``: unknown, not written) of the objects no result held there before, the ids of
+        those none holds after, per details hash key. ``oids``: the handles' ids."""
         e_h, e_b = np.asarray(e_h, dtype=np.int64), np.asarray(e_b, dtype=np.int64)
         l_h, l_b = np.asarray(l_h, dtype=np.int64), np.asarray(l_b, dtype=np.int64)
         top = max(int(e_h.max(initial=-1)), int(l_h.max(initial=-1))) + 1
         self.counts = with_capacity(self.counts, top)
         fresh, gone = kernels.count_holders(self.counts, e_h, e_b, l_h, l_b)
         out: Details = {}
-        for b, h in zip(e_b[fresh].tolist(), e_h[fresh].tolist()):
-            value = text(oids[h])
+        new = [oids[h] for h in e_h[fresh].tolist()]
+        for b, oid, value in zip(e_b[fresh].tolist(), new, texts(new)):
             if value is not None:
-                out.setdefault(b, ([], []))[0].extend((oids[h], value))
+                out.setdefault(b, ([], []))[0].extend((oid, value))
         for b, h in zip(l_b[gone].tolist(), l_h[gone].tolist()):
             out.setdefault(b, ([], []))[1].append(oids[h])
         return {self._key_of(self.names[b]): hs_hd for b, hs_hd in out.items()}

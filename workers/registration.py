@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from itertools import chain
 
 import numpy as np
@@ -14,25 +14,16 @@ from knnmon.batch import LoadResult, ObjectInfo
 from knnmon.encoding import id_prefix_keys
 from knnmon.heap import give_back
 from knnmon.query import QueryColumns
+from knnmon.workers.holders import texts_of
 from knnmon.workers.object_handles import NO_TIME, ObjectHandles
 from knnmon.workers.query_table import QueryTable
 from knnmon.workers.topk_lists import TopKLists
 from knnmon.workers.vocabulary import Vocabulary
 
-__all__ = ["COMPACT_MIN", "Registration", "details_text", "kept_entries"]
+__all__ = ["COMPACT_MIN", "Registration", "kept_entries"]
 
 #: Compaction (:meth:`Registration.compact`) waits for at least this many places or handles to release.
 COMPACT_MIN = 1 << 16
-
-
-def details_text(objects: Mapping[str, ObjectInfo]) -> Callable[[str], str | None]:
-    """An object's details text (:meth:`ObjectInfo.to_text`) from ``objects``, ``None`` if
-    they are not there (:meth:`KnnWorker._held`)."""
-    def text(oid: str) -> str | None:
-        info = objects.get(oid)
-        return None if info is None else info.to_text()
-
-    return text
 
 
 def kept_entries(topk: Sequence[Sequence[tuple[str, float]]], cap: np.ndarray
@@ -175,7 +166,7 @@ class Registration:
         none = np.empty(0, dtype=np.int64)
         if self.writer is not None and not write:  # Redis holds them: count their holders
             r_slot, r_h = self._results_of(np.arange(slots.start, slots.stop))
-            dets = self._held(r_slot, r_h, none, none, details_text(objects) if details else lambda oid: None)
+            dets = self._held(r_slot, r_h, none, none, texts_of(objects if details else {}))
             if any(hs for hs, _ in dets.values()):  # (a reserve's objects beyond k are in no result)
                 tag = self._next_tag()
                 self._write_now(self.writer.apply, tag, self.writer.details_payload(tag, dets))
@@ -189,7 +180,7 @@ class Registration:
                          self._result(j)) for j in range(s, min(s + chunk, slots.stop))]
                 tag = self._next_tag()
                 r_slot, r_h = self._results_of(np.arange(s, min(s + chunk, slots.stop)))
-                dets = self._held(r_slot, r_h, none, none, details_text(objects))
+                dets = self._held(r_slot, r_h, none, none, texts_of(objects))
                 payload = self.writer.queries_payload(tag, rows, objects, version, dets)
                 if self.queue is None:
                     self.writer.apply(tag, payload)
@@ -221,7 +212,7 @@ class Registration:
         if self.writer is not None:
             q, none = self.queries, np.empty(0, dtype=np.int64)
             r_slot, r_h = self._results_of(np.arange(slots.start, slots.stop))
-            dets = self._held(r_slot, r_h, none, none, details_text(objects))
+            dets = self._held(r_slot, r_h, none, none, texts_of(objects))
             self._write_now(self.writer.write_queries, self._next_tag(),
                             [(q.ids[j], q.fields(j), self._result(j)) for j in slots], objects, version, dets)
         self._refresh(np.arange(slots.start, slots.stop))
@@ -235,7 +226,7 @@ class Registration:
         if self.writer is not None:
             r_slot, r_h = self._results_of(np.array([slot], dtype=np.int64))
             none = np.empty(0, dtype=np.int64)
-            dets = self._held(none, none, r_slot, r_h, details_text({}))
+            dets = self._held(none, none, r_slot, r_h, texts_of({}))
             self._write_now(self.writer.delete_query, self._next_tag(), qid, version,
                             [oid for oid, _ in self._result(slot)], dets)
         self._drop([qid])

@@ -60,7 +60,7 @@ from redis.cluster import RedisCluster
 from knnmon.batch import BatchChanges, ObjectInfo
 from knnmon.connection import connect, with_retries
 from knnmon.keys import Keys
-from knnmon.workers.holders import Details, Holders
+from knnmon.workers.holders import Details, Holders, texts_of
 
 __all__ = ["CHANGES_MAXLEN", "ResultWriter", "details_key"]
 
@@ -319,10 +319,8 @@ class ResultWriter:
         if delete is not None:
             left += released
             l_b = np.concatenate([l_b, np.repeat(holders.buckets([delete]), len(released))])
-        objects = c.objects
         return holders.change(handles(c.entered), np.repeat(qb, np.asarray(c.n_entered, dtype=np.int64)),
-                              handles(left), l_b, names,
-                              lambda oid: objects[oid].to_text() if oid in objects else None)
+                              handles(left), l_b, names, texts_of(c.objects))
 
     def _payload(self, changes: BatchChanges, *, fields: Sequence[Sequence[str]] | None = None,
                  replace: bool = False, log: bool = True, delete: str | None = None,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -24,7 +24,7 @@ from knnmon.query import QueryColumns
 from knnmon.workers import kernels
 from knnmon.workers.batch_update import BatchUpdate, Merge
 from knnmon.workers.handover import Handover
-from knnmon.workers.holders import Details
+from knnmon.workers.holders import Details, Texts
 from knnmon.workers.keyword_lists import KeywordLists
 from knnmon.workers.object_handles import NO_TIME, ObjectHandles
 from knnmon.workers.query_index import QueryIndex
@@ -183,11 +183,11 @@ class KnnWorker(Registration, BatchUpdate, WindowLists, ReleaseInParts, Handover
         return self.queue.wait(batch) if self.queue is not None else WriteFigures()
 
     def _held(self, e_slot: np.ndarray, e_h: np.ndarray, l_slot: np.ndarray, l_h: np.ndarray,
-              text: Callable[[str], str | None], qids: Sequence[str] | None = None) -> Details | None:
+              texts: Texts, qids: Sequence[str] | None = None) -> Details | None:
         """Count one write's holders (:mod:`knnmon.workers.holders`): handles ``e_h`` entered
         the results of slots ``e_slot``, ``l_h`` left those of ``l_slot`` (``(x,)`` int64 each;
-        with ``qids``, positions in it instead of slots); ``text(object id)``: an entered
-        object's details (``None``: unknown, not written). The write's
+        with ``qids``, positions in it instead of slots); ``texts``: the entered objects'
+        details (:func:`~knnmon.workers.holders.texts_of`). The write's
         :attr:`~knnmon.batch.BatchChanges.details`; ``None`` without Redis."""
         if self.holders is None:
             return None
@@ -199,7 +199,7 @@ class KnnWorker(Registration, BatchUpdate, WindowLists, ReleaseInParts, Handover
             names = qids if qids is not None else self.queries.ids
             b = self.holders.buckets([names[s] for s in slots.tolist()])
             e_b, l_b = b[np.searchsorted(slots, e_slot)], b[np.searchsorted(slots, l_slot)]
-        return self.holders.change(e_h, e_b, l_h, l_b, self.handles.oids, text)
+        return self.holders.change(e_h, e_b, l_h, l_b, self.handles.oids, texts)
 
     def _results_of(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The results of ``slots`` (``(m,)`` int64) as written: ``(slot, handle)`` of each

@@ -13,10 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    import numpy as np
+import numpy as np
 
 __all__ = ["BatchChanges", "BatchObjects", "LoadResult", "ObjectBatch", "ObjectInfo", "QueryHandover", "Refills",
            "WorkerReport", "WriteFigures"]
@@ -77,6 +76,21 @@ class BatchObjects(Mapping[str, ObjectInfo]):
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._ids)
+
+    def texts(self, oids: Sequence[str]) -> list[str]:
+        """:meth:`ObjectInfo.to_text` of ``oids`` (ids of this batch), in bulk.
+
+        Raises
+        ------
+        KeyError
+            An id not in the batch.
+        """
+        at = self._at
+        js = [at[o] for o in oids]
+        lon = np.asarray(self._lon, dtype=np.float64)[js].tolist()
+        lat = np.asarray(self._lat, dtype=np.float64)[js].tolist()
+        t, kw = np.asarray(self._t, dtype=np.int64)[js].tolist(), self._keywords
+        return [" ".join([repr(x), repr(y), str(z), *kw[j]]) for x, y, z, j in zip(lon, lat, t, js)]
 
     def __len__(self) -> int:
         return len(self._ids)
