@@ -23,7 +23,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from knnmon.batch import BatchChanges, BatchObjects, ObjectBatch, ObjectInfo, Refills, WorkerReport
+from knnmon.batch import BatchChanges, ObjectBatch, ObjectColumns, ObjectInfo, Refills, WorkerReport
 from knnmon.encoding import id_prefix_keys
 from knnmon.geo import haversine_m, unit_vectors
 from knnmon.workers import kernels
@@ -246,7 +246,7 @@ class BatchUpdate:
             changes, written = self._window_changes(ids, lon, lat, t, keywords, m)
         elif len(changed) and self.writer is not None:
             changes = self._batch_changes(m.changed, m.e_slot, m.e_h, m.e_d, m.l_slot, m.l_h,
-                                          BatchObjects(ids, lon, lat, t, keywords))
+                                          ObjectColumns(ids, lon, lat, t, keywords))
         return m, changed, changes, written
 
     def _update(self, ids: Sequence[str], times: np.ndarray, lon: np.ndarray, lat: np.ndarray, obj: np.ndarray,

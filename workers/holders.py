@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 from knnmon.arrays import with_capacity
-from knnmon.batch import BatchObjects, ObjectInfo
+from knnmon.batch import ObjectColumns, ObjectInfo
 from knnmon.workers import kernels
 
 __all__ = ["Details", "Holders", "Texts", "texts_of"]
@@ -29,9 +29,9 @@ Texts = Callable[[list[str]], Sequence[str | None]]
 
 
 def texts_of(objects: Mapping[str, ObjectInfo]) -> Texts:
-    """:data:`Texts` from ``objects`` (a :class:`~knnmon.batch.BatchObjects` makes them in
+    """:data:`Texts` from ``objects`` (:class:`~knnmon.batch.ObjectColumns` make them in
     bulk)."""
-    if isinstance(objects, BatchObjects):
+    if isinstance(objects, ObjectColumns):
         return objects.texts
 
     def texts(oids: list[str]) -> list[str | None]:

@@ -10,7 +10,7 @@ from itertools import chain
 
 import numpy as np
 
-from knnmon.batch import LoadResult, ObjectInfo
+from knnmon.batch import LoadResult, ObjectColumns, ObjectInfo
 from knnmon.encoding import id_prefix_keys
 from knnmon.heap import give_back
 from knnmon.query import QueryColumns
@@ -100,9 +100,12 @@ class Registration:
         if len(q):
             key_of = dict(zip(oids, keys.tolist()))  # (distinct ids, in first-seen order)
             distinct = list(key_of)
-            get = objects.get
-            times = np.fromiter((NO_TIME if (o := get(oid)) is None else o.t for oid in distinct), dtype=np.int64,
-                                count=len(distinct))
+            if isinstance(objects, ObjectColumns):
+                times = objects.times(distinct, NO_TIME)
+            else:
+                get = objects.get
+                times = np.fromiter((NO_TIME if (o := get(oid)) is None else o.t for oid in distinct), dtype=np.int64,
+                                    count=len(distinct))
             distinct_keys = np.fromiter(key_of.values(), dtype=np.uint64, count=len(distinct))
             handle = dict(zip(distinct, self.handles.handles_of(distinct, times, distinct_keys).tolist()))
             top_d[start[q] + rank] = d

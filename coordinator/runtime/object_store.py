@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 
 from knnmon.coordinator.runtime.object_index import ObjectIndex
-from knnmon.batch import ObjectInfo
+from knnmon.batch import ObjectColumns, ObjectInfo
 
 __all__ = ["ObjectStore"]
 
@@ -115,9 +115,11 @@ class ObjectStore:
         if len(kept) != len(self._batches) or any(a is not b for a, b in zip(kept, self._batches)):
             self._batches, self._tail = kept, None
 
-    def initial_info(self, rows: np.ndarray) -> dict[str, ObjectInfo]:
-        """:class:`ObjectInfo` of initial objects by row (for ``knn:object:{oid}``)."""
-        return _info(self.initial, rows)
+    def initial_info(self, rows: np.ndarray) -> ObjectColumns:
+        """The details of initial objects by row (for the workers' details hashes), in columns
+        (each :class:`ObjectInfo` made when it is looked up)."""
+        rows = np.unique(np.asarray(rows, dtype=np.int64))
+        return ObjectColumns.of_table(self.initial.take(pa.array(rows, type=pa.int64())))
 
     def _seal(self) -> None:
         """With a window: the tail becomes a part; merge the newest parts (class docstring)."""

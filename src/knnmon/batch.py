@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["BatchChanges", "BatchObjects", "LoadResult", "ObjectBatch", "ObjectInfo", "QueryHandover", "Refills",
+__all__ = ["BatchChanges", "LoadResult", "ObjectBatch", "ObjectColumns", "ObjectInfo", "QueryHandover", "Refills",
            "WorkerReport", "WriteFigures"]
 
 
@@ -50,11 +50,13 @@ class ObjectInfo:
         return cls(float(parts[0]), float(parts[1]), int(parts[2]), parts[3:])
 
 
-class BatchObjects(Mapping[str, ObjectInfo]):
-    """The details of a batch's objects by id, each :class:`ObjectInfo` made when it is looked
-    up: a batch's write needs the details of the objects no result held before, a few hundred
-    of its objects, and a mapping built ahead would make one for every object that entered a
-    result.
+class ObjectColumns(Mapping[str, ObjectInfo]):
+    """Objects' details by id, kept in columns; each :class:`ObjectInfo` is made when it is
+    looked up. A batch's write needs the details of the objects no result held before, a few
+    hundred of its objects, and a load the details of every object in its queries' initial
+    results: a mapping of :class:`ObjectInfo` built ahead would make one per object, and cost
+    more to send to a Ray worker than the columns. :meth:`texts` and :meth:`times` read many in
+    bulk (from an Arrow table, :meth:`of_table`, with Arrow's kernels).
 
     Parameters
     ----------
@@ -66,34 +68,84 @@ class BatchObjects(Mapping[str, ObjectInfo]):
         ``n`` keyword lists.
     """
 
-    def __init__(self, ids: Sequence[str], lon: Any, lat: Any, t: Any, keywords: Sequence[Sequence[str]]) -> None:
-        self._at = {oid: j for j, oid in enumerate(ids)}
-        self._ids, self._lon, self._lat, self._t, self._keywords = ids, lon, lat, t, keywords
+    def __init__(self, ids: Sequence[str], lon: Any, lat: Any, t: Any, keywords: Sequence[Sequence[str]] | None,
+                 table: Any = None) -> None:
+        self._ids, self._keywords, self._table = ids, keywords, table
+        self._lon, self._lat = np.asarray(lon, dtype=np.float64), np.asarray(lat, dtype=np.float64)
+        self._t = np.asarray(t, dtype=np.int64)
+        self._index: dict[str, int] | None = None
+
+    @classmethod
+    def of_table(cls, table: Any) -> ObjectColumns:
+        """From a ``pyarrow.Table`` with ``id``, ``lon``, ``lat``, ``t`` and ``keywords``
+        (:class:`ObjectBatch`'s columns), kept as it is."""
+        return cls(table.column("id").to_pylist(), table.column("lon").to_numpy(), table.column("lat").to_numpy(),
+                   table.column("t").to_numpy(), None, table.select(["lon", "lat", "t", "keywords"]))
+
+    @property
+    def _at(self) -> dict[str, int]:
+        """Id -> position, made on first use (not sent with the columns)."""
+        if self._index is None:
+            self._index = {oid: j for j, oid in enumerate(self._ids)}
+        return self._index
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_index": None}
+
+    def _words(self, j: int) -> list[str]:
+        if self._keywords is not None:
+            return self._keywords[j]
+        return self._table.column("keywords")[j].as_py()
 
     def __getitem__(self, oid: str) -> ObjectInfo:
         j = self._at[oid]
-        return ObjectInfo(float(self._lon[j]), float(self._lat[j]), int(self._t[j]), self._keywords[j])
+        return ObjectInfo(float(self._lon[j]), float(self._lat[j]), int(self._t[j]), self._words(j))
+
+    def __contains__(self, oid: object) -> bool:
+        return oid in self._at
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._ids)
 
-    def texts(self, oids: Sequence[str]) -> list[str]:
-        """:meth:`ObjectInfo.to_text` of ``oids`` (ids of this batch), in bulk.
-
-        Raises
-        ------
-        KeyError
-            An id not in the batch.
-        """
-        at = self._at
-        js = [at[o] for o in oids]
-        lon = np.asarray(self._lon, dtype=np.float64)[js].tolist()
-        lat = np.asarray(self._lat, dtype=np.float64)[js].tolist()
-        t, kw = np.asarray(self._t, dtype=np.int64)[js].tolist(), self._keywords
-        return [" ".join([repr(x), repr(y), str(z), *kw[j]]) for x, y, z, j in zip(lon, lat, t, js)]
-
     def __len__(self) -> int:
         return len(self._ids)
+
+    def texts(self, oids: Sequence[str]) -> list[str | None]:
+        """:meth:`ObjectInfo.to_text` of ``oids`` in bulk (the same values; from an Arrow table
+        the numbers in Arrow's shortest round-trip form, e.g. ``-71`` for ``-71.0``); ``None``
+        for an id not here."""
+        if not len(self._ids):
+            return [None] * len(oids)
+        get = self._at.get
+        js = [get(o, -1) for o in oids]
+        at = np.maximum(np.asarray(js, dtype=np.int64), 0)
+        if self._table is not None:
+            out = _arrow_texts(self._table.take(at))
+            return [x if j >= 0 else None for x, j in zip(out, js)]
+        lon, lat, t = self._lon[at].tolist(), self._lat[at].tolist(), self._t[at].tolist()
+        kw = self._keywords
+        return [" ".join([repr(x), repr(y), str(z), *kw[j]]) if j >= 0 else None
+                for x, y, z, j in zip(lon, lat, t, js)]
+
+    def times(self, oids: Sequence[str], default: int) -> np.ndarray:
+        """``(len(oids),)`` int64: the objects' times (epoch ms), ``default`` for an id not here."""
+        if not len(self._ids):
+            return np.full(len(oids), default, dtype=np.int64)
+        get = self._at.get
+        at = np.fromiter((get(o, -1) for o in oids), dtype=np.int64, count=len(oids))
+        return np.where(at >= 0, self._t[np.maximum(at, 0)], default).astype(np.int64)
+
+
+def _arrow_texts(table: Any) -> list[str]:
+    """:meth:`ObjectInfo.to_text` of every row of a table with ``lon``, ``lat``, ``t`` and
+    ``keywords``, with Arrow's kernels (no Python per row but the final list)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    kw = table.column("keywords")
+    words = pc.if_else(pc.equal(pc.list_value_length(kw), 0), pa.scalar(None, pa.string()), pc.binary_join(kw, " "))
+    return pc.binary_join_element_wise(*(pc.cast(table.column(c), pa.string()) for c in ("lon", "lat", "t")), words,
+                                       " ", null_handling="skip").to_pylist()
 
 
 @dataclass(frozen=True)
