@@ -89,7 +89,7 @@ class Handover:
         slots = self._append(handover.queries, handover.topk, handover.objects)
         self.load.us[slots.start:slots.stop] = np.asarray(handover.loads, dtype=np.float64)
         if self.writer is not None and len(slots):
-            r_slot, r_h = self._results_of(np.arange(slots.start, slots.stop))
+            r_slot, r_h, _ = self._results_of(np.arange(slots.start, slots.stop))
             known = np.fromiter((o in handover.objects for o in self.handles.names(r_h.tolist())), dtype=bool,
                                 count=len(r_h))  # (details missing: not held)
             none = np.empty(0, dtype=np.int64)

@@ -10,7 +10,7 @@ from itertools import chain
 
 import numpy as np
 
-from knnmon.batch import LoadResult, ObjectColumns, ObjectInfo
+from knnmon.batch import BatchChanges, KnnColumns, LoadResult, ObjectColumns, ObjectInfo
 from knnmon.encoding import id_prefix_keys
 from knnmon.heap import give_back
 from knnmon.query import QueryColumns
@@ -33,7 +33,8 @@ def kept_entries(topk: Sequence[Sequence[tuple[str, float]]], cap: np.ndarray
     Parameters
     ----------
     topk
-        ``n`` lists of ``(object id, distance m)``, in any order.
+        ``n`` lists of ``(object id, distance m)``, in any order (or
+        :class:`~knnmon.batch.KnnColumns`, read as columns).
     cap
         ``(n,)`` int64: places per query.
 
@@ -46,13 +47,17 @@ def kept_entries(topk: Sequence[Sequence[tuple[str, float]]], cap: np.ndarray
         within a query whose entries share a distance and a key.
     """
     n = len(topk)
-    sizes = np.fromiter(map(len, topk), dtype=np.int64, count=n)
+    columns = isinstance(topk, KnnColumns)
+    sizes = topk.counts if columns else np.fromiter(map(len, topk), dtype=np.int64, count=n)
     total = int(sizes.sum())
     if not total:
         return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0), [], np.zeros(0, np.uint64)
-    oids, dists = zip(*chain.from_iterable(topk))
-    oids = [str(o) for o in oids]
-    d = np.asarray(dists, dtype=np.float64)
+    if columns:
+        oids, d = list(topk.ids), topk.dist
+    else:
+        oids, dists = zip(*chain.from_iterable(topk))
+        oids = [str(o) for o in oids]
+        d = np.asarray(dists, dtype=np.float64)
     q = np.repeat(np.arange(n, dtype=np.int64), sizes)
     key = id_prefix_keys(oids)
     order = np.lexsort((key, d, q))
@@ -115,7 +120,7 @@ class Registration:
         self.queries.set_radius(slots.start + full, top_d[start[full] + cap[full] - 1])
         self.lists.append(cap, top_d, top_h, count)
         if self._details is not None:
-            held = {o for top in topk for o, _ in top}
+            held = set(topk.ids) if isinstance(topk, KnnColumns) else {o for top in topk for o, _ in top}
             self._details.update({o: info for o, info in objects.items() if o in held})
         self.handles.key_new()
         self.handles.live = max(self.handles.live, len(self.handles))
@@ -168,7 +173,7 @@ class Registration:
         first = slots.start
         none = np.empty(0, dtype=np.int64)
         if self.writer is not None and not write:  # Redis holds them: count their holders
-            r_slot, r_h = self._results_of(np.arange(slots.start, slots.stop))
+            r_slot, r_h, _ = self._results_of(np.arange(slots.start, slots.stop))
             dets = self._held(r_slot, r_h, none, none, texts_of(objects if details else {}))
             if any(hs for hs, _ in dets.values()):  # (a reserve's objects beyond k are in no result)
                 tag = self._next_tag()
@@ -179,12 +184,17 @@ class Registration:
             queued: deque = deque()
             q = self.queries
             for s in range(slots.start, slots.stop, chunk):
-                rows = [(q.ids[j], q.fields(j) if sets is None else {**q.fields(j), "set": sets[j - first]},
-                         self._result(j)) for j in range(s, min(s + chunk, slots.stop))]
+                part = np.arange(s, min(s + chunk, slots.stop))
+                fields = [q.fields(j) if sets is None else {**q.fields(j), "set": sets[j - first]}
+                          for j in part.tolist()]
                 tag = self._next_tag()
-                r_slot, r_h = self._results_of(np.arange(s, min(s + chunk, slots.stop)))
+                r_slot, r_h, r_d = self._results_of(part)
                 dets = self._held(r_slot, r_h, none, none, texts_of(objects))
-                payload = self.writer.queries_payload(tag, rows, objects, version, dets)
+                changes = BatchChanges([q.ids[j] for j in part.tolist()],
+                                       np.bincount(r_slot - s, minlength=len(part)).tolist(),
+                                       self.handles.names(r_h.tolist()), r_d.tolist(), [0] * len(part), [], objects,
+                                       version, dets)
+                payload = self.writer.whole_payload(changes, fields)
                 if self.queue is None:
                     self.writer.apply(tag, payload)
                     continue
@@ -214,7 +224,7 @@ class Registration:
         slots = self._append(queries, topk, objects)
         if self.writer is not None:
             q, none = self.queries, np.empty(0, dtype=np.int64)
-            r_slot, r_h = self._results_of(np.arange(slots.start, slots.stop))
+            r_slot, r_h, _ = self._results_of(np.arange(slots.start, slots.stop))
             dets = self._held(r_slot, r_h, none, none, texts_of(objects))
             self._write_now(self.writer.write_queries, self._next_tag(),
                             [(q.ids[j], q.fields(j), self._result(j)) for j in slots], objects, version, dets)
@@ -227,7 +237,7 @@ class Registration:
         if slot is None:
             return False
         if self.writer is not None:
-            r_slot, r_h = self._results_of(np.array([slot], dtype=np.int64))
+            r_slot, r_h, _ = self._results_of(np.array([slot], dtype=np.int64))
             none = np.empty(0, dtype=np.int64)
             dets = self._held(none, none, r_slot, r_h, texts_of({}))
             self._write_now(self.writer.delete_query, self._next_tag(), qid, version,

@@ -373,10 +373,18 @@ class ResultWriter:
             n_entered.append(len(topk))
             entered += [o for o, _ in topk]
             distances += [float(d) for _, d in topk]
-            fields.append([x for key, value in {**f, "worker": self.worker, "objects": self.details_key(qid)}.items()
-                           for x in (key, str(value))])
+            fields.append(f)
         c = BatchChanges(qids, n_entered, entered, distances, [0] * len(qids), [], objects, version, details)
-        return self._payload(c, fields=fields, replace=True)
+        return self.whole_payload(c, fields)
+
+    def whole_payload(self, changes: BatchChanges, fields: Sequence[Mapping[str, object]]) -> dict:
+        """The payload writing the queries ``changes.qids`` whole (:meth:`queries_payload`):
+        each one's hash ``fields`` (with this worker's ``worker`` and ``objects``), its result
+        replaced by the ids it ``entered``, in the feed as entered."""
+        worker = self.worker
+        hashes = [[x for key, value in {**f, "worker": worker, "objects": self.details_key(qid)}.items()
+                   for x in (key, str(value))] for qid, f in zip(changes.qids, fields)]
+        return self._payload(changes, fields=hashes, replace=True)
 
     def details_payload(self, tag: int, details: Details) -> dict:
         """A payload writing only ``details`` (:attr:`BatchChanges.details`: a resumed service's

@@ -201,11 +201,12 @@ class KnnWorker(Registration, BatchUpdate, WindowLists, ReleaseInParts, Handover
             e_b, l_b = b[np.searchsorted(slots, e_slot)], b[np.searchsorted(slots, l_slot)]
         return self.holders.change(e_h, e_b, l_h, l_b, self.handles.oids, texts)
 
-    def _results_of(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The results of ``slots`` (``(m,)`` int64) as written: ``(slot, handle)`` of each
-        member, ``(e,)`` int64 each, in slot order."""
+    def _results_of(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The results of ``slots`` (``(m,)`` int64) as written: ``(slot, handle, distance)``
+        of each member, ``(e,)`` int64, int64, float64 meters, in slot order, nearest first."""
         n = np.minimum(self.lists.count[slots], self.queries.k[slots])
-        return np.repeat(slots, n), self.lists.h[self.lists.places(slots, n)]
+        at = self.lists.places(slots, n)
+        return np.repeat(slots, n), self.lists.h[at], self.lists.d[at]
 
     def _next_tag(self) -> int:
         self._tag -= 1  # initial loads and registrations use negative tags, batches their number

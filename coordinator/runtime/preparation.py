@@ -15,6 +15,7 @@ import pyarrow as pa
 
 from knnmon.coordinator.runtime.config import ARRIVAL_EPOCH_MS, RunConfig
 from knnmon.arrays import runs
+from knnmon.batch import KnnColumns
 from knnmon.coordinator.runtime.object_index import ObjectIndex
 from knnmon.ingest.reading import OBJECT_COLUMNS, load_queries, read_objects, stream_head, stream_order
 from knnmon.window import check_no_future, live_mask
@@ -60,14 +61,12 @@ class Prepared:
         """Query ``q``'s initial kNN: ``[(object id, distance m), ...]`` nearest first, ties by id."""
         return self.knn_lists([q])[0]
 
-    def knn_lists(self, qs: Sequence[int]) -> list[list[tuple[str, float]]]:
-        """:meth:`knn` of each query of ``qs``, the ids read in one take."""
+    def knn_lists(self, qs: Sequence[int]) -> KnnColumns:
+        """:meth:`knn` of each query of ``qs``, in columns, the ids read in one take."""
         qs = np.asarray(qs, dtype=np.int64)
         counts = self.counts[qs]
         at = runs(self._ends[qs] - counts, counts)
-        pairs = list(zip(self._ids[self.idx[at]].tolist(), self.dist[at].tolist()))
-        cut = np.concatenate([[0], np.cumsum(counts)]).tolist()
-        return [pairs[a:b] for a, b in zip(cut[:-1], cut[1:])]
+        return KnnColumns(counts, self._ids[self.idx[at]].tolist(), self.dist[at])
 
 
 def prepare(objects_dir: str, queries: str | pa.Table, config: RunConfig) -> Prepared:

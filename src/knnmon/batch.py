@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["BatchChanges", "LoadResult", "ObjectBatch", "ObjectColumns", "ObjectInfo", "QueryHandover", "Refills",
+__all__ = ["BatchChanges", "KnnColumns", "LoadResult", "ObjectBatch", "ObjectColumns", "ObjectInfo", "QueryHandover", "Refills",
            "WorkerReport", "WriteFigures"]
 
 
@@ -146,6 +146,39 @@ def _arrow_texts(table: Any) -> list[str]:
     words = pc.if_else(pc.equal(pc.list_value_length(kw), 0), pa.scalar(None, pa.string()), pc.binary_join(kw, " "))
     return pc.binary_join_element_wise(*(pc.cast(table.column(c), pa.string()) for c in ("lon", "lat", "t")), words,
                                        " ", null_handling="skip").to_pylist()
+
+
+class KnnColumns(Sequence[list[tuple[str, float]]]):
+    """Queries' kNN lists in three columns: query ``i``'s list is the next ``counts[i]`` entries
+    of ``ids`` and ``dist`` (meters), nearest first. A sequence of ``[(object id, distance m),
+    ...]`` lists where one is needed (each made when it is read); a worker's load reads the
+    columns themselves (:func:`knnmon.workers.registration.kept_entries`), and they cost less to
+    send to a Ray worker than lists of tuples.
+
+    Parameters
+    ----------
+    counts
+        ``(m,)`` int64.
+    ids
+        ``sum(counts)`` object ids.
+    dist
+        ``(sum(counts),)`` float64 meters.
+    """
+
+    def __init__(self, counts: Any, ids: Sequence[str], dist: Any) -> None:
+        self.counts = np.asarray(counts, dtype=np.int64)
+        self.ids, self.dist = ids, np.asarray(dist, dtype=np.float64)
+        self._ends = np.cumsum(self.counts)
+
+    def __len__(self) -> int:
+        return len(self.counts)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        end = int(self._ends[i])
+        start = end - int(self.counts[i])
+        return list(zip(self.ids[start:end], self.dist[start:end].tolist()))
 
 
 @dataclass(frozen=True)
