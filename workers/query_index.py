@@ -124,13 +124,16 @@ class _Run:
 class QueryIndex:
     """Grid lists + R-tree over query regions (module docstring); slots are ints the worker owns.
 
-    The grid lists are sorted runs of aligned arrays (:class:`_Run`): a large **base** and a
-    small **delta** (a two-level log-structured merge). Re-indexing a query (:meth:`refresh`)
-    bumps its generation and inserts its new entries into the delta only; its older entries stay
-    in place, superseded, and :meth:`candidates` skips entries whose generation is not their
-    slot's current one. When the delta reaches ``max(DELTA_MIN, base / DELTA_SHARE)`` entries,
-    both are merged and the superseded entries dropped. A refresh thus costs O(delta), not
-    O(all entries) (docs/runtime.md measures both). Keyword codes must be below ``2**24``.
+    The grid lists are sorted runs of aligned arrays (:class:`_Run`): a large **base**, a
+    **middle** run and a small **delta** (a three-level log-structured merge). Re-indexing a
+    query (:meth:`refresh`) bumps its generation and inserts its new entries into the delta
+    only; its older entries stay in place, superseded, and :meth:`candidates` skips entries
+    whose generation is not their slot's current one. When the delta reaches ``DELTA_MIN``
+    entries, its current ones move into the middle run; when the middle run reaches
+    ``max(DELTA_MIN, base / DELTA_SHARE)``, all three are merged and the superseded entries
+    dropped. A refresh thus costs O(delta), not O(all entries), and a large base (a million
+    queries) does not make every refresh copy a large delta (docs/runtime.md measures both).
+    Keyword codes must be below ``2**24``.
     """
 
     #: The delta is merged into the base when it holds at least ``max(DELTA_MIN, len(base) // DELTA_SHARE)``.
@@ -139,6 +142,7 @@ class QueryIndex:
 
     def __init__(self) -> None:
         self._base = _Run.empty()
+        self._mid = _Run.empty()
         self._delta = _Run.empty()
         self._gen = np.zeros(0, dtype=np.int32)  # per slot: the generation of its current entries
         self._levels = np.zeros((0, LEVELS), dtype=np.int32)  # grid entries per (keyword code, level)
@@ -160,7 +164,7 @@ class QueryIndex:
     @property
     def entries(self) -> int:
         """Number of grid entries (superseded ones not yet merged away included) plus R-tree entries."""
-        return len(self._base) + len(self._delta) + len(self._tree_slot)
+        return len(self._base) + len(self._mid) + len(self._delta) + len(self._tree_slot)
 
     @staticmethod
     def _grid_entries(slot, code, lon, lat, radius_m):
@@ -200,14 +204,17 @@ class QueryIndex:
         self._levels = with_capacity(self._levels, int(code.max()) + 1)
         self._levels[code, level] += sign * n.astype(np.int32)
 
+    def _current(self, run: _Run) -> _Run:
+        """``run`` without its superseded entries (uncounted from the level table)."""
+        current = run.gens == self._gen[run.slots]
+        self._count_levels(run.keys[~current], -1)
+        return _Run(run.keys[current], run.slots[current], run.gens[current])
+
     def _compact(self) -> None:
-        """Merge the delta into the base, dropping superseded entries (and their level counts)."""
-        live = []
-        for run in (self._base, self._delta):
-            current = run.gens == self._gen[run.slots]
-            self._count_levels(run.keys[~current], -1)
-            live.append(_Run(run.keys[current], run.slots[current], run.gens[current]))
-        self._base, self._delta = live[0].merged(live[1]), _Run.empty()
+        """Merge the middle run and the delta into the base, dropping superseded entries (and
+        their level counts)."""
+        base, mid, delta = (self._current(r) for r in (self._base, self._mid, self._delta))
+        self._base, self._mid, self._delta = base.merged(mid.merged(delta)), _Run.empty(), _Run.empty()
         self.compactions += 1
 
     def _set_tree(self, slot, code, x0, y0, x1, y1) -> None:
@@ -238,7 +245,7 @@ class QueryIndex:
         self._gen = with_capacity(self._gen, int(max(slots.max(initial=-1), big[0].max(initial=-1))) + 1)
         self._gen[:] = 0
         self._base = _Run(keys[order], slots[order], np.zeros(len(keys), np.int32))
-        self._delta = _Run.empty()
+        self._mid, self._delta = _Run.empty(), _Run.empty()
         self._levels[:] = 0
         self._count_levels(self._base.keys, 1)
         self._set_tree(*big)
@@ -257,8 +264,10 @@ class QueryIndex:
         self._count_levels(keys, 1)
         order = np.argsort(keys, kind="stable")
         self._delta = self._delta.merged(_Run(keys[order], slots[order], self._gen[slots[order]]))
-        if len(self._delta) >= max(self.DELTA_MIN, len(self._base) // self.DELTA_SHARE):
-            self._compact()
+        if len(self._delta) >= self.DELTA_MIN:
+            self._mid, self._delta = self._mid.merged(self._current(self._delta)), _Run.empty()
+            if len(self._mid) >= max(self.DELTA_MIN, len(self._base) // self.DELTA_SHARE):
+                self._compact()
         gone = np.zeros(len(self._gen), dtype=bool)
         gone[changed] = True
         stay = ~gone[old[0]]
@@ -268,8 +277,10 @@ class QueryIndex:
     def _grid_hits(self, probe: np.ndarray, owner: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(owner, slot)`` ``(h,)`` int64 for every current grid entry whose key equals a probe
         (``probe``, ``owner``: ``(m,)`` int64 keys, sorted, and the object each belongs to)."""
-        objs, slots = [], []
-        for run in (self._base, self._delta):
+        objs, slots = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
+        for run in (self._base, self._mid, self._delta):
+            if not len(run):
+                continue
             ukeys, ustart = run.distinct
             o, s = kernels.grid_hits(probe, owner, ukeys, ustart, run.slots, run.gens, self._gen)
             objs.append(o)
@@ -295,7 +306,7 @@ class QueryIndex:
             with an object appears once per keyword.
         """
         objs, slots = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
-        if len(self._base) + len(self._delta) and len(pair_obj):
+        if len(self._base) + len(self._mid) + len(self._delta) and len(pair_obj):
             # Probe a (pair, level) only where the pair's keyword has grid entries at that level.
             # Pairs sorted by (code, Z-order cell) give probes sorted within each level, and the
             # levels come in increasing order: the probes are sorted with no sort of their own.

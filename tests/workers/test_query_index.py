@@ -46,14 +46,13 @@ class _State:
 @settings(max_examples=30, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 60),
        steps=st.lists(st.sampled_from(["shrink", "add", "remove"]), min_size=1, max_size=12),
-       delta_min=st.sampled_from([1, 8, 1 << 16]))
-def test_refresh_equals_rebuild(seed, n, steps, delta_min):
+       delta_min=st.sampled_from([1, 8, 1 << 16]), share=st.sampled_from([1, 16, 1 << 40]))
+def test_refresh_equals_rebuild(seed, n, steps, delta_min, share):
     rng = np.random.default_rng(seed)
     state = _State(rng, n)
     index = QueryIndex()
-    index.DELTA_MIN = delta_min  # 1: a merge at every refresh that adds grid entries; 1 << 16: never here
-    if delta_min == 1:
-        index.DELTA_SHARE = 1 << 40
+    index.DELTA_MIN = delta_min  # 1: the delta moves to the middle run at every refresh; 1 << 16: never here
+    index.DELTA_SHARE = share  # 1: the middle run waits for the base's size; 1 << 40: merged at once
     index.rebuild(*state.entries(np.arange(n)))
     for step in steps:
         live = np.flatnonzero(state.alive)
