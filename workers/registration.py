@@ -121,7 +121,10 @@ class Registration:
         self.lists.append(cap, top_d, top_h, count)
         if self._details is not None:
             held = set(topk.ids) if isinstance(topk, KnnColumns) else {o for top in topk for o, _ in top}
-            self._details.update({o: info for o, info in objects.items() if o in held})
+            if isinstance(objects, ObjectColumns):
+                self._details.update(objects.infos(held))
+            else:
+                self._details.update({o: info for o, info in objects.items() if o in held})
         self.handles.key_new()
         self.handles.live = max(self.handles.live, len(self.handles))
         self.load.extend(slots.stop)

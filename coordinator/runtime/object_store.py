@@ -78,6 +78,9 @@ class ObjectStore:
     """
 
     def __init__(self, initial: pa.Table, index: ObjectIndex | None = None) -> None:
+        # One chunk per column: a take from a table of several chunks concatenates them first
+        # (26 ms for 1 M objects in 9 chunks, at every refill and every part of a load).
+        initial = initial.combine_chunks()
         self.initial = initial
         self._parts: list[_Part] = [_Part.of(initial, index)]
         self._batches: list[pa.Table] = []
