@@ -17,17 +17,17 @@ the changes to write, and ``r_q`` shrinking (``SPEC.md``, "The worker"; Tsuruoka
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
 import numpy as np
 
-from knnmon.batch import BatchChanges, ObjectBatch, ObjectColumns, ObjectInfo, Refills, WorkerReport
+from knnmon.batch import BatchChanges, ObjectBatch, ObjectColumns, Refills, WorkerReport
 from knnmon.encoding import id_prefix_keys
 from knnmon.geo import haversine_m, unit_vectors
 from knnmon.workers import kernels
-from knnmon.workers.holders import texts_of
+from knnmon.workers.holders import Texts
 from knnmon.workers.object_handles import ObjectHandles
 from knnmon.workers.query_table import QueryTable
 from knnmon.workers import registration
@@ -104,7 +104,7 @@ class BatchUpdate:
     reserve: int
     release_groups: int
     track_load: bool
-    _details: dict[str, ObjectInfo] | None
+    _details: dict[str, str] | None
     _before: tuple[np.ndarray, np.ndarray] | None
     _version: int
 
@@ -236,17 +236,17 @@ class BatchUpdate:
         yet written or a reserve, the changed results are diffed whole (:meth:`_window_changes`)."""
         m = self._update(ids, t, lon, lat, obj, slot)
         changed = m.changed if m is not None else np.empty(0, dtype=np.int64)
+        batch = ObjectColumns(ids, lon, lat, t, keywords)
         if m is not None and self._details is not None:
-            for j in m.entered_obj.tolist():
-                self._details[ids[j]] = ObjectInfo(float(lon[j]), float(lat[j]), int(t[j]), keywords[j])
+            entered = [ids[j] for j in m.entered_obj.tolist()]
+            self._details.update(zip(entered, batch.texts(entered)))
         if self.track_load:
             self.load.charge(obj, slot, changed)
         changes, written = None, changed
         if self._before is not None or (m is not None and self.reserve):
-            changes, written = self._window_changes(ids, lon, lat, t, keywords, m)
+            changes, written = self._window_changes(batch, m)
         elif len(changed) and self.writer is not None:
-            changes = self._batch_changes(m.changed, m.e_slot, m.e_h, m.e_d, m.l_slot, m.l_h,
-                                          ObjectColumns(ids, lon, lat, t, keywords))
+            changes = self._batch_changes(m.changed, m.e_slot, m.e_h, m.e_d, m.l_slot, m.l_h, batch.texts)
         return m, changed, changes, written
 
     def _update(self, ids: Sequence[str], times: np.ndarray, lon: np.ndarray, lat: np.ndarray, obj: np.ndarray,
@@ -318,20 +318,20 @@ class BatchUpdate:
                            for name, v in out.items()})
 
     def _batch_changes(self, changed: np.ndarray, e_slot: np.ndarray, e_h: np.ndarray, e_d: np.ndarray,
-                       l_slot: np.ndarray, l_h: np.ndarray, info: Mapping[str, ObjectInfo]) -> BatchChanges:
+                       l_slot: np.ndarray, l_h: np.ndarray, texts: Texts) -> BatchChanges:
         """:class:`BatchChanges` of the results ``changed`` (sorted slots): handles ``e_h`` (at
         ``e_d`` meters) entered and ``l_h`` left them, each grouped by their slot (``e_slot``,
-        ``l_slot``) in slot order; ``info`` holds the entered objects' details. Fresh lists, so a
+        ``l_slot``) in slot order; ``texts``: the entered objects' details. Fresh lists, so a
         queued write may use them while the next batch runs. The holders are counted here, in
         the batch's order (:meth:`KnnWorker._held`)."""
         oids = self.handles.oids
-        details = self._held(e_slot, e_h, l_slot, l_h, texts_of(info))
+        details = self._held(e_slot, e_h, l_slot, l_h, texts)
         return BatchChanges(
             qids=[self.queries.ids[s] for s in changed.tolist()],
             n_entered=np.bincount(np.searchsorted(changed, e_slot), minlength=len(changed)).tolist(),
             entered=[oids[h] for h in e_h.tolist()], distances=e_d.tolist(),
             n_left=np.bincount(np.searchsorted(changed, l_slot), minlength=len(changed)).tolist(),
-            left=[oids[h] for h in l_h.tolist()], objects=info, version=self._version, details=details)
+            left=[oids[h] for h in l_h.tolist()], version=self._version, details=details)
 
     def _shrink(self, changed: np.ndarray, *, refresh: bool = True) -> np.ndarray:
         """Shrink the kNN radius ``r_q`` of the ``changed`` slots whose list is full to its

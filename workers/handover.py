@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from knnmon.batch import QueryHandover
+from knnmon.batch import ObjectInfo, QueryHandover
 from knnmon.workers.holders import texts_of
 
 __all__ = ["Handover"]
@@ -62,7 +62,7 @@ class Handover:
         members = [[o for o, _ in self._result(s)] for s in sl]
         wanted = {o for t in topk for o, _ in t}
         if self._details is not None:  # a reserve: every kept object's details are in memory
-            objects = {o: self._details[o] for o in wanted if o in self._details}
+            objects = {o: ObjectInfo.from_text(self._details[o]) for o in wanted if o in self._details}
         elif self.writer is not None:
             objects = self._write_now(self.writer.read_details, list(zip(held, members)))
         else:

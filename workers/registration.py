@@ -82,7 +82,7 @@ class Registration:
     handles: ObjectHandles
     vocabulary: Vocabulary
     reserve: int
-    _details: dict[str, ObjectInfo] | None
+    _details: dict[str, str] | None
 
     def _append(self, queries: QueryColumns, topk: Sequence[Sequence[tuple[str, float]]],
                 objects: Mapping[str, ObjectInfo]) -> range:
@@ -121,10 +121,8 @@ class Registration:
         self.lists.append(cap, top_d, top_h, count)
         if self._details is not None:
             held = set(topk.ids) if isinstance(topk, KnnColumns) else {o for top in topk for o, _ in top}
-            if isinstance(objects, ObjectColumns):
-                self._details.update(objects.infos(held))
-            else:
-                self._details.update({o: info for o, info in objects.items() if o in held})
+            held = [o for o in held if o in objects]
+            self._details.update(zip(held, texts_of(objects)(held)))
         self.handles.key_new()
         self.handles.live = max(self.handles.live, len(self.handles))
         self.load.extend(slots.stop)

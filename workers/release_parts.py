@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from knnmon.batch import BatchChanges, WorkerReport
+from knnmon.batch import BatchChanges, ObjectColumns, WorkerReport
 from knnmon.workers.rtree_index import RTreeIndex, SearchGroup
 
 __all__ = ["MAX_RELEASE_GROUPS", "ReleaseInParts", "sjf_groups"]
@@ -81,7 +81,7 @@ class ReleaseInParts:
             part += 1
 
         if self._before is not None:  # an expiry touched results: its changes are part 0
-            changes, written = self._window_changes(ids, lon, lat, t, keywords, None)
+            changes, written = self._window_changes(ObjectColumns(ids, lon, lat, t, keywords), None)
             if len(written):
                 write(changes, none, False)
                 n_written += len(written)

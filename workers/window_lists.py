@@ -8,11 +8,10 @@ VLDBJ 2017).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 
 import numpy as np
 
-from knnmon.batch import BatchChanges, ObjectInfo, Refills
+from knnmon.batch import BatchChanges, ObjectColumns, Refills
 from knnmon.query import QueryColumns
 from knnmon.workers.object_handles import ObjectHandles
 from knnmon.workers.query_table import QueryTable
@@ -28,8 +27,8 @@ class WindowLists:
     lists: TopKLists
     handles: ObjectHandles
     reserve: int
-    _details: dict[str, ObjectInfo] | None
-    _refilled: dict[str, ObjectInfo]
+    _details: dict[str, str] | None
+    _refilled: dict[str, str]
     _before: tuple[np.ndarray, np.ndarray] | None
     _cutoff: int
     expired: int
@@ -140,20 +139,20 @@ class WindowLists:
             return
         slots = np.asarray(slots, dtype=np.int64)
         q.set_radius(slots, np.asarray(radii, dtype=np.float64))
+        texts = {oid: info.to_text() for oid, info in refills.objects.items()}
         if self._details is not None:
-            self._details.update(refills.objects)
+            self._details.update(texts)
         else:
-            self._refilled.update(refills.objects)
+            self._refilled.update(texts)
         self.handles.key_new()
         self._refresh(slots)
         self.refills += len(slots)
 
-    def _window_changes(self, ids: Sequence[str], lon: np.ndarray, lat: np.ndarray, t: np.ndarray,
-                        keywords: Sequence[Sequence[str]], m) -> tuple[BatchChanges, np.ndarray]:
+    def _window_changes(self, batch: ObjectColumns, m) -> tuple[BatchChanges, np.ndarray]:
         """The batch's changes when an expiry touched results or a reserve is kept: each touched
         or changed result's difference to what Redis holds (before the expiry, or before the
-        merge ``m``, a :class:`~knnmon.workers.batch_update.Merge` or ``None``), as
-        :class:`BatchChanges`, and the sorted slots written."""
+        merge ``m`` of the ``batch``'s objects, a :class:`~knnmon.workers.batch_update.Merge` or
+        ``None``), as :class:`BatchChanges`, and the sorted slots written."""
         q, L = self.queries, self.lists
         none = np.empty(0, dtype=np.int64)
         old_slot, old_h = self._before if self._before is not None else (none, none)
@@ -174,13 +173,12 @@ class WindowLists:
         ent, left = ~np.isin(kn, ko), ~np.isin(ko, kn)
         changed = np.union1d(new_slot[ent], old_slot[left])
         order = np.argsort(old_slot[left], kind="stable")
-        at_batch = {oid: j for j, oid in enumerate(ids)}
-        info = {}
-        for h in np.unique(new_h[ent]).tolist():
-            oid = self.handles.oids[h]
-            j = at_batch.get(oid)
-            info[oid] = (ObjectInfo(float(lon[j]), float(lat[j]), int(t[j]), keywords[j]) if j is not None
-                         else (self._details if self._details is not None else self._refilled)[oid])
+        kept = self._details if self._details is not None else self._refilled
+
+        def texts(oids: list[str]) -> list[str | None]:  # (from the batch, else kept from before)
+            return [kept[o] if x is None else x for o, x in zip(oids, batch.texts(oids))]
+
+        changes = self._batch_changes(changed, new_slot[ent], new_h[ent], new_d[ent], old_slot[left][order],
+                                      old_h[left][order], texts)
         self._before, self._refilled = None, {}
-        return self._batch_changes(changed, new_slot[ent], new_h[ent], new_d[ent], old_slot[left][order],
-                                   old_h[left][order], info), changed
+        return changes, changed

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from knnmon.batch import ObjectInfo, WriteFigures
+from knnmon.batch import WriteFigures
 from knnmon.errors import InvalidArgumentError
 from knnmon.heap import resident_bytes
 from knnmon.query import QueryColumns
@@ -140,8 +140,8 @@ class KnnWorker(Registration, BatchUpdate, WindowLists, ReleaseInParts, Handover
         self.track_load = track_load
         self._before: tuple[np.ndarray, np.ndarray] | None = None  # (slot, handle) results before an expiry
         self._cutoff = np.iinfo(np.int64).min  # the last expiry's cutoff
-        self._refilled: dict[str, ObjectInfo] = {}  # details of the objects a refill brought in
-        self._details: dict[str, ObjectInfo] | None = {} if reserve else None  # of every object held
+        self._refilled: dict[str, str] = {}  # details (text) of the objects a refill brought in
+        self._details: dict[str, str] | None = {} if reserve else None  # details (text) of every object held
         self.expired = self.refills = 0
         self._handed: list[tuple[str, list[str]]] = []  # (query, members) exported, not yet released
         self._tag = 0

@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -126,18 +126,6 @@ class ObjectColumns(Mapping[str, ObjectInfo]):
         kw = self._keywords
         return [" ".join([repr(x), repr(y), str(z), *kw[j]]) if j >= 0 else None
                 for x, y, z, j in zip(lon, lat, t, js)]
-
-    def infos(self, oids: Iterable[str]) -> dict[str, ObjectInfo]:
-        """:class:`ObjectInfo` of those of ``oids`` that are here, by id, made in bulk."""
-        at = self._at
-        found = [o for o in dict.fromkeys(oids) if o in at]
-        js = np.asarray([at[o] for o in found], dtype=np.int64)
-        if self._keywords is not None:
-            words = [self._keywords[j] for j in js.tolist()]
-        else:
-            words = self._table.column("keywords").take(js).to_pylist() if len(js) else []
-        return {o: ObjectInfo(x, y, t, w) for o, x, y, t, w in
-                zip(found, self._lon[js].tolist(), self._lat[js].tolist(), self._t[js].tolist(), words)}
 
     def times(self, oids: Sequence[str], default: int) -> np.ndarray:
         """``(len(oids),)`` int64: the objects' times (epoch ms), ``default`` for an id not here."""
