@@ -59,7 +59,7 @@ def _check(w: KnnWorker, client, details: dict[str, ObjectInfo]) -> None:
 
 
 @pytest.mark.parametrize("reserve", [0, 2])
-@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 2**32 - 1),
        steps=st.lists(st.sampled_from(["batch", "batch", "register", "unregister", "handover"]),
                       min_size=3, max_size=10))
