@@ -21,16 +21,7 @@ from knnmon.keys import Keys
 from knnmon.oracle import BruteForceKnn
 from knnmon.query import QueryColumns
 from knnmon.workers.worker import KnnWorker
-
-WORDS = ["cafe", "bar", "park"]
-
-
-def _objects(rng: np.random.Generator, n: int, start: int) -> pa.Table:
-    ids = [f"o{start + i:06d}" for i in range(n)]
-    kws = [sorted(set(rng.choice(WORDS, size=rng.integers(1, 3)).tolist())) for _ in range(n)]
-    return pa.table({"id": ids, "lon": rng.integers(-30, 31, n) * 0.001, "lat": rng.integers(-30, 31, n) * 0.001,
-                     "t": np.arange(start, start + n, dtype=np.int64), "keywords": kws})
-
+from tests.workers.test_worker_memory import WORDS, _objects
 
 def _details(table: pa.Table) -> dict[str, ObjectInfo]:
     return {oid: ObjectInfo(lon, lat, t, kw) for oid, lon, lat, t, kw in
