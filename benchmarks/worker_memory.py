@@ -43,21 +43,24 @@ def deep(obj, seen: set[int] | None = None) -> int:
         size += sum(deep(k, seen) + deep(v, seen) for k, v in obj.items())
     elif isinstance(obj, (list, tuple, set, frozenset)):
         size += sum(deep(x, seen) for x in obj)
+    elif type(obj).__module__.startswith("knnmon") and hasattr(obj, "__dict__"):
+        size += deep(vars(obj), seen)  # a worker's room (QueryTable, TopKLists, ObjectHandles, ...)
     return size
 
 
 def sizes(w: KnnWorker) -> dict[str, int]:
-    """Bytes per attribute of the worker (and its index, writer, load tracker)."""
+    """Bytes per attribute of the worker (its rooms, the query index and the load tracker
+    attribute by attribute; not the writer's connection)."""
     out = {}
     seen: set[int] = set()
     for name, value in sorted(vars(w).items()):
-        if name in ("writer", "index", "load", "queue", "holders"):
+        if name in ("writer", "queue"):
             continue
-        out[name] = deep(value, seen)
-    out["index"] = sum(deep(v, seen) for v in vars(w.index).values())
-    if w.holders is not None:
-        out["holders"] = deep(w.holders.counts, seen)
-    out["load"] = sum(deep(v, seen) for v in vars(w.load).values())
+        if type(value).__module__.startswith("knnmon") and hasattr(value, "__dict__"):
+            for part, v in vars(value).items():  # a room, attribute by attribute
+                out[f"{name}.{part}"] = deep(v, seen)
+        else:
+            out[name] = deep(value, seen)
     return out
 
 

@@ -104,10 +104,10 @@ class Handover:
         since the last call held; returns how many queries."""
         handed, self._handed = self._handed, []
         if self.writer is not None and handed:
-            handle_of = self.handles.handle_of  # (held, so kept by every compaction since)
-            pairs = [(j, handle_of[o]) for j, (_, members) in enumerate(handed) for o in members if o in handle_of]
-            both = np.array(pairs, dtype=np.int64).reshape(-1, 2)
-            l_q, l_h, none = both[:, 0], both[:, 1], np.empty(0, dtype=np.int64)
+            sizes = np.fromiter((len(m) for _, m in handed), dtype=np.int64, count=len(handed))
+            l_h = self.handles.lookup([o for _, members in handed for o in members])  # (held: kept by compactions)
+            l_q, none = np.repeat(np.arange(len(handed)), sizes), np.empty(0, dtype=np.int64)
+            l_q, l_h = l_q[l_h >= 0], l_h[l_h >= 0]
             dets = self._held(none, none, l_q, l_h, texts_of({}), qids=[q for q, _ in handed])
             self._write_now(self.writer.release_queries, self._next_tag(), handed, dets)
         return len(handed)

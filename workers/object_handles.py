@@ -4,23 +4,39 @@ The top-k lists (:mod:`knnmon.workers.topk_lists`) store handles, not ids; a han
 ``oids`` (the id), ``key`` (its 8-byte order-preserving prefix key,
 :func:`knnmon.encoding.id_prefix_keys`, for ties by id in the kernels) and ``t`` (its time, for
 a window's expiry). Handles of objects no list holds are released by :meth:`ObjectHandles.compact`.
+
+An id is found by its 64-bit hash (SipHash, ``pandas.util.hash_array``, as the coordinator's
+:mod:`~knnmon.coordinator.runtime.seen_ids` does) in a sorted **run** of the handles' hashes, a
+hit confirmed by comparing the ids (two ids with one hash both stay findable); the handles made
+since the run was last sealed are in a small dict. No dict entry per held object: 17 bytes per
+handle (the run's hash and handle, a flag) where a ``dict`` of ``str`` costs ~100; the hashes are
+computed again from the ids when the run is rebuilt (:meth:`ObjectHandles.compact`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
+import pandas as pd
 
 from knnmon.arrays import with_capacity
-from knnmon.batch import ObjectInfo
 from knnmon.encoding import id_prefix_keys
 from knnmon.workers.vocabulary import own
 
-__all__ = ["NO_TIME", "ObjectHandles"]
+__all__ = ["NO_TIME", "ObjectHandles", "SEAL"]
 
 #: The time of an object whose time a worker was not told (it never expires).
 NO_TIME = np.iinfo(np.int64).max
+#: The handles made since the last seal (in a dict) join the sorted run at this many.
+SEAL = 1 << 14
+
+
+def _hashes(oids: Sequence[str]) -> np.ndarray:
+    """``(m,)`` uint64: SipHash of each id."""
+    if not len(oids):
+        return np.empty(0, dtype=np.uint64)
+    return pd.util.hash_array(np.asarray(oids, dtype=object), categorize=False)
 
 
 class ObjectHandles:
@@ -33,32 +49,95 @@ class ObjectHandles:
 
     def __init__(self) -> None:
         self.oids: list[str] = []
-        self.handle_of: dict[str, int] = {}
         self.key = np.zeros(0, dtype=np.uint64)
         self.t = np.zeros(0, dtype=np.int64)
         self._keyed = 0
         self.live = 0
+        self._known = np.zeros(0, dtype=bool)  # per handle: findable by its id (not forgotten)
+        self._run_hash = np.zeros(0, dtype=np.uint64)  # the sealed handles' hashes, sorted
+        self._run_handle = np.zeros(0, dtype=np.int64)  # ... and their handles, in that order
+        self._recent: dict[str, int] = {}  # the handles made since the last seal
 
     def __len__(self) -> int:
         return len(self.oids)
 
+    def lookup(self, oids: Sequence[str]) -> np.ndarray:
+        """``(m,)`` int64: each id's handle, ``-1`` for an id with none (never seen, or
+        forgotten)."""
+        m = len(oids)
+        out = np.full(m, -1, dtype=np.int64)
+        if not m:
+            return out
+        recent = self._recent
+        if recent:
+            out[:] = np.fromiter((recent.get(o, -1) for o in oids), dtype=np.int64, count=m)
+        n = len(self._run_hash)
+        rest = np.flatnonzero(out < 0)
+        if not n or not len(rest):
+            return out
+        h = _hashes([oids[j] for j in rest.tolist()])
+        pos = np.searchsorted(self._run_hash, h)
+        hit = np.flatnonzero(self._run_hash[np.minimum(pos, n - 1)] == h)
+        names, known = self.oids, self._known
+        for i in hit.tolist():  # confirm: the ids of every handle with this hash
+            p, oid = int(pos[i]), oids[int(rest[i])]
+            while p < n and self._run_hash[p] == h[i]:
+                c = int(self._run_handle[p])
+                if known[c] and names[c] == oid:
+                    out[rest[i]] = c
+                    break
+                p += 1
+        return out
+
+    def __contains__(self, oid: object) -> bool:
+        return isinstance(oid, str) and bool(self.lookup([oid])[0] >= 0)
+
+    def _add(self, names: list[str], times: np.ndarray) -> np.ndarray:
+        """New handles for distinct ``names`` not held (times epoch ms): ``(m,)`` int64."""
+        first, n = len(self.oids), len(self.oids) + len(names)
+        self.oids.extend(names)
+        self.t = with_capacity(self.t, n)
+        self.t[first:n] = times
+        self._known = with_capacity(self._known, n)
+        self._known[first:n] = True
+        self._recent.update(zip(names, range(first, n)))
+        if len(self._recent) >= SEAL:
+            self._seal()
+        return np.arange(first, n, dtype=np.int64)
+
+    def _seal(self) -> None:
+        """The recent handles join the sorted run (by merging, O(run))."""
+        new = np.fromiter(self._recent.values(), dtype=np.int64, count=len(self._recent))
+        h = _hashes(list(self._recent))
+        order = np.argsort(h, kind="stable")
+        h, new = h[order], new[order]
+        at = np.searchsorted(self._run_hash, h) + np.arange(len(h))
+        mine = np.ones(len(self._run_hash) + len(h), dtype=bool)
+        mine[at] = False
+        run_h = np.empty(len(mine), dtype=np.uint64)
+        run_c = np.empty(len(mine), dtype=np.int64)
+        run_h[at], run_h[mine] = h, self._run_hash
+        run_c[at], run_c[mine] = new, self._run_handle
+        self._run_hash, self._run_handle, self._recent = run_h, run_c, {}
+
     def handle(self, oid: str, t: int = NO_TIME) -> int:
         """The handle of ``oid``, a new one (with time ``t``, epoch ms) if it has none."""
-        h = self.handle_of.get(oid)
-        if h is None:
-            oid = own(oid)
-            h = self.handle_of[oid] = len(self.oids)
-            self.oids.append(oid)
-            self.t = with_capacity(self.t, h + 1)
-            self.t[h] = t
+        h = int(self.lookup([oid])[0])
+        if h < 0:
+            h = int(self._add([own(oid)], np.array([t], dtype=np.int64))[0])
         return h
 
     def handles_of(self, oids: Sequence[str], times: np.ndarray, keys: np.ndarray | None = None) -> np.ndarray:
         """:meth:`handle` of distinct ``oids`` (times ``(m,)`` int64 epoch ms; ``keys``: their
         prefix keys ``(m,)`` uint64, if known) in bulk: ``(m,)`` int64, new handles made in one
-        extension of the arrays."""
-        get = self.handle_of.get
-        out = np.fromiter((get(o, -1) for o in oids), dtype=np.int64, count=len(oids))
+        extension of the arrays.
+
+        Raises
+        ------
+        ValueError
+            The same id twice among those without a handle.
+        """
+        out = self.lookup(oids)
         new = np.flatnonzero(out < 0)
         if not len(new):
             return out
@@ -66,21 +145,12 @@ class ObjectHandles:
         if len(set(names)) < len(names):
             raise ValueError("handles_of takes distinct ids")
         first = len(self.oids)
-        self.oids.extend(names)
-        self.handle_of.update(zip(names, range(first, first + len(names))))
-        self.t = with_capacity(self.t, len(self.oids))
-        self.t[first:len(self.oids)] = np.asarray(times, dtype=np.int64)[new]
-        out[new] = np.arange(first, len(self.oids))
+        out[new] = self._add(names, np.asarray(times, dtype=np.int64)[new])
         if keys is not None and self._keyed == first:
             self.key = with_capacity(self.key, len(self.oids))
             self.key[first:len(self.oids)] = keys[new]
             self._keyed = len(self.oids)
         return out
-
-    def handle_in(self, oid: str, objects: Mapping[str, ObjectInfo]) -> int:
-        """:meth:`handle` of an object whose details ``objects`` may hold (its time, if so)."""
-        info = objects.get(oid)
-        return self.handle(oid, info.t if info is not None else NO_TIME)
 
     def key_new(self) -> None:
         """Compute the prefix keys of the handles made since the last call."""
@@ -99,8 +169,9 @@ class ObjectHandles:
         """Make ``handles``' ids unknown (an expired object's id published again is a new
         object); the handles stay until :meth:`compact`. Returns their ids."""
         gone = self.names(handles.tolist())
+        self._known[handles] = False
         for oid in gone:
-            self.handle_of.pop(oid, None)
+            self._recent.pop(oid, None)
         return gone
 
     def compact(self, used: np.ndarray) -> np.ndarray:
@@ -108,9 +179,13 @@ class ObjectHandles:
         old handle -> new (``(capacity,)`` int64, 0 where dropped)."""
         self.key_new()
         self.oids = self.names(used.tolist())
-        self.handle_of = {oid: h for h, oid in enumerate(self.oids)}
         remap = np.zeros(len(self.key), dtype=np.int64)
         remap[used] = np.arange(len(used))
         self.key, self.t = self.key[used], self.t[used]
+        self._known = self._known[used]
+        known = np.flatnonzero(self._known)
+        h = _hashes(self.names(known.tolist()))
+        order = np.argsort(h, kind="stable")
+        self._run_hash, self._run_handle, self._recent = h[order], known[order], {}
         self._keyed = self.live = len(used)
         return remap

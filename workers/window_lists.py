@@ -13,7 +13,7 @@ import numpy as np
 
 from knnmon.batch import BatchChanges, ObjectColumns, Refills
 from knnmon.query import QueryColumns
-from knnmon.workers.object_handles import ObjectHandles
+from knnmon.workers.object_handles import NO_TIME, ObjectHandles
 from knnmon.workers.query_table import QueryTable
 from knnmon.workers.topk_lists import TopKLists
 
@@ -122,7 +122,7 @@ class WindowLists:
         """Replace the results of :meth:`expire`'s queries with their exact kNN over the live
         objects; ``r_q`` grows back (the query is re-indexed with its larger region)."""
         q, L = self.queries, self.lists
-        slots, radii = [], []
+        slots, radii, places, dists, ids = [], [], [], [], []
         for qid, top in zip(refills.qids, refills.topk):
             j = q.slot_of.get(qid)
             if j is None:
@@ -130,13 +130,21 @@ class WindowLists:
             a, kk = int(L.ptr[j]), int(q.cap[j])
             lst = sorted((float(d), str(o)) for o, d in top)[:kk]
             L.d[a:a + kk], L.h[a:a + kk] = np.inf, -1
-            for i, (d, o) in enumerate(lst):
-                L.d[a + i], L.h[a + i] = d, self.handles.handle_in(o, refills.objects)
+            places += range(a, a + len(lst))
+            dists += [d for d, _ in lst]
+            ids += [o for _, o in lst]
             L.count[j] = len(lst)
             slots.append(j)
             radii.append(lst[-1][0] if len(lst) == kk else np.inf)
         if not slots:
             return
+        distinct = list(dict.fromkeys(ids))  # the objects' handles in bulk, new ones with their times
+        get = refills.objects.get
+        times = np.fromiter((NO_TIME if (o := get(oid)) is None else o.t for oid in distinct), dtype=np.int64,
+                            count=len(distinct))
+        handle = dict(zip(distinct, self.handles.handles_of(distinct, times).tolist()))
+        L.d[places] = dists
+        L.h[places] = [handle[o] for o in ids]
         slots = np.asarray(slots, dtype=np.int64)
         q.set_radius(slots, np.asarray(radii, dtype=np.float64))
         texts = {oid: info.to_text() for oid, info in refills.objects.items()}

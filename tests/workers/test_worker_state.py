@@ -27,12 +27,50 @@ def test_handles_in_bulk_equal_handles_one_by_one_and_survive_compaction():
     with pytest.raises(ValueError, match="distinct"):
         bulk.handles_of(["e", "e"], np.array([5, 5]))
     assert len(bulk) == 4  # a refused call adds nothing
-    assert bulk.forget(np.array([1])) == ["b"] and "b" not in bulk.handle_of
+    assert bulk.forget(np.array([1])) == ["b"] and "b" not in bulk
     remap = bulk.compact(np.array([0, 3]))
     assert remap[[0, 3]].tolist() == [0, 1] and bulk.oids == ["a", "d"] and bulk.live == 2
-    assert bulk.handle_of == {"a": 0, "d": 1} and bulk.t.tolist() == [1, 4]
+    assert bulk.lookup(["a", "d", "b"]).tolist() == [0, 1, -1] and bulk.t.tolist() == [1, 4]
     assert bulk.key.tolist() == id_prefix_keys(["a", "d"]).tolist()
     assert bulk.handle("z") == 2 and bulk.t[2] == NO_TIME
+
+
+@settings(max_examples=60, deadline=None)
+@given(steps=st.lists(st.tuples(st.sampled_from(["add", "forget", "compact"]),
+                                st.lists(st.integers(0, 40), min_size=1, max_size=12)), min_size=1, max_size=25),
+       collide=st.booleans())
+def test_handles_found_by_hash_runs_equal_a_dict(steps, collide):
+    """Lookups through the sorted hash run and the recent dict (sealed every 4 handles here)
+    equal a dict of id -> handle, through forgetting and compaction; with every hash equal, ids
+    are still told apart by comparing them."""
+    import knnmon.workers.object_handles as object_handles
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(object_handles, "SEAL", 4)
+        if collide:
+            mp.setattr(object_handles, "_hashes", lambda oids: np.zeros(len(oids), dtype=np.uint64))
+        _handles_against_a_dict(steps)
+
+
+def _handles_against_a_dict(steps) -> None:
+    handles, model = ObjectHandles(), {}
+    for op, xs in steps:
+        if op == "add":
+            ids = list(dict.fromkeys(f"o{x}" for x in xs))
+            got = handles.handles_of(ids, np.zeros(len(ids), dtype=np.int64))
+            for oid, h in zip(ids, got.tolist()):
+                assert model.setdefault(oid, h) == h
+        elif op == "forget":
+            gone = sorted({model[f"o{x}"] for x in xs if f"o{x}" in model})
+            for oid in handles.forget(np.array(gone, dtype=np.int64)):
+                del model[oid]
+        else:  # keep the known handles and one of every three forgotten ones
+            used = np.array(sorted(set(model.values()) | set(range(0, len(handles), 3))), dtype=np.int64)
+            remap = handles.compact(used)
+            model = {oid: int(remap[h]) for oid, h in model.items()}
+        probe = [f"o{x}" for x in range(42)]
+        assert handles.lookup(probe).tolist() == [model.get(o, -1) for o in probe]
+        assert all(handles.oids[h] == oid for oid, h in model.items())
 
 
 def test_a_duplicate_query_id_is_refused_before_anything_changes():
