@@ -76,11 +76,15 @@ class ObjectHandles:
         if not n or not len(rest):
             return out
         h = _hashes([oids[j] for j in rest.tolist()])
-        pos = np.searchsorted(self._run_hash, h)
-        hit = np.flatnonzero(self._run_hash[np.minimum(pos, n - 1)] == h)
+        pos = np.minimum(np.searchsorted(self._run_hash, h), n - 1)
+        hit = np.flatnonzero(self._run_hash[pos] == h)
+        first = self._run_handle[pos[hit]]
         names, known = self.oids, self._known
-        for i in hit.tolist():  # confirm: the ids of every handle with this hash
-            p, oid = int(pos[i]), oids[int(rest[i])]
+        ok = known[first] & np.fromiter((names[c] == oids[r] for c, r in zip(first.tolist(), rest[hit].tolist())),
+                                        dtype=bool, count=len(hit))
+        out[rest[hit[ok]]] = first[ok]
+        for i in hit[~ok].tolist():  # a forgotten id's or another id's handle first: the others with this hash
+            p, oid = int(pos[i]) + 1, oids[int(rest[i])]
             while p < n and self._run_hash[p] == h[i]:
                 c = int(self._run_handle[p])
                 if known[c] and names[c] == oid:
