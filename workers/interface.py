@@ -13,7 +13,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from knnmon.batch import LoadResult, ObjectBatch, ObjectInfo, QueryHandover, Refills, WorkerReport, WriteFigures
+from knnmon.batch import (LoadResult, ObjectBatch, ObjectInfo, QueryHandover, Refills, WorkerReport, WorkerStats,
+                          WriteFigures)
 from knnmon.query import QueryColumns
 
 __all__ = ["WorkerApi"]
@@ -45,7 +46,7 @@ class WorkerApi(Protocol):
 
     def regions(self) -> tuple[QueryColumns, np.ndarray]: ...
 
-    def stats(self) -> dict[str, Any]: ...
+    def stats(self) -> WorkerStats: ...
 
     def query_loads(self) -> tuple[list[str], np.ndarray]: ...
 

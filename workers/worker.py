@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from knnmon.batch import WriteFigures
+from knnmon.batch import WorkerStats, WriteFigures
 from knnmon.errors import InvalidArgumentError
 from knnmon.heap import resident_bytes
 from knnmon.query import QueryColumns
@@ -229,12 +229,12 @@ class KnnWorker(Registration, BatchUpdate, WindowLists, ReleaseInParts, Handover
         live = np.flatnonzero(self.queries.alive)
         return self.queries.columns(live), self.queries.radius[live].copy()
 
-    def stats(self) -> dict[str, Any]:
-        """Queries held, index entries, queries re-indexed so far, list entries expired and results
-        refilled so far (a window), this process's peak and current RSS and its current anonymous
-        RSS (MB; the current ones ``None`` where there is no ``/proc``:
-        :func:`~knnmon.heap.resident_bytes`), its process id, and the Ray node it runs on
-        (``None`` outside Ray)."""
+    def stats(self) -> WorkerStats:
+        """This worker's :class:`~knnmon.batch.WorkerStats`: queries held, index entries, queries
+        re-indexed so far, list entries expired and results refilled so far (a window), this
+        process's peak and current RSS and its current anonymous RSS (MB; the current ones
+        ``None`` where there is no ``/proc``: :func:`~knnmon.heap.resident_bytes`), its process
+        id, and the Ray node it runs on (``None`` outside Ray)."""
         import resource
 
         node = None
@@ -245,9 +245,8 @@ class KnnWorker(Registration, BatchUpdate, WindowLists, ReleaseInParts, Handover
                 node = ray.get_runtime_context().get_node_id()
         except ImportError:  # pragma: no cover - ray is a dependency
             pass
-        return {"worker": self.worker_id, "node": node, "pid": os.getpid(), "queries": int(self.queries.alive.sum()),
-                "expired": self.expired, "refilled": self.refills,
-                "index_entries": self.index.entries,
-                "refreshed": self.refreshed, "keywords": len(self.vocabulary),
-                "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                "rss_mb": _mb(resident_bytes()), "rss_anon_mb": _mb(resident_bytes("RssAnon"))}
+        return WorkerStats(worker=self.worker_id, node=node, pid=os.getpid(), queries=int(self.queries.alive.sum()),
+                           expired=self.expired, refilled=self.refills, index_entries=self.index.entries,
+                           refreshed=self.refreshed, keywords=len(self.vocabulary),
+                           peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                           rss_mb=_mb(resident_bytes()), rss_anon_mb=_mb(resident_bytes("RssAnon")))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import asdict
 from typing import Any
 
 import numpy as np
@@ -228,5 +229,6 @@ class Registrar:
         return self.pool.gather([self.pool.result(self.query_worker[qid], qid)])[0]
 
     def stats(self) -> list[dict[str, Any]]:
-        """Each worker's :meth:`~knnmon.workers.worker.KnnWorker.stats`."""
-        return self.pool.gather([self.pool.stats(w) for w in range(self.pool.size)])
+        """Each worker's :meth:`~knnmon.workers.worker.KnnWorker.stats`, as a dict (for the
+        JSON reports)."""
+        return [asdict(s) for s in self.pool.gather([self.pool.stats(w) for w in range(self.pool.size)])]

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["BatchChanges", "KnnColumns", "LoadResult", "ObjectBatch", "ObjectColumns", "ObjectInfo", "QueryHandover", "Refills",
-           "WorkerReport", "WriteFigures"]
+           "WorkerReport", "WorkerStats", "WriteFigures"]
 
 
 @dataclass(frozen=True)
@@ -294,6 +294,40 @@ class LoadResult:
     queries: int
     index_entries: int
     seconds: float
+
+
+@dataclass(frozen=True)
+class WorkerStats:
+    """A worker's state and process, as :meth:`KnnWorker.stats` reports it.
+
+    Attributes
+    ----------
+    worker, pid : int
+        The worker's id and its process id.
+    node : str or None
+        The Ray node it runs on (``None`` outside Ray).
+    queries, index_entries, refreshed, keywords : int
+        Queries held, query index entries, queries re-indexed so far, keywords it has codes of.
+    expired, refilled : int
+        With a window: list entries expired and results refilled so far.
+    peak_rss_mb : float
+        The process's peak resident set size (MB).
+    rss_mb, rss_anon_mb : float or None
+        Its current resident set size and anonymous part (MB; ``None`` without ``/proc``).
+    """
+
+    worker: int
+    node: str | None
+    pid: int
+    queries: int
+    expired: int
+    refilled: int
+    index_entries: int
+    refreshed: int
+    keywords: int
+    peak_rss_mb: float
+    rss_mb: float | None
+    rss_anon_mb: float | None
 
 
 @dataclass(frozen=True)
