@@ -33,8 +33,9 @@ Layout: :class:`knnmon.keys.Keys`. A batch's writes travel as one msgpack payloa
    (``os.clock``, Redis 7+, where ``TIME`` stands still inside a script), else ``TIME``.
 
 In a **Redis Cluster** the keys keep their names, so one batch's keys live on several masters:
-the payload is cut by master (:meth:`ResultWriter._split`) and each master runs the same script
-on its part, in one call per master and batch; the feed goes to its master last. Every master
+the payload is cut by master (:meth:`~knnmon.workers.write_script.ClusterWrites.split`) and each
+master runs the same script on its part, in one call per master and batch; the feed goes to its
+master last. Every master
 keeps the worker's marker (a key in one of its slots, :meth:`knnmon.keys.Keys.worker_batch`),
 so a re-sent batch changes nothing on a master that applied it, and a revival can tell a batch
 that reached only some masters (:func:`knnmon.coordinator.runtime.revival.last_applied_batch`).
@@ -61,6 +62,7 @@ from knnmon.batch import BatchChanges, ObjectInfo
 from knnmon.connection import connect, with_retries
 from knnmon.keys import Keys
 from knnmon.workers.holders import Details, Holders, texts_of
+from knnmon.workers.write_script import APPLY, ClusterWrites
 
 __all__ = ["CHANGES_MAXLEN", "ResultWriter", "details_key"]
 
@@ -69,67 +71,6 @@ __all__ = ["CHANGES_MAXLEN", "ResultWriter", "details_key"]
 CHANGES_MAXLEN = 1_000_000
 #: The stream keeps at least this many entries whatever their size.
 MIN_FEED_ENTRIES = 1_000
-
-_APPLY = """
-local os_lib = rawget(_G, 'os')
-local clock = os_lib and os_lib.clock
-local function now_us()
-  if clock then return clock() * 1000000 end
-  local t = redis.call('TIME')
-  return t[1] * 1000000 + t[2]
-end
-local t0 = now_us()
-local p = cmsgpack.unpack(ARGV[1])
-if redis.call('GET', p.marker) == p.tag then return -1 end
-local ns = p.ns
-local e, l = p.e, p.l
-local ei, li = 1, 1
-for j = 1, #p.q do
-  local rkey = ns .. ':result:' .. p.q[j]
-  if p.rep == 1 then redis.call('DEL', rkey) end
-  local ne, nl = p.ne[j], p.nl[j]
-  if ne > 0 then redis.call('ZADD', rkey, unpack(e, 2 * ei - 1, 2 * (ei + ne - 1))) end
-  if nl > 0 then redis.call('ZREM', rkey, unpack(l, li, li + nl - 1)) end
-  ei = ei + ne
-  li = li + nl
-end
-local f, fi = p.f, 1
-for j = 1, #p.hq do
-  local nf = p.nf[j]
-  redis.call('HSET', ns .. ':query:' .. p.hq[j], unpack(f, fi, fi + nf - 1))
-  fi = fi + nf
-end
-for _, qid in ipairs(p.dr) do redis.call('DEL', ns .. ':result:' .. qid) end
-for _, qid in ipairs(p.dq) do redis.call('DEL', ns .. ':query:' .. qid) end
-local sa, sr = p.sa, p.sr
-for s = 1, #sa, 2000 do redis.call('SADD', ns .. ':queries', unpack(sa, s, math.min(s + 1999, #sa))) end
-for s = 1, #sr, 2000 do redis.call('SREM', ns .. ':queries', unpack(sr, s, math.min(s + 1999, #sr))) end
-local hs, hd = p.hs, p.hd
-for s = 1, #hs, 2000 do redis.call('HSET', p.okey, unpack(hs, s, math.min(s + 1999, #hs))) end
-for s = 1, #hd, 1000 do redis.call('HDEL', p.okey, unpack(hd, s, math.min(s + 999, #hd))) end
-if #p.feed > 0 then
-  redis.call('XADD', ns .. ':changes', '*', 'version', p.version, 'changes', p.feed)
-  redis.call('XTRIM', ns .. ':changes', 'MAXLEN', '~', p.maxlen)
-end
-if p.prows then
-  local rows = p.marker .. ':rows'
-  if p.pfirst == 1 then redis.call('DEL', rows) end
-  local r = p.prows
-  for s = 1, #r, 2000 do redis.call('RPUSH', rows, unpack(r, s, math.min(s + 1999, #r))) end
-else
-  redis.call('DEL', p.marker .. ':rows')
-end
-redis.call('SET', p.marker, p.tag)
-return math.floor(now_us() - t0)
-"""
-
-#: The payload's sections by the key they write: per changed result (``q`` with ``ne``/``e``/
-#: ``nl``/``l``, split by the result key's master in a cluster), per query hash (``hq`` with
-#: ``nf``/``f``), per deleted key (``dr``, ``dq``), and the single keys (the ``queries`` set:
-#: ``sa``/``sr``; the details hash: ``hs``/``hd``; the feed: ``feed``).
-_EMPTY = {"q": [], "ne": [], "e": [], "nl": [], "l": [], "hq": [], "nf": [], "f": [], "dr": [], "dq": [],
-          "sa": [], "sr": [], "hs": [], "hd": [], "feed": ""}
-
 
 def details_key(keys: Keys, worker: int | str, qid: str, masters=None) -> str:
     """The hash holding the details of the objects in query ``qid``'s result when worker
@@ -164,9 +105,9 @@ class ResultWriter:
             from knnmon.redis_cluster import MasterMap
 
             self.masters = MasterMap(self.client)
-            self._scripts: dict[str, Any] = {}
+            self._cluster = ClusterWrites(self.masters, self.keys, worker, self.bucket_key)
         else:
-            self._apply = self.client.register_script(_APPLY)
+            self._apply = self.client.register_script(APPLY)
         self._marker = self.keys.worker_batch(worker)
         self.session = uuid.uuid4().hex[:12]  # markers of earlier runs never match
         self._per_entry = 100.0  # recent changes per feed entry (a moving average), for the trim
@@ -193,78 +134,11 @@ class ResultWriter:
         us = with_retries(lambda: self._apply(args=[packed]), f"writing batch {tag} of worker {self.worker}", self.url)
         return max(int(us), 0) / 1e6
 
-    def _split(self, payload: dict) -> dict[str, dict]:
-        """``payload`` cut into one payload per master of the cluster: each section goes to the
-        master of the key it writes (module docstring); every master gets one, empty or not, so
-        that its marker says whether the batch reached it."""
-        m, keys = self.masters, self.keys
-        out = {name: {k: ([] if k != "feed" else "") for k in _EMPTY} for name in m.names}
-        ei = li = 0
-        e, lv = payload["e"], payload["l"]
-        for qid, ne, nl in zip(payload["q"], payload["ne"], payload["nl"]):
-            d = out[m.master_of(keys.result(qid))]
-            d["q"].append(qid)
-            d["ne"].append(ne)
-            d["nl"].append(nl)
-            d["e"] += e[2 * ei:2 * (ei + ne)]
-            d["l"] += lv[li:li + nl]
-            ei, li = ei + ne, li + nl
-        fi = 0
-        for qid, nf in zip(payload["hq"], payload["nf"]):
-            d = out[m.master_of(keys.query(qid))]
-            d["hq"].append(qid)
-            d["nf"].append(nf)
-            d["f"] += payload["f"][fi:fi + nf]
-            fi += nf
-        for qid in payload["dr"]:
-            out[m.master_of(keys.result(qid))]["dr"].append(qid)
-        for qid in payload["dq"]:
-            out[m.master_of(keys.query(qid))]["dq"].append(qid)
-        single = out[m.master_of(keys.queries)]
-        single["sa"], single["sr"] = payload["sa"], payload["sr"]
-        for name, d in out.items():
-            d["okey"] = self.bucket_key(name)
-        for okey, (hs, hd) in payload["dets"].items():
-            d = out[m.master_of(okey)]
-            d["okey"], d["hs"], d["hd"] = okey, hs, hd
-        out[m.master_of(keys.changes)]["feed"] = payload["feed"]
-        common = {k: payload[k] for k in ("ns", "rep", "version", "maxlen", "prows", "pfirst") if k in payload}
-        return {name: {**common, **d} for name, d in out.items()}
-
     def _apply_cluster(self, tag: int | str, payload: dict) -> float:
-        """The cluster's :meth:`apply`: one script call per master, in the masters' order with
-        the feed's master last (a reader of the feed finds the results it names written). Each
-        call checks and sets the worker's marker on its own master
-        (``Keys.worker_batch(worker, tag of the master)``): a re-sent batch changes nothing on a
-        master that applied it. A script that finds a key not local (slots moved) makes the
-        writer read the slot table again and send the whole batch again."""
-        from redis.exceptions import ResponseError
-
-        def send() -> float:
-            last = self.masters.master_of(self.keys.changes)
-            parts = self._split(payload)
-            total = 0.0
-            for name in sorted(parts, key=lambda n: n == last):
-                script = self._scripts.get(name)
-                if script is None:
-                    script = self._scripts[name] = self.masters.connection(name).register_script(_APPLY)
-                marker = self.keys.worker_batch(self.worker, self.masters.tag_of(name))
-                us = script(args=[msgpack.packb({**parts[name], "marker": marker, "tag": f"{self.session}:{tag}"})])
-                total += max(int(us), 0) / 1e6
-            return total
-
-        def attempt() -> float:
-            for moved in range(3):
-                try:
-                    return send()
-                except ResponseError as ex:
-                    if moved == 2 or ("non local key" not in str(ex) and "MOVED" not in str(ex)):
-                        raise
-                    self.masters.refresh()
-                    self._scripts.clear()
-            raise AssertionError("unreachable")
-
-        return with_retries(attempt, f"writing batch {tag} of worker {self.worker}", self.url)
+        """The cluster's :meth:`apply`: one script call per master (:class:`ClusterWrites`),
+        retried whole while Redis is unreachable (exactly once: each master's marker)."""
+        return with_retries(lambda: self._cluster.apply(payload, f"{self.session}:{tag}"),
+                            f"writing batch {tag} of worker {self.worker}", self.url)
 
     @property
     def held(self) -> dict[str, int]:

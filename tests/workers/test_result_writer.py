@@ -92,7 +92,7 @@ def test_a_resent_batch_is_applied_once_on_every_master(redis_cluster_url, names
     assert len({w.masters.master_of(keys.result(q)) for q in qids}) == 3
     w.write_queries(-1, [(q, {"k": 3}, []) for q in qids], OBJ)
     last = w.masters.master_of(keys.changes)
-    script = w._scripts[last]
+    script = w._cluster.scripts[last]
     calls = {"n": 0}
 
     def lossy(*args, **kwargs):
@@ -104,7 +104,7 @@ def test_a_resent_batch_is_applied_once_on_every_master(redis_cluster_url, names
             raise redis.ConnectionError("reply lost (injected)")
         return result
 
-    w._scripts[last] = lossy
+    w._cluster.scripts[last] = lossy
     w.write_batch(7, BatchChanges.from_diffs([(q, [("o4", 3.0)], []) for q in qids], OBJ, 8))
     assert calls["n"] == 3
     feed = [f for _, f in c.xrange(keys.changes)]
