@@ -5,7 +5,7 @@ The top-k lists (:mod:`knnmon.workers.topk_lists`) store handles, not ids; a han
 :func:`knnmon.encoding.id_prefix_keys`, for ties by id in the kernels) and ``t`` (its time, for
 a window's expiry). Handles of objects no list holds are released by :meth:`ObjectHandles.compact`.
 
-An id is found by its 64-bit hash (SipHash, ``pandas.util.hash_array``, as the coordinator's
+An id is found by its 64-bit hash (:func:`knnmon.encoding.id_hashes`, as the coordinator's
 :mod:`~knnmon.coordinator.runtime.seen_ids` does) in a sorted **run** of the handles' hashes, a
 hit confirmed by comparing the ids (two ids with one hash both stay findable); the handles made
 since the run was last sealed are in a small dict. No dict entry per held object: 17 bytes per
@@ -18,10 +18,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 import numpy as np
-import pandas as pd
 
 from knnmon.arrays import with_capacity
-from knnmon.encoding import id_prefix_keys
+from knnmon.encoding import id_hashes, id_prefix_keys
 from knnmon.workers.vocabulary import own
 
 __all__ = ["NO_TIME", "ObjectHandles", "SEAL"]
@@ -30,13 +29,6 @@ __all__ = ["NO_TIME", "ObjectHandles", "SEAL"]
 NO_TIME = np.iinfo(np.int64).max
 #: The handles made since the last seal (in a dict) join the sorted run at this many.
 SEAL = 1 << 14
-
-
-def _hashes(oids: Sequence[str]) -> np.ndarray:
-    """``(m,)`` uint64: SipHash of each id."""
-    if not len(oids):
-        return np.empty(0, dtype=np.uint64)
-    return pd.util.hash_array(np.asarray(oids, dtype=object), categorize=False)
 
 
 class ObjectHandles:
@@ -75,7 +67,7 @@ class ObjectHandles:
         rest = np.flatnonzero(out < 0)
         if not n or not len(rest):
             return out
-        h = _hashes([oids[j] for j in rest.tolist()])
+        h = id_hashes([oids[j] for j in rest.tolist()])
         pos = np.minimum(np.searchsorted(self._run_hash, h), n - 1)
         hit = np.flatnonzero(self._run_hash[pos] == h)
         first = self._run_handle[pos[hit]]
@@ -112,7 +104,7 @@ class ObjectHandles:
     def _seal(self) -> None:
         """The recent handles join the sorted run (by merging, O(run))."""
         new = np.fromiter(self._recent.values(), dtype=np.int64, count=len(self._recent))
-        h = _hashes(list(self._recent))
+        h = id_hashes(list(self._recent))
         order = np.argsort(h, kind="stable")
         h, new = h[order], new[order]
         at = np.searchsorted(self._run_hash, h) + np.arange(len(h))
@@ -188,7 +180,7 @@ class ObjectHandles:
         self.key, self.t = self.key[used], self.t[used]
         self._known = self._known[used]
         known = np.flatnonzero(self._known)
-        h = _hashes(self.names(known.tolist()))
+        h = id_hashes(self.names(known.tolist()))
         order = np.argsort(h, kind="stable")
         self._run_hash, self._run_handle, self._recent = h[order], known[order], {}
         self._keyed = self.live = len(used)

@@ -2,8 +2,8 @@
 
 A Python ``set`` of ``str`` costs ~100 bytes per id (the string object and its slot): 2 GB at the
 paper's 20 M objects. Here the ids live in sorted **runs**: each run holds the 64-bit hashes of
-its ids (``pandas.util.hash_array``, SipHash) sorted, and the ids themselves in the same order as
-one Arrow string array. A lookup is a ``searchsorted`` per run; a hash that matches is confirmed
+its ids (:func:`knnmon.encoding.id_hashes`, SipHash) sorted, and the ids themselves in the same
+order as one Arrow string array. A lookup is a ``searchsorted`` per run; a hash that matches is confirmed
 by comparing the ids (two ids with one hash are both kept, so the check stays exact). New ids
 gather in a dict and become a run at :data:`SEAL` ids.
 
@@ -19,8 +19,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
+
+from knnmon.encoding import id_hashes
 
 __all__ = ["SEAL", "SeenIds"]
 
@@ -35,11 +36,12 @@ CHUNK = 1 << 20
 
 
 def _hashes(ids: Sequence[str] | pa.Array) -> np.ndarray:
-    """``(m,)`` uint64: SipHash of each id (``pandas.util.hash_array``)."""
+    """``(m,)`` uint64: each id's hash (:func:`knnmon.encoding.id_hashes`), an Arrow array's
+    chunk by chunk."""
     if isinstance(ids, pa.Array):
         return np.concatenate([np.empty(0, dtype=np.uint64)] + [_hashes(ids.slice(s, CHUNK).to_pylist())
                                                                  for s in range(0, len(ids), CHUNK)])
-    return pd.util.hash_array(np.asarray(ids, dtype=object), categorize=False)
+    return id_hashes(ids)
 
 
 @dataclass

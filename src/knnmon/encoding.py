@@ -1,5 +1,5 @@
 """Strings to integers: keyword lists to vocabulary codes (vectorised with pyarrow, one helper for
-every vocabulary) and ids to order-preserving prefix keys."""
+every vocabulary), ids to order-preserving prefix keys, and ids to 64-bit hashes."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["id_prefix_keys", "keyword_codes"]
+__all__ = ["id_hashes", "id_prefix_keys", "keyword_codes"]
 
 
 def keyword_codes(keywords: pa.Array | pa.ChunkedArray, vocabulary: pa.Array) -> tuple[np.ndarray, np.ndarray]:
@@ -51,3 +51,24 @@ def id_prefix_keys(ids) -> np.ndarray:
     """
     raw = np.array([s.encode()[:8] for s in ids], dtype="S8") if len(ids) else np.empty(0, "S8")
     return raw.view(">u8").astype(np.uint64)
+
+
+def id_hashes(ids) -> np.ndarray:
+    """64-bit hashes of ids (SipHash, ``pandas.util.hash_array``): equal ids hash equal, two
+    different ids may share a hash (whoever looks ids up by hash confirms a hit by the ids).
+
+    Parameters
+    ----------
+    ids
+        ``m`` strings (a sequence).
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(m,)`` uint64.
+    """
+    if not len(ids):
+        return np.empty(0, dtype=np.uint64)
+    import pandas as pd  # (only the id lookups need it)
+
+    return pd.util.hash_array(np.asarray(ids, dtype=object), categorize=False)

@@ -48,7 +48,7 @@ def test_handles_found_by_hash_runs_equal_a_dict(steps, collide):
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(object_handles, "SEAL", 4)
         if collide:
-            mp.setattr(object_handles, "_hashes", lambda oids: np.zeros(len(oids), dtype=np.uint64))
+            mp.setattr(object_handles, "id_hashes", lambda oids: np.zeros(len(oids), dtype=np.uint64))
         _handles_against_a_dict(steps)
 
 
