@@ -15,11 +15,12 @@ computed again from the ids when the run is rebuilt (:meth:`ObjectHandles.compac
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
 from knnmon.arrays import with_capacity
+from knnmon.batch import ObjectColumns, ObjectInfo
 from knnmon.encoding import id_hashes, id_prefix_keys
 from knnmon.workers.vocabulary import own
 
@@ -147,6 +148,18 @@ class ObjectHandles:
             self.key[first:len(self.oids)] = keys[new]
             self._keyed = len(self.oids)
         return out
+
+    def handles_in(self, oids: Sequence[str], objects: Mapping[str, ObjectInfo],
+                   keys: np.ndarray | None = None) -> np.ndarray:
+        """:meth:`handles_of` of distinct ``oids`` whose details ``objects`` may hold: a new
+        handle takes its object's time from there (:data:`NO_TIME` if it is not there)."""
+        if isinstance(objects, ObjectColumns):
+            times = objects.times(oids, NO_TIME)
+        else:
+            get = objects.get
+            times = np.fromiter((NO_TIME if (o := get(oid)) is None else o.t for oid in oids), dtype=np.int64,
+                                count=len(oids))
+        return self.handles_of(oids, times, keys)
 
     def key_new(self) -> None:
         """Compute the prefix keys of the handles made since the last call."""

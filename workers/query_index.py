@@ -136,7 +136,8 @@ class QueryIndex:
     Keyword codes must be below ``2**24``.
     """
 
-    #: The delta is merged into the base when it holds at least ``max(DELTA_MIN, len(base) // DELTA_SHARE)``.
+    #: The delta moves into the middle run at ``DELTA_MIN`` entries; the middle run is merged into
+    #: the base when it holds at least ``max(DELTA_MIN, len(base) // DELTA_SHARE)``.
     DELTA_SHARE = 16
     DELTA_MIN = 1 << 16
 

@@ -10,12 +10,12 @@ from itertools import chain
 
 import numpy as np
 
-from knnmon.batch import BatchChanges, KnnColumns, LoadResult, ObjectColumns, ObjectInfo
+from knnmon.batch import BatchChanges, KnnColumns, LoadResult, ObjectInfo
 from knnmon.encoding import id_prefix_keys
 from knnmon.heap import give_back
 from knnmon.query import QueryColumns
 from knnmon.workers.holders import texts_of
-from knnmon.workers.object_handles import NO_TIME, ObjectHandles
+from knnmon.workers.object_handles import ObjectHandles
 from knnmon.workers.query_table import QueryTable
 from knnmon.workers.topk_lists import TopKLists
 from knnmon.workers.vocabulary import Vocabulary
@@ -105,14 +105,8 @@ class Registration:
         if len(q):
             key_of = dict(zip(oids, keys.tolist()))  # (distinct ids, in first-seen order)
             distinct = list(key_of)
-            if isinstance(objects, ObjectColumns):
-                times = objects.times(distinct, NO_TIME)
-            else:
-                get = objects.get
-                times = np.fromiter((NO_TIME if (o := get(oid)) is None else o.t for oid in distinct), dtype=np.int64,
-                                    count=len(distinct))
             distinct_keys = np.fromiter(key_of.values(), dtype=np.uint64, count=len(distinct))
-            handle = dict(zip(distinct, self.handles.handles_of(distinct, times, distinct_keys).tolist()))
+            handle = dict(zip(distinct, self.handles.handles_in(distinct, objects, distinct_keys).tolist()))
             top_d[start[q] + rank] = d
             top_h[start[q] + rank] = np.fromiter(map(handle.__getitem__, oids), dtype=np.int64, count=len(oids))
         count = np.bincount(q, minlength=n).astype(np.int64)

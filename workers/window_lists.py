@@ -13,7 +13,7 @@ import numpy as np
 
 from knnmon.batch import BatchChanges, ObjectColumns, Refills
 from knnmon.query import QueryColumns
-from knnmon.workers.object_handles import NO_TIME, ObjectHandles
+from knnmon.workers.object_handles import ObjectHandles
 from knnmon.workers.query_table import QueryTable
 from knnmon.workers.topk_lists import TopKLists
 
@@ -139,10 +139,7 @@ class WindowLists:
         if not slots:
             return
         distinct = list(dict.fromkeys(ids))  # the objects' handles in bulk, new ones with their times
-        get = refills.objects.get
-        times = np.fromiter((NO_TIME if (o := get(oid)) is None else o.t for oid in distinct), dtype=np.int64,
-                            count=len(distinct))
-        handle = dict(zip(distinct, self.handles.handles_of(distinct, times).tolist()))
+        handle = dict(zip(distinct, self.handles.handles_in(distinct, refills.objects).tolist()))
         L.d[places] = dists
         L.h[places] = [handle[o] for o in ids]
         slots = np.asarray(slots, dtype=np.int64)

@@ -116,9 +116,8 @@ class ObjectColumns(Mapping[str, ObjectInfo]):
         for an id not here."""
         if not len(self._ids):
             return [None] * len(oids)
-        get = self._at.get
-        js = [get(o, -1) for o in oids]
-        at = np.maximum(np.asarray(js, dtype=np.int64), 0)
+        rows = self._rows(oids)
+        at, js = np.maximum(rows, 0), rows.tolist()
         if self._table is not None:
             out = _arrow_texts(self._table.take(at))
             return [x if j >= 0 else None for x, j in zip(out, js)]
@@ -131,9 +130,13 @@ class ObjectColumns(Mapping[str, ObjectInfo]):
         """``(len(oids),)`` int64: the objects' times (epoch ms), ``default`` for an id not here."""
         if not len(self._ids):
             return np.full(len(oids), default, dtype=np.int64)
+        rows = self._rows(oids)
+        return np.where(rows >= 0, self._t[np.maximum(rows, 0)], default).astype(np.int64)
+
+    def _rows(self, oids: Sequence[str]) -> np.ndarray:
+        """``(len(oids),)`` int64: each id's row here, ``-1`` for an id not here."""
         get = self._at.get
-        at = np.fromiter((get(o, -1) for o in oids), dtype=np.int64, count=len(oids))
-        return np.where(at >= 0, self._t[np.maximum(at, 0)], default).astype(np.int64)
+        return np.fromiter((get(o, -1) for o in oids), dtype=np.int64, count=len(oids))
 
 
 def _arrow_texts(table: Any) -> list[str]:
