@@ -45,7 +45,7 @@ def acknowledge(client: redis.Redis, url: str, keys: Keys, stream: str, ids: Seq
         # between the two may write a reject twice, never lose one).
         pipe = client.pipeline(transaction=not cluster)
         for eid, fields, r in rejects:
-            pipe.xadd(keys.ingest_rejects, {**fields, "_reason": r.reason, "_detail": str(r), "_stream": stream,
+            pipe.xadd(keys.ingest_rejects, {**_as_sent(fields), "_reason": r.reason, "_detail": str(r), "_stream": stream,
                                             "_entry": eid}, maxlen=REJECTS_MAXLEN, approximate=True)
         if batch_record is not None:
             pipe.xadd(keys.serve_batches, batch_record, maxlen=BATCHES_MAXLEN, approximate=True)
@@ -61,3 +61,10 @@ def acknowledge(client: redis.Redis, url: str, keys: Keys, stream: str, ids: Seq
         return not client.xpending_range(stream, GROUP, min=ids[0], max=ids[0], count=1)
 
     with_retries(op, f"acknowledging {len(ids)} entries of {stream}", url, before_retry=done)
+
+
+def _as_sent(fields: dict) -> dict:
+    """``fields`` with each string back in the bytes it was sent as (a reply decoded with
+    ``surrogateescape``: hiredis encodes strictly, so a lone surrogate would fail the write)."""
+    return {(k.encode("utf-8", "surrogateescape") if isinstance(k, str) else k):
+            (v.encode("utf-8", "surrogateescape") if isinstance(v, str) else v) for k, v in fields.items()}

@@ -61,10 +61,16 @@ def connect(url: str, *, socket_timeout_s: float = 30.0) -> redis.Redis:
     redis-py would otherwise re-send a timed-out pipeline on its own; knnmon retries itself
     (:func:`with_retries`) after checking whether the first attempt took effect.
 
+    Replies that are not UTF-8 decode with ``surrogateescape`` (a lone surrogate per bad byte).
+
     A server that does not answer gets a plain client (as lazy as redis-py's: the first command
     raises ``redis.ConnectionError``).
     """
-    options = dict(decode_responses=True, socket_timeout=socket_timeout_s, socket_connect_timeout=5.0)
+    # Bytes that are not UTF-8 (anyone may XADD them) decode to lone surrogates instead of
+    # failing the whole reply; they encode back to the same bytes, and entries holding them are
+    # rejected (``knnmon.limits.check_fields``).
+    options = dict(decode_responses=True, encoding_errors="surrogateescape", socket_timeout=socket_timeout_s,
+                   socket_connect_timeout=5.0)
     client = redis.Redis.from_url(url, retry=Retry(NoBackoff(), 0), health_check_interval=30, **options)
     from knnmon.redis_cluster import is_cluster
 

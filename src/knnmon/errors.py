@@ -64,8 +64,9 @@ class WorkerLostError(KnnmonError):
 #: :mod:`knnmon.coordinator.service.protocol`).
 REJECT_REASONS: dict[str, str] = {
     "field_too_large": "a field longer than 64 KiB",
+    "not_utf8": "a field that is not UTF-8 text (bytes that do not decode, or a lone surrogate)",
     "missing_id": "no `id` field, or an empty one",
-    "bad_id": "an `id` longer than 256 bytes, or holding whitespace or a control character (a query id: or `{`, `}`)",
+    "bad_id": "an `id` longer than 256 bytes, or holding whitespace, a control character or a lone surrogate (a query id: or `{`, `}`)",
     "missing_coordinates": "no `lon` or `lat`",
     "non_numeric_coordinates": "`lon` or `lat` is not a finite number",
     "longitude_out_of_range": "`lon` outside [-180, 180]",

@@ -71,10 +71,17 @@ def check_fields(fields: Mapping[Any, Any]) -> None:
     Raises
     ------
     Rejected
-        ``field_too_large``, naming the field.
+        ``field_too_large`` or ``not_utf8`` (a lone surrogate), naming the field.
     """
     for key, value in fields.items():
-        if len(value if isinstance(value, bytes) else str(value).encode()) > MAX_FIELD_BYTES:
+        text = value if isinstance(value, bytes) else str(value)
+        if len(text) > MAX_FIELD_BYTES:
+            raise Rejected("field_too_large", f"field {str(key)[:64]!r} exceeds {MAX_FIELD_BYTES:,} bytes")
+        try:
+            size = len(text) if isinstance(text, bytes) else len(text.encode())
+        except UnicodeEncodeError:  # bytes that were not UTF-8 (read with surrogateescape), or JSON's "\ud800"
+            raise Rejected("not_utf8", f"field {str(key)[:64]!r} is not UTF-8 text") from None
+        if size > MAX_FIELD_BYTES:
             raise Rejected("field_too_large", f"field {str(key)[:64]!r} exceeds {MAX_FIELD_BYTES:,} bytes")
 
 
@@ -90,10 +97,12 @@ def parse_id(raw: Any) -> str:
     oid = str(raw).strip() if raw is not None else ""
     if not oid:
         raise Rejected("missing_id")
+    if len(oid) > MAX_ID_BYTES:  # (before looking at each character: at most 4 bytes each)
+        raise Rejected("bad_id", f"id of {len(oid):,} characters (at most {MAX_ID_BYTES} bytes)")
+    if any(c.isspace() or not c.isprintable() for c in oid):  # (a lone surrogate is not printable)
+        raise Rejected("bad_id", f"id={oid[:64]!r} holds whitespace, a control character or a lone surrogate")
     if len(oid.encode()) > MAX_ID_BYTES:
         raise Rejected("bad_id", f"id of {len(oid.encode()):,} bytes (at most {MAX_ID_BYTES})")
-    if any(c.isspace() or not c.isprintable() for c in oid):
-        raise Rejected("bad_id", f"id={oid[:64]!r} holds whitespace or a control character")
     return oid
 
 

@@ -41,7 +41,8 @@ def places(places_slice):
 
 def test_streams_from_a_plain_redis_client_are_exact_and_rejects_are_kept(redis_url, namespace, places,
                                                                           slice_queries, tmp_path):
-    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    # (surrogateescape: the rejects stream keeps the bytes of entries that are not UTF-8)
+    r = redis.Redis.from_url(redis_url, decode_responses=True, encoding_errors="surrogateescape")
     keys = Keys(namespace)
     queries = pq.read_table(slice_queries).slice(0, 300).to_pylist()
     # Before the service starts: 150 queries and 4,000 objects are waiting in the streams.
@@ -67,6 +68,12 @@ def test_streams_from_a_plain_redis_client_are_exact_and_rejects_are_kept(redis_
         ]
         for fields, _ in bad_objects:
             r.xadd(keys.ingest_objects, fields)
+        raw = redis.Redis.from_url(redis_url)  # bytes that are not UTF-8, as any client may send them
+        raw.xadd(keys.ingest_objects, {b"id": b"b10\xff", b"lon": b"10", b"lat": b"5", b"keywords": b"x"})
+        raw.xadd(keys.ingest_objects, {b"id": b"b11", b"lon": b"10", b"lat": b"5", b"keywords": b"caf\xe9"})
+        raw.xadd(keys.ingest_queries, {b"op": b"register", b"id": b"z8\xc3", b"lon": b"10", b"lat": b"5",
+                                       b"keywords": b"x", b"k": b"1"})
+        bad_objects += [(None, "not_utf8"), (None, "not_utf8")]
         # While it runs: the rest of the objects (1,000 of them as raw text), queries registered
         # mid-stream, an update, an unregister, and bad operations.
         for i, o in enumerate(places[4000:]):
@@ -85,6 +92,7 @@ def test_streams_from_a_plain_redis_client_are_exact_and_rejects_are_kept(redis_
         ]
         for fields, _ in bad_ops:
             r.xadd(keys.ingest_queries, fields)
+        bad_ops.append((None, "not_utf8"))
         r.xadd(keys.ingest_queries, {"op": "unregister", "id": "never-registered"})
         r.xadd(keys.ingest_queries, register_fields(queries[1], k=queries[1]["k"] + 3))  # an update
         r.xadd(keys.ingest_queries, {"op": "unregister", "id": queries[2]["id"]})
@@ -102,6 +110,8 @@ def test_streams_from_a_plain_redis_client_are_exact_and_rejects_are_kept(redis_
     rejects = r.xrange(keys.ingest_rejects)
     want = Counter(reason for _, reason in bad_objects + bad_ops)
     assert Counter(f["_reason"] for _, f in rejects) == want
+    bad = [f for _, f in rejects if f["_reason"] == "not_utf8"]
+    assert sorted(f["id"].encode(errors="surrogateescape") for f in bad) == [b"b10\xff", b"b11", b"z8\xc3"]
     dup = next(f for _, f in rejects if f["_reason"] == "duplicate_id")
     assert dup["lon"] == "1.5" and dup["_stream"] == keys.ingest_objects  # the original fields are kept
     from knnmon.coordinator.service.status import format_status, read_status

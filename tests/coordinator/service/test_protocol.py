@@ -18,6 +18,8 @@ from knnmon.limits import Limits
     ({"id": "a", "lon": "1", "lat": "2", "text": "the and of"}, "no_keywords"),
     ({"id": "a", "lon": "1", "lat": "2", "keywords": "x", "text": "y" * 70_000}, "field_too_large"),
     ({"id": "a b", "lon": "1", "lat": "2", "keywords": "x"}, "bad_id"),
+    ({"id": "a\ud800", "lon": "1", "lat": "2", "keywords": "x"}, "not_utf8"),  # a lone surrogate (JSON's "\ud800")
+    ({"id": "a", "lon": "1", "lat": "2", "keywords": "caf\udce9"}, "not_utf8"),  # b"caf\xe9" read with surrogateescape
     ({"id": "a", "lon": "0", "lat": "0.0", "keywords": "x"}, "null_island"),
     ({"id": "a", "lon": "1", "lat": "2", "keywords": "x", "t": "9" * 30}, "bad_time"),
     ({"id": "a", "lon": "1e999", "lat": "2", "keywords": "x"}, "non_numeric_coordinates"),
@@ -50,6 +52,7 @@ def test_object_entries_parse_or_are_rejected_with_a_reason(fields, reason):
     ({"op": "register", "id": "q\u0007", "lon": "1", "lat": "2", "keywords": "coffee", "k": "1"}, "bad_id"),
     ({"op": "register", "id": "{knn}q", "lon": "1", "lat": "2", "keywords": "coffee", "k": "1"}, "bad_id"),
     ({"op": "unregister", "id": "q}"}, "bad_id"),
+    ({"op": "register", "id": "q\udcff", "lon": "1", "lat": "2", "keywords": "coffee", "k": "1"}, "not_utf8"),
 ])
 def test_query_operations_parse_into_a_validated_query_or_are_rejected(fields, reason):
     if reason is None:
