@@ -286,12 +286,14 @@ class BatchUpdate:
         """:func:`~knnmon.workers.kernels.merge_topk` for the queries it left to the ids
         themselves (entries at equal distance sharing an 8-byte id prefix across the ``k``-th or
         last place): each list and its new pairs sorted by (distance, id) in Python."""
-        q, L, oids = self.queries, self.lists, self.handles.oids
+        q, L = self.queries, self.lists
         out: dict[str, list] = {name: [] for name in Merge.ARRAYS}
         for s in slots.tolist():
             a, c, kk, cp = int(L.ptr[s]), int(L.count[s]), int(q.k[s]), int(q.cap[s])
             mine = f_slot == s
-            merged = sorted([(d, oids[h], h) for d, h in zip(L.d[a:a + c].tolist(), L.h[a:a + c].tolist())]
+            held = L.h[a:a + c]
+            merged = sorted([(d, oid, h) for d, oid, h in zip(L.d[a:a + c].tolist(), self.handles.names(held),
+                                                               held.tolist())]
                             + [(d, ids[o], -1 - o) for d, o in zip(f_d[mine].tolist(), f_obj[mine].tolist())])
             kept = merged[:cp]
             new_at = [i for i, e in enumerate(kept) if e[2] < 0]
@@ -324,14 +326,14 @@ class BatchUpdate:
         ``l_slot``) in slot order; ``texts``: the entered objects' details. Fresh lists, so a
         queued write may use them while the next batch runs. The holders are counted here, in
         the batch's order (:meth:`KnnWorker._held`)."""
-        oids = self.handles.oids
+        names = self.handles.names
         details = self._held(e_slot, e_h, l_slot, l_h, texts)
         return BatchChanges(
-            qids=[self.queries.ids[s] for s in changed.tolist()],
+            qids=self.queries.ids.names(changed),
             n_entered=np.bincount(np.searchsorted(changed, e_slot), minlength=len(changed)).tolist(),
-            entered=[oids[h] for h in e_h.tolist()], distances=e_d.tolist(),
+            entered=names(e_h), distances=e_d.tolist(),
             n_left=np.bincount(np.searchsorted(changed, l_slot), minlength=len(changed)).tolist(),
-            left=[oids[h] for h in l_h.tolist()], version=self._version, details=details)
+            left=names(l_h), version=self._version, details=details)
 
     def _shrink(self, changed: np.ndarray, *, refresh: bool = True) -> np.ndarray:
         """Shrink the kNN radius ``r_q`` of the ``changed`` slots whose list is full to its

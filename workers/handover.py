@@ -38,7 +38,7 @@ class Handover:
         (microseconds of busy time, decayed: :mod:`knnmon.workers.query_load`)."""
         live = np.flatnonzero(self.queries.alive)
         self.load.extend(len(self.queries))
-        return [self.queries.ids[s] for s in live.tolist()], self.load.us[live].copy()
+        return self.queries.ids.names(live), self.load.us[live].copy()
 
     def _kept(self, slot: int) -> list[tuple[str, float]]:
         """Every kept place of ``slot`` (its kNN and, with a reserve, beyond), nearest first."""
@@ -54,9 +54,9 @@ class Handover:
         QueryHandover
             Ids in ``qids``' order.
         """
-        slot_of = self.queries.slot_of
-        held = [q for q in qids if q in slot_of]
-        slots = np.array([slot_of[q] for q in held], dtype=np.int64)
+        found = self.queries.slots(qids)
+        held = [q for q, s in zip(qids, found.tolist()) if s >= 0]
+        slots = found[found >= 0]
         sl = slots.tolist()
         topk = [self._kept(s) for s in sl]
         members = [[o for o, _ in self._result(s)] for s in sl]

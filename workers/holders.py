@@ -83,24 +83,24 @@ class Holders:
             self.counts = grown
         return out
 
-    def change(self, e_h: np.ndarray, e_b: np.ndarray, l_h: np.ndarray, l_b: np.ndarray, oids: Sequence[str],
-               texts: Texts) -> Details:
+    def change(self, e_h: np.ndarray, e_b: np.ndarray, l_h: np.ndarray, l_b: np.ndarray,
+               names: Callable[[np.ndarray], list[str]], texts: Texts) -> Details:
         """Count one write's entered handles ``e_h`` (results of buckets ``e_b``) and left ones
         ``l_h`` (``l_b``), all ``(x,)`` int64; the details to write: the text (``texts``;
         ``None``: unknown, not written) of the objects no result held there before, the ids of
-        those none holds after, per details hash key. ``oids``: the handles' ids."""
+        those none holds after, per details hash key. ``names``: the ids of handles."""
         e_h, e_b = np.asarray(e_h, dtype=np.int64), np.asarray(e_b, dtype=np.int64)
         l_h, l_b = np.asarray(l_h, dtype=np.int64), np.asarray(l_b, dtype=np.int64)
         top = max(int(e_h.max(initial=-1)), int(l_h.max(initial=-1))) + 1
         self.counts = with_capacity(self.counts, top)
         fresh, gone = kernels.count_holders(self.counts, e_h, e_b, l_h, l_b)
         out: Details = {}
-        new = [oids[h] for h in e_h[fresh].tolist()]
+        new = names(e_h[fresh])
         for b, oid, value in zip(e_b[fresh].tolist(), new, texts(new)):
             if value is not None:
                 out.setdefault(b, ([], []))[0].extend((oid, value))
-        for b, h in zip(l_b[gone].tolist(), l_h[gone].tolist()):
-            out.setdefault(b, ([], []))[1].append(oids[h])
+        for b, oid in zip(l_b[gone].tolist(), names(l_h[gone])):
+            out.setdefault(b, ([], []))[1].append(oid)
         return {self._key_of(self.names[b]): hs_hd for b, hs_hd in out.items()}
 
     def held(self) -> np.ndarray:

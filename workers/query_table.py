@@ -3,7 +3,8 @@
 A slot is a query's row number; a dropped query's slot dies (``alive`` false, its ``reach``
 ``-1`` so the kernels' pre-test passes nothing) until :meth:`QueryTable.compact` renumbers the
 live ones. Keywords are kept as codes in CSR form (``kw_ptr``, ``kw_code``), what the query index
-is built from, and as text for the queries' hashes and hand-over.
+is built from, and as text for the queries' hashes and hand-over. The ids and the keywords' texts
+are columns of bytes (:mod:`knnmon.id_table`), the ids found by hash: no Python object per query.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ import numpy as np
 from knnmon.arrays import runs
 from knnmon.errors import InvalidQueryError
 from knnmon.geo import chord2_bound, unit_vectors
+from knnmon.id_table import IdTable, StringColumn
 from knnmon.query import QueryColumns
-from knnmon.workers.vocabulary import own
 
 __all__ = ["QueryTable"]
 
@@ -24,16 +25,17 @@ __all__ = ["QueryTable"]
 class QueryTable:
     """The query columns (module docstring).
 
-    ``ids`` (list of str) and ``slot_of`` (id -> slot); per slot ``lon``, ``lat`` (float64
+    ``ids`` (:class:`~knnmon.id_table.IdTable`: slot -> id, and :meth:`slots` of ids); per
+    slot ``lon``, ``lat`` (float64
     degrees), ``k``, ``cap`` (int64: ``k`` + reserve, the places kept), ``radius`` (float64
     meters: ``r_q``, ``inf`` below ``cap`` entries), ``reach`` (``(Q, 4)`` float64: unit vector
     and :func:`~knnmon.geo.chord2_bound` of ``r_q``, ``-1`` once dropped), ``alive`` (bool),
-    ``keywords`` (space separated text), ``kw_ptr`` / ``kw_code`` (int64 CSR of keyword codes).
+    ``keywords`` (:class:`~knnmon.id_table.StringColumn`, space separated), ``kw_ptr`` /
+    ``kw_code`` (int64 CSR of keyword codes).
     """
 
     def __init__(self) -> None:
-        self.ids: list[str] = []
-        self.slot_of: dict[str, int] = {}
+        self.ids = IdTable()
         self.lon = np.empty(0)
         self.lat = np.empty(0)
         self.k = np.empty(0, dtype=np.int64)
@@ -41,12 +43,24 @@ class QueryTable:
         self.radius = np.empty(0)
         self.reach = np.empty((0, 4))
         self.alive = np.empty(0, dtype=bool)
-        self.keywords: list[str] = []
+        self.keywords = StringColumn()
         self.kw_ptr = np.zeros(1, dtype=np.int64)
         self.kw_code = np.empty(0, dtype=np.int64)
 
     def __len__(self) -> int:
         return len(self.ids)
+
+    def slots(self, qids: Sequence[str]) -> np.ndarray:
+        """``(m,)`` int64: the live slot of each id, ``-1`` for one this table does not hold."""
+        return self.ids.lookup(qids)
+
+    def live_ids(self) -> list[str]:
+        """The ids of the live slots, in slot order."""
+        return self.ids.names(np.flatnonzero(self.alive))
+
+    def slot(self, qid: str) -> int | None:
+        """The live slot of ``qid``, ``None`` if this table does not hold it."""
+        return self.ids.get(qid)
 
     def append(self, ids: Sequence[str], lon: np.ndarray, lat: np.ndarray, keywords: Sequence[Sequence[str]],
                codes: Sequence[Sequence[int]], k: np.ndarray, cap: np.ndarray, radius: np.ndarray) -> range:
@@ -59,14 +73,12 @@ class QueryTable:
         """
         first, n = len(self.ids), len(ids)
         ids = [str(q) for q in ids]
-        dup = [q for q in ids if q in self.slot_of]
-        if dup or len(set(ids)) < n:
-            raise InvalidQueryError(f"query {(dup or ids)[0]!r} is already registered")
-        for i, qid in enumerate(ids):
-            qid = own(qid)
-            self.slot_of[qid] = first + i
-            self.ids.append(qid)
-        self.keywords += [" ".join(words) for words in keywords]
+        held = self.ids.lookup(ids)
+        if (held >= 0).any() or len(set(ids)) < n:
+            dup = [q for q, h in zip(ids, held.tolist()) if h >= 0] or ids
+            raise InvalidQueryError(f"query {dup[0]!r} is already registered")
+        self.ids.add(ids)
+        self.keywords.append([" ".join(words) for words in keywords])
         n_codes = np.cumsum([len(c) for c in codes], dtype=np.int64)
         self.kw_ptr = np.concatenate([self.kw_ptr, self.kw_ptr[-1] + n_codes])
         self.kw_code = np.concatenate([self.kw_code, np.fromiter((c for row in codes for c in row), dtype=np.int64)])
@@ -93,8 +105,17 @@ class QueryTable:
         self.reach[slots, 3] = chord2_bound(radius)
 
     def drop(self, qids: Sequence[str]) -> np.ndarray:
-        """Kill the slots of ``qids`` (held ones); returns them."""
-        slots = np.array([self.slot_of.pop(q) for q in qids], dtype=np.int64)
+        """Kill the slots of ``qids`` (held ones); returns them.
+
+        Raises
+        ------
+        KeyError
+            An id this table does not hold (nothing is dropped).
+        """
+        slots = self.ids.lookup(qids)
+        if (slots < 0).any():
+            raise KeyError(list(qids)[int(np.argmin(slots))])
+        self.ids.forget(slots)
         self.alive[slots] = False
         self.reach[slots, 3] = -1.0
         return slots
@@ -107,10 +128,8 @@ class QueryTable:
         for name in ("lon", "lat", "k", "cap", "radius", "reach"):
             setattr(self, name, getattr(self, name)[keep])
         self.alive = np.ones(len(keep), dtype=bool)
-        sel = keep.tolist()
-        self.ids = [self.ids[s] for s in sel]
-        self.keywords = [self.keywords[s] for s in sel]
-        self.slot_of = {qid: s for s, qid in enumerate(self.ids)}
+        self.ids.keep(keep)
+        self.keywords.keep(keep)
 
     def fields(self, slot: int) -> dict[str, object]:
         """The query hash's fields of ``slot`` (``knn:query:{qid}``)."""
@@ -119,6 +138,5 @@ class QueryTable:
 
     def columns(self, slots: np.ndarray, k: np.ndarray | None = None) -> QueryColumns:
         """:class:`QueryColumns` of ``slots`` (``k`` instead of their own if given)."""
-        sel = slots.tolist()
-        return QueryColumns([self.ids[j] for j in sel], self.lon[slots].copy(), self.lat[slots].copy(),
-                            [self.keywords[j].split() for j in sel], (self.k if k is None else k)[slots].copy())
+        return QueryColumns(self.ids.names(slots), self.lon[slots].copy(), self.lat[slots].copy(),
+                            [w.split() for w in self.keywords.names(slots)], (self.k if k is None else k)[slots].copy())

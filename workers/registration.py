@@ -185,7 +185,7 @@ class Registration:
                 tag = self._next_tag()
                 r_slot, r_h, r_d = self._results_of(part)
                 dets = self._held(r_slot, r_h, none, none, texts_of(objects))
-                changes = BatchChanges([q.ids[j] for j in part.tolist()],
+                changes = BatchChanges(q.ids.names(part),
                                        np.bincount(r_slot - s, minlength=len(part)).tolist(),
                                        self.handles.names(r_h.tolist()), r_d.tolist(), [0] * len(part), [], objects,
                                        version, dets)
@@ -222,13 +222,14 @@ class Registration:
             r_slot, r_h, _ = self._results_of(np.arange(slots.start, slots.stop))
             dets = self._held(r_slot, r_h, none, none, texts_of(objects))
             self._write_now(self.writer.write_queries, self._next_tag(),
-                            [(q.ids[j], q.fields(j), self._result(j)) for j in slots], objects, version, dets)
+                            [(qid, q.fields(j), self._result(j)) for qid, j in zip(q.ids.names(slots), slots)],
+                            objects, version, dets)
         self._refresh(np.arange(slots.start, slots.stop))
 
     def unregister_query(self, qid: str, version: int = 0) -> bool:
         """Remove a query and delete its Redis keys (its feed line at ``version``, as
         :meth:`register_queries`); ``False`` if this worker does not hold it."""
-        slot = self.queries.slot_of.get(qid)
+        slot = self.queries.slot(qid)
         if slot is None:
             return False
         if self.writer is not None:
@@ -273,4 +274,4 @@ class Registration:
         if self.holders is not None:
             self.holders.renumber(used)
         if self._details is not None:
-            self._details = {oid: self._details[oid] for oid in self.handles.oids if oid in self._details}
+            self._details = {oid: self._details[oid] for oid in self.handles.ids.tolist() if oid in self._details}

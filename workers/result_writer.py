@@ -194,7 +194,7 @@ class ResultWriter:
             left += released
             l_b = np.concatenate([l_b, np.repeat(holders.buckets([delete]), len(released))])
         return holders.change(handles(c.entered), np.repeat(qb, np.asarray(c.n_entered, dtype=np.int64)),
-                              handles(left), l_b, names, texts_of(c.objects))
+                              handles(left), l_b, lambda h: [names[i] for i in h.tolist()], texts_of(c.objects))
 
     def _payload(self, changes: BatchChanges, *, fields: Sequence[Sequence[str]] | None = None,
                  replace: bool = False, log: bool = True, delete: str | None = None,

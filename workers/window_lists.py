@@ -103,7 +103,7 @@ class WindowLists:
 
     def _sort_lists(self, slots: np.ndarray) -> None:
         """Order the held entries of ``slots`` by (distance, object id) in place."""
-        L, oids = self.lists, self.handles.oids
+        L, oids = self.lists, self.handles.ids
         c = L.count[slots]
         at = L.places(slots, c)
         S, D, H = np.repeat(slots, c), L.d[at], L.h[at]
@@ -124,7 +124,7 @@ class WindowLists:
         q, L = self.queries, self.lists
         slots, radii, places, dists, ids = [], [], [], [], []
         for qid, top in zip(refills.qids, refills.topk):
-            j = q.slot_of.get(qid)
+            j = q.slot(qid)
             if j is None:
                 continue
             a, kk = int(L.ptr[j]), int(q.cap[j])

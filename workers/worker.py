@@ -196,10 +196,10 @@ class KnnWorker(Registration, BatchUpdate, WindowLists, ReleaseInParts, Handover
             e_b, l_b = np.zeros(len(e_h), dtype=np.int64), np.zeros(len(l_h), dtype=np.int64)
         else:
             slots = np.union1d(e_slot, l_slot)
-            names = qids if qids is not None else self.queries.ids
-            b = self.holders.buckets([names[s] for s in slots.tolist()])
+            b = self.holders.buckets(self.queries.ids.names(slots) if qids is None else
+                                     [qids[s] for s in slots.tolist()])
             e_b, l_b = b[np.searchsorted(slots, e_slot)], b[np.searchsorted(slots, l_slot)]
-        return self.holders.change(e_h, e_b, l_h, l_b, self.handles.oids, texts)
+        return self.holders.change(e_h, e_b, l_h, l_b, self.handles.names, texts)
 
     def _results_of(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The results of ``slots`` (``(m,)`` int64) as written: ``(slot, handle, distance)``
@@ -221,7 +221,10 @@ class KnnWorker(Registration, BatchUpdate, WindowLists, ReleaseInParts, Handover
 
     def result(self, qid: str) -> list[tuple[str, float]]:
         """The current kNN of ``qid``: ``[(object id, distance m), ...]`` by (distance, id)."""
-        return sorted(self._result(self.queries.slot_of[qid]), key=lambda e: (e[1], e[0]))
+        slot = self.queries.slot(qid)
+        if slot is None:
+            raise KeyError(qid)
+        return sorted(self._result(slot), key=lambda e: (e[1], e[0]))
 
     def regions(self) -> tuple[QueryColumns, np.ndarray]:
         """The registered queries and their kNN radii ``r_q`` (``(m,)`` float64 meters, ``inf``

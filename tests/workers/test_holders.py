@@ -46,7 +46,7 @@ def _check(w: KnnWorker, client, details: dict[str, ObjectInfo]) -> None:
         for oid in oids:
             assert ObjectInfo.from_text(client.hget(key, oid)) == details[oid]
     n = w.holders.by_handle()
-    assert {w.handles.oids[h]: int(n[h]) for h in np.flatnonzero(n).tolist()} == dict(want_count)
+    assert dict(zip(w.handles.names(np.flatnonzero(n)), n[np.flatnonzero(n)].tolist())) == dict(want_count)
 
 
 @pytest.mark.parametrize("reserve", [0, 2])

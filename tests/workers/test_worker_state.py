@@ -29,7 +29,7 @@ def test_handles_in_bulk_equal_handles_one_by_one_and_survive_compaction():
     assert len(bulk) == 4  # a refused call adds nothing
     assert bulk.forget(np.array([1])) == ["b"] and "b" not in bulk
     remap = bulk.compact(np.array([0, 3]))
-    assert remap[[0, 3]].tolist() == [0, 1] and bulk.oids == ["a", "d"] and bulk.live == 2
+    assert remap[[0, 3]].tolist() == [0, 1] and bulk.ids.tolist() == ["a", "d"] and bulk.live == 2
     assert bulk.lookup(["a", "d", "b"]).tolist() == [0, 1, -1] and bulk.t.tolist() == [1, 4]
     assert bulk.key.tolist() == id_prefix_keys(["a", "d"]).tolist()
     assert bulk.handle("z") == 2 and bulk.t[2] == NO_TIME
@@ -43,12 +43,12 @@ def test_handles_found_by_hash_runs_equal_a_dict(steps, collide):
     """Lookups through the sorted hash run and the recent dict (sealed every 4 handles here)
     equal a dict of id -> handle, through forgetting and compaction; with every hash equal, ids
     are still told apart by comparing them."""
-    import knnmon.workers.object_handles as object_handles
+    import knnmon.id_table as id_table
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(object_handles, "SEAL", 4)
+        mp.setattr(id_table, "SEAL", 4)
         if collide:
-            mp.setattr(object_handles, "id_hashes", lambda oids: np.zeros(len(oids), dtype=np.uint64))
+            mp.setattr(id_table, "id_hashes", lambda oids: np.zeros(len(oids), dtype=np.uint64))
         _handles_against_a_dict(steps)
 
 
@@ -70,7 +70,7 @@ def _handles_against_a_dict(steps) -> None:
             model = {oid: int(remap[h]) for oid, h in model.items()}
         probe = [f"o{x}" for x in range(42)]
         assert handles.lookup(probe).tolist() == [model.get(o, -1) for o in probe]
-        assert all(handles.oids[h] == oid for oid, h in model.items())
+        assert all(handles.ids[h] == oid for oid, h in model.items())
 
 
 def test_a_duplicate_query_id_is_refused_before_anything_changes():
@@ -78,12 +78,14 @@ def test_a_duplicate_query_id_is_refused_before_anything_changes():
     inf = np.full(2, np.inf)
     table.append(["q0", "q1"], [0.0, 1.0], [0.0, 1.0], [["cafe"], ["bar"]], [[0], [1]], np.array([1, 2]),
                  np.array([1, 2]), inf)
-    before = (list(table.ids), dict(table.slot_of), table.kw_code.copy(), table.lon.copy())
+    probe = ["q0", "q1", "q2", "q3"]
+    before = (table.ids.tolist(), table.slots(probe).tolist(), table.kw_code.copy(), table.lon.copy())
     for ids in (["q2", "q1"], ["q3", "q3"]):
         with pytest.raises(InvalidQueryError, match="already registered"):
             table.append(ids, [0.0, 0.0], [0.0, 0.0], [["x"], ["y"]], [[2], [3]], np.array([1, 1]), np.array([1, 1]),
                          inf)
-        assert (table.ids, table.slot_of) == before[:2] and np.array_equal(table.kw_code, before[2])
+        assert (table.ids.tolist(), table.slots(probe).tolist()) == before[:2]
+        assert np.array_equal(table.kw_code, before[2]) and table.keywords.tolist() == ["cafe", "bar"]
         assert np.array_equal(table.lon, before[3]) and len(table.alive) == len(table.reach) == 2
 
 
