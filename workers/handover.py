@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from knnmon.batch import ObjectInfo, QueryHandover
+from knnmon.batch import KnnColumns, ObjectColumns, ObjectInfo, QueryHandover
 from knnmon.workers.holders import texts_of
 
 __all__ = ["Handover"]
@@ -40,11 +40,6 @@ class Handover:
         self.load.extend(len(self.queries))
         return self.queries.ids.names(live), self.load.us[live].copy()
 
-    def _kept(self, slot: int) -> list[tuple[str, float]]:
-        """Every kept place of ``slot`` (its kNN and, with a reserve, beyond), nearest first."""
-        h, d = self.lists.row(slot, int(self.lists.count[slot]))
-        return list(zip(self.handles.names(h), d))
-
     def export_queries(self, qids: Sequence[str]) -> QueryHandover:
         """Hand over the queries of ``qids`` this worker holds (others are skipped) and forget
         them; their details hash entries stay until :meth:`release_handed`.
@@ -57,21 +52,24 @@ class Handover:
         found = self.queries.slots(qids)
         held = [q for q, s in zip(qids, found.tolist()) if s >= 0]
         slots = found[found >= 0]
-        sl = slots.tolist()
-        topk = [self._kept(s) for s in sl]
-        members = [[o for o, _ in self._result(s)] for s in sl]
-        wanted = {o for t in topk for o, _ in t}
+        L = self.lists
+        n = L.count[slots]
+        at = L.places(slots, n)  # every kept place (the kNN and, with a reserve, beyond), nearest first
+        topk = KnnColumns(n, self.handles.names(L.h[at]), L.d[at].copy())
+        members = topk.firsts(self.queries.k[slots])
         if self._details is not None:  # a reserve: every kept object's details are in memory
-            objects = {o: ObjectInfo.from_text(self._details[o]) for o in wanted if o in self._details}
+            wanted = set(topk.ids)
+            objects = ObjectColumns.of_infos({o: ObjectInfo.from_text(self._details[o]) for o in wanted
+                                              if o in self._details})
         elif self.writer is not None:
-            objects = self._write_now(self.writer.read_details, list(zip(held, members)))
+            objects = ObjectColumns.of_infos(self._write_now(self.writer.read_details, list(zip(held, members))))
         else:
-            objects = {}
+            objects = ObjectColumns.of_infos({})
         columns = self.queries.columns(slots)
         loads = self.load.us[slots].copy() if len(slots) else np.zeros(0)
         self._drop(held)
         self._handed += list(zip(held, members))
-        return QueryHandover(columns, topk, members, objects, loads)
+        return QueryHandover(columns, topk, objects, loads)
 
     def adopt_queries(self, handover: QueryHandover, vocabulary: Mapping[str, int] | None = None,
                       note: Mapping[str, str] | None = None) -> int:
@@ -90,7 +88,7 @@ class Handover:
         self.load.us[slots.start:slots.stop] = np.asarray(handover.loads, dtype=np.float64)
         if self.writer is not None and len(slots):
             r_slot, r_h, _ = self._results_of(np.arange(slots.start, slots.stop))
-            known = np.fromiter((o in handover.objects for o in self.handles.names(r_h.tolist())), dtype=bool,
+            known = np.fromiter((o in handover.objects for o in self.handles.names(r_h)), dtype=bool,
                                 count=len(r_h))  # (details missing: not held)
             none = np.empty(0, dtype=np.int64)
             dets = self._held(r_slot[known], r_h[known], none, none, texts_of(handover.objects))

@@ -24,24 +24,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from knnmon.batch import QueryHandover
 from knnmon.coordinator.rebalance.planner import Move
 from knnmon.coordinator.runtime.registration import Registrar
 from knnmon.coordinator.runtime.worker_pool import WorkerPool
-from knnmon.query import QueryColumns
 
 __all__ = ["migrate"]
-
-
-def _part(h: QueryHandover, idx: Sequence[int]) -> QueryHandover:
-    """The queries ``idx`` of a handover."""
-    q = h.queries
-    used = {o for i in idx for o, _ in h.topk[i]}
-    return QueryHandover(
-        QueryColumns([q.ids[i] for i in idx], np.asarray(q.lon)[list(idx)], np.asarray(q.lat)[list(idx)],
-                     [q.keywords[i] for i in idx], np.asarray(q.k)[list(idx)]),
-        [h.topk[i] for i in idx], [h.members[i] for i in idx], {o: h.objects[o] for o in used if o in h.objects},
-        np.asarray(h.loads)[list(idx)])
 
 
 def migrate(pool: WorkerPool, registrar: Registrar, moves: Sequence[Move], *, reserve: int = 0,
@@ -70,7 +57,7 @@ def migrate(pool: WorkerPool, registrar: Registrar, moves: Sequence[Move], *, re
     for s, h in zip(sources, exports):
         at = {q: i for i, q in enumerate(h.queries.ids)}
         for m in by_source[s]:
-            part = _part(h, [at[q] for q in m.qids if q in at])
+            part = h.take([at[q] for q in m.qids if q in at])
             if not len(part):
                 continue
             vocabulary = {x: routing.code(x) for kws in part.queries.keywords for x in kws}
@@ -82,7 +69,9 @@ def migrate(pool: WorkerPool, registrar: Registrar, moves: Sequence[Move], *, re
     for m, part in parts:
         q = part.queries
         k = np.asarray(q.k, dtype=np.int64) + reserve
-        radius = np.array([t[-1][1] if len(t) >= c else np.inf for t, c in zip(part.topk, k.tolist())])
+        c, radius = part.topk.counts, np.full(len(q.ids), np.inf)  # the last kept place's, once full
+        full = c >= k
+        radius[full] = part.topk.dist[(np.cumsum(c) - 1)[full]]
         rect = model.rects(np.asarray(q.lon, dtype=np.float64), np.asarray(q.lat, dtype=np.float64), radius)
         routing.add_many([[routing.code(x) for x in kws] for kws in q.keywords], rect.x0, rect.y0, rect.x1, rect.y1,
                          np.full(len(q.ids), m.target))

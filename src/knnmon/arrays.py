@@ -62,9 +62,10 @@ def run_starts(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return starts[run], np.diff(np.append(starts, n))[run]
 
 
-def with_capacity(a: np.ndarray, n: int) -> np.ndarray:
+def with_capacity(a: np.ndarray, n: int, growth: float = 2.0) -> np.ndarray:
     """``a`` itself if it has at least ``n`` rows, else ``a`` followed by zero rows up to
-    ``max(n, 2 * len(a))`` rows (doubling, so growing row by row costs amortised O(1) a row).
+    ``max(n, growth * len(a))`` rows (doubling by default, so growing row by row costs amortised
+    O(1) a row: ``growth / (growth - 1)`` copies of each row).
 
     Parameters
     ----------
@@ -72,6 +73,8 @@ def with_capacity(a: np.ndarray, n: int) -> np.ndarray:
         ``(m, ...)`` array of any dtype.
     n
         rows needed.
+    growth
+        ``> 1``: the factor of a growth (a smaller one wastes less spare room and copies more).
 
     Returns
     -------
@@ -80,4 +83,4 @@ def with_capacity(a: np.ndarray, n: int) -> np.ndarray:
     """
     if n <= len(a):
         return a
-    return np.concatenate([a, np.zeros((max(n, 2 * len(a)) - len(a), *a.shape[1:]), dtype=a.dtype)])
+    return np.concatenate([a, np.zeros((max(n, int(growth * len(a))) - len(a), *a.shape[1:]), dtype=a.dtype)])

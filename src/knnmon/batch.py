@@ -82,6 +82,32 @@ class ObjectColumns(Mapping[str, ObjectInfo]):
         return cls(table.column("id").to_pylist(), table.column("lon").to_numpy(), table.column("lat").to_numpy(),
                    table.column("t").to_numpy(), None, table.select(["lon", "lat", "t", "keywords"]))
 
+    @classmethod
+    def of_infos(cls, objects: Mapping[str, ObjectInfo]) -> ObjectColumns:
+        """From a mapping of id -> :class:`ObjectInfo`, into an Arrow table (what a hand-over
+        sends: no Python object per object on the way)."""
+        import pyarrow as pa
+
+        infos = list(objects.values())
+        return cls.of_table(pa.table({
+            "id": pa.array(list(objects), type=pa.string()),
+            "lon": pa.array([o.lon for o in infos], type=pa.float64()),
+            "lat": pa.array([o.lat for o in infos], type=pa.float64()),
+            "t": pa.array([o.t for o in infos], type=pa.int64()),
+            "keywords": pa.array([list(o.keywords) for o in infos], type=pa.list_(pa.string()))}))
+
+    def subset(self, oids: Sequence[str]) -> ObjectColumns:
+        """The objects of ``oids`` that are here (each once), in columns."""
+        rows = np.unique(self._rows(list(oids)))
+        rows = rows[rows >= 0]
+        if self._table is not None:
+            import pyarrow as pa
+
+            return ObjectColumns([self._ids[j] for j in rows.tolist()], self._lon[rows], self._lat[rows],
+                                 self._t[rows], None, self._table.take(pa.array(rows, type=pa.int64())))
+        return ObjectColumns([self._ids[j] for j in rows.tolist()], self._lon[rows], self._lat[rows], self._t[rows],
+                             [self._keywords[j] for j in rows.tolist()])
+
     @property
     def _at(self) -> dict[str, int]:
         """Id -> position, made on first use (not sent with the columns)."""
@@ -173,6 +199,19 @@ class KnnColumns(Sequence[list[tuple[str, float]]]):
         self.ids, self.dist = ids, np.asarray(dist, dtype=np.float64)
         self._ends = np.cumsum(self.counts)
 
+    def take(self, rows: Sequence[int]) -> KnnColumns:
+        """The lists of ``rows`` (query indices), in that order."""
+        rows = np.asarray(rows, dtype=np.int64)
+        n = self.counts[rows]
+        at = np.repeat(self._ends[rows] - n - (np.cumsum(n) - n), n) + np.arange(int(n.sum()), dtype=np.int64)
+        return KnnColumns(n, [self.ids[j] for j in at.tolist()], self.dist[at])
+
+    def firsts(self, n: Any) -> list[list[str]]:
+        """The ids of each list's first ``n[i]`` entries (``(m,)`` ints; at most its count)."""
+        n = np.minimum(np.asarray(n, dtype=np.int64), self.counts)
+        start = (self._ends - self.counts).tolist()
+        return [list(self.ids[a:a + c]) for a, c in zip(start, n.tolist())]
+
     def __len__(self) -> int:
         return len(self.counts)
 
@@ -262,31 +301,41 @@ class Refills:
 
 @dataclass(frozen=True)
 class QueryHandover:
-    """Queries moving from one worker to another at a batch boundary (re-balancing).
+    """Queries moving from one worker to another at a batch boundary (re-balancing), in columns.
 
     Attributes
     ----------
     queries : QueryColumns
         The ``m`` queries (``knnmon.query.QueryColumns``).
-    topk : list of ``m`` lists of ``(object id, distance m)``
-        Each query's kept places as its worker held them: its kNN, and with a reserve the
-        ``k + reserve`` nearest; fewer while it has fewer matches.
-    members : list of ``m`` lists of str
-        Each query's result as written to Redis (its first ``k`` places).
-    objects : dict of str to ObjectInfo
-        Details of every object in ``topk``.
+    topk : KnnColumns
+        Each query's kept places as its worker held them, nearest first: its kNN, and with a
+        reserve the ``k + reserve`` nearest; fewer while it has fewer matches. The result as
+        written to Redis is each list's first ``k`` (:attr:`members`).
+    objects : ObjectColumns
+        Details of the objects in ``topk`` that the worker knew (an object missing here is not
+        written to the target's details hash).
     loads : ``(m,)`` float64
         Each query's recent measured load (microseconds; :mod:`knnmon.workers.query_load`).
     """
 
     queries: Any
-    topk: Sequence[Sequence[tuple[str, float]]]
-    members: Sequence[Sequence[str]]
-    objects: Mapping[str, ObjectInfo]
+    topk: KnnColumns
+    objects: ObjectColumns
     loads: Any
 
     def __len__(self) -> int:
         return len(self.topk)
+
+    @property
+    def members(self) -> list[list[str]]:
+        """Each query's result as written: the ids of its first ``k`` kept places."""
+        return self.topk.firsts(np.asarray(self.queries.k, dtype=np.int64))
+
+    def take(self, rows: Sequence[int]) -> QueryHandover:
+        """The queries ``rows`` (indices, in that order) with their places and objects."""
+        topk = self.topk.take(rows)
+        return QueryHandover(self.queries.take(rows), topk, self.objects.subset(topk.ids),
+                             np.asarray(self.loads)[np.asarray(rows, dtype=np.int64)])
 
 
 @dataclass(frozen=True)

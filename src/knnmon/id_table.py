@@ -26,6 +26,10 @@ __all__ = ["IdTable", "SEAL", "StringColumn"]
 #: The ids added since the last seal (in a dict) join the sorted run at this many.
 SEAL = 1 << 14
 
+#: A column's buffers grow by this factor (not doubling: up to half of the largest buffer a
+#: worker holds would be spare room; each byte is copied ~5 times as it grows, not ~2).
+GROWTH = 1.25
+
 #: :meth:`StringColumn.names` of fewer rows than this decodes them one by one (an Arrow call's
 #: fixed cost is ~10 us).
 _FEW = 16
@@ -35,7 +39,7 @@ class StringColumn:
     """Strings by row: UTF-8 bytes in one buffer, row ``i`` at ``data[end[i-1]:end[i]]``.
 
     Rows are only appended, or kept by :meth:`keep` (renumbered). Each string costs its UTF-8
-    bytes and 8 bytes of offset (capacity-doubled).
+    bytes and 8 bytes of offset, and spare room of up to :data:`GROWTH` times that.
     """
 
     def __init__(self, strings: Sequence[str] = ()) -> None:
@@ -72,10 +76,10 @@ class StringColumn:
         data = arr.buffers()[2]
         size = int(off[-1] - off[0])
         at = int(self._off[first])
-        self._data = with_capacity(self._data, at + size)
+        self._data = with_capacity(self._data, at + size, GROWTH)
         if size:
             self._data[at:at + size] = np.frombuffer(data, dtype=np.uint8, count=int(off[-1]))[int(off[0]):]
-        self._off = with_capacity(self._off, first + m + 1)
+        self._off = with_capacity(self._off, first + m + 1, GROWTH)
         self._off[first + 1:first + m + 1] = off[1:] - off[0] + at
         self._n = first + m
         return range(first, first + m)
@@ -177,7 +181,7 @@ class IdTable(StringColumn):
         """Append distinct ids this table does not hold (not checked here: :meth:`lookup`
         first); returns their rows."""
         rows = self.append(ids)
-        self._known = with_capacity(self._known, len(self))
+        self._known = with_capacity(self._known, len(self), GROWTH)
         self._known[rows.start:rows.stop] = True
         self._recent.update(zip(ids, rows))
         if len(self._recent) >= SEAL:

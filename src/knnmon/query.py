@@ -118,6 +118,16 @@ class QueryColumns:
     def __len__(self) -> int:
         return len(self.ids)
 
+    def take(self, rows: Sequence[int]) -> QueryColumns:
+        """The queries ``rows`` (indices), in that order."""
+        import numpy as np
+
+        idx = np.asarray(rows, dtype=np.int64)
+        sel = idx.tolist()
+        return QueryColumns([self.ids[i] for i in sel], np.asarray(self.lon, dtype=np.float64)[idx],
+                            np.asarray(self.lat, dtype=np.float64)[idx], [self.keywords[i] for i in sel],
+                            np.asarray(self.k, dtype=np.int64)[idx])
+
     @classmethod
     def of(cls, queries: Sequence[Query]) -> QueryColumns:
         """The columns of a list of queries."""
