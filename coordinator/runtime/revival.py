@@ -27,7 +27,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from knnmon.batch import WorkerReport
+from knnmon.batch import KnnColumns, WorkerReport
 from knnmon.connection import connect, with_retries
 from knnmon.coordinator.runtime.dispatch import DispatchedBatch
 from knnmon.coordinator.runtime.registration import Registrar
@@ -127,7 +127,7 @@ def revive(pool: RayPool, registrar: Registrar, redis_url: str, namespace: str, 
     client = connect(redis_url)
     try:
         qids = [q for q, w in registrar.query_worker.items() if w == worker]
-        queries, topk = [], []
+        queries, counts, ids, dists = [], [], [], []
         for s in range(0, len(qids), chunk):
             part = qids[s:s + chunk]
 
@@ -141,7 +141,9 @@ def revive(pool: RayPool, registrar: Registrar, redis_url: str, namespace: str, 
             got = with_retries(read, f"reading worker {worker}'s queries", redis_url)
             for qid, h, result in zip(part, got[0::2], got[1::2]):
                 queries.append(Query.from_hash(qid, h))
-                topk.append([(o, float(d)) for o, d in result])
+                counts.append(len(result))
+                ids += [o for o, _ in result]
+                dists += [d for _, d in result]
         last, partial = with_retries(lambda: applied_state(client, keys, worker), "reading a worker's marker",
                                      redis_url)
     finally:
@@ -149,6 +151,7 @@ def revive(pool: RayPool, registrar: Registrar, redis_url: str, namespace: str, 
     routing = registrar.plan.routing
     pool.replace(worker, vocabulary={})
     codes = {x: routing.code(x) for q in queries for x in q.keywords}
+    topk = KnnColumns(counts, ids, np.asarray(dists, dtype=np.float64))  # (columns to the worker)
     pool.gather([pool.load(worker, QueryColumns.of(queries), topk, {}, write=False,
                            vocabulary=codes)])
     out, resent = [], 0

@@ -211,5 +211,15 @@ def test_a_killed_ray_worker_process_is_revived_mid_stream_and_stays_exact(small
         for b in batches[5:]:
             rt.process(b)
         assert rt.workers_revived == 1 and victim not in [s["pid"] for s in rt.registrar.stats()]
-        assert_exact(redis_url, namespace, queries, BruteForceKnn(objects))
+        oracle = BruteForceKnn(objects)
+        assert_exact(redis_url, namespace, queries, oracle)
+        # The revived worker equals one that never died: the same queries, each with its exact kNN
+        # in memory and the kNN radius of its k-th place.
+        held, radii = rt.pool.gather([rt.pool.regions(1)])[0]
+        assert sorted(held.ids) == sorted(q for q, w in rt.registrar.query_worker.items() if w == 1)
+        for i in range(0, len(held), 5):
+            want = oracle.knn(held.lon[i], held.lat[i], held.keywords[i], int(held.k[i]))
+            got = rt.pool.gather([rt.pool.result(1, held.ids[i])])[0]
+            assert got == want
+            assert radii[i] == (want[-1][1] if len(want) >= held.k[i] else np.inf)
     assert_applied_once(client, keys)  # no batch applied twice
