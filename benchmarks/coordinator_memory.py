@@ -69,14 +69,14 @@ def main(argv: list[str] | None = None) -> int:
     q = pq.read_table(a.queries).slice(0, a.queries_n)
     step(f"trees of {q.num_rows:,} queries' keywords",
          lambda: index.knn_v(q.column("lon").to_numpy(), q.column("lat").to_numpy(), q.column("keywords"),
-                             q.column("k").to_numpy().astype(np.int64)) and len(index._trees))
+                             q.column("k").to_numpy().astype(np.int64)) and index.trees_built)
     step("ids seen", lambda: SeenIds(table.column("id")))
     step("trees dropped after start-up", lambda: index.drop_trees())
     for s in steps:
         s["bytes_per_object"] = round(s["rss_bytes"] / n, 1)
     out = {"machine": {"platform": platform.platform(), "python": platform.python_version()},
            "command": " ".join(sys.argv), "objects": n, "keyword_pairs": int(len(index._post)),
-           "trees_built": len(index._trees), "steps": steps,
+           "trees_built": index.trees_built, "steps": steps,
            "total_bytes_per_object": round(sum(s["rss_bytes"] for s in steps) / n, 1),
            "peak_bytes_per_object": round(sum(s["rss_bytes"] for s in steps[:-1]) / n, 1)}
     print(json.dumps(out, indent=2))

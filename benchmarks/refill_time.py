@@ -1,8 +1,8 @@
 """Benchmark: where a windowed run's refill search goes (the coordinator's ``Dispatcher._refill``).
 
 Runs ``knnmon run`` in this process with the refill's steps timed (wrapped, only while a refill
-runs): the object store's search, the per-keyword R-tree builds by size, ``nearest_v``, the tail
-index, the details read. Figures quoted in docs/runtime.md:
+runs): the object store's search, the per-keyword k-d tree builds and searches, the tail index,
+the details read. Figures quoted in docs/runtime.md:
 
     python benchmarks/refill_time.py run --objects /tmp/full --queries /tmp/q100k.parquet \\
         --initial 1000000 --batch 1000 --batches 20 --workers 1 --executor inline --shuffle 1 \\
@@ -14,8 +14,6 @@ from __future__ import annotations
 import collections
 import sys
 import time
-
-import rtree.index
 
 import knnmon.coordinator.runtime.dispatch as dispatch
 import knnmon.coordinator.runtime.object_index as object_index
@@ -43,11 +41,6 @@ def _timed(owner, name: str, key: str) -> None:
     setattr(owner, name, wrapper)
 
 
-def _size_class(n: int) -> str:
-    return "tree build < 1k" if n < 1_000 else "tree build < 10k" if n < 10_000 else \
-        "tree build < 100k" if n < 100_000 else "tree build >= 100k"
-
-
 def main() -> None:
     refill = dispatch.Dispatcher._refill
 
@@ -63,21 +56,11 @@ def main() -> None:
             CALLS["queries refilled"] += sum(len(n.ids) for n in needs)
 
     dispatch.Dispatcher._refill = timed_refill
-    build = object_index._tree
-
-    def timed_build(points):
-        t0 = time.perf_counter()
-        tree = build(points)
-        if _IN_REFILL[0]:
-            SECONDS[_size_class(len(points))] += time.perf_counter() - t0
-            CALLS[_size_class(len(points))] += 1
-        return tree
-
-    object_index._tree = timed_build
     _timed(object_index.ObjectIndex, "knn_v", "ObjectIndex.knn_v")
     _timed(object_store.ObjectStore, "_tail_index", "tail index")
     _timed(object_store, "_info", "details read")
-    _timed(rtree.index.Index, "nearest_v", "nearest_v")
+    _timed(object_index, "kd_build", "k-d tree builds")
+    _timed(object_index, "kd_knn", "k-d tree searches")
     rc = knnmon_main(sys.argv[1:])
     for key in sorted(SECONDS, key=SECONDS.get, reverse=True):
         print(f"{key:20s} {SECONDS[key] * 1e3:9.1f} ms  calls {CALLS[key]}")

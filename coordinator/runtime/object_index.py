@@ -1,4 +1,4 @@
-"""Exact spatial-keyword kNN over a fixed set of objects: per-keyword 3-D R-trees.
+"""Exact spatial-keyword kNN over a fixed set of objects: per-keyword 3-D k-d trees.
 
 Used for a query's initial kNN (a query registered after objects have arrived starts from its
 exact kNN) and, by the planner, for the exact kNN radius ``r_q`` over the initial objects.
@@ -6,39 +6,32 @@ exact kNN) and, by the planner, for the exact kNN radius ``r_q`` over the initia
 Objects are indexed as points on the unit sphere (ECEF unit vectors). The chord distance between
 unit vectors ranks exactly like great-circle distance, so a Euclidean 3-D nearest-neighbour search
 is exact on the sphere: no pole or antimeridian special cases (``SPEC.md``, "Geographic hint").
-Each keyword gets its own R-tree (``rtree``, bulk-loaded on first use) over the objects carrying
-it. A query with several keywords (Boolean OR) merges its keywords' candidates. The final
-ranking is by ``(haversine distance m, object id)``. Each tree is asked for ``k + margin``
-neighbours, so floating-point near-ties between chord and haversine order cannot push a true
-top-k object out.
+Each keyword's posting list is ordered into its own k-d tree on first use
+(:mod:`~knnmon.coordinator.runtime.keyword_kd`: compiled, in place, ~1 byte per entry). A query
+with several keywords (Boolean OR) merges its keywords' candidates. The final ranking is by
+``(haversine distance m, object id)``. Each tree is asked for ``k + margin`` neighbours and every
+entry tied with the last of them, so floating-point near-ties between chord and haversine order
+cannot push a true top-k object out.
 """
 
 from __future__ import annotations
 
 import multiprocessing
-from collections import OrderedDict
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from rtree import index as rtree_index
 
 from knnmon.arrays import runs
+from knnmon.coordinator.runtime.keyword_kd import compile_kd, kd_build, kd_knn
 from knnmon.encoding import keyword_codes
 from knnmon.geo import haversine_m, unit_vectors
 from knnmon.heap import give_back
 
-__all__ = ["IdColumn", "ObjectIndex", "TREE_BUDGET", "morton_codes"]
+__all__ = ["IdColumn", "ObjectIndex", "morton_codes"]
 
 #: Extra neighbours asked of each per-keyword tree beyond ``k`` (near-tie safety).
 TIE_MARGIN = 2
-
-#: A ``brute`` index compares queries with a keyword's objects directly up to this many of them.
-BRUTE_MAX = 256
-
-#: The per-keyword trees kept at most, in (object, keyword) entries (about 180 bytes each in
-#: ``rtree``): beyond, the least recently used trees are dropped and built again when needed.
-TREE_BUDGET = 4_000_000
 
 
 class IdColumn:
@@ -81,24 +74,14 @@ def morton_codes(lon: np.ndarray, lat: np.ndarray) -> np.ndarray:
     return spread(x) | (spread(y) << np.uint64(1))
 
 
-def _tree(points: np.ndarray) -> rtree_index.Index:
-    prop = rtree_index.Property()
-    prop.dimension = 3
-    return rtree_index.Index((np.arange(len(points), dtype=np.int64), points, points), properties=prop)
-
-
 class ObjectIndex:
-    """Per-keyword R-trees over objects for exact batched kNN.
+    """Per-keyword k-d trees over objects for exact batched kNN.
 
     Parameters
     ----------
     objects
         pyarrow Table with ``id`` (string, unique), ``lon``, ``lat`` (float64 degrees),
         ``keywords`` (list<string>).
-    brute
-        Compare each query with every object carrying its keyword instead of building a tree for
-        keywords of at most :data:`BRUTE_MAX` objects: for a small index that changes before it is
-        searched twice (a window's streamed tail).
 
     Examples
     --------
@@ -109,8 +92,7 @@ class ObjectIndex:
     (['b'], [1], [111.2])
     """
 
-    def __init__(self, objects: pa.Table, *, brute: bool = False) -> None:
-        self.brute = brute  # small keywords: compare with every object, no tree (an index searched once)
+    def __init__(self, objects: pa.Table) -> None:
         self.ids = IdColumn(objects.column("id"))
         self.lon = objects.column("lon").to_numpy()
         self.lat = objects.column("lat").to_numpy()
@@ -124,8 +106,8 @@ class ObjectIndex:
         self._post_ptr = np.searchsorted(code[order], np.arange(self.n_keywords + 1))
         self._post = owner[order]  # int32: object rows, grouped by keyword code
         del owner, code, order, codes
-        self._trees: OrderedDict[int, rtree_index.Index] = OrderedDict()  # least recently used first
-        self._tree_entries = 0
+        self._kd: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None  # xyz, rows, dims, built
+        compile_kd()  # (loaded from numba's cache after the first time: no search pays for it)
         rank = np.empty(len(self.ids), dtype=np.int32)  # each object's place in id order (ties by id)
         rank[pc.sort_indices(self.ids.array).to_numpy()] = np.arange(len(self.ids), dtype=np.int32)
         self._id_rank = rank
@@ -150,30 +132,31 @@ class ObjectIndex:
         c = pc.index_in(pa.array([keyword], type=pa.string()), value_set=self._vocab_array)[0].as_py()
         return -1 if c is None else int(c)
 
-    def _tree_for(self, code: int) -> rtree_index.Index:
-        """Keyword ``code``'s tree, built on first use; the least recently used trees beyond
-        :data:`TREE_BUDGET` entries are dropped."""
-        tree = self._trees.get(code)
-        if tree is not None:
-            self._trees.move_to_end(code)
-            return tree
-        post = self._post[self._post_ptr[code]:self._post_ptr[code + 1]]
-        tree = self._trees[code] = _tree(unit_vectors(self.lon[post], self.lat[post]))
-        self._tree_entries += len(post)
-        dropped = 0
-        while self._tree_entries > TREE_BUDGET and len(self._trees) > 1:
-            old, _ = self._trees.popitem(last=False)
-            self._tree_entries -= int(self._post_ptr[old + 1] - self._post_ptr[old])
-            dropped += int(self._post_ptr[old + 1] - self._post_ptr[old])
-        if dropped >= TREE_BUDGET // 8:
-            give_back()
-        return tree
+    @property
+    def trees_built(self) -> int:
+        """How many keywords' trees are built."""
+        return 0 if self._kd is None else int(self._kd[3].sum())
+
+    def _trees_for(self, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The objects' unit vectors ``(n, 3)``, the posting lists ``(E,)`` int32 and split axes
+        ``(E,)`` int8 (:mod:`~knnmon.coordinator.runtime.keyword_kd`), with the trees of
+        ``codes`` built."""
+        if self._kd is None:
+            self._kd = (unit_vectors(self.lon, self.lat), self._post.copy(), np.zeros(len(self._post), dtype=np.int8),
+                        np.zeros(self.n_keywords, dtype=bool))
+        xyz, rows, dims, built = self._kd
+        new = np.unique(np.asarray(codes, dtype=np.int64))
+        new = new[~built[new]]
+        if len(new):
+            kd_build(xyz, rows, dims, self._post_ptr.astype(np.int64), new)
+            built[new] = True
+        return xyz, rows, dims
 
     def drop_trees(self) -> None:
-        """Forget every per-keyword tree (built again on use): after a start-up's search of every
-        query, most of them serve nothing until a registration asks for their keyword."""
-        self._trees.clear()
-        self._tree_entries = 0
+        """Forget every keyword's tree (built again on use), and the objects' unit vectors: after
+        a start-up's search of every query, most of them serve nothing until a registration asks
+        for their keyword."""
+        self._kd = None
         give_back()
 
     def keyword_pairs(self, keywords) -> tuple[np.ndarray, np.ndarray]:
@@ -190,62 +173,25 @@ class ObjectIndex:
         key = np.unique(q * (self.n_keywords + 1) + c)
         return key // (self.n_keywords + 1), key % (self.n_keywords + 1)
 
-    def _groups(self, pq_, pc_, lon, lat, k, by_k: bool = True) -> list[tuple[np.ndarray, int, int]]:
-        """``(queries, keyword code, k)`` search groups; queries in Morton order.
-
-        One tree call per (keyword, k) with nearby queries next to each other: they walk the same
-        tree nodes (faster: docs/runtime.md), and no query asks for more than ``k + TIE_MARGIN``.
-        ``by_k=False``: one call per keyword, each query asking for the group's largest ``k``
-        (fewer calls: faster for a few thousand queries, where each call's fixed cost dominates).
-        """
+    def _search(self, pq_: np.ndarray, pc_: np.ndarray, lon: np.ndarray, lat: np.ndarray, k: np.ndarray,
+                q_xyz: np.ndarray, alive: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Candidate (query, object) pairs of the (query, keyword code) pairs ``pq_``, ``pc_``:
+        each query's ``k + TIE_MARGIN`` nearest in the keyword's tree, and the ties with the last
+        of them (:func:`~knnmon.coordinator.runtime.keyword_kd.kd_knn`); with ``alive`` (``(n,)``
+        bool over the objects) only live objects count. The searches run by keyword, nearby
+        queries next to each other (they walk the same nodes)."""
         if not len(pq_):
-            return []
-        order = np.lexsort((morton_codes(lon[pq_], lat[pq_]), k[pq_] if by_k else np.zeros(len(pq_)), pc_))
+            return np.empty(0, np.int64), np.empty(0, np.int64)
+        order = np.lexsort((morton_codes(lon[pq_], lat[pq_]), pc_))
         pq_, pc_ = pq_[order], pc_[order]
-        pk = k[pq_]
-        cut = np.diff(pc_) != 0
-        if by_k:
-            cut |= np.diff(pk) != 0
-        bounds = np.flatnonzero(cut) + 1
-        starts = np.concatenate([[0], bounds])
-        kk = pk[starts] if by_k else np.maximum.reduceat(pk, starts)
-        return list(zip(np.split(pq_, bounds), pc_[starts].tolist(), kk.tolist()))
+        xyz, rows, dims = self._trees_for(pc_)
+        live = np.zeros(0, dtype=bool) if alive is None else np.ascontiguousarray(alive, dtype=bool)
+        counts, found = kd_knn(xyz, rows, dims, self._post_ptr.astype(np.int64), live, pc_,
+                               np.ascontiguousarray(q_xyz[pq_]), k[pq_] + TIE_MARGIN)
+        return np.repeat(pq_, counts), found
 
-    def _search(self, groups, q_xyz, alive: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """Candidate (query, object) pairs: each group's ``k + TIE_MARGIN`` nearest per query.
-
-        With ``alive`` (``(n,)`` bool over the objects), only live objects count: a query that
-        found fewer than ``k + TIE_MARGIN`` live ones among its neighbours asks again for twice
-        as many, until it has enough or the keyword has no more objects.
-        """
-        found_q, found_o = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
-        for qs, c, kk in groups:
-            post = self._post[self._post_ptr[c]:self._post_ptr[c + 1]]
-            need = want = int(kk) + TIE_MARGIN
-            while len(qs):
-                if len(post) <= want or (self.brute and len(post) <= BRUTE_MAX):
-                    live = post if alive is None else post[alive[post]]
-                    found_q.append(np.repeat(qs, len(live)))
-                    found_o.append(np.tile(live, len(qs)))
-                    break
-                local, counts = self._tree_for(c).nearest_v(q_xyz[qs], q_xyz[qs], num_results=want)
-                counts = counts.astype(np.int64)
-                q_rep, objs = np.repeat(qs, counts), post[local]
-                if alive is None:
-                    found_q.append(q_rep)
-                    found_o.append(objs)
-                    break
-                ok = alive[objs]
-                of = np.repeat(np.arange(len(qs)), counts)  # each neighbour's query, in qs
-                n_live = np.bincount(of[ok], minlength=len(qs))
-                done = (n_live >= need)[of]
-                found_q.append(q_rep[ok & done])
-                found_o.append(objs[ok & done])
-                qs, want = qs[n_live < need], want * 2
-        return np.concatenate(found_q), np.concatenate(found_o)
-
-    def knn_v(self, lon, lat, keywords, k, *, processes: int = 1, alive: np.ndarray | None = None,
-              by_k: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def knn_v(self, lon, lat, keywords, k, *, processes: int = 1,
+              alive: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Exact kNN of many queries at once.
 
         Parameters
@@ -263,8 +209,6 @@ class ObjectIndex:
         alive
             ``(n,)`` bool over the indexed objects: search only these (a window's live objects);
             default: all. Not with ``processes > 1``.
-        by_k
-            Group the tree calls by (keyword, k), else by keyword (:meth:`_groups`).
 
         Returns
         -------
@@ -284,7 +228,7 @@ class ObjectIndex:
             return self._knn_parallel(lon, lat, keywords, k, processes)
         q_xyz = unit_vectors(lon, lat)
         pq_, pc_ = self.keyword_pairs(keywords)
-        fq, fo = self._search(self._groups(pq_, pc_, lon, lat, k, by_k), q_xyz, alive)
+        fq, fo = self._search(pq_, pc_, lon, lat, k, q_xyz, alive)
         d = haversine_m(lon[fq], lat[fq], self.lon[fo], self.lat[fo])
         order = np.lexsort((self._id_rank[fo], d, fq))
         fq, fo, d = fq[order], fo[order], d[order]
@@ -300,8 +244,8 @@ class ObjectIndex:
     def _knn_parallel(self, lon, lat, keywords, k, processes: int):
         """:meth:`knn_v` with the queries cut into ``processes`` spatially coherent shares.
 
-        This process answers one share, forked children the others; a child inherits the index
-        (copy-on-write) and builds the trees its share needs, so only results are pickled.
+        This process builds the trees every share needs and answers one share, forked children
+        the others; a child inherits the index (copy-on-write), so only results are pickled.
         Call it before any threads are started in this process (Ray, Spark): fork copies only
         the calling thread.
         """
@@ -309,6 +253,7 @@ class ObjectIndex:
         if not isinstance(keywords, (pa.Array, pa.ChunkedArray)):
             keywords = pa.array([sorted(set(kws)) for kws in keywords], type=pa.list_(pa.string()))
         shares = np.array_split(np.argsort(morton_codes(lon, lat), kind="stable"), processes)
+        self._trees_for(self.keyword_pairs(keywords)[1])
         _FORKED = (self, lon, lat, keywords, k)
         try:
             with multiprocessing.get_context("fork").Pool(processes - 1) as pool:

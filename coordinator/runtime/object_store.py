@@ -149,7 +149,7 @@ class ObjectStore:
         if self._tail is None:
             tail = pa.concat_tables(self._batches).combine_chunks()
             self._batches = [tail]
-            self._tail = (tail, ObjectIndex(tail, brute=self._windowed))
+            self._tail = (tail, ObjectIndex(tail))
         return self._tail
 
     def knn_v(self, lon: Sequence[float], lat: Sequence[float], keywords: Sequence[Sequence[str]],
@@ -174,12 +174,11 @@ class ObjectStore:
         tail = self._tail_index()
         parts = [(p.table, p.index, p.alive) for p in self._parts] + ([(*tail, None)] if tail is not None else [])
         words = pa.array([sorted(set(w)) for w in keywords], type=pa.list_(pa.string()))
-        by_k = m >= 20_000  # a few thousand queries: one tree call per keyword (ObjectIndex._groups)
         Q, D, P, I, ids = [np.empty(0, np.int64)], [np.empty(0)], [np.empty(0, np.int64)], [np.empty(0, np.int64)], []
         for p, (table, index, alive) in enumerate(parts):
             if not len(index):
                 continue
-            idx, counts, dist = index.knn_v(lon, lat, words, k, alive=alive, by_k=by_k)
+            idx, counts, dist = index.knn_v(lon, lat, words, k, alive=alive)
             Q.append(np.repeat(np.arange(m), counts))
             D.append(dist)
             P.append(np.full(len(idx), p, dtype=np.int64))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from knnmon.ingest.reading import read_objects
 from knnmon.oracle import BruteForceKnn
@@ -39,29 +41,65 @@ def test_equals_the_oracle_on_real_places(places_slice):
         assert r[i] == (got[i][-1][1] if len(got[i]) == k[i] else np.inf)
 
 
-def test_a_tree_budget_drops_trees_and_answers_stay_exact(places_slice, monkeypatch):
-    """Trees beyond the budget (least recently used first) and after drop_trees are built again
-    on use; every answer equals the unbounded index's."""
-    import knnmon.coordinator.runtime.object_index as object_index
-
+def test_trees_are_built_for_the_keywords_searched_and_again_after_they_are_dropped(places_slice):
+    """A search builds the trees of its keywords only; after ``drop_trees`` they are built again
+    on use; every answer equals the one before, with only live objects when told."""
     objects = read_objects(str(places_slice), ["id", "lon", "lat", "keywords"])
-    free, bounded = ObjectIndex(objects), ObjectIndex(objects)
+    index, oracle = ObjectIndex(objects), BruteForceKnn(objects)
     rng = np.random.default_rng(5)
     rows = objects.take(pa.array(rng.choice(objects.num_rows, 300, replace=False))).to_pylist()
     lon, lat = np.array([r["lon"] for r in rows]), np.array([r["lat"] for r in rows])
     kws, k = [r["keywords"][:3] for r in rows], rng.integers(1, 12, size=len(rows))
-    want = as_lists(*free.knn_v(lon, lat, kws, k), free.ids)
-    monkeypatch.setattr(object_index, "TREE_BUDGET", 300)
-    for half in (slice(0, 150), slice(150, 300), slice(0, 300)):
-        got = as_lists(*bounded.knn_v(lon[half], lat[half], kws[half], k[half]), bounded.ids)
-        assert got == want[half]
-        assert bounded._tree_entries <= 300 or len(bounded._trees) == 1
-        assert bounded._tree_entries == sum(len(bounded.postings(w)) for w in bounded.vocabulary
-                                            if bounded.code_of(w) in bounded._trees)
-    assert len(free._trees) > len(bounded._trees)
-    bounded.drop_trees()
-    assert not bounded._trees and bounded._tree_entries == 0
-    assert as_lists(*bounded.knn_v(lon, lat, kws, k), bounded.ids) == want
+    want = as_lists(*index.knn_v(lon[:20], lat[:20], kws[:20], k[:20]), index.ids)
+    assert 0 < index.trees_built == len({w for kw in kws[:20] for w in kw if index.code_of(w) >= 0})
+    index.drop_trees()
+    assert index.trees_built == 0
+    assert as_lists(*index.knn_v(lon[:20], lat[:20], kws[:20], k[:20]), index.ids) == want
+    alive = rng.random(objects.num_rows) < 0.3  # a window's live objects
+    live = BruteForceKnn(objects.filter(pa.array(alive)))
+    got = as_lists(*index.knn_v(lon, lat, kws, k, alive=alive), index.ids)
+    for i in range(len(rows)):
+        assert [g[0] for g in got[i]] == [w[0] for w in live.knn(lon[i], lat[i], kws[i], int(k[i]))]
+    assert oracle.knn(lon[0], lat[0], kws[0], int(k[0])) == as_lists(*index.knn_v(lon[:1], lat[:1], kws[:1], k[:1]),
+                                                                      index.ids)[0]
+
+
+@settings(max_examples=80, deadline=None)
+@given(points=st.lists(st.tuples(st.integers(-3, 3), st.integers(-3, 3), st.integers(0, 2)), min_size=1, max_size=60),
+       queries=st.lists(st.tuples(st.integers(-4, 4), st.integers(-4, 4), st.integers(0, 2), st.integers(1, 9)),
+                        min_size=1, max_size=6),
+       jit=st.booleans(), data=st.data())
+def test_a_kd_search_finds_the_nearest_and_every_tie_at_the_cut(points, queries, jit, data):
+    """:func:`kd_knn` against sorting every squared chord (points on a coarse lattice: many share
+    a place or a distance; three keywords; some objects not live), compiled and as plain
+    Python."""
+    from knnmon.coordinator.runtime import keyword_kd
+    from knnmon.geo import unit_vectors
+
+    build, knn = (keyword_kd.kd_build, keyword_kd.kd_knn) if jit else \
+        (keyword_kd.kd_build.py_func, keyword_kd.kd_knn.py_func)
+    xyz = unit_vectors(np.array([p[0] for p in points]) * 0.01, np.array([p[1] for p in points]) * 0.01)
+    code_of = np.array([p[2] for p in points])
+    post = np.argsort(code_of, kind="stable").astype(np.int32)
+    ptr = np.searchsorted(code_of[post], np.arange(4)).astype(np.int64)
+    rows, dims = post.copy(), np.zeros(len(post), dtype=np.int8)
+    build(xyz, rows, dims, ptr, np.arange(3, dtype=np.int64))
+    for c in range(3):  # each keyword's list is still its own objects
+        assert sorted(rows[ptr[c]:ptr[c + 1]].tolist()) == sorted(post[ptr[c]:ptr[c + 1]].tolist())
+    alive = np.array(data.draw(st.lists(st.booleans(), min_size=len(points), max_size=len(points))), dtype=bool) \
+        if data.draw(st.booleans()) else np.zeros(0, dtype=bool)
+    q = unit_vectors(np.array([x[0] for x in queries]) * 0.01, np.array([x[1] for x in queries]) * 0.01)
+    code = np.array([x[2] for x in queries], dtype=np.int64)
+    want = np.array([x[3] for x in queries], dtype=np.int64)
+    counts, found = knn(xyz, rows, dims, ptr, alive, code, q, want)
+    at = 0
+    for j in range(len(queries)):
+        mine = np.flatnonzero((code_of == code[j]) & (alive if len(alive) else True))
+        d2 = ((xyz[mine] - q[j]) ** 2).sum(axis=1)
+        cut = np.sort(d2)[min(want[j], len(mine)) - 1] if len(mine) else -1.0
+        assert sorted(found[at:at + counts[j]].tolist()) == mine[d2 <= cut].tolist()
+        at += counts[j]
+    assert at == len(found)
 
 
 def test_forked_equals_serial(places_slice):
