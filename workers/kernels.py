@@ -15,43 +15,19 @@ worker"; Tsuruoka et al. 2019, §4.4, steps 2-3):
    and so which objects' details the write adds and which it deletes
    (:mod:`knnmon.workers.holders`).
 
-Compiled with ``cache=True`` into ``NUMBA_CACHE_DIR`` (set here to ``~/.cache/knnmon/numba``, or
-a temporary directory where home is not writable, when the environment does not set it: an
-installed package's directory may be read-only);
+Compiled with ``cache=True`` into ``NUMBA_CACHE_DIR`` (:mod:`knnmon.jit`);
 :func:`compile_kernels` compiles or loads them once, before a worker's first batch. With
 ``NUMBA_DISABLE_JIT=1`` they run as plain Python (the tests run both ways).
 """
 
 from __future__ import annotations
 
-import os
-import tempfile
-from pathlib import Path
+import numpy as np
 
-
-def _cache_dir() -> str:
-    """``~/.cache/knnmon/numba``, or a directory under the system's temporary one where the
-    home directory is not writable."""
-    for path in (Path.home() / ".cache" / "knnmon" / "numba",
-                 Path(tempfile.gettempdir()) / f"knnmon-numba-{os.getuid() if hasattr(os, 'getuid') else 0}"):
-        try:
-            path.mkdir(parents=True, exist_ok=True)
-            if os.access(path, os.W_OK):
-                return str(path)
-        except OSError:
-            continue
-    return str(Path(tempfile.mkdtemp(prefix="knnmon-numba-")))
-
-
-if "NUMBA_CACHE_DIR" not in os.environ:
-    os.environ["NUMBA_CACHE_DIR"] = _cache_dir()
-
-import numba  # noqa: E402  (after NUMBA_CACHE_DIR: numba reads it on import)
-import numpy as np  # noqa: E402
+from knnmon.jit import jit as _jit
 
 __all__ = ["chord_pretest", "compile_kernels", "count_holders", "grid_hits", "merge_topk"]
 
-_jit = numba.njit(cache=True, nogil=True)
 
 
 @_jit
