@@ -144,7 +144,8 @@ class WindowLists:
         L.h[places] = [handle[o] for o in ids]
         slots = np.asarray(slots, dtype=np.int64)
         q.set_radius(slots, np.asarray(radii, dtype=np.float64))
-        texts = {oid: info.to_text() for oid, info in refills.objects.items()}
+        held = list(refills.objects)
+        texts = dict(zip(held, refills.objects.texts(held)))
         if self._details is not None:
             self._details.update(texts)
         else:

@@ -126,16 +126,16 @@ class Dispatcher:
         t0 = time.perf_counter()
         topk, info = self.objects.knn_v(lon, lat, keywords, k)
         t1 = time.perf_counter()
-        radius = np.array([t[-1][1] if len(t) == kk else np.inf for t, kk in zip(topk, k.tolist())])
+        radius = topk.kth(k)
         rect = self.rects(lon, lat, radius)
         self.routing.add_many([[self.routing.code(x) for x in kw] for kw in keywords], rect.x0, rect.y0, rect.x1,
                               rect.y1, workers)
         self.refill_parts_ms.update(search=(t1 - t0) * 1e3, routing=(time.perf_counter() - t1) * 1e3)
         out = {}
         for w in np.unique(workers).tolist():
-            sel = np.flatnonzero(workers == w).tolist()
-            used = {o for i in sel for o, _ in topk[i]}
-            out[w] = Refills([qids[i] for i in sel], [topk[i] for i in sel], {o: info[o] for o in used})
+            sel = np.flatnonzero(workers == w)
+            mine = topk.take(sel)
+            out[w] = Refills([qids[i] for i in sel.tolist()], mine, info.subset(mine.ids))
         return out
 
     def drop_seen(self, batch: pa.Table) -> tuple[pa.Table, int]:

@@ -10,9 +10,12 @@ import numpy as np
 import pyarrow as pa
 
 from knnmon.coordinator.runtime.object_index import ObjectIndex
-from knnmon.batch import ObjectColumns, ObjectInfo
+from knnmon.batch import KnnColumns, ObjectColumns
 
 __all__ = ["ObjectStore"]
+
+#: The columns of an object's details (what a worker writes to its details hash).
+_DETAILS = ["id", "lon", "lat", "t", "keywords"]
 
 #: The streamed objects are folded into the main index once they exceed this many and this
 #: share of it (a rebuild then costs about a second per million objects, at a registration).
@@ -153,7 +156,7 @@ class ObjectStore:
         return self._tail
 
     def knn_v(self, lon: Sequence[float], lat: Sequence[float], keywords: Sequence[Sequence[str]],
-              k: Sequence[int]) -> tuple[list[list[tuple[str, float]]], dict[str, ObjectInfo]]:
+              k: Sequence[int]) -> tuple[KnnColumns, ObjectColumns]:
         """Exact kNN of ``m`` queries over every object seen (with a window: every live one).
 
         Parameters
@@ -164,9 +167,10 @@ class ObjectStore:
         Returns
         -------
         topk
-            Per query ``[(object id, distance m), ...]`` nearest first, ties by id.
+            Per query its list nearest first, ties by id (a list of ``(object id, distance m)``
+            where one is read).
         info
-            Details of every object in those lists.
+            Details of every object in those lists, in columns.
         """
         lon, lat = np.asarray(lon, dtype=np.float64), np.asarray(lat, dtype=np.float64)
         k = np.asarray(k, dtype=np.int64)
@@ -191,29 +195,15 @@ class ObjectStore:
         rank = np.arange(len(Q)) - np.searchsorted(Q, Q, side="left")
         keep = rank < k[Q]
         Q, D, P, I, ids = Q[keep], D[keep], P[keep], I[keep], ids[keep]
-        ends = np.searchsorted(Q, np.arange(m + 1))
-        pairs = list(zip(ids.tolist(), D.tolist()))
-        topk = [pairs[ends[j]:ends[j + 1]] for j in range(m)]
-        info: dict[str, ObjectInfo] = {}
-        for p, (table, _, _) in enumerate(parts):
-            info.update(_info(table, I[P == p]))
-        return topk, info
+        tables = [table.take(pa.array(np.unique(I[P == p]), type=pa.int64())).select(_DETAILS)
+                  for p, (table, _, _) in enumerate(parts) if (P == p).any()]
+        info = ObjectColumns.of_table(pa.concat_tables(tables).combine_chunks()) if tables else \
+            ObjectColumns.of_infos({})
+        return KnnColumns(np.bincount(Q, minlength=m), ids.tolist(), D), info
 
     def knn(self, lon: float, lat: float, keywords: Sequence[str], k: int) -> tuple[list[tuple[str, float]],
-                                                                                    dict[str, ObjectInfo]]:
+                                                                                    ObjectColumns]:
         """Exact kNN of one query over every object seen: ``[(object id, distance m), ...]`` and
         the objects' details."""
         topk, info = self.knn_v([lon], [lat], [list(keywords)], [k])
         return topk[0], info
-
-
-def _info(table: pa.Table, rows: np.ndarray) -> dict[str, ObjectInfo]:
-    """:class:`ObjectInfo` of ``table``'s rows, by object id."""
-    rows = np.unique(np.asarray(rows, dtype=np.int64))
-    if not len(rows):
-        return {}
-    part = table.take(pa.array(rows))
-    return {oid: ObjectInfo(x, y, t, kws) for oid, x, y, t, kws in
-            zip(part.column("id").to_pylist(), part.column("lon").to_numpy().tolist(),
-                part.column("lat").to_numpy().tolist(), part.column("t").to_numpy().tolist(),
-                part.column("keywords").to_pylist())}

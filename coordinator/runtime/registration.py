@@ -177,7 +177,7 @@ class Registrar:
         cap = [q.k + self.reserve for q in queries]  # with a reserve, the k + reserve nearest
         topk, info = self.objects.knn_v([q.lon for q in queries], [q.lat for q in queries],
                                         [q.keywords for q in queries], cap)
-        radius = np.array([t[-1][1] if len(t) == c else np.inf for c, t in zip(cap, topk)])
+        radius = topk.kth(cap)
         rect = self.plan.model.rects(np.array([q.lon for q in queries]), np.array([q.lat for q in queries]), radius)
         routing = self.plan.routing
         mean_load = self.worker_loads.sum() / max(int(self.worker_queries.sum()), 1)
@@ -193,10 +193,10 @@ class Registrar:
                          workers)
         pending = []
         for w, sel in mine.items():
-            used = {o for i in sel for o, _ in topk[i]}
+            mine = topk.take(sel)
             pending.append(self.pool.register(
-                w, QueryColumns.of([queries[i] for i in sel]), [topk[i] for i in sel],
-                {o: info[o] for o in used}, vocabulary={x: routing.code(x) for i in sel for x in queries[i].keywords},
+                w, QueryColumns.of([queries[i] for i in sel]), mine,
+                info.subset(mine.ids), vocabulary={x: routing.code(x) for i in sel for x in queries[i].keywords},
                 version=self.feed_version()))
         self.pool.gather(pending)
         return workers

@@ -206,6 +206,15 @@ class KnnColumns(Sequence[list[tuple[str, float]]]):
         at = np.repeat(self._ends[rows] - n - (np.cumsum(n) - n), n) + np.arange(int(n.sum()), dtype=np.int64)
         return KnnColumns(n, [self.ids[j] for j in at.tolist()], self.dist[at])
 
+    def kth(self, k: Any) -> np.ndarray:
+        """``(m,)`` float64: each list's ``k[i]``-th distance (meters), ``inf`` where it holds
+        fewer than ``k[i]`` entries (``k``: ``(m,)`` ints ``>= 1``)."""
+        k = np.asarray(k, dtype=np.int64)
+        out = np.full(len(self.counts), np.inf)
+        full = self.counts >= k
+        out[full] = self.dist[(self._ends - self.counts + k - 1)[full]]
+        return out
+
     def firsts(self, n: Any) -> list[list[str]]:
         """The ids of each list's first ``n[i]`` entries (``(m,)`` ints; at most its count)."""
         n = np.minimum(np.asarray(n, dtype=np.int64), self.counts)
@@ -291,12 +300,12 @@ class BatchChanges:
 @dataclass(frozen=True)
 class Refills:
     """Refilled results for one worker: query ``qids[j]``'s exact kNN over the live objects is
-    ``topk[j]`` (``[(object id, distance m), ...]``, nearest first); ``objects`` holds the
-    details of every object in them."""
+    list ``j`` of ``topk`` (nearest first); ``objects`` holds the details of every object in
+    them."""
 
     qids: Sequence[str]
-    topk: Sequence[Sequence[tuple[str, float]]]
-    objects: Mapping[str, ObjectInfo] = field(default_factory=dict)
+    topk: KnnColumns
+    objects: ObjectColumns
 
 
 @dataclass(frozen=True)
