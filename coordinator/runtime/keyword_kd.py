@@ -112,6 +112,26 @@ def _d2(xyz: np.ndarray, r: int, qx: float, qy: float, qz: float) -> float:
 
 
 @jit
+def _expand(xyz, rows, dims, a, b, lb, qx, qy, qz, sa, sb, sl, top):
+    """Visit the node ``[a, b)`` (its lower bound ``lb`` on the squared chord): the entries to
+    check now (``lo, hi``: a leaf's, or an inner node's middle one) and the new stack top, its
+    children pushed far side first (its bound the split plane's squared distance), near side
+    last (popped next)."""
+    if b - a <= LEAF:
+        return a, b, top
+    mid = (a + b) // 2
+    diff = (qx, qy, qz)[dims[mid]] - xyz[rows[mid], dims[mid]]
+    far = max(lb, diff * diff)
+    if diff <= 0.0:
+        sa[top], sb[top], sl[top] = mid + 1, b, far
+        sa[top + 1], sb[top + 1], sl[top + 1] = a, mid, lb
+    else:
+        sa[top], sb[top], sl[top] = a, mid, far
+        sa[top + 1], sb[top + 1], sl[top + 1] = mid + 1, b, lb
+    return mid, mid + 1, top + 2
+
+
+@jit
 def _nearest_cut(xyz, rows, dims, alive, a0, b0, qx, qy, qz, want, best, sa, sb, sl) -> float:
     """The ``want``-th smallest squared chord from the query to the live entries of the tree
     ``rows[a0:b0]`` (``inf`` if it has fewer)."""
@@ -123,20 +143,7 @@ def _nearest_cut(xyz, rows, dims, alive, a0, b0, qx, qy, qz, want, best, sa, sb,
         a, b, lb = sa[top], sb[top], sl[top]
         if nb == want and lb > best[want - 1]:
             continue
-        if b - a <= LEAF:
-            lo, hi = a, b
-        else:
-            mid = (a + b) // 2
-            lo, hi = mid, mid + 1
-            diff = (qx, qy, qz)[dims[mid]] - xyz[rows[mid], dims[mid]]
-            far = max(lb, diff * diff)
-            if diff <= 0.0:
-                sa[top], sb[top], sl[top] = mid + 1, b, far
-                sa[top + 1], sb[top + 1], sl[top + 1] = a, mid, lb
-            else:
-                sa[top], sb[top], sl[top] = a, mid, far
-                sa[top + 1], sb[top + 1], sl[top + 1] = mid + 1, b, lb
-            top += 2
+        lo, hi, top = _expand(xyz, rows, dims, a, b, lb, qx, qy, qz, sa, sb, sl, top)
         for i in range(lo, hi):
             r = rows[i]
             if len(alive) and not alive[r]:
@@ -168,16 +175,7 @@ def _within(xyz, rows, dims, alive, a0, b0, qx, qy, qz, cut, out, at, sa, sb, sl
         a, b, lb = sa[top], sb[top], sl[top]
         if lb > cut:
             continue
-        if b - a <= LEAF:
-            lo, hi = a, b
-        else:
-            mid = (a + b) // 2
-            lo, hi = mid, mid + 1
-            diff = (qx, qy, qz)[dims[mid]] - xyz[rows[mid], dims[mid]]
-            far = max(lb, diff * diff)
-            sa[top], sb[top], sl[top] = (mid + 1, b, far) if diff <= 0.0 else (a, mid, far)
-            sa[top + 1], sb[top + 1], sl[top + 1] = (a, mid, lb) if diff <= 0.0 else (mid + 1, b, lb)
-            top += 2
+        lo, hi, top = _expand(xyz, rows, dims, a, b, lb, qx, qy, qz, sa, sb, sl, top)
         for i in range(lo, hi):
             r = rows[i]
             if len(alive) and not alive[r]:
