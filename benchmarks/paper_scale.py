@@ -122,6 +122,8 @@ def per_query_in_workers(redis_url: str, stats: list[dict[str, Any]]) -> dict[st
     anonymous RSS (``RssAnon``: the worker's own heap; its RSS also holds the pages of Ray's
     object store it read its load from, shared with the store), the RSS beside it. The peak RSS
     includes the initial load's transient payloads; this is what a worker keeps."""
+    from dataclasses import asdict
+
     import ray
 
     from knnmon.coordinator.runtime.worker_pool import WORKER_CPUS
@@ -130,7 +132,7 @@ def per_query_in_workers(redis_url: str, stats: list[dict[str, Any]]) -> dict[st
     if not ray.is_initialized() or any(w.get("rss_anon_mb") is None for w in stats):
         return {}
     idle_actor = WorkerActor(num_cpus=WORKER_CPUS).remote(len(stats), redis_url, "scale-idle")
-    idle = ray.get(idle_actor.stats.remote(), timeout=120)
+    idle = asdict(ray.get(idle_actor.stats.remote(), timeout=120))  # (a WorkerStats; the run's stats are dicts)
     ray.kill(idle_actor)
     held = [(w["rss_anon_mb"] - idle["rss_anon_mb"]) * 2**20 / max(w["queries"], 1) for w in stats]
     return {"worker_queries": [w["queries"] for w in stats],
