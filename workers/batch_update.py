@@ -27,6 +27,7 @@ from knnmon.batch import BatchChanges, ObjectBatch, ObjectColumns, Refills, Work
 from knnmon.encoding import id_prefix_keys
 from knnmon.geo import haversine_m, unit_vectors
 from knnmon.workers import kernels
+from knnmon.workers.held_texts import HeldTexts
 from knnmon.workers.holders import Texts
 from knnmon.workers.object_handles import ObjectHandles
 from knnmon.workers.query_table import QueryTable
@@ -104,7 +105,7 @@ class BatchUpdate:
     reserve: int
     release_groups: int
     track_load: bool
-    _details: dict[str, str] | None
+    _details: HeldTexts | None
     _before: tuple[np.ndarray, np.ndarray] | None
     _version: int
 
@@ -239,7 +240,7 @@ class BatchUpdate:
         batch = ObjectColumns(ids, lon, lat, t, keywords)
         if m is not None and self._details is not None:
             entered = [ids[j] for j in m.entered_obj.tolist()]
-            self._details.update(zip(entered, batch.texts(entered)))
+            self._details.set(entered, batch.texts(entered))
         if self.track_load:
             self.load.charge(obj, slot, changed)
         changes, written = None, changed

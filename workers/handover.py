@@ -58,9 +58,9 @@ class Handover:
         topk = KnnColumns(n, self.handles.names(L.h[at]), L.d[at].copy())
         members = topk.firsts(self.queries.k[slots])
         if self._details is not None:  # a reserve: every kept object's details are in memory
-            wanted = set(topk.ids)
-            objects = ObjectColumns.of_infos({o: ObjectInfo.from_text(self._details[o]) for o in wanted
-                                              if o in self._details})
+            wanted = list(set(topk.ids))
+            objects = ObjectColumns.of_infos({o: ObjectInfo.from_text(x) for o, x in zip(wanted, self._details.get(wanted))
+                                              if x is not None})
         elif self.writer is not None:
             objects = ObjectColumns.of_infos(self._write_now(self.writer.read_details, list(zip(held, members))))
         else:

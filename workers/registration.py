@@ -14,6 +14,7 @@ from knnmon.batch import BatchChanges, KnnColumns, LoadResult, ObjectInfo
 from knnmon.encoding import id_prefix_keys
 from knnmon.heap import give_back
 from knnmon.query import QueryColumns
+from knnmon.workers.held_texts import HeldTexts
 from knnmon.workers.holders import texts_of
 from knnmon.workers.object_handles import ObjectHandles
 from knnmon.workers.query_table import QueryTable
@@ -82,7 +83,7 @@ class Registration:
     handles: ObjectHandles
     vocabulary: Vocabulary
     reserve: int
-    _details: dict[str, str] | None
+    _details: HeldTexts | None
 
     def _append(self, queries: QueryColumns, topk: Sequence[Sequence[tuple[str, float]]],
                 objects: Mapping[str, ObjectInfo]) -> range:
@@ -116,7 +117,7 @@ class Registration:
         if self._details is not None:
             held = set(topk.ids) if isinstance(topk, KnnColumns) else {o for top in topk for o, _ in top}
             held = [o for o in held if o in objects]
-            self._details.update(zip(held, texts_of(objects)(held)))
+            self._details.set(held, texts_of(objects)(held))
         self.handles.key_new()
         self.handles.live = max(self.handles.live, len(self.handles))
         self.load.extend(slots.stop)
@@ -271,7 +272,7 @@ class Registration:
         if self.holders is not None:  # (a query handed over holds its objects until it is released)
             used = np.union1d(used, self.holders.held())
         self.lists.renumber(self.handles.compact(used))
+        if self._details is not None:
+            self._details.renumber(used)
         if self.holders is not None:
             self.holders.renumber(used)
-        if self._details is not None:
-            self._details = {oid: self._details[oid] for oid in self.handles.ids.tolist() if oid in self._details}

@@ -13,6 +13,7 @@ import numpy as np
 
 from knnmon.batch import BatchChanges, ObjectColumns, Refills
 from knnmon.query import QueryColumns
+from knnmon.workers.held_texts import HeldTexts
 from knnmon.workers.object_handles import ObjectHandles
 from knnmon.workers.query_table import QueryTable
 from knnmon.workers.topk_lists import TopKLists
@@ -27,7 +28,7 @@ class WindowLists:
     lists: TopKLists
     handles: ObjectHandles
     reserve: int
-    _details: dict[str, str] | None
+    _details: HeldTexts | None
     _refilled: dict[str, str]
     _before: tuple[np.ndarray, np.ndarray] | None
     _cutoff: int
@@ -62,9 +63,10 @@ class WindowLists:
         dead = t <= cutoff
         if not n or not dead.any():
             return none
-        for oid in self.handles.forget(np.flatnonzero(dead & (t > before))):
-            if self._details is not None:
-                self._details.pop(oid, None)
+        gone = np.flatnonzero(dead & (t > before))
+        self.handles.forget(gone)
+        if self._details is not None:
+            self._details.drop(gone)
         q, L = self.queries, self.lists
         held = L.h >= 0
         hit = np.zeros(len(L.h), dtype=bool)
@@ -147,7 +149,7 @@ class WindowLists:
         held = list(refills.objects)
         texts = dict(zip(held, refills.objects.texts(held)))
         if self._details is not None:
-            self._details.update(texts)
+            self._details.set(held, [texts[o] for o in held])
         else:
             self._refilled.update(texts)
         self.handles.key_new()
@@ -179,10 +181,10 @@ class WindowLists:
         ent, left = ~np.isin(kn, ko), ~np.isin(ko, kn)
         changed = np.union1d(new_slot[ent], old_slot[left])
         order = np.argsort(old_slot[left], kind="stable")
-        kept = self._details if self._details is not None else self._refilled
 
         def texts(oids: list[str]) -> list[str | None]:  # (from the batch, else kept from before)
-            return [kept[o] if x is None else x for o, x in zip(oids, batch.texts(oids))]
+            kept = self._details.get(oids) if self._details is not None else [self._refilled.get(o) for o in oids]
+            return [k if x is None else x for k, x in zip(kept, batch.texts(oids))]
 
         changes = self._batch_changes(changed, new_slot[ent], new_h[ent], new_d[ent], old_slot[left][order],
                                       old_h[left][order], texts)

@@ -24,6 +24,7 @@ from knnmon.query import QueryColumns
 from knnmon.workers import kernels
 from knnmon.workers.batch_update import BatchUpdate, Merge
 from knnmon.workers.handover import Handover
+from knnmon.workers.held_texts import HeldTexts
 from knnmon.workers.holders import Details, Texts
 from knnmon.workers.keyword_lists import KeywordLists
 from knnmon.workers.object_handles import NO_TIME, ObjectHandles
@@ -141,7 +142,7 @@ class KnnWorker(Registration, BatchUpdate, WindowLists, ReleaseInParts, Handover
         self._before: tuple[np.ndarray, np.ndarray] | None = None  # (slot, handle) results before an expiry
         self._cutoff = np.iinfo(np.int64).min  # the last expiry's cutoff
         self._refilled: dict[str, str] = {}  # details (text) of the objects a refill brought in
-        self._details: dict[str, str] | None = {} if reserve else None  # details (text) of every object held
+        self._details = HeldTexts(self.handles) if reserve else None  # details (text) of every object held
         self.expired = self.refills = 0
         self._handed: list[tuple[str, list[str]]] = []  # (query, members) exported, not yet released
         self._tag = 0

@@ -103,3 +103,36 @@ def test_kept_entries_are_each_list_sorted_by_distance_then_id_and_cut(lists, ca
         mine = q == i
         assert list(zip(d[mine].tolist(), [o for o, m in zip(ids, mine.tolist()) if m])) == want
         assert rank[mine].tolist() == list(range(len(want)))
+
+
+@settings(max_examples=60, deadline=None)
+@given(steps=st.lists(st.tuples(st.sampled_from(["add", "set", "drop", "compact"]),
+                                st.lists(st.integers(0, 20), min_size=1, max_size=8)), min_size=1, max_size=20))
+def test_held_texts_by_handle_equal_a_dict_through_expiry_and_compaction(steps):
+    """A reserve's details kept by handle (:class:`HeldTexts`) read as a dict of id -> text does,
+    through replacing, expiring (a forgotten id reads as none) and compaction."""
+    from knnmon.workers.held_texts import HeldTexts
+
+    handles = ObjectHandles()
+    texts, model = HeldTexts(handles), {}
+    for n, (op, xs) in enumerate(steps):
+        ids = list(dict.fromkeys(f"o{x}" for x in xs))
+        if op == "add":
+            handles.handles_of(ids, np.zeros(len(ids), dtype=np.int64))
+        elif op == "set":  # ids without a handle are skipped; a None leaves the text as it was
+            values = [None if x % 3 == 0 else f"{x} {n} é" for x in xs[:len(ids)]] + [None] * (len(ids) - len(xs))
+            texts.set(ids, values)
+            model.update({o: v for o, v in zip(ids, values) if v is not None and o in handles})
+        elif op == "drop":
+            gone = handles.lookup(ids)
+            gone = gone[gone >= 0]
+            handles.forget(gone)
+            texts.drop(gone)
+            for o in ids:
+                model.pop(o, None)
+        else:
+            used = np.flatnonzero(handles.ids.known(np.arange(len(handles))))
+            handles.compact(used)
+            texts.renumber(used)
+        probe = [f"o{x}" for x in range(22)]
+        assert texts.get(probe) == [model.get(o) for o in probe] and len(texts) == len(model)
