@@ -114,10 +114,9 @@ class Registration:
         full = np.flatnonzero(count == cap)
         self.queries.set_radius(slots.start + full, top_d[start[full] + cap[full] - 1])
         self.lists.append(cap, top_d, top_h, count)
-        if self._details is not None:
-            held = set(topk.ids) if isinstance(topk, KnnColumns) else {o for top in topk for o, _ in top}
-            held = [o for o in held if o in objects]
-            self._details.set(held, texts_of(objects)(held))
+        if self._details is not None and len(q):  # (the kept objects' handles are known: no lookup)
+            self._details.set(distinct, texts_of(objects)(distinct),
+                              np.fromiter(handle.values(), dtype=np.int64, count=len(distinct)))
         self.handles.key_new()
         self.handles.live = max(self.handles.live, len(self.handles))
         self.load.extend(slots.stop)
