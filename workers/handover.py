@@ -58,8 +58,9 @@ class Handover:
         topk = KnnColumns(n, self.handles.names(L.h[at]), L.d[at].copy())
         members = topk.firsts(self.queries.k[slots])
         if self._details is not None:  # a reserve: every kept object's details are in memory
-            wanted = list(set(topk.ids))
-            objects = ObjectColumns.of_infos({o: ObjectInfo.from_text(x) for o, x in zip(wanted, self._details.get(wanted))
+            wanted = np.unique(L.h[at])
+            objects = ObjectColumns.of_infos({o: ObjectInfo.from_text(x) for o, x in
+                                              zip(self.handles.names(wanted), self._details.of_handles(wanted))
                                               if x is not None})
         elif self.writer is not None:
             objects = ObjectColumns.of_infos(self._write_now(self.writer.read_details, list(zip(held, members))))

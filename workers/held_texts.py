@@ -53,7 +53,11 @@ class HeldTexts:
 
     def get(self, oids: Sequence[str]) -> list[str | None]:
         """The texts of ``oids`` (``None`` where none is kept)."""
-        h = self._handles.lookup(list(oids))
+        return self.of_handles(self._handles.lookup(list(oids)))
+
+    def of_handles(self, h: np.ndarray) -> list[str | None]:
+        """The texts of handles ``h`` (``(m,)`` int64; ``None`` where none is kept, or ``-1``)."""
+        h = np.asarray(h, dtype=np.int64)
         row = np.zeros(len(h), dtype=np.int64)
         ok = (h >= 0) & (h < len(self._row))
         row[ok] = self._row[h[ok]]

@@ -29,7 +29,6 @@ from knnmon.jit import jit as _jit
 __all__ = ["chord_pretest", "compile_kernels", "count_holders", "grid_hits", "merge_topk"]
 
 
-
 @_jit
 def chord_pretest(ox: np.ndarray, oy: np.ndarray, oz: np.ndarray, obj: np.ndarray, slot: np.ndarray,
                   reach: np.ndarray) -> np.ndarray:

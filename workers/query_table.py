@@ -26,8 +26,7 @@ class QueryTable:
     """The query columns (module docstring).
 
     ``ids`` (:class:`~knnmon.id_table.IdTable`: slot -> id, and :meth:`slots` of ids); per
-    slot ``lon``, ``lat`` (float64
-    degrees), ``k``, ``cap`` (int64: ``k`` + reserve, the places kept), ``radius`` (float64
+    slot ``lon``, ``lat`` (float64 degrees), ``k``, ``cap`` (int64: ``k`` + reserve, the places kept), ``radius`` (float64
     meters: ``r_q``, ``inf`` below ``cap`` entries), ``reach`` (``(Q, 4)`` float64: unit vector
     and :func:`~knnmon.geo.chord2_bound` of ``r_q``, ``-1`` once dropped), ``alive`` (bool),
     ``keywords`` (:class:`~knnmon.id_table.StringColumn`, space separated), ``kw_ptr`` /

@@ -147,11 +147,11 @@ class WindowLists:
         slots = np.asarray(slots, dtype=np.int64)
         q.set_radius(slots, np.asarray(radii, dtype=np.float64))
         held = list(refills.objects)
-        texts = dict(zip(held, refills.objects.texts(held)))
+        texts = refills.objects.texts(held)
         if self._details is not None:
-            self._details.set(held, [texts[o] for o in held])
+            self._details.set(held, texts)
         else:
-            self._refilled.update(texts)
+            self._refilled.update(zip(held, texts))
         self.handles.key_new()
         self._refresh(slots)
         self.refills += len(slots)

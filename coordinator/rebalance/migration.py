@@ -69,9 +69,7 @@ def migrate(pool: WorkerPool, registrar: Registrar, moves: Sequence[Move], *, re
     for m, part in parts:
         q = part.queries
         k = np.asarray(q.k, dtype=np.int64) + reserve
-        c, radius = part.topk.counts, np.full(len(q.ids), np.inf)  # the last kept place's, once full
-        full = c >= k
-        radius[full] = part.topk.dist[(np.cumsum(c) - 1)[full]]
+        radius = part.topk.kth(k)  # the last kept place's, once full
         rect = model.rects(np.asarray(q.lon, dtype=np.float64), np.asarray(q.lat, dtype=np.float64), radius)
         routing.add_many([[routing.code(x) for x in kws] for kws in q.keywords], rect.x0, rect.y0, rect.x1, rect.y1,
                          np.full(len(q.ids), m.target))

@@ -103,7 +103,7 @@ class ObjectIndex:
         self.n_keywords = len(codes.dictionary)  # (no dict of Python strings: ~120 bytes per keyword)
         code = codes.indices.to_numpy()
         order = np.argsort(code, kind="stable")
-        self._post_ptr = np.searchsorted(code[order], np.arange(self.n_keywords + 1))
+        self._post_ptr = np.searchsorted(code[order], np.arange(self.n_keywords + 1)).astype(np.int64)
         self._post = owner[order]  # int32: object rows, grouped by keyword code
         del owner, code, order, codes
         self._kd: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None  # xyz, rows, dims, built
@@ -148,7 +148,7 @@ class ObjectIndex:
         new = np.unique(np.asarray(codes, dtype=np.int64))
         new = new[~built[new]]
         if len(new):
-            kd_build(xyz, rows, dims, self._post_ptr.astype(np.int64), new)
+            kd_build(xyz, rows, dims, self._post_ptr, new)
             built[new] = True
         return xyz, rows, dims
 
@@ -186,7 +186,7 @@ class ObjectIndex:
         pq_, pc_ = pq_[order], pc_[order]
         xyz, rows, dims = self._trees_for(pc_)
         live = np.zeros(0, dtype=bool) if alive is None else np.ascontiguousarray(alive, dtype=bool)
-        counts, found = kd_knn(xyz, rows, dims, self._post_ptr.astype(np.int64), live, pc_,
+        counts, found = kd_knn(xyz, rows, dims, self._post_ptr, live, pc_,
                                np.ascontiguousarray(q_xyz[pq_]), k[pq_] + TIE_MARGIN)
         return np.repeat(pq_, counts), found
 

@@ -193,10 +193,10 @@ class Registrar:
                          workers)
         pending = []
         for w, sel in mine.items():
-            mine = topk.take(sel)
+            part = topk.take(sel)
             pending.append(self.pool.register(
-                w, QueryColumns.of([queries[i] for i in sel]), mine,
-                info.subset(mine.ids), vocabulary={x: routing.code(x) for i in sel for x in queries[i].keywords},
+                w, QueryColumns.of([queries[i] for i in sel]), part,
+                info.subset(part.ids), vocabulary={x: routing.code(x) for i in sel for x in queries[i].keywords},
                 version=self.feed_version()))
         self.pool.gather(pending)
         return workers

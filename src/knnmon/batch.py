@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from knnmon.arrays import runs
+
 __all__ = ["BatchChanges", "KnnColumns", "LoadResult", "ObjectBatch", "ObjectColumns", "ObjectInfo", "QueryHandover", "Refills",
            "WorkerReport", "WorkerStats", "WriteFigures"]
 
@@ -99,14 +101,14 @@ class ObjectColumns(Mapping[str, ObjectInfo]):
     def subset(self, oids: Sequence[str]) -> ObjectColumns:
         """The objects of ``oids`` that are here (each once), in columns."""
         rows = np.unique(self._rows(list(oids)))
-        rows = rows[rows >= 0]
+        sel = rows[rows >= 0].tolist()
         if self._table is not None:
             import pyarrow as pa
 
-            return ObjectColumns([self._ids[j] for j in rows.tolist()], self._lon[rows], self._lat[rows],
-                                 self._t[rows], None, self._table.take(pa.array(rows, type=pa.int64())))
-        return ObjectColumns([self._ids[j] for j in rows.tolist()], self._lon[rows], self._lat[rows], self._t[rows],
-                             [self._keywords[j] for j in rows.tolist()])
+            keywords, table = None, self._table.take(pa.array(sel, type=pa.int64()))
+        else:
+            keywords, table = [self._keywords[j] for j in sel], None
+        return ObjectColumns([self._ids[j] for j in sel], self._lon[sel], self._lat[sel], self._t[sel], keywords, table)
 
     @property
     def _at(self) -> dict[str, int]:
@@ -203,7 +205,7 @@ class KnnColumns(Sequence[list[tuple[str, float]]]):
         """The lists of ``rows`` (query indices), in that order."""
         rows = np.asarray(rows, dtype=np.int64)
         n = self.counts[rows]
-        at = np.repeat(self._ends[rows] - n - (np.cumsum(n) - n), n) + np.arange(int(n.sum()), dtype=np.int64)
+        at = runs(self._ends[rows] - n, n)
         return KnnColumns(n, [self.ids[j] for j in at.tolist()], self.dist[at])
 
     def kth(self, k: Any) -> np.ndarray:
