@@ -23,9 +23,10 @@ from typing import ClassVar
 
 import numpy as np
 
-from knnmon.batch import BatchChanges, ObjectBatch, ObjectColumns, Refills, WorkerReport
+from knnmon.batch import BatchChanges, ObjectBatch, ObjectColumns, Refills
 from knnmon.encoding import id_prefix_keys
 from knnmon.geo import haversine_m, unit_vectors
+from knnmon.reports import WorkerReport
 from knnmon.workers import kernels
 from knnmon.workers.held_texts import HeldTexts
 from knnmon.workers.holders import Texts

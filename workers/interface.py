@@ -13,9 +13,9 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from knnmon.batch import (LoadResult, ObjectBatch, ObjectInfo, QueryHandover, Refills, WorkerReport, WorkerStats,
-                          WriteFigures)
+from knnmon.batch import ObjectBatch, ObjectInfo, QueryHandover, Refills
 from knnmon.query import QueryColumns
+from knnmon.reports import LoadResult, WorkerReport, WorkerStats, WriteFigures
 
 __all__ = ["WorkerApi"]
 

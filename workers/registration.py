@@ -10,10 +10,11 @@ from itertools import chain
 
 import numpy as np
 
-from knnmon.batch import BatchChanges, KnnColumns, LoadResult, ObjectInfo
+from knnmon.batch import BatchChanges, KnnColumns, ObjectInfo
 from knnmon.encoding import id_prefix_keys
 from knnmon.heap import give_back
 from knnmon.query import QueryColumns
+from knnmon.reports import LoadResult
 from knnmon.workers.held_texts import HeldTexts
 from knnmon.workers.holders import texts_of
 from knnmon.workers.object_handles import ObjectHandles

@@ -12,7 +12,8 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from knnmon.batch import BatchChanges, ObjectColumns, WorkerReport
+from knnmon.batch import BatchChanges, ObjectColumns
+from knnmon.reports import WorkerReport
 from knnmon.workers.rtree_index import RTreeIndex, SearchGroup
 
 __all__ = ["MAX_RELEASE_GROUPS", "ReleaseInParts", "sjf_groups"]

@@ -17,10 +17,10 @@ from typing import Any
 
 import numpy as np
 
-from knnmon.batch import WorkerStats, WriteFigures
 from knnmon.errors import InvalidArgumentError
 from knnmon.heap import resident_bytes
 from knnmon.query import QueryColumns
+from knnmon.reports import WorkerStats, WriteFigures
 from knnmon.workers import kernels
 from knnmon.workers.batch_update import BatchUpdate, Merge
 from knnmon.workers.handover import Handover
@@ -234,7 +234,7 @@ class KnnWorker(Registration, BatchUpdate, WindowLists, ReleaseInParts, Handover
         return self.queries.columns(live), self.queries.radius[live].copy()
 
     def stats(self) -> WorkerStats:
-        """This worker's :class:`~knnmon.batch.WorkerStats`: queries held, index entries, queries
+        """This worker's :class:`~knnmon.reports.WorkerStats`: queries held, index entries, queries
         re-indexed so far, list entries expired and results refilled so far (a window), this
         process's peak and current RSS and its current anonymous RSS (MB; the current ones
         ``None`` where there is no ``/proc``: :func:`~knnmon.heap.resident_bytes`), its process

@@ -20,8 +20,9 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from knnmon.batch import BatchChanges, WriteFigures
+from knnmon.batch import BatchChanges
 from knnmon.errors import StoreUnavailableError
+from knnmon.reports import WriteFigures
 from knnmon.workers.result_writer import ResultWriter
 
 __all__ = ["WriteQueue"]

@@ -26,12 +26,13 @@ import numpy as np
 import pyarrow as pa
 
 from knnmon.assignment.routing import RoutingTable, popcount
-from knnmon.batch import ObjectBatch, Refills, WorkerReport
+from knnmon.batch import ObjectBatch, Refills
 from knnmon.coordinator.runtime.metrics import BatchReport
 from knnmon.coordinator.runtime.object_store import ObjectStore
 from knnmon.coordinator.runtime.seen_ids import SeenIds
 from knnmon.coordinator.runtime.worker_pool import Pending, WorkerPool
 from knnmon.query import QueryColumns
+from knnmon.reports import WorkerReport
 from knnmon.window import Window
 
 __all__ = ["DispatchedBatch", "Dispatcher"]

@@ -2,7 +2,7 @@
 
 - **update time**: dispatch of a batch to all its workers done, with its writes in Redis (ms);
 - each worker's **busy time**: its CPU time plus the Redis server's time on its writes, the time
-  it would take on a core of its own (:class:`~knnmon.batch.WorkerReport`);
+  it would take on a core of its own (:class:`~knnmon.reports.WorkerReport`);
 - **load imbalance**: busiest minus idlest worker's busy time (ms);
 - **simulated parallel update time**: the coordinator's routing CPU time plus the largest busy
   time (one core per worker, as Tsuruoka et al. 2019, §5, ran it).
@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from knnmon.batch import WorkerReport
 from knnmon.connection import redact
+from knnmon.reports import WorkerReport
 
 __all__ = ["BatchReport", "RunSummary", "summarize_run"]
 

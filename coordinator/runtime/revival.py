@@ -27,7 +27,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from knnmon.batch import KnnColumns, WorkerReport
+from knnmon.batch import KnnColumns
 from knnmon.connection import connect, with_retries
 from knnmon.coordinator.runtime.dispatch import DispatchedBatch
 from knnmon.coordinator.runtime.registration import Registrar
@@ -35,6 +35,7 @@ from knnmon.coordinator.runtime.worker_pool import Pending, RayPool
 from knnmon.errors import WorkerLostError
 from knnmon.keys import Keys
 from knnmon.query import Query, QueryColumns
+from knnmon.reports import WorkerReport
 
 __all__ = ["applied_state", "last_applied_batch", "revive", "rows_to_resend"]
 

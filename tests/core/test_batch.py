@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from knnmon.batch import BatchChanges, ObjectInfo, WorkerReport, WriteFigures
+from knnmon.batch import BatchChanges, ObjectInfo
 from knnmon.feed import parse_entry
+from knnmon.reports import WorkerReport, WriteFigures
 
 OBJ = {f"o{i}": ObjectInfo(-71.0, 41.0 + i, 1_000 + i, ["coffee"]) for i in range(4)}
 

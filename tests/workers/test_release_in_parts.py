@@ -137,8 +137,8 @@ def test_a_worker_lost_between_parts_is_rebuilt_from_redis_and_the_remaining_row
 
 
 def test_a_batch_report_takes_each_object_s_last_release():
-    from knnmon.batch import WorkerReport
     from knnmon.coordinator.runtime.metrics import BatchReport
+    from knnmon.reports import WorkerReport
 
     a = WorkerReport(worker=0, batch=3, released=(np.array([0, 2, 3]), np.array([10.0, 30.0, 5.0])))
     b = WorkerReport(worker=1, batch=3, released=(np.array([3, 2]), np.array([7.0, 20.0])))

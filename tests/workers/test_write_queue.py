@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from knnmon.batch import BatchChanges, ObjectInfo, WriteFigures
+from knnmon.batch import BatchChanges, ObjectInfo
 from knnmon.connection import connect
 from knnmon.errors import StoreUnavailableError
 from knnmon.keys import Keys
+from knnmon.reports import WriteFigures
 from knnmon.workers.result_writer import ResultWriter
 from knnmon.workers.write_queue import WriteQueue
 

@@ -1,0 +1,121 @@
+"""What a worker measures and reports, typed (:mod:`knnmon.batch` has what travels to it).
+
+- :class:`WorkerReport` and :class:`WriteFigures`: what a worker measured on a batch;
+- :class:`LoadResult`: a worker's load of queries;
+- :class:`WorkerStats`: a worker's state and process (``KnnWorker.stats``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+__all__ = ["LoadResult", "WorkerReport", "WorkerStats", "WriteFigures"]
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    """A worker's load of queries: ``queries`` taken, ``index_entries`` in its query index
+    after it, ``seconds`` (wall) it took."""
+
+    queries: int
+    index_entries: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class WorkerStats:
+    """A worker's state and process, as :meth:`KnnWorker.stats` reports it.
+
+    Attributes
+    ----------
+    worker, pid : int
+        The worker's id and its process id.
+    node : str or None
+        The Ray node it runs on (``None`` outside Ray).
+    queries, index_entries, refreshed, keywords : int
+        Queries held, query index entries, queries re-indexed so far, keywords it has codes of.
+    expired, refilled : int
+        With a window: list entries expired and results refilled so far.
+    peak_rss_mb : float
+        The process's peak resident set size (MB).
+    rss_mb, rss_anon_mb : float or None
+        Its current resident set size and anonymous part (MB; ``None`` without ``/proc``).
+    """
+
+    worker: int
+    node: str | None
+    pid: int
+    queries: int
+    expired: int
+    refilled: int
+    index_entries: int
+    refreshed: int
+    keywords: int
+    peak_rss_mb: float
+    rss_mb: float | None
+    rss_anon_mb: float | None
+
+
+@dataclass(frozen=True)
+class WriteFigures:
+    """One batch's Redis write, measured by the writing thread: ``redis_s`` (wall seconds of the
+    script call), ``redis_server_s`` (the server's seconds running it), ``writer_cpu_s`` (the
+    writing thread's CPU seconds, building and sending the payload). All 0: nothing written."""
+
+    redis_s: float = 0.0
+    redis_server_s: float = 0.0
+    writer_cpu_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class WorkerReport:
+    """What one worker measured on one batch.
+
+    Attributes
+    ----------
+    worker, batch : int
+    objects : int
+        Objects delivered to this worker.
+    candidates, passed, changed : int
+        (object, query) pairs checked exactly; pairs within ``r_q``; results changed.
+    busy_s : float
+        Wall seconds from call to return.
+    cpu_s : float
+        The worker's CPU seconds plus the Redis server's seconds on its writes: the busy time
+        on a dedicated core, which CPU contention on a machine with fewer cores than workers
+        does not inflate.
+    redis_s, redis_server_s, index_s : float
+        Wall seconds writing, the server's seconds running the script, seconds re-indexing.
+    write_queued : bool
+        The write went to the worker's write queue: ``redis_s`` and ``redis_server_s`` are 0
+        here and come with :meth:`with_write`.
+    refilled : int
+        Results refilled after a window's expiry (:class:`~knnmon.batch.Refills`).
+    released : tuple of two arrays, or None
+        A batch released in parts (the worker's ``release_groups``): its objects' rows in the
+        shared batch, ``(n,)`` int64, and when each one's changes were written (or found to be
+        none), ``(n,)`` float64 epoch ms. ``None``: all at the end of the call.
+    """
+
+    worker: int
+    batch: int
+    objects: int = 0
+    candidates: int = 0
+    passed: int = 0
+    changed: int = 0
+    busy_s: float = 0.0
+    cpu_s: float = 0.0
+    redis_s: float = 0.0
+    redis_server_s: float = 0.0
+    index_s: float = 0.0
+    write_queued: bool = False
+    refilled: int = 0
+    released: tuple[np.ndarray, np.ndarray] | None = None
+
+    def with_write(self, w: WriteFigures) -> WorkerReport:
+        """This report with its queued write's figures: the writing thread's CPU and the
+        server's time join ``cpu_s``."""
+        return replace(self, redis_s=w.redis_s, redis_server_s=w.redis_server_s,
+                       cpu_s=self.cpu_s + w.writer_cpu_s + w.redis_server_s)
