@@ -16,16 +16,14 @@ from knnmon.workers.query_index import QueryIndex
 
 __all__ = ["KeywordLists"]
 
-_NONE = (np.empty(0, np.int64), np.empty(0, np.int64), *(np.empty(0) for _ in range(4)))
-
 
 class KeywordLists(QueryIndex):
     """Keyword inverted lists over query slots (module docstring); regions are ignored."""
 
     @staticmethod
-    def _grid_entries(slot, code, lon, lat, radius_m):
-        """One entry per (query, keyword), keyed by the keyword code alone; nothing for the R-tree."""
-        return np.asarray(code, dtype=np.int64).copy(), np.asarray(slot, dtype=np.int64), _NONE
+    def _grid_entries(slot, code, lon, lat, radius_m) -> tuple[np.ndarray, np.ndarray]:
+        """One entry per (query, keyword), keyed by the keyword code alone."""
+        return np.asarray(code, dtype=np.int64).copy(), np.asarray(slot, dtype=np.int64)
 
     def candidates(self, lon: np.ndarray, lat: np.ndarray, pair_obj: np.ndarray,
                    pair_code: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -5,16 +5,17 @@ An object can change ``kNN(q)`` only if it shares a keyword with ``q`` and lies 
 (:func:`knnmon.geo.cap_bbox`); a batch of (object, keyword) pairs is answered with no Python
 loop over objects or queries:
 
-- **Grid inverted lists** (the paper's §4.4 layout, multi-level): level ``l`` (0..10) cuts the
+- **Grid inverted lists** (the paper's §4.4 layout, multi-level): level ``l`` (0..14) cuts the
   world ``[-180, 180] x [-90, 90]`` into ``2**(14 - l)`` squares per side (level 0: 0.022 deg x
-  0.011 deg cells; level 10: 16 x 16), numbered in Z-order (Morton), so a cell's parent is its
-  number shifted right by 2. A query is listed under ``(level, keyword, cell)`` for each
-  of at most 2 x 2 cells at the finest level where its region fits in so few. The lists are
-  sorted int64 key arrays aligned with query slots (a base and a small delta); a batch probes
-  every level with one ``numpy.searchsorted`` per array.
-- **A 3-D R-tree** (``rtree``; longitude, latitude, keyword code) holds the few regions too
-  large for level 10, continent-sized (e.g. ``r_q = inf``: fewer than ``k`` matches so far). It is bulk-loaded and
-  probed with one ``intersection_v`` call per batch, only for pairs whose keyword it holds.
+  0.011 deg cells; level 10: 16 x 16; level 14: the whole world in one cell), numbered in
+  Z-order (Morton), so a cell's parent is its number shifted right by 2. A query is listed under
+  ``(level, keyword, cell)`` for each of at most 2 x 2 cells at the finest level where its
+  region fits in so few. The lists are sorted int64 key arrays aligned with query slots (a base
+  and a small delta); a batch probes only the levels where a pair's keyword has entries, all
+  of them in one compiled pass per array (:func:`~knnmon.workers.kernels.grid_hits`).
+- Every region fits: one that spans the world (``r_q = inf``, a query with fewer than ``k``
+  matches so far, or a cap over a pole or across the 180th meridian) is listed at level 13 or
+  14, so such a query is found by its keyword alone, with no spatial test.
 
 When ``r_q`` shrinks, the worker re-indexes the query (:meth:`QueryIndex.refresh`): its new,
 smaller entries go into the delta and its old ones are skipped until the next merge drops them.
@@ -27,16 +28,14 @@ from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
-from rtree import index as rtree_index
-
 from knnmon.arrays import with_capacity
 from knnmon.geo import cap_bbox
 from knnmon.workers import kernels
 
 __all__ = ["FINEST", "LEVELS", "QueryIndex", "zorder"]
 
-#: Grid levels 0..LEVELS-1; level l has 2**(FINEST - l) cells per side.
-LEVELS = 11
+#: Grid levels 0..LEVELS-1; level l has 2**(FINEST - l) cells per side (the last: one cell).
+LEVELS = 15
 FINEST = 14
 _CELL_BITS = 2 * FINEST  # cell index at level 0 needs 28 bits
 _CODE_BITS = 24
@@ -122,7 +121,7 @@ class _Run:
 
 
 class QueryIndex:
-    """Grid lists + R-tree over query regions (module docstring); slots are ints the worker owns.
+    """Grid lists over query regions (module docstring); slots are ints the worker owns.
 
     The grid lists are sorted runs of aligned arrays (:class:`_Run`): a large **base**, a
     **middle** run and a small **delta** (a three-level log-structured merge). Re-indexing a
@@ -147,29 +146,16 @@ class QueryIndex:
         self._delta = _Run.empty()
         self._gen = np.zeros(0, dtype=np.int32)  # per slot: the generation of its current entries
         self._levels = np.zeros((0, LEVELS), dtype=np.int32)  # grid entries per (keyword code, level)
-        self._tree: rtree_index.Index | None = None
-        self._tree_codes = np.empty(0, dtype=np.int64)
-        self._tree_slot = np.empty(0, dtype=np.int64)
-        self._tree_entries: tuple[np.ndarray, ...] = (np.empty(0, np.int64), np.empty(0, np.int64),
-                                                      *(np.empty(0) for _ in range(4)))
         self.compactions = 0
-
-    def __getstate__(self) -> dict:
-        # An rtree Index loses its entries when pickled (Toblerity/rtree#87); rebuild it instead.
-        return {k: v for k, v in self.__dict__.items() if k != "_tree"}
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-        self._set_tree(*self._tree_entries)
 
     @property
     def entries(self) -> int:
-        """Number of grid entries (superseded ones not yet merged away included) plus R-tree entries."""
-        return len(self._base) + len(self._mid) + len(self._delta) + len(self._tree_slot)
+        """Number of grid entries (superseded ones not yet merged away included)."""
+        return len(self._base) + len(self._mid) + len(self._delta)
 
     @staticmethod
-    def _grid_entries(slot, code, lon, lat, radius_m):
-        """``(keys, slots)`` of the grid entries (unsorted) and the big entries for the R-tree."""
+    def _grid_entries(slot, code, lon, lat, radius_m) -> tuple[np.ndarray, np.ndarray]:
+        """``(keys, slots)`` ``(e,)`` int64 of the grid entries, unsorted."""
         slot = np.asarray(slot, dtype=np.int64)
         code = np.asarray(code, dtype=np.int64)
         if len(code) and code.max() >= (1 << _CODE_BITS):
@@ -177,21 +163,17 @@ class QueryIndex:
         x0d, y0d, x1d, y1d = cap_bbox(lon, lat, radius_m)
         bx0, by0 = _cells0(x0d, y0d)
         bx1, by1 = _cells0(x1d, y1d)
-        level = np.full(len(slot), LEVELS, dtype=np.int64)  # LEVELS = "too big for the grid"
-        for lv in range(LEVELS - 1, -1, -1):
+        level = np.full(len(slot), LEVELS - 1, dtype=np.int64)  # the last level's one cell holds any region
+        for lv in range(LEVELS - 2, -1, -1):
             level[((bx1 >> lv) - (bx0 >> lv) <= 1) & ((by1 >> lv) - (by0 >> lv) <= 1)] = lv
         keys, slots = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
-        g = np.flatnonzero(level < LEVELS)  # every grid entry at once, each at its own level
-        lv, gcode, gslot = level[g], code[g], slot[g]
-        ax0, ay0, ax1, ay1 = bx0[g] >> lv, by0[g] >> lv, bx1[g] >> lv, by1[g] >> lv
+        ax0, ay0, ax1, ay1 = bx0 >> level, by0 >> level, bx1 >> level, by1 >> level
         for dx in (0, 1):
             for dy in (0, 1):
                 ok = (ax0 + dx <= ax1) & (ay0 + dy <= ay1)
-                keys.append(_key(lv[ok], gcode[ok], _morton(ax0[ok] + dx, ay0[ok] + dy)))
-                slots.append(gslot[ok])
-        big = np.flatnonzero(level == LEVELS)
-        return (np.concatenate(keys), np.concatenate(slots),
-                (slot[big], code[big], x0d[big], y0d[big], x1d[big], y1d[big]))
+                keys.append(_key(level[ok], code[ok], _morton(ax0[ok] + dx, ay0[ok] + dy)))
+                slots.append(slot[ok])
+        return np.concatenate(keys), np.concatenate(slots)
 
     def _count_levels(self, keys: np.ndarray, sign: int) -> None:
         """Add ``sign`` per grid key to the (keyword code, level) table that :meth:`candidates`
@@ -218,18 +200,6 @@ class QueryIndex:
         self._base, self._mid, self._delta = base.merged(mid.merged(delta)), _Run.empty(), _Run.empty()
         self.compactions += 1
 
-    def _set_tree(self, slot, code, x0, y0, x1, y1) -> None:
-        self._tree_entries = (slot, code, x0, y0, x1, y1)
-        self._tree_slot, self._tree_codes = slot, np.unique(code)
-        if len(slot):
-            prop = rtree_index.Property()
-            prop.dimension = 3
-            c = code.astype(np.float64)
-            self._tree = rtree_index.Index((np.arange(len(slot), dtype=np.int64), np.column_stack([x0, y0, c]),
-                                            np.column_stack([x1, y1, c])), properties=prop)
-        else:
-            self._tree = None
-
     def rebuild(self, slot: np.ndarray, code: np.ndarray, lon: np.ndarray, lat: np.ndarray,
                 radius_m: np.ndarray) -> None:
         """Index (query slot, keyword code) entries from scratch, regions from current radii.
@@ -241,15 +211,14 @@ class QueryIndex:
         lon, lat, radius_m
             ``(e,)`` float64 per entry (the query's location in degrees and ``r_q`` in meters).
         """
-        keys, slots, big = self._grid_entries(slot, code, lon, lat, radius_m)
+        keys, slots = self._grid_entries(slot, code, lon, lat, radius_m)
         order = np.argsort(keys, kind="stable")
-        self._gen = with_capacity(self._gen, int(max(slots.max(initial=-1), big[0].max(initial=-1))) + 1)
+        self._gen = with_capacity(self._gen, int(slots.max(initial=-1)) + 1)
         self._gen[:] = 0
         self._base = _Run(keys[order], slots[order], np.zeros(len(keys), np.int32))
         self._mid, self._delta = _Run.empty(), _Run.empty()
         self._levels[:] = 0
         self._count_levels(self._base.keys, 1)
-        self._set_tree(*big)
 
     def refresh(self, changed: np.ndarray, slot: np.ndarray, code: np.ndarray, lon: np.ndarray, lat: np.ndarray,
                 radius_m: np.ndarray) -> None:
@@ -257,11 +226,9 @@ class QueryIndex:
         ones (``slot``, ``code``, ... as in :meth:`rebuild`, only for those queries; none for a
         removed query). O(delta + changed entries): see the class docstring."""
         changed = np.asarray(changed, dtype=np.int64)
-        old = self._tree_entries
-        self._gen = with_capacity(self._gen, int(max(changed.max(initial=-1), np.max(slot, initial=-1),
-                                                     old[0].max(initial=-1))) + 1)
+        self._gen = with_capacity(self._gen, int(max(changed.max(initial=-1), np.max(slot, initial=-1))) + 1)
         self._gen[changed] += 1
-        keys, slots, big = self._grid_entries(slot, code, lon, lat, radius_m)
+        keys, slots = self._grid_entries(slot, code, lon, lat, radius_m)
         self._count_levels(keys, 1)
         order = np.argsort(keys, kind="stable")
         self._delta = self._delta.merged(_Run(keys[order], slots[order], self._gen[slots[order]]))
@@ -269,11 +236,6 @@ class QueryIndex:
             self._mid, self._delta = self._mid.merged(self._current(self._delta)), _Run.empty()
             if len(self._mid) >= max(self.DELTA_MIN, len(self._base) // self.DELTA_SHARE):
                 self._compact()
-        gone = np.zeros(len(self._gen), dtype=bool)
-        gone[changed] = True
-        stay = ~gone[old[0]]
-        if len(big[0]) or not stay.all():
-            self._set_tree(*(np.concatenate([o[stay], b]) for o, b in zip(old, big)))
 
     def _grid_hits(self, probe: np.ndarray, owner: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(owner, slot)`` ``(h,)`` int64 for every current grid entry whose key equals a probe
@@ -306,32 +268,20 @@ class QueryIndex:
             superset of the pairs that can change a result). A query sharing several keywords
             with an object appears once per keyword.
         """
-        objs, slots = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
-        if len(self._base) + len(self._mid) + len(self._delta) and len(pair_obj):
-            # Probe a (pair, level) only where the pair's keyword has grid entries at that level.
-            # Pairs sorted by (code, Z-order cell) give probes sorted within each level, and the
-            # levels come in increasing order: the probes are sorted with no sort of their own.
-            known = pair_code < len(self._levels)
-            po, pcode = pair_obj[known], pair_code[known]
-            cell = _morton(*_cells0(lon, lat))[po]
-            order = np.argsort((pcode << _CELL_BITS) | cell, kind="stable")
-            po, pcode, cell = po[order], pcode[order], cell[order]
-            at_level = self._levels[pcode] > 0  # (pairs, LEVELS)
-            probes, owners = [], []
-            for lv in np.flatnonzero(at_level.any(axis=0)).tolist():
-                sel = np.flatnonzero(at_level[:, lv])
-                probes.append(_key(lv, pcode[sel], cell[sel] >> (2 * lv)))
-                owners.append(po[sel])
-            probe = np.concatenate(probes) if probes else np.empty(0, np.int64)
-            owner = np.concatenate(owners) if owners else np.empty(0, np.int64)
-            o, sl = self._grid_hits(probe, owner)
-            objs.append(o)
-            slots.append(sl)
-        if self._tree is not None and len(pair_obj):
-            sel = np.flatnonzero(np.isin(pair_code, self._tree_codes))
-            if len(sel):
-                pts = np.column_stack([lon[pair_obj[sel]], lat[pair_obj[sel]], pair_code[sel].astype(np.float64)])
-                ids, counts = self._tree.intersection_v(pts, pts)
-                objs.append(np.repeat(pair_obj[sel], counts.astype(np.int64)))
-                slots.append(self._tree_slot[ids])
-        return np.concatenate(objs), np.concatenate(slots)
+        if not (self.entries and len(pair_obj)):
+            return np.empty(0, np.int64), np.empty(0, np.int64)
+        # Probe a (pair, level) only where the pair's keyword has grid entries at that level.
+        # Pairs sorted by (code, Z-order cell) give probes sorted within each level, and the
+        # levels come in increasing order: the probes are sorted with no sort of their own.
+        known = pair_code < len(self._levels)
+        po, pcode = pair_obj[known], pair_code[known]
+        cell = _morton(*_cells0(lon, lat))[po]
+        order = np.argsort((pcode << _CELL_BITS) | cell, kind="stable")
+        po, pcode, cell = po[order], pcode[order], cell[order]
+        at_level = self._levels[pcode] > 0  # (pairs, LEVELS)
+        probes, owners = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
+        for lv in np.flatnonzero(at_level.any(axis=0)).tolist():
+            sel = np.flatnonzero(at_level[:, lv])
+            probes.append(_key(lv, pcode[sel], cell[sel] >> (2 * lv)))
+            owners.append(po[sel])
+        return self._grid_hits(np.concatenate(probes), np.concatenate(owners))
