@@ -34,7 +34,7 @@ from knnmon.arrays import runs
 from knnmon.encoding import keyword_codes
 from knnmon.errors import InputPathError
 from knnmon.geo import cap_bbox
-from knnmon.ingest.grid import Grid
+from knnmon.grid import Grid
 
 __all__ = ["LoadModel", "QueryRects"]
 
@@ -92,7 +92,7 @@ class LoadModel:
         """A model with no statistics over a world grid (``n x n`` cells of 360/n x 180/n
         degrees): every ``P(c, key)`` is 0. For a service started without historical objects,
         where the grid only serves routing; loads then count queries (the runtime's fallback)."""
-        from knnmon.ingest.grid import Grid
+        from knnmon.grid import Grid
 
         return cls(Grid(-180.0, -90.0, 180.0, 90.0, n), [], np.zeros(1, dtype=np.int64), np.empty(0, dtype=np.int32),
                    np.empty(0, dtype=np.int64), 1)

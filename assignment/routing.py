@@ -20,7 +20,7 @@ from knnmon.assignment.loadmodel import LoadModel
 from knnmon.assignment.workload import Workload
 from knnmon.encoding import keyword_codes
 from knnmon.errors import InvalidArgumentError
-from knnmon.ingest.grid import Grid
+from knnmon.grid import Grid
 from knnmon.sorted_search import searchsorted_batch
 
 __all__ = ["MAX_ENTRIES", "MAX_ENTRIES_PER_QUERY", "RoutingTable", "check_max_entries", "popcount"]

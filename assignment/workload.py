@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 
 from knnmon.arrays import runs
-from knnmon.assignment.costs import CostModel
+from knnmon.costs import CostModel
 from knnmon.assignment.loadmodel import LoadModel, QueryRects
 from knnmon.errors import InvalidArgumentError
 
@@ -33,7 +33,7 @@ class Workload:
         statistics (codes ``>= len(model.keywords)``: probability 0, load 0, but routed)
     entry_p : ``(e,)`` float64, ``P(R_q, key)``
     entry_load : ``(e,)`` float64, the entry's share of its query's cost (``P(R_q, key)`` under
-        the paper's model; see :mod:`knnmon.assignment.costs`)
+        the paper's model; see :mod:`knnmon.costs`)
     load : ``(m,)`` float64, the query's cost: ``L(q)`` (formula (8)) under the paper's model
     """
 
@@ -57,7 +57,7 @@ class Workload:
 
         ``costs`` (default: the paper's model) weighs ``L(q)`` and ``change_rate`` (``(m,)``
         expected result changes per arriving object, ``count_q / N0``; required when
-        ``costs.change`` is not 0) into each query's cost (:mod:`knnmon.assignment.costs`).
+        ``costs.change`` is not 0) into each query's cost (:mod:`knnmon.costs`).
 
         Raises
         ------

@@ -2,7 +2,7 @@
 
 Wang, Zhang and Kitsuregawa's experiment (``shared/papers/batching_wang_fischer.md`` §1.6-1.7)
 on knnmon's data: one worker's R-tree over real queries' kNN regions (the exact radii over the
-first ``--initial`` objects, from :class:`~knnmon.coordinator.runtime.Runtime` with one inline
+first ``--initial`` objects, from :class:`~knnmon.coordinator.runtime.runtime.Runtime` with one inline
 worker), and batches of the next real objects in stream order. Each object's **response time**
 is from the batch's start to the end of its group's work: the candidates of
 :meth:`~knnmon.workers.rtree_index.RTreeIndex.batch_search` and the exact check of each against
@@ -26,7 +26,8 @@ import time
 import numpy as np
 
 from knnmon.coordinator.bench.speed_probe import speed_probe_ms
-from knnmon.coordinator.runtime import RunConfig, Runtime
+from knnmon.coordinator.runtime.config import RunConfig
+from knnmon.coordinator.runtime.runtime import Runtime
 from knnmon.geo import haversine_m
 from knnmon.store import StoreConfig
 from knnmon.workers.adaptive_level import AdaptiveLevel

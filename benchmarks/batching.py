@@ -43,7 +43,7 @@ from knnmon.ingest.reading import read_objects, stream_order
 from knnmon.keys import Keys
 from knnmon.oracle import BruteForceKnn
 from knnmon.redis_server import EmbeddedRedis
-from knnmon.testing import assert_exact, register_fields, wait_processed
+from knnmon.coordinator.testing import assert_exact, register_fields, wait_processed
 
 import serve_load  # beside this script
 

@@ -26,7 +26,9 @@ import uuid
 
 import redis
 
-from knnmon.coordinator.runtime import RunConfig, Runtime
+from knnmon.coordinator.runtime.config import RunConfig
+
+from knnmon.coordinator.runtime.runtime import Runtime
 from knnmon.ingest.reading import load_queries
 from knnmon.redis_cluster import LocalCluster
 from knnmon.redis_server import EmbeddedRedis, resolve_binary, server_version

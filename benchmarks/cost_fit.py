@@ -1,6 +1,6 @@
 """Fit a worker's busy time to its work counts, and check predicted vs measured load, from
 ``knnmon bench`` reports (the "cost model" figures of docs/benchmarks.md and
-assignment/costs.py):
+src/knnmon/costs.py):
 
     knnmon bench --objects /tmp/full_default --queries 100000 --workers 4,12 \\
         --algorithms proposed,keyword,random --batches 60 --report /tmp/diag.json

@@ -21,7 +21,9 @@ import sys
 
 import numpy as np
 
-from knnmon.coordinator.runtime import RunConfig, Runtime
+from knnmon.coordinator.runtime.config import RunConfig
+
+from knnmon.coordinator.runtime.runtime import Runtime
 from knnmon.store import StoreConfig
 
 

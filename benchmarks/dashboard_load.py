@@ -36,7 +36,7 @@ import redis
 from knnmon.ingest.reading import read_objects, stream_order
 from knnmon.keys import Keys
 from knnmon.redis_server import EmbeddedRedis, free_port
-from knnmon.testing import object_fields, register_fields, wait_processed
+from knnmon.coordinator.testing import object_fields, register_fields, wait_processed
 
 
 def timed_get(url: str) -> tuple[float, int]:

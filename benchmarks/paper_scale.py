@@ -149,7 +149,8 @@ def run_child(a: argparse.Namespace) -> None:
 
     from knnmon.connection import connect
     from knnmon.coordinator.bench.oracle_check import mismatches
-    from knnmon.coordinator.runtime import RunConfig, Runtime
+    from knnmon.coordinator.runtime.config import RunConfig
+    from knnmon.coordinator.runtime.runtime import Runtime
     from knnmon.heap import resident_bytes
     from knnmon.ingest.reading import load_queries
     from knnmon.store import StoreConfig

@@ -28,11 +28,11 @@ import redis
 
 from knnmon.ingest.reading import read_objects, stream_order
 from knnmon.coordinator.service import latency
-from knnmon.coordinator.service.protocol import entry_order, entry_time_ms
+from knnmon.protocol import entry_order, entry_time_ms
 from knnmon.keys import Keys
 from knnmon.oracle import BruteForceKnn
 from knnmon.redis_server import EmbeddedRedis
-from knnmon.testing import assert_exact, object_fields, register_fields, wait_processed
+from knnmon.coordinator.testing import assert_exact, object_fields, register_fields, wait_processed
 
 
 def publish(r: redis.Redis, key: str, rows: list[dict], rate: float | None, duration_s: float

@@ -35,12 +35,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import redis
 
-from knnmon.coordinator.service.protocol import entry_order, entry_time_ms, group_info
+from knnmon.protocol import entry_order, entry_time_ms, group_info
 from knnmon.ingest.reading import read_objects, stream_order
 from knnmon.keys import Keys
 from knnmon.oracle import BruteForceKnn
 from knnmon.redis_server import EmbeddedRedis
-from knnmon.testing import assert_exact, register_fields, wait_processed
+from knnmon.coordinator.testing import assert_exact, register_fields, wait_processed
 from knnmon.window import parse_duration
 
 NAMESPACE = "soak"

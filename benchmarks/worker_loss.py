@@ -23,7 +23,8 @@ import pyarrow as pa
 
 from knnmon.coordinator.bench.oracle_check import mismatches
 from knnmon.coordinator.bench.runner import machine_info
-from knnmon.coordinator.runtime import RunConfig, Runtime
+from knnmon.coordinator.runtime.config import RunConfig
+from knnmon.coordinator.runtime.runtime import Runtime
 from knnmon.store import StoreConfig
 
 

@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from knnmon.assignment import LoadModel, Plan, Workload, make_assigner
-from knnmon.assignment.costs import CostModel
+from knnmon.costs import CostModel
 from knnmon.assignment.routing import MAX_ENTRIES, RoutingTable, check_max_entries
 from knnmon.assignment.summary import summarize
 from knnmon.errors import InvalidArgumentError
@@ -59,7 +59,7 @@ def plan_workload(model: LoadModel, queries: pa.Table, objects: pa.Table, radius
     """Assign queries whose kNN radii are known; route and summarise the plan.
 
     ``objects`` are the initial objects (a sample of them measures ``deliveries_per_object``).
-    ``cost_model`` is what the plan balances (:mod:`knnmon.assignment.costs`); ``counts`` ``(m,)``
+    ``cost_model`` is what the plan balances (:mod:`knnmon.costs`); ``counts`` ``(m,)``
     are the sizes of the queries' initial kNN (``min(k, matches)``; default ``k``, an
     over-estimate for queries with fewer matches), for the expected changes. ``routing_entries``
     bounds the routing table (:meth:`RoutingTable.build`'s ``max_entries``).

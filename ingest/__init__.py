@@ -7,14 +7,14 @@ Outputs of ``knnmon ingest ... --out DIR`` (the contract later stages read):
 - ``DIR/rejects/`` -- JSON lines ``{"reason", "source", "record"}``, one per rejected input record.
 - ``DIR/stats.parquet`` -- ``cell``, ``cx``, ``cy`` int32, ``keyword`` string, ``count`` int64:
   objects in grid cell ``cell`` carrying ``keyword`` (grid in ``manifest.json``, see
-  :class:`~knnmon.ingest.grid.Grid`).
+  :class:`~knnmon.grid.Grid`).
 - ``DIR/manifest.json`` -- counts (read = kept + rejected, by reason), vocabulary, bounding box,
   grid, inputs, elapsed seconds.
 """
 
 from __future__ import annotations
 
-from knnmon.ingest.grid import Grid
-from knnmon.ingest.keywords import normalize_keywords, stop_words
+from knnmon.grid import Grid
+from knnmon.keywords import normalize_keywords, stop_words
 
 __all__ = ["Grid", "normalize_keywords", "stop_words"]

@@ -55,7 +55,7 @@ def ingest_places(paths: Sequence[str], out_dir: str, *, grid_n: int = DEFAULT_G
     master
         Spark master URL.
     with_names, stem
-        Keyword options (:mod:`knnmon.ingest.keywords`).
+        Keyword options (:mod:`knnmon.keywords`).
     max_future_ms
         Reject records whose ``t`` leads the run's own clock (its start) by more than this, ms,
         as ``future`` (``None``: no bound). The manifest's ``event_time`` records both.

@@ -13,7 +13,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from knnmon.ingest.grid import Grid
+from knnmon.grid import Grid
 from knnmon.ingest.records import REJECT_REASONS
 
 __all__ = ["write_outputs", "keyword_stats", "OBJECTS", "STATS", "REJECTS", "MANIFEST"]
@@ -32,7 +32,7 @@ def keyword_stats(objects: DataFrame, grid: Grid) -> DataFrame:
     objects
         Kept objects: ``lon``, ``lat`` (float64 degrees), ``keywords`` (array<string>).
     grid
-        The grid (:class:`~knnmon.ingest.grid.Grid`); cells are computed by
+        The grid (:class:`~knnmon.grid.Grid`); cells are computed by
         :meth:`Grid.cell_of`, so Spark and numpy agree on every cell.
 
     Returns

@@ -21,7 +21,7 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from knnmon.ingest.keywords import normalize_keywords
+from knnmon.keywords import normalize_keywords
 
 __all__ = ["REJECT_REASONS", "validate", "keywords_udf", "candidate_columns"]
 
@@ -69,7 +69,7 @@ def validate(candidates: DataFrame, *, stem: bool = False, dedupe: bool = True, 
     candidates
         Columns :data:`candidate_columns` (see the module docstring).
     stem
-        Stem keywords (see :func:`~knnmon.ingest.keywords.normalize_keywords`).
+        Stem keywords (see :func:`~knnmon.keywords.normalize_keywords`).
     dedupe
         Reject all but the newest record of each id as ``duplicate_id`` (costs one shuffle).
     clock_ms, max_future_ms

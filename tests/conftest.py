@@ -34,7 +34,7 @@ def spark():
 def places_slice(spark, shared_data, tmp_path_factory) -> Path:
     """An ingest output of real places: the first 6,000 of New Hampshire and 4,000 of Vermont."""
     from knnmon.ingest.jobs import ingest_places
-    from knnmon.testing import head_lines
+    from knnmon.coordinator.testing import head_lines
 
     root = tmp_path_factory.mktemp("places_slice")
     lines = head_lines(shared_data / "places" / "places-us-nh.geojson.gz", 6000)

@@ -1,7 +1,7 @@
 """Each query's measured load on its worker, over recent batches: what re-balancing moves.
 
 With ``--rebalance`` (the worker's ``track_load``), per batch the worker charges every query the work it caused, in the units of the measured cost
-model (:mod:`knnmon.assignment.costs`: microseconds of a worker's busy time):
+model (:mod:`knnmon.costs`: microseconds of a worker's busy time):
 
 - ``candidate`` per candidate pair (object, query) the index gave;
 - ``delivery`` per object delivered, shared among the queries it was a candidate of (an object
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from knnmon.assignment.costs import CostModel
+from knnmon.costs import CostModel
 from knnmon.arrays import with_capacity
 
 __all__ = ["HALF_LIFE", "QueryLoad"]

@@ -39,11 +39,12 @@ import pandas as pd
 import pyarrow as pa
 
 from knnmon.assignment import ALGORITHMS
-from knnmon.assignment.costs import CostModel
+from knnmon.costs import CostModel
 from knnmon.coordinator.bench.oracle_check import mismatches
 from knnmon.coordinator.bench.speed_probe import speed_probe_ms
 from knnmon.coordinator.rebalance.config import RebalanceConfig
-from knnmon.coordinator.runtime import RunConfig, Runtime
+from knnmon.coordinator.runtime.config import RunConfig
+from knnmon.coordinator.runtime.runtime import Runtime
 from knnmon.coordinator.runtime.metrics import RunSummary
 from knnmon.coordinator.runtime.preparation import Prepared, live_initial, prepare
 from knnmon.coordinator.runtime.worker_pool import init_ray

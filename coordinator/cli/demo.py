@@ -32,7 +32,8 @@ def run_demo(workdir: str, *, n_queries: int = 2000, k_max: int = 5, workers: in
     from knnmon.coordinator.cli.ingest import format_manifest
     from knnmon.coordinator.cli.results import fetch_result
     from knnmon.coordinator.cli.run import format_run_summary
-    from knnmon.coordinator.runtime import RunConfig, Runtime
+    from knnmon.coordinator.runtime.config import RunConfig
+    from knnmon.coordinator.runtime.runtime import Runtime
     from knnmon.ingest.jobs import ingest_places
     from knnmon.ingest.queries import QueryWorkload, generate_queries, write_queries
     from knnmon.ingest.reading import read_objects, stream_order

@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from knnmon.assignment import ALGORITHMS
-from knnmon.assignment.costs import COST_MODELS
+from knnmon.costs import COST_MODELS
 from knnmon.assignment.routing import MAX_ENTRIES
 from knnmon.keys import DEFAULT_NAMESPACE
 from knnmon.limits import DEFAULT_LIMITS, Limits
@@ -123,7 +123,7 @@ def add_batch_option(p: argparse.ArgumentParser, what: str = "objects per batch"
 
 
 def add_cost_model_option(p: argparse.ArgumentParser) -> None:
-    """``--cost-model``: what a plan balances (:mod:`knnmon.assignment.costs`)."""
+    """``--cost-model``: what a plan balances (:mod:`knnmon.costs`)."""
     p.add_argument("--cost-model", choices=COST_MODELS, default="measured",
                    help="what the plan balances: the measured worker cost (deliveries and expected result "
                         "changes; default) or the paper's L(q) (expected keyword matches); docs/assignment.md")

@@ -39,7 +39,8 @@ def format_run_summary(s: Any) -> str:
 
 
 def _run(a: argparse.Namespace) -> int:
-    from knnmon.coordinator.runtime import RunConfig, Runtime
+    from knnmon.coordinator.runtime.config import RunConfig
+    from knnmon.coordinator.runtime.runtime import Runtime
 
     config = RunConfig(workers=a.workers, algorithm=a.algorithm, initial=a.initial, batch=a.batch, batches=a.batches,
                        shuffle=a.shuffle, store=store_config(a), ray_address=a.ray_address, executor=a.executor,

@@ -29,7 +29,7 @@ import numpy as np
 __all__ = ["FIXED_MS", "Move", "MovePlan", "plan_moves"]
 
 #: A worker's busy time per batch that no query causes (ms): the measured cost model's
-#: per-batch term (:mod:`knnmon.assignment.costs`).
+#: per-batch term (:mod:`knnmon.costs`).
 FIXED_MS = 1.25
 
 

@@ -8,8 +8,3 @@
 - ``metrics`` -- update time, busy time, load imbalance; the run summary;
 - ``object_store`` and ``object_index`` -- every object seen, and their exact kNN search.
 """
-
-from knnmon.coordinator.runtime.config import RunConfig
-from knnmon.coordinator.runtime.runtime import Runtime
-
-__all__ = ["RunConfig", "Runtime"]

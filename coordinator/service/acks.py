@@ -9,7 +9,7 @@ import redis
 from redis.cluster import RedisCluster
 
 from knnmon.connection import with_retries
-from knnmon.coordinator.service.protocol import GROUP
+from knnmon.protocol import GROUP
 from knnmon.errors import Rejected
 from knnmon.keys import Keys
 

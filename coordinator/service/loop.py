@@ -1,7 +1,7 @@
 """The service loop of ``knnmon serve``: read the ingest streams, apply, acknowledge, repeat.
 
 Clients add entries to two Redis streams (the stream protocol,
-:mod:`knnmon.coordinator.service.protocol`): ``knn:ingest:queries`` (register / unregister) and
+:mod:`knnmon.protocol`): ``knn:ingest:queries`` (register / unregister) and
 ``knn:ingest:objects``. The service reads them as consumer ``serve`` of the consumer group
 ``knnmon`` and
 
@@ -57,7 +57,7 @@ from knnmon.coordinator.service.checkpoint import Checkpointer
 from knnmon.coordinator.service.config import ServeConfig
 from knnmon.coordinator.service import latency
 from knnmon.coordinator.service.batching import BatchPolicy
-from knnmon.coordinator.service.protocol import (GROUP, entry_order, entry_time_ms, parse_object, parse_query_op,
+from knnmon.protocol import (GROUP, entry_order, entry_time_ms, parse_object, parse_query_op,
                                                   redis_clock_ms)
 from knnmon.coordinator.service.recovery import OBJECT_SCHEMA, objects_table, recover
 from knnmon.errors import KnnmonError, Rejected, StoreUnavailableError, WorkerLostError

@@ -26,7 +26,7 @@ import redis
 from knnmon.batch import BatchChanges
 from knnmon.coordinator.runtime.object_store import ObjectStore
 from knnmon.coordinator.runtime.preparation import Prepared, live_initial, prepare_tables
-from knnmon.coordinator.service.protocol import GROUP, entry_order, group_info, parse_object, redis_clock_ms
+from knnmon.protocol import GROUP, entry_order, group_info, parse_object, redis_clock_ms
 from knnmon.errors import PoisonedWatermarkError, Rejected, StoreUnavailableError
 from knnmon.keys import Keys
 from knnmon.limits import DEFAULT_LIMITS, Limits, check_keywords, parse_k, parse_point, parse_query_id
@@ -76,7 +76,7 @@ class Recovered:
 
 
 def objects_table(objects: list) -> pa.Table:
-    """Parsed :class:`~knnmon.coordinator.service.protocol.ObjectEntry` s as a table of
+    """Parsed :class:`~knnmon.protocol.ObjectEntry` s as a table of
     :data:`OBJECT_SCHEMA`."""
     return pa.table({"id": [o.id for o in objects], "lon": [o.lon for o in objects], "lat": [o.lat for o in objects],
                      "t": [o.t for o in objects], "keywords": [list(o.keywords) for o in objects]},

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 import redis
 
 from knnmon.coordinator.service.acks import REJECTS_MAXLEN
-from knnmon.coordinator.service.protocol import (GROUP, entry_order, entry_time_ms, group_info, parse_object,
+from knnmon.protocol import (GROUP, entry_order, entry_time_ms, group_info, parse_object,
                                                  redis_clock_ms)
 from knnmon.coordinator.service.recovery import checkpoint_watermark
 from knnmon.errors import InvalidArgumentError, Rejected

@@ -18,7 +18,7 @@ import numpy as np
 import redis
 
 from knnmon.connection import connect, redact
-from knnmon.coordinator.service.protocol import GROUP, entry_time_ms, group_info
+from knnmon.protocol import GROUP, entry_time_ms, group_info
 from knnmon.keys import DEFAULT_NAMESPACE, Keys
 
 __all__ = ["STALE_S", "format_status", "publish", "read_status", "snapshot"]

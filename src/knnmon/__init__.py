@@ -6,6 +6,12 @@ The package is split by architecture (see ``SPEC.md`` in the project's shared fo
 - :mod:`knnmon.assignment` -- load model and query-to-worker assignment (pure numpy).
 - :mod:`knnmon.workers` -- the Ray actor keeping each query's kNN exact.
 - :mod:`knnmon.coordinator` -- plans, routes object batches, the ``knnmon`` CLI.
+
+This package's own modules are the core the others share (query, batch, limits, window, keys,
+geometry, the stream protocol, keyword normalisation, the grid, the cost model, the oracle).
+Imports flow one way: the core imports nothing above it; ``ingest``, ``assignment`` and
+``workers`` import only the core; ``coordinator`` imports all of them
+(``tests/test_import_direction.py``).
 """
 
 from __future__ import annotations

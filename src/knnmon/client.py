@@ -1,6 +1,6 @@
 """A Python client of ``knnmon serve``: plain Redis commands, nothing a client in another language
 could not do (the README shows the same with ``redis-cli``). It speaks the stream protocol of
-:mod:`knnmon.coordinator.service.protocol` and imports only ``redis`` and knnmon's light core
+:mod:`knnmon.protocol` and imports only ``redis`` and knnmon's light core
 (no numpy, Ray, Spark or pyarrow), so an application can use it without the server's stack.
 
 >>> c = KnnClient("redis://127.0.0.1:6379/0")                       # doctest: +SKIP
@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from knnmon.connection import connect
-from knnmon.coordinator.service.protocol import GROUP, entry_order, group_info
+from knnmon.protocol import GROUP, entry_order, group_info
 from knnmon.errors import KnnmonError
 from knnmon.feed import parse_entry
 from knnmon.keys import DEFAULT_NAMESPACE, Keys

@@ -61,7 +61,7 @@ class WorkerLostError(KnnmonError):
 
 
 #: Why an entry of an ingest stream is rejected (``knnmon serve``; the stream protocol,
-#: :mod:`knnmon.coordinator.service.protocol`).
+#: :mod:`knnmon.protocol`).
 REJECT_REASONS: dict[str, str] = {
     "field_too_large": "a field longer than 64 KiB",
     "not_utf8": "a field that is not UTF-8 text (bytes that do not decode, or a lone surrogate)",

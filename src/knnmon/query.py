@@ -1,6 +1,6 @@
 """A kNN spatial-keyword query, validated and normalised once, where it enters knnmon.
 
-Queries enter through a stream entry (:mod:`knnmon.coordinator.service.protocol`), a query file
+Queries enter through a stream entry (:mod:`knnmon.protocol`), a query file
 (:func:`knnmon.ingest.reading.load_queries`, vectorised over the whole file) or the Python API
 (:meth:`Query.create`). Everything downstream (runtime registration, the workers) takes them as
 they are. This module imports nothing heavy, so the light client can use it.
@@ -42,7 +42,7 @@ class Query:
     lon, lat : float
         WGS84 degrees, ``|lon| <= 180``, ``|lat| <= 90``, not (0, 0).
     keywords : tuple of str
-        Normalised (:func:`knnmon.ingest.keywords.normalize_keywords`), sorted, unique, 1 to
+        Normalised (:func:`knnmon.keywords.normalize_keywords`), sorted, unique, 1 to
         ``max_keywords`` of them.
     k : int
         ``1 <= k <= max_k``.
@@ -73,7 +73,7 @@ class Query:
             ``[1, limits.max_k]``), the keywords (none left after normalisation, or more than
             ``limits.max_keywords``); its ``reason`` is a key of :data:`~knnmon.errors.REJECT_REASONS`.
         """
-        from knnmon.ingest.keywords import normalize_keywords  # nltk: imported on first use only
+        from knnmon.keywords import normalize_keywords  # nltk: imported on first use only
 
         with invalid_query(id):
             qid = parse_query_id(id)

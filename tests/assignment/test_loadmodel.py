@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from knnmon.assignment.loadmodel import LoadModel
 from knnmon.assignment.workload import Workload
 from knnmon.geo import EARTH_RADIUS_M, haversine_m
-from knnmon.ingest.grid import Grid
+from knnmon.grid import Grid
 
 # A 4 x 4 grid of 1-degree cells over [0, 4] x [0, 4]; N = 8 objects seen, of which:
 #   cell (0,0): 2 with "a";  cell (1,0): 1 with "a";  cell (3,3): 1 with "b", 1 with "a".
@@ -88,7 +88,7 @@ def test_every_point_within_r_lies_in_a_cell_of_R_q(lon, lat, r, bearing, frac, 
 
 
 def test_measured_cost_model_weighs_candidates_and_expected_changes():
-    from knnmon.assignment.costs import CostModel
+    from knnmon.costs import CostModel
     from knnmon.errors import InvalidArgumentError
 
     m = tiny_model()

@@ -11,7 +11,7 @@ from knnmon.assignment.base import lpt
 from knnmon.assignment.loadmodel import LoadModel
 from knnmon.assignment.proposed import ProposedAssigner
 from knnmon.assignment.workload import Workload
-from knnmon.ingest.grid import Grid
+from knnmon.grid import Grid
 
 WORDS = ["a", "b", "c", "d", "e", "f", "g"]
 

@@ -10,7 +10,7 @@ from knnmon.assignment.base import QuerySet
 from knnmon.assignment.loadmodel import LoadModel
 from knnmon.assignment.proposed import ProposedAssigner
 from knnmon.assignment.workload import Workload
-from knnmon.ingest.grid import Grid
+from knnmon.grid import Grid
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import pytest
 
 from knnmon.geo import EARTH_RADIUS_M, haversine_m
 from knnmon.oracle import BruteForceKnn
-from knnmon.testing import head_lines
+from knnmon.coordinator.testing import head_lines
 
 
 def test_haversine_known_values():
@@ -47,7 +47,7 @@ def test_oracle_ties_fewer_than_k_and_antimeridian():
 
 
 def test_oracle_matches_textbook_on_real_places(shared_data):
-    from knnmon.ingest.keywords import normalize_keywords
+    from knnmon.keywords import normalize_keywords
 
     rows = []
     for line in head_lines(shared_data / "places" / "places-us-de.geojson.gz", 3000):

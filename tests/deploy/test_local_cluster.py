@@ -19,7 +19,7 @@ import redis
 from knnmon.ingest.reading import read_objects, stream_order
 from knnmon.keys import Keys
 from knnmon.oracle import BruteForceKnn
-from knnmon.testing import assert_exact, free_port_base, knnmon_cli, publish_objects, register_fields, wait_processed
+from knnmon.coordinator.testing import assert_exact, free_port_base, knnmon_cli, publish_objects, register_fields, wait_processed
 
 SCRIPT = Path(__file__).resolve().parents[2] / "deploy" / "local-cluster.sh"
 

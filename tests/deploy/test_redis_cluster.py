@@ -14,14 +14,15 @@ import pytest
 from knnmon.client import KnnClient
 from knnmon.connection import connect
 from knnmon.coordinator.cli import main
-from knnmon.coordinator.runtime import RunConfig, Runtime
+from knnmon.coordinator.runtime.config import RunConfig
+from knnmon.coordinator.runtime.runtime import Runtime
 from knnmon.ingest.reading import load_queries, read_objects, stream_order
 from knnmon.keys import Keys
 from knnmon.oracle import BruteForceKnn
 from knnmon.query import Query
 from knnmon.redis_cluster import MasterMap
 from knnmon.store import StoreConfig
-from knnmon.testing import (assert_exact, assert_feed_and_objects, client_round_trip, free_port_base, knnmon_cli,
+from knnmon.coordinator.testing import (assert_exact, assert_feed_and_objects, client_round_trip, free_port_base, knnmon_cli,
                             serve_process, wait_processed)
 
 

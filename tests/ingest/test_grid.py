@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from knnmon.errors import InvalidArgumentError
-from knnmon.ingest.grid import Grid
+from knnmon.grid import Grid
 
 
 def test_cells_at_edges_and_outside():

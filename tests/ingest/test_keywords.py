@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from knnmon.ingest.keywords import STOPWORDS_RESOURCE, normalize_keywords, stop_words
+from knnmon.keywords import STOPWORDS_RESOURCE, normalize_keywords, stop_words
 
 
 @pytest.mark.parametrize(

@@ -12,11 +12,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from knnmon.ingest.grid import Grid
+from knnmon.grid import Grid
 from knnmon.ingest.jobs import ingest_places
-from knnmon.ingest.keywords import normalize_keywords
+from knnmon.keywords import normalize_keywords
 from knnmon.ingest.records import REJECT_REASONS
-from knnmon.testing import head_lines
+from knnmon.coordinator.testing import head_lines
 
 GOOD = {"type": "Feature", "id": "SG_good_1@1300000000",
         "geometry": {"type": "Point", "coordinates": [-71.4, 41.8]},

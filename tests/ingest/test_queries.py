@@ -17,7 +17,7 @@ from knnmon.ingest.reading import read_objects
 @pytest.fixture(scope="module")
 def objects_dir(spark, shared_data, tmp_path_factory):
     out = tmp_path_factory.mktemp("nh")
-    from knnmon.testing import head_lines
+    from knnmon.coordinator.testing import head_lines
 
     src = out / "nh.geojson"
     src.write_text("\n".join(head_lines(shared_data / "places" / "places-us-nh.geojson.gz", 5000)) + "\n")

@@ -15,7 +15,7 @@ import pytest
 
 from knnmon.errors import InputPathError
 from knnmon.ingest.jobs import ingest_tweets
-from knnmon.ingest.keywords import normalize_keywords
+from knnmon.keywords import normalize_keywords
 
 N_CSV, N_JSON = 600, 600
 

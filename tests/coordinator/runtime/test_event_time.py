@@ -12,7 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from knnmon.assignment.routing import MAX_ENTRIES_PER_QUERY
-from knnmon.coordinator.runtime import RunConfig, Runtime
+from knnmon.coordinator.runtime.config import RunConfig
+from knnmon.coordinator.runtime.runtime import Runtime
 from knnmon.coordinator.runtime.preparation import with_arrival_times
 from knnmon.errors import InvalidArgumentError
 from knnmon.ingest.reading import load_queries, read_objects, stream_order
@@ -20,7 +21,7 @@ from knnmon.limits import Limits
 from knnmon.oracle import BruteForceKnn
 from knnmon.query import Query
 from knnmon.store import StoreConfig
-from knnmon.testing import assert_exact
+from knnmon.coordinator.testing import assert_exact
 
 SECOND = 1000
 FAR = 9_000_000_000_000_000_000

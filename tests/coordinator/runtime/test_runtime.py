@@ -10,7 +10,8 @@ import pyarrow as pa
 import pytest
 
 from knnmon.connection import connect
-from knnmon.coordinator.runtime import RunConfig, Runtime
+from knnmon.coordinator.runtime.config import RunConfig
+from knnmon.coordinator.runtime.runtime import Runtime
 from knnmon.errors import InvalidQueryError, WorkerLostError
 from knnmon.ingest.jobs import ingest_places
 from knnmon.ingest.queries import QueryWorkload, generate_queries
@@ -19,7 +20,7 @@ from knnmon.keys import Keys
 from knnmon.oracle import BruteForceKnn
 from knnmon.query import Query
 from knnmon.store import StoreConfig
-from knnmon.testing import assert_applied_once, assert_exact, expected, head_lines
+from knnmon.coordinator.testing import assert_applied_once, assert_exact, expected, head_lines
 
 
 @pytest.fixture(params=["ray", "inline"])

@@ -9,12 +9,16 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from knnmon.coordinator.runtime import RunConfig, Runtime, routing_upkeep
+from knnmon.coordinator.runtime import routing_upkeep
+
+from knnmon.coordinator.runtime.config import RunConfig
+
+from knnmon.coordinator.runtime.runtime import Runtime
 from knnmon.coordinator.runtime.preparation import with_arrival_times
 from knnmon.ingest.reading import load_queries, read_objects, stream_order
 from knnmon.oracle import BruteForceKnn
 from knnmon.store import StoreConfig
-from knnmon.testing import assert_exact, redis_results
+from knnmon.coordinator.testing import assert_exact, redis_results
 
 SECOND = 1000
 

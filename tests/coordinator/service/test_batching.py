@@ -14,13 +14,13 @@ import redis
 
 from knnmon.coordinator.service import latency
 from knnmon.coordinator.service.batching import SJF_HORIZON, BatchPolicy
-from knnmon.coordinator.service.protocol import entry_time_ms
+from knnmon.protocol import entry_time_ms
 from knnmon.errors import InvalidArgumentError
 from knnmon.feed import parse_entry
 from knnmon.ingest.reading import read_objects, stream_order
 from knnmon.keys import Keys
 from knnmon.oracle import BruteForceKnn
-from knnmon.testing import assert_exact, object_fields, publish_objects, register_fields, serve_process, wait_processed
+from knnmon.coordinator.testing import assert_exact, object_fields, publish_objects, register_fields, serve_process, wait_processed
 
 
 def test_the_policy_rejects_bad_settings():
@@ -191,7 +191,8 @@ def test_minibatches_released_in_parts_are_exact_and_timed_per_part(redis_url, n
 def test_the_distributed_workload_estimate_counts_the_candidates_the_batch_then_checks(places_slice, slice_queries,
                                                                                         redis_url, namespace,
                                                                                         tmp_path):
-    from knnmon.coordinator.runtime import RunConfig, Runtime
+    from knnmon.coordinator.runtime.config import RunConfig
+    from knnmon.coordinator.runtime.runtime import Runtime
     from knnmon.store import StoreConfig
 
     config = RunConfig(workers=2, executor="inline", initial=6000, batch=1000,

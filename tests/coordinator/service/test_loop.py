@@ -19,7 +19,7 @@ import redis
 from knnmon.ingest.reading import read_objects, stream_order
 from knnmon.keys import Keys
 from knnmon.oracle import BruteForceKnn
-from knnmon.testing import assert_exact, assert_feed_and_objects, knnmon_cli, object_fields, publish_objects, register_fields, serve_process, wait_processed
+from knnmon.coordinator.testing import assert_exact, assert_feed_and_objects, knnmon_cli, object_fields, publish_objects, register_fields, serve_process, wait_processed
 
 
 def start_serve(url: str, namespace: str, tmp_path, *extra: str) -> subprocess.Popen:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from knnmon.coordinator.service.protocol import parse_object, parse_query_op
+from knnmon.protocol import parse_object, parse_query_op
 from knnmon.errors import REJECT_REASONS, Rejected
 from knnmon.limits import Limits
 

@@ -20,7 +20,7 @@ from knnmon.coordinator.runtime.preparation import with_arrival_times
 from knnmon.ingest.reading import read_objects, stream_order
 from knnmon.keys import Keys
 from knnmon.oracle import BruteForceKnn
-from knnmon.testing import assert_applied_once, assert_exact, knnmon_cli, publish_objects, register_fields, wait_processed
+from knnmon.coordinator.testing import assert_applied_once, assert_exact, knnmon_cli, publish_objects, register_fields, wait_processed
 
 
 def _status(url: str, namespace: str) -> dict:

@@ -10,7 +10,7 @@ Streams (key names: :class:`knnmon.keys.Keys`), read by the consumer group :data
   ahead of it, and the entry id's time at most that far ahead of Redis's clock when the
   service reads it: else rejected as ``future``), and ``keywords``
   (space-separated terms, already normalised: used as given, lower-cased) or ``text`` (raw
-  text, normalised by :func:`~knnmon.ingest.keywords.normalize_keywords`, as the ingest does).
+  text, normalised by :func:`~knnmon.keywords.normalize_keywords`, as the ingest does).
 - ``knn:ingest:queries``: ``op=register`` with ``id`` (no ``{`` or ``}``), ``lon``, ``lat``, ``keywords``
   (space-separated terms, normalised) and ``k`` (integer ``>= 1``); or ``op=unregister`` with
   ``id``.
@@ -126,7 +126,7 @@ def parse_object(entry_id: str, fields: Mapping[str, str], limits: Limits = DEFA
     if fields.get("keywords"):
         words = sorted(set(fields["keywords"].lower().split()))
     else:
-        from knnmon.ingest.keywords import normalize_keywords  # nltk: only where raw text is parsed
+        from knnmon.keywords import normalize_keywords  # nltk: only where raw text is parsed
 
         words = normalize_keywords(fields.get("text"))
     return ObjectEntry(oid, lon, lat, t, tuple(check_keywords(words, limits)))

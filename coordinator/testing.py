@@ -129,7 +129,7 @@ def wait_processed(r: redis.Redis, keys: Keys, proc: subprocess.Popen | None = N
     AssertionError
         ``proc`` (the service's process, if given) exited, or ``timeout_s`` passed.
     """
-    from knnmon.coordinator.service.protocol import group_info
+    from knnmon.protocol import group_info
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
