@@ -35,7 +35,7 @@ from knnmon.query import QueryColumns
 from knnmon.reports import WorkerReport
 from knnmon.window import Window
 
-__all__ = ["DispatchedBatch", "Dispatcher"]
+__all__ = ["Admission", "DispatchedBatch", "Dispatcher"]
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,23 @@ class DispatchedBatch:
     rows: dict[int, np.ndarray] = field(default_factory=dict)  # each worker called: its rows (maybe none)
     late: int = 0  # with a window: objects that arrived expired
     refill_ms: float = 0.0  # with a window: the expiry and the refill search
+
+
+@dataclass(frozen=True)
+class Admission:
+    """Which of a batch's objects the runtime takes (:meth:`Dispatcher.admit`).
+
+    Attributes
+    ----------
+    duplicate, late
+        ``(n,)`` bool, never both at once.
+    cutoff
+        With a window, the cutoff (epoch ms) the batch moves to, else ``None``.
+    """
+
+    duplicate: np.ndarray
+    late: np.ndarray
+    cutoff: int | None
 
 
 class Dispatcher:
@@ -138,6 +155,30 @@ class Dispatcher:
             mine = topk.take(sel)
             out[w] = Refills([qids[i] for i in sel.tolist()], mine, info.subset(mine.ids))
         return out
+
+    def admit(self, ids: Sequence[str], t: np.ndarray) -> Admission:
+        """The one rule for which of a batch's objects the runtime takes (``knnmon serve`` asks
+        it to reject the others with their reasons; :meth:`dispatch` drops them by it): a
+        **duplicate** was seen before or earlier in the batch (the first one counts); with a
+        window, a **late** object (not a duplicate) has ``t <= `` the cutoff the batch's other
+        objects move the watermark to. Changes nothing.
+
+        Parameters
+        ----------
+        ids
+            ``(n,)`` object ids.
+        t
+            ``(n,)`` int64 epoch ms.
+        """
+        dup = self.seen.seen_v(ids)
+        late = np.zeros(len(dup), dtype=bool)
+        cutoff = None
+        if self.window is not None and not dup.all():
+            t = np.asarray(t, dtype=np.int64)
+            cutoff = self.window.cutoff_after(t[~dup])
+            if cutoff is not None:
+                late = ~dup & (t <= cutoff)
+        return Admission(dup, late, cutoff)
 
     def drop_seen(self, batch: pa.Table) -> tuple[pa.Table, int]:
         """``batch`` without the ids seen before (or twice in it; the first one counts), and how

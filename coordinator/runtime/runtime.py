@@ -20,14 +20,17 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from knnmon.coordinator.planning import PlanResult, empty_plan, plan_workload
 from knnmon.coordinator.rebalance.rebalancer import Rebalancer
 from knnmon.coordinator.runtime.config import RunConfig
-from knnmon.coordinator.runtime.dispatch import DispatchedBatch, Dispatcher
+from knnmon.coordinator.runtime.dispatch import Admission, DispatchedBatch, Dispatcher
 from knnmon.coordinator.runtime.metrics import BatchReport, RunSummary, summarize_run
 from knnmon.coordinator.runtime.object_store import ObjectStore
 from knnmon.coordinator.runtime.plan_record import record_plan
@@ -38,13 +41,30 @@ from knnmon.coordinator.runtime.routing_upkeep import RoutingUpkeep
 from knnmon.coordinator.runtime.worker_pool import RayPool, WorkerPool, make_pool
 from knnmon.errors import WorkerLostError
 from knnmon.heap import give_back
+from knnmon.query import Query
 from knnmon.store import Store, clear_namespace, open_store
 from knnmon.window import Window
 
-__all__ = ["MAX_REVIVALS", "Runtime"]
+__all__ = ["MAX_REVIVALS", "Runtime", "RuntimeStatus"]
 
 #: Lost workers a run revives before it gives up (a worker that dies again and again is a bug).
 MAX_REVIVALS = 8
+
+
+@dataclass(frozen=True)
+class RuntimeStatus:
+    """The runtime's part of ``knnmon serve``'s status (:meth:`Runtime.status`): registered
+    queries and predicted load per worker, workers revived so far, objects held (with a window:
+    live), the routing table's entries, and with a window the watermark and the largest ``t``
+    applied (epoch ms)."""
+
+    queries_per_worker: list[int]
+    predicted_load_per_worker: list[float]
+    workers_revived: int
+    objects_held: int | None
+    routing_entries: int | None
+    watermark_ms: int | None
+    top_t_ms: int | None
 
 
 class Runtime:
@@ -173,6 +193,52 @@ class Runtime:
         self.upkeep.poll(len(r.query_worker), r.unregistered)
         self.timings["routing_rebuild_s"] = self.upkeep.build_s
         self.timings["routing_swap_s"] = self.upkeep.swap_s
+
+    # -- what the service asks (a narrow face: the service reaches no further) ------------------
+    def admit(self, ids: Sequence[str], t: np.ndarray) -> Admission:
+        """Which of a batch's objects are duplicates or late (:meth:`Dispatcher.admit`)."""
+        return self.dispatcher.admit(ids, t)
+
+    def estimate(self, batch: pa.Table) -> np.ndarray:
+        """Each object's workload estimate, ``(n,)`` int64 (:meth:`Dispatcher.workload`)."""
+        return self.dispatcher.workload(batch)
+
+    @property
+    def window(self) -> Window | None:
+        """The sliding window (its watermark and cutoff move with each batch), or ``None``."""
+        return self.dispatcher.window
+
+    @property
+    def refill_parts_ms(self) -> dict[str, float]:
+        """With a window, the last batch's refill step in parts, ms (:class:`Dispatcher`)."""
+        return self.dispatcher.refill_parts_ms
+
+    def holds(self, qid: str) -> bool:
+        """Whether query ``qid`` is registered."""
+        return qid in self.registrar.query_worker
+
+    def register(self, queries: Sequence[Query]) -> None:
+        """Register queries (new ids) with their exact kNN (:meth:`Registrar.register`)."""
+        self.registrar.register(queries)
+
+    def unregister(self, qid: str) -> bool:
+        """Unregister a query; ``False`` if it was not registered."""
+        return self.registrar.unregister(qid)
+
+    def worker_processes(self) -> list[dict[str, Any]]:
+        """Each worker's number, node and process id (one call per worker)."""
+        return [{k: s.get(k) for k in ("worker", "node", "pid")} for s in self.registrar.stats()]
+
+    def status(self) -> RuntimeStatus:
+        """What the service's status reports of the runtime."""
+        r, window = self.registrar, self.dispatcher.window if self.dispatcher is not None else None
+        return RuntimeStatus(queries_per_worker=r.worker_queries.tolist(),
+                             predicted_load_per_worker=r.worker_loads.round(6).tolist(),
+                             workers_revived=self.workers_revived,
+                             objects_held=len(self.objects) if self.objects is not None else None,
+                             routing_entries=self.plan.routing.entries if self.plan is not None else None,
+                             watermark_ms=window.watermark if window is not None else None,
+                             top_t_ms=window.top if window is not None else None)
 
     def _collect(self, d: DispatchedBatch, later: deque[DispatchedBatch]) -> BatchReport:
         """:meth:`Dispatcher.collect` of ``d``; a Ray worker lost meanwhile is revived

@@ -121,13 +121,13 @@ class SeenIds:
         h = _hashes([oid])
         return any(r.holds(h, [oid])[0] for r in self._runs)
 
-    def add_new(self, ids: Sequence[str], times: np.ndarray | None = None) -> np.ndarray:
-        """Add a batch's ids; returns ``(m,)`` bool, the ones not seen before (an id twice in the
-        batch: its first). ``times``: with a window, the objects' epoch ms."""
+    def seen_v(self, ids: Sequence[str]) -> np.ndarray:
+        """``(m,)`` bool: which of a batch's ids are duplicates -- seen before, or an earlier
+        one in the batch has the same id (the first one counts). Changes nothing."""
         m = len(ids)
-        fresh = np.ones(m, dtype=bool)
+        dup = np.zeros(m, dtype=bool)
         if not m:
-            return fresh
+            return dup
         if self._runs:
             h = _hashes(ids)
             order = np.argsort(h)
@@ -135,16 +135,24 @@ class SeenIds:
             held = np.zeros(m, dtype=bool)
             for r in self._runs:
                 held |= r.holds(h, in_order)
-            fresh[order[held]] = False
-        t = np.zeros(m, dtype=np.int64) if times is None else np.asarray(times, dtype=np.int64)
-        store = self._fresh
-        for j in np.flatnonzero(fresh).tolist():
+            dup[order[held]] = True
+        store, first = self._fresh, set()
+        for j in np.flatnonzero(~dup).tolist():
             oid = ids[j]
-            if oid in store:
-                fresh[j] = False
+            if oid in store or oid in first:
+                dup[j] = True
             else:
-                store[oid] = int(t[j])
-        if len(store) >= SEAL:
+                first.add(oid)
+        return dup
+
+    def add_new(self, ids: Sequence[str], times: np.ndarray | None = None) -> np.ndarray:
+        """Add a batch's ids; returns ``(m,)`` bool, the ones not seen before (an id twice in the
+        batch: its first; :meth:`seen_v`). ``times``: with a window, the objects' epoch ms."""
+        fresh = ~self.seen_v(ids)
+        t = np.zeros(len(ids), dtype=np.int64) if times is None else np.asarray(times, dtype=np.int64)
+        for j in np.flatnonzero(fresh).tolist():
+            self._fresh[ids[j]] = int(t[j])
+        if len(self._fresh) >= SEAL:
             self._seal()
         return fresh
 

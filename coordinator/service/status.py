@@ -12,7 +12,7 @@ import os
 import socket
 import time
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import redis
@@ -20,6 +20,9 @@ import redis
 from knnmon.connection import connect, redact
 from knnmon.protocol import GROUP, entry_time_ms, group_info
 from knnmon.keys import DEFAULT_NAMESPACE, Keys
+
+if TYPE_CHECKING:
+    from knnmon.coordinator.service.lifecycle import Lifecycle
 
 __all__ = ["STALE_S", "format_status", "publish", "read_status", "snapshot"]
 
@@ -29,7 +32,7 @@ log = logging.getLogger("knnmon.serve")
 STALE_S = 10.0
 
 
-def snapshot(svc: Any) -> dict[str, Any]:
+def snapshot(svc: Lifecycle) -> dict[str, Any]:
     """The status of a running :class:`~knnmon.coordinator.service.loop.Service`: process,
     heartbeat, settings (without the Redis URL), queries and predicted load per worker, measured
     busy time per worker, the workers' nodes, latency XADD -> acknowledged (p50, p99 over the
@@ -37,29 +40,28 @@ def snapshot(svc: Any) -> dict[str, Any]:
     the watermark and the largest ``t`` applied (with a window), the rejects by reason since
     start, the batching policy's state
     (:meth:`~knnmon.coordinator.service.batching.BatchPolicy.state`), and the service's counters."""
-    rt = svc.runtime
-    reg = rt.registrar if rt is not None else None
-    window = rt.dispatcher.window if rt is not None and rt.dispatcher is not None else None
-    lat = np.concatenate(list(svc.latencies)) if svc.latencies else np.zeros(0)
+    rt = svc.runtime.status() if svc.runtime is not None else None
+    ledger = svc.ledger
+    lat = np.concatenate(list(ledger.latencies)) if ledger.latencies else np.zeros(0)
     config = asdict(svc.config)
     config["store"] = {k: v for k, v in config["store"].items() if k != "url"}
     return {
         "pid": os.getpid(), "host": socket.gethostname(), "started_ms": svc.started_ms,
         "heartbeat_ms": int(time.time() * 1000), "stopping": svc.stopping, "config": config,
         "workers": svc.config.workers, "algorithm": svc.config.algorithm,
-        "queries_per_worker": reg.worker_queries.tolist() if reg else [],
-        "predicted_load_per_worker": reg.worker_loads.round(6).tolist() if reg else [],
-        "busy_ms_per_worker": svc.busy_ms.round(1).tolist(),
-        "workers_revived": svc.runtime.workers_revived if svc.runtime is not None else 0,
+        "queries_per_worker": rt.queries_per_worker if rt else [],
+        "predicted_load_per_worker": rt.predicted_load_per_worker if rt else [],
+        "busy_ms_per_worker": ledger.busy_ms.round(1).tolist(),
+        "workers_revived": rt.workers_revived if rt else 0,
         "worker_nodes": [w.get("node") for w in svc.workers], "worker_processes": svc.workers,
         "redis": redact(svc.redis_url), "data_dir": svc.config.store.data_dir,
         "latency_ms_p50": float(np.percentile(lat, 50)) if len(lat) else None,
         "latency_ms_p99": float(np.percentile(lat, 99)) if len(lat) else None,
-        "objects_held": len(rt.objects) if rt is not None and rt.objects is not None else None,
-        "routing_entries": rt.plan.routing.entries if rt is not None and rt.plan is not None else None,
-        "watermark_ms": window.watermark if window is not None else None,
-        "top_t_ms": window.top if window is not None else None,
-        "rejects_by_reason": dict(sorted(svc.rejects_by_reason.items())),
+        "objects_held": rt.objects_held if rt else None,
+        "routing_entries": rt.routing_entries if rt else None,
+        "watermark_ms": rt.watermark_ms if rt else None,
+        "top_t_ms": rt.top_t_ms if rt else None,
+        "rejects_by_reason": dict(sorted(ledger.rejects_by_reason.items())),
         "batching": svc.batching.state(),
         **svc.counters,
     }
@@ -83,7 +85,7 @@ def running_service(client: redis.Redis, keys: Keys) -> dict[str, Any] | None:
     return s if fresh else None
 
 
-def publish(svc: Any) -> None:
+def publish(svc: Lifecycle) -> None:
     """Write :func:`snapshot` to ``knn:serve:status`` (a Redis outage is logged, not raised:
     the service loop notices it on its next read)."""
     try:

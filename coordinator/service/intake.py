@@ -1,0 +1,108 @@
+"""The service's intake: read the ingest streams, and turn a read of object entries into the
+objects to apply and the entries to reject, each with its reason.
+
+Reads are ``XREADGROUP`` as consumer ``config.consumer`` of the group :data:`~knnmon.protocol.GROUP`;
+parsing and the field rejects are the stream protocol's (:func:`~knnmon.protocol.parse_object`);
+which objects are duplicates or late is the runtime's one rule (:meth:`Runtime.admit
+<knnmon.coordinator.runtime.runtime.Runtime.admit>`), turned here into ``duplicate_id`` and
+``late`` rejects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import redis
+from redis.cluster import RedisCluster
+
+from knnmon.coordinator.runtime.runtime import Runtime
+from knnmon.coordinator.service.recovery import objects_table
+from knnmon.errors import Rejected
+from knnmon.limits import Limits
+from knnmon.protocol import GROUP, parse_object, redis_clock_ms
+
+__all__ = ["CLUSTER_BLOCK_MS", "Entry", "ObjectRead", "Reject", "StreamReader", "read_objects"]
+
+#: In a Redis Cluster, the longest an idle service blocks on the objects stream alone (ms).
+CLUSTER_BLOCK_MS = 100
+
+#: A stream entry: its id and fields (``{}``: deleted while pending).
+Entry = tuple[str, dict]
+#: A rejected entry: its id, fields and why.
+Reject = tuple[str, dict, Rejected]
+
+
+class StreamReader:
+    """``XREADGROUP`` of the ingest streams for one consumer of the group."""
+
+    def __init__(self, client: redis.Redis, consumer: str) -> None:
+        self.client = client
+        self.consumer = consumer
+
+    def read(self, streams: dict[str, str], count: int, block_ms: int | None) -> list[tuple[str, list[Entry]]]:
+        """Entries of ``streams`` (key -> start id) as ``[(key, [(id, fields), ...]), ...]``; an
+        entry deleted while pending comes back with no fields (``{}``: rejected by the parser).
+        In a Redis Cluster the streams hash to different slots, so one XREADGROUP each: without
+        blocking, then, if all were empty, blocking on the last one (the objects stream) for at
+        most :data:`CLUSTER_BLOCK_MS` (a query operation arriving meanwhile waits that long)."""
+        client = self.client
+        if len(streams) == 1 or not isinstance(client, RedisCluster):
+            got = client.xreadgroup(GROUP, self.consumer, streams, count=count, block=block_ms) or []
+        else:
+            got = [x for key, start in streams.items()
+                   for x in client.xreadgroup(GROUP, self.consumer, {key: start}, count=count) or [] if x[1]]
+            if not got and block_ms is not None:
+                key, start = list(streams.items())[-1]
+                got = client.xreadgroup(GROUP, self.consumer, {key: start}, count=count,
+                                        block=min(block_ms, CLUSTER_BLOCK_MS)) or []
+        return [(key, [(eid, fields or {}) for eid, fields in entries]) for key, entries in got]
+
+
+@dataclass
+class ObjectRead:
+    """A read of object entries, parsed (:func:`read_objects`).
+
+    Attributes
+    ----------
+    objects
+        The objects to apply (``OBJECT_SCHEMA`` of :mod:`~knnmon.coordinator.service.recovery`),
+        in entry order.
+    entry_ids
+        ``(n,)`` their entries' ids.
+    rejects
+        The rejected entries: the protocol's and the duplicates in entry order, then the late ones.
+    late
+        How many of ``rejects`` are ``late``.
+    """
+
+    objects: pa.Table
+    entry_ids: list[str]
+    rejects: list[Reject]
+    late: int
+
+
+def read_objects(entries: list[Entry], runtime: Runtime, limits: Limits, client: redis.Redis) -> ObjectRead:
+    """Parse a read's object entries; reject the malformed ones, those from the future (against
+    Redis's clock, read once), the duplicates and the late ones."""
+    clock = redis_clock_ms(client) if limits.max_future_ms is not None else None
+    parsed, at, rejects = [], [], []  # at: each parsed object's position in entries
+    for i, (eid, fields) in enumerate(entries):
+        try:
+            parsed.append(parse_object(eid, fields, limits, clock_ms=clock))
+            at.append(i)
+        except Rejected as r:
+            rejects.append((i, (eid, fields, r)))
+    admitted = runtime.admit([o.id for o in parsed], np.array([o.t for o in parsed], dtype=np.int64))
+    rejects += [(at[j], (*entries[at[j]], Rejected("duplicate_id", f"id={parsed[j].id}")))
+                for j in np.flatnonzero(admitted.duplicate).tolist()]
+    rejects.sort(key=lambda r: r[0])
+    late = []
+    if admitted.late.any():
+        why = " (watermark: the largest t - the allowed lateness)" if runtime.window.lateness_ms else ""
+        late = [(*entries[at[j]], Rejected("late", f"t={parsed[j].t} <= watermark - window = {admitted.cutoff}{why}"))
+                for j in np.flatnonzero(admitted.late).tolist()]
+    keep = np.flatnonzero(~(admitted.duplicate | admitted.late)).tolist()
+    return ObjectRead(objects_table([parsed[j] for j in keep]), [entries[at[j]][0] for j in keep],
+                      [r for _, r in rejects] + late, len(late))

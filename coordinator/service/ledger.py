@@ -1,0 +1,106 @@
+"""The service's ledger: acknowledgements, the batch log, and what they count.
+
+Entries are acknowledged only after their effect is in Redis
+(:func:`~knnmon.coordinator.service.acks.acknowledge`, with their rejects in
+``knn:ingest:rejects``); each (mini)batch is logged to ``knn:serve:batches`` (``first``,
+``last`` entry ids, ``n``, ``done_ms``, what it cost, and ``lat_hist``: its objects' response
+times from XADD to their results written -- each object's own part with ``--release-groups``,
+else the minibatch's end -- :mod:`~knnmon.coordinator.service.latency`). With a window, the
+objects stream is trimmed at checkpoints (:mod:`~knnmon.coordinator.service.checkpoint`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Any
+
+import numpy as np
+import redis
+
+from knnmon.coordinator.runtime.metrics import BatchReport
+from knnmon.coordinator.service import latency
+from knnmon.coordinator.service.acks import acknowledge
+from knnmon.coordinator.service.checkpoint import Checkpointer
+from knnmon.coordinator.service.intake import Reject
+from knnmon.keys import Keys
+from knnmon.protocol import entry_order, entry_time_ms
+from knnmon.window import Window
+
+__all__ = ["Ledger"]
+
+
+class Ledger:
+    """Acknowledges and logs (module docstring); set :attr:`client` (and :attr:`checkpointer`
+    with a window) when the service (re)connects.
+
+    Attributes
+    ----------
+    counters : dict of str to int
+        The service's counters; ``rejects``, ``future``, ``objects_entries_read`` (less the
+        ``future`` entries deleted), ``objects``, ``batches``, ``checkpoints`` and
+        ``entries_trimmed`` are kept here.
+    rejects_by_reason : dict of str to int
+        Entries rejected since start, by reason (:data:`~knnmon.errors.REJECT_REASONS`).
+    latencies : deque of numpy.ndarray
+        Per batch (the last 1,000): each object's time from XADD to acknowledged, ms.
+    busy_ms : numpy.ndarray
+        ``(W,)`` float64: each worker's busy time since the workers started, ms.
+    """
+
+    def __init__(self, keys: Keys, counters: dict[str, int], workers: int) -> None:
+        self.keys = keys
+        self.counters = counters
+        self.client: redis.Redis | None = None
+        self.url: str | None = None
+        self.checkpointer: Checkpointer | None = None
+        self.rejects_by_reason: dict[str, int] = {}
+        self.latencies: deque[np.ndarray] = deque(maxlen=1000)
+        self.busy_ms = np.zeros(workers)
+
+    def ack(self, key: str, ids: list[str], rejects: list[Reject], record: dict[str, Any] | None = None) -> None:
+        """Acknowledge entries ``ids`` of stream ``key`` with their ``rejects`` (and log ``record``).
+        A ``future`` entry leaves the objects stream with its acknowledgement: recovery re-reads
+        the stream, and Redis's clock will have caught up with an entry id from the future."""
+        gone = [eid for eid, _, r in rejects if r.reason == "future"] if key == self.keys.ingest_objects else []
+        acknowledge(self.client, self.url, self.keys, key, ids, rejects, record, delete=gone)
+        self.counters["rejects"] += len(rejects)
+        self.counters["objects_entries_read"] -= len(gone)  # the stream's length no longer counts them
+        for _, _, r in rejects:
+            self.rejects_by_reason[r.reason] = self.rejects_by_reason.get(r.reason, 0) + 1
+        self.counters["future"] += len(gone)
+
+    def finish(self, ids: list[str], rejects: list[Reject], report: BatchReport | None, parse_ms: float,
+               update_ms: float, top_t: int | None, refill_parts_ms: dict[str, float], window: Window | None) -> None:
+        """Acknowledge one minibatch's objects' entries ``ids`` (and ``rejects``: the read's
+        rejected entries go with its first minibatch), with its batch record; then checkpoint
+        when due, and count. ``top_t``: the largest time of its objects (``None``: none)."""
+        n_objects = len(ids)
+        now_ms = time.time() * 1000
+        acked = sorted(ids + [e for e, _, _ in rejects], key=entry_order)
+        # an entry id from the future (within --max-future) counts no negative response time
+        published_ms = np.minimum(np.array([entry_time_ms(e) for e in ids], dtype=np.float64), now_ms)
+        done_ms = np.full(len(ids), now_ms)
+        released = report.released_ms if report is not None else None
+        if released is not None and len(released) == len(ids):  # workers released in parts
+            done_ms = np.where(np.isfinite(released), np.minimum(released, now_ms), now_ms)
+        record = {"first": acked[0], "last": acked[-1], "n": len(acked), "objects": n_objects,
+                  "rejects": len(rejects), "done_ms": f"{now_ms:.1f}", "parse_ms": f"{parse_ms:.2f}",
+                  "update_ms": f"{update_ms:.2f}", "lat_hist": latency.encode(done_ms - published_ms)}
+        if report is not None:  # what the batch cost: its deliveries, candidates, changes, refills
+            record.update(deliveries=report.deliveries, candidates=report.candidates, changed=report.changed,
+                          refilled=report.refilled, refill_ms=f"{report.refill_ms:.2f}",
+                          redis_ms=f"{report.redis_server_ms:.2f}",
+                          **{f"refill_{k}_ms": f"{v:.2f}" for k, v in refill_parts_ms.items()})
+        self.ack(self.keys.ingest_objects, acked, rejects, record)
+        if self.checkpointer is not None:
+            self.checkpointer.add(acked[0], acked[-1], top_t)
+            if self.checkpointer.due():
+                self.counters["entries_trimmed"] += self.checkpointer.checkpoint(window.watermark, window.cutoff)
+                self.counters["checkpoints"] += 1
+        if ids:
+            self.latencies.append(time.time() * 1000 - published_ms)
+        self.counters["objects"] += n_objects
+        self.counters["batches"] += 1
+        if report is not None:
+            self.busy_ms += np.asarray(report.busy_ms)

@@ -1,0 +1,173 @@
+"""The service's lifecycle: its state, start (Redis, recovery, the workers), restart after a
+fault, the status it publishes, and stop. :class:`~knnmon.coordinator.service.loop.Service` adds
+the loop that serves."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from typing import Any, Self
+
+import numpy as np
+import pyarrow as pa
+import redis
+
+from knnmon.coordinator.runtime.runtime import Runtime
+from knnmon.coordinator.service import status as service_status
+from knnmon.coordinator.service.batching import BatchPolicy
+from knnmon.coordinator.service.checkpoint import Checkpointer
+from knnmon.coordinator.service.config import ServeConfig
+from knnmon.coordinator.service.intake import StreamReader
+from knnmon.coordinator.service.ledger import Ledger
+from knnmon.coordinator.service.query_ops import QueryOps
+from knnmon.coordinator.service.recovery import recover
+from knnmon.coordinator.service.startup import connect_when_up, load_preload, ray_running, refuse_a_second_service
+from knnmon.keys import Keys
+from knnmon.store import Store, open_store
+
+__all__ = ["COUNTERS", "Lifecycle"]
+
+log = logging.getLogger("knnmon.serve")
+
+#: What the service counts (:attr:`Lifecycle.counters`, published in its status).
+COUNTERS = ("objects", "batches", "rejects", "registered", "updated", "unchanged", "unregistered",
+            "unregister_unknown", "recoveries", "worker_restarts", "isolations", "internal_errors",
+            "objects_entries_read", "queries_entries_read", "late", "future", "checkpoints", "entries_trimmed")
+
+
+class Lifecycle:
+    """The service's state, start, recovery, status and stop (module docstring); ``start()``,
+    then :meth:`Service.run`, then ``close()``.
+
+    Attributes
+    ----------
+    counters : dict of int
+        :data:`COUNTERS`.
+    ledger : Ledger
+        Acknowledgements and what they count (rejects by reason, response times, busy time).
+    query_ops : QueryOps
+        The registered queries (``query_ops.queries``) and the rule applied to each operation.
+    """
+
+    def __init__(self, config: ServeConfig) -> None:
+        self.config = config
+        self.keys = Keys(config.store.namespace)
+        self._exit = contextlib.ExitStack()
+        self.store: Store | None = None
+        self.client: redis.Redis | None = None
+        self.runtime: Runtime | None = None
+        self.reader: StreamReader | None = None
+        self.stopping = False
+        self.counters = dict.fromkeys(COUNTERS, 0)
+        self.ledger = Ledger(self.keys, self.counters, config.workers)
+        self.query_ops = QueryOps({}, config.limits, self.counters)
+        self.started_ms = int(time.time() * 1000)
+        self.workers: list[dict[str, Any]] = []  # worker, node, pid of each worker
+        self._model = None
+        self._preload: pa.Table | None = None
+        self._status_at = 0.0
+        self._handle_signals = False
+        self._revived_seen = 0  # the runtime's workers_revived when the worker list was taken
+        self._backlog = False  # the last read came back full
+        self.batching = BatchPolicy(config.batching, batch=config.batch, max_delay_ms=config.max_delay_ms,
+                                    latency_target_ms=config.latency_target_ms, sjf=config.sjf)
+
+    @property
+    def redis_url(self) -> str | None:
+        return self.store.url if self.store is not None else None
+
+    @property
+    def queries(self) -> dict:
+        """Every registered query by id."""
+        return self.query_ops.queries
+
+    # -- start and recovery ------------------------------------------------------------------
+    def start(self) -> Self:
+        """Start (or attach to) Redis, recover the state it holds, start the workers.
+
+        Raises
+        ------
+        KnnmonError
+            Another service runs in this namespace of this Redis (its status is fresh and, on
+            this host, its process lives).
+        """
+        refuse_a_second_service(self.config, self.keys)  # before opening the store: a refused start touches nothing
+        try:
+            self.store = self._exit.enter_context(open_store(self.config.store))
+            self._model, self._preload = load_preload(self.config)
+            self._recover()
+        except BaseException:
+            self._drop_workers()
+            self._exit.close()  # a refused start (e.g. a poisoned watermark) leaves no server running
+            raise
+        return self
+
+    def _recover(self, skip: frozenset[str] = frozenset()) -> None:
+        """Rebuild the state from Redis and the ingest streams, then start the workers on it;
+        entries ``skip`` of the objects stream are left out and left pending."""
+        t0 = time.perf_counter()
+        self.client = connect_when_up(self.redis_url, lambda: self.stopping)
+        self.reader = StreamReader(self.client, self.config.consumer)
+        # The initial kNN forks helper processes, which is unsafe once Ray's threads run here
+        # (a restart while connected to a cluster): then it searches in this process only.
+        processes = 1 if ray_running() else self.config.processes
+        run_config = self.config.run_config(self.redis_url)
+        r = recover(self.client, self.redis_url, self.config.store.namespace, self._preload, self._model,
+                    processes=processes, limits=self.config.limits, skip=skip, window=self.config.window,
+                    reserve=run_config.places_reserved, allowed_lateness=self.config.allowed_lateness)
+        self.counters["objects_entries_read"] = r.objects_entries_read
+        self.counters["queries_entries_read"] = r.queries_entries_read
+        self.runtime = Runtime(None, None, run_config, r.prepared, resume=True).start()
+        self.query_ops.queries = r.queries
+        ledger = self.ledger
+        ledger.client, ledger.url, ledger.checkpointer = self.client, self.redis_url, None
+        if self.config.window is not None:
+            ledger.checkpointer = Checkpointer(self.client, self.redis_url, self.keys, self.config.checkpoint_interval_s)
+            for first, last, top in r.spans:
+                ledger.checkpointer.add(first, last, top)
+        ledger.ack(self.keys.ingest_objects, r.pending, r.rejects)
+        ledger.busy_ms = np.zeros(self.config.workers)
+        self._take_worker_list()
+        log.info("recovered %d queries over %d objects (%d entries re-acknowledged) in %.1f s", len(r.queries),
+                 r.prepared.initial.num_rows, len(r.pending), time.perf_counter() - t0)
+        self._publish_status(force=True)
+
+    def _take_worker_list(self) -> None:
+        """Each worker's number, node and process id, for the status (one call per worker: taken
+        when the workers start or one is revived, not per status)."""
+        self.workers = self.runtime.worker_processes()
+        self._revived_seen = self.runtime.workers_revived
+
+    # -- status ------------------------------------------------------------------------------
+    def _publish_status(self, *, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._status_at < 1.0:
+            return
+        self._status_at = now
+        service_status.publish(self)
+
+    # -- stop --------------------------------------------------------------------------------
+    def _drop_workers(self) -> None:
+        """Stop the workers and close the Redis client (the embedded server stays up)."""
+        if self.runtime is not None:
+            self.runtime.close()
+            self.runtime = None
+        if self.client is not None:
+            self.client.close()
+            self.client = None
+
+    def close(self) -> None:
+        """Stop the workers and the embedded Redis (saved); idempotent. The last status says
+        the service stopped, so that a new one may start at once."""
+        if self.client is not None and not self.stopping:
+            self.stopping = True
+            service_status.publish(self)
+        self._drop_workers()
+        self._exit.close()
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
