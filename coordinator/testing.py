@@ -17,6 +17,7 @@ from knnmon.batch import ObjectInfo
 from knnmon.connection import connect
 from knnmon.keys import Keys
 from knnmon.oracle import BruteForceKnn
+from knnmon.results import ResultReader
 
 __all__ = ["assert_applied_once", "assert_exact", "assert_feed_and_objects", "client_round_trip", "dump_keys", "expected",
            "free_port_base", "head_lines", "knnmon_cli", "object_fields", "redis_results", "register_fields", "run_exact",
@@ -37,13 +38,11 @@ def head_lines(path: str | PathLike[str], n: int) -> list[str]:
 
 def redis_results(url: str, namespace: str, qids: list[str]) -> list[list[tuple[str, float]]]:
     """``knn:result:{qid}`` of each query: ``[(object id, distance m), ...]`` nearest first."""
-    client, keys = connect(url), Keys(namespace)
-    pipe = client.pipeline(transaction=False)
-    for q in qids:
-        pipe.zrange(keys.result(q), 0, -1, withscores=True)
-    out = pipe.execute()
-    client.close()
-    return out
+    client = connect(url)
+    try:
+        return [r for _, _, r in ResultReader(client, Keys(namespace)).many(qids)]
+    finally:
+        client.close()
 
 
 def expected(queries: pa.Table, oracle: BruteForceKnn) -> list[list[tuple[str, float]]]:
@@ -110,7 +109,7 @@ def assert_feed_and_objects(r: redis.Redis, keys: Keys, qids: list[str]) -> None
     mirror = assert_applied_once(r, keys)
     held: dict[str, set[str]] = {}
     for qid in qids:
-        members = set(r.zrange(keys.result(qid), 0, -1))
+        members = {o for o, _ in ResultReader(r, keys).result(qid)}
         assert mirror[qid] == members, qid
         held.setdefault(r.hget(keys.query(qid), "objects"), set()).update(members)
     stored = {k: set(r.hkeys(k)) for k in r.scan_iter(keys.objects("*"), count=10_000)}

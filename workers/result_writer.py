@@ -64,7 +64,7 @@ from knnmon.keys import Keys
 from knnmon.workers.holders import Details, Holders, texts_of
 from knnmon.workers.write_script import APPLY, ClusterWrites
 
-__all__ = ["CHANGES_MAXLEN", "ResultWriter", "details_key"]
+__all__ = ["CHANGES_MAXLEN", "ResultWriter", "clear_object_details", "details_key", "record_placements"]
 
 #: About how many changes the ``changes`` stream keeps (trimmed by entries, each entry's share
 #: estimated from the writer's recent entries).
@@ -81,6 +81,62 @@ def details_key(keys: Keys, worker: int | str, qid: str, masters=None) -> str:
     if masters is None:
         return keys.objects(worker)
     return keys.objects(worker, masters.tag_of(masters.master_of(keys.result(qid))))
+
+
+def clear_object_details(redis_url: str, namespace: str) -> None:
+    """Delete every worker's object details hash (a resuming service's workers write theirs anew).
+
+    Raises
+    ------
+    StoreUnavailableError
+        Redis unreachable after every retry.
+    """
+    client = connect(redis_url)
+    try:
+        found = list(client.scan_iter(match=Keys(namespace).objects("*"), count=1000))
+        if found:
+            with_retries(lambda: client.unlink(*found), "clearing the object details", redis_url)
+    finally:
+        client.close()
+
+
+def record_placements(redis_url: str, namespace: str, placements: Sequence[tuple[str, int]],
+                      sets: Mapping[str, int], chunk: int = 10_000) -> None:
+    """Write each query's worker, details hash and set in the plan (``worker``, ``objects``,
+    ``set``) into its hash, and drop what an earlier service's re-balancing noted there (a
+    resumed service places every query anew).
+
+    Parameters
+    ----------
+    placements
+        ``(query id, worker)`` of every query.
+    sets
+        Query id -> its set in the plan (where the plan has sets).
+
+    Raises
+    ------
+    StoreUnavailableError
+        Redis unreachable after every retry.
+    """
+    keys = Keys(namespace)
+    client = connect(redis_url)
+    try:
+        masters = None
+        if isinstance(client, RedisCluster):
+            from knnmon.redis_cluster import MasterMap
+
+            masters = MasterMap(client)
+        for s in range(0, len(placements), chunk):
+            pipe = client.pipeline(transaction=False)
+            for qid, w in placements[s:s + chunk]:
+                fields = {"worker": w, "objects": details_key(keys, w, qid, masters)}
+                if qid in sets:
+                    fields["set"] = sets[qid]
+                pipe.hset(keys.query(qid), mapping=fields)
+                pipe.hdel(keys.query(qid), "moved_from", "moved_batch", "moved_replan")
+            with_retries(pipe.execute, "recording the queries' workers", redis_url)
+    finally:
+        client.close()
 
 
 class ResultWriter:

@@ -9,6 +9,7 @@ import pyarrow as pa
 from knnmon.connection import connect
 from knnmon.keys import Keys
 from knnmon.oracle import BruteForceKnn
+from knnmon.results import ResultReader
 
 __all__ = ["mismatches"]
 
@@ -31,16 +32,12 @@ def mismatches(redis_url: str, namespace: str, queries: pa.Table, objects: pa.Ta
     bad: list[str] = []
     try:
         rows = queries.select(["id", "lon", "lat", "keywords", "k"]).to_pylist()
-        for s in range(0, len(rows), chunk):
-            part = rows[s:s + chunk]
-            pipe = client.pipeline(transaction=False)
-            for r in part:
-                pipe.zrange(keys.result(r["id"]), 0, -1, withscores=True)
-            for r, got in zip(part, pipe.execute()):
-                want = oracle.knn(r["lon"], r["lat"], r["keywords"], r["k"])
-                if [o for o, _ in got] != [o for o, _ in want] or not all(
-                        math.isclose(g, w, rel_tol=rel, abs_tol=1e-9) for (_, g), (_, w) in zip(got, want)):
-                    bad.append(r["id"])
+        results = ResultReader(client, keys, chunk=chunk).many([r["id"] for r in rows])
+        for r, (_, _, got) in zip(rows, results):
+            want = oracle.knn(r["lon"], r["lat"], r["keywords"], r["k"])
+            if [o for o, _ in got] != [o for o, _ in want] or not all(
+                    math.isclose(g, w, rel_tol=rel, abs_tol=1e-9) for (_, g), (_, w) in zip(got, want)):
+                bad.append(r["id"])
     finally:
         client.close()
     return bad

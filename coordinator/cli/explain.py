@@ -10,8 +10,9 @@ from typing import Any
 
 from knnmon.connection import connect, with_retries
 from knnmon.coordinator.cli.options import add_store_options, add_verb, store_config
-from knnmon.coordinator.cli.results import query_hash, typed_query
+from knnmon.errors import KnnmonError
 from knnmon.keys import REPLANS_KEPT, Keys
+from knnmon.results import ResultReader, StoredQuery
 from knnmon.store import open_store
 
 __all__ = ["add_explain_command", "explain_query"]
@@ -62,10 +63,13 @@ def explain_query(url: str, namespace: str, qid: str) -> dict[str, Any]:
     client = connect(url)
 
     def read() -> dict[str, Any]:
-        h = query_hash(client, keys, qid)
-        query = typed_query(qid, h)
+        reader = ResultReader(client, keys)
+        h = reader.query_hash(qid)
+        if not h:
+            raise KnnmonError(f"no query {qid!r} in namespace {keys.namespace!r}")
+        query = StoredQuery.of(qid, h, keys).as_dict()
         k = query["k"]
-        last = client.zrange(keys.result(qid), -1, -1, withscores=True)
+        last = reader.last(qid)
         n = client.zcard(keys.result(qid))
         number = _int(h.get("set"))
         set_record = _record(client.hget(keys.plan, f"set:{number}")) if number is not None else None
@@ -81,7 +85,7 @@ def explain_query(url: str, namespace: str, qid: str) -> dict[str, Any]:
                     break
             moved = {"batch": _int(h.get("moved_batch")), "from": _int(h.get("moved_from")), "replan": record}
         return {"query": {x: query[x] for x in ("id", "lon", "lat", "keywords", "k")},
-                "worker": query["worker"], "kth_m": last[0][1] if last and k is not None and n >= k else None,
+                "worker": query["worker"], "kth_m": last[1] if last and k is not None and n >= k else None,
                 "plan": plan, "set": None if number is None else {"number": number, **(set_record or {})},
                 "moved": moved}
 

@@ -19,12 +19,13 @@ from typing import Any
 
 import numpy as np
 
-from knnmon.batch import ObjectInfo
+
 from knnmon.connection import redact
 from knnmon.coordinator.service import latency
 from knnmon.coordinator.service.status import read_status
 from knnmon.errors import KnnmonError
 from knnmon.keys import Keys
+from knnmon.results import ResultReader
 
 __all__ = ["BadRequest", "CHUNK", "MAX_LIMIT", "MAX_QUERIES", "QueryCache", "RECORDS", "parse_bbox", "read_result",
            "status_view"]
@@ -209,26 +210,19 @@ def read_result(client: Any, keys: Keys, qid: str) -> dict[str, Any] | None:
     (the k-th distance; ``None`` while fewer than ``k`` objects match)."""
     if not qid or len(qid) > 512:
         return None
-    h = client.hgetall(keys.query(qid))
-    if not h or "lon" not in h:
+    stored = ResultReader(client, keys).read(qid)
+    if stored is None or stored.query.lon is None or stored.query.lat is None:
         return None
-    members = client.zrange(keys.result(qid), 0, -1, withscores=True)
-    details = client.hmget(h["objects"], [o for o, _ in members]) if members and h.get("objects") else []
+    q = stored.query
     result = []
-    for j, (oid, d) in enumerate(members):
-        row: dict[str, Any] = {"id": oid, "distance_m": float(d)}
-        text = details[j] if j < len(details) else None
-        if text:
-            try:
-                o = ObjectInfo.from_text(text)
-                row.update(lon=o.lon, lat=o.lat, t=o.t, keywords=list(o.keywords))
-            except ValueError:
-                pass
+    for n in stored.knn:
+        row: dict[str, Any] = {"id": n.id, "distance_m": n.distance_m}
+        if n.lon is not None:
+            row.update(lon=n.lon, lat=n.lat, t=n.t, keywords=n.keywords)
         result.append(row)
-    k = int(h.get("k", 0) or 0)
-    return {"query": {"id": qid, "lon": float(h["lon"]), "lat": float(h["lat"]), "k": k,
-                      "keywords": h.get("keywords", "").split(), "worker": h.get("worker")},
-            "result": result, "radius_m": result[-1]["distance_m"] if k and len(result) >= k else None}
+    return {"query": {"id": qid, "lon": q.lon, "lat": q.lat, "k": q.k or 0, "keywords": q.keywords,
+                      "worker": q.fields.get("worker")},
+            "result": result, "radius_m": stored.radius_m}
 
 
 def status_view(url: str, client: Any, keys: Keys) -> dict[str, Any]:

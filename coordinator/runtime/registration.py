@@ -19,14 +19,13 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from knnmon.connection import connect, with_retries
 from knnmon.coordinator.planning import PlanResult
 from knnmon.coordinator.runtime.object_store import ObjectStore
 from knnmon.coordinator.runtime.preparation import Prepared
 from knnmon.coordinator.runtime.worker_pool import WorkerPool
 from knnmon.errors import InvalidQueryError
-from knnmon.keys import Keys
 from knnmon.query import Query, QueryColumns
+from knnmon.workers.result_writer import clear_object_details, record_placements
 
 __all__ = ["LOAD_CHUNK", "Registrar"]
 
@@ -37,17 +36,6 @@ __all__ = ["LOAD_CHUNK", "Registrar"]
 #: idle one in 1 part, 85 MB in 8 parts, 66 MB in 20: benchmarks/worker_load_parts.py,
 #: docs/scale.md).
 LOAD_CHUNK = 2_000
-
-
-def _clear_object_details(redis_url: str, namespace: str) -> None:
-    """Delete every worker's object details hash (a resuming service's workers write theirs anew)."""
-    client = connect(redis_url)
-    try:
-        keys = list(client.scan_iter(match=Keys(namespace).objects("*"), count=1000))
-        if keys:
-            with_retries(lambda: client.unlink(*keys), "clearing the object details", redis_url)
-    finally:
-        client.close()
 
 
 class Registrar:
@@ -98,7 +86,7 @@ class Registrar:
         routing, plan = self.plan.routing, self.plan.plan
         with_sets = len(plan.set_of) == q.num_rows
         if resume and redis_url is not None:
-            _clear_object_details(redis_url, namespace)
+            clear_object_details(redis_url, namespace)
         mine_of = [np.flatnonzero(plan.worker == w) for w in range(self.pool.size)]
         last: list = []
         for s in range(0, max((len(m) for m in mine_of), default=0) or 1, chunk):
@@ -126,37 +114,8 @@ class Registrar:
         if resume and self.query_worker and redis_url is not None:
             ids = q.column("id").to_pylist()
             sets = dict(zip(ids, plan.set_of.tolist())) if len(plan.set_of) == len(ids) else {}
-            self._record_workers(redis_url, namespace, sets)
+            record_placements(redis_url, namespace, list(self.query_worker.items()), sets)
         return time.perf_counter() - t0
-
-    def _record_workers(self, redis_url: str, namespace: str, sets: dict[str, int], chunk: int = 10_000) -> None:
-        """Write each query's worker, details hash and set in the plan (``worker``, ``objects``,
-        ``set``) into its hash, and drop what an earlier service's re-balancing noted there (a
-        resumed service places every query anew)."""
-        from redis.cluster import RedisCluster
-
-        from knnmon.workers.result_writer import details_key
-
-        keys = Keys(namespace)
-        client = connect(redis_url)
-        try:
-            masters = None
-            if isinstance(client, RedisCluster):
-                from knnmon.redis_cluster import MasterMap
-
-                masters = MasterMap(client)
-            items = list(self.query_worker.items())
-            for s in range(0, len(items), chunk):
-                pipe = client.pipeline(transaction=False)
-                for qid, w in items[s:s + chunk]:
-                    fields = {"worker": w, "objects": details_key(keys, w, qid, masters)}
-                    if qid in sets:
-                        fields["set"] = sets[qid]
-                    pipe.hset(keys.query(qid), mapping=fields)
-                    pipe.hdel(keys.query(qid), "moved_from", "moved_batch", "moved_replan")
-                with_retries(pipe.execute, "recording the queries' workers", redis_url)
-        finally:
-            client.close()
 
     # -- at run time ---------------------------------------------------------------------------
     def register(self, queries: Sequence[Query]) -> list[int]:

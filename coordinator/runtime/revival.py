@@ -36,6 +36,7 @@ from knnmon.errors import WorkerLostError
 from knnmon.keys import Keys
 from knnmon.query import Query, QueryColumns
 from knnmon.reports import WorkerReport
+from knnmon.results import ResultReader
 
 __all__ = ["applied_state", "last_applied_batch", "revive", "rows_to_resend"]
 
@@ -129,22 +130,11 @@ def revive(pool: RayPool, registrar: Registrar, redis_url: str, namespace: str, 
     try:
         qids = [q for q, w in registrar.query_worker.items() if w == worker]
         queries, counts, ids, dists = [], [], [], []
-        for s in range(0, len(qids), chunk):
-            part = qids[s:s + chunk]
-
-            def read(part=part):
-                pipe = client.pipeline(transaction=False)
-                for qid in part:
-                    pipe.hgetall(keys.query(qid))
-                    pipe.zrange(keys.result(qid), 0, -1, withscores=True)
-                return pipe.execute()
-
-            got = with_retries(read, f"reading worker {worker}'s queries", redis_url)
-            for qid, h, result in zip(part, got[0::2], got[1::2]):
-                queries.append(Query.from_hash(qid, h))
-                counts.append(len(result))
-                ids += [o for o, _ in result]
-                dists += [d for _, d in result]
+        for qid, h, result in ResultReader(client, keys, url=redis_url, chunk=chunk).many(qids, hashes=True):
+            queries.append(Query.from_hash(qid, h))
+            counts.append(len(result))
+            ids += [o for o, _ in result]
+            dists += [d for _, d in result]
         last, partial = with_retries(lambda: applied_state(client, keys, worker), "reading a worker's marker",
                                      redis_url)
     finally:

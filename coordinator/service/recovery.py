@@ -30,6 +30,7 @@ from knnmon.protocol import GROUP, entry_order, group_info, parse_object, redis_
 from knnmon.errors import PoisonedWatermarkError, Rejected, StoreUnavailableError
 from knnmon.keys import Keys
 from knnmon.limits import DEFAULT_LIMITS, Limits, check_keywords, parse_k, parse_point, parse_query_id
+from knnmon.results import ResultReader
 from knnmon.query import Query, QueryColumns
 
 __all__ = ["OBJECT_SCHEMA", "Recovered", "check_event_time", "checkpoint_watermark", "create_groups", "feed_version",
@@ -207,18 +208,14 @@ def read_queries(client: redis.Redis, keys: Keys, chunk: int = 10_000, limits: L
     logged and left out."""
     qids = sorted(client.smembers(keys.queries))
     queries = []
-    for s in range(0, len(qids), chunk):
-        pipe = client.pipeline(transaction=False)
-        for qid in qids[s:s + chunk]:
-            pipe.hgetall(keys.query(qid))
-        for qid, h in zip(qids[s:s + chunk], pipe.execute()):
-            try:
-                q = Query.from_hash(qid, h)
-                parse_query_id(qid), parse_point(q.lon, q.lat), parse_k(q.k, limits), check_keywords(q.keywords, limits)
-                queries.append(q)
-            except (KeyError, ValueError):
-                log.warning("query %s: unreadable or out-of-bounds hash %r in Redis; left out", str(qid)[:64],
-                            {k: str(v)[:64] for k, v in list(h.items())[:8]})
+    for qid, h, _ in ResultReader(client, keys, chunk=chunk).many(qids, hashes=True, results=False):
+        try:
+            q = Query.from_hash(qid, h)
+            parse_query_id(qid), parse_point(q.lon, q.lat), parse_k(q.k, limits), check_keywords(q.keywords, limits)
+            queries.append(q)
+        except (KeyError, ValueError):
+            log.warning("query %s: unreadable or out-of-bounds hash %r in Redis; left out", str(qid)[:64],
+                        {k: str(v)[:64] for k, v in list(h.items())[:8]})
     return queries
 
 
@@ -252,11 +249,8 @@ def reconcile(url: str, namespace: str, client: redis.Redis, prepared: Prepared,
     try:
         for s in range(0, len(qids), chunk):
             part = range(s, min(s + chunk, len(qids)))
-            pipe = client.pipeline(transaction=False)
-            for i in part:
-                pipe.zrange(keys.result(qids[i]), 0, -1, withscores=True)
             diffs, rows = [], []
-            for i, old in zip(part, pipe.execute()):
+            for i, (_, _, old) in zip(part, ResultReader(client, keys, chunk=chunk).many([qids[i] for i in part])):
                 new = prepared.knn(i)[:k[i]]  # with a reserve, the list beyond k is not stored
                 if new == [(o, float(d)) for o, d in old]:
                     continue

@@ -25,6 +25,7 @@ from knnmon.feed import parse_entry
 from knnmon.keys import DEFAULT_NAMESPACE, Keys
 from knnmon.limits import DEFAULT_LIMITS, Limits, check_keywords, parse_k, parse_point, parse_query_id
 from knnmon.query import invalid_query
+from knnmon.results import ResultReader
 
 __all__ = ["KnnClient", "ResultChange"]
 
@@ -125,12 +126,12 @@ class KnnClient:
     def results(self, qid: str) -> list[tuple[str, float]]:
         """The current kNN of ``qid``: ``[(object id, distance m), ...]`` nearest first (empty if
         no such query or no match yet)."""
-        return [(o, float(d)) for o, d in self.client.zrange(self.keys.result(qid), 0, -1, withscores=True)]
+        return ResultReader(self.client, self.keys).result(qid)
 
     def query(self, qid: str) -> dict[str, str]:
         """The query's hash (``lon``, ``lat``, ``keywords``, ``k``, ``worker``); empty if not
         registered."""
-        return self.client.hgetall(self.keys.query(qid))
+        return ResultReader(self.client, self.keys).query_hash(qid)
 
     def changes(self, since: str = "0", count: int = 1000) -> list[ResultChange]:
         """Result changes after stream entry ``since`` (``"0"``: from the start), oldest first:
