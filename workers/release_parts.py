@@ -16,11 +16,7 @@ from knnmon.batch import BatchChanges, ObjectColumns
 from knnmon.reports import WorkerReport
 from knnmon.workers.rtree_index import RTreeIndex, SearchGroup
 
-__all__ = ["MAX_RELEASE_GROUPS", "ReleaseInParts", "sjf_groups"]
-
-#: At most this many parts per batch (:class:`~knnmon.workers.worker.KnnWorker`'s
-#: ``release_groups``): each costs a script call.
-MAX_RELEASE_GROUPS = 64
+__all__ = ["ReleaseInParts", "sjf_groups"]
 
 
 def sjf_groups(obj: np.ndarray, slot: np.ndarray, n: int, size: int) -> Iterator[SearchGroup]:

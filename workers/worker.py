@@ -32,7 +32,8 @@ from knnmon.workers.query_index import QueryIndex
 from knnmon.workers.query_load import QueryLoad
 from knnmon.workers.query_table import QueryTable
 from knnmon.workers.registration import Registration
-from knnmon.workers.release_parts import MAX_RELEASE_GROUPS, ReleaseInParts, sjf_groups
+from knnmon.workers.release_parts import ReleaseInParts, sjf_groups
+from knnmon.workers.settings import MAX_RELEASE_GROUPS
 from knnmon.workers.result_writer import ResultWriter
 from knnmon.workers.rtree_index import RTreeIndex
 from knnmon.workers.topk_lists import TopKLists

@@ -13,7 +13,7 @@ from knnmon.limits import DEFAULT_LIMITS, Limits
 from knnmon.store import DEFAULT_DATA_DIR, StoreConfig
 
 __all__ = ["DEFAULT_BATCH", "DEFAULT_INDEX", "DEFAULT_WORKERS", "DefaultsFormatter", "add_index_option", "add_verb", "add_batch_option", "add_limit_options", "limits", "add_cluster_options", "add_cost_model_option", "add_routing_entries_option",
-           "add_store_options", "add_worker_options", "store_config"]
+           "add_store_options", "add_worker_options", "runtime_settings", "store_config"]
 
 #: Workers of ``run`` and ``serve`` (and the demo): one per core of the 2-core reference machine.
 DEFAULT_WORKERS = 2
@@ -84,7 +84,7 @@ DEFAULT_INDEX = {"run": "grid", "serve": "grid"}
 
 
 def add_index_option(p: argparse.ArgumentParser, verb: str) -> None:
-    """``--index``: the workers' query index (:data:`knnmon.workers.worker.INDEXES`)."""
+    """``--index``: the workers' query index (:data:`knnmon.workers.settings.INDEX_NAMES`)."""
     p.add_argument("--index", choices=("grid", "rtree"), default=DEFAULT_INDEX[verb],
                    help="the workers' index over query regions: the paper's grid inverted lists, or a keyword-aware "
                         f"R-tree searched with BatchSearch (default {DEFAULT_INDEX[verb]}; docs/batching.md)")
@@ -170,6 +170,15 @@ def rebalance_config(a: argparse.Namespace, on: bool | None = None):
         return None
     return RebalanceConfig(window=a.rebalance_window, threshold=a.rebalance_threshold, budget=a.rebalance_budget,
                            min_total_gain=a.rebalance_min_gain, strategy=a.rebalance_strategy)
+
+
+def runtime_settings(a: argparse.Namespace) -> dict[str, Any]:
+    """The :class:`~knnmon.coordinator.runtime.config.RunConfig` fields that ``run`` and
+    ``serve`` take from the same flags (workers, assignment, cluster, batch, limits, window,
+    reserve, re-balancing, index): one place maps them."""
+    return {"workers": a.workers, "algorithm": a.algorithm, "batch": a.batch, "ray_address": a.ray_address,
+            "executor": a.executor, "limits": limits(a), "window": a.window, "allowed_lateness": a.allowed_lateness,
+            "reserve": a.reserve, "rebalance": rebalance_config(a), "index": a.index}
 
 
 def add_window_options(p: argparse.ArgumentParser, *, arrival: bool = True) -> None:

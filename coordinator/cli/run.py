@@ -8,8 +8,8 @@ from typing import Any
 
 from knnmon.coordinator.cli.options import (add_verb, add_batch_option, add_cost_model_option, add_index_option, add_limit_options,
                                             add_routing_entries_option, add_store_options, add_window_options,
-                                            add_rebalance_options, add_worker_options, limits,
-                                            rebalance_config, store_config)
+                                            add_rebalance_options, add_worker_options, runtime_settings,
+                                            store_config)
 
 __all__ = ["add_run_command", "format_run_summary"]
 
@@ -42,12 +42,9 @@ def _run(a: argparse.Namespace) -> int:
     from knnmon.coordinator.runtime.config import RunConfig
     from knnmon.coordinator.runtime.runtime import Runtime
 
-    config = RunConfig(workers=a.workers, algorithm=a.algorithm, initial=a.initial, batch=a.batch, batches=a.batches,
-                       shuffle=a.shuffle, store=store_config(a), ray_address=a.ray_address, executor=a.executor,
-                       cost_model=a.cost_model, in_flight=a.in_flight, routing_entries=a.routing_entries,
-                       overlap_writes=not a.sync_writes, limits=limits(a), window=a.window,
-                       allowed_lateness=a.allowed_lateness, arrival_ms=a.arrival_ms,
-                       reserve=a.reserve, rebalance=rebalance_config(a), index=a.index)
+    config = RunConfig(**runtime_settings(a), initial=a.initial, batches=a.batches, shuffle=a.shuffle,
+                       store=store_config(a), cost_model=a.cost_model, in_flight=a.in_flight,
+                       routing_entries=a.routing_entries, overlap_writes=not a.sync_writes, arrival_ms=a.arrival_ms)
     with Runtime(a.objects, a.queries, config) as rt:
         summary = rt.run(progress=not a.quiet)
     print(format_run_summary(summary))

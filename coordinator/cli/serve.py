@@ -8,13 +8,12 @@ import logging
 from typing import Any
 
 from knnmon.connection import redact
-from knnmon.coordinator.cli.options import (add_verb, add_batch_option, add_index_option, add_limit_options, add_store_options,
-                                            add_rebalance_options, add_window_options, add_worker_options,
-                                            limits, rebalance_config, store_config)
+from knnmon.coordinator.cli.options import (add_batch_option, add_index_option, add_limit_options, add_rebalance_options,
+                                            add_store_options, add_verb, add_window_options, add_worker_options,
+                                            runtime_settings, store_config)
+from knnmon.coordinator.service.batching import POLICIES
 
 __all__ = ["add_serve_command"]
-
-POLICIES = ("fixed", "no-wait", "adaptive")  # knnmon.coordinator.service.batching.POLICIES, without its imports
 
 
 def _serve(a: argparse.Namespace) -> int:
@@ -22,16 +21,16 @@ def _serve(a: argparse.Namespace) -> int:
     from knnmon.coordinator.service.loop import Service
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    config = ServeConfig(workers=a.workers, algorithm=a.algorithm, objects_dir=a.objects, initial=a.initial,
-                         store=store_config(a, durable=True), ray_address=a.ray_address, executor=a.executor,
-                         batch=a.batch, max_delay_ms=a.max_delay_ms, limits=limits(a), window=a.window,
-                         allowed_lateness=a.allowed_lateness,
-                         checkpoint_interval_s=a.checkpoint_interval, reserve=a.reserve,
-                         rebalance=rebalance_config(a), index=a.index, batching=a.batching,
-                         latency_target_ms=a.latency_target_ms, sjf=a.sjf, release_groups=a.release_groups)
+    from knnmon.coordinator.runtime.config import RunConfig
+
+    run = RunConfig(**runtime_settings(a), initial=0, store=store_config(a, durable=True), overlap_writes=False,
+                    release_groups=a.release_groups)
+    config = ServeConfig(run=run, objects_dir=a.objects, initial=a.initial, max_delay_ms=a.max_delay_ms,
+                         checkpoint_interval_s=a.checkpoint_interval, batching=a.batching,
+                         latency_target_ms=a.latency_target_ms, sjf=a.sjf)
     with Service(config) as svc:
-        print(f"knnmon serve: {config.workers} workers ({config.algorithm}), Redis {redact(svc.redis_url)}, namespace "
-              f"{config.store.namespace!r}; XADD to {svc.keys.ingest_queries} / {svc.keys.ingest_objects}", flush=True)
+        print(f"knnmon serve: {config.run.workers} workers ({config.run.algorithm}), Redis {redact(svc.redis_url)}, namespace "
+              f"{config.run.store.namespace!r}; XADD to {svc.keys.ingest_queries} / {svc.keys.ingest_objects}", flush=True)
         counters = svc.run(max_batches=a.max_batches, idle_exit_s=a.idle_exit_s)
     print(f"knnmon serve: stopped; {json.dumps(counters)}", flush=True)
     return 0

@@ -10,7 +10,7 @@ from knnmon.errors import InvalidArgumentError
 from knnmon.limits import DEFAULT_LIMITS, Limits
 from knnmon.store import StoreConfig
 from knnmon.window import Window
-from knnmon.workers.worker import INDEXES, MAX_RELEASE_GROUPS
+from knnmon.workers.settings import INDEX_NAMES, MAX_RELEASE_GROUPS
 
 __all__ = ["ARRIVAL_EPOCH_MS", "DEFAULT_RESERVE", "EXECUTORS", "RunConfig"]
 
@@ -46,7 +46,7 @@ class RunConfig:
     executor : str
         ``"ray"`` or ``"inline"`` (:data:`EXECUTORS`; :mod:`~knnmon.coordinator.runtime.worker_pool`).
     index : str
-        The workers' query index (:data:`knnmon.workers.worker.INDEXES`).
+        The workers' query index (:data:`knnmon.workers.settings.INDEX_NAMES`).
     in_flight : int
         Batches kept dispatched but not yet collected: with 2, the coordinator routes batch
         ``b + 1`` while the workers and Redis still work on ``b``. Each worker runs its batches
@@ -132,8 +132,8 @@ class RunConfig:
         if self.batches is not None and self.batches < 1:
             raise InvalidArgumentError(f"--batches must be >= 1; got {self.batches}")
         check_max_entries(self.routing_entries)
-        if self.index not in INDEXES:
-            raise InvalidArgumentError(f"Invalid index: {self.index!r}.\nValid options are: {tuple(INDEXES)}")
+        if self.index not in INDEX_NAMES:
+            raise InvalidArgumentError(f"Invalid index: {self.index!r}.\nValid options are: {INDEX_NAMES}")
         if not 1 <= self.release_groups <= MAX_RELEASE_GROUPS:
             raise InvalidArgumentError(f"--release-groups must be in 1..{MAX_RELEASE_GROUPS}; got {self.release_groups}")
         if self.release_groups > 1 and self.overlap_writes:

@@ -52,7 +52,7 @@ class Lifecycle:
 
     def __init__(self, config: ServeConfig) -> None:
         self.config = config
-        self.keys = Keys(config.store.namespace)
+        self.keys = Keys(config.run.store.namespace)
         self._exit = contextlib.ExitStack()
         self.store: Store | None = None
         self.client: redis.Redis | None = None
@@ -60,8 +60,8 @@ class Lifecycle:
         self.reader: StreamReader | None = None
         self.stopping = False
         self.counters = dict.fromkeys(COUNTERS, 0)
-        self.ledger = Ledger(self.keys, self.counters, config.workers)
-        self.query_ops = QueryOps({}, config.limits, self.counters)
+        self.ledger = Ledger(self.keys, self.counters, config.run.workers)
+        self.query_ops = QueryOps({}, config.run.limits, self.counters)
         self.started_ms = int(time.time() * 1000)
         self.workers: list[dict[str, Any]] = []  # worker, node, pid of each worker
         self._model = None
@@ -70,7 +70,7 @@ class Lifecycle:
         self._handle_signals = False
         self._revived_seen = 0  # the runtime's workers_revived when the worker list was taken
         self._backlog = False  # the last read came back full
-        self.batching = BatchPolicy(config.batching, batch=config.batch, max_delay_ms=config.max_delay_ms,
+        self.batching = BatchPolicy(config.batching, batch=config.run.batch, max_delay_ms=config.max_delay_ms,
                                     latency_target_ms=config.latency_target_ms, sjf=config.sjf)
 
     @property
@@ -94,7 +94,7 @@ class Lifecycle:
         """
         refuse_a_second_service(self.config, self.keys)  # before opening the store: a refused start touches nothing
         try:
-            self.store = self._exit.enter_context(open_store(self.config.store))
+            self.store = self._exit.enter_context(open_store(self.config.run.store))
             self._model, self._preload = load_preload(self.config)
             self._recover()
         except BaseException:
@@ -111,23 +111,23 @@ class Lifecycle:
         self.reader = StreamReader(self.client, self.config.consumer)
         # The initial kNN forks helper processes, which is unsafe once Ray's threads run here
         # (a restart while connected to a cluster): then it searches in this process only.
-        processes = 1 if ray_running() else self.config.processes
+        processes = 1 if ray_running() else self.config.run.processes
         run_config = self.config.run_config(self.redis_url)
-        r = recover(self.client, self.redis_url, self.config.store.namespace, self._preload, self._model,
-                    processes=processes, limits=self.config.limits, skip=skip, window=self.config.window,
-                    reserve=run_config.places_reserved, allowed_lateness=self.config.allowed_lateness)
+        r = recover(self.client, self.redis_url, self.config.run.store.namespace, self._preload, self._model,
+                    processes=processes, limits=self.config.run.limits, skip=skip, window=self.config.run.window,
+                    reserve=run_config.places_reserved, allowed_lateness=self.config.run.allowed_lateness)
         self.counters["objects_entries_read"] = r.objects_entries_read
         self.counters["queries_entries_read"] = r.queries_entries_read
         self.runtime = Runtime(None, None, run_config, r.prepared, resume=True).start()
         self.query_ops.queries = r.queries
         ledger = self.ledger
         ledger.client, ledger.url, ledger.checkpointer = self.client, self.redis_url, None
-        if self.config.window is not None:
+        if self.config.run.window is not None:
             ledger.checkpointer = Checkpointer(self.client, self.redis_url, self.keys, self.config.checkpoint_interval_s)
             for first, last, top in r.spans:
                 ledger.checkpointer.add(first, last, top)
         ledger.ack(self.keys.ingest_objects, r.pending, r.rejects)
-        ledger.busy_ms = np.zeros(self.config.workers)
+        ledger.busy_ms = np.zeros(self.config.run.workers)
         self._take_worker_list()
         log.info("recovered %d queries over %d objects (%d entries re-acknowledged) in %.1f s", len(r.queries),
                  r.prepared.initial.num_rows, len(r.pending), time.perf_counter() - t0)

@@ -181,9 +181,9 @@ class Service(Lifecycle):
                 objects += entries
         if objects:
             deadline = time.monotonic() + self.batching.wait_ms / 1000
-            while len(objects) < self.config.batch and self.batching.wait_ms > 0:
+            while len(objects) < self.config.run.batch and self.batching.wait_ms > 0:
                 wait = int((deadline - time.monotonic()) * 1000)
-                more = self.reader.read({ko: ">"}, self.config.batch - len(objects), wait if wait >= 1 else None)
+                more = self.reader.read({ko: ">"}, self.config.run.batch - len(objects), wait if wait >= 1 else None)
                 if not more or not more[0][1]:
                     if wait < 1:
                         break
@@ -207,7 +207,7 @@ class Service(Lifecycle):
         (its results released) before the next runs; rejects go with the first."""
         rt = self.runtime
         t0 = time.perf_counter()
-        read = read_objects(entries, rt, self.config.limits, self.client)
+        read = read_objects(entries, rt, self.config.run.limits, self.client)
         self.counters["late"] += read.late
         table = read.objects
         parse_ms = (time.perf_counter() - t0) * 1e3

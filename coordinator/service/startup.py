@@ -35,7 +35,7 @@ def refuse_a_second_service(config: ServeConfig, keys: Keys) -> None:
     KnnmonError
         Another service runs there.
     """
-    url = config.store.live_url()
+    url = config.run.store.live_url()
     if url is None:
         return  # no server yet: no service either
     client = connect(url)
@@ -47,7 +47,7 @@ def refuse_a_second_service(config: ServeConfig, keys: Keys) -> None:
         client.close()
     if other is not None:
         raise KnnmonError(f"a knnmon serve (pid {other.get('pid')} on {other.get('host')}) is running in namespace "
-                          f"{config.store.namespace!r} of this Redis; stop it first, or use another --namespace")
+                          f"{config.run.store.namespace!r} of this Redis; stop it first, or use another --namespace")
 
 
 def load_preload(config: ServeConfig):
@@ -73,7 +73,7 @@ def load_preload(config: ServeConfig):
     table = stream_order(read_objects(config.objects_dir, OBJECT_COLUMNS), None).cast(OBJECT_SCHEMA)
     n = table.num_rows if config.initial is None else min(config.initial, table.num_rows)
     preload: pa.Table = table.slice(0, n)
-    check_objects_not_future(preload, config.limits.max_future_ms, "the preloaded objects (--objects)")
+    check_objects_not_future(preload, config.run.limits.max_future_ms, "the preloaded objects (--objects)")
     return model, preload
 
 

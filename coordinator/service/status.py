@@ -11,7 +11,7 @@ import logging
 import os
 import socket
 import time
-from dataclasses import asdict
+
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -43,18 +43,18 @@ def snapshot(svc: Lifecycle) -> dict[str, Any]:
     rt = svc.runtime.status() if svc.runtime is not None else None
     ledger = svc.ledger
     lat = np.concatenate(list(ledger.latencies)) if ledger.latencies else np.zeros(0)
-    config = asdict(svc.config)
+    config = svc.config.settings()
     config["store"] = {k: v for k, v in config["store"].items() if k != "url"}
     return {
         "pid": os.getpid(), "host": socket.gethostname(), "started_ms": svc.started_ms,
         "heartbeat_ms": int(time.time() * 1000), "stopping": svc.stopping, "config": config,
-        "workers": svc.config.workers, "algorithm": svc.config.algorithm,
+        "workers": svc.config.run.workers, "algorithm": svc.config.run.algorithm,
         "queries_per_worker": rt.queries_per_worker if rt else [],
         "predicted_load_per_worker": rt.predicted_load_per_worker if rt else [],
         "busy_ms_per_worker": ledger.busy_ms.round(1).tolist(),
         "workers_revived": rt.workers_revived if rt else 0,
         "worker_nodes": [w.get("node") for w in svc.workers], "worker_processes": svc.workers,
-        "redis": redact(svc.redis_url), "data_dir": svc.config.store.data_dir,
+        "redis": redact(svc.redis_url), "data_dir": svc.config.run.store.data_dir,
         "latency_ms_p50": float(np.percentile(lat, 50)) if len(lat) else None,
         "latency_ms_p99": float(np.percentile(lat, 99)) if len(lat) else None,
         "objects_held": rt.objects_held if rt else None,

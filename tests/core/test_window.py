@@ -89,4 +89,4 @@ def test_serve_rejects_a_checkpoint_interval_that_never_fires(interval):
     from knnmon.coordinator.service.config import ServeConfig
 
     with pytest.raises(InvalidArgumentError, match="checkpoint-interval"):
-        ServeConfig(window=60_000, checkpoint_interval_s=interval)
+        ServeConfig(run=RunConfig(window=60_000), checkpoint_interval_s=interval)

@@ -136,3 +136,11 @@ def test_held_texts_by_handle_equal_a_dict_through_expiry_and_compaction(steps):
             texts.renumber(used)
         probe = [f"o{x}" for x in range(22)]
         assert texts.get(probe) == [model.get(o) for o in probe] and len(texts) == len(model)
+
+
+def test_the_light_settings_name_every_index_a_worker_builds():
+    """The coordinator checks ``--index`` against ``INDEX_NAMES`` without loading the worker."""
+    from knnmon.workers.settings import INDEX_NAMES
+    from knnmon.workers.worker import INDEXES
+
+    assert tuple(INDEXES) == INDEX_NAMES

@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 import redis
 
+from knnmon.coordinator.runtime.config import RunConfig
 from knnmon.coordinator.service.config import ServeConfig
 from knnmon.coordinator.service.loop import Service
 from knnmon.coordinator.service.repair import repair_watermark
@@ -41,9 +42,9 @@ def timed(places_slice, slice_queries):
 
 
 def serve(url: str, namespace: str, *, window=None, lateness=0, limits=Limits()) -> Service:
-    config = ServeConfig(workers=2, executor="inline", batching="no-wait", batch=200, window=window,
-                         allowed_lateness=lateness, limits=limits, checkpoint_interval_s=3600.0,
-                         store=StoreConfig(url=url, namespace=namespace))
+    run = RunConfig(workers=2, executor="inline", batch=200, window=window, allowed_lateness=lateness, limits=limits,
+                    store=StoreConfig(url=url, namespace=namespace))
+    config = ServeConfig(run=run, batching="no-wait", checkpoint_interval_s=3600.0)
     return Service(config)
 
 

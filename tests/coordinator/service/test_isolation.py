@@ -14,6 +14,7 @@ import redis
 from knnmon.coordinator.runtime.object_store import ObjectStore
 from knnmon.coordinator.runtime.registration import Registrar
 from knnmon.coordinator.service import intake
+from knnmon.coordinator.runtime.config import RunConfig
 from knnmon.coordinator.service.config import ServeConfig
 from knnmon.coordinator.service.loop import Service
 from knnmon.ingest.reading import read_objects, stream_order
@@ -63,8 +64,8 @@ def test_an_entry_failing_at_any_stage_is_rejected_and_the_rest_is_applied(place
     for q in queries[:30] + poison_queries + queries[30:]:
         r.xadd(keys.ingest_queries, register_fields(q))
     publish_objects(r, keys, places[:1000] + poison_objects + places[1000:])
-    config = ServeConfig(workers=2, executor="inline", store=StoreConfig(url=redis_url, namespace=namespace),
-                         batch=500, max_delay_ms=5, block_ms=50)
+    run = RunConfig(workers=2, executor="inline", store=StoreConfig(url=redis_url, namespace=namespace), batch=500)
+    config = ServeConfig(run=run, max_delay_ms=5, block_ms=50)
     with Service(config) as svc:
         counters = svc.run(idle_exit_s=1.0, handle_signals=False)
     rejects = {f["id"]: f for _, f in r.xrange(keys.ingest_rejects)}
