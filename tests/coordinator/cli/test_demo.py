@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -11,7 +12,6 @@ import time
 import urllib.request
 
 from knnmon.coordinator.cli.demo import run_demo, sample_places_path
-from knnmon.redis_server import free_port
 
 
 def test_sample_ships_with_the_package():
@@ -32,12 +32,13 @@ def test_demo_runs_on_the_bundled_sample(spark, ray_instance, tmp_path, capsys):
     assert os.path.exists(tmp_path / "data" / "redis" / "knnmon.rdb")  # saved for `knnmon results`
     # `knnmon demo --dashboard` then serves the dashboard on the saved results (dashboard_on), as
     # `knnmon dashboard --data-dir` does: the demo's queries and their kNN.
-    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "knnmon.coordinator.cli", "dashboard", "--data-dir",
-                             str(tmp_path / "data"), "--http", f"127.0.0.1:{port}"], stdout=subprocess.PIPE,
+                             str(tmp_path / "data"), "--http", "127.0.0.1:0"], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     try:
-        assert f"http://127.0.0.1:{port}/" in proc.stdout.readline()
+        found = re.search(r"http://127\.0\.0\.1:(\d+)/", proc.stdout.readline())  # port 0: it picks a free one
+        assert found, "the dashboard printed no address"
+        port = int(found.group(1))
         t0 = time.monotonic()
         while True:
             try:

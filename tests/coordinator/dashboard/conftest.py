@@ -3,6 +3,7 @@ one ``knnmon dashboard`` beside it, for the dashboard's tests."""
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -17,7 +18,7 @@ import redis
 from knnmon.ingest.reading import read_objects, stream_order
 from knnmon.keys import Keys
 from knnmon.oracle import BruteForceKnn
-from knnmon.redis_server import EmbeddedRedis, free_port
+from knnmon.redis_server import EmbeddedRedis
 from knnmon.coordinator.testing import publish_objects, register_fields, serve_process, wait_processed
 
 #: The Redis password: no page, endpoint or output may show it.
@@ -59,7 +60,6 @@ def served(places_slice, slice_queries, tmp_path_factory):
             r.xadd(keys.ingest_queries, register_fields(q))
         places = stream_order(read_objects(str(places_slice)), None).slice(0, 4000).to_pylist()
         proc = serve_process(url, NAMESPACE, tmp / "serve.log", "--data-dir", str(tmp / "data"))
-        port = free_port()
         log = tmp / "dashboard.log"
         dash = None
         try:
@@ -68,10 +68,14 @@ def served(places_slice, slice_queries, tmp_path_factory):
             wait_processed(r, keys, proc, timeout_s=300)
             with open(log, "w") as fh:
                 dash = subprocess.Popen([sys.executable, "-m", "knnmon.coordinator.cli", "dashboard", "--redis", url,
-                                         "--namespace", NAMESPACE, "--http", f"127.0.0.1:{port}"],
+                                         "--namespace", NAMESPACE, "--http", "127.0.0.1:0"],
                                         stdout=fh, stderr=subprocess.STDOUT)
-            http = f"http://127.0.0.1:{port}"
             t0 = time.monotonic()
+            while not (found := re.search(r"http://127\.0\.0\.1:(\d+)/", log.read_text())):  # port 0: it picks one
+                assert dash.poll() is None, log.read_text()
+                assert time.monotonic() - t0 < 60, "the dashboard did not start"
+                time.sleep(0.1)
+            http = f"http://127.0.0.1:{found.group(1)}"
             while True:
                 try:
                     urllib.request.urlopen(http + "/api/config", timeout=2).read()

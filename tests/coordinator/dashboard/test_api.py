@@ -147,6 +147,22 @@ def test_parsing_of_addresses_and_boxes():
         parse_bbox("1,2,3,4," + "5" * 300)
 
 
+def test_the_dashboard_listens_where_told_and_says_so_when_it_cannot():
+    """``--http HOST:0`` binds a free port before the address is printed (so nothing can take it
+    in between); an address in use is a clear error."""
+    from knnmon.coordinator.cli.dashboard import _listen
+
+    first = _listen("127.0.0.1", 0)
+    try:
+        port = first.getsockname()[1]
+        assert port > 0
+        first.listen()
+        with pytest.raises(InvalidArgumentError, match=f"127.0.0.1:{port}: cannot listen there"):
+            _listen("127.0.0.1", port)
+    finally:
+        first.close()
+
+
 def test_the_reads_work_against_a_redis_cluster(redis_cluster_url, namespace):
     """What the dashboard reads, on a real 3-master Redis Cluster, written by a worker's writer."""
     from knnmon.batch import ObjectInfo
