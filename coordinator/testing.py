@@ -71,10 +71,12 @@ def assert_exact(url: str, namespace: str, queries: pa.Table, oracle: BruteForce
 
 
 def assert_applied_once(r: redis.Redis, keys: Keys) -> dict[str, set[str]]:
-    """Assert no change was written twice: each query's ``knn:changes`` versions increase (a
-    batch applied twice would repeat one; only an unregister, which enters nothing, may share
-    its version with the registration after it). Returns each query's members as the feed
-    replays them (``r``: a client with ``decode_responses``).
+    """Assert no change was written twice: each query's ``knn:changes`` versions never decrease,
+    and two of its changes share a version only when one of them enters nothing (an unregister
+    between batches carries the version of the batch before it, and shares it with the
+    registration after it); a batch applied twice would repeat a change that enters something.
+    Returns each query's members as the feed replays them (``r``: a client with
+    ``decode_responses``).
 
     Raises
     ------
@@ -90,7 +92,7 @@ def assert_applied_once(r: redis.Redis, keys: Keys) -> dict[str, set[str]]:
             history.setdefault(qid, []).append((version, bool(entered)))
             mirror[qid] = (mirror.get(qid, set()) - set(left)) | set(entered)
     for qid, h in history.items():
-        assert all(v1 < v2 or (v1 == v2 and not e1) for (v1, e1), (v2, _) in zip(h, h[1:])), (qid, h)
+        assert all(v1 < v2 or (v1 == v2 and not (e1 and e2)) for (v1, e1), (v2, e2) in zip(h, h[1:])), (qid, h)
     return mirror
 
 

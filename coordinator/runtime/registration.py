@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -22,10 +22,13 @@ import pyarrow as pa
 from knnmon.coordinator.planning import PlanResult
 from knnmon.coordinator.runtime.object_store import ObjectStore
 from knnmon.coordinator.runtime.preparation import Prepared
-from knnmon.coordinator.runtime.worker_pool import WorkerPool
-from knnmon.errors import InvalidQueryError
+from knnmon.coordinator.runtime.worker_pool import Pending, WorkerPool
+from knnmon.errors import InvalidQueryError, WorkerLostError
 from knnmon.query import Query, QueryColumns
 from knnmon.workers.result_writer import clear_object_details, record_placements
+
+if TYPE_CHECKING:
+    from knnmon.coordinator.runtime.revival import Revival
 
 __all__ = ["LOAD_CHUNK", "Registrar"]
 
@@ -50,6 +53,10 @@ class Registrar:
         per query registered since.
     worker_queries : numpy.ndarray
         ``(W,)`` int64: queries per worker.
+
+    A worker lost during :meth:`register` or :meth:`unregister` is revived from Redis by
+    :attr:`revive_worker` and the operation completed on the new worker: the registrations its
+    script had not written are sent again, an unregister it had not applied is sent again.
     """
 
     def __init__(self, pool: WorkerPool, plan: PlanResult, objects: ObjectStore, reserve: int = 0) -> None:
@@ -61,6 +68,10 @@ class Registrar:
         #: The change feed's version of a registration now: the stream batches applied so far
         #: (:class:`~knnmon.batch.BatchChanges`; the runtime points it at its dispatcher).
         self.feed_version: Callable[[], int] = lambda: 0
+        #: Revives a worker lost during a registration or an unregister, from Redis (the runtime
+        #: points it at :meth:`Runtime.revive_idle`); ``None``, or a ``None`` answer: the loss is
+        #: raised (:class:`~knnmon.errors.WorkerLostError`).
+        self.revive_worker: Callable[..., Revival | None] | None = None
 
     # -- the initial load ----------------------------------------------------------------------
     def load(self, prepared: Prepared, *, resume: bool = False, redis_url: str | None = None,
@@ -150,15 +161,25 @@ class Registrar:
             mine.setdefault(w, []).append(i)
         routing.add_many([[routing.code(x) for x in q.keywords] for q in queries], rect.x0, rect.y0, rect.x1, rect.y1,
                          workers)
-        pending = []
-        for w, sel in mine.items():
+        def send(w: int, sel: list[int]) -> Pending:
             part = topk.take(sel)
-            pending.append(self.pool.register(
+            return self.pool.register(
                 w, QueryColumns.of([queries[i] for i in sel]), part,
                 info.subset(part.ids), vocabulary={x: routing.code(x) for i in sel for x in queries[i].keywords},
-                version=self.feed_version()))
-        self.pool.gather(pending)
-        return workers
+                version=self.feed_version())
+
+        pending = [send(w, sel) for w, sel in mine.items()]
+        while True:
+            try:
+                self.pool.gather(pending)
+                return workers
+            except WorkerLostError as ex:  # revived from Redis: it holds what its script wrote
+                revival = self.revive_worker(ex.worker) if self.revive_worker is not None else None
+                if revival is None:
+                    raise
+                again = set(revival.absent)
+                sel = [i for i in mine.get(ex.worker, []) if queries[i].id in again]
+                pending = [p for p in pending if p.worker != ex.worker] + ([send(ex.worker, sel)] if sel else [])
 
     def place(self, lon: float, lat: float) -> int:
         """The worker of a new query: of the plan's sets whose region holds it, the one on the
@@ -181,7 +202,16 @@ class Registrar:
             return False
         self.worker_queries[w] -= 1
         self.unregistered += 1
-        return bool(self.pool.gather([self.pool.unregister(w, qid, self.feed_version())])[0])
+        while True:
+            try:
+                self.pool.gather([self.pool.unregister(w, qid, self.feed_version())])
+                return True
+            except WorkerLostError as ex:  # revived with the query if Redis still holds it: sent again
+                revival = self.revive_worker(ex.worker, [qid]) if self.revive_worker is not None else None
+                if revival is None:
+                    raise
+                if qid in revival.absent:  # its keys were deleted before the worker died
+                    return True
 
     def result(self, qid: str) -> list[tuple[str, float]]:
         """A query's current kNN as its worker holds it (Redis holds the same)."""

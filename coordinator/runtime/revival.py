@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -38,7 +38,7 @@ from knnmon.query import Query, QueryColumns
 from knnmon.reports import WorkerReport
 from knnmon.results import ResultReader
 
-__all__ = ["applied_state", "last_applied_batch", "revive", "rows_to_resend"]
+__all__ = ["Revival", "applied_state", "last_applied_batch", "revive", "rows_to_resend"]
 
 log = logging.getLogger("knnmon.runtime")
 
@@ -112,12 +112,31 @@ def rows_to_resend(number: int, rows: np.ndarray, last: int, partial: tuple[int,
     return rows if number > last else None
 
 
+@dataclass(frozen=True)
+class Revival:
+    """What :func:`revive` did.
+
+    Attributes
+    ----------
+    batches
+        The uncollected batches, this worker's calls sent to the new worker.
+    absent
+        Query ids it was asked to hold that Redis has no hash of (a registration the worker
+        died before writing): not loaded; the caller sends them again.
+    """
+
+    batches: list[DispatchedBatch]
+    absent: list[str]
+
+
 def revive(pool: RayPool, registrar: Registrar, redis_url: str, namespace: str, worker: int,
-           uncollected: Sequence[DispatchedBatch], chunk: int = 10_000) -> list[DispatchedBatch]:
-    """Start worker ``worker`` anew and rebuild it exactly (module docstring); returns
-    ``uncollected`` with this worker's calls sent to the new worker. The new worker gets the
-    routing table's keyword codes as they are now (queries registered since the start added some),
-    so that the batches' pre-encoded keywords mean the same to it.
+           uncollected: Sequence[DispatchedBatch], chunk: int = 10_000, *, also: Sequence[str] = ()) -> Revival:
+    """Start worker ``worker`` anew and rebuild it exactly (module docstring): its queries (the
+    registrar's, and ``also``: ids no longer registered whose keys it may not have deleted yet)
+    as Redis holds them; returns ``uncollected`` with this worker's calls sent to the new worker,
+    and the ids that Redis holds no hash of. The new worker gets the routing table's keyword
+    codes as they are now (queries registered since the start added some), so that the batches'
+    pre-encoded keywords mean the same to it.
 
     Raises
     ------
@@ -128,9 +147,12 @@ def revive(pool: RayPool, registrar: Registrar, redis_url: str, namespace: str, 
     keys = Keys(namespace)
     client = connect(redis_url)
     try:
-        qids = [q for q, w in registrar.query_worker.items() if w == worker]
-        queries, counts, ids, dists = [], [], [], []
+        qids = [q for q, w in registrar.query_worker.items() if w == worker] + list(also)
+        queries, counts, ids, dists, absent = [], [], [], [], []
         for qid, h, result in ResultReader(client, keys, url=redis_url, chunk=chunk).many(qids, hashes=True):
+            if not h:
+                absent.append(qid)
+                continue
             queries.append(Query.from_hash(qid, h))
             counts.append(len(result))
             ids += [o for o, _ in result]
@@ -159,4 +181,4 @@ def revive(pool: RayPool, registrar: Registrar, redis_url: str, namespace: str, 
         out.append(replace(d, pending=[call if p.worker == worker else p for p in d.pending]))
     log.warning("worker %d revived: %d queries rebuilt from Redis as of batch %d, %d batches sent again, in %.1f s",
                 worker, len(queries), last, resent, time.perf_counter() - t0)
-    return out
+    return Revival(out, absent)

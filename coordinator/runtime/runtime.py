@@ -36,7 +36,7 @@ from knnmon.coordinator.runtime.object_store import ObjectStore
 from knnmon.coordinator.runtime.plan_record import record_plan
 from knnmon.coordinator.runtime.preparation import Prepared, prepare
 from knnmon.coordinator.runtime.registration import Registrar
-from knnmon.coordinator.runtime.revival import revive
+from knnmon.coordinator.runtime.revival import Revival, revive
 from knnmon.coordinator.runtime.routing_upkeep import RoutingUpkeep
 from knnmon.coordinator.runtime.worker_pool import RayPool, WorkerPool, make_pool
 from knnmon.errors import WorkerLostError
@@ -148,6 +148,7 @@ class Runtime:
             self._exit.callback(self.pool.close)
             self.timings["start_workers_s"] = time.perf_counter() - t0
             self.registrar = Registrar(self.pool, self.plan, self.objects, c.places_reserved)
+            self.registrar.revive_worker = self.revive_idle
             self.timings["load_s"] = self.registrar.load(p, resume=self.resume, redis_url=self.store.url,
                                                          namespace=c.store.namespace)
             give_back()  # the load's payloads
@@ -261,15 +262,30 @@ class Runtime:
             try:
                 return self.dispatcher.collect(d)
             except WorkerLostError as ex:
-                if (not isinstance(self.pool, RayPool) or self.workers_revived >= MAX_REVIVALS
-                        or self.config.window is not None):  # with a window: see _collect's docstring
+                if not self._can_revive():
                     raise
                 revived = revive(self.pool, self.registrar, self.store.url, self.config.store.namespace, ex.worker,
-                                 [d, *later])
+                                 [d, *later]).batches
                 d = revived[0]
                 later.clear()
                 later.extend(revived[1:])
                 self.workers_revived += 1
+
+    def _can_revive(self) -> bool:
+        """Whether a lost worker is revived in place: a Ray worker, no window (see
+        :meth:`_collect`), fewer than :data:`MAX_REVIVALS` revivals so far."""
+        return isinstance(self.pool, RayPool) and self.workers_revived < MAX_REVIVALS and self.config.window is None
+
+    def revive_idle(self, worker: int, also: Sequence[str] = ()) -> Revival | None:
+        """Revive worker ``worker``, lost outside a batch (during a registration or an
+        unregister; no batch is in flight), from Redis (:func:`revive`); ``None`` if it cannot
+        be (:meth:`_can_revive`)."""
+        if not self._can_revive():
+            return None
+        revived = revive(self.pool, self.registrar, self.store.url, self.config.store.namespace, worker, [],
+                         also=also)
+        self.workers_revived += 1
+        return revived
 
     def batches(self) -> Iterator[pa.Table]:
         """The stream's batches, in order."""

@@ -224,3 +224,54 @@ def test_a_killed_ray_worker_process_is_revived_mid_stream_and_stays_exact(small
             assert got == want
             assert radii[i] == (want[-1][1] if len(want) >= held.k[i] else np.inf)
     assert_applied_once(client, keys)  # no batch applied twice
+
+
+def _kill_process(pid: int) -> None:
+    """SIGKILL a worker's process and wait until it is gone."""
+    import os
+    import signal
+    import time
+
+    os.kill(pid, signal.SIGKILL)
+    for _ in range(200):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+
+
+def test_a_ray_worker_lost_outside_a_batch_is_revived_for_a_registration_and_an_unregister(
+        small, ray_instance, redis_url, namespace, tmp_path):
+    """A worker that dies between batches is revived in place by the registration or unregister
+    that finds it gone (not by rebuilding every worker), and the operation completes on it."""
+    objects_dir, queries, objects = small
+    config = RunConfig(workers=2, initial=4000, batch=500, store=StoreConfig(redis_url, namespace, str(tmp_path)))
+    client, keys = connect(redis_url), Keys(namespace)
+    with Runtime(objects_dir, queries, config) as rt:
+        batches = list(rt.batches())
+        for b in batches[:3]:
+            rt.process(b)
+        reg = rt.registrar
+        pids = {s["worker"]: s["pid"] for s in reg.stats()}
+        probe = objects.slice(100, 1).to_pylist()[0]
+        late = Query.create("late", probe["lon"] + 0.01, probe["lat"], probe["keywords"][:2], 7)
+        w = reg.place(late.lon, late.lat)  # where it will go (placement changes nothing)
+        _kill_process(pids[w])
+        assert reg.register([late]) == [w]
+        assert rt.workers_revived == 1
+        gone = next(q for q, x in reg.query_worker.items() if x == 1 - w)
+        _kill_process(pids[1 - w])
+        assert reg.unregister(gone)
+        assert rt.workers_revived == 2 and not client.exists(keys.result(gone), keys.query(gone))
+        assert not set(pids.values()) & {s["pid"] for s in reg.stats()}  # both processes are new
+        for b in batches[3:]:
+            rt.process(b)
+        oracle = BruteForceKnn(objects)
+        rest = queries.filter(pa.compute.not_equal(queries.column("id"), gone))
+        assert_exact(redis_url, namespace, rest, oracle)
+        want = oracle.knn(late.lon, late.lat, late.keywords, late.k)
+        assert [(o, pytest.approx(d)) for o, d in want] == [tuple(x) for x in client.zrange(keys.result("late"), 0, -1,
+                                                                                            withscores=True)]
+    assert_applied_once(client, keys)
+    client.close()
