@@ -24,12 +24,14 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
 from knnmon.batch import KnnColumns
 from knnmon.connection import connect, with_retries
 from knnmon.coordinator.runtime.dispatch import DispatchedBatch
+from knnmon.coordinator.runtime.object_store import ObjectStore
 from knnmon.coordinator.runtime.registration import Registrar
 from knnmon.coordinator.runtime.worker_pool import Pending, RayPool
 from knnmon.errors import WorkerLostError
@@ -130,13 +132,19 @@ class Revival:
 
 
 def revive(pool: RayPool, registrar: Registrar, redis_url: str, namespace: str, worker: int,
-           uncollected: Sequence[DispatchedBatch], chunk: int = 10_000, *, also: Sequence[str] = ()) -> Revival:
+           uncollected: Sequence[DispatchedBatch], chunk: int = 10_000, *, also: Sequence[str] = (),
+           live: ObjectStore | None = None) -> Revival:
     """Start worker ``worker`` anew and rebuild it exactly (module docstring): its queries (the
     registrar's, and ``also``: ids no longer registered whose keys it may not have deleted yet)
     as Redis holds them; returns ``uncollected`` with this worker's calls sent to the new worker,
     and the ids that Redis holds no hash of. The new worker gets the routing table's keyword
     codes as they are now (queries registered since the start added some), so that the batches'
     pre-encoded keywords mean the same to it.
+
+    With a window, Redis holds each result's first ``k`` but not the reserve beyond it: then
+    ``live`` (the objects the workers' lists are made of, no batch in flight: ``uncollected``
+    empty) gives each query's exact ``k + reserve`` nearest, as a registration's are searched;
+    their first ``k`` are what Redis holds, so nothing is written.
 
     Raises
     ------
@@ -147,6 +155,8 @@ def revive(pool: RayPool, registrar: Registrar, redis_url: str, namespace: str, 
     keys = Keys(namespace)
     client = connect(redis_url)
     try:
+        if live is not None and uncollected:
+            raise ValueError("a worker rebuilt over the live objects needs no batch in flight")
         qids = [q for q, w in registrar.query_worker.items() if w == worker] + list(also)
         queries, counts, ids, dists, absent = [], [], [], [], []
         for qid, h, result in ResultReader(client, keys, url=redis_url, chunk=chunk).many(qids, hashes=True):
@@ -165,7 +175,11 @@ def revive(pool: RayPool, registrar: Registrar, redis_url: str, namespace: str, 
     pool.replace(worker, vocabulary={})
     codes = {x: routing.code(x) for q in queries for x in q.keywords}
     topk = KnnColumns(counts, ids, np.asarray(dists, dtype=np.float64))  # (columns to the worker)
-    pool.gather([pool.load(worker, QueryColumns.of(queries), topk, {}, write=False,
+    details: Any = {}
+    if live is not None:  # the lists with their reserves, and the held objects' details
+        topk, details = live.knn_v([q.lon for q in queries], [q.lat for q in queries], [q.keywords for q in queries],
+                                   [q.k + registrar.reserve for q in queries])
+    pool.gather([pool.load(worker, QueryColumns.of(queries), topk, details, write=False,
                            vocabulary=codes)])
     out, resent = [], 0
     for d in uncollected:

@@ -271,19 +271,23 @@ class Runtime:
                 later.extend(revived[1:])
                 self.workers_revived += 1
 
-    def _can_revive(self) -> bool:
-        """Whether a lost worker is revived in place: a Ray worker, no window (see
-        :meth:`_collect`), fewer than :data:`MAX_REVIVALS` revivals so far."""
-        return isinstance(self.pool, RayPool) and self.workers_revived < MAX_REVIVALS and self.config.window is None
+    def _can_revive(self, *, between_batches: bool = False) -> bool:
+        """Whether a lost worker is revived in place: a Ray worker, fewer than
+        :data:`MAX_REVIVALS` revivals so far, and no window unless no batch is in flight (see
+        :meth:`_collect`)."""
+        return (isinstance(self.pool, RayPool) and self.workers_revived < MAX_REVIVALS
+                and (self.config.window is None or between_batches))
 
     def revive_idle(self, worker: int, also: Sequence[str] = ()) -> Revival | None:
         """Revive worker ``worker``, lost outside a batch (during a registration or an
-        unregister; no batch is in flight), from Redis (:func:`revive`); ``None`` if it cannot
-        be (:meth:`_can_revive`)."""
-        if not self._can_revive():
+        unregister; no batch is in flight): from Redis (:func:`revive`), and with a window each
+        list with its reserve searched over the live objects, which are exactly what the
+        workers have applied between batches. ``None`` if it cannot be (:meth:`_can_revive`)."""
+        if not self._can_revive(between_batches=True):
             return None
+        live = self.objects if self.config.window is not None else None
         revived = revive(self.pool, self.registrar, self.store.url, self.config.store.namespace, worker, [],
-                         also=also)
+                         also=also, live=live)
         self.workers_revived += 1
         return revived
 

@@ -17,6 +17,7 @@ from knnmon.coordinator.runtime.runtime import Runtime
 from knnmon.coordinator.runtime.preparation import with_arrival_times
 from knnmon.ingest.reading import load_queries, read_objects, stream_order
 from knnmon.oracle import BruteForceKnn
+from knnmon.query import Query
 from knnmon.store import StoreConfig
 from knnmon.coordinator.testing import assert_exact, redis_results
 
@@ -131,3 +132,54 @@ def test_an_unregistered_querys_routing_entries_are_gone(windowed, redis_url, na
             rt.process(batch)
         assert_exact(redis_url, namespace, queries.slice(0, 10),
                      BruteForceKnn(live(objects, 3000 + 2 * 250, 1000 * SECOND)))
+
+
+def test_a_windowed_ray_worker_lost_between_batches_is_revived_with_its_reserves(windowed, ray_instance, redis_url,
+                                                                              namespace, tmp_path):
+    """With a window Redis lacks the reserves beyond k; between batches the live objects are
+    exactly what the workers applied, so a worker found lost by a registration is rebuilt with
+    each list's k + reserve nearest over them, and stays exact through the expiries after."""
+    import os
+    import signal
+
+    objects_dir, queries, objects = windowed
+    window = 1500 * SECOND
+    config = RunConfig(workers=2, initial=3000, batch=250, batches=12, window=window, arrival_ms=SECOND, reserve=2,
+                       store=StoreConfig(redis_url, namespace, str(tmp_path)))
+    with Runtime(objects_dir, queries, config) as rt:
+        batches = list(rt.batches())
+        for b in batches[:4]:
+            rt.process(b)
+        reg = rt.registrar
+        probe = objects.slice(3900, 1).to_pylist()[0]
+        late = Query.create("late", probe["lon"], probe["lat"], probe["keywords"][:2], 5)
+        w = reg.place(late.lon, late.lat)
+        pid = {s["worker"]: s["pid"] for s in reg.stats()}[w]
+        os.kill(pid, signal.SIGKILL)
+        for _ in range(200):  # until the process is gone
+            try:
+                os.kill(pid, 0)
+                time.sleep(0.05)
+            except ProcessLookupError:
+                break
+        assert reg.register([late]) == [w] and rt.workers_revived == 1
+        seen = 3000 + 4 * 250
+        everyone = pa.concat_tables([queries, pa.Table.from_pylist(
+            [{"id": "late", "lon": late.lon, "lat": late.lat, "keywords": list(late.keywords), "k": late.k}],
+            schema=queries.schema)])
+        oracle = BruteForceKnn(live(objects, seen, window))
+        assert_exact(redis_url, namespace, everyone, oracle)
+        # The revived worker's lists hold their reserves again: each kNN radius is the distance
+        # of the (k + reserve)-th live match (inf with fewer), not the k-th that Redis holds.
+        held, radii = rt.pool.gather([rt.pool.regions(w)])[0]
+        checked = 0
+        for i in range(0, len(held), 7):
+            want = oracle.knn(held.lon[i], held.lat[i], held.keywords[i], int(held.k[i]) + 2)
+            assert radii[i] == (want[-1][1] if len(want) == held.k[i] + 2 else np.inf), held.ids[i]
+            checked += len(want) == held.k[i] + 2
+        assert checked > 10
+        for b in batches[4:]:
+            rt.process(b)
+            seen += b.num_rows
+            assert_exact(redis_url, namespace, everyone, BruteForceKnn(live(objects, seen, window)))
+        assert pid not in [s["pid"] for s in reg.stats()]
