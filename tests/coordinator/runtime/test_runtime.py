@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections import deque
 
@@ -187,6 +188,18 @@ def test_a_killed_ray_worker_surfaces_as_worker_lost(small, ray_instance, redis_
         assert ex.value.worker == 1
 
 
+@contextlib.contextmanager
+def _two_ray_workers_after_three_batches(small, redis_url, namespace, tmp_path):
+    """A runtime of 2 Ray workers over the slice, its first 3 batches processed: ``(rt, batches)``."""
+    objects_dir, queries, _ = small
+    config = RunConfig(workers=2, initial=4000, batch=500, store=StoreConfig(redis_url, namespace, str(tmp_path)))
+    with Runtime(objects_dir, queries, config) as rt:
+        batches = list(rt.batches())
+        for b in batches[:3]:
+            rt.process(b)
+        yield rt, batches
+
+
 @pytest.mark.parametrize("written", [False, True], ids=["killed-before-writing", "killed-after-writing"])
 def test_a_killed_ray_worker_process_is_revived_mid_stream_and_stays_exact(small, ray_instance, redis_url, namespace,
                                                                            tmp_path, written):
@@ -194,13 +207,9 @@ def test_a_killed_ray_worker_process_is_revived_mid_stream_and_stays_exact(small
     import signal
     import time
 
-    objects_dir, queries, objects = small
-    config = RunConfig(workers=2, initial=4000, batch=500, store=StoreConfig(redis_url, namespace, str(tmp_path)))
+    _, queries, objects = small
     client, keys = connect(redis_url), Keys(namespace)
-    with Runtime(objects_dir, queries, config) as rt:
-        batches = list(rt.batches())
-        for b in batches[:3]:
-            rt.process(b)
+    with _two_ray_workers_after_three_batches(small, redis_url, namespace, tmp_path) as (rt, batches):
         victim = rt.registrar.stats()[1]["pid"]
         pending = [rt.dispatcher.dispatch(b) for b in batches[3:5]]  # two batches in flight
         if written:  # the worker applies and writes both before it dies: none may be applied again
@@ -245,13 +254,9 @@ def test_a_ray_worker_lost_outside_a_batch_is_revived_for_a_registration_and_an_
         small, ray_instance, redis_url, namespace, tmp_path):
     """A worker that dies between batches is revived in place by the registration or unregister
     that finds it gone (not by rebuilding every worker), and the operation completes on it."""
-    objects_dir, queries, objects = small
-    config = RunConfig(workers=2, initial=4000, batch=500, store=StoreConfig(redis_url, namespace, str(tmp_path)))
+    _, queries, objects = small
     client, keys = connect(redis_url), Keys(namespace)
-    with Runtime(objects_dir, queries, config) as rt:
-        batches = list(rt.batches())
-        for b in batches[:3]:
-            rt.process(b)
+    with _two_ray_workers_after_three_batches(small, redis_url, namespace, tmp_path) as (rt, batches):
         reg = rt.registrar
         pids = {s["worker"]: s["pid"] for s in reg.stats()}
         probe = objects.slice(100, 1).to_pylist()[0]
