@@ -1,9 +1,11 @@
 """The dashboard in a real headless Chromium (Debian's, installed by ``.ci/run``) against a
 running service on real places: the map renders, a searched query shows its kNN, a new object
-appears without a reload, and the page asks no host but the app's. Screenshots go to ``docs/``."""
+appears without a reload, and the page asks no host but the app's. Screenshots go to a temporary
+directory, or to ``$KNNMON_SCREENSHOTS`` (``KNNMON_SCREENSHOTS=docs`` refreshes the README's)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from pathlib import Path
@@ -12,9 +14,15 @@ from urllib.parse import urlparse
 import pytest
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-DOCS = Path(__file__).resolve().parents[3] / "docs"
+
 
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium: .ci/run installs it")
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory) -> Path:
+    """Where the screenshots go: never into the checkout unless ``$KNNMON_SCREENSHOTS`` asks."""
+    return Path(os.environ.get("KNNMON_SCREENSHOTS") or tmp_path_factory.mktemp("screenshots"))
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +62,7 @@ def test_the_map_renders_outlines_queries_and_worker_heat(page, served):
     assert not page.errors
 
 
-def test_searching_a_query_shows_its_knn_markers_and_table(page, served):
+def test_searching_a_query_shows_its_knn_markers_and_table(page, served, shots):
     rows = served.queries.to_pylist()
     q = max(rows[:100], key=lambda r: (len(served.oracle().knn(r["lon"], r["lat"], r["keywords"], r["k"])), r["k"]))
     want = served.oracle().knn(q["lon"], q["lat"], q["keywords"], q["k"])
@@ -67,7 +75,7 @@ def test_searching_a_query_shows_its_knn_markers_and_table(page, served):
     assert table.count() == len(want)
     assert [table.nth(i).locator("td").nth(1).inner_text() for i in range(len(want))] == [o for o, _ in want]
     time.sleep(1.0)  # tiles of outline and markers settle
-    page.screenshot(path=str(DOCS / "dashboard.png"))
+    page.screenshot(path=str(shots / "dashboard.png"))
 
 
 def test_an_unknown_query_is_an_error_message_not_a_crash(page):
@@ -77,13 +85,13 @@ def test_an_unknown_query_is_an_error_message_not_a_crash(page):
     assert "no query" in page.inner_text("#error")
 
 
-def test_a_newly_published_object_appears_without_a_reload(page, served):
+def test_a_newly_published_object_appears_without_a_reload(page, served, shots):
     obj = {"id": "browser-live-object", "lon": served.queries.column("lon")[1].as_py(),
            "lat": served.queries.column("lat")[1].as_py(), "t": int(time.time() * 1000), "keywords": ["zzqx"]}
     served.publish(obj)
     page.wait_for_function("[...document.querySelectorAll('#objects li')].some(li => li.textContent === "
                            "'browser-live-object')", timeout=30_000)
-    page.screenshot(path=str(DOCS / "dashboard-live.png"))
+    page.screenshot(path=str(shots / "dashboard-live.png"))
 
 
 def test_the_page_requests_no_other_host(page, served):
