@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -201,8 +201,9 @@ class Runtime:
         return self.dispatcher.admit(ids, t)
 
     def estimate(self, batch: pa.Table) -> np.ndarray:
-        """Each object's workload estimate, ``(n,)`` int64 (:meth:`Dispatcher.workload`)."""
-        return self.dispatcher.workload(batch)
+        """Each object's workload estimate, ``(n,)`` int64 (:meth:`Dispatcher.workload`); a worker
+        found lost meanwhile (between batches) is revived (:meth:`revive_idle`) and asked again."""
+        return self._reviving(lambda: self.dispatcher.workload(batch))
 
     @property
     def window(self) -> Window | None:
@@ -227,8 +228,25 @@ class Runtime:
         return self.registrar.unregister(qid)
 
     def worker_processes(self) -> list[dict[str, Any]]:
-        """Each worker's number, node and process id (one call per worker)."""
-        return [{k: s.get(k) for k in ("worker", "node", "pid")} for s in self.registrar.stats()]
+        """Each worker's number, node and process id (one call per worker; a lost worker is
+        revived first, as in :meth:`estimate`)."""
+        return [{k: s.get(k) for k in ("worker", "node", "pid")} for s in self._reviving(self.registrar.stats)]
+
+    def _reviving(self, call: Callable[[], Any]) -> Any:
+        """``call()``, between batches; a worker it finds lost is revived in place and the call
+        made again (:meth:`revive_idle`), or the loss raised if it cannot be.
+
+        Raises
+        ------
+        WorkerLostError
+            The lost worker cannot be revived in place (:meth:`_can_revive`).
+        """
+        while True:
+            try:
+                return call()
+            except WorkerLostError as ex:
+                if self.revive_idle(ex.worker) is None:
+                    raise
 
     def status(self) -> RuntimeStatus:
         """What the service's status reports of the runtime."""

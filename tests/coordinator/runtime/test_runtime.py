@@ -280,3 +280,21 @@ def test_a_ray_worker_lost_outside_a_batch_is_revived_for_a_registration_and_an_
                                                                                             withscores=True)]
     assert_applied_once(client, keys)
     client.close()
+
+
+def test_a_worker_found_lost_by_an_estimate_or_the_worker_list_is_revived(small, ray_instance, redis_url, namespace,
+                                                                         tmp_path):
+    """The service's other calls between batches (Short-Job-First's workload estimate, the
+    worker list for its status) revive a lost worker in place too, and answer."""
+    _, queries, objects = small
+    with _two_ray_workers_after_three_batches(small, redis_url, namespace, tmp_path) as (rt, batches):
+        pids = [p["pid"] for p in rt.worker_processes()]
+        _kill_process(pids[0])
+        workload = rt.estimate(batches[3])
+        assert rt.workers_revived == 1 and workload.shape == (batches[3].num_rows,) and workload.sum() > 0
+        _kill_process(pids[1])
+        now = rt.worker_processes()
+        assert rt.workers_revived == 2 and not set(pids) & {p["pid"] for p in now}
+        for b in batches[3:]:
+            rt.process(b)
+        assert_exact(redis_url, namespace, queries, BruteForceKnn(objects))
