@@ -157,8 +157,9 @@ class Dispatcher:
         return out
 
     def admit(self, ids: Sequence[str], t: np.ndarray) -> Admission:
-        """The one rule for which of a batch's objects the runtime takes (``knnmon serve`` asks
-        it to reject the others with their reasons; :meth:`dispatch` drops them by it): a
+        """The rule for which of a batch's objects the runtime takes (``knnmon serve`` asks it to
+        reject the others with their reasons; :meth:`dispatch` drops the same ones, by
+        :meth:`SeenIds.add_new` over the same :meth:`SeenIds.seen_v` and the window's cutoff): a
         **duplicate** was seen before or earlier in the batch (the first one counts); with a
         window, a **late** object (not a duplicate) has ``t <= `` the cutoff the batch's other
         objects move the watermark to. Changes nothing.

@@ -159,11 +159,14 @@ def revive(pool: RayPool, registrar: Registrar, redis_url: str, namespace: str, 
             raise ValueError("a worker rebuilt over the live objects needs no batch in flight")
         qids = [q for q, w in registrar.query_worker.items() if w == worker] + list(also)
         queries, counts, ids, dists, absent = [], [], [], [], []
-        for qid, h, result in ResultReader(client, keys, url=redis_url, chunk=chunk).many(qids, hashes=True):
+        reader = ResultReader(client, keys, url=redis_url, chunk=chunk)
+        for qid, h, result in reader.many(qids, hashes=True, results=live is None):  # else searched below
             if not h:
                 absent.append(qid)
                 continue
             queries.append(Query.from_hash(qid, h))
+            if result is None:
+                continue
             counts.append(len(result))
             ids += [o for o, _ in result]
             dists += [d for _, d in result]

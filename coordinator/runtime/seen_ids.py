@@ -114,12 +114,7 @@ class SeenIds:
         return sum(len(r) for r in self._runs) + len(self._fresh)
 
     def __contains__(self, oid: object) -> bool:
-        if not isinstance(oid, str):
-            return False
-        if oid in self._fresh:
-            return True
-        h = _hashes([oid])
-        return any(r.holds(h, [oid])[0] for r in self._runs)
+        return isinstance(oid, str) and bool(self.seen_v([oid])[0])
 
     def seen_v(self, ids: Sequence[str]) -> np.ndarray:
         """``(m,)`` bool: which of a batch's ids are duplicates -- seen before, or an earlier

@@ -20,11 +20,13 @@ def test_add_new_and_contains_equal_a_set(initial, batches, seal):
     try:
         s, want = SeenIds(pa.array(initial, type=pa.string())), set(initial)
         for batch in batches:
-            fresh = s.add_new(batch)
             expect, taken = [], set()
             for oid in batch:
                 expect.append(oid not in want and oid not in taken)
                 taken.add(oid)
+            before = len(s)
+            assert (~s.seen_v(batch)).tolist() == expect and len(s) == before  # asking changes nothing
+            fresh = s.add_new(batch)
             assert fresh.tolist() == expect
             want |= taken
             assert len(s) == len(want)
