@@ -3,6 +3,8 @@
 #
 #   deploy/local-cluster.sh start   # prints the address and the environment drivers need
 #   deploy/local-cluster.sh status
+#   deploy/local-cluster.sh restart worker1   # stop one worker node (its raylet and the actors on
+#                                             # it die) and start it again: a node restart
 #   deploy/local-cluster.sh stop    # stops exactly the processes it started (by PID), never `ray stop`
 #
 # Every node is a `ray start --block` process of its own (its raylet, object store and, on the
@@ -79,18 +81,32 @@ MSG
 }
 
 stop() {
-    local n pid
-    for n in worker2 worker1 head; do
-        [ -f "$DIR/$n.pid" ] || continue
-        pid=$(cat "$DIR/$n.pid")
-        if kill -0 "$pid" 2>/dev/null; then
-            kill -TERM "$pid" 2>/dev/null || true
-            for _ in $(seq 1 30); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
-            kill -KILL "$pid" 2>/dev/null || true
-        fi
-        rm -f "$DIR/$n.pid"
-    done
+    local n
+    for n in worker2 worker1 head; do stop_node "$n"; done
     echo "local Ray cluster stopped"
+}
+
+stop_node() {  # stop_node NAME: TERM the node's `ray start --block` (it stops its raylet), KILL after 15 s
+    local pid
+    [ -f "$DIR/$1.pid" ] || return 0
+    pid=$(cat "$DIR/$1.pid")
+    if kill -0 "$pid" 2>/dev/null; then
+        kill -TERM "$pid" 2>/dev/null || true
+        for _ in $(seq 1 30); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+        kill -KILL "$pid" 2>/dev/null || true
+    fi
+    rm -f "$DIR/$1.pid"
+}
+
+restart() {  # restart worker1|worker2: the node goes down and joins again under a new node id
+    local name=${1:-} index
+    case "$name" in worker1) index=1 ;; worker2) index=2 ;; *) die "restart needs worker1 or worker2" ;; esac
+    [ -n "$RAY" ] || die "no ray executable (install knnmon, or set KNNMON_RAY)"
+    PYTHON="$(dirname "$RAY")/python"; [ -x "$PYTHON" ] || PYTHON=python3
+    stop_node "$name"
+    node "$name" "$index" --address "$ADDRESS"
+    wait_nodes 3 head "$name" || die "$name did not join again; see $DIR/$name.log"
+    echo "$name restarted (PID $(cat "$DIR/$name.pid"))"
 }
 
 status() {
@@ -108,5 +124,6 @@ case "${1:-}" in
     start) start ;;
     stop) stop ;;
     status) status ;;
-    *) echo "usage: $0 start|stop|status" >&2; exit 2 ;;
+    restart) restart "${2:-}" ;;
+    *) echo "usage: $0 start|stop|status|restart worker1|worker2" >&2; exit 2 ;;
 esac

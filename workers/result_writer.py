@@ -169,6 +169,16 @@ class ResultWriter:
         self._per_entry = 100.0  # recent changes per feed entry (a moving average), for the trim
         #: The holder counts of a writer used alone (:meth:`_details`), with its own handles.
         self._own: tuple[Holders, dict[str, int], list[str]] | None = None
+        #: The marker value of the last write that succeeded (``None``: none yet), and whether a
+        #: write failed since: :meth:`last_write`.
+        self._last: str | None = None
+        self._failed = False
+
+    def last_write(self) -> tuple[str | None, bool]:
+        """The marker value (``<session>:<tag>``) its last successful write left in Redis
+        (``None``: no write yet), and whether a write failed after it: a service that lost its
+        Redis for a while asks, to tell whether the Redis that came back kept every write."""
+        return self._last, self._failed
 
     def apply(self, tag: int | str, payload: dict) -> float:
         """One script call with a payload built for ``tag`` (a batch's number, or
@@ -180,8 +190,16 @@ class ResultWriter:
         StoreUnavailableError
             Redis unreachable after every retry.
         """
-        if self.masters is not None:
-            return self._apply_cluster(tag, payload)
+        try:
+            seconds = self._apply_cluster(tag, payload) if self.masters is not None else self._apply_one(tag, payload)
+        except BaseException:
+            self._failed = True
+            raise
+        self._last, self._failed = f"{self.session}:{tag}", False
+        return seconds
+
+    def _apply_one(self, tag: int | str, payload: dict) -> float:
+        """:meth:`apply` on a standalone Redis."""
         okey = self.keys.objects(self.worker)
         hs, hd = payload["dets"].get(okey, ([], []))
         packed = msgpack.packb({**payload, "dets": None, "okey": okey, "hs": hs, "hd": hd, "marker": self._marker,

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from knnmon.connection import set_retry_window
 from knnmon.errors import InvalidArgumentError
 from knnmon.heap import resident_bytes
 from knnmon.query import QueryColumns
@@ -111,6 +112,9 @@ class KnnWorker(Registration, BatchUpdate, WindowLists, ReleaseInParts, Handover
         (:meth:`RTreeIndex.batch_search`) or, with another index, the batch's exact candidates
         grouped by their count. 1 (the default): one write per batch. Not with
         ``overlap_writes``.
+    redis_wait_s
+        Retry a Redis that does not answer this long before a write fails, seconds
+        (:func:`~knnmon.connection.set_retry_window`, for this process); ``None``: as set.
 
     Raises
     ------
@@ -121,13 +125,16 @@ class KnnWorker(Registration, BatchUpdate, WindowLists, ReleaseInParts, Handover
 
     def __init__(self, worker_id: int, redis_url: str | None, namespace: str = "knn", *,
                  vocabulary: Mapping[str, int] | None = None, index: str = "grid", overlap_writes: bool = False,
-                 reserve: int = 0, track_load: bool = False, release_groups: int = 1) -> None:
+                 reserve: int = 0, track_load: bool = False, release_groups: int = 1,
+                 redis_wait_s: float | None = None) -> None:
         if index not in INDEXES:
             raise InvalidArgumentError(f"Invalid index: {index!r}.\nValid options are: {tuple(INDEXES)}")
         if reserve < 0:
             raise InvalidArgumentError(f"the reserve must be >= 0; got {reserve}")
         if not 1 <= release_groups <= MAX_RELEASE_GROUPS:
             raise InvalidArgumentError(f"release_groups must be in 1..{MAX_RELEASE_GROUPS}; got {release_groups}")
+        if redis_wait_s is not None:
+            set_retry_window(redis_wait_s)
         self.release_groups = int(release_groups)
         self.worker_id, self.reserve = worker_id, int(reserve)
         self.writer = ResultWriter(redis_url, namespace, worker_id) if redis_url else None
@@ -172,6 +179,13 @@ class KnnWorker(Registration, BatchUpdate, WindowLists, ReleaseInParts, Handover
     def _write_now(self, fn, *args) -> Any:
         """Call a writer method now, after any batch writes still queued (in stream order)."""
         return self.queue.now(fn, *args) if self.queue is not None else fn(*args)
+
+    def last_write(self) -> tuple[str | None, bool]:
+        """:meth:`ResultWriter.last_write` (``(None, False)`` without Redis); after the writes
+        still queued."""
+        if self.writer is None:
+            return None, False
+        return self._write_now(self.writer.last_write)
 
     def written(self, batch: int) -> WriteFigures:
         """Wait until batch ``batch``'s changes are in Redis (with ``overlap_writes``); the

@@ -24,7 +24,7 @@ def _serve(a: argparse.Namespace) -> int:
     from knnmon.coordinator.runtime.config import RunConfig
 
     run = RunConfig(**runtime_settings(a), initial=0, store=store_config(a, durable=True), overlap_writes=False,
-                    release_groups=a.release_groups)
+                    release_groups=a.release_groups, redis_wait_s=a.redis_wait)
     config = ServeConfig(run=run, objects_dir=a.objects, initial=a.initial, max_delay_ms=a.max_delay_ms,
                          checkpoint_interval_s=a.checkpoint_interval, batching=a.batching,
                          latency_target_ms=a.latency_target_ms, sjf=a.sjf)
@@ -65,6 +65,9 @@ def add_serve_command(sub: Any) -> None:
     add_limit_options(s)
     add_window_options(s, arrival=False)
     add_rebalance_options(s)
+    s.add_argument("--redis-wait", type=float, default=60.0, metavar="S",
+                   help="when Redis stops answering (a restart), the service and its workers retry for S seconds "
+                        "before they rebuild from it (default 60)")
     s.add_argument("--checkpoint-interval", type=float, default=60.0, metavar="S",
                    help="with --window: seconds between checkpoints, which trim the objects stream to what "
                         "the window still needs (default 60)")

@@ -79,6 +79,11 @@ class RunConfig:
     rebalance : RebalanceConfig or None
         Re-balance under drift (``--rebalance``; :mod:`knnmon.coordinator.rebalance`); ``None``: the
         plan stays as made.
+    redis_wait_s : float
+        How long the coordinator and the workers retry a Redis that does not answer before they
+        give up on it, seconds (``--redis-wait`` of ``serve``:
+        :func:`~knnmon.connection.set_retry_window`): a Redis restart shorter than this costs
+        a wait, not a recovery.
     release_groups : int
         Each worker releases a batch's changes in up to this many Short-Job-First parts, each
         as soon as it is done (:class:`~knnmon.workers.worker.KnnWorker`; ``--release-groups``
@@ -92,7 +97,7 @@ class RunConfig:
         a window outside 1 ms..10 years, an allowed lateness outside 0..10 years or without a
         window, ``arrival_ms`` outside 1..:data:`MAX_ARRIVAL_MS`, a
         ``reserve`` outside 0..1000, ``release_groups`` outside 1..64 or above 1 with
-        ``overlap_writes``.
+        ``overlap_writes``, ``redis_wait_s`` outside 0..3600.
     """
 
     workers: int = 2
@@ -121,8 +126,11 @@ class RunConfig:
     reserve: int | None = None
     rebalance: RebalanceConfig | None = None
     release_groups: int = 1
+    redis_wait_s: float = 6.2
 
     def __post_init__(self) -> None:
+        if not (isinstance(self.redis_wait_s, (int, float)) and 0 <= self.redis_wait_s <= 3600):
+            raise InvalidArgumentError(f"--redis-wait must be between 0 and 3600 seconds; got {self.redis_wait_s}")
         if not 1 <= self.workers <= 64:
             raise InvalidArgumentError(f"--workers must be between 1 and 64; got {self.workers}")
         if self.batch < 1:

@@ -31,6 +31,7 @@ from knnmon.coordinator.runtime.metrics import BatchReport
 from knnmon.coordinator.runtime.object_store import ObjectStore
 from knnmon.coordinator.runtime.seen_ids import SeenIds
 from knnmon.coordinator.runtime.worker_pool import Pending, WorkerPool
+from knnmon.errors import WorkerLostError
 from knnmon.query import QueryColumns
 from knnmon.reports import WorkerReport
 from knnmon.window import Window
@@ -125,8 +126,11 @@ class Dispatcher:
             batch = batch.filter(pa.array(~late))
         self.objects.expire(cutoff)
         self.seen.forget(cutoff)
-        needs: list[QueryColumns] = self.pool.gather([self.pool.expire(w, cutoff)
-                                                      for w in range(self.pool.size)])
+        needs: list[QueryColumns] = self.pool.gather_each([self.pool.expire(w, cutoff)
+                                                           for w in range(self.pool.size)])
+        # A worker lost here refills nothing: the batch's call to it fails too, and its revival
+        # after the batch rebuilds its lists over the live objects (Runtime._collect).
+        needs = [QueryColumns.of([]) if isinstance(n, WorkerLostError) else n for n in needs]
         self.refill_parts_ms = {"expire": (time.perf_counter() - t0) * 1e3, "search": 0.0, "routing": 0.0}
         refills = self._refill(needs)
         return batch, n_late, cutoff, refills, (time.perf_counter() - t0) * 1e3

@@ -16,6 +16,16 @@ a new one and rebuilds it from what Redis holds, while the other workers keep th
    (:func:`rows_to_resend`).
 
 The revived worker's reports of batches it had applied before dying are lost (empty reports).
+
+**With a window** Redis holds each result's first ``k`` but not the reserve beyond it, and the
+expiries and refills of a batch in flight cannot be replayed from Redis: the worker is rebuilt
+instead over the coordinator's live objects, which already hold every batch dispatched (each
+query's exact ``k + reserve`` nearest live matches, as a registration's are searched); the
+rebuilt lists' regions join the routing table (a list whose reserve had run out may reach
+farther now); Redis is made to hold the rebuilt results, whatever part of the batch in flight the
+worker had written (:func:`~knnmon.coordinator.runtime.revival_repair.repair_worker`: one atomic
+write at that batch's feed version); the batch's call to the worker then reports nothing (its
+work is in the rebuilt state).
 """
 
 from __future__ import annotations
@@ -33,6 +43,7 @@ from knnmon.connection import connect, with_retries
 from knnmon.coordinator.runtime.dispatch import DispatchedBatch
 from knnmon.coordinator.runtime.object_store import ObjectStore
 from knnmon.coordinator.runtime.registration import Registrar
+from knnmon.coordinator.runtime.revival_repair import Repair, repair_worker
 from knnmon.coordinator.runtime.worker_pool import Pending, RayPool
 from knnmon.errors import WorkerLostError
 from knnmon.keys import Keys
@@ -125,15 +136,19 @@ class Revival:
     absent
         Query ids it was asked to hold that Redis has no hash of (a registration the worker
         died before writing): not loaded; the caller sends them again.
+    repair
+        With a window, what Redis needed to hold the rebuilt results
+        (:func:`~knnmon.coordinator.runtime.revival_repair.repair_worker`).
     """
 
     batches: list[DispatchedBatch]
     absent: list[str]
+    repair: Repair = Repair()
 
 
 def revive(pool: RayPool, registrar: Registrar, redis_url: str, namespace: str, worker: int,
            uncollected: Sequence[DispatchedBatch], chunk: int = 10_000, *, also: Sequence[str] = (),
-           live: ObjectStore | None = None) -> Revival:
+           live: ObjectStore | None = None, version: int = 0) -> Revival:
     """Start worker ``worker`` anew and rebuild it exactly (module docstring): its queries (the
     registrar's, and ``also``: ids no longer registered whose keys it may not have deleted yet)
     as Redis holds them; returns ``uncollected`` with this worker's calls sent to the new worker,
@@ -141,10 +156,11 @@ def revive(pool: RayPool, registrar: Registrar, redis_url: str, namespace: str, 
     codes as they are now (queries registered since the start added some), so that the batches'
     pre-encoded keywords mean the same to it.
 
-    With a window, Redis holds each result's first ``k`` but not the reserve beyond it: then
-    ``live`` (the objects the workers' lists are made of, no batch in flight: ``uncollected``
-    empty) gives each query's exact ``k + reserve`` nearest, as a registration's are searched;
-    their first ``k`` are what Redis holds, so nothing is written.
+    With a window, ``live`` (the live objects, every batch of ``uncollected`` dispatched into
+    them already) gives each query's exact ``k + reserve`` nearest; Redis is repaired to their
+    first ``k`` at feed version ``version`` (the newest dispatched batch's number plus one, or the
+    next batch's number when none is in flight), and the worker's calls of ``uncollected`` report
+    nothing.
 
     Raises
     ------
@@ -155,23 +171,20 @@ def revive(pool: RayPool, registrar: Registrar, redis_url: str, namespace: str, 
     keys = Keys(namespace)
     client = connect(redis_url)
     try:
-        if live is not None and uncollected:
-            raise ValueError("a worker rebuilt over the live objects needs no batch in flight")
         qids = [q for q, w in registrar.query_worker.items() if w == worker] + list(also)
-        queries, counts, ids, dists, absent = [], [], [], [], []
+        queries, counts, ids, dists, absent, stored = [], [], [], [], [], []
         reader = ResultReader(client, keys, url=redis_url, chunk=chunk)
-        for qid, h, result in reader.many(qids, hashes=True, results=live is None):  # else searched below
+        for qid, h, result in reader.many(qids, hashes=True):
             if not h:
                 absent.append(qid)
                 continue
             queries.append(Query.from_hash(qid, h))
-            if result is None:
-                continue
-            counts.append(len(result))
-            ids += [o for o, _ in result]
-            dists += [d for _, d in result]
-        last, partial = with_retries(lambda: applied_state(client, keys, worker), "reading a worker's marker",
-                                     redis_url)
+            stored.append(result or [])
+            counts.append(len(result or []))
+            ids += [o for o, _ in result or []]
+            dists += [d for _, d in result or []]
+        last, partial = (-1, None) if live is not None else with_retries(
+            lambda: applied_state(client, keys, worker), "reading a worker's marker", redis_url)
     finally:
         client.close()
     routing = registrar.plan.routing
@@ -179,9 +192,17 @@ def revive(pool: RayPool, registrar: Registrar, redis_url: str, namespace: str, 
     codes = {x: routing.code(x) for q in queries for x in q.keywords}
     topk = KnnColumns(counts, ids, np.asarray(dists, dtype=np.float64))  # (columns to the worker)
     details: Any = {}
-    if live is not None:  # the lists with their reserves, and the held objects' details
-        topk, details = live.knn_v([q.lon for q in queries], [q.lat for q in queries], [q.keywords for q in queries],
-                                   [q.k + registrar.reserve for q in queries])
+    repair = Repair()
+    if live is not None:  # the lists with their reserves, Redis made to hold their first k
+        lon, lat = np.array([q.lon for q in queries]), np.array([q.lat for q in queries])
+        k = np.array([q.k for q in queries], dtype=np.int64)
+        cap = k + registrar.reserve
+        topk, details = live.knn_v(lon, lat, [q.keywords for q in queries], cap)
+        rect = registrar.plan.model.rects(lon, lat, topk.kth(cap))
+        routing.add_many([[routing.code(x) for x in q.keywords] for q in queries], rect.x0, rect.y0, rect.x1,
+                         rect.y1, np.full(len(queries), worker))
+        repair = repair_worker(redis_url, namespace, worker, [q.id for q in queries], stored, topk, k, details,
+                               version=version, tag=version - 1)
     pool.gather([pool.load(worker, QueryColumns.of(queries), topk, details, write=False,
                            vocabulary=codes)])
     out, resent = [], 0
@@ -189,13 +210,14 @@ def revive(pool: RayPool, registrar: Registrar, redis_url: str, namespace: str, 
         if worker not in d.rows:
             out.append(d)
             continue
-        rows = rows_to_resend(d.number, d.rows[worker], last, partial)
+        rows = None if live is not None else rows_to_resend(d.number, d.rows[worker], last, partial)
         if rows is not None:
             call = pool.process(worker, d.shared, rows)
             resent += 1
-        else:  # applied before the worker died; its report is lost
+        else:  # applied before the worker died (or, with a window, in the rebuilt lists); its report is lost
             call = Pending(worker, pool.share(WorkerReport(worker=worker, batch=d.number)))
         out.append(replace(d, pending=[call if p.worker == worker else p for p in d.pending]))
-    log.warning("worker %d revived: %d queries rebuilt from Redis as of batch %d, %d batches sent again, in %.1f s",
-                worker, len(queries), last, resent, time.perf_counter() - t0)
-    return Revival(out, absent)
+    log.warning("worker %d revived: %d queries rebuilt %s, %d batches sent again, %d results repaired, in %.1f s",
+                worker, len(queries), "over the live objects" if live is not None else f"from Redis as of batch {last}",
+                resent, repair.results, time.perf_counter() - t0)
+    return Revival(out, absent, repair)

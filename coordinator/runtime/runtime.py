@@ -232,6 +232,11 @@ class Runtime:
         revived first, as in :meth:`estimate`)."""
         return [{k: s.get(k) for k in ("worker", "node", "pid")} for s in self._reviving(self.registrar.stats)]
 
+    def last_writes(self) -> list[tuple[str | None, bool]]:
+        """Each worker's last write's marker value and whether a write failed since
+        (:meth:`KnnWorker.last_write`), for a check that Redis kept every write."""
+        return self._reviving(lambda: self.pool.gather([self.pool.last_write(w) for w in range(self.pool.size)]))
+
     def _reviving(self, call: Callable[[], Any]) -> Any:
         """``call()``, between batches; a worker it finds lost is revived in place and the call
         made again (:meth:`revive_idle`), or the loss raised if it cannot be.
@@ -265,25 +270,28 @@ class Runtime:
         dispatched after it (``later``, updated in place) sent to it again, at most
         :data:`MAX_REVIVALS` times a run.
 
-        With a window a lost worker is not revived here: Redis holds its results but not their
-        reserves, and the refills its rebuilt lists would need must be searched over the live
-        objects as they were before ``d``, which the object store has moved past (the batches
-        in flight). ``knnmon serve`` then recovers every worker from Redis and the trimmed
-        objects stream (exact); ``knnmon run`` stops with the error.
+        With a window the lost worker is rebuilt over the live objects, which hold ``d``
+        already, and Redis repaired to match (:mod:`~knnmon.coordinator.runtime.revival`); not
+        while later batches are in flight too (the live objects have moved past ``d``, and the
+        other workers' writes of ``d`` would follow the repair's newer feed version): then
+        ``knnmon run`` stops with the error (``knnmon serve`` has one batch in flight).
 
         Raises
         ------
         WorkerLostError
-            In process (nothing to revive), with a window, or after :data:`MAX_REVIVALS` revivals.
+            In process (nothing to revive), with a window and later batches in flight, or after
+            :data:`MAX_REVIVALS` revivals.
         """
         while True:
             try:
                 return self.dispatcher.collect(d)
             except WorkerLostError as ex:
-                if not self._can_revive():
+                if not self._can_revive(between_batches=not later):
                     raise
+                windowed = self.config.window is not None
                 revived = revive(self.pool, self.registrar, self.store.url, self.config.store.namespace, ex.worker,
-                                 [d, *later]).batches
+                                 [d, *later], live=self.objects if windowed else None,
+                                 version=self.dispatcher.next_batch).batches
                 d = revived[0]
                 later.clear()
                 later.extend(revived[1:])
@@ -291,8 +299,8 @@ class Runtime:
 
     def _can_revive(self, *, between_batches: bool = False) -> bool:
         """Whether a lost worker is revived in place: a Ray worker, fewer than
-        :data:`MAX_REVIVALS` revivals so far, and no window unless no batch is in flight (see
-        :meth:`_collect`)."""
+        :data:`MAX_REVIVALS` revivals so far, and no window unless at most one batch is in
+        flight (``between_batches``; see :meth:`_collect`)."""
         return (isinstance(self.pool, RayPool) and self.workers_revived < MAX_REVIVALS
                 and (self.config.window is None or between_batches))
 
@@ -304,8 +312,9 @@ class Runtime:
         if not self._can_revive(between_batches=True):
             return None
         live = self.objects if self.config.window is not None else None
+        version = self.dispatcher.next_batch if self.dispatcher is not None else 0
         revived = revive(self.pool, self.registrar, self.store.url, self.config.store.namespace, worker, [],
-                         also=also, live=live)
+                         also=also, live=live, version=version)
         self.workers_revived += 1
         return revived
 

@@ -67,6 +67,11 @@ class WorkerPool(ABC):
             A worker died (its actor process was killed, or its node was lost).
         """
 
+    def gather_each(self, pending: Sequence[Pending]) -> list[Any]:
+        """As :meth:`gather`, but a lost worker's result is its :class:`WorkerLostError` (not
+        raised): the others' results are kept."""
+        return self.gather(pending)
+
     def _send(self, worker: int, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Pending:
         return self.call(worker, method.__name__, *args, **kwargs)
 
@@ -84,6 +89,10 @@ class WorkerPool(ABC):
     def written(self, worker: int, batch: int) -> Pending:
         """:meth:`KnnWorker.written`: the queued write of ``batch``."""
         return self._send(worker, WorkerApi.written, batch)
+
+    def last_write(self, worker: int) -> Pending:
+        """:meth:`KnnWorker.last_write`: its last write's marker, and whether a write failed since."""
+        return self._send(worker, WorkerApi.last_write)
 
     def expire(self, worker: int, cutoff: int) -> Pending:
         """:meth:`KnnWorker.expire`: the queries to refill."""
@@ -218,6 +227,20 @@ class RayPool(WorkerPool):
                     raise WorkerLostError(p.worker, f"its Ray actor died ({type(ex).__name__})") from ex
             raise
 
+    def gather_each(self, pending: Sequence[Pending]) -> list[Any]:
+        from ray.exceptions import RayActorError
+
+        try:
+            return self._ray.get([p.value for p in pending])
+        except RayActorError:
+            out = []
+            for p in pending:
+                try:
+                    out.append(self._ray.get(p.value))
+                except RayActorError as ex:
+                    out.append(WorkerLostError(p.worker, f"its Ray actor died ({type(ex).__name__})"))
+            return out
+
     def share(self, obj: Any) -> Any:
         """``obj`` in Ray's object store, once for every worker; a batch whose table is below
         :data:`SHARE_MIN_BYTES` goes inline in each call instead (a ``ray.put`` costs more than
@@ -265,7 +288,8 @@ def make_pool(config: RunConfig, redis_url: str | None, vocabulary: Mapping[str,
 
     args = {"redis_url": redis_url, "namespace": config.store.namespace, "vocabulary": vocabulary,
             "index": config.index, "overlap_writes": config.overlap_writes, "reserve": config.places_reserved,
-            "track_load": config.rebalance is not None, "release_groups": config.release_groups}
+            "track_load": config.rebalance is not None, "release_groups": config.release_groups,
+            "redis_wait_s": config.redis_wait_s}
     if config.executor == "inline":
         return InlinePool([KnnWorker(w, **args) for w in range(config.workers)])
     return RayPool(config.workers, args, config.ray_address)

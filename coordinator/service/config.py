@@ -16,11 +16,11 @@ __all__ = ["RUN_FIELDS", "ServeConfig"]
 
 #: The :class:`RunConfig` fields a service uses, which its status reports beside its own.
 RUN_FIELDS = ("workers", "algorithm", "store", "ray_address", "executor", "batch", "processes", "limits", "window",
-              "allowed_lateness", "reserve", "rebalance", "index", "release_groups")
+              "allowed_lateness", "reserve", "rebalance", "index", "release_groups", "redis_wait_s")
 
 
 def _runtime() -> RunConfig:
-    return RunConfig(initial=0, store=StoreConfig(durable=True), overlap_writes=False)
+    return RunConfig(initial=0, store=StoreConfig(durable=True), overlap_writes=False, redis_wait_s=60.0)
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from knnmon.coordinator.runtime.runtime import Runtime
 from knnmon.coordinator.service.recovery import objects_table
 from knnmon.errors import Rejected
 from knnmon.limits import Limits
-from knnmon.protocol import GROUP, parse_object, redis_clock_ms
+from knnmon.protocol import GROUP, entry_order, parse_object, redis_clock_ms
 
 __all__ = ["CLUSTER_BLOCK_MS", "Entry", "ObjectRead", "Reject", "StreamReader", "read_objects"]
 
@@ -40,6 +40,8 @@ class StreamReader:
     def __init__(self, client: redis.Redis, consumer: str) -> None:
         self.client = client
         self.consumer = consumer
+        #: Each stream -> the newest entry id read from it so far.
+        self.last_ids: dict[str, str] = {}
 
     def read(self, streams: dict[str, str], count: int, block_ms: int | None) -> list[tuple[str, list[Entry]]]:
         """Entries of ``streams`` (key -> start id) as ``[(key, [(id, fields), ...]), ...]``; an
@@ -57,6 +59,9 @@ class StreamReader:
                 key, start = list(streams.items())[-1]
                 got = client.xreadgroup(GROUP, self.consumer, {key: start}, count=count,
                                         block=min(block_ms, CLUSTER_BLOCK_MS)) or []
+        for key, entries in got:
+            if entries and (key not in self.last_ids or entry_order(entries[-1][0]) > entry_order(self.last_ids[key])):
+                self.last_ids[key] = entries[-1][0]
         return [(key, [(eid, fields or {}) for eid, fields in entries]) for key, entries in got]
 
 

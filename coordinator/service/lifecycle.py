@@ -20,9 +20,11 @@ from knnmon.coordinator.service.checkpoint import Checkpointer
 from knnmon.coordinator.service.config import ServeConfig
 from knnmon.coordinator.service.intake import StreamReader
 from knnmon.coordinator.service.ledger import Ledger
+from knnmon.coordinator.service.outage import server_ids
 from knnmon.coordinator.service.query_ops import QueryOps
 from knnmon.coordinator.service.recovery import recover
 from knnmon.coordinator.service.startup import connect_when_up, load_preload, ray_running, refuse_a_second_service
+from knnmon.connection import set_retry_window
 from knnmon.keys import Keys
 from knnmon.store import Store, open_store
 
@@ -33,7 +35,8 @@ log = logging.getLogger("knnmon.serve")
 #: What the service counts (:attr:`Lifecycle.counters`, published in its status).
 COUNTERS = ("objects", "batches", "rejects", "registered", "updated", "unchanged", "unregistered",
             "unregister_unknown", "recoveries", "worker_restarts", "isolations", "internal_errors",
-            "objects_entries_read", "queries_entries_read", "late", "future", "checkpoints", "entries_trimmed")
+            "objects_entries_read", "queries_entries_read", "late", "future", "checkpoints", "entries_trimmed",
+            "redis_outages")
 
 
 class Lifecycle:
@@ -70,6 +73,10 @@ class Lifecycle:
         self._handle_signals = False
         self._revived_seen = 0  # the runtime's workers_revived when the worker list was taken
         self._backlog = False  # the last read came back full
+        self._applying = False  # entries read are being applied: state ahead of what is acknowledged
+        self._server_ids: frozenset[str] | None = None  # the Redis server(s) recovered from
+        #: Redis outages ridden out without a rebuild: seconds from the failure to serving again.
+        self.outages_s: list[float] = []
         self.batching = BatchPolicy(config.batching, batch=config.run.batch, max_delay_ms=config.max_delay_ms,
                                     latency_target_ms=config.latency_target_ms, sjf=config.sjf)
 
@@ -107,7 +114,10 @@ class Lifecycle:
         """Rebuild the state from Redis and the ingest streams, then start the workers on it;
         entries ``skip`` of the objects stream are left out and left pending."""
         t0 = time.perf_counter()
+        set_retry_window(self.config.run.redis_wait_s)
         self.client = connect_when_up(self.redis_url, lambda: self.stopping)
+        self._server_ids = server_ids(self.client)
+        self._applying = False
         self.reader = StreamReader(self.client, self.config.consumer)
         # The initial kNN forks helper processes, which is unsafe once Ray's threads run here
         # (a restart while connected to a cluster): then it searches in this process only.

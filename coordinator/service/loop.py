@@ -20,9 +20,12 @@ them as consumer ``serve`` of the consumer group ``knnmon``
 - acknowledges entries only after their effect is in Redis, and logs each batch to
   ``knn:serve:batches`` (:mod:`~knnmon.coordinator.service.ledger`).
 
-At start, and whenever Redis went away mid-stream (retried with backoff, logged) or a worker
-was lost, the state is rebuilt from Redis (:mod:`~knnmon.coordinator.service.recovery`):
-nothing acknowledged is lost or duplicated, even after SIGKILL. An entry whose processing fails
+At start the state is rebuilt from Redis (:mod:`~knnmon.coordinator.service.recovery`):
+nothing acknowledged is lost or duplicated, even after SIGKILL. A worker lost on the way is
+revived in place by the runtime (:mod:`~knnmon.coordinator.runtime.revival`). When Redis stops
+answering, the service waits for it and goes on without a rebuild if it kept every write
+(:mod:`~knnmon.coordinator.service.outage`); otherwise, as when a worker cannot be revived, the
+state is rebuilt from Redis. An entry whose processing fails
 for any other reason is isolated (:meth:`Service._guarded`). SIGTERM (or Ctrl-C) lets the batch
 in flight finish and be acknowledged, then stops cleanly.
 """
@@ -41,7 +44,8 @@ import pyarrow as pa
 
 from knnmon.coordinator.service.intake import Entry, read_objects
 from knnmon.coordinator.service.lifecycle import COUNTERS, Lifecycle
-from knnmon.coordinator.service.startup import caused_by, is_infrastructure
+from knnmon.coordinator.service.outage import kept_every_write, server_ids
+from knnmon.coordinator.service.startup import caused_by, connect_when_up, is_infrastructure
 from knnmon.errors import Rejected, WorkerLostError
 
 __all__ = ["COUNTERS", "Service"]
@@ -81,6 +85,8 @@ class Service(Lifecycle):
                     raise
                 if caused_by(ex, WorkerLostError):
                     self.counters["worker_restarts"] += 1
+                elif not self._applying and self._rode_out(ex):
+                    continue
                 log.warning("step failed (%s: %s); recovering from Redis (attempt %d)", type(ex).__name__, ex,
                             failures)
                 self._restart()
@@ -108,6 +114,39 @@ class Service(Lifecycle):
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self.stop)
             signal.signal(signal.SIGINT, self.stop)
+
+    def _rode_out(self, ex: Exception) -> bool:
+        """:meth:`_ride_out`; ``False`` if Redis went away again meanwhile (then rebuilt)."""
+        try:
+            return self._ride_out(ex)
+        except Exception as again:  # noqa: BLE001 - Redis or a worker gone again: rebuilt by the caller
+            if not is_infrastructure(again):
+                raise
+            log.warning("riding out the Redis outage failed (%s: %s)", type(again).__name__, again)
+            return False
+
+    def _ride_out(self, ex: Exception) -> bool:
+        """Redis stopped answering between two applications: wait for it; ``True`` if it kept
+        every write (:func:`~knnmon.coordinator.service.outage.kept_every_write`) and the entries
+        delivered meanwhile are applied, ``False`` if the state must be rebuilt from it."""
+        t0 = time.perf_counter()
+        log.warning("Redis unreachable (%s: %s); waiting for it", type(ex).__name__, ex)
+        connect_when_up(self.redis_url, lambda: self.stopping).close()
+        why = kept_every_write(self.client, self.keys, self._server_ids, self.reader.last_ids,
+                               self.runtime.last_writes)
+        if why is not None:
+            log.warning("Redis is back, but not with every write (%s): rebuilding from it", why)
+            return False
+        self._server_ids = server_ids(self.client)
+        self._apply_pending_query_ops()
+        ko = self.keys.ingest_objects
+        while entries := (self.reader.read({ko: "0"}, self.config.run.batch, None) or [(ko, [])])[0][1]:
+            self._guarded(ko, entries, self._process_objects)  # delivered, the reply lost: applied now
+        self.counters["redis_outages"] += 1
+        self.outages_s.append(time.perf_counter() - t0)
+        log.warning("Redis is back with every write: serving again after %.1f s, nothing rebuilt",
+                    self.outages_s[-1])
+        return True
 
     def _restart(self, skip: frozenset[str] = frozenset()) -> None:
         """Drop the workers and rebuild everything from Redis, leaving the entries ``skip`` (of
@@ -138,9 +177,12 @@ class Service(Lifecycle):
         """``apply(entries)``, with poison isolation: a failure that is not Redis or a worker
         going away (so a bug that an entry triggered) cannot stop the service. The state is
         rebuilt from Redis without these entries, which are then applied one at a time; one
-        that fails alone is rejected as ``internal_error`` with the error, and acknowledged."""
+        that fails alone is rejected as ``internal_error`` with the error, and acknowledged.
+        Until it returns the state may be ahead of what is acknowledged (``_applying``)."""
+        self._applying = True
         try:
             apply(entries)
+            self._applying = False
             return
         except Exception as ex:  # noqa: BLE001 - isolated below
             if is_infrastructure(ex):
@@ -160,6 +202,7 @@ class Service(Lifecycle):
                 log.error("entry %s of %s rejected as internal_error: %s", eid, stream, detail)
                 self._restart(skip=frozenset(e for e, _ in entries[i:]))
                 self.ledger.ack(stream, [eid], [(eid, fields, Rejected("internal_error", detail))])
+        self._applying = False
 
     def _step(self) -> bool:
         """One read of both streams; query operations applied, objects batched. ``True`` if

@@ -14,7 +14,7 @@ from redis.retry import Retry
 
 from knnmon.errors import StoreUnavailableError
 
-__all__ = ["connect", "redact", "with_retries", "redis_url_from_env", "ENV_REDIS_URL"]
+__all__ = ["connect", "redact", "retry_window", "set_retry_window", "with_retries", "redis_url_from_env", "ENV_REDIS_URL"]
 
 ENV_REDIS_URL = "KNNMON_REDIS_URL"
 log = logging.getLogger("knnmon.redis")
@@ -85,12 +85,44 @@ def connect(url: str, *, socket_timeout_s: float = 30.0) -> redis.Redis:
     return RedisCluster.from_url(url, **options)
 
 
-def with_retries(op: Callable[[], T], what: str, url: str, *, attempts: int = 6, backoff_s: float = 0.2,
+#: How long :func:`with_retries` keeps trying by default, seconds (:func:`set_retry_window`).
+_retry_window_s = 6.2
+
+
+def set_retry_window(seconds: float) -> None:
+    """Make :func:`with_retries` (without ``attempts``) keep trying for ``seconds`` in this
+    process: ``knnmon serve`` and its workers ride out a Redis restart this long (``--redis-wait``).
+
+    Raises
+    ------
+    InvalidArgumentError
+        ``seconds`` not a finite number >= 0.
+    """
+    import math
+
+    from knnmon.errors import InvalidArgumentError
+
+    if not isinstance(seconds, (int, float)) or not math.isfinite(seconds) or seconds < 0:
+        raise InvalidArgumentError(f"the Redis retry window must be a finite number of seconds >= 0; got {seconds!r}")
+    global _retry_window_s
+    _retry_window_s = float(seconds)
+
+
+def retry_window() -> float:
+    """Seconds :func:`with_retries` keeps trying by default in this process."""
+    return _retry_window_s
+
+
+def with_retries(op: Callable[[], T], what: str, url: str, *, attempts: int | None = None, backoff_s: float = 0.2,
                  before_retry: Callable[[], bool] | None = None) -> T:
     """Run ``op``; on a connection error or timeout wait (exponential backoff) and try again.
 
     Parameters
     ----------
+    attempts
+        Give up after this many attempts (delays ``backoff_s * 2**i``); default: keep trying
+        for the process's retry window (:func:`set_retry_window`; 6.2 s unless set), the delay
+        doubling from ``backoff_s`` up to 2 s.
     before_retry
         Called before each retry; returning ``True`` means the failed attempt did take effect
         (e.g. its idempotency marker is in Redis), so ``op`` is not run again.
@@ -98,18 +130,21 @@ def with_retries(op: Callable[[], T], what: str, url: str, *, attempts: int = 6,
     Raises
     ------
     StoreUnavailableError
-        After ``attempts`` failures, naming ``what`` and ``url``.
+        After the last attempt fails, naming ``what`` and ``url``.
     """
-    for attempt in range(attempts):
+    deadline = time.monotonic() + _retry_window_s if attempts is None else None
+    attempt = 0
+    while True:
         try:
             if attempt and before_retry is not None and before_retry():
                 return None  # type: ignore[return-value]
             return op()
         except (redis.ConnectionError, redis.TimeoutError) as ex:
-            if attempt == attempts - 1:
+            attempt += 1
+            delay = backoff_s * 2 ** (attempt - 1) if attempts is not None else min(backoff_s * 2 ** (attempt - 1), 2.0)
+            if attempts is not None and attempt >= attempts or deadline is not None and \
+                    time.monotonic() + delay > deadline + 1e-9:
                 raise StoreUnavailableError(f"Redis at {redact(url)} unreachable while {what} "
-                                            f"(gave up after {attempts} attempts): {ex}") from ex
-            delay = backoff_s * 2 ** attempt
+                                            f"(gave up after {attempt} attempts): {ex}") from ex
             log.warning("Redis at %s: %s while %s; retrying in %.1f s", redact(url), ex, what, delay)
             time.sleep(delay)
-    raise AssertionError("unreachable")

@@ -183,3 +183,67 @@ def test_a_windowed_ray_worker_lost_between_batches_is_revived_with_its_reserves
             seen += b.num_rows
             assert_exact(redis_url, namespace, everyone, BruteForceKnn(live(objects, seen, window)))
         assert pid not in [s["pid"] for s in reg.stats()]
+
+
+def _kill(pid: int) -> None:
+    """SIGKILL a worker process and wait until it is gone."""
+    import os
+    import signal
+
+    os.kill(pid, signal.SIGKILL)
+    for _ in range(200):
+        try:
+            os.kill(pid, 0)
+            time.sleep(0.05)
+        except ProcessLookupError:
+            return
+
+
+def test_a_windowed_ray_worker_lost_during_a_batch_is_rebuilt_over_the_live_objects(windowed, ray_instance, redis_url,
+                                                                                   namespace, tmp_path):
+    """A worker lost before a batch (found at the batch's expiry) or while the batch runs is
+    revived in place after it: its lists rebuilt over the live objects, which hold the batch, and
+    Redis repaired to them in one write at the batch's version. Every result is exact after that
+    batch and the ones after; the change feed replays to every result, no change applied twice;
+    each details hash holds exactly its results' objects; no other worker is replaced."""
+    from collections import deque
+
+    import redis
+
+    from knnmon.keys import Keys
+    from knnmon.coordinator.testing import assert_feed_and_objects
+
+    objects_dir, queries, objects = windowed
+    window = 1500 * SECOND
+    config = RunConfig(workers=2, initial=3000, batch=250, batches=12, window=window, arrival_ms=SECOND, reserve=2,
+                       store=StoreConfig(redis_url, namespace, str(tmp_path)))
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    qids = queries.column("id").to_pylist()
+    with Runtime(objects_dir, queries, config) as rt:
+        batches = list(rt.batches())
+        seen = 3000
+        for b in batches[:3]:
+            rt.process(b)
+            seen += b.num_rows
+        pids = {s["worker"]: s["pid"] for s in rt.registrar.stats()}
+        _kill(pids[0])  # found lost by the next batch's expiry
+        report = rt.process(batches[3])
+        seen += batches[3].num_rows
+        assert rt.workers_revived == 1 and report.batch == 3
+        assert_exact(redis_url, namespace, queries, BruteForceKnn(live(objects, seen, window)))
+        assert_feed_and_objects(r, Keys(namespace), qids)
+        d = rt.dispatcher.dispatch(batches[4])  # lost while the batch runs
+        _kill(pids[1])
+        rt._collect(d, deque())
+        seen += batches[4].num_rows
+        assert rt.workers_revived == 2
+        after = {s["worker"]: s["pid"] for s in rt.registrar.stats()}
+        assert after[0] != pids[0] and after[1] != pids[1]
+        assert_exact(redis_url, namespace, queries, BruteForceKnn(live(objects, seen, window)))
+        assert_feed_and_objects(r, Keys(namespace), qids)
+        for b in batches[5:]:
+            rt.process(b)
+            seen += b.num_rows
+            assert_exact(redis_url, namespace, queries, BruteForceKnn(live(objects, seen, window)))
+        assert_feed_and_objects(r, Keys(namespace), qids)
+        assert rt.workers_revived == 2

@@ -1,0 +1,43 @@
+"""After a Redis outage: the check that tells a Redis that kept every write (go on, no rebuild)
+from one that came back without some (rebuild), on a real Redis."""
+
+from __future__ import annotations
+
+from knnmon.connection import connect
+from knnmon.coordinator.service.outage import kept_every_write, server_ids
+from knnmon.coordinator.service.recovery import create_groups
+from knnmon.keys import Keys
+from knnmon.protocol import GROUP
+
+
+def _never():
+    raise AssertionError("the workers are asked only when the server restarted")
+
+
+def test_a_restarted_redis_is_checked_for_every_write(redis_url, namespace):
+    r = connect(redis_url)
+    keys = Keys(namespace)
+    stream = keys.ingest_objects
+    create_groups(r, keys)
+    ids = [r.xadd(stream, {"i": str(i)}) for i in range(3)]
+    r.xreadgroup(GROUP, "serve", {stream: ">"}, count=3)
+    r.xack(stream, GROUP, *ids)
+    r.set(keys.worker_batch(0), "s1:5")
+    same, restarted = server_ids(r), frozenset(["another run_id"])
+    assert same and len(same) == 1
+    last = {stream: ids[-1]}
+    assert kept_every_write(r, keys, same, last, _never) is None  # the same process lost nothing
+    assert kept_every_write(r, keys, restarted, last, lambda: [("s1:5", False), (None, False)]) is None
+    assert "failed" in kept_every_write(r, keys, restarted, last, lambda: [("s1:5", True), (None, False)])
+    assert "worker 0's last write is missing" in kept_every_write(r, keys, restarted, last,
+                                                                  lambda: [("s1:6", False), (None, False)])
+    # an entry read and acknowledged, but pending again: its acknowledgement was lost
+    fourth = r.xadd(stream, {"i": "3"})
+    r.xreadgroup(GROUP, "serve", {stream: ">"}, count=1)
+    assert "pending again" in kept_every_write(r, keys, restarted, {stream: fourth}, lambda: [])
+    # a read whose reply was lost (pending, but newer than anything read) is no loss
+    assert kept_every_write(r, keys, restarted, last, lambda: []) is None
+    # the group delivered less than this service read
+    assert "delivered up to" in kept_every_write(r, keys, restarted, {stream: "99999999999999-0"}, lambda: [])
+    r.delete(stream)
+    assert "is gone" in kept_every_write(r, keys, restarted, last, lambda: [])
