@@ -33,7 +33,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -139,11 +139,16 @@ class Revival:
     repair
         With a window, what Redis needed to hold the rebuilt results
         (:func:`~knnmon.coordinator.runtime.revival_repair.repair_worker`).
+    seconds
+        Its steps' wall time: ``read`` (queries and results from Redis), ``search`` (with a
+        window: the lists over the live objects, their regions routed), ``repair``, ``load``
+        (the new worker started and loaded), ``total``.
     """
 
     batches: list[DispatchedBatch]
     absent: list[str]
     repair: Repair = Repair()
+    seconds: dict[str, float] = field(default_factory=dict)
 
 
 def revive(pool: RayPool, registrar: Registrar, redis_url: str, namespace: str, worker: int,
@@ -187,6 +192,7 @@ def revive(pool: RayPool, registrar: Registrar, redis_url: str, namespace: str, 
             lambda: applied_state(client, keys, worker), "reading a worker's marker", redis_url)
     finally:
         client.close()
+    seconds = {"read": time.perf_counter() - t0}
     routing = registrar.plan.routing
     pool.replace(worker, vocabulary={})
     codes = {x: routing.code(x) for q in queries for x in q.keywords}
@@ -197,14 +203,19 @@ def revive(pool: RayPool, registrar: Registrar, redis_url: str, namespace: str, 
         lon, lat = np.array([q.lon for q in queries]), np.array([q.lat for q in queries])
         k = np.array([q.k for q in queries], dtype=np.int64)
         cap = k + registrar.reserve
+        t1 = time.perf_counter()
         topk, details = live.knn_v(lon, lat, [q.keywords for q in queries], cap)
         rect = registrar.plan.model.rects(lon, lat, topk.kth(cap))
         routing.add_many([[routing.code(x) for x in q.keywords] for q in queries], rect.x0, rect.y0, rect.x1,
                          rect.y1, np.full(len(queries), worker))
+        t2 = time.perf_counter()
         repair = repair_worker(redis_url, namespace, worker, [q.id for q in queries], stored, topk, k, details,
                                version=version, tag=version - 1)
+        seconds.update(search=t2 - t1, repair=time.perf_counter() - t2)
+    t3 = time.perf_counter()
     pool.gather([pool.load(worker, QueryColumns.of(queries), topk, details, write=False,
                            vocabulary=codes)])
+    seconds.update(load=time.perf_counter() - t3, total=time.perf_counter() - t0)
     out, resent = [], 0
     for d in uncollected:
         if worker not in d.rows:
@@ -217,7 +228,8 @@ def revive(pool: RayPool, registrar: Registrar, redis_url: str, namespace: str, 
         else:  # applied before the worker died (or, with a window, in the rebuilt lists); its report is lost
             call = Pending(worker, pool.share(WorkerReport(worker=worker, batch=d.number)))
         out.append(replace(d, pending=[call if p.worker == worker else p for p in d.pending]))
-    log.warning("worker %d revived: %d queries rebuilt %s, %d batches sent again, %d results repaired, in %.1f s",
-                worker, len(queries), "over the live objects" if live is not None else f"from Redis as of batch {last}",
-                resent, repair.results, time.perf_counter() - t0)
-    return Revival(out, absent, repair)
+    log.warning("worker %d revived: %d queries rebuilt %s, %d batches sent again, %d results repaired, in %.1f s "
+                "(%s)", worker, len(queries),
+                "over the live objects" if live is not None else f"from Redis as of batch {last}", resent,
+                repair.results, time.perf_counter() - t0, ", ".join(f"{k} {v:.2f} s" for k, v in seconds.items()))
+    return Revival(out, absent, repair, seconds)

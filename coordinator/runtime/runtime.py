@@ -97,6 +97,8 @@ class Runtime:
         The batches :meth:`run` measured so far.
     workers_revived : int
         Lost Ray workers brought back so far (:mod:`~knnmon.coordinator.runtime.revival`).
+    revivals : list of dict
+        Each revival's steps' seconds (:attr:`~knnmon.coordinator.runtime.revival.Revival.seconds`).
     """
 
     def __init__(self, objects_dir: str | None, queries: str | pa.Table | None, config: RunConfig,
@@ -116,6 +118,7 @@ class Runtime:
         self.timings: dict[str, float] = {}
         self.reports: list[BatchReport] = []
         self.workers_revived = 0
+        self.revivals: list[dict[str, float]] = []
 
     def start(self) -> Runtime:
         """Read, plan, open the store, start the workers, load every query's initial kNN."""
@@ -288,14 +291,10 @@ class Runtime:
             except WorkerLostError as ex:
                 if not self._can_revive(between_batches=not later):
                     raise
-                windowed = self.config.window is not None
-                revived = revive(self.pool, self.registrar, self.store.url, self.config.store.namespace, ex.worker,
-                                 [d, *later], live=self.objects if windowed else None,
-                                 version=self.dispatcher.next_batch).batches
+                revived = self._revive(ex.worker, [d, *later]).batches
                 d = revived[0]
                 later.clear()
                 later.extend(revived[1:])
-                self.workers_revived += 1
 
     def _can_revive(self, *, between_batches: bool = False) -> bool:
         """Whether a lost worker is revived in place: a Ray worker, fewer than
@@ -309,13 +308,16 @@ class Runtime:
         unregister; no batch is in flight): from Redis (:func:`revive`), and with a window each
         list with its reserve searched over the live objects, which are exactly what the
         workers have applied between batches. ``None`` if it cannot be (:meth:`_can_revive`)."""
-        if not self._can_revive(between_batches=True):
-            return None
-        live = self.objects if self.config.window is not None else None
-        version = self.dispatcher.next_batch if self.dispatcher is not None else 0
-        revived = revive(self.pool, self.registrar, self.store.url, self.config.store.namespace, worker, [],
-                         also=also, live=live, version=version)
+        return self._revive(worker, also=also) if self._can_revive(between_batches=True) else None
+
+    def _revive(self, worker: int, batches: Sequence[DispatchedBatch] = (), also: Sequence[str] = ()) -> Revival:
+        """:func:`revive`, with a window over the live objects at the next batch's feed version;
+        counted, its steps' times kept in :attr:`revivals`."""
+        revived = revive(self.pool, self.registrar, self.store.url, self.config.store.namespace, worker, batches,
+                         also=also, live=self.objects if self.config.window is not None else None,
+                         version=self.dispatcher.next_batch if self.dispatcher is not None else 0)
         self.workers_revived += 1
+        self.revivals.append(revived.seconds)
         return revived
 
     def batches(self) -> Iterator[pa.Table]:

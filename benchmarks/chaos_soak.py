@@ -1,0 +1,609 @@
+"""Chaos soak: ``knnmon serve --window`` at load while faults are injected on a schedule (issue 35).
+
+A durable Redis of its own (the embedded server, AOF on), a local 3-node Ray cluster
+(``deploy/local-cluster.sh``), ``knnmon serve --window 10m --ray-address ...``. The window is
+filled first, as a service that has run for a while holds it: ``--prefill`` places (one
+window at ``--rate``) published with times spread evenly over the window before now; then
+``--queries-n`` queries (100 k) are registered, and objects published at ``--rate`` (1,000/s)
+without ``t`` (they take their entry's time) for ``--duration-s`` (30 minutes), all the places
+in stream order, again under new ids once they run out. Throughout: query registrations and unregisters (``--churn-per-s``), and
+``--hostile`` (1 %) of the entries hostile -- every reject reason an input can earn, far-future and
+far-past times, huge ``k``, oversize and non-UTF-8 fields -- each with the reason it must get.
+Faults, at the given seconds into publishing:
+
+- SIGKILL of a Ray worker process, once in every ``--worker-kill-every-s`` (5 min), at a random
+  point of it;
+- one SIGKILL of the service (restarted at once, as a supervisor would);
+- one Redis restart (stopped, saving, and started again on the same port);
+- one restart of a worker node of the Ray cluster.
+
+After each fault has been absorbed, and at the end, publishing pauses until the service has
+caught up, and ``--check`` registered queries (sampled) are compared with the brute-force
+oracle over the live objects the service accepted; the change feed must replay to every result
+with no change applied twice, and every entry must be acknowledged. Every ``--sample-s`` it
+records throughput, the stream's lag (age of the oldest entry waiting), the RSS of every
+process (service, workers, Redis, each Ray node's processes) and latency; per minute it reports
+latency p50/p99 (XADD -> acknowledged, from the service's batch log) and objects/s. Writes a JSON
+report and a plot.
+
+    python benchmarks/chaos_soak.py --objects /tmp/full --queries /tmp/q100k.parquet \\
+        --out docs/bench/chaos_soak.json --plot docs/bench/chaos_soak.png --log-dir /tmp/chaos
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pyarrow as pa
+import pyarrow.parquet as pq
+import redis
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from soak import caught_up  # noqa: E402 - the plain soak's helpers
+
+from knnmon.coordinator.service.status import read_status  # noqa: E402
+from knnmon.coordinator.testing import assert_applied_once, assert_exact, free_port_base, register_fields  # noqa: E402
+from knnmon.ingest.reading import read_objects, stream_order  # noqa: E402
+from knnmon.keys import Keys  # noqa: E402
+from knnmon.oracle import BruteForceKnn  # noqa: E402
+from knnmon.protocol import entry_time_ms  # noqa: E402
+from knnmon.redis_server import EmbeddedRedis, free_port  # noqa: E402
+from knnmon.window import parse_duration  # noqa: E402
+
+NAMESPACE = "chaos"
+ROOT = Path(__file__).resolve().parents[1]
+CLUSTER = ROOT / "deploy" / "local-cluster.sh"
+
+
+def hostile_object(i: int, good: dict, now_ms: int) -> tuple[dict, str]:
+    """The ``i``-th hostile object entry (cycling through the kinds) and the reason it must get."""
+    base = {"id": f"hostile-{i}", "lon": repr(good["lon"]), "lat": repr(good["lat"]),
+            "keywords": " ".join(good["keywords"])}
+    kinds = [
+        ({**base, "keywords": "x" * 70_000}, "field_too_large"),
+        ({**base, "keywords": b"caf\xff\xfe"}, "not_utf8"),
+        ({k: v for k, v in base.items() if k != "id"}, "missing_id"),
+        ({**base, "id": f"hostile {i}"}, "bad_id"),
+        ({k: v for k, v in base.items() if k != "lat"}, "missing_coordinates"),
+        ({**base, "lon": "nan"}, "non_numeric_coordinates"),
+        ({**base, "lon": "200"}, "longitude_out_of_range"),
+        ({**base, "lat": "-95"}, "latitude_out_of_range"),
+        ({**base, "lon": "0", "lat": "0"}, "null_island"),
+        ({**base, "t": "9" * 30}, "bad_time"),
+        ({**base, "t": str(now_ms + 10 * 365 * 86_400_000)}, "future"),  # far future: would expire everything
+        ({**base, "t": "1"}, "late"),  # far past: 1970
+        ({**base, "keywords": "   "}, "no_keywords"),
+        ({**base, "keywords": " ".join(f"w{j}" for j in range(40))}, "too_many_keywords"),
+        ({**base, "id": good["id"]}, "duplicate_id"),  # an id published just before
+    ]
+    return kinds[i % len(kinds)]
+
+
+def hostile_query(i: int, good: dict) -> tuple[dict, str]:
+    """The ``i``-th hostile query operation and the reason it must get."""
+    base = {**register_fields(good), "id": f"hq-{i}"}
+    kinds = [
+        ({**base, "op": "explode"}, "unknown_op"),
+        ({**base, "k": "0"}, "bad_k"),
+        ({**base, "k": str(10 ** 12)}, "k_too_large"),  # huge k
+        ({**base, "lon": "-181"}, "longitude_out_of_range"),
+        ({**base, "keywords": "y" * 70_000}, "field_too_large"),
+    ]
+    return kinds[i % len(kinds)]
+
+
+class Publisher(threading.Thread):
+    """XADDs objects without ``t`` at ``rate``/s (places again under new ids when the stream runs
+    out), a ``hostile`` share of them hostile, and ``churn`` registrations + unregisters per
+    second; pauses on request (the paused time does not count toward the rate), and rides out
+    Redis being away (what it could not publish is not published)."""
+
+    def __init__(self, url: str, keys: Keys, rows: list[dict], extra_queries: list[dict], a: argparse.Namespace,
+                 deadline: float) -> None:
+        super().__init__(daemon=True)
+        self.r = redis.Redis.from_url(url, decode_responses=True, socket_timeout=10)
+        self.keys, self.rows, self.extra, self.a, self.deadline = keys, rows, extra_queries, a, deadline
+        self.sent = self.hostile_sent = 0
+        self.published: list[tuple[str, dict]] = []  # (entry id, object) of the good objects
+        self.hostile: list[tuple[str, str, str]] = []  # (stream, entry id, expected reason)
+        self.churn_alive: list[dict] = []  # queries registered by the churn and not unregistered
+        self.errors = 0
+        self.stop, self.running = threading.Event(), threading.Event()
+        self.running.set()
+        self.idle = threading.Event()
+        self._rng = random.Random(7)
+
+    def pause(self) -> None:
+        self.running.clear()
+        self.idle.wait(30)
+
+    def resume(self) -> None:
+        self.idle.clear()
+        self.running.set()
+
+    def run(self) -> None:
+        a, keys = self.a, self.keys
+        chunk = max(1, int(a.rate / 100))
+        clock, counted, churned, hq = time.monotonic(), 0, 0, 0
+        while not self.stop.is_set() and time.monotonic() < self.deadline:
+            if not self.running.is_set():
+                self.idle.set()
+                self.running.wait()
+                clock, counted = time.monotonic(), 0  # the pause does not count toward the rate
+                continue
+            ahead = counted / a.rate - (time.monotonic() - clock)
+            if ahead > 0:
+                time.sleep(ahead)
+            batch, now_ms = [], int(time.time() * 1000)
+            try:
+                pipe = self.r.pipeline(transaction=False)
+                for _ in range(chunk):
+                    i = self.sent
+                    o = self.rows[i % len(self.rows)]
+                    o = {**o, "id": f"{o['id']}#{i // len(self.rows)}"}
+                    if self._rng.random() < a.hostile and self.published:
+                        fields, reason = hostile_object(self.hostile_sent, self.published[-1][1], now_ms)
+                        batch.append(("hostile", reason))
+                        self.hostile_sent += 1
+                    else:
+                        fields = {"id": o["id"], "lon": repr(o["lon"]), "lat": repr(o["lat"]),
+                                  "keywords": " ".join(o["keywords"])}
+                        batch.append(("good", o))
+                        self.sent += 1
+                    pipe.xadd(keys.ingest_objects, fields)
+                due = int((time.monotonic() - clock) * a.churn_per_s)
+                while churned < due and self.extra:  # one registration and one unregister
+                    q = self.extra.pop()
+                    if self._rng.random() < a.hostile * 20:
+                        fields, reason = hostile_query(hq, q)
+                        hq += 1
+                        batch.append(("hostile-query", reason))
+                        pipe.xadd(keys.ingest_queries, fields)
+                    pipe.xadd(keys.ingest_queries, register_fields(q))
+                    batch.append(("register", q))
+                    if len(self.churn_alive) > 50:
+                        gone = self.churn_alive.pop(self._rng.randrange(len(self.churn_alive)))
+                        pipe.xadd(keys.ingest_queries, {"op": "unregister", "id": gone["id"]})
+                        batch.append(("unregister", gone))
+                    churned += 1
+                for eid, (kind, what) in zip(pipe.execute(), batch):
+                    if kind == "good":
+                        self.published.append((eid, what))
+                    elif kind == "hostile":
+                        self.hostile.append((keys.ingest_objects, eid, what))
+                    elif kind == "hostile-query":
+                        self.hostile.append((keys.ingest_queries, eid, what))
+                    elif kind == "register":
+                        self.churn_alive.append(what)
+            except (redis.ConnectionError, redis.TimeoutError):
+                self.errors += 1  # Redis away: this chunk is not published (or only partly: unknown ids)
+                time.sleep(0.5)
+            counted += chunk
+        self.idle.set()
+
+
+def publish_prefill(r: redis.Redis, keys: Keys, rows: list[dict], since_ms: int, until_ms: int, tag: str,
+                    chunk: int = 5000) -> list[tuple[str, dict]]:
+    """Publish ``rows`` with times spread evenly over ``(since_ms, until_ms]`` (under ids
+    ``<id>#<tag>``), as a service that has run that long holds them; returns ``(entry id,
+    object with its t)`` of each."""
+    step = (until_ms - since_ms) / max(len(rows), 1)
+    out = []
+    for s in range(0, len(rows), chunk):
+        pipe, part = r.pipeline(transaction=False), []
+        for i in range(s, min(s + chunk, len(rows))):
+            o = {**rows[i], "id": f"{rows[i]['id']}#{tag}", "t": since_ms + int((i + 1) * step)}
+            part.append(o)
+            pipe.xadd(keys.ingest_objects, {"id": o["id"], "lon": repr(o["lon"]), "lat": repr(o["lat"]),
+                                            "t": str(o["t"]), "keywords": " ".join(o["keywords"])})
+        out += list(zip(pipe.execute(), part))
+    return out
+
+
+def node_rss_mb(pid_file: Path) -> float | None:
+    """RSS of a Ray node: its ``ray start`` process and every process under it (MB)."""
+    try:
+        p = psutil.Process(int(pid_file.read_text()))
+        return sum(x.memory_info().rss for x in [p, *p.children(recursive=True)]) / 2**20
+    except (OSError, ValueError, psutil.Error):
+        return None
+
+
+def rss(pid: int | None) -> float | None:
+    try:
+        return psutil.Process(pid).memory_info().rss / 2**20 if pid else None
+    except psutil.Error:
+        return None
+
+
+class Chaos:
+    """The soak's processes (Redis, the Ray cluster, the service) and its faults."""
+
+    def __init__(self, a: argparse.Namespace) -> None:
+        self.a = a
+        self.dir = Path(a.log_dir).resolve()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.redis = EmbeddedRedis(str(self.dir / "redis"), port=self.port, durable=True).start()
+        self.url = self.redis.url
+        base = free_port_base((0, 10, 20, 30, 100, 300), step=500)
+        self.cluster_env = {**os.environ, "KNNMON_CLUSTER_DIR": str(self.dir / "cluster"),
+                            "KNNMON_RAY_PORT": str(base), "KNNMON_RAY": shutil.which("ray", path=os.path.dirname(
+                                sys.executable)) or "ray"}
+        self.address = f"127.0.0.1:{base}"
+        self.script("start")
+        self.env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(self.dir / "cluster" /
+                                                                                       "auth_token")}
+        self.env.pop("RAY_ADDRESS", None)
+        self.env.pop("KNNMON_REDIS_URL", None)
+        self.log = open(self.dir / "serve.log", "a")  # noqa: SIM115 - the service writes to it until the end
+        self.service: subprocess.Popen | None = None
+
+    def script(self, *args: str) -> str:
+        out = subprocess.run([str(CLUSTER), *args], env=self.cluster_env, capture_output=True, text=True, timeout=300)
+        if out.returncode:
+            raise SystemExit(f"local-cluster.sh {' '.join(args)} failed: {out.stdout}{out.stderr}")
+        return out.stdout
+
+    def start_service(self, r: redis.Redis, keys: Keys) -> None:
+        a = self.a
+        r.delete(keys.serve_status)
+        self.service = subprocess.Popen(
+            [sys.executable, "-m", "knnmon.coordinator.cli", "serve", "--redis", self.url, "--namespace", NAMESPACE,
+             "--workers", str(a.workers), "--window", a.window,
+             "--ray-address", self.address, "--data-dir", str(self.dir / "data")],
+            env=self.env, stdout=self.log, stderr=subprocess.STDOUT)
+        while not r.exists(keys.serve_status):
+            if self.service.poll() is not None:
+                raise SystemExit(f"serve exited with {self.service.returncode}; see {self.dir / 'serve.log'}")
+            time.sleep(0.1)
+
+    def close(self) -> None:
+        if self.service is not None and self.service.poll() is None:
+            self.service.terminate()
+            try:
+                self.service.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                self.service.kill()
+        self.log.close()
+        self.script("stop")
+        self.redis.stop()
+
+
+def workers_of(status: dict) -> list[dict]:
+    return (status.get("service") or {}).get("worker_processes") or []
+
+
+def per_minute(r: redis.Redis, keys: Keys, start_ms: int) -> list[dict]:
+    """Per minute of publishing: latency p50/p99 (XADD -> acknowledged of each batch's oldest
+    object, ms), objects applied per second, batches, the largest update time."""
+    rows = r.xrange(keys.serve_batches)
+    by: dict[int, list] = {}
+    for _, f in rows:
+        if not int(f.get("objects", 0)):
+            continue
+        minute = int((float(f["done_ms"]) - start_ms) // 60_000)
+        if minute >= 0:
+            by.setdefault(minute, []).append(f)
+    out = []
+    for m in sorted(by):
+        fs = by[m]
+        lat = np.array([float(f["done_ms"]) - entry_time_ms(f["first"]) for f in fs])
+        out.append({"minute": m, "latency_ms_p50": float(np.percentile(lat, 50)),
+                    "latency_ms_p99": float(np.percentile(lat, 99)), "objects_per_s": sum(int(f["objects"]) for f in fs)
+                    / 60, "batches": len(fs), "update_ms_max": max(float(f["update_ms"]) for f in fs),
+                    "refilled": sum(int(f.get("refilled", 0)) for f in fs)})
+    return out
+
+
+def check(chaos: Chaos, r: redis.Redis, keys: Keys, pub: Publisher, queries: pa.Table, window_ms: int,
+          label: str, timeout_s: float) -> dict:
+    """Pause publishing, wait until the service caught up, and check a sample of the registered
+    queries against the oracle over the live accepted objects, the feed and the acknowledgements."""
+    t0 = time.monotonic()
+    pub.pause()
+    last = pub.published[-1][0] if pub.published else "0-0"
+    while not (caught_up(r, keys, last) and _queries_done(chaos.url)) and time.monotonic() - t0 < timeout_s:
+        time.sleep(0.5)
+    waited = time.monotonic() - t0
+    out: dict = {"label": label, "caught_up_s": round(waited, 1), "exact": None}
+    try:
+        if not caught_up(r, keys, last):
+            out["error"] = "not caught up"
+            return out
+        rejected = {f["_entry"] for _, f in r.xrange(keys.ingest_rejects)}
+        live_rows = [{**o, "t": o.get("t") or entry_time_ms(e)} for e, o in pub.published if e not in rejected]
+        table = pa.Table.from_pylist(live_rows)
+        t = table.column("t").to_numpy()
+        table = table.filter(pa.array(t > t.max() - window_ms))
+        alive = pa.concat_tables([queries, pa.Table.from_pylist(pub.churn_alive, schema=queries.schema)]) \
+            if pub.churn_alive else queries
+        rng = np.random.default_rng(len(pub.published))
+        sample = alive.take(pa.array(np.sort(rng.choice(alive.num_rows, min(chaos.a.check, alive.num_rows),
+                                                         replace=False))))
+        try:
+            out["exact"] = assert_exact(chaos.url, NAMESPACE, sample, BruteForceKnn(table)) == sample.num_rows
+        except AssertionError as ex:
+            out["exact"], out["error"] = False, str(ex)[:2000]
+        try:
+            assert_applied_once(r, keys)
+            out["applied_once"] = True
+        except AssertionError as ex:
+            out["applied_once"], out["error_feed"] = False, str(ex)[:500]
+        out["live_objects"] = table.num_rows
+        out["check_s"] = round(time.monotonic() - t0 - waited, 1)
+        return out
+    finally:
+        pub.resume()
+        print(json.dumps(out), flush=True)
+
+
+def _queries_done(url: str) -> bool:
+    """Every query operation published was applied and acknowledged."""
+    s = read_status(url, NAMESPACE)["queries_stream"]
+    return not s["pending"] and not s["undelivered"]
+
+
+def revival_times(log: Path) -> list[float]:
+    """Seconds of each in-place revival, from the service's log."""
+    return [float(m.group(1)) for m in re.finditer(r"worker \d+ revived: .* in ([0-9.]+) s", log.read_text(errors="replace"))]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--objects", required=True, help="an ingest output directory")
+    ap.add_argument("--queries", required=True, help="a query file: the first --queries-n registered, the rest churn")
+    ap.add_argument("--queries-n", type=int, default=100_000)
+    ap.add_argument("--prefill", type=int, help="objects published with times spread over the window before the "
+                                                "queries are registered (default: rate x window)")
+    ap.add_argument("--window", default="10m")
+    ap.add_argument("--rate", type=float, default=1000.0, help="objects/s published")
+    ap.add_argument("--duration-s", type=float, default=1800.0, help="publishing time")
+    ap.add_argument("--sample-s", type=float, default=10.0)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--churn-per-s", type=float, default=2.0, help="query registrations (and unregisters) per second")
+    ap.add_argument("--hostile", type=float, default=0.01, help="share of object entries that are hostile")
+    ap.add_argument("--worker-kill-every-s", type=float, default=300.0)
+    ap.add_argument("--service-kill-at-s", type=float, default=720.0)
+    ap.add_argument("--redis-restart-at-s", type=float, default=1020.0)
+    ap.add_argument("--node-restart-at-s", type=float, default=1320.0)
+    ap.add_argument("--check", type=int, default=2000, help="queries checked against the oracle after each fault")
+    ap.add_argument("--check-after-s", type=float, default=60.0, help="check this long after each fault")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--out", help="the JSON report")
+    ap.add_argument("--plot", help="the time series plot (PNG)")
+    ap.add_argument("--log-dir", default="/tmp/knnmon-chaos", help="Redis, cluster and service files and logs")
+    a = ap.parse_args(argv)
+    window_ms = parse_duration(a.window)
+    rng = random.Random(a.seed)
+    faults = [(k * a.worker_kill_every_s + rng.uniform(0.1, 0.9) * a.worker_kill_every_s, "worker_kill")
+              for k in range(int(a.duration_s // a.worker_kill_every_s))]
+    faults += [(a.service_kill_at_s, "service_kill"), (a.redis_restart_at_s, "redis_restart"),
+               (a.node_restart_at_s, "node_restart")]
+    faults = sorted(f for f in faults if f[0] < a.duration_s)
+
+    objects = stream_order(read_objects(a.objects, ["id", "lon", "lat", "t", "keywords"]), None)
+    rows = objects.drop_columns(["t"]).to_pylist()  # published without t, or with the prefill's
+    prefill = int(a.rate * window_ms / 1000) if a.prefill is None else a.prefill
+    all_queries = pq.read_table(a.queries)
+    queries = all_queries.slice(0, a.queries_n)
+    extra = all_queries.slice(a.queries_n).to_pylist()
+    extra.reverse()
+    chaos = Chaos(a)
+    samples, events, checks, started = [], [], [], time.time()
+    keys = Keys(NAMESPACE)
+    try:
+        r = redis.Redis.from_url(chaos.url, decode_responses=True, encoding_errors="surrogateescape", socket_timeout=30)
+        t0 = time.perf_counter()
+        chaos.start_service(r, keys)
+        now = int(time.time() * 1000)
+        filled = publish_prefill(r, keys, rows[:prefill], now - window_ms, now, "p")
+        used = prefill
+        pipe = r.pipeline(transaction=False)
+        for q in queries.to_pylist():
+            pipe.xadd(keys.ingest_queries, register_fields(q))
+        pipe.execute()
+        while not _queries_done(chaos.url):
+            time.sleep(1)
+        # The registration took a while: fill the window up to now, until the gap is a few seconds.
+        while (gap := int(time.time() * 1000) - now) > 5000:
+            n = int(a.rate * gap / 1000)
+            filled += publish_prefill(r, keys, rows[used:used + n], now, now + gap, f"g{used}")
+            used, now = used + n, now + gap
+            while not caught_up(r, keys, filled[-1][0]):
+                time.sleep(0.5)
+        rows = rows[used:] + rows[:used]
+        setup_s = time.perf_counter() - t0
+        print(f"serve up on the 3-node cluster, {queries.num_rows:,} queries registered in {setup_s:.1f} s", flush=True)
+        start = time.monotonic()
+        start_ms = int(time.time() * 1000)
+        pub = Publisher(chaos.url, keys, rows, extra, a, start + a.duration_s)
+        pub.published = filled
+        pub.start()
+        next_sample, checks_due = start + a.sample_s, []
+        while pub.is_alive():
+            now = time.monotonic()
+            if faults and now - start >= faults[0][0]:
+                at, kind = faults.pop(0)
+                events.append(inject(chaos, r, keys, kind, now - start))
+                checks_due.append((now + a.check_after_s, kind))
+            if checks_due and now >= checks_due[0][0] and pub.is_alive():
+                _, kind = checks_due.pop(0)
+                checks.append(check(chaos, r, keys, pub, queries, window_ms, f"after {kind}", 600))
+            if chaos.service.poll() is not None:
+                raise SystemExit(f"serve exited with {chaos.service.returncode}")
+            if now >= next_sample:
+                next_sample += a.sample_s
+                samples.append(sample(chaos, r, keys, pub, now - start))
+                print(json.dumps(samples[-1]), flush=True)
+            time.sleep(0.2)
+        checks.append(check(chaos, r, keys, pub, queries, window_ms, "end", 900))
+        hostile = verify_hostile(r, keys, pub)
+        report = {
+            "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
+                        "started": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started))},
+            "config": vars(a), "setup_s": round(setup_s, 1), "published": pub.sent, "hostile_sent": len(pub.hostile),
+            "publisher_errors": pub.errors, "events": events, "checks": checks, "samples": samples,
+            "minutes": per_minute(r, keys, start_ms), "revivals_s": revival_times(chaos.dir / "serve.log"),
+            "rejects_by_reason": dict(Counter(f["_reason"] for _, f in r.xrange(keys.ingest_rejects))),
+            "hostile": hostile, "final_status": (read_status(chaos.url, NAMESPACE).get("service") or {}),
+        }
+        report["summary"] = summarize(report, window_ms)
+        print(json.dumps(report["summary"], indent=1), flush=True)
+        if a.out:
+            Path(a.out).write_text(json.dumps(report, indent=1))
+        if a.plot:
+            plot(report, a.plot)
+    finally:
+        chaos.close()
+    return 0
+
+
+def inject(chaos: Chaos, r: redis.Redis, keys: Keys, kind: str, at_s: float) -> dict:
+    """Inject one fault; returns its record (with how long until the service served again)."""
+    t0 = time.monotonic()
+    ev: dict = {"at_s": round(at_s, 1), "kind": kind}
+    before = {w["worker"]: w.get("pid") for w in workers_of(read_status(chaos.url, NAMESPACE))}
+    if kind == "worker_kill":
+        victim = random.Random(int(at_s)).choice(sorted(before))
+        ev.update(worker=victim, pid=before[victim])
+        if before[victim]:
+            os.kill(before[victim], signal.SIGKILL)
+    elif kind == "service_kill":
+        chaos.service.send_signal(signal.SIGKILL)
+        chaos.service.wait()
+        chaos.start_service(r, keys)
+    elif kind == "redis_restart":
+        chaos.redis.stop()
+        ev["redis_down_s"] = round(time.monotonic() - t0, 2)
+        chaos.redis = EmbeddedRedis(str(chaos.dir / "redis"), port=chaos.port, durable=True).start()
+    elif kind == "node_restart":
+        chaos.script("restart", "worker1")
+    ev["fault_s"] = round(time.monotonic() - t0, 2)
+    # Served again: every worker has a live process other than the killed one, and a batch was
+    # logged after the fault.
+    deadline = time.monotonic() + 300
+    since = f"{int(time.time() * 1000)}-0"
+    while time.monotonic() < deadline:
+        try:
+            workers = workers_of(read_status(chaos.url, NAMESPACE))
+            fresh = r.xrange(keys.serve_batches, min=since, max="+", count=1)
+        except (redis.ConnectionError, redis.TimeoutError):
+            time.sleep(0.5)
+            continue
+        pids = [w.get("pid") for w in workers]
+        if fresh and pids and all(p and psutil.pid_exists(p) for p in pids) and ev.get("pid") not in pids:
+            ev["served_again_s"] = round(time.monotonic() - t0, 2)
+            break
+        time.sleep(0.2)
+    print(json.dumps(ev), flush=True)
+    return ev
+
+
+def sample(chaos: Chaos, r: redis.Redis, keys: Keys, pub: Publisher, t_s: float) -> dict:
+    try:
+        st = read_status(chaos.url, NAMESPACE)
+    except Exception as ex:  # noqa: BLE001 - Redis away during its restart
+        return {"t_s": round(t_s, 1), "error": f"{type(ex).__name__}"}
+    svc = st.get("service") or {}
+    return {"t_s": round(t_s, 1), "published": pub.sent, "objects_applied": svc.get("objects"),
+            "lag_ms": st["objects_stream"].get("oldest_waiting_ms"),
+            "undelivered": st["objects_stream"].get("undelivered"), "pending": st["objects_stream"].get("pending"),
+            "rss_mb": {"service": rss(svc.get("pid")), "redis": rss(_redis_pid(chaos)),
+                       **{f"worker{w['worker']}": rss(w.get("pid")) for w in workers_of(st)},
+                       **{f"ray_{n}": node_rss_mb(chaos.dir / "cluster" / f"{n}.pid")
+                          for n in ("head", "worker1", "worker2")}},
+            "live_objects": svc.get("objects_held"), "routing_entries": svc.get("routing_entries"),
+            **{k: svc.get(k) for k in ("workers_revived", "recoveries", "worker_restarts", "redis_outages", "late")},
+            "latency_ms_p99_status": svc.get("latency_ms_p99")}
+
+
+def _redis_pid(chaos: Chaos) -> int | None:
+    try:
+        return int(redis.Redis.from_url(chaos.url).info("server")["process_id"])
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def verify_hostile(r: redis.Redis, keys: Keys, pub: Publisher) -> dict:
+    """Each hostile entry's reject record has the reason it must get."""
+    got = {f["_entry"]: f["_reason"] for _, f in r.xrange(keys.ingest_rejects)}
+    wrong = [(s, e, want, got.get(e)) for s, e, want in pub.hostile if got.get(e) != want]
+    return {"sent": len(pub.hostile), "by_reason": dict(Counter(w for _, _, w in pub.hostile)),
+            "wrong": wrong[:50], "all_rejected_with_their_reason": not wrong}
+
+
+def summarize(rep: dict, window_ms: int) -> dict:
+    """The issue's targets, from the report."""
+    fault_minutes = {int(e["at_s"] // 60) for e in rep["events"]} | {int(e["at_s"] // 60) + 1 for e in rep["events"]}
+    lat_ok = [m["latency_ms_p99"] <= 1000 for m in rep["minutes"] if m["minute"] not in fault_minutes]
+    lags = [s["lag_ms"] for s in rep["samples"] if s.get("lag_ms") is not None]
+    growth = {}
+    for name in {k for s in rep["samples"] for k in (s.get("rss_mb") or {})}:
+        def at(lo, hi):
+            v = [s["rss_mb"].get(name) for s in rep["samples"] if lo <= s["t_s"] < hi and (s.get("rss_mb") or {}).get(name)]
+            return float(np.median(v)) if v else None
+        a, b = at(540, 600), at(rep["config"]["duration_s"] - 60, rep["config"]["duration_s"])
+        growth[name] = round(100 * (b - a) / a, 1) if a and b else None
+    return {"lag_ms_p99": float(np.percentile(lags, 99)) if lags else None,
+            "minutes_p99_le_1s_outside_faults": f"{sum(lat_ok)}/{len(lat_ok)}",
+            "revivals_s": rep["revivals_s"], "events": [(e["kind"], e.get("served_again_s")) for e in rep["events"]],
+            "rss_growth_pct_min10_to_end": growth, "checks": [(c["label"], c["exact"], c.get("applied_once"))
+                                                             for c in rep["checks"]],
+            "hostile_ok": rep["hostile"]["all_rejected_with_their_reason"], "published": rep["published"]}
+
+
+def plot(rep: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    s = [x for x in rep["samples"] if "error" not in x]
+    t = [x["t_s"] / 60 for x in s]
+    fig, (thr, lat, lag, mem) = plt.subplots(4, 1, figsize=(10, 12), sharex=True)
+    mins = rep["minutes"]
+    thr.step([m["minute"] + 1 for m in mins], [m["objects_per_s"] for m in mins], label="objects applied/s")
+    thr.axhline(rep["config"]["rate"] * (1 - rep["config"]["hostile"]), color="grey", ls="--", label="published/s")
+    thr.set_ylabel("objects/s")
+    thr.legend(fontsize=8)
+    lat.step([m["minute"] + 1 for m in mins], [m["latency_ms_p50"] for m in mins], label="p50")
+    lat.step([m["minute"] + 1 for m in mins], [m["latency_ms_p99"] for m in mins], label="p99")
+    lat.axhline(1000, color="grey", ls="--")
+    lat.set_yscale("log")
+    lat.set_ylabel("XADD -> ack, ms (per minute)")
+    lat.legend(fontsize=8)
+    lag.plot(t, [x.get("lag_ms") or 0 for x in s])
+    lag.axhline(5000, color="grey", ls="--")
+    lag.set_ylabel("lag (oldest waiting), ms")
+    for name in sorted({k for x in s for k in x["rss_mb"]}):
+        mem.plot(t, [x["rss_mb"].get(name) for x in s], label=name)
+    mem.set_ylabel("RSS, MB")
+    mem.set_xlabel("minutes publishing")
+    mem.legend(fontsize=7, ncol=3)
+    for ax in (thr, lat, lag, mem):
+        for e in rep["events"]:
+            ax.axvline(e["at_s"] / 60, color="red", ls=":", lw=0.8)
+    fig.suptitle(f"knnmon serve --window {rep['config']['window']} chaos soak: {rep['config']['rate']:.0f} objects/s, "
+                 f"{rep['config']['queries_n']:,} queries, faults (red)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
