@@ -389,6 +389,7 @@ def main(argv=None) -> int:
     ap.add_argument("--plot", help="the time series plot (PNG)")
     ap.add_argument("--log-dir", default="/tmp/knnmon-chaos", help="Redis, cluster and service files and logs")
     a = ap.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop what it started (finally below)
     window_ms = parse_duration(a.window)
     rng = random.Random(a.seed)
     faults = [(k * a.worker_kill_every_s + rng.uniform(0.1, 0.9) * a.worker_kill_every_s, "worker_kill")

@@ -87,8 +87,11 @@ class Registration:
     _details: HeldTexts | None
 
     def _append(self, queries: QueryColumns, topk: Sequence[Sequence[tuple[str, float]]],
-                objects: Mapping[str, ObjectInfo]) -> range:
-        """Add valid queries in bulk (one array concatenation); returns their slots.
+                objects: Mapping[str, ObjectInfo], first_k: bool = False) -> range:
+        """Add valid queries in bulk (one array concatenation); returns their slots. A list
+        holding its ``k + reserve`` places gets its last distance as ``r_q``; with ``first_k``
+        (each list is a result as Redis holds it: the exact kNN, no reserve) one holding ``k``
+        gets its ``k``-th distance. A shorter list held every matching object: ``r_q = inf``.
 
         Raises
         ------
@@ -112,8 +115,9 @@ class Registration:
             top_d[start[q] + rank] = d
             top_h[start[q] + rank] = np.fromiter(map(handle.__getitem__, oids), dtype=np.int64, count=len(oids))
         count = np.bincount(q, minlength=n).astype(np.int64)
-        full = np.flatnonzero(count == cap)
-        self.queries.set_radius(slots.start + full, top_d[start[full] + cap[full] - 1])
+        last = k if first_k else cap
+        full = np.flatnonzero((count == last) & (last > 0))
+        self.queries.set_radius(slots.start + full, top_d[start[full] + last[full] - 1])
         self.lists.append(cap, top_d, top_h, count)
         if self._details is not None and len(q):  # (the kept objects' handles are known: no lookup)
             self._details.set(distinct, texts_of(objects)(distinct),
@@ -126,7 +130,8 @@ class Registration:
     def load_queries(self, queries: QueryColumns, topk: Sequence[Sequence[tuple[str, float]]],
                      objects: Mapping[str, ObjectInfo], *, version: int = 0, write: bool = True,
                      details: bool = False, sets: Sequence[int] | None = None, chunk: int = 5000,
-                     vocabulary: Mapping[str, int] | None = None, rebuild: bool = True) -> LoadResult:
+                     vocabulary: Mapping[str, int] | None = None, rebuild: bool = True,
+                     first_k: bool = False) -> LoadResult:
         """Take queries with their initial kNN (exact over the objects seen so far).
 
         Parameters
@@ -157,6 +162,10 @@ class Registration:
         rebuild
             Rebuild the query index now; ``False`` for all but the last of several loads in a
             row (the coordinator hands a worker its queries in parts, to bound the payloads).
+        first_k
+            Each list is a query's first ``k`` only, as Redis holds its result (a worker revived
+            with a reserve, from Redis): its kNN radius is the ``k``-th distance
+            (:meth:`_append`); the reserve refills with the query's next refill.
 
         Returns
         -------
@@ -165,7 +174,7 @@ class Registration:
         """
         t0 = time.perf_counter()
         self.vocabulary.learn(vocabulary)
-        slots = self._append(queries, topk, objects)
+        slots = self._append(queries, topk, objects, first_k)
         first = slots.start
         none = np.empty(0, dtype=np.int64)
         if self.writer is not None and not write:  # Redis holds them: count their holders

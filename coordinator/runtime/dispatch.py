@@ -18,7 +18,7 @@ routing table learns the refilled queries' larger regions.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -113,6 +113,9 @@ class Dispatcher:
         #: the seen ids and the workers' expiry round trip), ``search`` (the refills' kNN),
         #: ``routing`` (their regions added to the routing table).
         self.refill_parts_ms: dict[str, float] = {}
+        #: Revives a worker found lost at a batch's expiry, before the batch is sent (the runtime
+        #: points it at :meth:`Runtime.revive_idle`); ``True`` if it did.
+        self.revive: Callable[[int], bool] | None = None
 
     def _expire(self, batch: pa.Table) -> tuple[pa.Table, int, int, dict[int, Refills], float]:
         """Move the watermark with ``batch``; drop its late objects; expire everywhere; refill
@@ -128,8 +131,11 @@ class Dispatcher:
         self.seen.forget(cutoff)
         needs: list[QueryColumns] = self.pool.gather_each([self.pool.expire(w, cutoff)
                                                            for w in range(self.pool.size)])
-        # A worker lost here refills nothing: the batch's call to it fails too, and its revival
-        # after the batch rebuilds its lists over the live objects (Runtime._collect).
+        for w, n in enumerate(needs):  # lost before the batch: revived now, from Redis, and asked again
+            if isinstance(n, WorkerLostError) and self.revive is not None and self.revive(w):
+                needs[w] = self.pool.gather([self.pool.expire(w, cutoff)])[0]
+        # A worker lost and not revived here refills nothing: the batch's call to it fails too,
+        # and its revival after the batch rebuilds its lists over the live objects (Runtime._collect).
         needs = [QueryColumns.of([]) if isinstance(n, WorkerLostError) else n for n in needs]
         self.refill_parts_ms = {"expire": (time.perf_counter() - t0) * 1e3, "search": 0.0, "routing": 0.0}
         refills = self._refill(needs)

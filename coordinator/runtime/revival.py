@@ -17,8 +17,12 @@ a new one and rebuilds it from what Redis holds, while the other workers keep th
 
 The revived worker's reports of batches it had applied before dying are lost (empty reports).
 
-**With a window** Redis holds each result's first ``k`` but not the reserve beyond it, and the
-expiries and refills of a batch in flight cannot be replayed from Redis: the worker is rebuilt
+**With a window** Redis holds each result's first ``k`` but not the reserve beyond it. Between
+batches (a loss found by a registration, an unregister, the worker list, or the next batch's
+expiry, before the batch is sent) Redis holds exactly what the worker applied: each list is
+loaded as its result, ``r_q`` its ``k``-th distance, with the members' times from the worker's
+details hash, and the reserve comes back with the query's next refill -- no search. A batch
+in flight cannot be replayed from Redis (its expiries and refills): the worker is rebuilt
 instead over the coordinator's live objects, which already hold every batch dispatched (each
 query's exact ``k + reserve`` nearest live matches, as a registration's are searched); the
 rebuilt lists' regions join the routing table (a list whose reserve had run out may reach
@@ -38,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from knnmon.batch import KnnColumns
+from knnmon.batch import KnnColumns, ObjectInfo
 from knnmon.connection import connect, with_retries
 from knnmon.coordinator.runtime.dispatch import DispatchedBatch
 from knnmon.coordinator.runtime.object_store import ObjectStore
@@ -51,7 +55,7 @@ from knnmon.query import Query, QueryColumns
 from knnmon.reports import WorkerReport
 from knnmon.results import ResultReader
 
-__all__ = ["Revival", "applied_state", "last_applied_batch", "revive", "rows_to_resend"]
+__all__ = ["Revival", "applied_state", "held_details", "last_applied_batch", "revive", "rows_to_resend"]
 
 log = logging.getLogger("knnmon.runtime")
 
@@ -125,6 +129,30 @@ def rows_to_resend(number: int, rows: np.ndarray, last: int, partial: tuple[int,
     return rows if number > last else None
 
 
+def held_details(redis_url: str, namespace: str, worker: int, ids: Sequence[str]) -> dict[str, ObjectInfo] | None:
+    """The details of the objects ``ids`` (the members of worker ``worker``'s results) from its
+    details hashes, read whole (``HSCAN``: they hold exactly those members); ``None`` if one
+    is missing or unreadable."""
+    from knnmon.workers.result_writer import ResultWriter
+
+    writer = ResultWriter(redis_url, namespace, worker)
+    try:
+        keys = [writer.bucket_key(n) for n in (writer.masters.names if writer.masters is not None else [""])]
+        texts: dict[str, str] = {}
+        for key in keys:
+            texts.update(with_retries(lambda key=key: dict(writer.client.hscan_iter(key, count=10_000)),
+                                      "reading a worker's object details", redis_url))
+    finally:
+        writer.close()
+    out = {}
+    try:
+        for oid in set(ids):
+            out[oid] = ObjectInfo.from_text(texts[oid])
+    except (KeyError, ValueError):
+        return None
+    return out
+
+
 @dataclass(frozen=True)
 class Revival:
     """What :func:`revive` did.
@@ -161,11 +189,12 @@ def revive(pool: RayPool, registrar: Registrar, redis_url: str, namespace: str, 
     codes as they are now (queries registered since the start added some), so that the batches'
     pre-encoded keywords mean the same to it.
 
-    With a window, ``live`` (the live objects, every batch of ``uncollected`` dispatched into
-    them already) gives each query's exact ``k + reserve`` nearest; Redis is repaired to their
-    first ``k`` at feed version ``version`` (the newest dispatched batch's number plus one, or the
-    next batch's number when none is in flight), and the worker's calls of ``uncollected`` report
-    nothing.
+    With a window (``live``: the live objects, every batch of ``uncollected`` dispatched into
+    them already) and no batch in flight, each list is its result as Redis holds it (module
+    docstring), unless the details hash lacks a member's details; else ``live`` gives each
+    query's exact ``k + reserve`` nearest, Redis is repaired to their first ``k`` at feed version
+    ``version`` (the newest dispatched batch's number plus one, or the next batch's number when
+    none is in flight), and the worker's calls of ``uncollected`` report nothing.
 
     Raises
     ------
@@ -173,6 +202,7 @@ def revive(pool: RayPool, registrar: Registrar, redis_url: str, namespace: str, 
         Redis unreachable.
     """
     t0 = time.perf_counter()
+    pool.replace(worker, vocabulary={})  # the new process starts while its state is read
     keys = Keys(namespace)
     client = connect(redis_url)
     try:
@@ -194,11 +224,17 @@ def revive(pool: RayPool, registrar: Registrar, redis_url: str, namespace: str, 
         client.close()
     seconds = {"read": time.perf_counter() - t0}
     routing = registrar.plan.routing
-    pool.replace(worker, vocabulary={})
     codes = {x: routing.code(x) for q in queries for x in q.keywords}
     topk = KnnColumns(counts, ids, np.asarray(dists, dtype=np.float64))  # (columns to the worker)
     details: Any = {}
     repair = Repair()
+    first_k = False
+    if live is not None and not uncollected:  # Redis holds what the worker applied
+        t1 = time.perf_counter()
+        stored_details = held_details(redis_url, namespace, worker, ids)
+        seconds["details"] = time.perf_counter() - t1
+        if stored_details is not None:
+            details, first_k, live = stored_details, True, None
     if live is not None:  # the lists with their reserves, Redis made to hold their first k
         lon, lat = np.array([q.lon for q in queries]), np.array([q.lat for q in queries])
         k = np.array([q.k for q in queries], dtype=np.int64)
@@ -214,7 +250,7 @@ def revive(pool: RayPool, registrar: Registrar, redis_url: str, namespace: str, 
         seconds.update(search=t2 - t1, repair=time.perf_counter() - t2)
     t3 = time.perf_counter()
     pool.gather([pool.load(worker, QueryColumns.of(queries), topk, details, write=False,
-                           vocabulary=codes)])
+                           vocabulary=codes, first_k=first_k)])
     seconds.update(load=time.perf_counter() - t3, total=time.perf_counter() - t0)
     out, resent = [], 0
     for d in uncollected:
@@ -228,8 +264,9 @@ def revive(pool: RayPool, registrar: Registrar, redis_url: str, namespace: str, 
         else:  # applied before the worker died (or, with a window, in the rebuilt lists); its report is lost
             call = Pending(worker, pool.share(WorkerReport(worker=worker, batch=d.number)))
         out.append(replace(d, pending=[call if p.worker == worker else p for p in d.pending]))
+    how = ("over the live objects" if live is not None else "from Redis with their details" if first_k else
+           f"from Redis as of batch {last}")
     log.warning("worker %d revived: %d queries rebuilt %s, %d batches sent again, %d results repaired, in %.1f s "
-                "(%s)", worker, len(queries),
-                "over the live objects" if live is not None else f"from Redis as of batch {last}", resent,
+                "(%s)", worker, len(queries), how, resent,
                 repair.results, time.perf_counter() - t0, ", ".join(f"{k} {v:.2f} s" for k, v in seconds.items()))
     return Revival(out, absent, repair, seconds)

@@ -167,6 +167,7 @@ class Runtime:
                                      seen_times=t, window=window, rects=self.plan.model.rects,
                                      first_batch=p.first_batch)
         self.registrar.feed_version = lambda: self.dispatcher.next_batch
+        self.dispatcher.revive = lambda w: self.revive_idle(w) is not None
         if c.rebalance is not None:
             ids = p.queries.column("id").to_pylist()
             set_of = dict(zip(ids, self.plan.plan.set_of.tolist())) if len(self.plan.plan.set_of) == len(ids) else {}
@@ -304,10 +305,9 @@ class Runtime:
                 and (self.config.window is None or between_batches))
 
     def revive_idle(self, worker: int, also: Sequence[str] = ()) -> Revival | None:
-        """Revive worker ``worker``, lost outside a batch (during a registration or an
-        unregister; no batch is in flight): from Redis (:func:`revive`), and with a window each
-        list with its reserve searched over the live objects, which are exactly what the
-        workers have applied between batches. ``None`` if it cannot be (:meth:`_can_revive`)."""
+        """Revive worker ``worker``, lost with no batch in flight (found by a registration, an
+        unregister, the next batch's expiry, ...): from Redis (:func:`revive`, which says what
+        a window changes). ``None`` if it cannot be (:meth:`_can_revive`)."""
         return self._revive(worker, also=also) if self._can_revive(between_batches=True) else None
 
     def _revive(self, worker: int, batches: Sequence[DispatchedBatch] = (), also: Sequence[str] = ()) -> Revival:
