@@ -4,7 +4,9 @@ A durable Redis of its own (the embedded server, AOF on), a local 3-node Ray clu
 (``deploy/local-cluster.sh``), ``knnmon serve --window 10m --ray-address ...``. The window is
 filled first, as a service that has run for a while holds it: ``--prefill`` places (one
 window at ``--rate``) published with times spread evenly over the window before now; then
-``--queries-n`` queries (100 k) are registered, and objects published at ``--rate`` (1,000/s)
+``--queries-n`` queries (100 k) are registered (their exact kNN over the window; the prefill's
+first minutes expire with the first streamed batch: the registration's time, a warm-up), and
+objects published at ``--rate`` (1,000/s)
 without ``t`` (they take their entry's time) for ``--duration-s`` (30 minutes), all the places
 in stream order, again under new ids once they run out. Throughout: query registrations and unregisters (``--churn-per-s``), and
 ``--hostile`` (1 %) of the entries hostile -- every reject reason an input can earn, far-future and
@@ -277,9 +279,10 @@ class Chaos:
         if self.service is not None and self.service.poll() is None:
             self.service.terminate()
             try:
-                self.service.wait(timeout=120)
+                self.service.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 self.service.kill()
+                self.service.wait()
         self.log.close()
         self.script("stop")
         self.redis.stop()
@@ -421,13 +424,9 @@ def main(argv=None) -> int:
         pipe.execute()
         while not _queries_done(chaos.url):
             time.sleep(1)
-        # The registration took a while: fill the window up to now, until the gap is a few seconds.
-        while (gap := int(time.time() * 1000) - now) > 5000:
-            n = int(a.rate * gap / 1000)
-            filled += publish_prefill(r, keys, rows[used:used + n], now, now + gap, f"g{used}")
-            used, now = used + n, now + gap
-            while not caught_up(r, keys, filled[-1][0]):
-                time.sleep(0.5)
+        # The registration took a while: the prefill's first minutes expire with the first batch
+        # (a warm-up: the soak's first minutes are not steady; filling the gap at load would take
+        # as long again as the registration, on this machine).
         rows = rows[used:] + rows[:used]
         setup_s = time.perf_counter() - t0
         print(f"serve up on the 3-node cluster, {queries.num_rows:,} queries registered in {setup_s:.1f} s", flush=True)
@@ -493,8 +492,11 @@ def inject(chaos: Chaos, r: redis.Redis, keys: Keys, kind: str, at_s: float) -> 
         chaos.redis.stop()
         ev["redis_down_s"] = round(time.monotonic() - t0, 2)
         chaos.redis = EmbeddedRedis(str(chaos.dir / "redis"), port=chaos.port, durable=True).start()
-    elif kind == "node_restart":
-        chaos.script("restart", "worker1")
+    elif kind == "node_restart":  # a worker node that hosts a knnmon worker, if one does
+        hosts = [n for n in (node_of(chaos, p) for p in before.values()) if n in ("worker1", "worker2")]
+        ev["node"] = hosts[0] if hosts else "worker1"
+        ev["workers_on_it"] = len([h for h in hosts if h == ev["node"]])
+        chaos.script("restart", ev["node"])
     ev["fault_s"] = round(time.monotonic() - t0, 2)
     # Served again: every worker has a live process other than the killed one, and a batch was
     # logged after the fault.
@@ -514,6 +516,24 @@ def inject(chaos: Chaos, r: redis.Redis, keys: Keys, kind: str, at_s: float) -> 
         time.sleep(0.2)
     print(json.dumps(ev), flush=True)
     return ev
+
+
+def node_of(chaos: Chaos, pid: int | None) -> str | None:
+    """The local cluster's node (``head``, ``worker1``, ``worker2``) whose ``ray start`` process
+    is an ancestor of process ``pid``."""
+    nodes = {}
+    for n in ("head", "worker1", "worker2"):
+        try:
+            nodes[int((chaos.dir / "cluster" / f"{n}.pid").read_text())] = n
+        except (OSError, ValueError):
+            continue
+    try:
+        for p in psutil.Process(pid).parents():
+            if p.pid in nodes:
+                return nodes[p.pid]
+    except (psutil.Error, TypeError, ValueError):
+        return None
+    return None
 
 
 def sample(chaos: Chaos, r: redis.Redis, keys: Keys, pub: Publisher, t_s: float) -> dict:

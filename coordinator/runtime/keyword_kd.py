@@ -132,16 +132,20 @@ def _expand(xyz, rows, dims, a, b, lb, qx, qy, qz, sa, sb, sl, top):
 
 
 @jit
-def _nearest_cut(xyz, rows, dims, alive, a0, b0, qx, qy, qz, want, best, sa, sb, sl) -> float:
-    """The ``want``-th smallest squared chord from the query to the live entries of the tree
-    ``rows[a0:b0]`` (``inf`` if it has fewer)."""
+def _nearest_cut(xyz, rows, dims, alive, a0, b0, qx, qy, qz, want, bound, best, brow, sa, sb, sl):
+    """The ``want`` nearest live entries of the tree ``rows[a0:b0]`` within squared chord
+    ``bound``: their squared chords and rows in ``best[:n]``, ``brow[:n]`` (nearest first;
+    ``n < want`` if it has fewer). Returns the ``want``-th smallest squared chord (``inf`` with
+    fewer), ``n``, and whether an entry tied with it was left out (then :func:`_within` must
+    gather the ties)."""
     nb = 0
+    tie = False
     sa[0], sb[0], sl[0] = a0, b0, 0.0
     top = 1
     while top:
         top -= 1
         a, b, lb = sa[top], sb[top], sl[top]
-        if nb == want and lb > best[want - 1]:
+        if lb > bound or nb == want and lb > best[want - 1]:
             continue
         lo, hi, top = _expand(xyz, rows, dims, a, b, lb, qx, qy, qz, sa, sb, sl, top)
         for i in range(lo, hi):
@@ -149,18 +153,26 @@ def _nearest_cut(xyz, rows, dims, alive, a0, b0, qx, qy, qz, want, best, sa, sb,
             if len(alive) and not alive[r]:
                 continue
             d = _d2(xyz, r, qx, qy, qz)
+            if d > bound:
+                continue
             if nb < want:
                 p = nb
                 nb += 1
             elif d < best[want - 1]:
                 p = want - 1
+                if best[want - 2 if want > 1 else 0] == best[want - 1] and want > 1:
+                    tie = True  # the evicted entry ties with the one that becomes the last
             else:
+                if d == best[want - 1]:
+                    tie = True
                 continue
             while p > 0 and best[p - 1] > d:
                 best[p] = best[p - 1]
+                brow[p] = brow[p - 1]
                 p -= 1
             best[p] = d
-    return best[want - 1] if nb == want else np.inf
+            brow[p] = r
+    return (best[want - 1] if nb == want else np.inf), nb, tie
 
 
 @jit
@@ -189,10 +201,10 @@ def _within(xyz, rows, dims, alive, a0, b0, qx, qy, qz, cut, out, at, sa, sb, sl
 
 @jit
 def kd_knn(xyz: np.ndarray, rows: np.ndarray, dims: np.ndarray, ptr: np.ndarray, alive: np.ndarray,
-           code: np.ndarray, q: np.ndarray, want: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+           code: np.ndarray, q: np.ndarray, want: np.ndarray, bound: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """For each search ``g`` (a query and one of its keywords): the ``want[g]`` nearest live
-    entries of keyword ``code[g]``'s tree to the point ``q[g]``, with every entry tied with the
-    ``want[g]``-th (all of them if fewer).
+    entries of keyword ``code[g]``'s tree to the point ``q[g]`` within squared chord
+    ``bound[g]``, with every entry tied with the ``want[g]``-th (all of them if fewer).
 
     Parameters
     ----------
@@ -206,6 +218,10 @@ def kd_knn(xyz: np.ndarray, rows: np.ndarray, dims: np.ndarray, ptr: np.ndarray,
         ``(g, 3)`` float64 unit vectors.
     want
         ``(g,)`` int64, each ``>= 1``.
+    bound
+        ``(g,)`` float64: only entries within this squared chord count (``inf``: all). A search
+        over several parts of the objects passes the ``want``-th distance found in the parts
+        searched before (:meth:`ObjectStore.knn_v`): nothing beyond it can be among the nearest.
 
     Returns
     -------
@@ -217,20 +233,37 @@ def kd_knn(xyz: np.ndarray, rows: np.ndarray, dims: np.ndarray, ptr: np.ndarray,
     sa = np.empty(_STACK, dtype=np.int64)
     sb = np.empty(_STACK, dtype=np.int64)
     sl = np.empty(_STACK)
-    best = np.empty(max(1, want.max()) if g else 1)
+    top_want = max(1, want.max()) if g else 1
+    best = np.empty(top_want)
+    brow = np.empty(top_want, dtype=np.int64)
     cut = np.empty(g)
+    tied = np.zeros(g, dtype=np.bool_)
     counts = np.zeros(g, dtype=np.int64)
+    off = np.zeros(g + 1, dtype=np.int64)
+    for j in range(g):
+        off[j + 1] = off[j] + want[j]
+    near = np.empty(off[g], dtype=np.int64)  # each search's nearest rows, unless it had ties
     none = np.empty(0, dtype=np.int64)
     for j in range(g):
         a, b = ptr[code[j]], ptr[code[j] + 1]
         qx, qy, qz = q[j, 0], q[j, 1], q[j, 2]
-        cut[j] = _nearest_cut(xyz, rows, dims, alive, a, b, qx, qy, qz, want[j], best, sa, sb, sl)
-        counts[j] = _within(xyz, rows, dims, alive, a, b, qx, qy, qz, cut[j], none, 0, sa, sb, sl)
+        cut[j], nb, tie = _nearest_cut(xyz, rows, dims, alive, a, b, qx, qy, qz, want[j], bound[j], best, brow, sa,
+                                       sb, sl)
+        if tie:  # rare: every entry tied with the want-th counts
+            tied[j] = True
+            counts[j] = _within(xyz, rows, dims, alive, a, b, qx, qy, qz, cut[j], none, 0, sa, sb, sl)
+        else:
+            counts[j] = nb
+            near[off[j]:off[j] + nb] = brow[:nb]
     found = np.empty(counts.sum(), dtype=np.int64)
     at = 0
     for j in range(g):
-        a, b = ptr[code[j]], ptr[code[j] + 1]
-        at += _within(xyz, rows, dims, alive, a, b, q[j, 0], q[j, 1], q[j, 2], cut[j], found, at, sa, sb, sl)
+        if tied[j]:
+            a, b = ptr[code[j]], ptr[code[j] + 1]
+            _within(xyz, rows, dims, alive, a, b, q[j, 0], q[j, 1], q[j, 2], cut[j], found, at, sa, sb, sl)
+        else:
+            found[at:at + counts[j]] = near[off[j]:off[j] + counts[j]]
+        at += counts[j]
     return counts, found
 
 
@@ -240,4 +273,5 @@ def compile_kd() -> None:
     ptr, codes = np.array([0, 1], dtype=np.int64), np.zeros(1, dtype=np.int64)
     kd_build(xyz, rows, np.zeros(1, dtype=np.int8), ptr, codes)
     for alive in (np.zeros(0, dtype=bool), np.ones(1, dtype=bool)):
-        kd_knn(xyz, rows, np.zeros(1, dtype=np.int8), ptr, alive, codes, np.zeros((1, 3)), np.ones(1, dtype=np.int64))
+        kd_knn(xyz, rows, np.zeros(1, dtype=np.int8), ptr, alive, codes, np.zeros((1, 3)), np.ones(1, dtype=np.int64),
+               np.full(1, np.inf))

@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 from knnmon.arrays import runs
 from knnmon.coordinator.runtime.keyword_kd import compile_kd, kd_build, kd_knn
 from knnmon.encoding import keyword_codes
-from knnmon.geo import haversine_m, unit_vectors
+from knnmon.geo import chord2_bound, haversine_m, unit_vectors
 from knnmon.heap import give_back
 
 __all__ = ["IdColumn", "ObjectIndex", "morton_codes"]
@@ -174,24 +174,27 @@ class ObjectIndex:
         return key // (self.n_keywords + 1), key % (self.n_keywords + 1)
 
     def _search(self, pq_: np.ndarray, pc_: np.ndarray, lon: np.ndarray, lat: np.ndarray, k: np.ndarray,
-                q_xyz: np.ndarray, alive: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+                q_xyz: np.ndarray, alive: np.ndarray | None = None,
+                bound_m: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Candidate (query, object) pairs of the (query, keyword code) pairs ``pq_``, ``pc_``:
         each query's ``k + TIE_MARGIN`` nearest in the keyword's tree, and the ties with the last
         of them (:func:`~knnmon.coordinator.runtime.keyword_kd.kd_knn`); with ``alive`` (``(n,)``
-        bool over the objects) only live objects count. The searches run by keyword, nearby
-        queries next to each other (they walk the same nodes)."""
+        bool over the objects) only live objects count; with ``bound_m`` (``(m,)`` meters) only
+        objects within it of their query. The searches run by keyword, nearby queries next to
+        each other (they walk the same nodes)."""
         if not len(pq_):
             return np.empty(0, np.int64), np.empty(0, np.int64)
         order = np.lexsort((morton_codes(lon[pq_], lat[pq_]), pc_))
         pq_, pc_ = pq_[order], pc_[order]
         xyz, rows, dims = self._trees_for(pc_)
         live = np.zeros(0, dtype=bool) if alive is None else np.ascontiguousarray(alive, dtype=bool)
+        bound = np.full(len(pq_), np.inf) if bound_m is None else chord2_bound(bound_m)[pq_]
         counts, found = kd_knn(xyz, rows, dims, self._post_ptr, live, pc_,
-                               np.ascontiguousarray(q_xyz[pq_]), k[pq_] + TIE_MARGIN)
+                               np.ascontiguousarray(q_xyz[pq_]), k[pq_] + TIE_MARGIN, bound)
         return np.repeat(pq_, counts), found
 
-    def knn_v(self, lon, lat, keywords, k, *, processes: int = 1,
-              alive: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def knn_v(self, lon, lat, keywords, k, *, processes: int = 1, alive: np.ndarray | None = None,
+              bound_m: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Exact kNN of many queries at once.
 
         Parameters
@@ -209,6 +212,10 @@ class ObjectIndex:
         alive
             ``(n,)`` bool over the indexed objects: search only these (a window's live objects);
             default: all. Not with ``processes > 1``.
+        bound_m
+            ``(m,)`` float64 meters: only objects within this of their query count (the
+            ``k``-th distance over other objects already searched: nothing beyond it can be
+            among the nearest); default: no bound. Not with ``processes > 1``.
 
         Returns
         -------
@@ -224,11 +231,11 @@ class ObjectIndex:
         lat = np.asarray(lat, dtype=np.float64)
         k = np.asarray(k, dtype=np.int64)
         m = len(lon)
-        if processes > 1 and m >= 20_000 and alive is None:
+        if processes > 1 and m >= 20_000 and alive is None and bound_m is None:
             return self._knn_parallel(lon, lat, keywords, k, processes)
         q_xyz = unit_vectors(lon, lat)
         pq_, pc_ = self.keyword_pairs(keywords)
-        fq, fo = self._search(pq_, pc_, lon, lat, k, q_xyz, alive)
+        fq, fo = self._search(pq_, pc_, lon, lat, k, q_xyz, alive, bound_m)
         d = haversine_m(lon[fq], lat[fq], self.lon[fo], self.lat[fo])
         order = np.lexsort((self._id_rank[fo], d, fq))
         fq, fo, d = fq[order], fo[order], d[order]

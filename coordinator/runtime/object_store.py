@@ -171,18 +171,27 @@ class ObjectStore:
             where one is read).
         info
             Details of every object in those lists, in columns.
+
+        The parts are searched largest first, each within the ``k``-th distance found in the
+        parts before it (nothing farther can be among a query's nearest), so that the smaller
+        parts cost little.
         """
         lon, lat = np.asarray(lon, dtype=np.float64), np.asarray(lat, dtype=np.float64)
         k = np.asarray(k, dtype=np.int64)
         m = len(lon)
         tail = self._tail_index()
-        parts = [(p.table, p.index, p.alive) for p in self._parts] + ([(*tail, None)] if tail is not None else [])
+        parts = [(p.table, p.index, p.alive, p.live) for p in self._parts]
+        parts += [(*tail, None, len(tail[1]))] if tail is not None else []
+        parts.sort(key=lambda x: -x[3])
         words = pa.array([sorted(set(w)) for w in keywords], type=pa.list_(pa.string()))
         Q, D, P, I, ids = [np.empty(0, np.int64)], [np.empty(0)], [np.empty(0, np.int64)], [np.empty(0, np.int64)], []
-        for p, (table, index, alive) in enumerate(parts):
+        bound = np.full(m, np.inf)
+        for p, (table, index, alive, _) in enumerate(parts):
             if not len(index):
                 continue
-            idx, counts, dist = index.knn_v(lon, lat, words, k, alive=alive)
+            idx, counts, dist = index.knn_v(lon, lat, words, k, alive=alive, bound_m=bound)
+            full = np.flatnonzero(counts >= k)  # this part's k-th distance bounds the next parts
+            bound[full] = np.minimum(bound[full], dist[(np.cumsum(counts) - counts + k - 1)[full]])
             Q.append(np.repeat(np.arange(m), counts))
             D.append(dist)
             P.append(np.full(len(idx), p, dtype=np.int64))
@@ -196,7 +205,7 @@ class ObjectStore:
         keep = rank < k[Q]
         Q, D, P, I, ids = Q[keep], D[keep], P[keep], I[keep], ids[keep]
         tables = [table.take(pa.array(np.unique(I[P == p]), type=pa.int64())).select(_DETAILS)
-                  for p, (table, _, _) in enumerate(parts) if (P == p).any()]
+                  for p, (table, _, _, _) in enumerate(parts) if (P == p).any()]
         info = ObjectColumns.of_table(pa.concat_tables(tables).combine_chunks()) if tables else \
             ObjectColumns.of_infos({})
         return KnnColumns(np.bincount(Q, minlength=m), ids.tolist(), D), info

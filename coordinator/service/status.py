@@ -161,7 +161,8 @@ def format_status(s: dict[str, Any]) -> str:
         lines.append(f"  objects {svc['objects']:,} in {svc['batches']:,} batches; queries registered "
                      f"{svc['registered']:,}, updated {svc['updated']:,} (+{svc.get('unchanged', 0)} unchanged), unregistered {svc['unregistered']:,} "
                      f"(+{svc['unregister_unknown']} unknown); workers revived {svc.get('workers_revived', 0)}; recoveries {svc['recoveries']} (worker restarts "
-                     f"{svc.get('worker_restarts', 0)}); entries that failed inside knnmon {svc.get('internal_errors', 0)}")
+                     f"{svc.get('worker_restarts', 0)}); Redis outages ridden out {svc.get('redis_outages', 0)}; "
+                     f"entries that failed inside knnmon {svc.get('internal_errors', 0)}")
         if svc.get("latency_ms_p50") is not None:
             lines.append(f"  latency XADD -> result written: p50 {svc['latency_ms_p50']:.1f} ms, "
                          f"p99 {svc['latency_ms_p99']:.1f} ms (last 1,000 batches)")

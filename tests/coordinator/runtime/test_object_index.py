@@ -71,8 +71,8 @@ def test_trees_are_built_for_the_keywords_searched_and_again_after_they_are_drop
        jit=st.booleans(), data=st.data())
 def test_a_kd_search_finds_the_nearest_and_every_tie_at_the_cut(points, queries, jit, data):
     """:func:`kd_knn` against sorting every squared chord (points on a coarse lattice: many share
-    a place or a distance; three keywords; some objects not live), compiled and as plain
-    Python."""
+    a place or a distance; three keywords; some objects not live; some searches bounded, often
+    right at a point's distance), compiled and as plain Python."""
     from knnmon.coordinator.runtime import keyword_kd
     from knnmon.geo import unit_vectors
 
@@ -91,11 +91,15 @@ def test_a_kd_search_finds_the_nearest_and_every_tie_at_the_cut(points, queries,
     q = unit_vectors(np.array([x[0] for x in queries]) * 0.01, np.array([x[1] for x in queries]) * 0.01)
     code = np.array([x[2] for x in queries], dtype=np.int64)
     want = np.array([x[3] for x in queries], dtype=np.int64)
-    counts, found = knn(xyz, rows, dims, ptr, alive, code, q, want)
+    every = ((xyz[None, :, :] - q[:, None, :]) ** 2).sum(axis=2)  # (queries, points) squared chords
+    bound = np.array([np.inf if not data.draw(st.booleans()) else
+                      float(every[j, data.draw(st.integers(0, len(points) - 1))]) for j in range(len(queries))])
+    counts, found = knn(xyz, rows, dims, ptr, alive, code, q, want, bound)
     at = 0
     for j in range(len(queries)):
         mine = np.flatnonzero((code_of == code[j]) & (alive if len(alive) else True))
         d2 = ((xyz[mine] - q[j]) ** 2).sum(axis=1)
+        mine, d2 = mine[d2 <= bound[j]], d2[d2 <= bound[j]]
         cut = np.sort(d2)[min(want[j], len(mine)) - 1] if len(mine) else -1.0
         assert sorted(found[at:at + counts[j]].tolist()) == mine[d2 <= cut].tolist()
         at += counts[j]
@@ -134,3 +138,40 @@ def test_ties_fewer_than_k_antimeridian_and_poles():
     assert got[4] == []
     for case, g in zip(cases, got):
         assert [x[0] for x in g] == [x[0] for x in oracle.knn(case[0], case[1], case[2], case[3])]
+
+
+def test_a_windowed_store_in_many_parts_equals_the_oracle_over_the_live_objects(places_slice, monkeypatch):
+    """The live objects sealed into parts of a few hundred (merged as an LSM tree, half-dead
+    ones marked), searched largest first, each part within the k-th distance of the parts before:
+    every query's kNN equals the brute-force oracle over the live objects, after each expiry."""
+    from knnmon.coordinator.runtime import object_store
+    from knnmon.coordinator.runtime.object_store import ObjectStore
+    from knnmon.coordinator.runtime.preparation import with_arrival_times
+    from knnmon.ingest.reading import stream_order
+
+    monkeypatch.setattr(object_store, "SEAL", 200)
+    objects = with_arrival_times(stream_order(read_objects(str(places_slice)), None), 1000)
+    window = 2500 * 1000
+    store = ObjectStore(objects.slice(0, 2000).slice(0, 0))
+    rng = np.random.default_rng(3)
+    checked, most = 0, 0
+    for start in range(0, 8000, 250):
+        batch = objects.slice(start, 250)
+        store.append(batch)
+        t = objects.slice(0, start + 250).column("t").to_numpy()
+        store.expire(int(t.max()) - window)
+        live = objects.slice(0, start + 250).filter(pa.array(t > t.max() - window))
+        if start % 1000 != 750:
+            store.knn_v([0.0], [0.0], [["x"]], [1])  # parts seal as a service's refills make them
+            continue
+        oracle = BruteForceKnn(live)
+        pick = live.take(pa.array(rng.choice(live.num_rows, 60, replace=False)))
+        lon, lat = pick.column("lon").to_numpy() + 0.01, pick.column("lat").to_numpy()
+        kws = [w[:2] for w in pick.column("keywords").to_pylist()]
+        k = rng.integers(1, 12, size=60)
+        topk, _ = store.knn_v(lon, lat, kws, k)
+        most = max(most, len(store._parts) + bool(store._batches))  # the parts and the tail searched
+        for i in range(60):
+            assert [o for o, _ in topk[i]] == [o for o, _ in oracle.knn(lon[i], lat[i], kws[i], int(k[i]))]
+        checked += 1
+    assert checked >= 7 and most >= 2
