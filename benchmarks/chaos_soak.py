@@ -330,10 +330,11 @@ def check(chaos: Chaos, r: redis.Redis, keys: Keys, pub: Publisher, queries: pa.
             out["error"] = "not caught up"
             return out
         rejected = {f["_entry"] for _, f in r.xrange(keys.ingest_rejects)}
-        live_rows = [{**o, "t": o.get("t") or entry_time_ms(e)} for e, o in pub.published if e not in rejected]
-        table = pa.Table.from_pylist(live_rows)
+        table = accepted_in_stream(r, keys, rejected)  # what the service accepted, from Redis
         t = table.column("t").to_numpy()
         table = table.filter(pa.array(t > t.max() - window_ms))
+        known = {e for e, _ in pub.published}
+        out["accepted_not_recorded"] = sum(1 for e in table.column("entry").to_pylist() if e not in known)
         alive = pa.concat_tables([queries, pa.Table.from_pylist(pub.churn_alive, schema=queries.schema)]) \
             if pub.churn_alive else queries
         rng = np.random.default_rng(len(pub.published))
@@ -354,6 +355,30 @@ def check(chaos: Chaos, r: redis.Redis, keys: Keys, pub: Publisher, queries: pa.
     finally:
         pub.resume()
         print(json.dumps(out), flush=True)
+
+
+def accepted_in_stream(r: redis.Redis, keys: Keys, rejected: set[str], chunk: int = 20_000) -> pa.Table:
+    """The objects of the objects stream (trimmed by the checkpoints to what the live objects
+    need) that were not rejected, parsed as the service parses them: the oracle's input, from
+    Redis rather than from what the publisher recorded (a pipeline whose reply was lost may
+    have published objects it did not record)."""
+    from knnmon.errors import Rejected
+    from knnmon.protocol import parse_object
+
+    rows, start = [], "-"
+    while True:
+        got = r.xrange(keys.ingest_objects, min=start, max="+", count=chunk)
+        for eid, fields in got:
+            if eid in rejected:
+                continue
+            try:
+                o = parse_object(eid, fields)
+            except Rejected:
+                continue
+            rows.append({"entry": eid, "id": o.id, "lon": o.lon, "lat": o.lat, "t": o.t, "keywords": list(o.keywords)})
+        if len(got) < chunk:
+            return pa.Table.from_pylist(rows)
+        start = "(" + got[-1][0]
 
 
 def _queries_done(url: str) -> bool:

@@ -55,6 +55,8 @@ class DispatchedBatch:
     rows: dict[int, np.ndarray] = field(default_factory=dict)  # each worker called: its rows (maybe none)
     late: int = 0  # with a window: objects that arrived expired
     refill_ms: float = 0.0  # with a window: the expiry and the refill search
+    cutoff: int | None = None  # with a window: the cutoff the batch moved to
+    ids: frozenset[str] = frozenset()  # with a window: the ids of the batch's objects (the store holds them)
 
 
 @dataclass(frozen=True)
@@ -141,8 +143,9 @@ class Dispatcher:
         refills = self._refill(needs)
         return batch, n_late, cutoff, refills, (time.perf_counter() - t0) * 1e3
 
-    def _refill(self, needs: list[QueryColumns]) -> dict[int, Refills]:
-        """Each worker's :class:`Refills`: one kNN search over the live objects for all."""
+    def _refill(self, needs: list[QueryColumns], exclude: frozenset[str] = frozenset()) -> dict[int, Refills]:
+        """Each worker's :class:`Refills`: one kNN search over the live objects for all (but
+        ``exclude``: a batch in the store already, replayed to a revived worker)."""
         workers = np.concatenate([np.full(len(n.ids), w, dtype=np.int64) for w, n in enumerate(needs)])
         if not len(workers):
             return {}
@@ -152,7 +155,7 @@ class Dispatcher:
         keywords = [list(kw) for n in needs for kw in n.keywords]
         qids = [q for n in needs for q in n.ids]
         t0 = time.perf_counter()
-        topk, info = self.objects.knn_v(lon, lat, keywords, k)
+        topk, info = self.objects.knn_v(lon, lat, keywords, k, exclude=exclude)
         t1 = time.perf_counter()
         radius = topk.kth(k)
         rect = self.rects(lon, lat, radius)
@@ -165,6 +168,11 @@ class Dispatcher:
             mine = topk.take(sel)
             out[w] = Refills([qids[i] for i in sel.tolist()], mine, info.subset(mine.ids))
         return out
+
+    def refill_one(self, worker: int, needs: QueryColumns, exclude: frozenset[str]) -> Refills | None:
+        """Worker ``worker``'s :class:`Refills` for ``needs`` over the live objects but ``exclude``
+        (a revived worker replaying a batch the store holds already), their regions routed."""
+        return self._refill([QueryColumns.of([])] * worker + [needs], exclude).get(worker)
 
     def admit(self, ids: Sequence[str], t: np.ndarray) -> Admission:
         """The rule for which of a batch's objects the runtime takes (``knnmon serve`` asks it to
@@ -263,8 +271,9 @@ class Dispatcher:
         route_ms = (time.perf_counter() - t0) * 1e3
         route_cpu_ms = (time.thread_time() - c0) * 1e3  # not inflated by workers already running
         self.objects.append(batch)
+        ids = frozenset(batch.column("id").to_pylist()) if cutoff is not None else frozenset()
         return DispatchedBatch(number, batch.num_rows, dup, sent, pending, t0, route_ms, route_cpu_ms, shared, rows,
-                               n_late, refill_ms)
+                               n_late, refill_ms, cutoff, ids)
 
     def collect(self, d: DispatchedBatch) -> BatchReport:
         """Wait for a dispatched batch's workers and their writes; its :class:`BatchReport`.

@@ -22,8 +22,11 @@ batches (a loss found by a registration, an unregister, the worker list, or the 
 expiry, before the batch is sent) Redis holds exactly what the worker applied: each list is
 loaded as its result, ``r_q`` its ``k``-th distance, with the members' times from the worker's
 details hash, and the reserve comes back with the query's next refill -- no search. A batch
-in flight cannot be replayed from Redis (its expiries and refills): the worker is rebuilt
-instead over the coordinator's live objects, which already hold every batch dispatched (each
+in flight (one) that the worker had not written is then replayed on top: its expiry, the
+refills that expiry needs searched over the live objects but the batch's own (the store holds
+them already; ``refill``), and its objects. Only where that cannot be (a batch released in
+parts, several in flight, a member's details missing) is the worker rebuilt instead over the
+coordinator's live objects, which already hold every batch dispatched (each
 query's exact ``k + reserve`` nearest live matches, as a registration's are searched); the
 rebuilt lists' regions join the routing table (a list whose reserve had run out may reach
 farther now); Redis is made to hold the rebuilt results, whatever part of the batch in flight the
@@ -36,13 +39,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
-from knnmon.batch import KnnColumns, ObjectInfo
+from knnmon.batch import KnnColumns, ObjectInfo, Refills
 from knnmon.connection import connect, with_retries
 from knnmon.coordinator.runtime.dispatch import DispatchedBatch
 from knnmon.coordinator.runtime.object_store import ObjectStore
@@ -181,7 +184,8 @@ class Revival:
 
 def revive(pool: RayPool, registrar: Registrar, redis_url: str, namespace: str, worker: int,
            uncollected: Sequence[DispatchedBatch], chunk: int = 10_000, *, also: Sequence[str] = (),
-           live: ObjectStore | None = None, version: int = 0) -> Revival:
+           live: ObjectStore | None = None, version: int = 0,
+           refill: Callable[[int, QueryColumns, frozenset[str]], Refills | None] | None = None) -> Revival:
     """Start worker ``worker`` anew and rebuild it exactly (module docstring): its queries (the
     registrar's, and ``also``: ids no longer registered whose keys it may not have deleted yet)
     as Redis holds them; returns ``uncollected`` with this worker's calls sent to the new worker,
@@ -190,8 +194,9 @@ def revive(pool: RayPool, registrar: Registrar, redis_url: str, namespace: str, 
     pre-encoded keywords mean the same to it.
 
     With a window (``live``: the live objects, every batch of ``uncollected`` dispatched into
-    them already) and no batch in flight, each list is its result as Redis holds it (module
-    docstring), unless the details hash lacks a member's details; else ``live`` gives each
+    them already) and no batch in flight, or one that ``refill`` (worker, its refill needs, ids
+    to leave out -> its :class:`Refills`) lets it replay, each list is its result as Redis holds
+    it (module docstring), unless the details hash lacks a member's details; else ``live`` gives each
     query's exact ``k + reserve`` nearest, Redis is repaired to their first ``k`` at feed version
     ``version`` (the newest dispatched batch's number plus one, or the next batch's number when
     none is in flight), and the worker's calls of ``uncollected`` report nothing.
@@ -218,8 +223,13 @@ def revive(pool: RayPool, registrar: Registrar, redis_url: str, namespace: str, 
             counts.append(len(result or []))
             ids += [o for o, _ in result or []]
             dists += [d for _, d in result or []]
-        last, partial = (-1, None) if live is not None else with_retries(
-            lambda: applied_state(client, keys, worker), "reading a worker's marker", redis_url)
+        try:
+            last, partial = with_retries(lambda: applied_state(client, keys, worker), "reading a worker's marker",
+                                         redis_url)
+        except WorkerLostError:
+            if live is None:
+                raise
+            last, partial = -1, (-1, np.empty(0, np.int64))  # (a window rebuilds over the live objects)
     finally:
         client.close()
     seconds = {"read": time.perf_counter() - t0}
@@ -228,13 +238,16 @@ def revive(pool: RayPool, registrar: Registrar, redis_url: str, namespace: str, 
     topk = KnnColumns(counts, ids, np.asarray(dists, dtype=np.float64))  # (columns to the worker)
     details: Any = {}
     repair = Repair()
-    first_k = False
-    if live is not None and not uncollected:  # Redis holds what the worker applied
+    first_k = replay = False
+    # With a window: from Redis with the members' details when it holds them, and a batch in
+    # flight (one; not released in parts) replayed on top of what the worker wrote.
+    if live is not None and (not uncollected or (refill is not None and len(uncollected) == 1 and partial is None
+                                                 and uncollected[0].cutoff is not None)):
         t1 = time.perf_counter()
         stored_details = held_details(redis_url, namespace, worker, ids)
         seconds["details"] = time.perf_counter() - t1
         if stored_details is not None:
-            details, first_k, live = stored_details, True, None
+            details, first_k, replay, live = stored_details, True, bool(uncollected), None
     if live is not None:  # the lists with their reserves, Redis made to hold their first k
         lon, lat = np.array([q.lon for q in queries]), np.array([q.lat for q in queries])
         k = np.array([q.k for q in queries], dtype=np.int64)
@@ -257,7 +270,14 @@ def revive(pool: RayPool, registrar: Registrar, redis_url: str, namespace: str, 
         if worker not in d.rows:
             out.append(d)
             continue
-        rows = None if live is not None else rows_to_resend(d.number, d.rows[worker], last, partial)
+        if replay and d.number > last:  # the worker wrote none of it: its expiry, refills and objects again
+            needs = pool.gather([pool.expire(worker, d.cutoff)])[0]
+            call = pool.process(worker, d.shared, d.rows[worker], cutoff=d.cutoff,
+                                refills=refill(worker, needs, d.ids))
+            resent += 1
+            out.append(replace(d, pending=[call if p.worker == worker else p for p in d.pending]))
+            continue
+        rows = None if live is not None or replay else rows_to_resend(d.number, d.rows[worker], last, partial)
         if rows is not None:
             call = pool.process(worker, d.shared, rows)
             resent += 1

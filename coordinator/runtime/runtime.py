@@ -274,11 +274,10 @@ class Runtime:
         dispatched after it (``later``, updated in place) sent to it again, at most
         :data:`MAX_REVIVALS` times a run.
 
-        With a window the lost worker is rebuilt over the live objects, which hold ``d``
-        already, and Redis repaired to match (:mod:`~knnmon.coordinator.runtime.revival`); not
-        while later batches are in flight too (the live objects have moved past ``d``, and the
-        other workers' writes of ``d`` would follow the repair's newer feed version): then
-        ``knnmon run`` stops with the error (``knnmon serve`` has one batch in flight).
+        With a window ``d`` is replayed on the worker loaded from Redis, or the worker rebuilt
+        over the live objects (:mod:`~knnmon.coordinator.runtime.revival`); not while later
+        batches are in flight too (the live objects have moved past ``d``): then ``knnmon run``
+        stops with the error (``knnmon serve`` has one batch in flight).
 
         Raises
         ------
@@ -311,11 +310,12 @@ class Runtime:
         return self._revive(worker, also=also) if self._can_revive(between_batches=True) else None
 
     def _revive(self, worker: int, batches: Sequence[DispatchedBatch] = (), also: Sequence[str] = ()) -> Revival:
-        """:func:`revive`, with a window over the live objects at the next batch's feed version;
+        """:func:`revive` (a window: the live objects, the feed version, the replay's refills);
         counted, its steps' times kept in :attr:`revivals`."""
+        d = self.dispatcher
         revived = revive(self.pool, self.registrar, self.store.url, self.config.store.namespace, worker, batches,
                          also=also, live=self.objects if self.config.window is not None else None,
-                         version=self.dispatcher.next_batch if self.dispatcher is not None else 0)
+                         version=d.next_batch if d else 0, refill=d.refill_one if d else None)
         self.workers_revived += 1
         self.revivals.append(revived.seconds)
         return revived

@@ -31,6 +31,7 @@ from knnmon.errors import PoisonedWatermarkError, Rejected, StoreUnavailableErro
 from knnmon.keys import Keys
 from knnmon.limits import DEFAULT_LIMITS, Limits, check_keywords, parse_k, parse_point, parse_query_id
 from knnmon.results import ResultReader
+from knnmon.window import Window
 from knnmon.query import Query, QueryColumns
 
 __all__ = ["OBJECT_SCHEMA", "Recovered", "check_event_time", "checkpoint_watermark", "create_groups", "feed_version",
@@ -108,10 +109,11 @@ def _undelivered(client: redis.Redis, key: str) -> int:
 
 def read_object_log(client: redis.Redis, keys: Keys, preload: pa.Table, limits: Limits = DEFAULT_LIMITS,
                     skip: frozenset[str] = frozenset(), chunk: int = 10_000
-                    ) -> tuple[pa.Table, list[str], list[tuple[str, dict, Rejected]], int, list]:
+                    ) -> tuple[pa.Table, list[str], list[tuple[str, dict, Rejected]], int, list, list]:
     """Preloaded objects plus every delivered entry of the objects stream but those in
     ``skip``; the ids of the delivered but unacknowledged entries (not in ``skip``), the
-    rejects among those, the entries read, and :attr:`Recovered.spans`.
+    rejects among those, the entries read, :attr:`Recovered.spans`, and the unacknowledged
+    entries parsed: ``(entry id, fields, t)`` (with a window the late ones are rejected).
 
     Raises
     ------
@@ -131,7 +133,7 @@ def read_object_log(client: redis.Redis, keys: Keys, preload: pa.Table, limits: 
             rows = client.xpending_range(key, GROUP, min="-", max="+", count=summary["pending"])
             pending = {r["message_id"] for r in rows} - skip
     seen = set(preload.column("id").to_pylist())
-    parsed, rejects, spans = [], [], []
+    parsed, rejects, spans, unacked = [], [], [], []
     start, read = "-", 0
     while last != "0-0":
         entries = client.xrange(key, min=start, max=last, count=chunk)
@@ -146,6 +148,8 @@ def read_object_log(client: redis.Redis, keys: Keys, preload: pa.Table, limits: 
                     raise Rejected("duplicate_id", f"id={o.id}")
                 seen.add(o.id)
                 parsed.append(o)
+                if eid in pending:
+                    unacked.append((eid, fields, o.t))
             except Rejected as r:
                 if eid in pending:
                     rejects.append((eid, fields, r))
@@ -158,7 +162,7 @@ def read_object_log(client: redis.Redis, keys: Keys, preload: pa.Table, limits: 
         start = "(" + entries[-1][0]
     check_event_time(client, keys, limits, poisoned, clock)
     table = pa.concat_tables([preload, objects_table(parsed)]) if parsed else preload
-    return table, sorted(pending, key=entry_order), rejects, read, spans
+    return table, sorted(pending, key=entry_order), rejects, read, spans, unacked
 
 
 def check_event_time(client: redis.Redis, keys: Keys, limits: Limits, poisoned: list[tuple[str, Rejected]],
@@ -300,8 +304,13 @@ def recover(client: redis.Redis, url: str, namespace: str, preload: pa.Table, mo
     """
     keys = Keys(namespace)
     create_groups(client, keys)
-    objects, pending, rejects, read, spans = read_object_log(client, keys, preload, limits, skip)
-    if window is not None:
+    objects, pending, rejects, read, spans, unacked = read_object_log(client, keys, preload, limits, skip)
+    if window is not None and objects.num_rows:
+        # An entry delivered but never acknowledged whose object is already expired at the
+        # watermark of everything delivered is late: rejected as the service would have.
+        cutoff = Window(window, int(objects.column("t").to_numpy().max()), allowed_lateness).cutoff
+        rejects += [(eid, fields, Rejected("late", f"t={t} <= {cutoff} (the watermark minus the window)"))
+                    for eid, fields, t in unacked if t <= cutoff]
         objects = live_initial(objects, window, allowed_lateness)
     queries = read_queries(client, keys, limits=limits)
     queries_read = client.xlen(keys.ingest_queries) - _undelivered(client, keys.ingest_queries)

@@ -1,5 +1,6 @@
 """``knnmon run`` and ``knnmon serve`` on the real 3-node Ray cluster of ``deploy/local-cluster.sh``:
-workers on more than one node, results exact against the brute-force oracle."""
+workers on more than one node, results exact against the brute-force oracle, through the restart
+of a worker node under a windowed service."""
 
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ def cluster(tmp_path_factory):
     driver_env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(root / "auth_token")}
     driver_env.pop("RAY_ADDRESS", None)
     try:
-        yield f"127.0.0.1:{port}", driver_env
+        yield f"127.0.0.1:{port}", driver_env, env
     finally:
         stopped = subprocess.run([str(SCRIPT), "stop"], env=env, capture_output=True, text=True, timeout=180)
         assert stopped.returncode == 0, stopped.stderr
@@ -60,7 +61,7 @@ def knnmon(*args: str, env: dict, timeout: int = 600) -> subprocess.CompletedPro
 
 def test_run_on_the_local_cluster_spreads_workers_and_stays_exact(cluster, places_slice, slice_queries, redis_url,
                                                                   namespace, tmp_path):
-    address, env = cluster
+    address, env, _ = cluster
     report = tmp_path / "run.json"
     out = knnmon("run", "--objects", str(places_slice), "--queries", str(slice_queries), "--workers", "3",
                  "--initial", "5000", "--ray-address", address, "--redis", redis_url, "--namespace", namespace,
@@ -75,7 +76,7 @@ def test_run_on_the_local_cluster_spreads_workers_and_stays_exact(cluster, place
 
 def test_serve_on_the_local_cluster_spreads_workers_and_stays_exact(cluster, places_slice, slice_queries, redis_url,
                                                                     namespace, tmp_path):
-    address, env = cluster
+    address, env, _ = cluster
     r = redis.Redis.from_url(redis_url, decode_responses=True)
     keys = Keys(namespace)
     places = stream_order(read_objects(str(places_slice)), None).to_pylist()
@@ -104,3 +105,44 @@ def test_serve_on_the_local_cluster_spreads_workers_and_stays_exact(cluster, pla
         if proc.poll() is None:
             proc.kill()
     assert assert_exact(redis_url, namespace, queries, BruteForceKnn(pa.Table.from_pylist(places))) == 300
+
+
+def test_a_windowed_serve_rides_out_the_restart_of_a_worker_node(cluster, places_slice, slice_queries, redis_url,
+                                                                 namespace, tmp_path):
+    """``local-cluster.sh restart worker1`` mid-stream: the workers it hosted die with it and are
+    revived in place on the nodes alive (no rebuild of the others), the node joins again, and
+    every result is exact over the live objects."""
+    from knnmon.coordinator.runtime.preparation import with_arrival_times
+
+    address, env, script_env = cluster
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    keys = Keys(namespace)
+    places = with_arrival_times(stream_order(read_objects(str(places_slice)), None), 1000).to_pylist()
+    queries = pq.read_table(slice_queries).slice(0, 300)
+    for q in queries.to_pylist():
+        r.xadd(keys.ingest_queries, register_fields(q))
+    log = open(tmp_path / "serve.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "knnmon.coordinator.cli", "serve", "--workers", "3",
+                             "--window", "1500s", "--ray-address", address, "--redis", redis_url, "--namespace",
+                             namespace, "--data-dir", str(tmp_path / "data")], env=env, stdout=log,
+                            stderr=subprocess.STDOUT)
+    try:
+        publish_objects(r, keys, places[:3000])
+        wait_processed(r, keys, proc, timeout_s=300)
+        restarted = subprocess.run([str(SCRIPT), "restart", "worker1"], env=script_env, capture_output=True, text=True,
+                                   timeout=300)
+        assert restarted.returncode == 0, restarted.stdout + restarted.stderr
+        publish_objects(r, keys, places[3000:])
+        wait_processed(r, keys, proc, timeout_s=300)
+        time.sleep(1.5)
+        service = json.loads(knnmon("status", "--json", "--redis", redis_url, "--namespace", namespace, env=env,
+                                    timeout=60).stdout)["service"]
+        assert service["workers_revived"] >= 1 and service["worker_restarts"] == 0, \
+            (service, (tmp_path / "serve.log").read_text()[-3000:])
+        proc.terminate()
+        assert proc.wait(timeout=120) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    live = places[-1500:]
+    assert assert_exact(redis_url, namespace, queries, BruteForceKnn(pa.Table.from_pylist(live))) == 300

@@ -205,11 +205,14 @@ def _kill(pid: int) -> None:
 
 def test_a_windowed_ray_worker_lost_during_a_batch_is_rebuilt_over_the_live_objects(windowed, ray_instance, redis_url,
                                                                                    namespace, tmp_path):
-    """A worker lost before a batch (found at the batch's expiry) or while the batch runs is
-    revived in place after it: its lists rebuilt over the live objects, which hold the batch, and
-    Redis repaired to them in one write at the batch's version. Every result is exact after that
-    batch and the ones after; the change feed replays to every result, no change applied twice;
-    each details hash holds exactly its results' objects; no other worker is replaced."""
+    """A worker lost before a batch (found at the batch's expiry) is loaded from Redis and takes
+    the batch; one lost while the batch runs is loaded from Redis and the batch replayed on it
+    (its expiry, its refills searched without the batch's own objects, its objects); one lost
+    while the batch runs whose details hash lacks a member is rebuilt over the live objects,
+    which hold the batch, and Redis repaired to them in one write at the batch's version. Every
+    result is exact after that batch and the ones after; the change feed replays to every
+    result, no change applied twice; each details hash holds exactly its results' objects; no
+    other worker is replaced."""
     from collections import deque
 
     import redis
@@ -233,21 +236,27 @@ def test_a_windowed_ray_worker_lost_during_a_batch_is_rebuilt_over_the_live_obje
         _kill(pids[0])  # found lost by the next batch's expiry
         report = rt.process(batches[3])
         seen += batches[3].num_rows
-        assert rt.workers_revived == 1 and report.batch == 3
+        assert rt.workers_revived == 1 and report.batch == 3 and "search" not in rt.revivals[-1]
         assert_exact(redis_url, namespace, queries, BruteForceKnn(live(objects, seen, window)))
         assert_feed_and_objects(r, Keys(namespace), qids)
-        d = rt.dispatcher.dispatch(batches[4])  # lost while the batch runs
-        _kill(pids[1])
-        rt._collect(d, deque())
-        seen += batches[4].num_rows
-        assert rt.workers_revived == 2
-        after = {s["worker"]: s["pid"] for s in rt.registrar.stats()}
-        assert after[0] != pids[0] and after[1] != pids[1]
-        assert_exact(redis_url, namespace, queries, BruteForceKnn(live(objects, seen, window)))
-        assert_feed_and_objects(r, Keys(namespace), qids)
-        for b in batches[5:]:
+        for number, spoil in ((4, False), (5, True)):  # lost while the batch runs
+            victim = 5 - number  # worker 1, then worker 0 again
+            pid = {s["worker"]: s["pid"] for s in rt.registrar.stats()}[victim]
+            d = rt.dispatcher.dispatch(batches[number])
+            _kill(pid)
+            if spoil:  # a member's details missing: rebuilt over the live objects instead
+                key = Keys(namespace).objects(victim)
+                r.hdel(key, next(iter(r.hkeys(key))))
+            rt._collect(d, deque())
+            seen += batches[number].num_rows
+            assert rt.workers_revived == number - 2
+            assert ("search" in rt.revivals[-1]) == spoil, rt.revivals[-1]
+            assert pid not in [s["pid"] for s in rt.registrar.stats()]
+            assert_exact(redis_url, namespace, queries, BruteForceKnn(live(objects, seen, window)))
+            assert_feed_and_objects(r, Keys(namespace), qids)
+        for b in batches[6:]:
             rt.process(b)
             seen += b.num_rows
             assert_exact(redis_url, namespace, queries, BruteForceKnn(live(objects, seen, window)))
         assert_feed_and_objects(r, Keys(namespace), qids)
-        assert rt.workers_revived == 2
+        assert rt.workers_revived == 3

@@ -68,3 +68,36 @@ def test_window_across_sigkill_and_trims(redis_url, namespace, places_slice, sli
     # The change feed replays to every result, versions increasing; object hashes: exactly the
     # (live) objects in some result, each counting the results holding it.
     assert_feed_and_objects(r, keys, [q["id"] for q in queries])
+
+
+def test_a_late_entry_pending_at_a_crash_is_rejected_by_the_recovery(redis_url, namespace, places_slice, tmp_path):
+    """An entry delivered to a service that died before acknowledging it is applied by the next
+    one's recovery; a late one (expired on arrival) is rejected as ``late`` there, with its
+    fields, like any late entry: nothing is dropped without a reason."""
+    from knnmon.protocol import GROUP
+
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    keys = Keys(namespace)
+    places = stream_order(read_objects(str(places_slice)), None).slice(0, 400)
+    t = ARRIVAL_EPOCH_MS + 1000 * pa.array(range(places.num_rows), pa.int64()).to_numpy()
+    places = places.set_column(places.column_names.index("t"), "t", pa.array(t)).to_pylist()
+    proc = start_serve(redis_url, namespace, tmp_path)
+    try:
+        publish_objects(r, keys, places[:300])
+        wait_processed(r, keys, proc)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=120)
+    late = {**places[0], "id": "late-pending", "t": places[0]["t"] - 2 * WINDOW_S * 1000}  # long expired
+    publish_objects(r, keys, [late, *places[300:]])
+    got = r.xreadgroup(GROUP, "serve", {keys.ingest_objects: ">"}, count=1000)  # delivered, never acknowledged
+    assert len(got[0][1]) == 101
+    proc = start_serve(redis_url, namespace, tmp_path)
+    try:
+        wait_processed(r, keys, proc)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=120)
+    rejects = [f for _, f in r.xrange(keys.ingest_rejects)]
+    assert [(f["id"], f["_reason"]) for f in rejects] == [("late-pending", "late")]
+    assert not r.xpending(keys.ingest_objects, GROUP)["pending"]
