@@ -40,256 +40,29 @@ import os
 import platform
 import random
 import re
-import shutil
 import signal
-import subprocess
 import sys
-import threading
 import time
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
-import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 import redis
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from chaos_faults import NAMESPACE, Chaos, redis_pid, inject, node_rss_mb, rss, workers_of  # noqa: E402 - this soak's parts
+from chaos_load import Publisher, publish_prefill  # noqa: E402
 from soak import caught_up  # noqa: E402 - the plain soak's helpers
 
 from knnmon.coordinator.service.status import read_status  # noqa: E402
-from knnmon.coordinator.testing import assert_applied_once, assert_exact, free_port_base, register_fields  # noqa: E402
+from knnmon.coordinator.testing import assert_applied_once, assert_exact, register_fields  # noqa: E402
 from knnmon.ingest.reading import read_objects, stream_order  # noqa: E402
 from knnmon.keys import Keys  # noqa: E402
 from knnmon.oracle import BruteForceKnn  # noqa: E402
 from knnmon.protocol import entry_time_ms  # noqa: E402
-from knnmon.redis_server import EmbeddedRedis, free_port  # noqa: E402
 from knnmon.window import parse_duration  # noqa: E402
-
-NAMESPACE = "chaos"
-ROOT = Path(__file__).resolve().parents[1]
-CLUSTER = ROOT / "deploy" / "local-cluster.sh"
-
-
-def hostile_object(i: int, good: dict, now_ms: int) -> tuple[dict, str]:
-    """The ``i``-th hostile object entry (cycling through the kinds) and the reason it must get."""
-    base = {"id": f"hostile-{i}", "lon": repr(good["lon"]), "lat": repr(good["lat"]),
-            "keywords": " ".join(good["keywords"])}
-    kinds = [
-        ({**base, "keywords": "x" * 70_000}, "field_too_large"),
-        ({**base, "keywords": b"caf\xff\xfe"}, "not_utf8"),
-        ({k: v for k, v in base.items() if k != "id"}, "missing_id"),
-        ({**base, "id": f"hostile {i}"}, "bad_id"),
-        ({k: v for k, v in base.items() if k != "lat"}, "missing_coordinates"),
-        ({**base, "lon": "nan"}, "non_numeric_coordinates"),
-        ({**base, "lon": "200"}, "longitude_out_of_range"),
-        ({**base, "lat": "-95"}, "latitude_out_of_range"),
-        ({**base, "lon": "0", "lat": "0"}, "null_island"),
-        ({**base, "t": "9" * 30}, "bad_time"),
-        ({**base, "t": str(now_ms + 10 * 365 * 86_400_000)}, "future"),  # far future: would expire everything
-        ({**base, "t": "1"}, "late"),  # far past: 1970
-        ({**base, "keywords": "   "}, "no_keywords"),
-        ({**base, "keywords": " ".join(f"w{j}" for j in range(40))}, "too_many_keywords"),
-        ({**base, "id": good["id"]}, "duplicate_id"),  # an id published just before
-    ]
-    return kinds[i % len(kinds)]
-
-
-def hostile_query(i: int, good: dict) -> tuple[dict, str]:
-    """The ``i``-th hostile query operation and the reason it must get."""
-    base = {**register_fields(good), "id": f"hq-{i}"}
-    kinds = [
-        ({**base, "op": "explode"}, "unknown_op"),
-        ({**base, "k": "0"}, "bad_k"),
-        ({**base, "k": str(10 ** 12)}, "k_too_large"),  # huge k
-        ({**base, "lon": "-181"}, "longitude_out_of_range"),
-        ({**base, "keywords": "y" * 70_000}, "field_too_large"),
-    ]
-    return kinds[i % len(kinds)]
-
-
-class Publisher(threading.Thread):
-    """XADDs objects without ``t`` at ``rate``/s (places again under new ids when the stream runs
-    out), a ``hostile`` share of them hostile, and ``churn`` registrations + unregisters per
-    second; pauses on request (the paused time does not count toward the rate), and rides out
-    Redis being away (what it could not publish is not published)."""
-
-    def __init__(self, url: str, keys: Keys, rows: list[dict], extra_queries: list[dict], a: argparse.Namespace,
-                 deadline: float) -> None:
-        super().__init__(daemon=True)
-        self.r = redis.Redis.from_url(url, decode_responses=True, socket_timeout=10)
-        self.keys, self.rows, self.extra, self.a, self.deadline = keys, rows, extra_queries, a, deadline
-        self.sent = self.hostile_sent = 0
-        self.published: list[tuple[str, dict]] = []  # (entry id, object) of the good objects
-        self.hostile: list[tuple[str, str, str]] = []  # (stream, entry id, expected reason)
-        self.churn_alive: list[dict] = []  # queries registered by the churn and not unregistered
-        self.errors = 0
-        self.stop, self.running = threading.Event(), threading.Event()
-        self.running.set()
-        self.idle = threading.Event()
-        self._rng = random.Random(7)
-
-    def pause(self) -> None:
-        self.running.clear()
-        self.idle.wait(30)
-
-    def resume(self) -> None:
-        self.idle.clear()
-        self.running.set()
-
-    def run(self) -> None:
-        a, keys = self.a, self.keys
-        chunk = max(1, int(a.rate / 100))
-        clock, counted, churned, hq = time.monotonic(), 0, 0, 0
-        while not self.stop.is_set() and time.monotonic() < self.deadline:
-            if not self.running.is_set():
-                self.idle.set()
-                self.running.wait()
-                clock, counted = time.monotonic(), 0  # the pause does not count toward the rate
-                continue
-            ahead = counted / a.rate - (time.monotonic() - clock)
-            if ahead > 0:
-                time.sleep(ahead)
-            batch, now_ms = [], int(time.time() * 1000)
-            try:
-                pipe = self.r.pipeline(transaction=False)
-                for _ in range(chunk):
-                    i = self.sent
-                    o = self.rows[i % len(self.rows)]
-                    o = {**o, "id": f"{o['id']}#{i // len(self.rows)}"}
-                    if self._rng.random() < a.hostile and self.published:
-                        fields, reason = hostile_object(self.hostile_sent, self.published[-1][1], now_ms)
-                        batch.append(("hostile", reason))
-                        self.hostile_sent += 1
-                    else:
-                        fields = {"id": o["id"], "lon": repr(o["lon"]), "lat": repr(o["lat"]),
-                                  "keywords": " ".join(o["keywords"])}
-                        batch.append(("good", o))
-                        self.sent += 1
-                    pipe.xadd(keys.ingest_objects, fields)
-                due = int((time.monotonic() - clock) * a.churn_per_s)
-                while churned < due and self.extra:  # one registration and one unregister
-                    q = self.extra.pop()
-                    if self._rng.random() < a.hostile * 20:
-                        fields, reason = hostile_query(hq, q)
-                        hq += 1
-                        batch.append(("hostile-query", reason))
-                        pipe.xadd(keys.ingest_queries, fields)
-                    pipe.xadd(keys.ingest_queries, register_fields(q))
-                    batch.append(("register", q))
-                    if len(self.churn_alive) > 50:
-                        gone = self.churn_alive.pop(self._rng.randrange(len(self.churn_alive)))
-                        pipe.xadd(keys.ingest_queries, {"op": "unregister", "id": gone["id"]})
-                        batch.append(("unregister", gone))
-                    churned += 1
-                for eid, (kind, what) in zip(pipe.execute(), batch):
-                    if kind == "good":
-                        self.published.append((eid, what))
-                    elif kind == "hostile":
-                        self.hostile.append((keys.ingest_objects, eid, what))
-                    elif kind == "hostile-query":
-                        self.hostile.append((keys.ingest_queries, eid, what))
-                    elif kind == "register":
-                        self.churn_alive.append(what)
-            except (redis.ConnectionError, redis.TimeoutError):
-                self.errors += 1  # Redis away: this chunk is not published (or only partly: unknown ids)
-                time.sleep(0.5)
-            counted += chunk
-        self.idle.set()
-
-
-def publish_prefill(r: redis.Redis, keys: Keys, rows: list[dict], since_ms: int, until_ms: int, tag: str,
-                    chunk: int = 5000) -> list[tuple[str, dict]]:
-    """Publish ``rows`` with times spread evenly over ``(since_ms, until_ms]`` (under ids
-    ``<id>#<tag>``), as a service that has run that long holds them; returns ``(entry id,
-    object with its t)`` of each."""
-    step = (until_ms - since_ms) / max(len(rows), 1)
-    out = []
-    for s in range(0, len(rows), chunk):
-        pipe, part = r.pipeline(transaction=False), []
-        for i in range(s, min(s + chunk, len(rows))):
-            o = {**rows[i], "id": f"{rows[i]['id']}#{tag}", "t": since_ms + int((i + 1) * step)}
-            part.append(o)
-            pipe.xadd(keys.ingest_objects, {"id": o["id"], "lon": repr(o["lon"]), "lat": repr(o["lat"]),
-                                            "t": str(o["t"]), "keywords": " ".join(o["keywords"])})
-        out += list(zip(pipe.execute(), part))
-    return out
-
-
-def node_rss_mb(pid_file: Path) -> float | None:
-    """RSS of a Ray node: its ``ray start`` process and every process under it (MB)."""
-    try:
-        p = psutil.Process(int(pid_file.read_text()))
-        return sum(x.memory_info().rss for x in [p, *p.children(recursive=True)]) / 2**20
-    except (OSError, ValueError, psutil.Error):
-        return None
-
-
-def rss(pid: int | None) -> float | None:
-    try:
-        return psutil.Process(pid).memory_info().rss / 2**20 if pid else None
-    except psutil.Error:
-        return None
-
-
-class Chaos:
-    """The soak's processes (Redis, the Ray cluster, the service) and its faults."""
-
-    def __init__(self, a: argparse.Namespace) -> None:
-        self.a = a
-        self.dir = Path(a.log_dir).resolve()
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.port = free_port()
-        self.redis = EmbeddedRedis(str(self.dir / "redis"), port=self.port, durable=True).start()
-        self.url = self.redis.url
-        base = free_port_base((0, 10, 20, 30, 100, 300), step=500)
-        self.cluster_env = {**os.environ, "KNNMON_CLUSTER_DIR": str(self.dir / "cluster"),
-                            "KNNMON_RAY_PORT": str(base), "KNNMON_RAY": shutil.which("ray", path=os.path.dirname(
-                                sys.executable)) or "ray"}
-        self.address = f"127.0.0.1:{base}"
-        self.script("start")
-        self.env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(self.dir / "cluster" /
-                                                                                       "auth_token")}
-        self.env.pop("RAY_ADDRESS", None)
-        self.env.pop("KNNMON_REDIS_URL", None)
-        self.log = open(self.dir / "serve.log", "a")  # noqa: SIM115 - the service writes to it until the end
-        self.service: subprocess.Popen | None = None
-
-    def script(self, *args: str) -> str:
-        out = subprocess.run([str(CLUSTER), *args], env=self.cluster_env, capture_output=True, text=True, timeout=300)
-        if out.returncode:
-            raise SystemExit(f"local-cluster.sh {' '.join(args)} failed: {out.stdout}{out.stderr}")
-        return out.stdout
-
-    def start_service(self, r: redis.Redis, keys: Keys) -> None:
-        a = self.a
-        r.delete(keys.serve_status)
-        self.service = subprocess.Popen(
-            [sys.executable, "-m", "knnmon.coordinator.cli", "serve", "--redis", self.url, "--namespace", NAMESPACE,
-             "--workers", str(a.workers), "--window", a.window,
-             "--ray-address", self.address, "--data-dir", str(self.dir / "data")],
-            env=self.env, stdout=self.log, stderr=subprocess.STDOUT)
-        while not r.exists(keys.serve_status):
-            if self.service.poll() is not None:
-                raise SystemExit(f"serve exited with {self.service.returncode}; see {self.dir / 'serve.log'}")
-            time.sleep(0.1)
-
-    def close(self) -> None:
-        if self.service is not None and self.service.poll() is None:
-            self.service.terminate()
-            try:
-                self.service.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.service.kill()
-                self.service.wait()
-        self.log.close()
-        self.script("stop")
-        self.redis.stop()
-
-
-def workers_of(status: dict) -> list[dict]:
-    return (status.get("service") or {}).get("worker_processes") or []
 
 
 def per_minute(r: redis.Redis, keys: Keys, start_ms: int) -> list[dict]:
@@ -499,68 +272,6 @@ def main(argv=None) -> int:
     return 0
 
 
-def inject(chaos: Chaos, r: redis.Redis, keys: Keys, kind: str, at_s: float) -> dict:
-    """Inject one fault; returns its record (with how long until the service served again)."""
-    t0 = time.monotonic()
-    ev: dict = {"at_s": round(at_s, 1), "kind": kind}
-    before = {w["worker"]: w.get("pid") for w in workers_of(read_status(chaos.url, NAMESPACE))}
-    if kind == "worker_kill":
-        victim = random.Random(int(at_s)).choice(sorted(before))
-        ev.update(worker=victim, pid=before[victim])
-        if before[victim]:
-            os.kill(before[victim], signal.SIGKILL)
-    elif kind == "service_kill":
-        chaos.service.send_signal(signal.SIGKILL)
-        chaos.service.wait()
-        chaos.start_service(r, keys)
-    elif kind == "redis_restart":
-        chaos.redis.stop()
-        ev["redis_down_s"] = round(time.monotonic() - t0, 2)
-        chaos.redis = EmbeddedRedis(str(chaos.dir / "redis"), port=chaos.port, durable=True).start()
-    elif kind == "node_restart":  # a worker node that hosts a knnmon worker, if one does
-        hosts = [n for n in (node_of(chaos, p) for p in before.values()) if n in ("worker1", "worker2")]
-        ev["node"] = hosts[0] if hosts else "worker1"
-        ev["workers_on_it"] = len([h for h in hosts if h == ev["node"]])
-        chaos.script("restart", ev["node"])
-    ev["fault_s"] = round(time.monotonic() - t0, 2)
-    # Served again: every worker has a live process other than the killed one, and a batch was
-    # logged after the fault.
-    deadline = time.monotonic() + 300
-    since = f"{int(time.time() * 1000)}-0"
-    while time.monotonic() < deadline:
-        try:
-            workers = workers_of(read_status(chaos.url, NAMESPACE))
-            fresh = r.xrange(keys.serve_batches, min=since, max="+", count=1)
-        except (redis.ConnectionError, redis.TimeoutError):
-            time.sleep(0.5)
-            continue
-        pids = [w.get("pid") for w in workers]
-        if fresh and pids and all(p and psutil.pid_exists(p) for p in pids) and ev.get("pid") not in pids:
-            ev["served_again_s"] = round(time.monotonic() - t0, 2)
-            break
-        time.sleep(0.2)
-    print(json.dumps(ev), flush=True)
-    return ev
-
-
-def node_of(chaos: Chaos, pid: int | None) -> str | None:
-    """The local cluster's node (``head``, ``worker1``, ``worker2``) whose ``ray start`` process
-    is an ancestor of process ``pid``."""
-    nodes = {}
-    for n in ("head", "worker1", "worker2"):
-        try:
-            nodes[int((chaos.dir / "cluster" / f"{n}.pid").read_text())] = n
-        except (OSError, ValueError):
-            continue
-    try:
-        for p in psutil.Process(pid).parents():
-            if p.pid in nodes:
-                return nodes[p.pid]
-    except (psutil.Error, TypeError, ValueError):
-        return None
-    return None
-
-
 def sample(chaos: Chaos, r: redis.Redis, keys: Keys, pub: Publisher, t_s: float) -> dict:
     try:
         st = read_status(chaos.url, NAMESPACE)
@@ -570,20 +281,13 @@ def sample(chaos: Chaos, r: redis.Redis, keys: Keys, pub: Publisher, t_s: float)
     return {"t_s": round(t_s, 1), "published": pub.sent, "objects_applied": svc.get("objects"),
             "lag_ms": st["objects_stream"].get("oldest_waiting_ms"),
             "undelivered": st["objects_stream"].get("undelivered"), "pending": st["objects_stream"].get("pending"),
-            "rss_mb": {"service": rss(svc.get("pid")), "redis": rss(_redis_pid(chaos)),
+            "rss_mb": {"service": rss(svc.get("pid")), "redis": rss(redis_pid(chaos)),
                        **{f"worker{w['worker']}": rss(w.get("pid")) for w in workers_of(st)},
                        **{f"ray_{n}": node_rss_mb(chaos.dir / "cluster" / f"{n}.pid")
                           for n in ("head", "worker1", "worker2")}},
             "live_objects": svc.get("objects_held"), "routing_entries": svc.get("routing_entries"),
             **{k: svc.get(k) for k in ("workers_revived", "recoveries", "worker_restarts", "redis_outages", "late")},
             "latency_ms_p99_status": svc.get("latency_ms_p99")}
-
-
-def _redis_pid(chaos: Chaos) -> int | None:
-    try:
-        return int(redis.Redis.from_url(chaos.url).info("server")["process_id"])
-    except Exception:  # noqa: BLE001
-        return None
 
 
 def verify_hostile(r: redis.Redis, keys: Keys, pub: Publisher) -> dict:
