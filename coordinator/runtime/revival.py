@@ -272,8 +272,11 @@ def revive(pool: RayPool, registrar: Registrar, redis_url: str, namespace: str, 
             continue
         if replay and d.number > last:  # the worker wrote none of it: its expiry, refills and objects again
             needs = pool.gather([pool.expire(worker, d.cutoff)])[0]
-            call = pool.process(worker, d.shared, d.rows[worker], cutoff=d.cutoff,
-                                refills=refill(worker, needs, d.ids))
+            refills = refill(worker, needs, d.ids)
+            # Every object of the batch: it was routed before these refills widened some regions
+            # (the worker's own query index finds which objects each query needs).
+            call = pool.process(worker, d.shared, np.arange(d.objects, dtype=np.int64), cutoff=d.cutoff,
+                                refills=refills)
             resent += 1
             out.append(replace(d, pending=[call if p.worker == worker else p for p in d.pending]))
             continue
