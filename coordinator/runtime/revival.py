@@ -24,7 +24,7 @@ loaded as its result, ``r_q`` its ``k``-th distance, with the members' times fro
 details hash, and the reserve comes back with the query's next refill -- no search. A batch
 in flight (one) that the worker had not written is then replayed on top: its expiry, the
 refills that expiry needs searched over the live objects but the batch's own (the store holds
-them already; ``refill``), and its objects. Only where that cannot be (a batch released in
+them already; ``refill``), and every object of the batch. Only where that cannot be (a batch released in
 parts, several in flight, a member's details missing) is the worker rebuilt instead over the
 coordinator's live objects, which already hold every batch dispatched (each
 query's exact ``k + reserve`` nearest live matches, as a registration's are searched); the
