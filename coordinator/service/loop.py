@@ -78,6 +78,7 @@ class Service(Lifecycle):
         while not self.stopping:
             try:
                 did = self._step()
+                self._watch_server()
                 failures = 0
             except Exception as ex:  # noqa: BLE001 - Redis or a worker gone: recover, or give up after 10
                 failures += 1
@@ -114,6 +115,28 @@ class Service(Lifecycle):
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self.stop)
             signal.signal(signal.SIGINT, self.stop)
+
+    def _watch_server(self, every_s: float = 1.0) -> None:
+        """Between steps, once every ``every_s``: a Redis that restarted while the retries hid
+        it (no read failed) is checked as after an outage
+        (:func:`~knnmon.coordinator.service.outage.kept_every_write`); one that came back without
+        some writes is rebuilt from."""
+        now = time.monotonic()
+        if now - self._server_checked < every_s:
+            return
+        self._server_checked = now
+        ids = server_ids(self.client)
+        if ids is None or ids == self._server_ids:
+            return
+        why = kept_every_write(self.client, self.keys, self._server_ids, self.reader.last_ids,
+                               self.runtime.last_writes)
+        if why is None:
+            self._server_ids = ids
+            self.counters["redis_outages"] += 1
+            log.warning("Redis restarted meanwhile (the retries waited for it) and kept every write: nothing rebuilt")
+            return
+        log.warning("Redis restarted meanwhile without some writes (%s): rebuilding from it", why)
+        self._restart()
 
     def _rode_out(self, ex: Exception) -> bool:
         """:meth:`_ride_out`; ``False`` if Redis went away again meanwhile (then rebuilt)."""

@@ -12,7 +12,9 @@ read, and nothing it read and acknowledged is pending again. Then it reads the e
 were delivered but not answered (a read whose reply was lost) and goes on, exactly once, with
 no rebuild. Otherwise (a Redis that came back without some writes, e.g. ``appendfsync
 everysec`` after a crash, or a failure in the middle of a batch) it rebuilds from Redis, as
-after a restart of the service (:mod:`~knnmon.coordinator.service.recovery`).
+after a restart of the service (:mod:`~knnmon.coordinator.service.recovery`). A restart the
+retries hid (no read failed) is found between steps by the server's ``run_id``
+(``Service._watch_server``) and checked the same way.
 """
 
 from __future__ import annotations

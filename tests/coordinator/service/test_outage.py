@@ -8,6 +8,7 @@ from knnmon.coordinator.service.outage import kept_every_write, server_ids
 from knnmon.coordinator.service.recovery import create_groups
 from knnmon.keys import Keys
 from knnmon.protocol import GROUP
+from knnmon.results import ResultReader
 
 
 def _never():
@@ -41,3 +42,36 @@ def test_a_restarted_redis_is_checked_for_every_write(redis_url, namespace):
     assert "delivered up to" in kept_every_write(r, keys, restarted, {stream: "99999999999999-0"}, lambda: [])
     r.delete(stream)
     assert "is gone" in kept_every_write(r, keys, restarted, last, lambda: [])
+
+
+def test_a_restart_the_retries_hid_is_checked_between_steps(redis_url, namespace):
+    """No read failed, but the server's run_id changed (a restart the workers' and the
+    acknowledgements' retries waited through): between steps the service checks it as after an
+    outage -- every write kept: counted, nothing rebuilt; a worker's last write missing: rebuilt
+    from Redis."""
+    from knnmon.coordinator.runtime.config import RunConfig
+    from knnmon.coordinator.service.config import ServeConfig
+    from knnmon.coordinator.service.loop import Service
+    from knnmon.coordinator.testing import register_fields
+    from knnmon.store import StoreConfig
+
+    r = connect(redis_url)
+    keys = Keys(namespace)
+    config = ServeConfig(run=RunConfig(workers=1, executor="inline",
+                                       store=StoreConfig(url=redis_url, namespace=namespace)))
+    with Service(config) as svc:
+        r.xadd(keys.ingest_queries, register_fields({"id": "q", "lon": 10.0, "lat": 50.0, "keywords": ["cafe"], "k": 3}))
+        for i in range(20):
+            r.xadd(keys.ingest_objects, {"id": f"o{i}", "lon": str(10 + i / 100), "lat": "50.0", "keywords": "cafe"})
+        svc.run(idle_exit_s=0.5, handle_signals=False)
+        assert svc.counters["objects"] == 20 and svc.runtime.last_writes()[0][0] is not None
+        svc._server_ids, svc._server_checked = frozenset(["a run_id before a restart"]), 0.0
+        svc._watch_server()
+        assert (svc.counters["redis_outages"], svc.counters["recoveries"]) == (1, 0)
+        svc._watch_server()  # the same server since: nothing more
+        assert svc.counters["redis_outages"] == 1
+        r.delete(keys.worker_batch(0))  # the restarted Redis lost the worker's last write
+        svc._server_ids, svc._server_checked = frozenset(["a run_id before a restart"]), 0.0
+        svc._watch_server()
+        assert (svc.counters["redis_outages"], svc.counters["recoveries"]) == (1, 1)
+        assert [o for o, _ in ResultReader(r, keys).result("q")] == ["o0", "o1", "o2"]
