@@ -291,9 +291,10 @@ def sample(chaos: Chaos, r: redis.Redis, keys: Keys, pub: Publisher, t_s: float)
 
 
 def verify_hostile(r: redis.Redis, keys: Keys, pub: Publisher) -> dict:
-    """Each hostile entry's reject record has the reason it must get."""
-    got = {f["_entry"]: f["_reason"] for _, f in r.xrange(keys.ingest_rejects)}
-    wrong = [(s, e, want, got.get(e)) for s, e, want in pub.hostile if got.get(e) != want]
+    """Each hostile entry's reject record has the reason it must get (entries by stream and id:
+    the two ingest streams can hand out the same id)."""
+    got = {(f["_stream"], f["_entry"]): f["_reason"] for _, f in r.xrange(keys.ingest_rejects)}
+    wrong = [(s, e, want, got.get((s, e))) for s, e, want in pub.hostile if got.get((s, e)) != want]
     return {"sent": len(pub.hostile), "by_reason": dict(Counter(w for _, _, w in pub.hostile)),
             "wrong": wrong[:50], "all_rejected_with_their_reason": not wrong}
 
