@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -50,7 +50,7 @@ from knnmon.connection import connect, with_retries
 from knnmon.coordinator.runtime.dispatch import DispatchedBatch
 from knnmon.coordinator.runtime.object_store import ObjectStore
 from knnmon.coordinator.runtime.registration import Registrar
-from knnmon.coordinator.runtime.revival_repair import Repair, repair_worker
+from knnmon.coordinator.runtime.revival_repair import Repair, read_details, repair_worker
 from knnmon.coordinator.runtime.worker_pool import Pending, RayPool
 from knnmon.errors import WorkerLostError
 from knnmon.keys import Keys
@@ -132,28 +132,15 @@ def rows_to_resend(number: int, rows: np.ndarray, last: int, partial: tuple[int,
     return rows if number > last else None
 
 
-def held_details(redis_url: str, namespace: str, worker: int, ids: Sequence[str]) -> dict[str, ObjectInfo] | None:
-    """The details of the objects ``ids`` (the members of worker ``worker``'s results) from its
-    details hashes, read whole (``HSCAN``: they hold exactly those members); ``None`` if one
-    is missing or unreadable."""
-    from knnmon.workers.result_writer import ResultWriter
-
-    writer = ResultWriter(redis_url, namespace, worker)
+def held_details(hashes: Mapping[str, Mapping[str, str]], ids: Sequence[str]) -> dict[str, ObjectInfo] | None:
+    """The details of the objects ``ids`` (the members of a worker's results) from its details
+    hashes (:func:`~knnmon.coordinator.runtime.revival_repair.read_details`: they hold exactly
+    those members); ``None`` if one is missing or unreadable."""
+    texts = {oid: text for h in hashes.values() for oid, text in h.items()}
     try:
-        keys = [writer.bucket_key(n) for n in (writer.masters.names if writer.masters is not None else [""])]
-        texts: dict[str, str] = {}
-        for key in keys:
-            texts.update(with_retries(lambda key=key: dict(writer.client.hscan_iter(key, count=10_000)),
-                                      "reading a worker's object details", redis_url))
-    finally:
-        writer.close()
-    out = {}
-    try:
-        for oid in set(ids):
-            out[oid] = ObjectInfo.from_text(texts[oid])
+        return {oid: ObjectInfo.from_text(texts[oid]) for oid in set(ids)}
     except (KeyError, ValueError):
         return None
-    return out
 
 
 @dataclass(frozen=True)
@@ -239,12 +226,14 @@ def revive(pool: RayPool, registrar: Registrar, redis_url: str, namespace: str, 
     details: Any = {}
     repair = Repair()
     first_k = replay = False
+    hashes = None  # the worker's details hashes, once read
     # With a window: from Redis with the members' details when it holds them, and a batch in
     # flight (one; not released in parts) replayed on top of what the worker wrote.
     if live is not None and (not uncollected or (refill is not None and len(uncollected) == 1 and partial is None
                                                  and uncollected[0].cutoff is not None)):
         t1 = time.perf_counter()
-        stored_details = held_details(redis_url, namespace, worker, ids)
+        hashes = read_details(redis_url, namespace, worker)
+        stored_details = held_details(hashes, ids)
         seconds["details"] = time.perf_counter() - t1
         if stored_details is not None:
             details, first_k, replay, live = stored_details, True, bool(uncollected), None
@@ -259,7 +248,7 @@ def revive(pool: RayPool, registrar: Registrar, redis_url: str, namespace: str, 
                          rect.y1, np.full(len(queries), worker))
         t2 = time.perf_counter()
         repair = repair_worker(redis_url, namespace, worker, [q.id for q in queries], stored, topk, k, details,
-                               version=version, tag=version - 1)
+                               version=version, tag=version - 1, held=hashes)
         seconds.update(search=t2 - t1, repair=time.perf_counter() - t2)
     t3 = time.perf_counter()
     pool.gather([pool.load(worker, QueryColumns.of(queries), topk, details, write=False,

@@ -22,7 +22,7 @@ Nothing is written when Redis holds the rebuilt state already (a worker lost bet
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -30,7 +30,7 @@ import numpy as np
 from knnmon.batch import BatchChanges, KnnColumns, ObjectColumns
 from knnmon.connection import with_retries
 
-__all__ = ["SAME_DISTANCE_M", "Repair", "repair_worker"]
+__all__ = ["SAME_DISTANCE_M", "Repair", "read_details", "repair_worker"]
 
 #: Two distances of one object closer than this (meters) are the same: the coordinator's search and
 #: the worker's kernels may round the same haversine differently; an id published again as a new
@@ -47,22 +47,36 @@ class Repair:
     deleted: int = 0
 
 
-def _held_details(writer, chunk: int = 10_000) -> dict[str, set[str]]:
-    """The object ids in each of the writer's worker's details hashes (HSCAN: bounded replies)."""
-    if writer.masters is None:
-        keys = [writer.bucket_key("")]
-    else:
-        keys = [writer.bucket_key(name) for name in writer.masters.names]
-    out: dict[str, set[str]] = {}
-    for key in keys:
-        out[key] = with_retries(lambda key=key: {f for f, _ in writer.client.hscan_iter(key, count=chunk)},
-                                "reading a worker's object details", writer.url)
-    return out
+def _details_texts(writer, chunk: int = 10_000) -> dict[str, dict[str, str]]:
+    """Each of the writer's worker's details hashes (one per master in a cluster), read whole
+    (HSCAN: bounded replies): hash key -> {object id: details text}."""
+    names = writer.masters.names if writer.masters is not None else [""]
+    return {key: with_retries(lambda key=key: dict(writer.client.hscan_iter(key, count=chunk)),
+                              "reading a worker's object details", writer.url)
+            for key in (writer.bucket_key(name) for name in names)}
+
+
+def read_details(redis_url: str, namespace: str, worker: int) -> dict[str, dict[str, str]]:
+    """Worker ``worker``'s details hashes, read whole: hash key -> {object id: details text}.
+
+    Raises
+    ------
+    StoreUnavailableError
+        Redis unreachable after every retry.
+    """
+    from knnmon.workers.result_writer import ResultWriter
+
+    writer = ResultWriter(redis_url, namespace, worker)
+    try:
+        return _details_texts(writer)
+    finally:
+        writer.close()
 
 
 def repair_worker(redis_url: str, namespace: str, worker: int, qids: Sequence[str],
                   stored: Sequence[Sequence[tuple[str, float]]], rebuilt: KnnColumns, k: np.ndarray,
-                  objects: ObjectColumns, *, version: int, tag: int) -> Repair:
+                  objects: ObjectColumns, *, version: int, tag: int,
+                  held: Mapping[str, Collection[str]] | None = None) -> Repair:
     """Make Redis hold worker ``worker``'s rebuilt results (module docstring).
 
     Parameters
@@ -81,6 +95,9 @@ def repair_worker(redis_url: str, namespace: str, worker: int, qids: Sequence[st
         The change feed version of the repair: the batch the rebuilt state completes, plus one.
     tag
         The marker's batch number: the last batch whose state Redis holds after the repair.
+    held
+        The object ids each details hash holds, if the caller read them (:func:`read_details`);
+        read here otherwise.
 
     Raises
     ------
@@ -104,9 +121,9 @@ def repair_worker(redis_url: str, namespace: str, worker: int, qids: Sequence[st
                 diffs.append((qid, entered, left))
         details = {}
         n_set = n_deleted = 0
-        for key, held in _held_details(writer).items():
-            want = wanted.get(key, set())
-            fresh, gone = sorted(want - held), sorted(held - want)
+        for key, ids in (held if held is not None else _details_texts(writer)).items():
+            want, ids = wanted.get(key, set()), set(ids)
+            fresh, gone = sorted(want - ids), sorted(ids - want)
             if not fresh and not gone:
                 continue
             texts = objects.texts(fresh)

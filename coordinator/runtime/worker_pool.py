@@ -215,30 +215,26 @@ class RayPool(WorkerPool):
         return Pending(worker, getattr(self.actors[worker], method).remote(*args, **kwargs))
 
     def gather(self, pending: Sequence[Pending]) -> list[Any]:
-        from ray.exceptions import RayActorError
-
-        try:
-            return self._ray.get([p.value for p in pending])  # one wait for all
-        except RayActorError:
-            for p in pending:  # which worker: the first whose call fails so
-                try:
-                    self._ray.get(p.value)
-                except RayActorError as ex:
-                    raise WorkerLostError(p.worker, f"its Ray actor died ({type(ex).__name__})") from ex
-            raise
+        out = self.gather_each(pending)
+        lost = next((x for x in out if isinstance(x, WorkerLostError)), None)  # the first, in call order
+        if lost is not None:
+            raise lost
+        return out
 
     def gather_each(self, pending: Sequence[Pending]) -> list[Any]:
         from ray.exceptions import RayActorError
 
         try:
-            return self._ray.get([p.value for p in pending])
+            return self._ray.get([p.value for p in pending])  # one wait for all
         except RayActorError:
             out = []
-            for p in pending:
+            for p in pending:  # which workers: those whose calls fail so
                 try:
                     out.append(self._ray.get(p.value))
                 except RayActorError as ex:
-                    out.append(WorkerLostError(p.worker, f"its Ray actor died ({type(ex).__name__})"))
+                    lost = WorkerLostError(p.worker, f"its Ray actor died ({type(ex).__name__})")
+                    lost.__cause__ = ex
+                    out.append(lost)
             return out
 
     def share(self, obj: Any) -> Any:

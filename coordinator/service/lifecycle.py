@@ -76,8 +76,6 @@ class Lifecycle:
         self._applying = False  # entries read are being applied: state ahead of what is acknowledged
         self._server_ids: frozenset[str] | None = None  # the Redis server(s) recovered from
         self._server_checked = 0.0  # when the loop last compared them (time.monotonic)
-        #: Redis outages ridden out without a rebuild: seconds from the failure to serving again.
-        self.outages_s: list[float] = []
         self.batching = BatchPolicy(config.batching, batch=config.run.batch, max_delay_ms=config.max_delay_ms,
                                     latency_target_ms=config.latency_target_ms, sjf=config.sjf)
 

@@ -128,15 +128,23 @@ class Service(Lifecycle):
         ids = server_ids(self.client)
         if ids is None or ids == self._server_ids:
             return
+        if self._kept_every_write():
+            log.warning("Redis restarted meanwhile (the retries waited for it) and kept every write: nothing rebuilt")
+        else:
+            self._restart()
+
+    def _kept_every_write(self) -> bool:
+        """Whether Redis, back after an outage or a restart, kept every write
+        (:func:`~knnmon.coordinator.service.outage.kept_every_write`); if it did, it is counted
+        as an outage ridden out and its server is the one watched from now on."""
         why = kept_every_write(self.client, self.keys, self._server_ids, self.reader.last_ids,
                                self.runtime.last_writes)
-        if why is None:
-            self._server_ids = ids
-            self.counters["redis_outages"] += 1
-            log.warning("Redis restarted meanwhile (the retries waited for it) and kept every write: nothing rebuilt")
-            return
-        log.warning("Redis restarted meanwhile without some writes (%s): rebuilding from it", why)
-        self._restart()
+        if why is not None:
+            log.warning("Redis is back without some writes (%s): rebuilding from it", why)
+            return False
+        self._server_ids = server_ids(self.client)
+        self.counters["redis_outages"] += 1
+        return True
 
     def _rode_out(self, ex: Exception) -> bool:
         """:meth:`_ride_out`; ``False`` if Redis went away again meanwhile (then rebuilt)."""
@@ -155,20 +163,14 @@ class Service(Lifecycle):
         t0 = time.perf_counter()
         log.warning("Redis unreachable (%s: %s); waiting for it", type(ex).__name__, ex)
         connect_when_up(self.redis_url, lambda: self.stopping).close()
-        why = kept_every_write(self.client, self.keys, self._server_ids, self.reader.last_ids,
-                               self.runtime.last_writes)
-        if why is not None:
-            log.warning("Redis is back, but not with every write (%s): rebuilding from it", why)
+        if not self._kept_every_write():
             return False
-        self._server_ids = server_ids(self.client)
         self._apply_pending_query_ops()
         ko = self.keys.ingest_objects
         while entries := (self.reader.read({ko: "0"}, self.config.run.batch, None) or [(ko, [])])[0][1]:
             self._guarded(ko, entries, self._process_objects)  # delivered, the reply lost: applied now
-        self.counters["redis_outages"] += 1
-        self.outages_s.append(time.perf_counter() - t0)
         log.warning("Redis is back with every write: serving again after %.1f s, nothing rebuilt",
-                    self.outages_s[-1])
+                    time.perf_counter() - t0)
         return True
 
     def _restart(self, skip: frozenset[str] = frozenset()) -> None:

@@ -14,7 +14,7 @@ from redis.retry import Retry
 
 from knnmon.errors import StoreUnavailableError
 
-__all__ = ["connect", "redact", "retry_window", "set_retry_window", "with_retries", "redis_url_from_env", "ENV_REDIS_URL"]
+__all__ = ["connect", "redact", "set_retry_window", "with_retries", "redis_url_from_env", "ENV_REDIS_URL"]
 
 ENV_REDIS_URL = "KNNMON_REDIS_URL"
 log = logging.getLogger("knnmon.redis")
@@ -106,11 +106,6 @@ def set_retry_window(seconds: float) -> None:
         raise InvalidArgumentError(f"the Redis retry window must be a finite number of seconds >= 0; got {seconds!r}")
     global _retry_window_s
     _retry_window_s = float(seconds)
-
-
-def retry_window() -> float:
-    """Seconds :func:`with_retries` keeps trying by default in this process."""
-    return _retry_window_s
 
 
 def with_retries(op: Callable[[], T], what: str, url: str, *, attempts: int | None = None, backoff_s: float = 0.2,
