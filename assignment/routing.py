@@ -215,27 +215,32 @@ class RoutingTable:
         masks instead."""
         n = self.grid.n
         self.additions += len(codes)
+        x0, y0, x1, y1, workers = (np.asarray(v, dtype=np.int64).reshape(-1) for v in (x0, y0, x1, y1, workers))
         if self._journal is not None:
-            self._journal.append(([list(cs) for cs in codes], np.array(x0), np.array(y0), np.array(x1), np.array(y1),
-                                  np.array(workers)))
-        key_parts, bit_parts = [self.delta_keys], [self.delta_masks]
-        for i, cs in enumerate(codes):
-            bit = np.uint64(1) << np.uint64(int(workers[i]))
-            span = (int(x1[i]) - int(x0[i]) + 1) * (int(y1[i]) - int(y0[i]) + 1)
-            if (int(x0[i]), int(y0[i]), int(x1[i]), int(y1[i])) == (0, 0, n - 1, n - 1) \
-                    or span * len(cs) > MAX_ENTRIES_PER_QUERY:
-                self.always[np.asarray(cs, dtype=np.int64)] |= bit
-                continue
-            cells = (np.arange(int(y0[i]), int(y1[i]) + 1)[:, None] * n
-                     + np.arange(int(x0[i]), int(x1[i]) + 1)[None, :]).ravel()
-            for c in cs:
-                key_parts.append(np.int64(c) * self.grid.n_cells + cells)
-                bit_parts.append(np.full(len(cells), bit, dtype=np.uint64))
-        if len(key_parts) > 1:
-            self.delta_keys, self.delta_masks = _merge_entries(key_parts, bit_parts)
-            if len(self.delta_keys) > max(1 << 16, len(self.keys) // 8):
-                self.keys, self.masks = _merge_entries([self.keys, self.delta_keys], [self.masks, self.delta_masks])
-                self.delta_keys, self.delta_masks = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.uint64)
+            self._journal.append(([list(cs) for cs in codes], x0.copy(), y0.copy(), x1.copy(), y1.copy(),
+                                  workers.copy()))
+        if not len(codes):
+            return
+        counts = np.fromiter((len(cs) for cs in codes), dtype=np.int64, count=len(codes))
+        code = np.fromiter((c for cs in codes for c in cs), dtype=np.int64, count=int(counts.sum()))
+        bit = np.left_shift(np.uint64(1), workers.astype(np.uint64))
+        width, span = x1 - x0 + 1, (x1 - x0 + 1) * (y1 - y0 + 1)
+        everywhere = ((x0 == 0) & (y0 == 0) & (x1 == n - 1) & (y1 == n - 1)) | (span * counts > MAX_ENTRIES_PER_QUERY)
+        pair_q = np.repeat(np.arange(len(codes)), counts)  # one (query, keyword) pair per code
+        wide = everywhere[pair_q]
+        np.bitwise_or.at(self.always, code[wide], bit[pair_q[wide]])
+        pair_q, code = pair_q[~wide], code[~wide]
+        if not len(pair_q):
+            return
+        cells = span[pair_q]  # each pair's cells, row by row of its rectangle
+        q = np.repeat(pair_q, cells)
+        at = np.arange(len(q)) - np.repeat(np.cumsum(cells) - cells, cells)
+        keys = np.repeat(code, cells) * self.grid.n_cells + (y0[q] + at // width[q]) * n + x0[q] + at % width[q]
+        new_keys, new_masks = _merge_entries([keys], [bit[q]])
+        self.delta_keys, self.delta_masks = _merge_sorted(self.delta_keys, self.delta_masks, new_keys, new_masks)
+        if len(self.delta_keys) > max(1 << 16, len(self.keys) // 8):
+            self.keys, self.masks = _merge_sorted(self.keys, self.masks, self.delta_keys, self.delta_masks)
+            self.delta_keys, self.delta_masks = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.uint64)
 
     def journal(self, on: bool) -> list[tuple]:
         """Start (``on``) or stop journaling :meth:`add_many`'s arguments (copies); returns the
@@ -291,6 +296,30 @@ def _merge_entries(key_parts: list, bit_parts: list) -> tuple[np.ndarray, np.nda
     masks = np.zeros(len(keys), dtype=np.uint64)
     np.bitwise_or.at(masks, inv, np.concatenate(bit_parts))
     return keys, masks
+
+
+def _merge_sorted(keys: np.ndarray, masks: np.ndarray, new_keys: np.ndarray,
+                  new_masks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Two sorted tables of unique keys ``(p,)`` int64 with their bits ``(p,)`` uint64 merged
+    into one (a key in both: its bits OR-ed), in O(p) copies and O(m log p) searches, where
+    sorting the two together (:func:`_merge_entries`) costs O(p log p)."""
+    if not len(new_keys):
+        return keys, masks
+    pos = np.searchsorted(keys, new_keys)
+    held = np.flatnonzero(pos < len(keys))
+    held = held[keys[pos[held]] == new_keys[held]]
+    masks = masks.copy()
+    masks[pos[held]] |= new_masks[held]
+    fresh = np.ones(len(new_keys), dtype=bool)
+    fresh[held] = False
+    at = pos[fresh] + np.arange(int(fresh.sum()))  # where each fresh key lands in the merged table
+    mine = np.ones(len(keys) + len(at), dtype=bool)
+    mine[at] = False
+    out_k = np.empty(len(mine), dtype=np.int64)
+    out_m = np.empty(len(mine), dtype=np.uint64)
+    out_k[at], out_m[at] = new_keys[fresh], new_masks[fresh]
+    out_k[mine], out_m[mine] = keys, masks
+    return out_k, out_m
 
 
 class _PairStats:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from knnmon.arrays import runs
 from knnmon.batch import BatchChanges, ObjectColumns, Refills
 from knnmon.query import QueryColumns
 from knnmon.workers.held_texts import HeldTexts
@@ -122,30 +123,33 @@ class WindowLists:
 
     def _refill(self, refills: Refills) -> None:
         """Replace the results of :meth:`expire`'s queries with their exact kNN over the live
-        objects; ``r_q`` grows back (the query is re-indexed with its larger region)."""
-        q, L = self.queries, self.lists
-        slots, radii, places, dists, ids = [], [], [], [], []
-        for qid, top in zip(refills.qids, refills.topk):
-            j = q.slot(qid)
-            if j is None:
-                continue
-            a, kk = int(L.ptr[j]), int(q.cap[j])
-            lst = sorted((float(d), str(o)) for o, d in top)[:kk]
-            L.d[a:a + kk], L.h[a:a + kk] = np.inf, -1
-            places += range(a, a + len(lst))
-            dists += [d for d, _ in lst]
-            ids += [o for _, o in lst]
-            L.count[j] = len(lst)
-            slots.append(j)
-            radii.append(lst[-1][0] if len(lst) == kk else np.inf)
-        if not slots:
+        objects; ``r_q`` grows back (the query is re-indexed with its larger region). Each list
+        of ``refills.topk`` comes nearest first, ties by object id (as
+        :meth:`~knnmon.coordinator.runtime.object_store.ObjectStore.knn_v` returns them); its
+        first ``k + reserve`` are kept. In columns: no Python step per query."""
+        q, L, top = self.queries, self.lists, refills.topk
+        slots = q.slots(list(refills.qids))
+        sel = np.flatnonzero(slots >= 0)  # (a query unregistered meanwhile has none)
+        if not len(sel):
             return
+        slots = slots[sel]
+        cap = q.cap[slots].astype(np.int64)
+        n = np.minimum(top.counts[sel], cap)
+        src = runs(np.cumsum(top.counts)[sel] - top.counts[sel], n)  # the kept entries of topk
+        clear = L.places(slots, cap)
+        L.d[clear], L.h[clear] = np.inf, -1
+        places = L.places(slots, n)
+        ids = [top.ids[j] for j in src.tolist()]
+        dists = top.dist[src]
         distinct = list(dict.fromkeys(ids))  # the objects' handles in bulk, new ones with their times
         handle = dict(zip(distinct, self.handles.handles_in(distinct, refills.objects).tolist()))
         L.d[places] = dists
-        L.h[places] = [handle[o] for o in ids]
-        slots = np.asarray(slots, dtype=np.int64)
-        q.set_radius(slots, np.asarray(radii, dtype=np.float64))
+        L.h[places] = np.fromiter((handle[o] for o in ids), dtype=np.int64, count=len(ids))
+        L.count[slots] = n
+        radii = np.full(len(slots), np.inf)
+        full = np.flatnonzero(n == cap)
+        radii[full] = dists[np.cumsum(n)[full] - 1]
+        q.set_radius(slots, radii)
         held = list(refills.objects)
         texts = refills.objects.texts(held)
         if self._details is not None:

@@ -1,0 +1,40 @@
+"""Regions added to the routing table at run time (``RoutingTable.add_many``: registrations, a
+window's refills, hand-overs): every (keyword, cell) routes to exactly the workers of the regions
+covering it, through the delta and its folds into the main table."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from knnmon.assignment.routing import MAX_ENTRIES_PER_QUERY, RoutingTable
+from knnmon.grid import Grid
+
+region = st.tuples(st.lists(st.integers(0, 5), max_size=3, unique=True), st.integers(0, 15), st.integers(0, 15),
+                   st.integers(0, 15), st.integers(0, 15), st.integers(0, 63))
+
+
+@settings(max_examples=60, deadline=None)
+@given(calls=st.lists(st.lists(region, max_size=40), min_size=1, max_size=8), n=st.sampled_from([2, 16]))
+def test_every_cell_routes_to_the_workers_of_the_regions_covering_it(calls, n):
+    grid = Grid(-10.0, 0.0, 10.0, 20.0, n=n)
+    table = RoutingTable(grid, [str(i) for i in range(6)], np.zeros(6, dtype=np.uint64), np.empty(0, dtype=np.int64),
+                         np.empty(0, dtype=np.uint64))
+    want = np.zeros((6, n * n), dtype=np.uint64)  # brute force: (code, cell) -> workers
+    table.journal(True)
+    for call in calls:
+        call = [(cs, min(a, n - 1), min(b, n - 1), min(max(a, c), n - 1), min(max(b, d), n - 1), w)
+                for cs, a, b, c, d, w in call]
+        table.add_many([c[0] for c in call], *(np.array([c[i] for c in call], dtype=np.int64) for i in range(1, 6)))
+        for cs, x0, y0, x1, y1, w in call:
+            cells = [y * n + x for y in range(y0, y1 + 1) for x in range(x0, x1 + 1)]
+            everywhere = (x0, y0, x1, y1) == (0, 0, n - 1, n - 1) or len(cells) * len(cs) > MAX_ENTRIES_PER_QUERY
+            for c in cs:
+                want[c, slice(None) if everywhere else cells] |= np.uint64(1) << np.uint64(w)
+    assert len(table.journal(False)) == len(calls)
+    for keys in (table.keys, table.delta_keys):
+        assert np.all(np.diff(keys) > 0)  # sorted, unique
+    code, cell = np.divmod(np.arange(6 * n * n), n * n)
+    got = table.route_v(cell, np.arange(6 * n * n), code)
+    assert np.array_equal(got, want.ravel())
