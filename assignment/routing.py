@@ -17,6 +17,7 @@ import pyarrow.compute as pc
 
 from knnmon.assignment.base import Plan
 from knnmon.assignment.loadmodel import LoadModel
+from knnmon.assignment.region_entries import region_entries
 from knnmon.assignment.workload import Workload
 from knnmon.encoding import keyword_codes
 from knnmon.errors import InvalidArgumentError
@@ -224,7 +225,7 @@ class RoutingTable:
         counts = np.fromiter((len(cs) for cs in codes), dtype=np.int64, count=len(codes))
         code = np.fromiter((c for cs in codes for c in cs), dtype=np.int64, count=int(counts.sum()))
         bit = np.left_shift(np.uint64(1), workers.astype(np.uint64))
-        width, span = x1 - x0 + 1, (x1 - x0 + 1) * (y1 - y0 + 1)
+        span = (x1 - x0 + 1) * (y1 - y0 + 1)
         everywhere = ((x0 == 0) & (y0 == 0) & (x1 == n - 1) & (y1 == n - 1)) | (span * counts > MAX_ENTRIES_PER_QUERY)
         pair_q = np.repeat(np.arange(len(codes)), counts)  # one (query, keyword) pair per code
         wide = everywhere[pair_q]
@@ -232,11 +233,7 @@ class RoutingTable:
         pair_q, code = pair_q[~wide], code[~wide]
         if not len(pair_q):
             return
-        cells = span[pair_q]  # each pair's cells, row by row of its rectangle
-        q = np.repeat(pair_q, cells)
-        at = np.arange(len(q)) - np.repeat(np.cumsum(cells) - cells, cells)
-        keys = np.repeat(code, cells) * self.grid.n_cells + (y0[q] + at // width[q]) * n + x0[q] + at % width[q]
-        new_keys, new_masks = _merge_entries([keys], [bit[q]])
+        new_keys, new_masks = region_entries(code, x0[pair_q], y0[pair_q], x1[pair_q], y1[pair_q], bit[pair_q], n)
         self.delta_keys, self.delta_masks = _merge_sorted(self.delta_keys, self.delta_masks, new_keys, new_masks)
         if len(self.delta_keys) > max(1 << 16, len(self.keys) // 8):
             self.keys, self.masks = _merge_sorted(self.keys, self.masks, self.delta_keys, self.delta_masks)
