@@ -15,7 +15,7 @@ import numpy as np
 
 from knnmon.jit import jit
 
-__all__ = ["region_entries"]
+__all__ = ["compile_region_entries", "region_entries"]
 
 
 @jit
@@ -80,3 +80,9 @@ def region_entries(code: np.ndarray, x0: np.ndarray, y0: np.ndarray, x1: np.ndar
     keys, masks = np.empty(e, dtype=np.int64), np.empty(e, dtype=np.uint64)
     _paint(*args, bits, n, n * n, cell_mask, touched, keys, masks)
     return keys, masks
+
+
+def compile_region_entries() -> None:
+    """Compile (or load from numba's cache) the kernel before the first batch needs it."""
+    one = np.zeros(1, dtype=np.int64)
+    region_entries(one, one, one, one, one, np.ones(1, dtype=np.uint64), 1)

@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 
 from knnmon.assignment.base import Plan
 from knnmon.assignment.loadmodel import LoadModel
-from knnmon.assignment.region_entries import region_entries
+from knnmon.assignment.region_entries import compile_region_entries, region_entries
 from knnmon.assignment.workload import Workload
 from knnmon.encoding import keyword_codes
 from knnmon.errors import InvalidArgumentError
@@ -78,6 +78,7 @@ class RoutingTable:
         #: How :meth:`build` made the table (pairs, promotions); empty otherwise.
         self.stats: dict[str, int | float] = {}
         self._vocab = pa.array(vocabulary, type=pa.string())
+        compile_region_entries()  # (from numba's cache after the first time: no batch pays for it)
 
     @classmethod
     def build(cls, workload: Workload, model: LoadModel, plan: Plan,

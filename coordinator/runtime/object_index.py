@@ -17,6 +17,7 @@ cannot push a true top-k object out.
 from __future__ import annotations
 
 import multiprocessing
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pyarrow as pa
@@ -51,11 +52,26 @@ class IdColumn:
         return np.asarray(self.array.take(pa.array(rows)).to_pylist(), dtype=object)
 
 
+#: Searches (query, keyword pairs) from which one call is split over two threads.
+SPLIT_SEARCHES = 2_000
+_SECOND: ThreadPoolExecutor | None = None
+
+
+def _second_thread() -> ThreadPoolExecutor:
+    """The thread that searches the second half of a large call (started on first use)."""
+    global _SECOND
+    if _SECOND is None:
+        _SECOND = ThreadPoolExecutor(1, thread_name_prefix="knnmon-kd")
+    return _SECOND
+
+
 #: The index and queries forked children work on (set only while forking).
 _FORKED: tuple | None = None
 
 
 def _knn_forked(share: np.ndarray):
+    global _SECOND
+    _SECOND = None  # a forked child has none of its parent's threads
     index, lon, lat, keywords, k = _FORKED
     return index.knn_v(lon[share], lat[share], keywords.take(pa.array(share)), k[share])
 
@@ -152,6 +168,11 @@ class ObjectIndex:
             built[new] = True
         return xyz, rows, dims
 
+    def build_trees(self) -> None:
+        """Build every keyword's tree now (a window's part built off the search's path, so that
+        no search pays for it)."""
+        self._trees_for(np.arange(self.n_keywords, dtype=np.int64))
+
     def drop_trees(self) -> None:
         """Forget every keyword's tree (built again on use), and the objects' unit vectors: after
         a start-up's search of every query, most of them serve nothing until a registration asks
@@ -186,11 +207,21 @@ class ObjectIndex:
             return np.empty(0, np.int64), np.empty(0, np.int64)
         order = np.lexsort((morton_codes(lon[pq_], lat[pq_]), pc_))
         pq_, pc_ = pq_[order], pc_[order]
-        xyz, rows, dims = self._trees_for(pc_)
+        xyz, rows, dims = self._trees_for(pc_)  # (built before any thread searches them)
         live = np.zeros(0, dtype=bool) if alive is None else np.ascontiguousarray(alive, dtype=bool)
         bound = np.full(len(pq_), np.inf) if bound_m is None else chord2_bound(bound_m)[pq_]
-        counts, found = kd_knn(xyz, rows, dims, self._post_ptr, live, pc_,
-                               np.ascontiguousarray(q_xyz[pq_]), k[pq_] + TIE_MARGIN, bound)
+        want, q = k[pq_] + TIE_MARGIN, np.ascontiguousarray(q_xyz[pq_])
+
+        def search(s: slice) -> tuple[np.ndarray, np.ndarray]:
+            return kd_knn(xyz, rows, dims, self._post_ptr, live, pc_[s], q[s], want[s], bound[s])
+
+        if len(pq_) < SPLIT_SEARCHES:
+            counts, found = search(slice(None))
+        else:  # two halves at once: the kernel releases the GIL
+            half = len(pq_) // 2
+            other = _second_thread().submit(search, slice(half, None))
+            (c0, f0), (c1, f1) = search(slice(0, half)), other.result()
+            counts, found = np.concatenate([c0, c1]), np.concatenate([f0, f1])
         return np.repeat(pq_, counts), found
 
     def knn_v(self, lon, lat, keywords, k, *, processes: int = 1, alive: np.ndarray | None = None,

@@ -4,12 +4,11 @@ over: every object seen, or with a window only the live ones."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-
 import numpy as np
 import pyarrow as pa
 
 from knnmon.coordinator.runtime.object_index import ObjectIndex
+from knnmon.coordinator.runtime.window_parts import Compactor, Part
 from knnmon.batch import KnnColumns, ObjectColumns
 
 __all__ = ["ObjectStore"]
@@ -21,39 +20,9 @@ _DETAILS = ["id", "lon", "lat", "t", "keywords"]
 #: share of it (a rebuild then costs about a second per million objects, at a registration).
 FOLD_MIN, FOLD_SHARE = 50_000, 0.05
 
-#: With a window, the streamed tail becomes a part of its own at this many objects, and the
-#: newest part merges into the one before while it holds at least 1 / MERGE_RATIO as many.
-SEAL, MERGE_RATIO = 10_000, 4
-
-
-@dataclass
-class _Part:
-    """Objects indexed together, with the live ones marked (``alive``: ``None`` while all are)."""
-
-    table: pa.Table
-    index: ObjectIndex
-    t: np.ndarray
-    alive: np.ndarray | None = None
-
-    @classmethod
-    def of(cls, table: pa.Table, index: ObjectIndex | None = None) -> _Part:
-        return cls(table, index if index is not None else ObjectIndex(table), table.column("t").to_numpy())
-
-    @property
-    def live(self) -> int:
-        return len(self.t) if self.alive is None else int(self.alive.sum())
-
-    def expire(self, cutoff: int) -> _Part | None:
-        """This part with the objects of ``t <= cutoff`` dropped: itself (marked), a part
-        rebuilt from the live ones once they are under half, or ``None`` when none is live."""
-        if not len(self.t) or self.t.max() <= cutoff:
-            return None
-        if self.t.min() > cutoff:
-            return self
-        self.alive = self.t > cutoff
-        if self.alive.sum() * 2 < len(self.t):
-            return _Part.of(self.table.filter(pa.array(self.alive)))
-        return self
+#: With a window, the streamed tail becomes a part of its own at this many objects
+#: (:mod:`~knnmon.coordinator.runtime.window_parts` merges and rebuilds the parts).
+SEAL = 10_000
 
 
 class ObjectStore:
@@ -66,11 +35,12 @@ class ObjectStore:
     into the main index first.
 
     With a window (:meth:`expire`): parts in arrival order, each with its own index. The tail
-    becomes a part at :data:`SEAL` objects, and the newest two parts merge while the newer holds
-    at least a quarter as many live objects as the older (as an LSM tree does), so there are
-    O(log(live / SEAL)) parts. An expiry drops the parts with no live object left, marks the
-    expired objects of the others (searches skip them) and rebuilds a part once fewer than half
-    of it are live: the memory and the search time follow the live objects, not history.
+    becomes a part at :data:`SEAL` objects, and the newest parts merge as in an LSM tree, so
+    there are O(log(live / SEAL)) parts. An expiry drops the parts with no live object left and
+    marks the expired objects of the others (searches skip them); a part is rebuilt once fewer
+    than half of it are live: the memory and the search time follow the live objects, not
+    history. Merges and rebuilds run on a thread of their own and replace their sources when
+    done (:mod:`~knnmon.coordinator.runtime.window_parts`): no search waits for one.
 
     Parameters
     ----------
@@ -78,17 +48,22 @@ class ObjectStore:
         Table ``id``, ``lon``, ``lat``, ``t``, ``keywords`` (may be empty).
     index
         An :class:`ObjectIndex` over ``initial`` if one exists already.
+    background
+        With a window, merge and rebuild parts on a thread of their own (default); ``False``:
+        at once, as the search or expiry that finds them due (tests).
     """
 
-    def __init__(self, initial: pa.Table, index: ObjectIndex | None = None) -> None:
+    def __init__(self, initial: pa.Table, index: ObjectIndex | None = None, *, background: bool = True) -> None:
         # One chunk per column: a take from a table of several chunks concatenates them first
         # (26 ms for 1 M objects in 9 chunks, at every refill and every part of a load).
         initial = initial.combine_chunks()
         self.initial = initial
-        self._parts: list[_Part] = [_Part.of(initial, index)]
+        self._parts: list[Part] = [Part.of(initial, index)]
         self._batches: list[pa.Table] = []
         self._tail: tuple[pa.Table, ObjectIndex] | None = None
         self._windowed = False
+        self._cutoff: int | None = None
+        self.compactor = Compactor(background)
 
     @property
     def index(self) -> ObjectIndex:
@@ -110,9 +85,11 @@ class ObjectStore:
 
     def expire(self, cutoff: int) -> None:
         """Forget the objects with ``t <= cutoff`` (epoch ms): a window's expired objects."""
-        self._windowed = True
+        self._windowed, self._cutoff = True, cutoff
         parts = [p.expire(cutoff) for p in self._parts]
-        self._parts = [p for p in parts if p is not None] or [_Part.of(self._main.slice(0, 0))]
+        self._parts = [p for p in parts if p is not None] or [Part.of(self._main.slice(0, 0))]
+        self._parts = self.compactor.poll(self._parts, cutoff)
+        self.compactor.plan(self._parts)
         kept = []
         for b in self._batches:
             t = b.column("t").to_numpy()
@@ -128,15 +105,22 @@ class ObjectStore:
         return ObjectColumns.of_table(self.initial.take(pa.array(rows, type=pa.int64())))
 
     def _seal(self) -> None:
-        """With a window: the tail becomes a part; merge the newest parts (class docstring)."""
-        self._parts.append(_Part.of(pa.concat_tables(self._batches).combine_chunks()))
+        """With a window: the tail becomes a part (merged later: :class:`Compactor`)."""
+        self._parts.append(Part.of(pa.concat_tables(self._batches).combine_chunks()))
         self._batches, self._tail = [], None
-        while len(self._parts) >= 2 and MERGE_RATIO * self._parts[-1].live >= self._parts[-2].live:
-            older, newer = self._parts[-2], self._parts.pop()
-            tables = [p.table if p.alive is None else p.table.filter(pa.array(p.alive)) for p in (older, newer)]
-            self._parts[-1] = _Part.of(pa.concat_tables(tables).combine_chunks())
         if not self._parts[0].table.num_rows and len(self._parts) > 1:
             self._parts.pop(0)
+        self.compactor.plan(self._parts)
+
+    def close(self) -> None:
+        """Stop the compactor's thread."""
+        self.compactor.close()
+
+    def __enter__(self) -> ObjectStore:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def _tail_index(self) -> tuple[pa.Table, ObjectIndex] | None:
         if not self._batches:
@@ -146,7 +130,7 @@ class ObjectStore:
             self._seal()
             return None
         if not self._windowed and n >= FOLD_MIN and n >= FOLD_SHARE * self._main.num_rows:
-            self._parts = [_Part.of(pa.concat_tables([self._main, *self._batches]).combine_chunks())]
+            self._parts = [Part.of(pa.concat_tables([self._main, *self._batches]).combine_chunks())]
             self._batches, self._tail = [], None
             return None
         if self._tail is None:
@@ -201,6 +185,8 @@ class ObjectStore:
         lon, lat = np.asarray(lon, dtype=np.float64), np.asarray(lat, dtype=np.float64)
         k = np.asarray(k, dtype=np.int64)
         m = len(lon)
+        if self._windowed:
+            self._parts = self.compactor.poll(self._parts, self._cutoff)
         tail = self._tail_index()
         parts = [(p.table, p.index, p.alive, p.live) for p in self._parts]
         parts += [(*tail, None, len(tail[1]))] if tail is not None else []

@@ -127,7 +127,7 @@ class Runtime:
         self.prepared = p
         self.timings.update(p.timings)
         self.stream_table = p.stream
-        self.objects = ObjectStore(p.initial, p.index)
+        self.objects = self._exit.enter_context(ObjectStore(p.initial, p.index))
         if p.index is not None:
             p.index.drop_trees()  # built for the initial kNN; a registration builds its own
 

@@ -119,6 +119,28 @@ def test_forked_equals_serial(places_slice):
         assert np.array_equal(a, b)
 
 
+def test_a_search_split_over_two_threads_equals_one_thread(places_slice, monkeypatch):
+    """A call of many searches runs its second half on a second thread: the same answer, with
+    and without a window's live objects, as one thread gives."""
+    from knnmon.coordinator.runtime import object_index
+
+    objects = read_objects(str(places_slice), ["id", "lon", "lat", "keywords"])
+    index = ObjectIndex(objects)
+    rng = np.random.default_rng(8)
+    rows = objects.take(pa.array(rng.integers(0, objects.num_rows, 3000))).to_pylist()
+    args = (np.array([r["lon"] for r in rows]) + 0.01, np.array([r["lat"] for r in rows]),
+            [r["keywords"][:2] for r in rows], rng.integers(1, 12, len(rows)))
+    alive = rng.random(objects.num_rows) < 0.5
+    monkeypatch.setattr(object_index, "SPLIT_SEARCHES", 10**9)
+    one = [index.knn_v(*args), index.knn_v(*args, alive=alive)]
+    monkeypatch.setattr(object_index, "SPLIT_SEARCHES", 100)
+    two = [index.knn_v(*args), index.knn_v(*args, alive=alive)]
+    assert object_index._SECOND is not None  # the second thread searched
+    for a, b in zip(one, two):
+        for x, y in zip(a, b):
+            assert np.array_equal(x, y)
+
+
 def test_ties_fewer_than_k_antimeridian_and_poles():
     t = pa.table({
         "id": ["b", "a", "c", "w", "e", "p1", "p2"],
@@ -140,10 +162,12 @@ def test_ties_fewer_than_k_antimeridian_and_poles():
         assert [x[0] for x in g] == [x[0] for x in oracle.knn(case[0], case[1], case[2], case[3])]
 
 
-def test_a_windowed_store_in_many_parts_equals_the_oracle_over_the_live_objects(places_slice, monkeypatch):
+@pytest.mark.parametrize("background", [False, True])
+def test_a_windowed_store_in_many_parts_equals_the_oracle_over_the_live_objects(places_slice, monkeypatch, background):
     """The live objects sealed into parts of a few hundred (merged as an LSM tree, half-dead
-    ones marked), searched largest first, each part within the k-th distance of the parts before:
-    every query's kNN equals the brute-force oracle over the live objects, after each expiry."""
+    ones rebuilt; on the compactor's thread or at once), searched largest first, each part within
+    the k-th distance of the parts before: every query's kNN equals the brute-force oracle over
+    the live objects, after each expiry, whichever builds are done."""
     from knnmon.coordinator.runtime import object_store
     from knnmon.coordinator.runtime.object_store import ObjectStore
     from knnmon.coordinator.runtime.preparation import with_arrival_times
@@ -152,7 +176,7 @@ def test_a_windowed_store_in_many_parts_equals_the_oracle_over_the_live_objects(
     monkeypatch.setattr(object_store, "SEAL", 200)
     objects = with_arrival_times(stream_order(read_objects(str(places_slice)), None), 1000)
     window = 2500 * 1000
-    store = ObjectStore(objects.slice(0, 2000).slice(0, 0))
+    store = ObjectStore(objects.slice(0, 2000).slice(0, 0), background=background)
     rng = np.random.default_rng(3)
     checked, most = 0, 0
     for start in range(0, 8000, 250):
@@ -174,4 +198,7 @@ def test_a_windowed_store_in_many_parts_equals_the_oracle_over_the_live_objects(
         for i in range(60):
             assert [o for o, _ in topk[i]] == [o for o, _ in oracle.knn(lon[i], lat[i], kws[i], int(k[i]))]
         checked += 1
-    assert checked >= 7 and most >= 2
+    store.compactor.wait()
+    store.expire(int(t.max()) - window)  # the last build swapped in
+    assert checked >= 7 and most >= 2 and store.compactor.builds >= 5
+    store.close()
