@@ -26,6 +26,8 @@ __all__ = ["Compactor", "MERGE_RATIO", "Part"]
 
 #: The newest parts merge while the newest holds at least 1 / MERGE_RATIO as many live objects.
 MERGE_RATIO = 4
+#: A part is rebuilt from its live objects once fewer than this share of it are live.
+REBUILD_LIVE = 0.5
 
 
 @dataclass
@@ -92,7 +94,7 @@ class Compactor:
             i -= 1
             acc += parts[i].live
         sources = parts[i:] if len(parts) - i >= 2 else \
-            next(([p] for p in parts if p.alive is not None and 2 * p.live < len(p.t)), [])
+            next(([p] for p in parts if p.alive is not None and p.live < REBUILD_LIVE * len(p.t)), [])
         if not sources:
             return
         args = [(p.table, p.alive) for p in sources]
