@@ -28,8 +28,6 @@ __all__ = ["LEAF", "compile_kd", "kd_build", "kd_knn"]
 LEAF = 8
 #: Depth of the search's stack: 2 entries per level of a tree of up to 2^40 entries.
 _STACK = 96
-#: Older than any time (the smallest int64).
-_OLDEST = -(2 ** 63)
 
 
 @jit
@@ -58,10 +56,8 @@ def _select(xyz: np.ndarray, rows: np.ndarray, dim: int, a: int, b: int, nth: in
 
 
 @jit
-def kd_build(xyz: np.ndarray, rows: np.ndarray, dims: np.ndarray, ptr: np.ndarray, codes: np.ndarray,
-             t: np.ndarray, tmax: np.ndarray) -> None:
-    """Order the posting lists of ``codes`` into k-d trees, in place, each inner node with the
-    newest time below it (a window's search skips a subtree whose newest object has expired).
+def kd_build(xyz: np.ndarray, rows: np.ndarray, dims: np.ndarray, ptr: np.ndarray, codes: np.ndarray) -> None:
+    """Order the posting lists of ``codes`` into k-d trees, in place.
 
     Parameters
     ----------
@@ -76,11 +72,6 @@ def kd_build(xyz: np.ndarray, rows: np.ndarray, dims: np.ndarray, ptr: np.ndarra
         ``(K + 1,)`` int64.
     codes
         ``(c,)`` int64: the keywords to build.
-    t
-        ``(n,)`` int64: the objects' times (epoch ms), or empty (no window: ``tmax`` unused).
-    tmax
-        ``(E,)`` int64: written, each inner node's newest ``t`` below it (its own included) at
-        its middle entry; or empty (not written).
     """
     sa = np.empty(_STACK, dtype=np.int64)
     sb = np.empty(_STACK, dtype=np.int64)
@@ -95,11 +86,8 @@ def kd_build(xyz: np.ndarray, rows: np.ndarray, dims: np.ndarray, ptr: np.ndarra
                 continue
             lo0 = lo1 = lo2 = np.inf
             hi0 = hi1 = hi2 = -np.inf
-            newest = _OLDEST
             for i in range(a, b):
                 r = rows[i]
-                if len(t):
-                    newest = max(newest, t[r])
                 x, y, z = xyz[r, 0], xyz[r, 1], xyz[r, 2]
                 lo0, hi0 = min(lo0, x), max(hi0, x)
                 lo1, hi1 = min(lo1, y), max(hi1, y)
@@ -112,8 +100,6 @@ def kd_build(xyz: np.ndarray, rows: np.ndarray, dims: np.ndarray, ptr: np.ndarra
             mid = (a + b) // 2
             _select(xyz, rows, dim, a, b, mid)
             dims[mid] = dim
-            if len(tmax):
-                tmax[mid] = newest
             sa[top], sb[top] = a, mid
             sa[top + 1], sb[top + 1] = mid + 1, b
             top += 2
@@ -126,17 +112,14 @@ def _d2(xyz: np.ndarray, r: int, qx: float, qy: float, qz: float) -> float:
 
 
 @jit
-def _expand(xyz, rows, dims, tmax, cutoff, a, b, lb, qx, qy, qz, sa, sb, sl, top):
+def _expand(xyz, rows, dims, a, b, lb, qx, qy, qz, sa, sb, sl, top):
     """Visit the node ``[a, b)`` (its lower bound ``lb`` on the squared chord): the entries to
     check now (``lo, hi``: a leaf's, or an inner node's middle one) and the new stack top, its
     children pushed far side first (its bound the split plane's squared distance), near side
-    last (popped next). An inner node whose newest time is ``<= cutoff`` (``tmax`` not empty)
-    holds no live entry: nothing to check, nothing pushed."""
+    last (popped next)."""
     if b - a <= LEAF:
         return a, b, top
     mid = (a + b) // 2
-    if len(tmax) and tmax[mid] <= cutoff:
-        return a, a, top
     diff = (qx, qy, qz)[dims[mid]] - xyz[rows[mid], dims[mid]]
     far = max(lb, diff * diff)
     if diff <= 0.0:
@@ -149,7 +132,7 @@ def _expand(xyz, rows, dims, tmax, cutoff, a, b, lb, qx, qy, qz, sa, sb, sl, top
 
 
 @jit
-def _nearest_cut(xyz, rows, dims, t, tmax, cutoff, a0, b0, qx, qy, qz, want, bound, best, brow, sa, sb, sl):
+def _nearest_cut(xyz, rows, dims, alive, a0, b0, qx, qy, qz, want, bound, best, brow, sa, sb, sl):
     """The ``want`` nearest live entries of the tree ``rows[a0:b0]`` within squared chord
     ``bound``: their squared chords and rows in ``best[:n]``, ``brow[:n]`` (nearest first;
     ``n < want`` if it has fewer). Returns the ``want``-th smallest squared chord (``inf`` with
@@ -164,10 +147,10 @@ def _nearest_cut(xyz, rows, dims, t, tmax, cutoff, a0, b0, qx, qy, qz, want, bou
         a, b, lb = sa[top], sb[top], sl[top]
         if lb > bound or nb == want and lb > best[want - 1]:
             continue
-        lo, hi, top = _expand(xyz, rows, dims, tmax, cutoff, a, b, lb, qx, qy, qz, sa, sb, sl, top)
+        lo, hi, top = _expand(xyz, rows, dims, a, b, lb, qx, qy, qz, sa, sb, sl, top)
         for i in range(lo, hi):
             r = rows[i]
-            if len(t) and t[r] <= cutoff:
+            if len(alive) and not alive[r]:
                 continue
             d = _d2(xyz, r, qx, qy, qz)
             if d > bound:
@@ -193,7 +176,7 @@ def _nearest_cut(xyz, rows, dims, t, tmax, cutoff, a0, b0, qx, qy, qz, want, bou
 
 
 @jit
-def _within(xyz, rows, dims, t, tmax, cutoff, a0, b0, qx, qy, qz, cut, out, at, sa, sb, sl) -> int:
+def _within(xyz, rows, dims, alive, a0, b0, qx, qy, qz, cut, out, at, sa, sb, sl) -> int:
     """The live entries of the tree ``rows[a0:b0]`` within squared chord ``cut`` of the query:
     written to ``out[at:]`` if ``out`` is not empty; returns how many."""
     n = 0
@@ -204,10 +187,10 @@ def _within(xyz, rows, dims, t, tmax, cutoff, a0, b0, qx, qy, qz, cut, out, at, 
         a, b, lb = sa[top], sb[top], sl[top]
         if lb > cut:
             continue
-        lo, hi, top = _expand(xyz, rows, dims, tmax, cutoff, a, b, lb, qx, qy, qz, sa, sb, sl, top)
+        lo, hi, top = _expand(xyz, rows, dims, a, b, lb, qx, qy, qz, sa, sb, sl, top)
         for i in range(lo, hi):
             r = rows[i]
-            if len(t) and t[r] <= cutoff:
+            if len(alive) and not alive[r]:
                 continue
             if _d2(xyz, r, qx, qy, qz) <= cut:
                 if len(out):
@@ -217,9 +200,8 @@ def _within(xyz, rows, dims, t, tmax, cutoff, a0, b0, qx, qy, qz, cut, out, at, 
 
 
 @jit
-def kd_knn(xyz: np.ndarray, rows: np.ndarray, dims: np.ndarray, ptr: np.ndarray, t: np.ndarray, tmax: np.ndarray,
-           cutoff: int, code: np.ndarray, q: np.ndarray, want: np.ndarray,
-           bound: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def kd_knn(xyz: np.ndarray, rows: np.ndarray, dims: np.ndarray, ptr: np.ndarray, alive: np.ndarray,
+           code: np.ndarray, q: np.ndarray, want: np.ndarray, bound: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """For each search ``g`` (a query and one of its keywords): the ``want[g]`` nearest live
     entries of keyword ``code[g]``'s tree to the point ``q[g]`` within squared chord
     ``bound[g]``, with every entry tied with the ``want[g]``-th (all of them if fewer).
@@ -228,10 +210,8 @@ def kd_knn(xyz: np.ndarray, rows: np.ndarray, dims: np.ndarray, ptr: np.ndarray,
     ----------
     xyz, rows, dims, ptr
         As :func:`kd_build` left them (``code``'s trees built).
-    t, tmax, cutoff
-        The objects' times ``(n,)`` int64 and the trees' newest times ``(E,)`` int64 (as
-        :func:`kd_build` wrote them), or both empty: every object live. Otherwise only the
-        objects of ``t > cutoff`` (epoch ms) count: a window's live objects.
+    alive
+        ``(n,)`` bool over the objects (only the live ones count), or empty: all live.
     code
         ``(g,)`` int64 keyword codes.
     q
@@ -267,11 +247,11 @@ def kd_knn(xyz: np.ndarray, rows: np.ndarray, dims: np.ndarray, ptr: np.ndarray,
     for j in range(g):
         a, b = ptr[code[j]], ptr[code[j] + 1]
         qx, qy, qz = q[j, 0], q[j, 1], q[j, 2]
-        cut[j], nb, tie = _nearest_cut(xyz, rows, dims, t, tmax, cutoff, a, b, qx, qy, qz, want[j], bound[j], best,
-                                       brow, sa, sb, sl)
+        cut[j], nb, tie = _nearest_cut(xyz, rows, dims, alive, a, b, qx, qy, qz, want[j], bound[j], best, brow, sa,
+                                       sb, sl)
         if tie:  # rare: every entry tied with the want-th counts
             tied[j] = True
-            counts[j] = _within(xyz, rows, dims, t, tmax, cutoff, a, b, qx, qy, qz, cut[j], none, 0, sa, sb, sl)
+            counts[j] = _within(xyz, rows, dims, alive, a, b, qx, qy, qz, cut[j], none, 0, sa, sb, sl)
         else:
             counts[j] = nb
             near[off[j]:off[j] + nb] = brow[:nb]
@@ -280,7 +260,7 @@ def kd_knn(xyz: np.ndarray, rows: np.ndarray, dims: np.ndarray, ptr: np.ndarray,
     for j in range(g):
         if tied[j]:
             a, b = ptr[code[j]], ptr[code[j] + 1]
-            _within(xyz, rows, dims, t, tmax, cutoff, a, b, q[j, 0], q[j, 1], q[j, 2], cut[j], found, at, sa, sb, sl)
+            _within(xyz, rows, dims, alive, a, b, q[j, 0], q[j, 1], q[j, 2], cut[j], found, at, sa, sb, sl)
         else:
             found[at:at + counts[j]] = near[off[j]:off[j] + counts[j]]
         at += counts[j]
@@ -291,8 +271,7 @@ def compile_kd() -> None:
     """Compile (or load from the cache) the kernels before the first search needs them."""
     xyz, rows = np.zeros((1, 3)), np.zeros(1, dtype=np.int32)
     ptr, codes = np.array([0, 1], dtype=np.int64), np.zeros(1, dtype=np.int64)
-    for t in (np.zeros(0, dtype=np.int64), np.ones(1, dtype=np.int64)):
-        tmax = np.zeros(len(t), dtype=np.int64)
-        kd_build(xyz, rows, np.zeros(1, dtype=np.int8), ptr, codes, t, tmax)
-        kd_knn(xyz, rows, np.zeros(1, dtype=np.int8), ptr, t, tmax, 0, codes, np.zeros((1, 3)),
-               np.ones(1, dtype=np.int64), np.full(1, np.inf))
+    kd_build(xyz, rows, np.zeros(1, dtype=np.int8), ptr, codes)
+    for alive in (np.zeros(0, dtype=bool), np.ones(1, dtype=bool)):
+        kd_knn(xyz, rows, np.zeros(1, dtype=np.int8), ptr, alive, codes, np.zeros((1, 3)), np.ones(1, dtype=np.int64),
+               np.full(1, np.inf))

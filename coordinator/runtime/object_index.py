@@ -97,11 +97,7 @@ class ObjectIndex:
     ----------
     objects
         pyarrow Table with ``id`` (string, unique), ``lon``, ``lat`` (float64 degrees),
-        ``keywords`` (list<string>), and with ``timed`` ``t`` (int64 epoch ms).
-    timed
-        Keep the objects' times, and in each tree the newest time below every node, for searches
-        over a window's live objects (``knn_v(cutoff=)``: an expired subtree is skipped whole);
-        8 bytes per posting more.
+        ``keywords`` (list<string>).
 
     Examples
     --------
@@ -112,13 +108,10 @@ class ObjectIndex:
     (['b'], [1], [111.2])
     """
 
-    def __init__(self, objects: pa.Table, *, timed: bool = False) -> None:
+    def __init__(self, objects: pa.Table) -> None:
         self.ids = IdColumn(objects.column("id"))
         self.lon = objects.column("lon").to_numpy()
         self.lat = objects.column("lat").to_numpy()
-        #: ``(n,)`` int64 epoch ms with ``timed``, else empty.
-        self.t = (np.ascontiguousarray(objects.column("t").to_numpy(), dtype=np.int64) if timed
-                  else np.empty(0, dtype=np.int64))
         kw = objects.column("keywords").combine_chunks()
         owner = pc.list_parent_indices(kw).to_numpy().astype(np.int32)
         codes = pc.dictionary_encode(kw.flatten())
@@ -129,7 +122,7 @@ class ObjectIndex:
         self._post_ptr = np.searchsorted(code[order], np.arange(self.n_keywords + 1)).astype(np.int64)
         self._post = owner[order]  # int32: object rows, grouped by keyword code
         del owner, code, order, codes
-        self._kd: tuple[np.ndarray, ...] | None = None  # xyz, rows, dims, tmax, built
+        self._kd: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None  # xyz, rows, dims, built
         compile_kd()  # (loaded from numba's cache after the first time: no search pays for it)
         rank = np.empty(len(self.ids), dtype=np.int32)  # each object's place in id order (ties by id)
         rank[pc.sort_indices(self.ids.array).to_numpy()] = np.arange(len(self.ids), dtype=np.int32)
@@ -137,12 +130,6 @@ class ObjectIndex:
 
     def __len__(self) -> int:
         return len(self.ids)
-
-    def keep_times(self, t: np.ndarray) -> None:
-        """Turn ``timed`` on (``t``: ``(n,)`` int64 epoch ms, the objects' times): the trees
-        built so far are dropped and built again, with their newest times, on use."""
-        self.t = np.ascontiguousarray(t, dtype=np.int64)
-        self._kd = None
 
     def postings(self, keyword: str) -> np.ndarray:
         """Indices (int64) of the objects carrying ``keyword`` (empty if none)."""
@@ -164,23 +151,22 @@ class ObjectIndex:
     @property
     def trees_built(self) -> int:
         """How many keywords' trees are built."""
-        return 0 if self._kd is None else int(self._kd[4].sum())
+        return 0 if self._kd is None else int(self._kd[3].sum())
 
-    def _trees_for(self, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """The objects' unit vectors ``(n, 3)``, the posting lists ``(E,)`` int32, split axes
-        ``(E,)`` int8 and newest times ``(E,)`` int64 (empty unless ``timed``; see
-        :mod:`~knnmon.coordinator.runtime.keyword_kd`), with the trees of ``codes`` built."""
+    def _trees_for(self, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The objects' unit vectors ``(n, 3)``, the posting lists ``(E,)`` int32 and split axes
+        ``(E,)`` int8 (:mod:`~knnmon.coordinator.runtime.keyword_kd`), with the trees of
+        ``codes`` built."""
         if self._kd is None:
             self._kd = (unit_vectors(self.lon, self.lat), self._post.copy(), np.zeros(len(self._post), dtype=np.int8),
-                        np.zeros(len(self._post) if len(self.t) else 0, dtype=np.int64),
                         np.zeros(self.n_keywords, dtype=bool))
-        xyz, rows, dims, tmax, built = self._kd
+        xyz, rows, dims, built = self._kd
         new = np.unique(np.asarray(codes, dtype=np.int64))
         new = new[~built[new]]
         if len(new):
-            kd_build(xyz, rows, dims, self._post_ptr, new, self.t, tmax)
+            kd_build(xyz, rows, dims, self._post_ptr, new)
             built[new] = True
-        return xyz, rows, dims, tmax
+        return xyz, rows, dims
 
     def build_trees(self) -> None:
         """Build every keyword's tree now (a window's part built off the search's path, so that
@@ -209,27 +195,25 @@ class ObjectIndex:
         return key // (self.n_keywords + 1), key % (self.n_keywords + 1)
 
     def _search(self, pq_: np.ndarray, pc_: np.ndarray, lon: np.ndarray, lat: np.ndarray, k: np.ndarray,
-                q_xyz: np.ndarray, cutoff: int | None = None,
+                q_xyz: np.ndarray, alive: np.ndarray | None = None,
                 bound_m: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Candidate (query, object) pairs of the (query, keyword code) pairs ``pq_``, ``pc_``:
         each query's ``k + TIE_MARGIN`` nearest in the keyword's tree, and the ties with the last
-        of them (:func:`~knnmon.coordinator.runtime.keyword_kd.kd_knn`); with ``cutoff`` (epoch
-        ms) only the objects of ``t > cutoff`` count; with ``bound_m`` (``(m,)`` meters) only
+        of them (:func:`~knnmon.coordinator.runtime.keyword_kd.kd_knn`); with ``alive`` (``(n,)``
+        bool over the objects) only live objects count; with ``bound_m`` (``(m,)`` meters) only
         objects within it of their query. The searches run by keyword, nearby queries next to
         each other (they walk the same nodes)."""
         if not len(pq_):
             return np.empty(0, np.int64), np.empty(0, np.int64)
         order = np.lexsort((morton_codes(lon[pq_], lat[pq_]), pc_))
         pq_, pc_ = pq_[order], pc_[order]
-        xyz, rows, dims, tmax = self._trees_for(pc_)  # (built before any thread searches them)
-        none = np.empty(0, dtype=np.int64)
-        t, tmax = (self.t, tmax) if cutoff is not None else (none, none)
-        cut = 0 if cutoff is None else int(cutoff)
+        xyz, rows, dims = self._trees_for(pc_)  # (built before any thread searches them)
+        live = np.zeros(0, dtype=bool) if alive is None else np.ascontiguousarray(alive, dtype=bool)
         bound = np.full(len(pq_), np.inf) if bound_m is None else chord2_bound(bound_m)[pq_]
         want, q = k[pq_] + TIE_MARGIN, np.ascontiguousarray(q_xyz[pq_])
 
         def search(s: slice) -> tuple[np.ndarray, np.ndarray]:
-            return kd_knn(xyz, rows, dims, self._post_ptr, t, tmax, cut, pc_[s], q[s], want[s], bound[s])
+            return kd_knn(xyz, rows, dims, self._post_ptr, live, pc_[s], q[s], want[s], bound[s])
 
         if len(pq_) < SPLIT_SEARCHES:
             counts, found = search(slice(None))
@@ -240,7 +224,7 @@ class ObjectIndex:
             counts, found = np.concatenate([c0, c1]), np.concatenate([f0, f1])
         return np.repeat(pq_, counts), found
 
-    def knn_v(self, lon, lat, keywords, k, *, processes: int = 1, cutoff: int | None = None,
+    def knn_v(self, lon, lat, keywords, k, *, processes: int = 1, alive: np.ndarray | None = None,
               bound_m: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Exact kNN of many queries at once.
 
@@ -256,9 +240,9 @@ class ObjectIndex:
         processes
             Share the queries among this many processes (forked; see :meth:`_knn_parallel`).
             Used only for batches of 20,000 queries or more.
-        cutoff
-            Epoch ms: search only the objects of ``t > cutoff`` (a window's live objects; an
-            index built ``timed``); default: all. Not with ``processes > 1``.
+        alive
+            ``(n,)`` bool over the indexed objects: search only these (a window's live objects);
+            default: all. Not with ``processes > 1``.
         bound_m
             ``(m,)`` float64 meters: only objects within this of their query count (the
             ``k``-th distance over other objects already searched: nothing beyond it can be
@@ -278,13 +262,11 @@ class ObjectIndex:
         lat = np.asarray(lat, dtype=np.float64)
         k = np.asarray(k, dtype=np.int64)
         m = len(lon)
-        if cutoff is not None and not len(self.t):
-            raise ValueError("a search with a cutoff needs an index built with timed=True")
-        if processes > 1 and m >= 20_000 and cutoff is None and bound_m is None:
+        if processes > 1 and m >= 20_000 and alive is None and bound_m is None:
             return self._knn_parallel(lon, lat, keywords, k, processes)
         q_xyz = unit_vectors(lon, lat)
         pq_, pc_ = self.keyword_pairs(keywords)
-        fq, fo = self._search(pq_, pc_, lon, lat, k, q_xyz, cutoff, bound_m)
+        fq, fo = self._search(pq_, pc_, lon, lat, k, q_xyz, alive, bound_m)
         d = haversine_m(lon[fq], lat[fq], self.lon[fo], self.lat[fo])
         order = np.lexsort((self._id_rank[fo], d, fq))
         fq, fo, d = fq[order], fo[order], d[order]

@@ -106,7 +106,7 @@ class ObjectStore:
 
     def _seal(self) -> None:
         """With a window: the tail becomes a part (merged later: :class:`Compactor`)."""
-        self._parts.append(Part.of(pa.concat_tables(self._batches).combine_chunks(), timed=True))
+        self._parts.append(Part.of(pa.concat_tables(self._batches).combine_chunks()))
         self._batches, self._tail = [], None
         if not self._parts[0].table.num_rows and len(self._parts) > 1:
             self._parts.pop(0)
@@ -188,16 +188,16 @@ class ObjectStore:
         if self._windowed:
             self._parts = self.compactor.poll(self._parts, self._cutoff)
         tail = self._tail_index()
-        parts = [(p.table, p.index, p.cutoff, p.live) for p in self._parts]
+        parts = [(p.table, p.index, p.alive, p.live) for p in self._parts]
         parts += [(*tail, None, len(tail[1]))] if tail is not None else []
         parts.sort(key=lambda x: -x[3])
         words = pa.array([sorted(set(w)) for w in keywords], type=pa.list_(pa.string()))
         Q, D, P, I, ids = [np.empty(0, np.int64)], [np.empty(0)], [np.empty(0, np.int64)], [np.empty(0, np.int64)], []
         bound = np.full(m, np.inf)
-        for p, (table, index, cutoff, _) in enumerate(parts):
+        for p, (table, index, alive, _) in enumerate(parts):
             if not len(index):
                 continue
-            idx, counts, dist = index.knn_v(lon, lat, words, k, cutoff=cutoff, bound_m=bound)
+            idx, counts, dist = index.knn_v(lon, lat, words, k, alive=alive, bound_m=bound)
             full = np.flatnonzero(counts >= k)  # this part's k-th distance bounds the next parts
             bound[full] = np.minimum(bound[full], dist[(np.cumsum(counts) - counts + k - 1)[full]])
             Q.append(np.repeat(np.arange(m), counts))

@@ -32,45 +32,39 @@ REBUILD_LIVE = 0.5
 
 @dataclass
 class Part:
-    """Objects indexed together; with a window, those of ``t <= cutoff`` have expired (``cutoff``
-    ``None``: all live) and a search skips them: the index keeps each tree node's newest time, so
-    that a subtree whose objects all expired is skipped whole."""
+    """Objects indexed together, with the live ones marked (``alive``: ``None`` while all are)."""
 
     table: pa.Table
     index: ObjectIndex
     t: np.ndarray
-    cutoff: int | None = None
-    live: int = 0
+    alive: np.ndarray | None = None
 
     @classmethod
-    def of(cls, table: pa.Table, index: ObjectIndex | None = None, *, timed: bool = False) -> Part:
-        t = table.column("t").to_numpy()
-        return cls(table, index if index is not None else ObjectIndex(table, timed=timed), t, live=len(t))
+    def of(cls, table: pa.Table, index: ObjectIndex | None = None) -> Part:
+        return cls(table, index if index is not None else ObjectIndex(table), table.column("t").to_numpy())
 
     @property
-    def alive(self) -> np.ndarray | None:
-        """``(n,)`` bool: the live objects (``None`` while all are)."""
-        return None if self.cutoff is None else self.t > self.cutoff
+    def live(self) -> int:
+        return len(self.t) if self.alive is None else int(self.alive.sum())
 
     def live_table(self) -> pa.Table:
-        return self.table if self.cutoff is None else self.table.filter(pa.array(self.alive))
+        return self.table if self.alive is None else self.table.filter(pa.array(self.alive))
 
     def expire(self, cutoff: int) -> Part | None:
-        """This part with the objects of ``t <= cutoff`` expired, or ``None`` when none is live."""
+        """This part with the objects of ``t <= cutoff`` marked expired (a new ``alive`` array:
+        a build reading the old one is not disturbed), or ``None`` when none is live."""
         if not len(self.t) or self.t.max() <= cutoff:
             return None
         if self.t.min() > cutoff:
             return self
-        if not len(self.index.t):
-            self.index.keep_times(self.t)  # (the initial objects' index, built before the window)
-        self.cutoff, self.live = cutoff, int(np.count_nonzero(self.t > cutoff))
+        self.alive = self.t > cutoff
         return self
 
 
 def _build(sources: list[tuple[pa.Table, np.ndarray | None]]) -> Part:
     """A part of the live objects of ``sources`` (table, alive), every keyword's tree built."""
     tables = [t if alive is None else t.filter(pa.array(alive)) for t, alive in sources]
-    part = Part.of(pa.concat_tables(tables).combine_chunks(), timed=True)
+    part = Part.of(pa.concat_tables(tables).combine_chunks())
     part.index.build_trees()
     return part
 
@@ -100,7 +94,7 @@ class Compactor:
             i -= 1
             acc += parts[i].live
         sources = parts[i:] if len(parts) - i >= 2 else \
-            next(([p] for p in parts if p.live < REBUILD_LIVE * len(p.t)), [])
+            next(([p] for p in parts if p.alive is not None and p.live < REBUILD_LIVE * len(p.t)), [])
         if not sources:
             return
         args = [(p.table, p.alive) for p in sources]

@@ -55,11 +55,9 @@ def test_trees_are_built_for_the_keywords_searched_and_again_after_they_are_drop
     index.drop_trees()
     assert index.trees_built == 0
     assert as_lists(*index.knn_v(lon[:20], lat[:20], kws[:20], k[:20]), index.ids) == want
-    t = rng.integers(0, 1000, objects.num_rows)  # a window's live objects: t > 700, ~30 %
-    index.keep_times(t)
-    assert index.trees_built == 0
-    live = BruteForceKnn(objects.filter(pa.array(t > 700)))
-    got = as_lists(*index.knn_v(lon, lat, kws, k, cutoff=700), index.ids)
+    alive = rng.random(objects.num_rows) < 0.3  # a window's live objects
+    live = BruteForceKnn(objects.filter(pa.array(alive)))
+    got = as_lists(*index.knn_v(lon, lat, kws, k, alive=alive), index.ids)
     for i in range(len(rows)):
         assert [g[0] for g in got[i]] == [w[0] for w in live.knn(lon[i], lat[i], kws[i], int(k[i]))]
     assert oracle.knn(lon[0], lat[0], kws[0], int(k[0])) == as_lists(*index.knn_v(lon[:1], lat[:1], kws[:1], k[:1]),
@@ -85,23 +83,21 @@ def test_a_kd_search_finds_the_nearest_and_every_tie_at_the_cut(points, queries,
     post = np.argsort(code_of, kind="stable").astype(np.int32)
     ptr = np.searchsorted(code_of[post], np.arange(4)).astype(np.int64)
     rows, dims = post.copy(), np.zeros(len(post), dtype=np.int8)
-    t = np.array(data.draw(st.lists(st.integers(0, 4), min_size=len(points), max_size=len(points))), dtype=np.int64) \
-        if data.draw(st.booleans()) else np.zeros(0, dtype=np.int64)
-    cutoff = data.draw(st.integers(-1, 4))  # live: t > cutoff; an inner node of newest t <= cutoff is skipped
-    tmax = np.zeros(len(post) if len(t) else 0, dtype=np.int64)
-    build(xyz, rows, dims, ptr, np.arange(3, dtype=np.int64), t, tmax)
+    build(xyz, rows, dims, ptr, np.arange(3, dtype=np.int64))
     for c in range(3):  # each keyword's list is still its own objects
         assert sorted(rows[ptr[c]:ptr[c + 1]].tolist()) == sorted(post[ptr[c]:ptr[c + 1]].tolist())
+    alive = np.array(data.draw(st.lists(st.booleans(), min_size=len(points), max_size=len(points))), dtype=bool) \
+        if data.draw(st.booleans()) else np.zeros(0, dtype=bool)
     q = unit_vectors(np.array([x[0] for x in queries]) * 0.01, np.array([x[1] for x in queries]) * 0.01)
     code = np.array([x[2] for x in queries], dtype=np.int64)
     want = np.array([x[3] for x in queries], dtype=np.int64)
     every = ((xyz[None, :, :] - q[:, None, :]) ** 2).sum(axis=2)  # (queries, points) squared chords
     bound = np.array([np.inf if not data.draw(st.booleans()) else
                       float(every[j, data.draw(st.integers(0, len(points) - 1))]) for j in range(len(queries))])
-    counts, found = knn(xyz, rows, dims, ptr, t, tmax, cutoff, code, q, want, bound)
+    counts, found = knn(xyz, rows, dims, ptr, alive, code, q, want, bound)
     at = 0
     for j in range(len(queries)):
-        mine = np.flatnonzero((code_of == code[j]) & ((t > cutoff) if len(t) else True))
+        mine = np.flatnonzero((code_of == code[j]) & (alive if len(alive) else True))
         d2 = ((xyz[mine] - q[j]) ** 2).sum(axis=1)
         mine, d2 = mine[d2 <= bound[j]], d2[d2 <= bound[j]]
         cut = np.sort(d2)[min(want[j], len(mine)) - 1] if len(mine) else -1.0
@@ -134,11 +130,11 @@ def test_a_search_split_over_two_threads_equals_one_thread(places_slice, monkeyp
     rows = objects.take(pa.array(rng.integers(0, objects.num_rows, 3000))).to_pylist()
     args = (np.array([r["lon"] for r in rows]) + 0.01, np.array([r["lat"] for r in rows]),
             [r["keywords"][:2] for r in rows], rng.integers(1, 12, len(rows)))
-    index.keep_times(rng.integers(0, 100, objects.num_rows))
+    alive = rng.random(objects.num_rows) < 0.5
     monkeypatch.setattr(object_index, "SPLIT_SEARCHES", 10**9)
-    one = [index.knn_v(*args), index.knn_v(*args, cutoff=50)]
+    one = [index.knn_v(*args), index.knn_v(*args, alive=alive)]
     monkeypatch.setattr(object_index, "SPLIT_SEARCHES", 100)
-    two = [index.knn_v(*args), index.knn_v(*args, cutoff=50)]
+    two = [index.knn_v(*args), index.knn_v(*args, alive=alive)]
     assert object_index._SECOND is not None  # the second thread searched
     for a, b in zip(one, two):
         for x, y in zip(a, b):
