@@ -4,9 +4,9 @@ entry once with the OR of its workers' bits, by a compiled kernel.
 A query's region is a rectangle of grid cells (its MBR of radius ``r_q``); it is routed for each
 of its keywords (:class:`~knnmon.assignment.routing.RoutingTable`, after the paper's Section 4.2
 "routing"). Many regions overlap: after a window's expiry, thousands of queries of one area are
-refilled together with large, nearly equal regions (10,000+ regions and 7 million cells in one
-batch at 100,000 queries). Expanding every rectangle and sorting the cells costs seconds; painting
-them on one grid per keyword costs the cells once and sorts only the distinct ones.
+refilled together with large, nearly equal regions (docs/window.md, "Refill waves"). Expanding
+every rectangle and sorting all the cells costs their sort; painting them on one grid per keyword
+costs each cell once and sorts only the distinct ones.
 """
 
 from __future__ import annotations

@@ -104,7 +104,7 @@ def check(chaos: Chaos, r: redis.Redis, keys: Keys, pub: Publisher, queries: pa.
             return out
         # (by stream and entry: the two ingest streams hand out the same entry ids, and a rejected
         # query's id hid an accepted object from the oracle in the 100 k soak)
-        rejected = {(f.get("_stream"), f["_entry"]) for _, f in r.xrange(keys.ingest_rejects)}
+        rejected = {(f["_stream"], f["_entry"]) for _, f in r.xrange(keys.ingest_rejects)}
         table = accepted_in_stream(r, keys, rejected)  # what the service accepted, from Redis
         t = table.column("t").to_numpy()
         table = table.filter(pa.array(t > t.max() - window_ms))

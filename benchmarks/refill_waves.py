@@ -87,7 +87,7 @@ def main() -> None:
             tree = tempfile.mkdtemp(prefix="knnmon-rev-")
             subprocess.run(["git", "-C", root, "worktree", "add", "-q", "--detach", tree, rev], check=True)
             env["PYTHONPATH"] = overlay(tree)
-        log = tempfile.mktemp(suffix=".json")
+        log = os.path.join(tempfile.mkdtemp(prefix="knnmon-waves-"), "batches.json")
         args = [sys.executable, os.path.abspath(__file__), "--objects", a.objects, "--queries", a.queries, "--initial",
                 str(a.initial), "--batch", str(a.batch), "--batches", str(a.batches), "--workers", str(a.workers),
                 "--log", log]

@@ -4,9 +4,9 @@ path (:class:`~knnmon.coordinator.runtime.object_store.ObjectStore` with a windo
 The parts are in arrival order. The newest parts merge as in an LSM tree (a run of the newest
 merges while the newest holds at least ``1 / MERGE_RATIO`` as many live objects as the one
 before), so there are O(log(live / SEAL)) parts; a part is rebuilt from its live objects once
-fewer than half of it are live. Both cost a new :class:`ObjectIndex` and its trees: ~1-2 s for
-300,000-600,000 objects on this machine, a stall of the stream when a refill search waited for
-it. A :class:`Compactor` builds them on a thread of its own (the index's kernels and Arrow release
+fewer than half of it are live. Both cost a new :class:`ObjectIndex` and its trees, seconds for a
+large part (docs/window.md): a stall of the stream when a refill search waited for it. A
+:class:`Compactor` builds them on a thread of its own (the index's kernels and Arrow release
 the GIL), one at a time, while searches go on over the old parts; the new part replaces its
 sources at the next search or expiry, with the expiries since applied. The live objects searched
 are the same before and after, so every search stays exact.
@@ -98,8 +98,10 @@ class Compactor:
         if not sources:
             return
         args = [(p.table, p.alive) for p in sources]
-        future = self._pool.submit(_build, args) if self._pool is not None else Future()
-        if self._pool is None:
+        if self._pool is not None:
+            future = self._pool.submit(_build, args)
+        else:
+            future = Future()
             future.set_result(_build(args))
         self._job = (sources, future)
 
@@ -119,11 +121,6 @@ class Compactor:
         self.builds += 1
         self.plan(parts)
         return parts
-
-    @property
-    def busy(self) -> bool:
-        """Whether a build runs."""
-        return self._job is not None
 
     def wait(self) -> None:
         """Wait for the build in flight (tests; a shutdown)."""
