@@ -68,9 +68,10 @@ class Handover:
             objects = ObjectColumns.of_infos({})
         columns = self.queries.columns(slots)
         loads = self.load.us[slots].copy() if len(slots) else np.zeros(0)
+        radii = self.queries.radius[slots].copy()
         self._drop(held)
         self._handed += list(zip(held, members))
-        return QueryHandover(columns, topk, objects, loads)
+        return QueryHandover(columns, topk, objects, loads, radii)
 
     def adopt_queries(self, handover: QueryHandover, vocabulary: Mapping[str, int] | None = None,
                       note: Mapping[str, str] | None = None) -> int:
@@ -87,6 +88,9 @@ class Handover:
         self.vocabulary.learn(vocabulary)
         slots = self._append(handover.queries, handover.topk, handover.objects)
         self.load.us[slots.start:slots.stop] = np.asarray(handover.loads, dtype=np.float64)
+        # The source's r_q, not one made from the list: with a window a list short of its
+        # k + reserve places (expired) still has a finite radius (the next refill is due at it).
+        self.queries.set_radius(np.arange(slots.start, slots.stop), np.asarray(handover.radii, dtype=np.float64))
         if self.writer is not None and len(slots):
             r_slot, r_h, _ = self._results_of(np.arange(slots.start, slots.stop))
             known = np.fromiter((o in handover.objects for o in self.handles.names(r_h)), dtype=bool,

@@ -15,34 +15,76 @@ order they were sent:
 4. every source's ``release_handed`` drops details only the moved queries held.
 
 No batch is applied to a moved query twice or missed, and its result in Redis does not change.
+
+**A worker lost during the move** (``revive`` given: no batch in flight) is revived in place
+from Redis and its step of the move done again, so the other workers keep their state:
+
+- a source lost before its export returned: the coordinator still counts its queries as its
+  own, so the revived source holds them all again and exports them anew;
+- a target lost before all its adoptions returned: it is revived with the queries it held
+  before the move (the coordinator has not switched the moved ones yet) and adopts every part
+  handed to it again, from the exports the coordinator keeps;
+- a source lost at the release: it is revived with the queries left to it (the switch is made);
+  details its old process would have let go of may stay in its details hash (never fewer).
+
+Without ``revive`` (``knnmon run`` with batches in flight) the loss is raised as before.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
 from knnmon.coordinator.rebalance.planner import Move
 from knnmon.coordinator.runtime.registration import Registrar
-from knnmon.coordinator.runtime.worker_pool import WorkerPool
+from knnmon.coordinator.runtime.worker_pool import Pending, WorkerPool
+from knnmon.errors import WorkerLostError
 
-__all__ = ["migrate"]
+__all__ = ["gather_reviving", "migrate"]
 
 
-def migrate(pool: WorkerPool, registrar: Registrar, moves: Sequence[Move], *, reserve: int = 0,
-            note: dict[str, str] | None = None) -> dict[str, float]:
-    """Carry out ``moves`` (module docstring); returns ``{"queries": moved, "seconds": ...}``.
-
-    ``reserve``: the workers' reserve (the region routed is that of the ``k + reserve``-th
-    place, as at registration). ``note``: fields written into each moved query's hash (when and
-    why it moved, for ``knnmon explain``), besides ``moved_from`` (its source worker).
+def gather_reviving(pool: WorkerPool, calls: Sequence[tuple[int, Callable[[], Pending]]],
+                    revive: Callable[[int], bool] | None) -> list[Any]:
+    """The results of ``calls`` (``(worker, make the call)``, in order); a worker lost in any of
+    its calls is revived (``revive(worker)``: ``True`` once revived) and every call of its made
+    again, in order, on the new actor (a revived worker is in the state the coordinator knows,
+    without what its lost calls did).
 
     Raises
     ------
     WorkerLostError
-        A worker died during the move (``knnmon serve`` recovers from Redis; ``knnmon run`` stops).
+        A worker was lost and ``revive`` is ``None`` or cannot revive it, or it was lost again.
+    """
+    out = pool.gather_each([call() for _, call in calls])
+    lost = sorted({w for (w, _), x in zip(calls, out) if isinstance(x, WorkerLostError)})
+    for w in lost:
+        first = next(x for (v, _), x in zip(calls, out) if v == w and isinstance(x, WorkerLostError))
+        if revive is None or not revive(w):
+            raise first
+        again = [i for i, (v, _) in enumerate(calls) if v == w]
+        for i, x in zip(again, pool.gather([calls[i][1]() for i in again])):
+            out[i] = x
+    return out
+
+
+def migrate(pool: WorkerPool, registrar: Registrar, moves: Sequence[Move], *, note: dict[str, str] | None = None,
+            revive: Callable[[int], bool] | None = None) -> dict[str, float]:
+    """Carry out ``moves`` (module docstring); returns ``{"queries": moved, "seconds": ...}``.
+
+    Each moved query's region is routed to its target at the radius its source held (as at
+    registration: its ``k + reserve``-th place's, while it has them). ``note``: fields written into each moved query's hash (when and
+    why it moved, for ``knnmon explain``), besides ``moved_from`` (its source worker).
+    ``revive``: revives a lost worker in place (module docstring), ``True`` if it did; only
+    with no batch in flight.
+
+    Raises
+    ------
+    WorkerLostError
+        A worker died during the move and was not revived (``knnmon serve`` recovers from
+        Redis; ``knnmon run`` stops).
     """
     t0 = time.perf_counter()
     by_source: dict[int, list[Move]] = {}
@@ -50,8 +92,8 @@ def migrate(pool: WorkerPool, registrar: Registrar, moves: Sequence[Move], *, re
         if m.qids:
             by_source.setdefault(m.source, []).append(m)
     sources = sorted(by_source)
-    exports = pool.gather([pool.export(s, [q for m in by_source[s] for q in m.qids])
-                           for s in sources])
+    exports = gather_reviving(pool, [(s, lambda s=s: pool.export(s, [q for m in by_source[s] for q in m.qids]))
+                                     for s in sources], revive)
     routing, model = registrar.plan.routing, registrar.plan.model
     adopts, parts = [], []
     for s, h in zip(sources, exports):
@@ -61,15 +103,14 @@ def migrate(pool: WorkerPool, registrar: Registrar, moves: Sequence[Move], *, re
             if not len(part):
                 continue
             vocabulary = {x: routing.code(x) for kws in part.queries.keywords for x in kws}
-            adopts.append(pool.adopt(m.target, part, vocabulary,
-                                {**(note or {}), "moved_from": str(m.source)}))
+            adopts.append((m.target, lambda m=m, part=part, vocabulary=vocabulary: pool.adopt(
+                m.target, part, vocabulary, {**(note or {}), "moved_from": str(m.source)})))
             parts.append((m, part))
-    pool.gather(adopts)
+    gather_reviving(pool, adopts, revive)
     moved = 0
     for m, part in parts:
         q = part.queries
-        k = np.asarray(q.k, dtype=np.int64) + reserve
-        radius = part.topk.kth(k)  # the last kept place's, once full
+        radius = np.asarray(part.radii, dtype=np.float64)  # the source's r_q (its region routed)
         rect = model.rects(np.asarray(q.lon, dtype=np.float64), np.asarray(q.lat, dtype=np.float64), radius)
         routing.add_many([[routing.code(x) for x in kws] for kws in q.keywords], rect.x0, rect.y0, rect.x1, rect.y1,
                          np.full(len(q.ids), m.target))
@@ -78,5 +119,5 @@ def migrate(pool: WorkerPool, registrar: Registrar, moves: Sequence[Move], *, re
         registrar.worker_queries[m.source] -= len(q.ids)
         registrar.worker_queries[m.target] += len(q.ids)
         moved += len(q.ids)
-    pool.gather([pool.release_handed(s) for s in sources])
+    gather_reviving(pool, [(s, lambda s=s: pool.release_handed(s)) for s in sources], revive)
     return {"queries": moved, "seconds": time.perf_counter() - t0}

@@ -14,12 +14,12 @@ import json
 import logging
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from knnmon.connection import connect, with_retries
 from knnmon.coordinator.rebalance.config import RebalanceConfig
-from knnmon.coordinator.rebalance.migration import migrate
+from knnmon.coordinator.rebalance.migration import gather_reviving, migrate
 from knnmon.coordinator.rebalance.monitor import LoadMonitor
 from knnmon.coordinator.rebalance.planner import plan_moves
 from knnmon.keys import REPLANS_KEPT, Keys
@@ -42,10 +42,12 @@ class Rebalancer:
         Query id -> its set in the plan (queries registered later have none).
     config
         :class:`RebalanceConfig`.
-    reserve
-        The workers' reserve (``k + reserve`` places routed).
     redis_url, namespace
         Where the re-plan records go (``None``: kept in memory only).
+    revive
+        ``revive(worker) -> bool``: revives a lost worker in place (the runtime's
+        ``revive_idle``); used by a re-plan with no batch in flight (``idle``), so that a loss
+        during a move does not stop the run (:func:`~.migration.migrate`).
 
     Attributes
     ----------
@@ -58,30 +60,36 @@ class Rebalancer:
     """
 
     def __init__(self, pool, registrar, upkeep, set_of: Mapping[str, int], config: RebalanceConfig | None = None, *,
-                 reserve: int = 0, redis_url: str | None = None, namespace: str = "knn") -> None:
+                 redis_url: str | None = None, namespace: str = "knn",
+                 revive: Callable[[int], bool] | None = None) -> None:
         self.pool, self.registrar, self.upkeep, self.set_of = pool, registrar, upkeep, set_of
         self.config = config or RebalanceConfig()
-        self.reserve, self.redis_url, self.keys = reserve, redis_url, Keys(namespace)
+        self.redis_url, self.keys = redis_url, Keys(namespace)
         self.monitor = LoadMonitor(pool.size, self.config.window, self.config.threshold)
         self.replans: list[dict[str, Any]] = []
         self.queries_moved = 0
         self._numbered = self._last_number()  # a resumed service's re-plans continue the count
         self._recent: deque[list[str]] = deque(maxlen=max(self.config.cooldown, 1))  # moved lately
+        self.revive = revive
 
-    def after_batch(self, batch: int, busy_ms) -> dict[str, Any] | None:
+    def after_batch(self, batch: int, busy_ms, *, idle: bool = False) -> dict[str, Any] | None:
         """Observe batch ``batch``'s per-worker busy times ``(W,)`` ms; re-plan if due. Returns
-        the re-plan's record, if one ran."""
+        the re-plan's record, if one ran. ``idle``: no batch is in flight (a lost worker is
+        revived in place, :attr:`revive`)."""
         self.monitor.observe(busy_ms)
         if not self.monitor.due():
             return None
-        return self.replan(batch)
+        return self.replan(batch, idle=idle)
 
-    def replan(self, batch: int) -> dict[str, Any]:
-        """Re-plan and move now (after batch ``batch``); returns the record."""
+    def replan(self, batch: int, *, idle: bool = False) -> dict[str, Any]:
+        """Re-plan and move now (after batch ``batch``); returns the record. ``idle``: as in
+        :meth:`after_batch`."""
         t0 = time.perf_counter()
         trigger = self.monitor.ratio()
         busy = self.monitor.busy()
-        loads = self.pool.gather([self.pool.query_loads(w) for w in range(self.pool.size)])
+        revive = self.revive if idle else None
+        loads = gather_reviving(self.pool, [(w, lambda w=w: self.pool.query_loads(w)) for w in range(self.pool.size)],
+                                revive)
         n_queries = sum(len(ids) for ids, _ in loads)
         budget = int(self.config.budget * n_queries)
         frozen = frozenset(q for moved in self._recent for q in moved)
@@ -92,7 +100,7 @@ class Rebalancer:
         moved = 0
         if plan.moves:
             note = {"moved_batch": str(batch), "moved_replan": str(number)}
-            moved = migrate(self.pool, self.registrar, plan.moves, reserve=self.reserve, note=note)["queries"]
+            moved = migrate(self.pool, self.registrar, plan.moves, note=note, revive=revive)["queries"]
             self.upkeep.request()
         if self.config.cooldown:
             self._recent.append([q for m in plan.moves for q in m.qids])

@@ -167,13 +167,12 @@ class Runtime:
                                      seen_times=t, window=window, rects=self.plan.model.rects,
                                      first_batch=p.first_batch)
         self.registrar.feed_version = lambda: self.dispatcher.next_batch
-        self.dispatcher.revive = lambda w: self.revive_idle(w) is not None
+        self.dispatcher.revive = in_place = lambda w: self.revive_idle(w) is not None
         if c.rebalance is not None:
             ids = p.queries.column("id").to_pylist()
             set_of = dict(zip(ids, self.plan.plan.set_of.tolist())) if len(self.plan.plan.set_of) == len(ids) else {}
             self.rebalancer = Rebalancer(self.pool, self.registrar, self.upkeep, set_of, c.rebalance,
-                                         reserve=c.places_reserved, redis_url=self.store.url,
-                                         namespace=c.store.namespace)
+                                         redis_url=self.store.url, namespace=c.store.namespace, revive=in_place)
         return self
 
     # -- the stream ------------------------------------------------------------------------------
@@ -182,14 +181,14 @@ class Runtime:
         for it (:meth:`Dispatcher.collect` of :meth:`Dispatcher.dispatch`)."""
         report = self._collect(self.dispatcher.dispatch(batch), deque())
         self.upkeep_routing()
-        self.rebalance(report)
+        self.rebalance(report, idle=True)
         return report
 
-    def rebalance(self, report: BatchReport) -> None:
-        """With ``config.rebalance``: observe a collected batch, and re-plan and move queries
-        when due (:mod:`knnmon.coordinator.rebalance`); call between two dispatches."""
+    def rebalance(self, report: BatchReport, *, idle: bool = False) -> None:
+        """With ``config.rebalance``: observe a collected batch, re-plan and move when due
+        (:mod:`knnmon.coordinator.rebalance`), between dispatches; ``idle``: none in flight."""
         if self.rebalancer is not None:
-            self.rebalancer.after_batch(report.batch, report.busy_ms)
+            self.rebalancer.after_batch(report.batch, report.busy_ms, idle=idle)
 
     def upkeep_routing(self) -> None:
         """Swap in a finished routing-table rebuild, or start one in the background when due
@@ -340,7 +339,7 @@ class Runtime:
                 while len(pending) >= self.config.in_flight:
                     reports.append(self._collect(pending.popleft(), pending))
                     self.upkeep_routing()
-                    self.rebalance(reports[-1])
+                    self.rebalance(reports[-1], idle=not pending)
             while pending:
                 reports.append(self._collect(pending.popleft(), pending))
         return self.summary(time.perf_counter() - t0, with_stats=True)

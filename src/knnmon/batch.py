@@ -327,12 +327,18 @@ class QueryHandover:
         written to the target's details hash).
     loads : ``(m,)`` float64
         Each query's recent measured load (microseconds; :mod:`knnmon.workers.query_load`).
+    radii : ``(m,)`` float64
+        Each query's kNN radius ``r_q`` as its worker held it (meters): every matching live
+        object within it is in ``topk``; ``inf`` when ``topk`` holds every matching object. With
+        a window a list can hold fewer than ``k + reserve`` places (expired) and still have a
+        finite radius: the radius cannot be told from ``topk`` alone.
     """
 
     queries: Any
     topk: KnnColumns
     objects: ObjectColumns
     loads: Any
+    radii: Any
 
     def __len__(self) -> int:
         return len(self.topk)
@@ -345,5 +351,6 @@ class QueryHandover:
     def take(self, rows: Sequence[int]) -> QueryHandover:
         """The queries ``rows`` (indices, in that order) with their places and objects."""
         topk = self.topk.take(rows)
-        return QueryHandover(self.queries.take(rows), topk, self.objects.subset(topk.ids),
-                             np.asarray(self.loads)[np.asarray(rows, dtype=np.int64)])
+        rows = np.asarray(rows, dtype=np.int64)
+        return QueryHandover(self.queries.take(rows), topk, self.objects.subset(topk.ids), np.asarray(self.loads)[rows],
+                             np.asarray(self.radii, dtype=np.float64)[rows])

@@ -260,3 +260,53 @@ def test_a_windowed_ray_worker_lost_during_a_batch_is_rebuilt_over_the_live_obje
             assert_exact(redis_url, namespace, queries, BruteForceKnn(live(objects, seen, window)))
         assert_feed_and_objects(r, Keys(namespace), qids)
         assert rt.workers_revived == 3
+
+
+@pytest.mark.parametrize("lost", ["none", "both"])
+def test_a_worker_lost_during_a_move_is_revived_in_place(windowed, ray_instance, redis_url, namespace, tmp_path, lost):
+    """A re-balancing move (:func:`~knnmon.coordinator.rebalance.migration.migrate`) between
+    batches of a windowed Ray run with a reserve, whose source and target die before their
+    calls: each is revived in place from Redis and its step done again (no other worker
+    replaced, nothing rebuilt). With or without the losses the moved queries end on the target,
+    every query on exactly one worker, and every result exact in the batches after, against the
+    oracle over the live objects (a moved list short of its reserve keeps its source's radius:
+    it had been taken as complete, and missed its refills)."""
+    import redis
+
+    from knnmon.coordinator.rebalance.migration import migrate
+    from knnmon.coordinator.rebalance.planner import Move
+    from knnmon.keys import Keys
+    from knnmon.coordinator.testing import assert_feed_and_objects
+
+    objects_dir, queries, objects = windowed
+    window = 1500 * SECOND
+    config = RunConfig(workers=3, initial=3000, batch=250, batches=8, window=window, arrival_ms=SECOND, reserve=2,
+                       store=StoreConfig(redis_url, namespace, str(tmp_path)))
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    qids = queries.column("id").to_pylist()
+    with Runtime(objects_dir, queries, config) as rt:
+        batches = list(rt.batches())
+        seen = 3000
+        for b in batches[:3]:
+            rt.process(b)
+            seen += b.num_rows
+        on = rt.registrar.query_worker
+        moving = [q for q in qids if on[q] == 0][:120]
+        pids = {s["worker"]: s["pid"] for s in rt.registrar.stats()}
+        victims = {"none": [], "both": [0, 1]}[lost]  # both: the source at its export, the target at its adoption
+        for w in victims:
+            _kill(pids[w])
+        migrate(rt.pool, rt.registrar, [Move(moving, 0, 1, 0.0, "test")], revive=lambda w: rt.revive_idle(w) is not None)
+        assert rt.workers_revived == len(victims)
+        now = {s["worker"]: s["pid"] for s in rt.registrar.stats()}
+        assert [w for w in range(3) if now[w] != pids[w]] == victims  # the others kept their process
+        assert all(rt.registrar.query_worker[q] == 1 for q in moving)
+        assert_exact(redis_url, namespace, queries, BruteForceKnn(live(objects, seen, window)))
+        for b in batches[3:]:
+            rt.process(b)
+            seen += b.num_rows
+            assert_exact(redis_url, namespace, queries, BruteForceKnn(live(objects, seen, window)))
+        held = rt.pool.gather([rt.pool.query_loads(w) for w in range(3)])
+        assert sorted(q for ids, _ in held for q in ids) == sorted(qids)  # every query on exactly one worker
+        assert set(moving) <= set(held[1][0])
+        assert_feed_and_objects(r, Keys(namespace), qids)
