@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from knnmon.batch import KnnColumns, ObjectInfo, Refills
+from knnmon.batch import KnnColumns, ObjectColumns, Refills
 from knnmon.connection import connect, with_retries
 from knnmon.coordinator.runtime.dispatch import DispatchedBatch
 from knnmon.coordinator.runtime.object_store import ObjectStore
@@ -54,7 +54,7 @@ from knnmon.coordinator.runtime.revival_repair import Repair, read_details, repa
 from knnmon.coordinator.runtime.worker_pool import Pending, RayPool
 from knnmon.errors import WorkerLostError
 from knnmon.keys import Keys
-from knnmon.query import Query, QueryColumns
+from knnmon.query import QueryColumns
 from knnmon.reports import WorkerReport
 from knnmon.results import ResultReader
 
@@ -132,13 +132,14 @@ def rows_to_resend(number: int, rows: np.ndarray, last: int, partial: tuple[int,
     return rows if number > last else None
 
 
-def held_details(hashes: Mapping[str, Mapping[str, str]], ids: Sequence[str]) -> dict[str, ObjectInfo] | None:
+def held_details(hashes: Mapping[str, Mapping[str, str]], ids: Sequence[str]) -> ObjectColumns | None:
     """The details of the objects ``ids`` (the members of a worker's results) from its details
     hashes (:func:`~knnmon.coordinator.runtime.revival_repair.read_details`: they hold exactly
-    those members); ``None`` if one is missing or unreadable."""
+    those members), in columns; ``None`` if one is missing or unreadable."""
     texts = {oid: text for h in hashes.values() for oid, text in h.items()}
+    wanted = list(dict.fromkeys(ids))
     try:
-        return {oid: ObjectInfo.from_text(texts[oid]) for oid in set(ids)}
+        return ObjectColumns.of_texts(wanted, [texts[oid] for oid in wanted])
     except (KeyError, ValueError):
         return None
 
@@ -199,17 +200,8 @@ def revive(pool: RayPool, registrar: Registrar, redis_url: str, namespace: str, 
     client = connect(redis_url)
     try:
         qids = [q for q, w in registrar.query_worker.items() if w == worker] + list(also)
-        queries, counts, ids, dists, absent, stored = [], [], [], [], [], []
-        reader = ResultReader(client, keys, url=redis_url, chunk=chunk)
-        for qid, h, result in reader.many(qids, hashes=True):
-            if not h:
-                absent.append(qid)
-                continue
-            queries.append(Query.from_hash(qid, h))
-            stored.append(result or [])
-            counts.append(len(result or []))
-            ids += [o for o, _ in result or []]
-            dists += [d for _, d in result or []]
+        stored = ResultReader(client, keys, url=redis_url, chunk=chunk).lists(qids)
+        queries, absent = stored.queries, stored.absent
         try:
             last, partial = with_retries(lambda: applied_state(client, keys, worker), "reading a worker's marker",
                                          redis_url)
@@ -221,8 +213,8 @@ def revive(pool: RayPool, registrar: Registrar, redis_url: str, namespace: str, 
         client.close()
     seconds = {"read": time.perf_counter() - t0}
     routing = registrar.plan.routing
-    codes = {x: routing.code(x) for q in queries for x in q.keywords}
-    topk = KnnColumns(counts, ids, np.asarray(dists, dtype=np.float64))  # (columns to the worker)
+    codes = {x: routing.code(x) for kws in queries.keywords for x in kws}
+    topk = KnnColumns(stored.counts, stored.members, stored.dist)  # (columns to the worker)
     details: Any = {}
     repair = Repair()
     first_k = replay = False
@@ -233,25 +225,24 @@ def revive(pool: RayPool, registrar: Registrar, redis_url: str, namespace: str, 
                                                  and uncollected[0].cutoff is not None)):
         t1 = time.perf_counter()
         hashes = read_details(redis_url, namespace, worker)
-        stored_details = held_details(hashes, ids)
+        stored_details = held_details(hashes, stored.members)
         seconds["details"] = time.perf_counter() - t1
         if stored_details is not None:
             details, first_k, replay, live = stored_details, True, bool(uncollected), None
     if live is not None:  # the lists with their reserves, Redis made to hold their first k
-        lon, lat = np.array([q.lon for q in queries]), np.array([q.lat for q in queries])
-        k = np.array([q.k for q in queries], dtype=np.int64)
+        lon, lat, k = queries.lon, queries.lat, queries.k
         cap = k + registrar.reserve
         t1 = time.perf_counter()
-        topk, details = live.knn_v(lon, lat, [q.keywords for q in queries], cap)
+        topk, details = live.knn_v(lon, lat, list(queries.keywords), cap)
         rect = registrar.plan.model.rects(lon, lat, topk.kth(cap))
-        routing.add_many([[routing.code(x) for x in q.keywords] for q in queries], rect.x0, rect.y0, rect.x1,
+        routing.add_many([[routing.code(x) for x in kws] for kws in queries.keywords], rect.x0, rect.y0, rect.x1,
                          rect.y1, np.full(len(queries), worker))
         t2 = time.perf_counter()
-        repair = repair_worker(redis_url, namespace, worker, [q.id for q in queries], stored, topk, k, details,
+        repair = repair_worker(redis_url, namespace, worker, list(queries.ids), stored.results(), topk, k, details,
                                version=version, tag=version - 1, held=hashes)
         seconds.update(search=t2 - t1, repair=time.perf_counter() - t2)
     t3 = time.perf_counter()
-    pool.gather([pool.load(worker, QueryColumns.of(queries), topk, details, write=False,
+    pool.gather([pool.load(worker, queries, topk, details, write=False,
                            vocabulary=codes, first_k=first_k)])
     seconds.update(load=time.perf_counter() - t3, total=time.perf_counter() - t0)
     out, resent = [], 0

@@ -98,6 +98,34 @@ class ObjectColumns(Mapping[str, ObjectInfo]):
             "t": pa.array([o.t for o in infos], type=pa.int64()),
             "keywords": pa.array([list(o.keywords) for o in infos], type=pa.list_(pa.string()))}))
 
+    @classmethod
+    def of_texts(cls, ids: Sequence[str], texts: Sequence[str]) -> ObjectColumns:
+        """From the texts :meth:`ObjectInfo.to_text` wrote (a details hash's values), parsed
+        with Arrow's kernels into a table (a revival reads tens of thousands: no Python object
+        per object).
+
+        Raises
+        ------
+        ValueError
+            A text that is not such details.
+        """
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        parts = pc.split_pattern(pa.array(list(texts), type=pa.string()), " ")
+        if len(parts) and pc.min(pc.list_value_length(parts)).as_py() < 3:
+            raise ValueError("not object details: fewer than 3 fields")
+        try:
+            columns = {"lon": pc.cast(pc.list_element(parts, 0), pa.float64()),
+                       "lat": pc.cast(pc.list_element(parts, 1), pa.float64()),
+                       "t": pc.cast(pc.list_element(parts, 2), pa.int64())}
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as ex:
+            raise ValueError(f"not object details ({ex})") from None
+        keywords = pc.list_slice(parts, 3)
+        keywords = pc.if_else(pc.is_null(keywords), pa.scalar([], pa.list_(pa.string())), keywords)
+        return cls.of_table(pa.table({"id": pa.array(list(ids), type=pa.string()), **columns,
+                                      "keywords": keywords.cast(pa.list_(pa.string()))}))
+
     def subset(self, oids: Sequence[str]) -> ObjectColumns:
         """The objects of ``oids`` that are here (each once), in columns."""
         rows = np.unique(self._rows(list(oids)))

@@ -18,10 +18,56 @@ from typing import Any
 from knnmon.connection import with_retries
 from knnmon.keys import Keys
 
-__all__ = ["CHUNK", "Neighbour", "ResultReader", "StoredQuery", "StoredResult"]
+__all__ = ["CHUNK", "Neighbour", "ResultReader", "StoredLists", "StoredQuery", "StoredResult"]
 
 #: Queries read per pipeline by :meth:`ResultReader.many`.
 CHUNK = 10_000
+
+#: Each query's parameters and result of a chunk in one script call (KEYS: query hash, result,
+#: query hash, result, ...): one reply per chunk, parsed in C by hiredis, instead of two replies
+#: per query, each parsed and converted in Python (:meth:`ResultReader.lists`).
+_LISTS_SCRIPT = """
+local out = {}
+for i = 1, #KEYS, 2 do
+  out[#out + 1] = redis.call('HMGET', KEYS[i], 'lon', 'lat', 'keywords', 'k')
+  out[#out + 1] = redis.call('ZRANGE', KEYS[i + 1], 0, -1, 'WITHSCORES')
+end
+return out
+"""
+
+
+@dataclass(frozen=True)
+class StoredLists:
+    """Queries as their hashes hold them, with their results, in columns
+    (:meth:`ResultReader.lists`).
+
+    Attributes
+    ----------
+    queries : QueryColumns
+        The ``m`` queries found, in the order asked (``knnmon.query.QueryColumns``).
+    counts : ``(m,)`` int64
+        Each result's length.
+    members : list of str
+        The results' object ids, query by query, nearest first (``sum(counts)``).
+    dist : ``(sum(counts),)`` float64
+        Their distances, meters.
+    absent : list of str
+        Ids asked for that have no query hash.
+    """
+
+    queries: Any
+    counts: Any
+    members: list[str]
+    dist: Any
+    absent: list[str]
+
+    def results(self) -> list[list[tuple[str, float]]]:
+        """Each result as a list of ``(object id, distance m)``."""
+        out, at = [], 0
+        for n in self.counts.tolist():
+            out.append(list(zip(self.members[at:at + n], self.dist[at:at + n].tolist())))
+            at += n
+        return out
 
 
 def _number(text: str | None, kind: type) -> Any:
@@ -168,6 +214,59 @@ class ResultReader:
                                         for j, (o, d) in enumerate(knn)])
 
         return self._do(read, f"reading the result of {qid}")
+
+    def lists(self, qids: Sequence[str]) -> StoredLists:
+        """The queries ``qids`` (their parameters) with their results, in columns: a chunk of
+        :attr:`chunk` queries per script call on one Redis (a worker's revival reads tens of
+        thousands), :meth:`many` on a Redis Cluster (a chunk's keys are in many slots).
+
+        Raises
+        ------
+        ValueError
+            A query hash without a readable ``lon``, ``lat``, ``keywords`` or ``k``.
+        StoreUnavailableError
+            Redis unreachable (with ``url``).
+        """
+        import numpy as np
+
+        from knnmon.query import QueryColumns
+
+        ids, lon, lat, words, k, counts, members, dist, absent = [], [], [], [], [], [], [], [], []
+        from redis.cluster import RedisCluster
+
+        if isinstance(self.client, RedisCluster):
+            for qid, h, r in self.many(qids, hashes=True):
+                if not h:
+                    absent.append(qid)
+                    continue
+                got = [h.get(f) for f in ("lon", "lat", "keywords", "k")]
+                ids.append(qid), lon.append(got[0]), lat.append(got[1]), words.append(got[2]), k.append(got[3])
+                counts.append(len(r))
+                members += [o for o, _ in r]
+                dist += [d for _, d in r]
+        else:
+            script = self.client.register_script(_LISTS_SCRIPT)
+            for s in range(0, len(qids), self.chunk):
+                part = qids[s:s + self.chunk]
+                names = [key for qid in part for key in (self.keys.query(qid), self.keys.result(qid))]
+                got = self._do(lambda names=names: script(keys=names), f"reading {len(part)} queries")
+                for qid, h, r in zip(part, got[0::2], got[1::2]):
+                    if h[0] is None and h[3] is None:
+                        absent.append(qid)
+                        continue
+                    ids.append(qid), lon.append(h[0]), lat.append(h[1]), words.append(h[2]), k.append(h[3])
+                    counts.append(len(r) // 2)
+                    members += r[0::2]
+                    dist += r[1::2]
+        try:
+            queries = QueryColumns(ids, np.asarray(lon, dtype=np.float64), np.asarray(lat, dtype=np.float64),
+                                   [tuple(w.split()) for w in words], np.asarray(k, dtype=np.int64))
+            if np.isnan(queries.lon).any() or np.isnan(queries.lat).any():
+                raise ValueError("lon or lat missing")
+        except (AttributeError, TypeError, ValueError) as ex:
+            raise ValueError(f"a query hash without readable lon, lat, keywords and k ({ex})") from None
+        return StoredLists(queries, np.asarray(counts, dtype=np.int64), members, np.asarray(dist, dtype=np.float64),
+                           absent)
 
     def many(self, qids: Sequence[str], *, hashes: bool = False,
              results: bool = True) -> Iterator[tuple[str, dict[str, str] | None, list[tuple[str, float]] | None]]:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from knnmon.batch import BatchChanges, ObjectInfo
+from hypothesis import given, settings, strategies as st
+
+from knnmon.batch import BatchChanges, ObjectColumns, ObjectInfo
 from knnmon.feed import parse_entry
 from knnmon.reports import WorkerReport, WriteFigures
 
@@ -35,3 +37,28 @@ def test_object_details_round_trip_as_text():
     assert ObjectInfo.from_text(ObjectInfo(1.0, 2.0, 3, []).to_text()) == ObjectInfo(1.0, 2.0, 3, [])
     with pytest.raises(ValueError):
         ObjectInfo.from_text("1.0 2.0")
+
+
+_WORD = st.text("abcdefghijklmnopqrstuvwxyz0123456789_-#", min_size=1, max_size=8)
+_INFO = st.builds(ObjectInfo, st.floats(-180, 180), st.floats(-90, 90), st.integers(-2**62, 2**62),
+                  st.lists(_WORD, max_size=4))
+
+
+@settings(deadline=None)  # (the first call imports pyarrow.compute)
+@given(st.dictionaries(st.text("abcxyz_0123", min_size=1, max_size=6), _INFO, max_size=20))
+def test_object_columns_parse_details_texts_as_from_text_does(infos):
+    """A revival's details, read as texts and parsed in bulk (Arrow), equal each text parsed
+    alone (:meth:`ObjectInfo.from_text`); their texts again are the same values."""
+    oids = list(infos)
+    texts = [infos[o].to_text() for o in oids]
+    cols = ObjectColumns.of_texts(oids, texts)
+    assert list(cols) == oids
+    assert all(cols[o] == ObjectInfo.from_text(x) for o, x in zip(oids, texts))
+    assert [ObjectInfo.from_text(x) for x in cols.texts(oids)] == [infos[o] for o in oids]
+    assert cols.times(oids + ["none"], -1).tolist() == [infos[o].t for o in oids] + [-1]
+
+
+@pytest.mark.parametrize("text", ["1.0 2.0", "x 2.0 3", "1.0 2.0 3.5 kw", ""])
+def test_object_columns_reject_a_text_that_is_not_details(text):
+    with pytest.raises(ValueError):
+        ObjectColumns.of_texts(["o", "p"], ["1.0 2.0 3 ok", text])

@@ -61,3 +61,46 @@ def test_a_details_key_outside_the_namespace_is_never_read(stored):
     assert q.objects == keys.objects("3")
     assert StoredQuery.of("q0", {"objects": "other:objects:3"}, keys).objects is None
     assert StoredQuery.of("q0", {"k": "x", "lon": "nan?"}, keys).k is None
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 100])
+def test_lists_read_queries_and_results_in_columns_as_many_does(stored, chunk):
+    """:meth:`ResultReader.lists` (one script call per chunk) reads what :meth:`many` reads:
+    the queries' parameters and results in order, absent ids apart."""
+    client, keys = stored
+    qids = ["q3", "missing", "q0", "q4", "q1"]
+    got = ResultReader(client, keys, chunk=chunk).lists(qids)
+    want = [(q, h, r) for q, h, r in ResultReader(client, keys).many(qids, hashes=True) if h]
+    assert got.absent == ["missing"]
+    assert list(got.queries.ids) == [q for q, _, _ in want]
+    assert got.queries.lon.tolist() == [float(h["lon"]) for _, h, _ in want]
+    assert got.queries.lat.tolist() == [float(h["lat"]) for _, h, _ in want]
+    assert [list(w) for w in got.queries.keywords] == [h["keywords"].split() for _, h, _ in want]
+    assert got.queries.k.tolist() == [int(h["k"]) for _, h, _ in want]
+    assert got.results() == [r for _, _, r in want]
+
+
+def test_lists_on_a_cluster_read_the_same(redis_cluster_url, namespace):
+    """On a Redis Cluster (a chunk's keys in many slots: no script) the same columns."""
+    client, keys = connect(redis_cluster_url), Keys(namespace)
+    try:
+        for i in range(30):
+            client.hset(keys.query(f"q{i}"), mapping={"lon": i / 3, "lat": -i, "keywords": "a b", "k": 3})
+            if i % 4:
+                client.zadd(keys.result(f"q{i}"), {f"o{j}": j / 7 + i for j in range(i % 4)})
+        qids = [f"q{i}" for i in range(30)] + ["gone"]
+        got = ResultReader(client, keys, chunk=7).lists(qids)
+        assert got.absent == ["gone"] and list(got.queries.ids) == qids[:30]
+        assert got.queries.lon.tolist() == [i / 3 for i in range(30)] and got.queries.k.tolist() == [3] * 30
+        assert got.results() == [[(f"o{j}", j / 7 + i) for j in range(i % 4)] for i in range(30)]
+    finally:
+        for i in range(30):
+            client.delete(keys.query(f"q{i}"), keys.result(f"q{i}"))
+        client.close()
+
+
+def test_lists_refuse_a_query_hash_without_its_parameters(stored):
+    client, keys = stored
+    client.hdel(keys.query("q2"), "lat")
+    with pytest.raises(ValueError, match="lon, lat, keywords and k"):
+        ResultReader(client, keys).lists(["q1", "q2"])
