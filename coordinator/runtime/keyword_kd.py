@@ -112,45 +112,27 @@ def _d2(xyz: np.ndarray, r: int, qx: float, qy: float, qz: float) -> float:
 
 
 @jit
-def _expand(xyz, rows, dims, a, b, o0, o1, o2, qx, qy, qz, sa, sb, sl, so, top):
-    """Visit the node ``[a, b)`` (``o0, o1, o2``: the query's distance to its cell along each
-    axis): the entries to check now (``lo, hi``: a leaf's, or an inner node's middle one) and
-    the new stack top, its children pushed far side first, near side last (popped next).
-
-    A child's lower bound on the squared chord is the squared distance to its cell, kept
-    incrementally (Arya and Mount 1993): the near child's cell is as far as the node's, the far
-    child's is the node's with its split axis's distance replaced by the split plane's. Summed
-    in :func:`_d2`'s order from offsets no larger than an entry's own, it is never above that
-    entry's squared chord as computed (rounding is monotone), so no tie is pruned; a bound from
-    the split plane alone (``max(lb, diff^2)``) let a query far from a keyword's objects (a refill
-    whose region expired) walk most of the tree."""
+def _expand(xyz, rows, dims, a, b, lb, qx, qy, qz, sa, sb, sl, top):
+    """Visit the node ``[a, b)`` (its lower bound ``lb`` on the squared chord): the entries to
+    check now (``lo, hi``: a leaf's, or an inner node's middle one) and the new stack top, its
+    children pushed far side first (its bound the split plane's squared distance), near side
+    last (popped next)."""
     if b - a <= LEAF:
         return a, b, top
     mid = (a + b) // 2
-    axis = dims[mid]
-    diff = (qx, qy, qz)[axis] - xyz[rows[mid], axis]
-    f0, f1, f2 = o0, o1, o2
-    if axis == 0:
-        f0 = abs(diff)
-    elif axis == 1:
-        f1 = abs(diff)
-    else:
-        f2 = abs(diff)
-    far = f0 * f0 + f1 * f1 + f2 * f2
-    near = o0 * o0 + o1 * o1 + o2 * o2
+    diff = (qx, qy, qz)[dims[mid]] - xyz[rows[mid], dims[mid]]
+    far = max(lb, diff * diff)
     if diff <= 0.0:
         sa[top], sb[top], sl[top] = mid + 1, b, far
-        sa[top + 1], sb[top + 1], sl[top + 1] = a, mid, near
+        sa[top + 1], sb[top + 1], sl[top + 1] = a, mid, lb
     else:
         sa[top], sb[top], sl[top] = a, mid, far
-        sa[top + 1], sb[top + 1], sl[top + 1] = mid + 1, b, near
-    so[top, 0], so[top, 1], so[top, 2] = f0, f1, f2
-    so[top + 1, 0], so[top + 1, 1], so[top + 1, 2] = o0, o1, o2
+        sa[top + 1], sb[top + 1], sl[top + 1] = mid + 1, b, lb
     return mid, mid + 1, top + 2
 
 
 @jit
-def _nearest_cut(xyz, rows, dims, alive, a0, b0, qx, qy, qz, want, bound, best, brow, sa, sb, sl, so):
+def _nearest_cut(xyz, rows, dims, alive, a0, b0, qx, qy, qz, want, bound, best, brow, sa, sb, sl):
     """The ``want`` nearest live entries of the tree ``rows[a0:b0]`` within squared chord
     ``bound``: their squared chords and rows in ``best[:n]``, ``brow[:n]`` (nearest first;
     ``n < want`` if it has fewer). Returns the ``want``-th smallest squared chord (``inf`` with
@@ -159,15 +141,13 @@ def _nearest_cut(xyz, rows, dims, alive, a0, b0, qx, qy, qz, want, bound, best, 
     nb = 0
     tie = False
     sa[0], sb[0], sl[0] = a0, b0, 0.0
-    so[0, 0], so[0, 1], so[0, 2] = 0.0, 0.0, 0.0
     top = 1
     while top:
         top -= 1
         a, b, lb = sa[top], sb[top], sl[top]
         if lb > bound or nb == want and lb > best[want - 1]:
             continue
-        lo, hi, top = _expand(xyz, rows, dims, a, b, so[top, 0], so[top, 1], so[top, 2], qx, qy, qz, sa, sb, sl, so,
-                              top)
+        lo, hi, top = _expand(xyz, rows, dims, a, b, lb, qx, qy, qz, sa, sb, sl, top)
         for i in range(lo, hi):
             r = rows[i]
             if len(alive) and not alive[r]:
@@ -196,20 +176,18 @@ def _nearest_cut(xyz, rows, dims, alive, a0, b0, qx, qy, qz, want, bound, best, 
 
 
 @jit
-def _within(xyz, rows, dims, alive, a0, b0, qx, qy, qz, cut, out, at, sa, sb, sl, so) -> int:
+def _within(xyz, rows, dims, alive, a0, b0, qx, qy, qz, cut, out, at, sa, sb, sl) -> int:
     """The live entries of the tree ``rows[a0:b0]`` within squared chord ``cut`` of the query:
     written to ``out[at:]`` if ``out`` is not empty; returns how many."""
     n = 0
     sa[0], sb[0], sl[0] = a0, b0, 0.0
-    so[0, 0], so[0, 1], so[0, 2] = 0.0, 0.0, 0.0
     top = 1
     while top:
         top -= 1
         a, b, lb = sa[top], sb[top], sl[top]
         if lb > cut:
             continue
-        lo, hi, top = _expand(xyz, rows, dims, a, b, so[top, 0], so[top, 1], so[top, 2], qx, qy, qz, sa, sb, sl, so,
-                              top)
+        lo, hi, top = _expand(xyz, rows, dims, a, b, lb, qx, qy, qz, sa, sb, sl, top)
         for i in range(lo, hi):
             r = rows[i]
             if len(alive) and not alive[r]:
@@ -255,7 +233,6 @@ def kd_knn(xyz: np.ndarray, rows: np.ndarray, dims: np.ndarray, ptr: np.ndarray,
     sa = np.empty(_STACK, dtype=np.int64)
     sb = np.empty(_STACK, dtype=np.int64)
     sl = np.empty(_STACK)
-    so = np.empty((_STACK, 3))
     top_want = max(1, want.max()) if g else 1
     best = np.empty(top_want)
     brow = np.empty(top_want, dtype=np.int64)
@@ -271,10 +248,10 @@ def kd_knn(xyz: np.ndarray, rows: np.ndarray, dims: np.ndarray, ptr: np.ndarray,
         a, b = ptr[code[j]], ptr[code[j] + 1]
         qx, qy, qz = q[j, 0], q[j, 1], q[j, 2]
         cut[j], nb, tie = _nearest_cut(xyz, rows, dims, alive, a, b, qx, qy, qz, want[j], bound[j], best, brow, sa,
-                                       sb, sl, so)
+                                       sb, sl)
         if tie:  # rare: every entry tied with the want-th counts
             tied[j] = True
-            counts[j] = _within(xyz, rows, dims, alive, a, b, qx, qy, qz, cut[j], none, 0, sa, sb, sl, so)
+            counts[j] = _within(xyz, rows, dims, alive, a, b, qx, qy, qz, cut[j], none, 0, sa, sb, sl)
         else:
             counts[j] = nb
             near[off[j]:off[j] + nb] = brow[:nb]
@@ -283,7 +260,7 @@ def kd_knn(xyz: np.ndarray, rows: np.ndarray, dims: np.ndarray, ptr: np.ndarray,
     for j in range(g):
         if tied[j]:
             a, b = ptr[code[j]], ptr[code[j] + 1]
-            _within(xyz, rows, dims, alive, a, b, q[j, 0], q[j, 1], q[j, 2], cut[j], found, at, sa, sb, sl, so)
+            _within(xyz, rows, dims, alive, a, b, q[j, 0], q[j, 1], q[j, 2], cut[j], found, at, sa, sb, sl)
         else:
             found[at:at + counts[j]] = near[off[j]:off[j] + counts[j]]
         at += counts[j]
