@@ -6,9 +6,16 @@ rows of the objects carrying it) is ordered in place into an implicit k-d tree (
 Friedman, Bentley and Finkel 1977): the node of a range ``[a, b)`` splits at its middle entry
 ``mid = (a + b) // 2`` on the axis of the widest spread (kept in ``dims[mid]``), smaller
 coordinates before it, larger after, down to leaves of at most :data:`LEAF` entries. No node
-objects, no pointers: 1 byte per entry beside the posting lists, and a build is a sort-like pass,
-~20x faster than bulk-loading an R-tree per keyword (``rtree``), which is what let the window's
-parts of objects be searched without paying for trees they use once (docs/runtime.md).
+objects, no pointers; a build is a sort-like pass, ~20x faster than bulk-loading an R-tree per
+keyword (``rtree``), which is what let the window's parts of objects be searched without paying
+for trees they use once (docs/runtime.md).
+
+Each node keeps the bounding box of its own entries (``box``, 48 bytes at one entry of the node:
+:func:`_key`), and a search bounds a node by the distance to that box, as an R-tree does. The
+split planes alone bound a node by its cell, and a cell spans whatever empty space lies beside its
+entries: a query in a region whose objects had all expired (a window's refill) sat inside the
+cells of far-away entries and walked most of a large keyword's tree (docs/window.md, "Refill
+waves").
 
 Points are ECEF unit vectors (:func:`knnmon.geo.unit_vectors`): the chord between two ranks like
 their great-circle distance, so a Euclidean search is exact on the sphere with no pole or
@@ -56,7 +63,15 @@ def _select(xyz: np.ndarray, rows: np.ndarray, dim: int, a: int, b: int, nth: in
 
 
 @jit
-def kd_build(xyz: np.ndarray, rows: np.ndarray, dims: np.ndarray, ptr: np.ndarray, codes: np.ndarray) -> None:
+def _key(a, b):
+    """Where the node ``[a, b)`` keeps its box: a leaf at its first entry, an inner node at its
+    middle one (no two nodes share an entry)."""
+    return a if b - a <= LEAF else (a + b) // 2
+
+
+@jit
+def kd_build(xyz: np.ndarray, rows: np.ndarray, dims: np.ndarray, box: np.ndarray, ptr: np.ndarray,
+             codes: np.ndarray) -> None:
     """Order the posting lists of ``codes`` into k-d trees, in place.
 
     Parameters
@@ -68,6 +83,9 @@ def kd_build(xyz: np.ndarray, rows: np.ndarray, dims: np.ndarray, ptr: np.ndarra
         (object rows); reordered in place.
     dims
         ``(E,)`` int8: written, each inner node's split axis at its middle entry.
+    box
+        ``(E, 6)`` float64: written, each node's bounding box ``lo0, hi0, lo1, hi1, lo2, hi2``
+        at :func:`_key`.
     ptr
         ``(K + 1,)`` int64.
     codes
@@ -82,7 +100,7 @@ def kd_build(xyz: np.ndarray, rows: np.ndarray, dims: np.ndarray, ptr: np.ndarra
         while top:
             top -= 1
             a, b = sa[top], sb[top]
-            if b - a <= LEAF:
+            if b <= a:
                 continue
             lo0 = lo1 = lo2 = np.inf
             hi0 = hi1 = hi2 = -np.inf
@@ -92,6 +110,10 @@ def kd_build(xyz: np.ndarray, rows: np.ndarray, dims: np.ndarray, ptr: np.ndarra
                 lo0, hi0 = min(lo0, x), max(hi0, x)
                 lo1, hi1 = min(lo1, y), max(hi1, y)
                 lo2, hi2 = min(lo2, z), max(hi2, z)
+            k = _key(a, b)
+            box[k, 0], box[k, 1], box[k, 2], box[k, 3], box[k, 4], box[k, 5] = lo0, hi0, lo1, hi1, lo2, hi2
+            if b - a <= LEAF:
+                continue
             dim = 0
             if hi1 - lo1 > hi0 - lo0:
                 dim = 1
@@ -106,33 +128,44 @@ def kd_build(xyz: np.ndarray, rows: np.ndarray, dims: np.ndarray, ptr: np.ndarra
 
 
 @jit
+def _box_d2(box, k, qx, qy, qz):
+    """Squared distance from the query to the box at ``k`` (0 inside). Each axis's gap is no
+    larger than an entry's own difference on it, and the gaps are summed in :func:`_d2`'s
+    order, so (rounding being monotone) it is never above an entry's squared chord as computed:
+    no entry tied at the cut is pruned."""
+    dx = box[k, 0] - qx if qx < box[k, 0] else (qx - box[k, 1] if qx > box[k, 1] else 0.0)
+    dy = box[k, 2] - qy if qy < box[k, 2] else (qy - box[k, 3] if qy > box[k, 3] else 0.0)
+    dz = box[k, 4] - qz if qz < box[k, 4] else (qz - box[k, 5] if qz > box[k, 5] else 0.0)
+    return dx * dx + dy * dy + dz * dz
+
+
+@jit
 def _d2(xyz: np.ndarray, r: int, qx: float, qy: float, qz: float) -> float:
     dx, dy, dz = xyz[r, 0] - qx, xyz[r, 1] - qy, xyz[r, 2] - qz
     return dx * dx + dy * dy + dz * dz
 
 
 @jit
-def _expand(xyz, rows, dims, a, b, lb, qx, qy, qz, sa, sb, sl, top):
-    """Visit the node ``[a, b)`` (its lower bound ``lb`` on the squared chord): the entries to
-    check now (``lo, hi``: a leaf's, or an inner node's middle one) and the new stack top, its
-    children pushed far side first (its bound the split plane's squared distance), near side
-    last (popped next)."""
+def _expand(xyz, rows, dims, box, a, b, lb, qx, qy, qz, sa, sb, sl, top):
+    """Visit the node ``[a, b)``: the entries to check now (a leaf's, or an inner node's middle
+    one) and the new stack top, its children pushed with their boxes' squared distances, the
+    farther first."""
     if b - a <= LEAF:
         return a, b, top
     mid = (a + b) // 2
-    diff = (qx, qy, qz)[dims[mid]] - xyz[rows[mid], dims[mid]]
-    far = max(lb, diff * diff)
-    if diff <= 0.0:
-        sa[top], sb[top], sl[top] = mid + 1, b, far
-        sa[top + 1], sb[top + 1], sl[top + 1] = a, mid, lb
+    l = _box_d2(box, _key(a, mid), qx, qy, qz) if mid > a else np.inf
+    r = _box_d2(box, _key(mid + 1, b), qx, qy, qz) if b > mid + 1 else np.inf
+    if l <= r:
+        sa[top], sb[top], sl[top] = mid + 1, b, r
+        sa[top + 1], sb[top + 1], sl[top + 1] = a, mid, l
     else:
-        sa[top], sb[top], sl[top] = a, mid, far
-        sa[top + 1], sb[top + 1], sl[top + 1] = mid + 1, b, lb
+        sa[top], sb[top], sl[top] = a, mid, l
+        sa[top + 1], sb[top + 1], sl[top + 1] = mid + 1, b, r
     return mid, mid + 1, top + 2
 
 
 @jit
-def _nearest_cut(xyz, rows, dims, alive, a0, b0, qx, qy, qz, want, bound, best, brow, sa, sb, sl):
+def _nearest_cut(xyz, rows, dims, box, alive, a0, b0, qx, qy, qz, want, bound, best, brow, sa, sb, sl):
     """The ``want`` nearest live entries of the tree ``rows[a0:b0]`` within squared chord
     ``bound``: their squared chords and rows in ``best[:n]``, ``brow[:n]`` (nearest first;
     ``n < want`` if it has fewer). Returns the ``want``-th smallest squared chord (``inf`` with
@@ -140,14 +173,14 @@ def _nearest_cut(xyz, rows, dims, alive, a0, b0, qx, qy, qz, want, bound, best, 
     gather the ties)."""
     nb = 0
     tie = False
-    sa[0], sb[0], sl[0] = a0, b0, 0.0
+    sa[0], sb[0], sl[0] = a0, b0, (_box_d2(box, _key(a0, b0), qx, qy, qz) if b0 > a0 else np.inf)
     top = 1
     while top:
         top -= 1
         a, b, lb = sa[top], sb[top], sl[top]
         if lb > bound or nb == want and lb > best[want - 1]:
             continue
-        lo, hi, top = _expand(xyz, rows, dims, a, b, lb, qx, qy, qz, sa, sb, sl, top)
+        lo, hi, top = _expand(xyz, rows, dims, box, a, b, lb, qx, qy, qz, sa, sb, sl, top)
         for i in range(lo, hi):
             r = rows[i]
             if len(alive) and not alive[r]:
@@ -176,18 +209,18 @@ def _nearest_cut(xyz, rows, dims, alive, a0, b0, qx, qy, qz, want, bound, best, 
 
 
 @jit
-def _within(xyz, rows, dims, alive, a0, b0, qx, qy, qz, cut, out, at, sa, sb, sl) -> int:
+def _within(xyz, rows, dims, box, alive, a0, b0, qx, qy, qz, cut, out, at, sa, sb, sl) -> int:
     """The live entries of the tree ``rows[a0:b0]`` within squared chord ``cut`` of the query:
     written to ``out[at:]`` if ``out`` is not empty; returns how many."""
     n = 0
-    sa[0], sb[0], sl[0] = a0, b0, 0.0
+    sa[0], sb[0], sl[0] = a0, b0, (_box_d2(box, _key(a0, b0), qx, qy, qz) if b0 > a0 else np.inf)
     top = 1
     while top:
         top -= 1
         a, b, lb = sa[top], sb[top], sl[top]
         if lb > cut:
             continue
-        lo, hi, top = _expand(xyz, rows, dims, a, b, lb, qx, qy, qz, sa, sb, sl, top)
+        lo, hi, top = _expand(xyz, rows, dims, box, a, b, lb, qx, qy, qz, sa, sb, sl, top)
         for i in range(lo, hi):
             r = rows[i]
             if len(alive) and not alive[r]:
@@ -200,7 +233,7 @@ def _within(xyz, rows, dims, alive, a0, b0, qx, qy, qz, cut, out, at, sa, sb, sl
 
 
 @jit
-def kd_knn(xyz: np.ndarray, rows: np.ndarray, dims: np.ndarray, ptr: np.ndarray, alive: np.ndarray,
+def kd_knn(xyz: np.ndarray, rows: np.ndarray, dims: np.ndarray, box: np.ndarray, ptr: np.ndarray, alive: np.ndarray,
            code: np.ndarray, q: np.ndarray, want: np.ndarray, bound: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """For each search ``g`` (a query and one of its keywords): the ``want[g]`` nearest live
     entries of keyword ``code[g]``'s tree to the point ``q[g]`` within squared chord
@@ -208,7 +241,7 @@ def kd_knn(xyz: np.ndarray, rows: np.ndarray, dims: np.ndarray, ptr: np.ndarray,
 
     Parameters
     ----------
-    xyz, rows, dims, ptr
+    xyz, rows, dims, box, ptr
         As :func:`kd_build` left them (``code``'s trees built).
     alive
         ``(n,)`` bool over the objects (only the live ones count), or empty: all live.
@@ -247,11 +280,11 @@ def kd_knn(xyz: np.ndarray, rows: np.ndarray, dims: np.ndarray, ptr: np.ndarray,
     for j in range(g):
         a, b = ptr[code[j]], ptr[code[j] + 1]
         qx, qy, qz = q[j, 0], q[j, 1], q[j, 2]
-        cut[j], nb, tie = _nearest_cut(xyz, rows, dims, alive, a, b, qx, qy, qz, want[j], bound[j], best, brow, sa,
+        cut[j], nb, tie = _nearest_cut(xyz, rows, dims, box, alive, a, b, qx, qy, qz, want[j], bound[j], best, brow, sa,
                                        sb, sl)
         if tie:  # rare: every entry tied with the want-th counts
             tied[j] = True
-            counts[j] = _within(xyz, rows, dims, alive, a, b, qx, qy, qz, cut[j], none, 0, sa, sb, sl)
+            counts[j] = _within(xyz, rows, dims, box, alive, a, b, qx, qy, qz, cut[j], none, 0, sa, sb, sl)
         else:
             counts[j] = nb
             near[off[j]:off[j] + nb] = brow[:nb]
@@ -260,7 +293,7 @@ def kd_knn(xyz: np.ndarray, rows: np.ndarray, dims: np.ndarray, ptr: np.ndarray,
     for j in range(g):
         if tied[j]:
             a, b = ptr[code[j]], ptr[code[j] + 1]
-            _within(xyz, rows, dims, alive, a, b, q[j, 0], q[j, 1], q[j, 2], cut[j], found, at, sa, sb, sl)
+            _within(xyz, rows, dims, box, alive, a, b, q[j, 0], q[j, 1], q[j, 2], cut[j], found, at, sa, sb, sl)
         else:
             found[at:at + counts[j]] = near[off[j]:off[j] + counts[j]]
         at += counts[j]
@@ -271,7 +304,8 @@ def compile_kd() -> None:
     """Compile (or load from the cache) the kernels before the first search needs them."""
     xyz, rows = np.zeros((1, 3)), np.zeros(1, dtype=np.int32)
     ptr, codes = np.array([0, 1], dtype=np.int64), np.zeros(1, dtype=np.int64)
-    kd_build(xyz, rows, np.zeros(1, dtype=np.int8), ptr, codes)
+    box = np.zeros((1, 6))
+    kd_build(xyz, rows, np.zeros(1, dtype=np.int8), box, ptr, codes)
     for alive in (np.zeros(0, dtype=bool), np.ones(1, dtype=bool)):
-        kd_knn(xyz, rows, np.zeros(1, dtype=np.int8), ptr, alive, codes, np.zeros((1, 3)), np.ones(1, dtype=np.int64),
-               np.full(1, np.inf))
+        kd_knn(xyz, rows, np.zeros(1, dtype=np.int8), box, ptr, alive, codes, np.zeros((1, 3)),
+               np.ones(1, dtype=np.int64), np.full(1, np.inf))

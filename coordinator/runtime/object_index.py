@@ -7,7 +7,8 @@ Objects are indexed as points on the unit sphere (ECEF unit vectors). The chord 
 unit vectors ranks exactly like great-circle distance, so a Euclidean 3-D nearest-neighbour search
 is exact on the sphere: no pole or antimeridian special cases (``SPEC.md``, "Geographic hint").
 Each keyword's posting list is ordered into its own k-d tree on first use
-(:mod:`~knnmon.coordinator.runtime.keyword_kd`: compiled, in place, ~1 byte per entry). A query
+(:mod:`~knnmon.coordinator.runtime.keyword_kd`: compiled, in place, 49 bytes per entry: the split
+axis and the node boxes). A query
 with several keywords (Boolean OR) merges its keywords' candidates. The final ranking is by
 ``(haversine distance m, object id)``. Each tree is asked for ``k + margin`` neighbours and every
 entry tied with the last of them, so floating-point near-ties between chord and haversine order
@@ -122,7 +123,7 @@ class ObjectIndex:
         self._post_ptr = np.searchsorted(code[order], np.arange(self.n_keywords + 1)).astype(np.int64)
         self._post = owner[order]  # int32: object rows, grouped by keyword code
         del owner, code, order, codes
-        self._kd: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None  # xyz, rows, dims, built
+        self._kd: tuple[np.ndarray, ...] | None = None  # xyz, rows, dims, box, built
         compile_kd()  # (loaded from numba's cache after the first time: no search pays for it)
         rank = np.empty(len(self.ids), dtype=np.int32)  # each object's place in id order (ties by id)
         rank[pc.sort_indices(self.ids.array).to_numpy()] = np.arange(len(self.ids), dtype=np.int32)
@@ -151,22 +152,22 @@ class ObjectIndex:
     @property
     def trees_built(self) -> int:
         """How many keywords' trees are built."""
-        return 0 if self._kd is None else int(self._kd[3].sum())
+        return 0 if self._kd is None else int(self._kd[4].sum())
 
-    def _trees_for(self, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The objects' unit vectors ``(n, 3)``, the posting lists ``(E,)`` int32 and split axes
-        ``(E,)`` int8 (:mod:`~knnmon.coordinator.runtime.keyword_kd`), with the trees of
-        ``codes`` built."""
+    def _trees_for(self, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The objects' unit vectors ``(n, 3)``, the posting lists ``(E,)`` int32, split axes
+        ``(E,)`` int8 and node boxes ``(E, 6)`` float64
+        (:mod:`~knnmon.coordinator.runtime.keyword_kd`), with the trees of ``codes`` built."""
         if self._kd is None:
             self._kd = (unit_vectors(self.lon, self.lat), self._post.copy(), np.zeros(len(self._post), dtype=np.int8),
-                        np.zeros(self.n_keywords, dtype=bool))
-        xyz, rows, dims, built = self._kd
+                        np.zeros((len(self._post), 6)), np.zeros(self.n_keywords, dtype=bool))
+        xyz, rows, dims, box, built = self._kd
         new = np.unique(np.asarray(codes, dtype=np.int64))
         new = new[~built[new]]
         if len(new):
-            kd_build(xyz, rows, dims, self._post_ptr, new)
+            kd_build(xyz, rows, dims, box, self._post_ptr, new)
             built[new] = True
-        return xyz, rows, dims
+        return xyz, rows, dims, box
 
     def build_trees(self) -> None:
         """Build every keyword's tree now (a window's part built off the search's path, so that
@@ -207,13 +208,13 @@ class ObjectIndex:
             return np.empty(0, np.int64), np.empty(0, np.int64)
         order = np.lexsort((morton_codes(lon[pq_], lat[pq_]), pc_))
         pq_, pc_ = pq_[order], pc_[order]
-        xyz, rows, dims = self._trees_for(pc_)  # (built before any thread searches them)
+        xyz, rows, dims, box = self._trees_for(pc_)  # (built before any thread searches them)
         live = np.zeros(0, dtype=bool) if alive is None else np.ascontiguousarray(alive, dtype=bool)
         bound = np.full(len(pq_), np.inf) if bound_m is None else chord2_bound(bound_m)[pq_]
         want, q = k[pq_] + TIE_MARGIN, np.ascontiguousarray(q_xyz[pq_])
 
         def search(s: slice) -> tuple[np.ndarray, np.ndarray]:
-            return kd_knn(xyz, rows, dims, self._post_ptr, live, pc_[s], q[s], want[s], bound[s])
+            return kd_knn(xyz, rows, dims, box, self._post_ptr, live, pc_[s], q[s], want[s], bound[s])
 
         if len(pq_) < SPLIT_SEARCHES:
             counts, found = search(slice(None))

@@ -82,8 +82,8 @@ def test_a_kd_search_finds_the_nearest_and_every_tie_at_the_cut(points, queries,
     code_of = np.array([p[2] for p in points])
     post = np.argsort(code_of, kind="stable").astype(np.int32)
     ptr = np.searchsorted(code_of[post], np.arange(4)).astype(np.int64)
-    rows, dims = post.copy(), np.zeros(len(post), dtype=np.int8)
-    build(xyz, rows, dims, ptr, np.arange(3, dtype=np.int64))
+    rows, dims, box = post.copy(), np.zeros(len(post), dtype=np.int8), np.zeros((len(post), 6))
+    build(xyz, rows, dims, box, ptr, np.arange(3, dtype=np.int64))
     for c in range(3):  # each keyword's list is still its own objects
         assert sorted(rows[ptr[c]:ptr[c + 1]].tolist()) == sorted(post[ptr[c]:ptr[c + 1]].tolist())
     alive = np.array(data.draw(st.lists(st.booleans(), min_size=len(points), max_size=len(points))), dtype=bool) \
@@ -94,7 +94,7 @@ def test_a_kd_search_finds_the_nearest_and_every_tie_at_the_cut(points, queries,
     every = ((xyz[None, :, :] - q[:, None, :]) ** 2).sum(axis=2)  # (queries, points) squared chords
     bound = np.array([np.inf if not data.draw(st.booleans()) else
                       float(every[j, data.draw(st.integers(0, len(points) - 1))]) for j in range(len(queries))])
-    counts, found = knn(xyz, rows, dims, ptr, alive, code, q, want, bound)
+    counts, found = knn(xyz, rows, dims, box, ptr, alive, code, q, want, bound)
     at = 0
     for j in range(len(queries)):
         mine = np.flatnonzero((code_of == code[j]) & (alive if len(alive) else True))
