@@ -8,11 +8,10 @@ unit vectors ranks exactly like great-circle distance, so a Euclidean 3-D neares
 is exact on the sphere: no pole or antimeridian special cases (``SPEC.md``, "Geographic hint").
 Each keyword's posting list is ordered into its own k-d tree on first use
 (:mod:`~knnmon.coordinator.runtime.keyword_kd`: compiled, in place, 49 bytes per entry: the split
-axis and the node boxes). A query
-with several keywords (Boolean OR) merges its keywords' candidates. The final ranking is by
-``(haversine distance m, object id)``. Each tree is asked for ``k + margin`` neighbours and every
-entry tied with the last of them, so floating-point near-ties between chord and haversine order
-cannot push a true top-k object out.
+axis and the node boxes). A query with several keywords (Boolean OR) merges its keywords'
+candidates. The final ranking is by ``(haversine distance m, object id)``. Each tree is asked for
+``k + margin`` neighbours and every entry tied with the last of them, so floating-point near-ties
+between chord and haversine order cannot push a true top-k object out.
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from knnmon.arrays import runs
-from knnmon.coordinator.runtime.keyword_kd import compile_kd, kd_build, kd_knn
+from knnmon.coordinator.runtime.keyword_kd import compile_kd, kd_build, kd_knn, kd_refit
 from knnmon.encoding import keyword_codes
 from knnmon.geo import chord2_bound, haversine_m, unit_vectors
 from knnmon.heap import give_back
@@ -168,6 +167,18 @@ class ObjectIndex:
             kd_build(xyz, rows, dims, box, self._post_ptr, new)
             built[new] = True
         return xyz, rows, dims, box
+
+    def refit(self, alive: np.ndarray, expired: np.ndarray) -> None:
+        """Shrink the built trees' node boxes to the live objects (``alive``: ``(n,)`` bool),
+        visiting the nodes around ``expired`` (rows, int64: the objects expired since the last
+        fit), so that a search skips the space they held
+        (:func:`~knnmon.coordinator.runtime.keyword_kd.kd_refit`; safe beside a search)."""
+        if self._kd is None or not len(expired):
+            return
+        xyz, rows, _, box, built = self._kd
+        gone = xyz[expired]
+        kd_refit(xyz, rows, box, self._post_ptr, np.flatnonzero(built).astype(np.int64),
+                 np.ascontiguousarray(alive, dtype=bool), gone.min(axis=0), gone.max(axis=0))
 
     def build_trees(self) -> None:
         """Build every keyword's tree now (a window's part built off the search's path, so that

@@ -14,6 +14,7 @@ are the same before and after, so every search stays exact.
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -28,6 +29,11 @@ __all__ = ["Compactor", "MERGE_RATIO", "Part"]
 MERGE_RATIO = 4
 #: A part is rebuilt from its live objects once fewer than this share of it are live.
 REBUILD_LIVE = 0.5
+#: A part's index boxes are fitted to its live objects again once this many of them expired
+#: since the last fit (``ObjectIndex.refit``), so that searches skip the space of the expired
+#: objects (a region whose places all expired, whose queries all refill); times the last fit's ms
+#: over :data:`REFIT_MS` when it took longer (objects expiring all over: every node is visited).
+REFIT_MIN, REFIT_MS = 1000, 10.0
 
 
 @dataclass
@@ -38,6 +44,8 @@ class Part:
     index: ObjectIndex
     t: np.ndarray
     alive: np.ndarray | None = None
+    fitted: int | None = None  # the cutoff the index's boxes were last fitted to
+    fit_ms: float = 0.0  # the last fit's time
 
     @classmethod
     def of(cls, table: pa.Table, index: ObjectIndex | None = None) -> Part:
@@ -58,6 +66,12 @@ class Part:
         if self.t.min() > cutoff:
             return self
         self.alive = self.t > cutoff
+        since = self.t <= cutoff if self.fitted is None else (self.t <= cutoff) & (self.t > self.fitted)
+        n = int(since.sum())
+        if n >= REFIT_MIN * max(1.0, self.fit_ms / REFIT_MS):
+            t0 = time.perf_counter()
+            self.index.refit(self.alive, np.flatnonzero(since))
+            self.fitted, self.fit_ms = cutoff, (time.perf_counter() - t0) * 1e3
         return self
 
 

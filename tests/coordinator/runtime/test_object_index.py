@@ -71,8 +71,9 @@ def test_trees_are_built_for_the_keywords_searched_and_again_after_they_are_drop
        jit=st.booleans(), data=st.data())
 def test_a_kd_search_finds_the_nearest_and_every_tie_at_the_cut(points, queries, jit, data):
     """:func:`kd_knn` against sorting every squared chord (points on a coarse lattice: many share
-    a place or a distance; three keywords; some objects not live; some searches bounded, often
-    right at a point's distance), compiled and as plain Python."""
+    a place or a distance; three keywords; some objects not live, the node boxes fitted to the
+    live ones or not; some searches bounded, often right at a point's distance), compiled and as
+    plain Python."""
     from knnmon.coordinator.runtime import keyword_kd
     from knnmon.geo import unit_vectors
 
@@ -88,6 +89,10 @@ def test_a_kd_search_finds_the_nearest_and_every_tie_at_the_cut(points, queries,
         assert sorted(rows[ptr[c]:ptr[c + 1]].tolist()) == sorted(post[ptr[c]:ptr[c + 1]].tolist())
     alive = np.array(data.draw(st.lists(st.booleans(), min_size=len(points), max_size=len(points))), dtype=bool) \
         if data.draw(st.booleans()) else np.zeros(0, dtype=bool)
+    if len(alive) and (~alive).any() and data.draw(st.booleans()):  # boxes fitted to the live ones
+        refit = keyword_kd.kd_refit if jit else keyword_kd.kd_refit.py_func
+        gone = xyz[~alive]
+        refit(xyz, rows, box, ptr, np.arange(3, dtype=np.int64), alive, gone.min(axis=0), gone.max(axis=0))
     q = unit_vectors(np.array([x[0] for x in queries]) * 0.01, np.array([x[1] for x in queries]) * 0.01)
     code = np.array([x[2] for x in queries], dtype=np.int64)
     want = np.array([x[3] for x in queries], dtype=np.int64)
