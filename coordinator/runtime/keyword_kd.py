@@ -128,12 +128,18 @@ def kd_build(xyz: np.ndarray, rows: np.ndarray, dims: np.ndarray, box: np.ndarra
 
 
 @jit
-def kd_refit(xyz: np.ndarray, rows: np.ndarray, box: np.ndarray, ptr: np.ndarray, codes: np.ndarray,
-             alive: np.ndarray, gone_lo: np.ndarray, gone_hi: np.ndarray) -> None:
-    """Shrink each node's box of the built trees ``codes`` to its live entries (``alive``:
-    ``(n,)`` bool over the objects; a node with none gets an empty box, which no search enters).
-    Only nodes whose box meets the box ``gone_lo``, ``gone_hi`` (``(3,)`` float64 each: around
-    the objects that expired since the last fit) are visited: no other node holds one of them.
+def kd_refit(xyz: np.ndarray, rows: np.ndarray, box: np.ndarray, ptr: np.ndarray, built: np.ndarray,
+             alive: np.ndarray, gone_lo: np.ndarray, gone_hi: np.ndarray, group_ptr: np.ndarray,
+             group_codes: np.ndarray) -> None:
+    """Shrink node boxes to their live entries (``alive``: ``(n,)`` bool over the objects; a
+    node with none gets an empty box, which no search enters), around the objects that expired
+    since the last fit.
+
+    They come in ``g`` groups of neighbours in space: group ``j``'s box is ``gone_lo[j]``,
+    ``gone_hi[j]`` (``(g, 3)`` float64) and its objects' keyword codes are
+    ``group_codes[group_ptr[j]:group_ptr[j + 1]]`` (int64, repeats allowed). Only those
+    keywords' trees (if ``built``, ``(K,)`` bool) can hold one of them, and in each only the
+    nodes whose box meets the group's box: those are visited, children first.
 
     Boxes only shrink as objects expire, and a box read half rewritten lies between the old and
     the new one: it still holds every live entry, so a search running meanwhile stays exact.
@@ -141,44 +147,51 @@ def kd_refit(xyz: np.ndarray, rows: np.ndarray, box: np.ndarray, ptr: np.ndarray
     sa = np.empty(3 * _STACK, dtype=np.int64)
     sb = np.empty(3 * _STACK, dtype=np.int64)
     done = np.empty(3 * _STACK, dtype=np.bool_)
-    for c in codes:
-        sa[0], sb[0], done[0] = ptr[c], ptr[c + 1], False
-        top = 1
-        while top:
-            top -= 1
-            a, b, children_done = sa[top], sb[top], done[top]
-            if b <= a:
+    stamp = np.full(len(built), -1, dtype=np.int64)
+    for g in range(len(gone_lo)):
+        x0, x1, y0, y1 = gone_lo[g, 0], gone_hi[g, 0], gone_lo[g, 1], gone_hi[g, 1]
+        z0, z1 = gone_lo[g, 2], gone_hi[g, 2]
+        for c in group_codes[group_ptr[g]:group_ptr[g + 1]]:
+            if not built[c] or stamp[c] == g:
                 continue
-            k = _key(a, b)
-            if not children_done and (box[k, 0] > gone_hi[0] or box[k, 1] < gone_lo[0] or box[k, 2] > gone_hi[1]
-                                      or box[k, 3] < gone_lo[1] or box[k, 4] > gone_hi[2] or box[k, 5] < gone_lo[2]):
-                continue  # none of its entries expired since the last fit
-            lo0 = lo1 = lo2 = np.inf
-            hi0 = hi1 = hi2 = -np.inf
-            if b - a <= LEAF:
-                lo, hi = a, b
-            elif not children_done:
-                mid = (a + b) // 2
-                sa[top], sb[top], done[top] = a, b, True
-                sa[top + 1], sb[top + 1], done[top + 1] = a, mid, False
-                sa[top + 2], sb[top + 2], done[top + 2] = mid + 1, b, False
-                top += 3
-                continue
-            else:
-                mid = (a + b) // 2
-                lo, hi = mid, mid + 1
-                for j in (_key(a, mid), _key(mid + 1, b)):
-                    lo0, hi0 = min(lo0, box[j, 0]), max(hi0, box[j, 1])
-                    lo1, hi1 = min(lo1, box[j, 2]), max(hi1, box[j, 3])
-                    lo2, hi2 = min(lo2, box[j, 4]), max(hi2, box[j, 5])
-            for i in range(lo, hi):
-                r = rows[i]
-                if alive[r]:
-                    x, y, z = xyz[r, 0], xyz[r, 1], xyz[r, 2]
-                    lo0, hi0 = min(lo0, x), max(hi0, x)
-                    lo1, hi1 = min(lo1, y), max(hi1, y)
-                    lo2, hi2 = min(lo2, z), max(hi2, z)
-            box[k, 0], box[k, 1], box[k, 2], box[k, 3], box[k, 4], box[k, 5] = lo0, hi0, lo1, hi1, lo2, hi2
+            stamp[c] = g
+            sa[0], sb[0], done[0] = ptr[c], ptr[c + 1], False
+            top = 1
+            while top:
+                top -= 1
+                a, b, children_done = sa[top], sb[top], done[top]
+                if b <= a:
+                    continue
+                k = _key(a, b)
+                if not children_done and (box[k, 0] > x1 or box[k, 1] < x0 or box[k, 2] > y1 or box[k, 3] < y0
+                                          or box[k, 4] > z1 or box[k, 5] < z0):
+                    continue  # none of this box's expired objects is under it
+                lo0 = lo1 = lo2 = np.inf
+                hi0 = hi1 = hi2 = -np.inf
+                if b - a <= LEAF:
+                    lo, hi = a, b
+                elif not children_done:
+                    mid = (a + b) // 2
+                    sa[top], sb[top], done[top] = a, b, True
+                    sa[top + 1], sb[top + 1], done[top + 1] = a, mid, False
+                    sa[top + 2], sb[top + 2], done[top + 2] = mid + 1, b, False
+                    top += 3
+                    continue
+                else:
+                    mid = (a + b) // 2
+                    lo, hi = mid, mid + 1
+                    for j in (_key(a, mid), _key(mid + 1, b)):
+                        lo0, hi0 = min(lo0, box[j, 0]), max(hi0, box[j, 1])
+                        lo1, hi1 = min(lo1, box[j, 2]), max(hi1, box[j, 3])
+                        lo2, hi2 = min(lo2, box[j, 4]), max(hi2, box[j, 5])
+                for i in range(lo, hi):
+                    r = rows[i]
+                    if alive[r]:
+                        x, y, z = xyz[r, 0], xyz[r, 1], xyz[r, 2]
+                        lo0, hi0 = min(lo0, x), max(hi0, x)
+                        lo1, hi1 = min(lo1, y), max(hi1, y)
+                        lo2, hi2 = min(lo2, z), max(hi2, z)
+                box[k, 0], box[k, 1], box[k, 2], box[k, 3], box[k, 4], box[k, 5] = lo0, hi0, lo1, hi1, lo2, hi2
 
 
 @jit
@@ -360,7 +373,8 @@ def compile_kd() -> None:
     ptr, codes = np.array([0, 1], dtype=np.int64), np.zeros(1, dtype=np.int64)
     box = np.zeros((1, 6))
     kd_build(xyz, rows, np.zeros(1, dtype=np.int8), box, ptr, codes)
-    kd_refit(xyz, rows, box, ptr, codes, np.ones(1, dtype=bool), np.zeros(3), np.zeros(3))
+    kd_refit(xyz, rows, box, ptr, np.ones(1, dtype=bool), np.ones(1, dtype=bool), np.zeros((1, 3)), np.zeros((1, 3)),
+             np.array([0, 1], dtype=np.int64), codes)
     for alive in (np.zeros(0, dtype=bool), np.ones(1, dtype=bool)):
         kd_knn(xyz, rows, np.zeros(1, dtype=np.int8), box, ptr, alive, codes, np.zeros((1, 3)),
                np.ones(1, dtype=np.int64), np.full(1, np.inf))

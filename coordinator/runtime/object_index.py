@@ -90,6 +90,10 @@ def morton_codes(lon: np.ndarray, lat: np.ndarray) -> np.ndarray:
     return spread(x) | (spread(y) << np.uint64(1))
 
 
+#: Expired objects per box of :meth:`ObjectIndex.refit` (neighbours in Morton order).
+REFIT_GROUP = 32
+
+
 class ObjectIndex:
     """Per-keyword k-d trees over objects for exact batched kNN.
 
@@ -121,6 +125,9 @@ class ObjectIndex:
         order = np.argsort(code, kind="stable")
         self._post_ptr = np.searchsorted(code[order], np.arange(self.n_keywords + 1)).astype(np.int64)
         self._post = owner[order]  # int32: object rows, grouped by keyword code
+        offsets = kw.offsets.to_numpy().astype(np.int64)
+        self._obj_ptr = offsets - offsets[0]  # each object's keyword codes, for a refit
+        self._obj_codes = code.astype(np.int32)
         del owner, code, order, codes
         self._kd: tuple[np.ndarray, ...] | None = None  # xyz, rows, dims, box, built
         compile_kd()  # (loaded from numba's cache after the first time: no search pays for it)
@@ -171,14 +178,20 @@ class ObjectIndex:
     def refit(self, alive: np.ndarray, expired: np.ndarray) -> None:
         """Shrink the built trees' node boxes to the live objects (``alive``: ``(n,)`` bool),
         visiting the nodes around ``expired`` (rows, int64: the objects expired since the last
-        fit), so that a search skips the space they held
-        (:func:`~knnmon.coordinator.runtime.keyword_kd.kd_refit`; safe beside a search)."""
+        fit, taken :data:`REFIT_GROUP` at a time in Morton order), so that a search skips the
+        space they held (:func:`~knnmon.coordinator.runtime.keyword_kd.kd_refit`; safe beside a
+        search)."""
         if self._kd is None or not len(expired):
             return
         xyz, rows, _, box, built = self._kd
-        gone = xyz[expired]
-        kd_refit(xyz, rows, box, self._post_ptr, np.flatnonzero(built).astype(np.int64),
-                 np.ascontiguousarray(alive, dtype=bool), gone.min(axis=0), gone.max(axis=0))
+        expired = np.asarray(expired, dtype=np.int64)
+        expired = expired[np.argsort(morton_codes(self.lon[expired], self.lat[expired]), kind="stable")]
+        gone, starts = xyz[expired], np.arange(0, len(expired), REFIT_GROUP)
+        a, b = self._obj_ptr[expired], self._obj_ptr[expired + 1]  # their keyword codes, group by group
+        codes = self._obj_codes[runs(a, b - a)].astype(np.int64)
+        group_ptr = np.concatenate([[0], np.cumsum(b - a)])[np.append(starts, len(expired))]
+        kd_refit(xyz, rows, box, self._post_ptr, built, np.ascontiguousarray(alive, dtype=bool),
+                 np.minimum.reduceat(gone, starts, axis=0), np.maximum.reduceat(gone, starts, axis=0), group_ptr, codes)
 
     def build_trees(self) -> None:
         """Build every keyword's tree now (a window's part built off the search's path, so that

@@ -91,8 +91,11 @@ def test_a_kd_search_finds_the_nearest_and_every_tie_at_the_cut(points, queries,
         if data.draw(st.booleans()) else np.zeros(0, dtype=bool)
     if len(alive) and (~alive).any() and data.draw(st.booleans()):  # boxes fitted to the live ones
         refit = keyword_kd.kd_refit if jit else keyword_kd.kd_refit.py_func
-        gone = xyz[~alive]
-        refit(xyz, rows, box, ptr, np.arange(3, dtype=np.int64), alive, gone.min(axis=0), gone.max(axis=0))
+        dead = np.flatnonzero(~alive)  # in groups of up to 2 (in any order: each group's nodes are refitted)
+        starts = np.arange(0, len(dead), 2)
+        refit(xyz, rows, box, ptr, np.ones(3, dtype=bool), alive, np.minimum.reduceat(xyz[dead], starts, axis=0),
+              np.maximum.reduceat(xyz[dead], starts, axis=0), np.append(starts, len(dead)).astype(np.int64),
+              code_of[dead].astype(np.int64))
     q = unit_vectors(np.array([x[0] for x in queries]) * 0.01, np.array([x[1] for x in queries]) * 0.01)
     code = np.array([x[2] for x in queries], dtype=np.int64)
     want = np.array([x[3] for x in queries], dtype=np.int64)
