@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import numpy as np
@@ -189,6 +190,20 @@ def test_a_windowed_ray_worker_lost_between_batches_is_revived_from_redis(window
         assert pid not in [s["pid"] for s in reg.stats()]
 
 
+@contextlib.contextmanager
+def _past_three_batches(windowed, workers: int, batches: int, store: StoreConfig):
+    """A windowed Ray run (window 1,500 s, reserve 2) after its first 3 batches: the runtime,
+    all its batches and the objects seen so far."""
+    objects_dir, queries, _ = windowed
+    config = RunConfig(workers=workers, initial=3000, batch=250, batches=batches, window=1500 * SECOND,
+                       arrival_ms=SECOND, reserve=2, store=store)
+    with Runtime(objects_dir, queries, config) as rt:
+        every = list(rt.batches())
+        for b in every[:3]:
+            rt.process(b)
+        yield rt, every, 3000 + sum(b.num_rows for b in every[:3])
+
+
 def _kill(pid: int) -> None:
     """SIGKILL a worker process and wait until it is gone."""
     import os
@@ -220,18 +235,11 @@ def test_a_windowed_ray_worker_lost_during_a_batch_is_rebuilt_over_the_live_obje
     from knnmon.keys import Keys
     from knnmon.coordinator.testing import assert_feed_and_objects
 
-    objects_dir, queries, objects = windowed
+    _, queries, objects = windowed
     window = 1500 * SECOND
-    config = RunConfig(workers=2, initial=3000, batch=250, batches=12, window=window, arrival_ms=SECOND, reserve=2,
-                       store=StoreConfig(redis_url, namespace, str(tmp_path)))
     r = redis.Redis.from_url(redis_url, decode_responses=True)
     qids = queries.column("id").to_pylist()
-    with Runtime(objects_dir, queries, config) as rt:
-        batches = list(rt.batches())
-        seen = 3000
-        for b in batches[:3]:
-            rt.process(b)
-            seen += b.num_rows
+    with _past_three_batches(windowed, 2, 12, StoreConfig(redis_url, namespace, str(tmp_path))) as (rt, batches, seen):
         pids = {s["worker"]: s["pid"] for s in rt.registrar.stats()}
         _kill(pids[0])  # found lost by the next batch's expiry
         report = rt.process(batches[3])
@@ -278,18 +286,11 @@ def test_a_worker_lost_during_a_move_is_revived_in_place(windowed, ray_instance,
     from knnmon.keys import Keys
     from knnmon.coordinator.testing import assert_feed_and_objects
 
-    objects_dir, queries, objects = windowed
+    _, queries, objects = windowed
     window = 1500 * SECOND
-    config = RunConfig(workers=3, initial=3000, batch=250, batches=8, window=window, arrival_ms=SECOND, reserve=2,
-                       store=StoreConfig(redis_url, namespace, str(tmp_path)))
     r = redis.Redis.from_url(redis_url, decode_responses=True)
     qids = queries.column("id").to_pylist()
-    with Runtime(objects_dir, queries, config) as rt:
-        batches = list(rt.batches())
-        seen = 3000
-        for b in batches[:3]:
-            rt.process(b)
-            seen += b.num_rows
+    with _past_three_batches(windowed, 3, 8, StoreConfig(redis_url, namespace, str(tmp_path))) as (rt, batches, seen):
         on = rt.registrar.query_worker
         moving = [q for q in qids if on[q] == 0][:120]
         pids = {s["worker"]: s["pid"] for s in rt.registrar.stats()}
