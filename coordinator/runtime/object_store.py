@@ -192,7 +192,7 @@ class ObjectStore:
         parts += [(*tail, None, len(tail[1]))] if tail is not None else []
         parts.sort(key=lambda x: -x[3])
         words = pa.array([sorted(set(w)) for w in keywords], type=pa.list_(pa.string()))
-        Q, D, P, I = [np.empty(0, np.int64)], [np.empty(0)], [np.empty(0, np.int64)], [np.empty(0, np.int64)]
+        Q, D, P, I, ids = [np.empty(0, np.int64)], [np.empty(0)], [np.empty(0, np.int64)], [np.empty(0, np.int64)], []
         bound = np.full(m, np.inf)
         for p, (table, index, alive, _) in enumerate(parts):
             if not len(index):
@@ -204,13 +204,14 @@ class ObjectStore:
             D.append(dist)
             P.append(np.full(len(idx), p, dtype=np.int64))
             I.append(idx)
+            ids.append(index.ids[idx])
         Q, D, P, I = (np.concatenate(x) for x in (Q, D, P, I))
-        order = _by_query_distance_id(Q, D, lambda at: _ids_of(parts, P[at], I[at]))  # one sort for every part
-        Q, D, P, I = Q[order], D[order], P[order], I[order]
+        ids = np.concatenate(ids).astype(str) if ids else np.empty(0, dtype=str)
+        order = np.lexsort((ids, D, Q))  # by query, distance, then id: one sort for every part
+        Q, D, P, I, ids = Q[order], D[order], P[order], I[order], ids[order]
         rank = np.arange(len(Q)) - np.searchsorted(Q, Q, side="left")
         keep = rank < k[Q]
-        Q, D, P, I = Q[keep], D[keep], P[keep], I[keep]
-        ids = _ids_of(parts, P, I)
+        Q, D, P, I, ids = Q[keep], D[keep], P[keep], I[keep], ids[keep]
         tables = [table.take(pa.array(np.unique(I[P == p]), type=pa.int64())).select(_DETAILS)
                   for p, (table, _, _, _) in enumerate(parts) if (P == p).any()]
         info = ObjectColumns.of_table(pa.concat_tables(tables).combine_chunks()) if tables else \
@@ -223,28 +224,3 @@ class ObjectStore:
         the objects' details."""
         topk, info = self.knn_v([lon], [lat], [list(keywords)], [k])
         return topk[0], info
-
-
-def _ids_of(parts: list, P: np.ndarray, I: np.ndarray) -> np.ndarray:
-    """The ids (object array) of the rows ``I`` of parts ``P``."""
-    out = np.empty(len(P), dtype=object)
-    for p in np.unique(P).tolist():
-        at = np.flatnonzero(P == p)
-        out[at] = parts[p][1].ids[I[at]]
-    return out
-
-
-def _by_query_distance_id(Q: np.ndarray, D: np.ndarray, ids_at) -> np.ndarray:
-    """The order of candidates by query ``Q``, distance ``D``, then id: sorted by the numbers,
-    the ids (``ids_at(positions)``) looked up only where a query has equal distances (objects
-    at one place), not for every candidate."""
-    order = np.lexsort((D, Q))
-    q, d = Q[order], D[order]
-    tied = np.flatnonzero((q[1:] == q[:-1]) & (d[1:] == d[:-1]))
-    if not len(tied):
-        return order
-    at = np.unique(np.concatenate([tied, tied + 1]))  # every member of a tie group, ascending
-    group = np.cumsum(np.concatenate([[True], ~np.isin(at[1:] - 1, tied)]))  # a new group unless tied to the one before
-    ids = ids_at(order[at]).astype(str)
-    order[at] = order[at][np.lexsort((ids, group))]
-    return order

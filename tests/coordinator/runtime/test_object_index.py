@@ -210,18 +210,3 @@ def test_a_windowed_store_in_many_parts_equals_the_oracle_over_the_live_objects(
     store.expire(int(t.max()) - window)  # the last build swapped in
     assert checked >= 7 and most >= 2 and store.compactor.builds >= 5
     store.close()
-
-
-@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 4)), max_size=60), st.randoms())
-def test_candidates_are_ordered_by_query_distance_then_id(pairs, random):
-    """The store's merge orders by (query, distance, id) with the ids looked up only inside
-    groups of equal distances: the same order as sorting every id."""
-    from knnmon.coordinator.runtime.object_store import _by_query_distance_id
-
-    ids = np.array(random.sample([f"o{i}" for i in range(100)], len(pairs)), dtype=object)
-    Q = np.array([q for q, _ in pairs], dtype=np.int64)
-    D = np.array([d for _, d in pairs], dtype=np.float64)
-    looked = []
-    got = _by_query_distance_id(Q, D, lambda at: (looked.append(len(at)), ids[at])[1])
-    assert got.tolist() == np.lexsort((ids.astype(str), D, Q)).tolist()
-    assert sum(looked) <= len(pairs) - len(set(pairs)) + len({p for p in pairs if pairs.count(p) > 1})
