@@ -175,14 +175,14 @@ class ObjectIndex:
             built[new] = True
         return xyz, rows, dims, box
 
-    def refit(self, alive: np.ndarray, expired: np.ndarray) -> None:
+    def refit(self, alive: np.ndarray, expired: np.ndarray) -> int:
         """Shrink the built trees' node boxes to the live objects (``alive``: ``(n,)`` bool),
         visiting the nodes around ``expired`` (rows, int64: the objects expired since the last
         fit, taken :data:`REFIT_GROUP` at a time in Morton order), so that a search skips the
         space they held (:func:`~knnmon.coordinator.runtime.keyword_kd.kd_refit`; safe beside a
-        search)."""
+        search). Returns the nodes refitted."""
         if self._kd is None or not len(expired):
-            return
+            return 0
         xyz, rows, _, box, built = self._kd
         expired = np.asarray(expired, dtype=np.int64)
         expired = expired[np.argsort(morton_codes(self.lon[expired], self.lat[expired]), kind="stable")]
@@ -190,7 +190,7 @@ class ObjectIndex:
         a, b = self._obj_ptr[expired], self._obj_ptr[expired + 1]  # their keyword codes, group by group
         codes = self._obj_codes[runs(a, b - a)].astype(np.int64)
         group_ptr = np.concatenate([[0], np.cumsum(b - a)])[np.append(starts, len(expired))]
-        kd_refit(xyz, rows, box, self._post_ptr, built, np.ascontiguousarray(alive, dtype=bool),
+        return kd_refit(xyz, rows, box, self._post_ptr, built, np.ascontiguousarray(alive, dtype=bool),
                  np.minimum.reduceat(gone, starts, axis=0), np.maximum.reduceat(gone, starts, axis=0), group_ptr, codes)
 
     def build_trees(self) -> None:

@@ -14,7 +14,6 @@ are the same before and after, so every search stays exact.
 
 from __future__ import annotations
 
-import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -31,9 +30,11 @@ MERGE_RATIO = 4
 REBUILD_LIVE = 0.5
 #: A part's index boxes are fitted to its live objects again once this many of them expired
 #: since the last fit (``ObjectIndex.refit``), so that searches skip the space of the expired
-#: objects (a region whose places all expired, whose queries all refill); times the last fit's ms
-#: over :data:`REFIT_MS` when it took longer (objects expiring all over: every node is visited).
-REFIT_MIN, REFIT_MS = 1000, 10.0
+#: objects (a region whose places all expired, whose queries all refill); times the last fit's
+#: nodes over :data:`REFIT_NODES` when it visited more (objects expiring all over: most nodes are
+#: visited). A count, not a time, so that a run does the same fits every time (~50,000 nodes took
+#: ~10 ms here).
+REFIT_MIN, REFIT_NODES = 1000, 50_000
 
 
 @dataclass
@@ -45,7 +46,7 @@ class Part:
     t: np.ndarray
     alive: np.ndarray | None = None
     fitted: int | None = None  # the cutoff the index's boxes were last fitted to
-    fit_ms: float = 0.0  # the last fit's time
+    fit_nodes: int = 0  # the last fit's cost
 
     @classmethod
     def of(cls, table: pa.Table, index: ObjectIndex | None = None) -> Part:
@@ -68,10 +69,9 @@ class Part:
         self.alive = self.t > cutoff
         since = self.t <= cutoff if self.fitted is None else (self.t <= cutoff) & (self.t > self.fitted)
         n = int(since.sum())
-        if n >= REFIT_MIN * max(1.0, self.fit_ms / REFIT_MS):
-            t0 = time.perf_counter()
-            self.index.refit(self.alive, np.flatnonzero(since))
-            self.fitted, self.fit_ms = cutoff, (time.perf_counter() - t0) * 1e3
+        if n >= REFIT_MIN * max(1.0, self.fit_nodes / REFIT_NODES):
+            self.fit_nodes = self.index.refit(self.alive, np.flatnonzero(since))
+            self.fitted = cutoff
         return self
 
 
