@@ -70,6 +70,21 @@ def _key(a, b):
 
 
 @jit
+def _grow(xyz, rows, alive, a, b, lo0, hi0, lo1, hi1, lo2, hi2):
+    """The box ``lo0, hi0, lo1, hi1, lo2, hi2`` grown to hold the live entries ``rows[a:b]``
+    (``alive`` empty: all of them)."""
+    for i in range(a, b):
+        r = rows[i]
+        if len(alive) and not alive[r]:
+            continue
+        x, y, z = xyz[r, 0], xyz[r, 1], xyz[r, 2]
+        lo0, hi0 = min(lo0, x), max(hi0, x)
+        lo1, hi1 = min(lo1, y), max(hi1, y)
+        lo2, hi2 = min(lo2, z), max(hi2, z)
+    return lo0, hi0, lo1, hi1, lo2, hi2
+
+
+@jit
 def kd_build(xyz: np.ndarray, rows: np.ndarray, dims: np.ndarray, box: np.ndarray, ptr: np.ndarray,
              codes: np.ndarray) -> None:
     """Order the posting lists of ``codes`` into k-d trees, in place.
@@ -93,6 +108,7 @@ def kd_build(xyz: np.ndarray, rows: np.ndarray, dims: np.ndarray, box: np.ndarra
     """
     sa = np.empty(_STACK, dtype=np.int64)
     sb = np.empty(_STACK, dtype=np.int64)
+    every = np.empty(0, dtype=np.bool_)
     for c in codes:
         top = 0
         sa[0], sb[0] = ptr[c], ptr[c + 1]
@@ -102,14 +118,8 @@ def kd_build(xyz: np.ndarray, rows: np.ndarray, dims: np.ndarray, box: np.ndarra
             a, b = sa[top], sb[top]
             if b <= a:
                 continue
-            lo0 = lo1 = lo2 = np.inf
-            hi0 = hi1 = hi2 = -np.inf
-            for i in range(a, b):
-                r = rows[i]
-                x, y, z = xyz[r, 0], xyz[r, 1], xyz[r, 2]
-                lo0, hi0 = min(lo0, x), max(hi0, x)
-                lo1, hi1 = min(lo1, y), max(hi1, y)
-                lo2, hi2 = min(lo2, z), max(hi2, z)
+            lo0, hi0, lo1, hi1, lo2, hi2 = _grow(xyz, rows, every, a, b, np.inf, -np.inf, np.inf, -np.inf, np.inf,
+                                                 -np.inf)
             k = _key(a, b)
             box[k, 0], box[k, 1], box[k, 2], box[k, 3], box[k, 4], box[k, 5] = lo0, hi0, lo1, hi1, lo2, hi2
             if b - a <= LEAF:
@@ -167,7 +177,7 @@ def kd_refit(xyz: np.ndarray, rows: np.ndarray, box: np.ndarray, ptr: np.ndarray
                 k = _key(a, b)
                 if not children_done and (box[k, 0] > x1 or box[k, 1] < x0 or box[k, 2] > y1 or box[k, 3] < y0
                                           or box[k, 4] > z1 or box[k, 5] < z0):
-                    continue  # none of this box's expired objects is under it
+                    continue  # none of this group's expired objects is under it
                 lo0 = lo1 = lo2 = np.inf
                 hi0 = hi1 = hi2 = -np.inf
                 if b - a <= LEAF:
@@ -186,13 +196,7 @@ def kd_refit(xyz: np.ndarray, rows: np.ndarray, box: np.ndarray, ptr: np.ndarray
                         lo0, hi0 = min(lo0, box[j, 0]), max(hi0, box[j, 1])
                         lo1, hi1 = min(lo1, box[j, 2]), max(hi1, box[j, 3])
                         lo2, hi2 = min(lo2, box[j, 4]), max(hi2, box[j, 5])
-                for i in range(lo, hi):
-                    r = rows[i]
-                    if alive[r]:
-                        x, y, z = xyz[r, 0], xyz[r, 1], xyz[r, 2]
-                        lo0, hi0 = min(lo0, x), max(hi0, x)
-                        lo1, hi1 = min(lo1, y), max(hi1, y)
-                        lo2, hi2 = min(lo2, z), max(hi2, z)
+                lo0, hi0, lo1, hi1, lo2, hi2 = _grow(xyz, rows, alive, lo, hi, lo0, hi0, lo1, hi1, lo2, hi2)
                 box[k, 0], box[k, 1], box[k, 2], box[k, 3], box[k, 4], box[k, 5] = lo0, hi0, lo1, hi1, lo2, hi2
                 visits += 1
     return visits
@@ -211,6 +215,12 @@ def _box_d2(box, k, qx, qy, qz):
 
 
 @jit
+def _bound(box, a, b, qx, qy, qz):
+    """The node ``[a, b)``'s lower bound on the squared chord: its box's (``inf`` if empty)."""
+    return _box_d2(box, _key(a, b), qx, qy, qz) if b > a else np.inf
+
+
+@jit
 def _d2(xyz: np.ndarray, r: int, qx: float, qy: float, qz: float) -> float:
     dx, dy, dz = xyz[r, 0] - qx, xyz[r, 1] - qy, xyz[r, 2] - qz
     return dx * dx + dy * dy + dz * dz
@@ -224,8 +234,7 @@ def _expand(xyz, rows, dims, box, a, b, lb, qx, qy, qz, sa, sb, sl, top):
     if b - a <= LEAF:
         return a, b, top
     mid = (a + b) // 2
-    l = _box_d2(box, _key(a, mid), qx, qy, qz) if mid > a else np.inf
-    r = _box_d2(box, _key(mid + 1, b), qx, qy, qz) if b > mid + 1 else np.inf
+    l, r = _bound(box, a, mid, qx, qy, qz), _bound(box, mid + 1, b, qx, qy, qz)
     if l <= r:
         sa[top], sb[top], sl[top] = mid + 1, b, r
         sa[top + 1], sb[top + 1], sl[top + 1] = a, mid, l
@@ -244,7 +253,7 @@ def _nearest_cut(xyz, rows, dims, box, alive, a0, b0, qx, qy, qz, want, bound, b
     gather the ties)."""
     nb = 0
     tie = False
-    sa[0], sb[0], sl[0] = a0, b0, (_box_d2(box, _key(a0, b0), qx, qy, qz) if b0 > a0 else np.inf)
+    sa[0], sb[0], sl[0] = a0, b0, _bound(box, a0, b0, qx, qy, qz)
     top = 1
     while top:
         top -= 1
@@ -284,7 +293,7 @@ def _within(xyz, rows, dims, box, alive, a0, b0, qx, qy, qz, cut, out, at, sa, s
     """The live entries of the tree ``rows[a0:b0]`` within squared chord ``cut`` of the query:
     written to ``out[at:]`` if ``out`` is not empty; returns how many."""
     n = 0
-    sa[0], sb[0], sl[0] = a0, b0, (_box_d2(box, _key(a0, b0), qx, qy, qz) if b0 > a0 else np.inf)
+    sa[0], sb[0], sl[0] = a0, b0, _bound(box, a0, b0, qx, qy, qz)
     top = 1
     while top:
         top -= 1

@@ -191,7 +191,8 @@ class ObjectIndex:
         codes = self._obj_codes[runs(a, b - a)].astype(np.int64)
         group_ptr = np.concatenate([[0], np.cumsum(b - a)])[np.append(starts, len(expired))]
         return kd_refit(xyz, rows, box, self._post_ptr, built, np.ascontiguousarray(alive, dtype=bool),
-                 np.minimum.reduceat(gone, starts, axis=0), np.maximum.reduceat(gone, starts, axis=0), group_ptr, codes)
+                        np.minimum.reduceat(gone, starts, axis=0), np.maximum.reduceat(gone, starts, axis=0),
+                        group_ptr, codes)
 
     def build_trees(self) -> None:
         """Build every keyword's tree now (a window's part built off the search's path, so that

@@ -67,7 +67,7 @@ class Part:
         if self.t.min() > cutoff:
             return self
         self.alive = self.t > cutoff
-        since = self.t <= cutoff if self.fitted is None else (self.t <= cutoff) & (self.t > self.fitted)
+        since = ~self.alive if self.fitted is None else ~self.alive & (self.t > self.fitted)  # expired since the fit
         n = int(since.sum())
         if n >= REFIT_MIN * max(1.0, self.fit_nodes / REFIT_NODES):
             self.fit_nodes = self.index.refit(self.alive, np.flatnonzero(since))
