@@ -24,12 +24,14 @@ __all__ = ["CHUNK", "Neighbour", "ResultReader", "StoredLists", "StoredQuery", "
 CHUNK = 10_000
 
 #: Each query's parameters and result of a chunk in one script call (KEYS: query hash, result,
-#: query hash, result, ...): one reply per chunk, parsed in C by hiredis, instead of two replies
-#: per query, each parsed and converted in Python (:meth:`ResultReader.lists`).
+#: query hash, result, ...; ARGV: the fields, :data:`_QUERY_FIELDS`): one reply per chunk, parsed
+#: in C by hiredis, instead of two replies per query, each parsed and converted in Python
+#: (:meth:`ResultReader.lists`).
+_QUERY_FIELDS = ("lon", "lat", "keywords", "k")
 _LISTS_SCRIPT = """
 local out = {}
 for i = 1, #KEYS, 2 do
-  out[#out + 1] = redis.call('HMGET', KEYS[i], 'lon', 'lat', 'keywords', 'k')
+  out[#out + 1] = redis.call('HMGET', KEYS[i], unpack(ARGV))
   out[#out + 1] = redis.call('ZRANGE', KEYS[i + 1], 0, -1, 'WITHSCORES')
 end
 return out
@@ -218,12 +220,13 @@ class ResultReader:
     def lists(self, qids: Sequence[str]) -> StoredLists:
         """The queries ``qids`` (their parameters) with their results, in columns: a chunk of
         :attr:`chunk` queries per script call on one Redis (a worker's revival reads tens of
-        thousands), :meth:`many` on a Redis Cluster (a chunk's keys are in many slots).
+        thousands), :meth:`many` on a Redis Cluster (a chunk's keys are in many slots). An id
+        whose hash holds none of ``lon``, ``lat``, ``keywords``, ``k`` is absent.
 
         Raises
         ------
         ValueError
-            A query hash without a readable ``lon``, ``lat``, ``keywords`` or ``k``.
+            A query hash with some of those fields missing or unreadable.
         StoreUnavailableError
             Redis unreachable (with ``url``).
         """
@@ -231,33 +234,17 @@ class ResultReader:
 
         from knnmon.query import QueryColumns
 
-        ids, lon, lat, words, k, counts, members, dist, absent = [], [], [], [], [], [], [], [], []
-        from redis.cluster import RedisCluster
-
-        if isinstance(self.client, RedisCluster):
-            for qid, h, r in self.many(qids, hashes=True):
-                if not h:
-                    absent.append(qid)
-                    continue
-                got = [h.get(f) for f in ("lon", "lat", "keywords", "k")]
-                ids.append(qid), lon.append(got[0]), lat.append(got[1]), words.append(got[2]), k.append(got[3])
-                counts.append(len(r))
-                members += [o for o, _ in r]
-                dist += [d for _, d in r]
-        else:
-            script = self.client.register_script(_LISTS_SCRIPT)
-            for s in range(0, len(qids), self.chunk):
-                part = qids[s:s + self.chunk]
-                names = [key for qid in part for key in (self.keys.query(qid), self.keys.result(qid))]
-                got = self._do(lambda names=names: script(keys=names), f"reading {len(part)} queries")
-                for qid, h, r in zip(part, got[0::2], got[1::2]):
-                    if h[0] is None and h[3] is None:
-                        absent.append(qid)
-                        continue
-                    ids.append(qid), lon.append(h[0]), lat.append(h[1]), words.append(h[2]), k.append(h[3])
-                    counts.append(len(r) // 2)
-                    members += r[0::2]
-                    dist += r[1::2]
+        ids, fields, counts, members, dist, absent = [], [], [], [], [], []
+        for qid, got, m, d in self._query_fields(qids):
+            if all(x is None for x in got):
+                absent.append(qid)
+                continue
+            ids.append(qid)
+            fields.append(got)
+            counts.append(len(m))
+            members += m
+            dist += d
+        lon, lat, words, k = zip(*fields) if fields else ((), (), (), ())
         try:
             queries = QueryColumns(ids, np.asarray(lon, dtype=np.float64), np.asarray(lat, dtype=np.float64),
                                    [tuple(w.split()) for w in words], np.asarray(k, dtype=np.int64))
@@ -267,6 +254,24 @@ class ResultReader:
             raise ValueError(f"a query hash without readable lon, lat, keywords and k ({ex})") from None
         return StoredLists(queries, np.asarray(counts, dtype=np.int64), members, np.asarray(dist, dtype=np.float64),
                            absent)
+
+    def _query_fields(self, qids: Sequence[str]) -> Iterator[tuple[str, list, list[str], list]]:
+        """For each of ``qids``: its hash's ``lon``, ``lat``, ``keywords``, ``k`` (``None`` where
+        missing), its result's members and their distances (:meth:`lists`)."""
+        from redis.cluster import RedisCluster
+
+        if isinstance(self.client, RedisCluster):
+            for qid, h, r in self.many(qids, hashes=True):
+                yield qid, [h.get(f) for f in _QUERY_FIELDS], [o for o, _ in r], [d for _, d in r]
+            return
+        script = self.client.register_script(_LISTS_SCRIPT)
+        for s in range(0, len(qids), self.chunk):
+            part = qids[s:s + self.chunk]
+            names = [key for qid in part for key in (self.keys.query(qid), self.keys.result(qid))]
+            got = self._do(lambda names=names: script(keys=names, args=_QUERY_FIELDS),
+                           f"reading {len(part)} queries")
+            for qid, h, r in zip(part, got[0::2], got[1::2]):
+                yield qid, h, r[0::2], r[1::2]
 
     def many(self, qids: Sequence[str], *, hashes: bool = False,
              results: bool = True) -> Iterator[tuple[str, dict[str, str] | None, list[tuple[str, float]] | None]]:
