@@ -205,30 +205,46 @@ class RoutingTable:
             self._vocab = pa.array(self.vocabulary, type=pa.string())
         return c
 
+    def codes_of(self, keywords: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
+        """The keyword codes of ``m`` queries (a list<string> array), in the form
+        :meth:`add_many` takes: ``(counts, codes)``, ``(m,)`` and ``(sum(counts),)`` int64;
+        keywords new to the vocabulary are added (:meth:`code`)."""
+        if isinstance(keywords, pa.ChunkedArray):
+            keywords = keywords.combine_chunks()
+        owner, code = self.encode(keywords)
+        new = np.flatnonzero(code < 0)
+        if len(new):
+            words = keywords.flatten()
+            code[new] = [self.code(words[int(j)].as_py()) for j in new]
+        return np.bincount(owner, minlength=len(keywords)).astype(np.int64), code
+
     def add(self, codes: list[int], x0: int, y0: int, x1: int, y1: int, worker: int) -> None:
         """Route keywords ``codes`` in cells ``[x0, x1] x [y0, y1]`` (inclusive) to ``worker`` too."""
         self.add_many([codes], [x0], [y0], [x1], [y1], [worker])
 
-    def add_many(self, codes: list[list[int]], x0, y0, x1, y1, workers) -> None:
+    def add_many(self, codes: list[list[int]] | tuple[np.ndarray, np.ndarray], x0, y0, x1, y1, workers) -> None:
         """:meth:`add` for many queries at once: query ``i``'s keyword codes ``codes[i]`` in cells
         ``[x0[i], x1[i]] x [y0[i], y1[i]]`` to worker ``workers[i]``; one merge of the sorted
         table for all (registering one by one would re-copy the table per query). A query whose
         entries would exceed :data:`MAX_ENTRIES_PER_QUERY` goes to its keywords' ``always``
-        masks instead."""
+        masks instead. ``codes`` may also be :meth:`codes_of`'s ``(counts, codes)`` arrays."""
         n = self.grid.n
-        self.additions += len(codes)
+        if isinstance(codes, tuple):
+            counts, code = (np.asarray(c, dtype=np.int64) for c in codes)
+        else:
+            counts = np.fromiter((len(cs) for cs in codes), dtype=np.int64, count=len(codes))
+            code = np.fromiter((c for cs in codes for c in cs), dtype=np.int64, count=int(counts.sum()))
+        self.additions += len(counts)
         x0, y0, x1, y1, workers = (np.asarray(v, dtype=np.int64).reshape(-1) for v in (x0, y0, x1, y1, workers))
         if self._journal is not None:
-            self._journal.append(([list(cs) for cs in codes], x0.copy(), y0.copy(), x1.copy(), y1.copy(),
+            self._journal.append(((counts.copy(), code.copy()), x0.copy(), y0.copy(), x1.copy(), y1.copy(),
                                   workers.copy()))
-        if not len(codes):
+        if not len(counts):
             return
-        counts = np.fromiter((len(cs) for cs in codes), dtype=np.int64, count=len(codes))
-        code = np.fromiter((c for cs in codes for c in cs), dtype=np.int64, count=int(counts.sum()))
         bit = np.left_shift(np.uint64(1), workers.astype(np.uint64))
         span = (x1 - x0 + 1) * (y1 - y0 + 1)
         everywhere = ((x0 == 0) & (y0 == 0) & (x1 == n - 1) & (y1 == n - 1)) | (span * counts > MAX_ENTRIES_PER_QUERY)
-        pair_q = np.repeat(np.arange(len(codes)), counts)  # one (query, keyword) pair per code
+        pair_q = np.repeat(np.arange(len(counts)), counts)  # one (query, keyword) pair per code
         wide = everywhere[pair_q]
         np.bitwise_or.at(self.always, code[wide], bit[pair_q[wide]])
         pair_q, code = pair_q[~wide], code[~wide]

@@ -152,21 +152,21 @@ class Dispatcher:
         lon = np.concatenate([np.asarray(n.lon, dtype=np.float64) for n in needs])
         lat = np.concatenate([np.asarray(n.lat, dtype=np.float64) for n in needs])
         k = np.concatenate([np.asarray(n.k, dtype=np.int64) for n in needs])
-        keywords = [list(kw) for n in needs for kw in n.keywords]
+        words = pa.array([kw for n in needs for kw in n.keywords], type=pa.list_(pa.string()))
         qids = [q for n in needs for q in n.ids]
         t0 = time.perf_counter()
-        topk, info = self.objects.knn_v(lon, lat, keywords, k, exclude=exclude)
+        topk, info = self.objects.knn_v(lon, lat, words, k, exclude=exclude)
         t1 = time.perf_counter()
         radius = topk.kth(k)
         rect = self.rects(lon, lat, radius)
-        self.routing.add_many([[self.routing.code(x) for x in kw] for kw in keywords], rect.x0, rect.y0, rect.x1,
-                              rect.y1, workers)
+        self.routing.add_many(self.routing.codes_of(words), rect.x0, rect.y0, rect.x1, rect.y1, workers)
         self.refill_parts_ms.update(search=(t1 - t0) * 1e3, routing=(time.perf_counter() - t1) * 1e3)
         out = {}
         for w in np.unique(workers).tolist():
             sel = np.flatnonzero(workers == w)
             mine = topk.take(sel)
-            out[w] = Refills([qids[i] for i in sel.tolist()], mine, info.subset(mine.ids))
+            objects = info.take(np.unique(mine.rows)) if mine.rows is not None else info.subset(mine.ids)
+            out[w] = Refills([qids[i] for i in sel.tolist()], mine, objects)
         return out
 
     def refill_one(self, worker: int, needs: QueryColumns, exclude: frozenset[str]) -> Refills | None:

@@ -25,7 +25,8 @@ import pyarrow.compute as pc
 
 from knnmon.arrays import runs
 from knnmon.coordinator.runtime.keyword_kd import compile_kd, kd_build, kd_knn, kd_refit
-from knnmon.encoding import keyword_codes
+from knnmon.coordinator.runtime.nearest_first import compile_ranking, nearest_first
+from knnmon.encoding import id_prefix_keys, keyword_codes
 from knnmon.geo import chord2_bound, haversine_m, unit_vectors
 from knnmon.heap import give_back
 
@@ -130,13 +131,23 @@ class ObjectIndex:
         self._obj_codes = code.astype(np.int32)
         del owner, code, order, codes
         self._kd: tuple[np.ndarray, ...] | None = None  # xyz, rows, dims, box, built
+        compile_ranking()
         compile_kd()  # (loaded from numba's cache after the first time: no search pays for it)
         rank = np.empty(len(self.ids), dtype=np.int32)  # each object's place in id order (ties by id)
         rank[pc.sort_indices(self.ids.array).to_numpy()] = np.arange(len(self.ids), dtype=np.int32)
         self._id_rank = rank
+        self._id_keys: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.ids)
+
+    @property
+    def id_keys(self) -> np.ndarray:
+        """``(n,)`` uint64: the objects' ids' order-preserving prefix keys
+        (:func:`~knnmon.encoding.id_prefix_keys`), made on first use (8 bytes per object)."""
+        if self._id_keys is None:
+            self._id_keys = id_prefix_keys(self.ids.array)
+        return self._id_keys
 
     def postings(self, keyword: str) -> np.ndarray:
         """Indices (int64) of the objects carrying ``keyword`` (empty if none)."""
@@ -294,16 +305,9 @@ class ObjectIndex:
         pq_, pc_ = self.keyword_pairs(keywords)
         fq, fo = self._search(pq_, pc_, lon, lat, k, q_xyz, alive, bound_m)
         d = haversine_m(lon[fq], lat[fq], self.lon[fo], self.lat[fo])
-        order = np.lexsort((self._id_rank[fo], d, fq))
-        fq, fo, d = fq[order], fo[order], d[order]
-        first = np.ones(len(fq), dtype=bool)
-        first[1:] = (fq[1:] != fq[:-1]) | (fo[1:] != fo[:-1])  # same object via two keywords: keep one
-        fq, fo, d = fq[first], fo[first], d[first]
-        start = np.searchsorted(fq, np.arange(m))
-        rank = np.arange(len(fq)) - start[fq]
-        keep = rank < k[fq]
-        counts = np.bincount(fq[keep], minlength=m).astype(np.int64)
-        return fo[keep], counts, d[keep]
+        # Nearest first, ties by id (exact ranks), an object found through two keywords once.
+        take, counts, _ = nearest_first(fq, d, self._id_rank[fo].astype(np.uint64), fo, k)
+        return fo[take], counts, d[take]
 
     def _knn_parallel(self, lon, lat, keywords, k, processes: int):
         """:meth:`knn_v` with the queries cut into ``processes`` spatially coherent shares.

@@ -7,6 +7,8 @@ from collections.abc import Sequence
 import numpy as np
 import pyarrow as pa
 
+from knnmon.arrays import runs
+from knnmon.coordinator.runtime.nearest_first import nearest_first
 from knnmon.coordinator.runtime.object_index import ObjectIndex
 from knnmon.coordinator.runtime.window_parts import Compactor, Part
 from knnmon.batch import KnnColumns, ObjectColumns
@@ -23,6 +25,9 @@ FOLD_MIN, FOLD_SHARE = 50_000, 0.05
 #: With a window, the streamed tail becomes a part of its own at this many objects
 #: (:mod:`~knnmon.coordinator.runtime.window_parts` merges and rebuilds the parts).
 SEAL = 10_000
+
+#: A candidate's object as ``part << _PART_SHIFT | row`` (a part holds fewer than 2^32 objects).
+_PART_SHIFT, _ROW_MASK = 32, (1 << 32) - 1
 
 
 class ObjectStore:
@@ -168,13 +173,14 @@ class ObjectStore:
         Parameters
         ----------
         lon, lat
-            ``(m,)`` degrees. ``keywords``: ``m`` lists of keywords; ``k``: ``(m,)`` ints >= 1.
+            ``(m,)`` degrees. ``keywords``: ``m`` lists of keywords, or a pyarrow list<string>
+            array of ``m``; ``k``: ``(m,)`` ints >= 1.
 
         Returns
         -------
         topk
             Per query its list nearest first, ties by id (a list of ``(object id, distance m)``
-            where one is read).
+            where one is read), with each entry's row in ``info`` (``topk.rows``).
         info
             Details of every object in those lists, in columns.
 
@@ -191,10 +197,11 @@ class ObjectStore:
         parts = [(p.table, p.index, p.alive, p.live) for p in self._parts]
         parts += [(*tail, None, len(tail[1]))] if tail is not None else []
         parts.sort(key=lambda x: -x[3])
-        words = pa.array([sorted(set(w)) for w in keywords], type=pa.list_(pa.string()))
-        Q, D, P, I, ids = [np.empty(0, np.int64)], [np.empty(0)], [np.empty(0, np.int64)], [np.empty(0, np.int64)], []
+        words = keywords if isinstance(keywords, (pa.Array, pa.ChunkedArray)) else \
+            pa.array([list(w) for w in keywords], type=pa.list_(pa.string()))
+        Q, D, K, O = [np.empty(0, np.int64)], [np.empty(0)], [np.empty(0, np.uint64)], [np.empty(0, np.int64)]
         bound = np.full(m, np.inf)
-        for p, (table, index, alive, _) in enumerate(parts):
+        for p, (_, index, alive, _) in enumerate(parts):
             if not len(index):
                 continue
             idx, counts, dist = index.knn_v(lon, lat, words, k, alive=alive, bound_m=bound)
@@ -202,21 +209,50 @@ class ObjectStore:
             bound[full] = np.minimum(bound[full], dist[(np.cumsum(counts) - counts + k - 1)[full]])
             Q.append(np.repeat(np.arange(m), counts))
             D.append(dist)
-            P.append(np.full(len(idx), p, dtype=np.int64))
-            I.append(idx)
-            ids.append(index.ids[idx])
-        Q, D, P, I = (np.concatenate(x) for x in (Q, D, P, I))
-        ids = np.concatenate(ids).astype(str) if ids else np.empty(0, dtype=str)
-        order = np.lexsort((ids, D, Q))  # by query, distance, then id: one sort for every part
-        Q, D, P, I, ids = Q[order], D[order], P[order], I[order], ids[order]
-        rank = np.arange(len(Q)) - np.searchsorted(Q, Q, side="left")
-        keep = rank < k[Q]
-        Q, D, P, I, ids = Q[keep], D[keep], P[keep], I[keep], ids[keep]
-        tables = [table.take(pa.array(np.unique(I[P == p]), type=pa.int64())).select(_DETAILS)
-                  for p, (table, _, _, _) in enumerate(parts) if (P == p).any()]
+            K.append(index.id_keys[idx])
+            O.append((p << _PART_SHIFT) | idx)
+        Q, D, K, O = (np.concatenate(x) for x in (Q, D, K, O))
+        # One ranking for every part: by query, distance, then id (prefix keys; equal ones by the ids).
+        take, counts, tied = nearest_first(Q, D, K, O, k)
+        if tied.any():
+            take = self._settle_ties(parts, take, counts, np.flatnonzero(tied), Q, D, O, k)
+        P, I = O[take] >> _PART_SHIFT, O[take] & _ROW_MASK
+        ids, rows = np.empty(len(take), dtype=object), np.empty(len(take), dtype=np.int64)
+        tables, offset = [], 0
+        for p, (table, index, _, _) in enumerate(parts):
+            sel = np.flatnonzero(P == p)
+            if not len(sel):
+                continue
+            ids[sel] = index.ids[I[sel]]
+            held = np.unique(I[sel])
+            rows[sel] = offset + np.searchsorted(held, I[sel])
+            tables.append(table.take(pa.array(held, type=pa.int64())).select(_DETAILS))
+            offset += len(held)
         info = ObjectColumns.of_table(pa.concat_tables(tables).combine_chunks()) if tables else \
             ObjectColumns.of_infos({})
-        return KnnColumns(np.bincount(Q, minlength=m), ids.tolist(), D), info
+        return KnnColumns(counts, ids.tolist(), D[take], rows), info
+
+    @staticmethod
+    def _settle_ties(parts: list, take: np.ndarray, counts: np.ndarray, tied: np.ndarray, Q: np.ndarray,
+                     D: np.ndarray, O: np.ndarray, k: np.ndarray) -> np.ndarray:
+        """``take`` with the lists of the queries ``tied`` (equal distances and id prefix keys
+        among their first ``k + 1``) ranked again by the ids themselves (no object is in two
+        parts, so their counts stay)."""
+        cand = np.flatnonzero(np.isin(Q, tied))
+        ids = np.empty(len(cand), dtype=object)
+        p_of = O[cand] >> _PART_SHIFT
+        for p in np.unique(p_of).tolist():
+            sel = p_of == p
+            ids[sel] = parts[p][1].ids[O[cand][sel] & _ROW_MASK]
+        order = np.lexsort((ids.astype(str), D[cand], Q[cand]))
+        cand = cand[order]
+        q = Q[cand]
+        rank = np.arange(len(cand)) - np.searchsorted(q, q, side="left")
+        cand = cand[rank < k[q]]
+        ends = np.cumsum(counts)
+        take = take.copy()
+        take[runs(ends[tied] - counts[tied], counts[tied])] = cand
+        return take
 
     def knn(self, lon: float, lat: float, keywords: Sequence[str], k: int) -> tuple[list[tuple[str, float]],
                                                                                     ObjectColumns]:

@@ -187,7 +187,7 @@ class RoutingUpkeep:
         for args in journal:
             r.add_many(*args)
         self.baseline, self._unregistered_at = r.entries, self._started_unregistered
-        replayed = sum(len(a[0]) for a in journal)
+        replayed = sum(len(a[1]) for a in journal)  # (the queries' x0)
         self._built_at, self._additions_at = time.monotonic(), r.additions - replayed
         self.rebuilds += 1
         swap = time.perf_counter() - t0

@@ -129,7 +129,11 @@ class ObjectColumns(Mapping[str, ObjectInfo]):
     def subset(self, oids: Sequence[str]) -> ObjectColumns:
         """The objects of ``oids`` that are here (each once), in columns."""
         rows = np.unique(self._rows(list(oids)))
-        sel = rows[rows >= 0].tolist()
+        return self.take(rows[rows >= 0])
+
+    def take(self, rows: Any) -> ObjectColumns:
+        """The objects at ``rows`` (``(r,)`` int64 positions here, each once), in that order."""
+        sel = np.asarray(rows, dtype=np.int64).tolist()
         if self._table is not None:
             import pyarrow as pa
 
@@ -222,11 +226,15 @@ class KnnColumns(Sequence[list[tuple[str, float]]]):
         ``sum(counts)`` object ids.
     dist
         ``(sum(counts),)`` float64 meters.
+    rows
+        ``(sum(counts),)`` int64 or ``None``: where the lists come with their objects' details
+        (:meth:`ObjectColumns.take`), each entry's row there.
     """
 
-    def __init__(self, counts: Any, ids: Sequence[str], dist: Any) -> None:
+    def __init__(self, counts: Any, ids: Sequence[str], dist: Any, rows: Any = None) -> None:
         self.counts = np.asarray(counts, dtype=np.int64)
         self.ids, self.dist = ids, np.asarray(dist, dtype=np.float64)
+        self.rows = None if rows is None else np.asarray(rows, dtype=np.int64)
         self._ends = np.cumsum(self.counts)
 
     def take(self, rows: Sequence[int]) -> KnnColumns:
@@ -234,7 +242,8 @@ class KnnColumns(Sequence[list[tuple[str, float]]]):
         rows = np.asarray(rows, dtype=np.int64)
         n = self.counts[rows]
         at = runs(self._ends[rows] - n, n)
-        return KnnColumns(n, [self.ids[j] for j in at.tolist()], self.dist[at])
+        return KnnColumns(n, [self.ids[j] for j in at.tolist()], self.dist[at],
+                          None if self.rows is None else self.rows[at])
 
     def kth(self, k: Any) -> np.ndarray:
         """``(m,)`` float64: each list's ``k[i]``-th distance (meters), ``inf`` where it holds

@@ -42,15 +42,37 @@ def id_prefix_keys(ids) -> np.ndarray:
     Parameters
     ----------
     ids
-        ``m`` strings (a sequence).
+        ``m`` strings: a sequence, or a pyarrow string array (read from its buffers, no Python
+        string per id; no nulls).
 
     Returns
     -------
     numpy.ndarray
         ``(m,)`` uint64.
     """
+    if isinstance(ids, pa.ChunkedArray):
+        ids = ids.combine_chunks()
+    if isinstance(ids, pa.Array):
+        return _arrow_prefix_keys(ids)
     raw = np.array([s.encode()[:8] for s in ids], dtype="S8") if len(ids) else np.empty(0, "S8")
     return raw.view(">u8").astype(np.uint64)
+
+
+def _arrow_prefix_keys(ids: pa.Array) -> np.ndarray:
+    """:func:`id_prefix_keys` of a string (or large string) array, from its offsets and bytes."""
+    n = len(ids)
+    if not n:
+        return np.empty(0, dtype=np.uint64)
+    wide = pa.types.is_large_string(ids.type)
+    offsets = np.frombuffer(ids.buffers()[1], dtype=np.int64 if wide else np.int32)[ids.offset:ids.offset + n + 1]
+    data = np.frombuffer(ids.buffers()[2], dtype=np.uint8)
+    start = offsets[:-1].astype(np.int64)
+    length = np.minimum(np.diff(offsets), 8)
+    raw = np.zeros((n, 8), dtype=np.uint8)
+    for j in range(8):
+        has = length > j
+        raw[has, j] = data[start[has] + j]
+    return raw.reshape(-1).view(">u8").astype(np.uint64)
 
 
 def id_hashes(ids) -> np.ndarray:
