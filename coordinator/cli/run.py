@@ -47,10 +47,12 @@ def _run(a: argparse.Namespace) -> int:
                        routing_entries=a.routing_entries, overlap_writes=not a.sync_writes, arrival_ms=a.arrival_ms)
     with Runtime(a.objects, a.queries, config) as rt:
         summary = rt.run(progress=not a.quiet)
-    print(format_run_summary(summary))
-    if a.report:
-        with open(a.report, "w", encoding="utf-8") as fh:
-            json.dump(summary.to_dict(), fh, indent=2)
+        # Out before the workers, Ray and Redis stop: whatever happens at the stop, the run's
+        # summary and report are written.
+        print(format_run_summary(summary), flush=True)
+        if a.report:
+            with open(a.report, "w", encoding="utf-8") as fh:
+                json.dump(summary.to_dict(), fh, indent=2)
     return 0
 
 

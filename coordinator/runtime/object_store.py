@@ -10,7 +10,7 @@ import pyarrow as pa
 from knnmon.arrays import runs
 from knnmon.coordinator.runtime.nearest_first import nearest_first
 from knnmon.coordinator.runtime.object_index import ObjectIndex
-from knnmon.coordinator.runtime.window_parts import Compactor, Part
+from knnmon.coordinator.runtime.window_parts import FIT_BEFORE_SEARCHES, Compactor, Part
 from knnmon.batch import KnnColumns, ObjectColumns
 
 __all__ = ["ObjectStore"]
@@ -193,6 +193,9 @@ class ObjectStore:
         m = len(lon)
         if self._windowed:
             self._parts = self.compactor.poll(self._parts, self._cutoff)
+            if m >= FIT_BEFORE_SEARCHES:  # (a refill wave: its region's space out of the boxes first)
+                for part in self._parts:
+                    part.fit()
         tail = self._tail_index()
         parts = [(p.table, p.index, p.alive, p.live) for p in self._parts]
         parts += [(*tail, None, len(tail[1]))] if tail is not None else []

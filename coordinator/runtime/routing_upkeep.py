@@ -49,6 +49,8 @@ SLACK = 1 << 16
 UNREGISTERED_SHARE = 0.1
 #: Seconds after which a table that had additions since its last build is rebuilt.
 REBUILD_S = 120.0
+#: Seconds :meth:`RoutingUpkeep.close` waits for a build in flight.
+CLOSE_WAIT_S = 60.0
 
 
 class RoutingUpkeep:
@@ -116,10 +118,18 @@ class RoutingUpkeep:
         self._finish()
         return time.perf_counter() - t0
 
-    def close(self) -> None:
-        """Drop a build in flight and stop the thread (not waiting for it)."""
+    def close(self, timeout_s: float = CLOSE_WAIT_S) -> None:
+        """Drop a build in flight and stop the thread, waiting up to ``timeout_s`` seconds for
+        the build to return: it may be waiting on the workers (their regions), and a Ray call
+        from another thread once Ray is shut down ends the process (``knnmon run --rebalance``
+        exited with status 1 and no summary when a re-plan's rebuild was in flight at the end)."""
         self.routing.journal(False)
-        self._build = None
+        build, self._build = self._build, None
+        if build is not None:
+            try:
+                build.result(timeout=timeout_s)
+            except Exception as ex:  # noqa: BLE001 (dropped: only its end is waited for)
+                log.info("routing table rebuild dropped at close: %s", type(ex).__name__)
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
             self._executor = None

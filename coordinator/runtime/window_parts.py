@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from knnmon.coordinator.runtime.object_index import ObjectIndex
 
-__all__ = ["Compactor", "MERGE_RATIO", "Part"]
+__all__ = ["Compactor", "FIT_BEFORE_SEARCHES", "MERGE_RATIO", "Part"]
 
 #: The newest parts merge while the newest holds at least 1 / MERGE_RATIO as many live objects.
 MERGE_RATIO = 4
@@ -35,6 +35,11 @@ REBUILD_LIVE = 0.5
 #: visited). A count, not a time, so that a run does the same fits every time (~50,000 nodes took
 #: ~10 ms here).
 REFIT_MIN, REFIT_NODES = 1000, 50_000
+#: A search of this many queries or more (a refill wave: the queries of a region whose objects
+#: just expired) first fits every part with objects expired since its last fit, whatever their
+#: count: a fit costs 10-150 ms there, the search over boxes that still span the emptied region
+#: up to seconds (docs/window.md, "Refill waves").
+FIT_BEFORE_SEARCHES = 1000
 
 
 @dataclass
@@ -47,6 +52,7 @@ class Part:
     alive: np.ndarray | None = None
     fitted: int | None = None  # the cutoff the index's boxes were last fitted to
     fit_nodes: int = 0  # the last fit's cost
+    cutoff: int | None = None  # the cutoff ``alive`` holds
 
     @classmethod
     def of(cls, table: pa.Table, index: ObjectIndex | None = None) -> Part:
@@ -66,13 +72,19 @@ class Part:
             return None
         if self.t.min() > cutoff:
             return self
-        self.alive = self.t > cutoff
-        since = ~self.alive if self.fitted is None else ~self.alive & (self.t > self.fitted)  # expired since the fit
-        n = int(since.sum())
-        if n >= REFIT_MIN * max(1.0, self.fit_nodes / REFIT_NODES):
-            self.fit_nodes = self.index.refit(self.alive, np.flatnonzero(since))
-            self.fitted = cutoff
+        self.alive, self.cutoff = self.t > cutoff, cutoff
+        self.fit(REFIT_MIN * max(1.0, self.fit_nodes / REFIT_NODES))
         return self
+
+    def fit(self, least: float = 1) -> None:
+        """Fit the index's boxes to the live objects (``ObjectIndex.refit``) if at least
+        ``least`` objects expired since the last fit."""
+        if self.alive is None or self.fitted == self.cutoff:
+            return
+        since = ~self.alive if self.fitted is None else ~self.alive & (self.t > self.fitted)
+        if since.sum() >= least:
+            self.fit_nodes = self.index.refit(self.alive, np.flatnonzero(since))
+            self.fitted = self.cutoff
 
 
 def _build(sources: list[tuple[pa.Table, np.ndarray | None]]) -> Part:

@@ -16,25 +16,53 @@ region = st.tuples(st.lists(st.integers(0, 5), max_size=3, unique=True), st.inte
 
 
 @settings(max_examples=60, deadline=None)
-@given(calls=st.lists(st.lists(region, max_size=40), min_size=1, max_size=8), n=st.sampled_from([2, 16]))
-def test_every_cell_routes_to_the_workers_of_the_regions_covering_it(calls, n):
+@given(calls=st.lists(st.lists(region, max_size=40), min_size=1, max_size=8), n=st.sampled_from([2, 16]),
+       as_words=st.booleans())
+def test_every_cell_routes_to_the_workers_of_the_regions_covering_it(calls, n, as_words):
+    """Codes given as lists, or as the queries' keywords in one Arrow array (``codes_of``); the
+    journal, replayed onto a table as it was, gives the same routes."""
+    import pyarrow as pa
+
     grid = Grid(-10.0, 0.0, 10.0, 20.0, n=n)
-    table = RoutingTable(grid, [str(i) for i in range(6)], np.zeros(6, dtype=np.uint64), np.empty(0, dtype=np.int64),
-                         np.empty(0, dtype=np.uint64))
+
+    def empty() -> RoutingTable:
+        return RoutingTable(grid, [str(i) for i in range(6)], np.zeros(6, dtype=np.uint64),
+                            np.empty(0, dtype=np.int64), np.empty(0, dtype=np.uint64))
+
+    table = empty()
     want = np.zeros((6, n * n), dtype=np.uint64)  # brute force: (code, cell) -> workers
     table.journal(True)
     for call in calls:
         call = [(cs, min(a, n - 1), min(b, n - 1), min(max(a, c), n - 1), min(max(b, d), n - 1), w)
                 for cs, a, b, c, d, w in call]
-        table.add_many([c[0] for c in call], *(np.array([c[i] for c in call], dtype=np.int64) for i in range(1, 6)))
+        codes = table.codes_of(pa.array([[str(x) for x in c[0]] for c in call], type=pa.list_(pa.string()))) \
+            if as_words else [c[0] for c in call]
+        table.add_many(codes, *(np.array([c[i] for c in call], dtype=np.int64) for i in range(1, 6)))
         for cs, x0, y0, x1, y1, w in call:
             cells = [y * n + x for y in range(y0, y1 + 1) for x in range(x0, x1 + 1)]
             everywhere = (x0, y0, x1, y1) == (0, 0, n - 1, n - 1) or len(cells) * len(cs) > MAX_ENTRIES_PER_QUERY
             for c in cs:
                 want[c, slice(None) if everywhere else cells] |= np.uint64(1) << np.uint64(w)
-    assert len(table.journal(False)) == len(calls)
+    journal = table.journal(False)
+    assert len(journal) == len(calls)
+    replayed = empty()
+    for args in journal:
+        replayed.add_many(*args)
     for keys in (table.keys, table.delta_keys):
         assert np.all(np.diff(keys) > 0)  # sorted, unique
     code, cell = np.divmod(np.arange(6 * n * n), n * n)
     got = table.route_v(cell, np.arange(6 * n * n), code)
     assert np.array_equal(got, want.ravel())
+    assert np.array_equal(replayed.route_v(cell, np.arange(6 * n * n), code), want.ravel())
+
+
+def test_codes_of_gives_a_new_keyword_its_code():
+    """A refill's or a registration's keywords in one Arrow array: known ones by their codes, a
+    new one added to the vocabulary (as :meth:`RoutingTable.code` adds it)."""
+    import pyarrow as pa
+
+    table = RoutingTable(Grid(-10.0, 0.0, 10.0, 20.0, n=4), ["a", "b"], np.zeros(2, dtype=np.uint64),
+                         np.empty(0, dtype=np.int64), np.empty(0, dtype=np.uint64))
+    counts, codes = table.codes_of(pa.array([["b"], [], ["new", "a"]], type=pa.list_(pa.string())))
+    assert counts.tolist() == [1, 0, 2] and codes.tolist() == [1, 2, 0]
+    assert table.vocabulary == ["a", "b", "new"] and table.code("new") == 2

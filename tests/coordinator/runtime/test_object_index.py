@@ -170,23 +170,28 @@ def test_ties_fewer_than_k_antimeridian_and_poles():
         assert [x[0] for x in g] == [x[0] for x in oracle.knn(case[0], case[1], case[2], case[3])]
 
 
-@pytest.mark.parametrize("background", [False, True])
-def test_a_windowed_store_in_many_parts_equals_the_oracle_over_the_live_objects(places_slice, monkeypatch, background):
+@pytest.mark.parametrize("background,fit_at_search", [(False, False), (True, False), (True, True)])
+def test_a_windowed_store_in_many_parts_equals_the_oracle_over_the_live_objects(places_slice, monkeypatch, background,
+                                                                                fit_at_search):
     """The live objects sealed into parts of a few hundred (merged as an LSM tree, half-dead
     ones rebuilt; on the compactor's thread or at once), searched largest first, each part within
     the k-th distance of the parts before: every query's kNN equals the brute-force oracle over
-    the live objects, after each expiry, whichever builds are done."""
-    from knnmon.coordinator.runtime import object_store
+    the live objects, after each expiry, whichever builds are done; also with the parts' boxes
+    fitted to their live objects only before a search (as before a refill wave's)."""
+    from knnmon.coordinator.runtime import object_store, window_parts
     from knnmon.coordinator.runtime.object_store import ObjectStore
     from knnmon.coordinator.runtime.preparation import with_arrival_times
     from knnmon.ingest.reading import stream_order
 
     monkeypatch.setattr(object_store, "SEAL", 200)
+    if fit_at_search:
+        monkeypatch.setattr(object_store, "FIT_BEFORE_SEARCHES", 1)
+        monkeypatch.setattr(window_parts, "REFIT_MIN", 10**9)
     objects = with_arrival_times(stream_order(read_objects(str(places_slice)), None), 1000)
     window = 2500 * 1000
     store = ObjectStore(objects.slice(0, 2000).slice(0, 0), background=background)
     rng = np.random.default_rng(3)
-    checked, most = 0, 0
+    checked, most, fits = 0, 0, 0
     for start in range(0, 8000, 250):
         batch = objects.slice(start, 250)
         store.append(batch)
@@ -202,6 +207,8 @@ def test_a_windowed_store_in_many_parts_equals_the_oracle_over_the_live_objects(
         kws = [w[:2] for w in pick.column("keywords").to_pylist()]
         k = rng.integers(1, 12, size=60)
         topk, _ = store.knn_v(lon, lat, kws, k)
+        if fit_at_search:
+            fits += sum(p.fitted is not None and p.fitted == p.cutoff for p in store._parts if p.alive is not None)
         most = max(most, len(store._parts) + bool(store._batches))  # the parts and the tail searched
         for i in range(60):
             assert [o for o, _ in topk[i]] == [o for o, _ in oracle.knn(lon[i], lat[i], kws[i], int(k[i]))]
@@ -209,4 +216,5 @@ def test_a_windowed_store_in_many_parts_equals_the_oracle_over_the_live_objects(
     store.compactor.wait()
     store.expire(int(t.max()) - window)  # the last build swapped in
     assert checked >= 7 and most >= 2 and store.compactor.builds >= 5
+    assert fits >= 3 or not fit_at_search
     store.close()
