@@ -15,6 +15,9 @@ a new one and rebuilds it from what Redis holds, while the other workers keep th
    died in the middle of, only the rows whose changes Redis does not hold are sent again
    (:func:`rows_to_resend`).
 
+The queries are read :data:`CHUNK` at a time (one script call each), and each chunk is loaded
+into the new worker while the next is read, so the load costs little beyond the read.
+
 The revived worker's reports of batches it had applied before dying are lost (empty reports).
 
 **With a window** Redis holds each result's first ``k`` but not the reserve beyond it. Between
@@ -56,11 +59,15 @@ from knnmon.errors import WorkerLostError
 from knnmon.keys import Keys
 from knnmon.query import QueryColumns
 from knnmon.reports import WorkerReport
-from knnmon.results import ResultReader
+from knnmon.results import ResultReader, StoredLists
 
 __all__ = ["Revival", "applied_state", "held_details", "last_applied_batch", "revive", "rows_to_resend"]
 
 log = logging.getLogger("knnmon.runtime")
+
+#: Queries read from Redis per script call in a revival, and loaded into the new worker while
+#: the next chunk is read.
+CHUNK = 10_000
 
 
 def _marker_tag(marker: str | None) -> tuple[int, int | None]:
@@ -159,9 +166,11 @@ class Revival:
         With a window, what Redis needed to hold the rebuilt results
         (:func:`~knnmon.coordinator.runtime.revival_repair.repair_worker`).
     seconds
-        Its steps' wall time: ``read`` (queries and results from Redis), ``search`` (with a
-        window: the lists over the live objects, their regions routed), ``repair``, ``load``
-        (the new worker started and loaded), ``total``.
+        Its steps' wall time: ``details`` (with a window: the members' details from Redis),
+        ``read`` (queries and results from Redis, a chunk at a time, each chunk loaded into the
+        new worker while the next is read), ``search`` (with a window, where the lists are
+        rebuilt: over the live objects, their regions routed), ``repair``, ``load`` (the new
+        worker's load beyond the read), ``total``.
     """
 
     batches: list[DispatchedBatch]
@@ -171,7 +180,7 @@ class Revival:
 
 
 def revive(pool: RayPool, registrar: Registrar, redis_url: str, namespace: str, worker: int,
-           uncollected: Sequence[DispatchedBatch], chunk: int = 10_000, *, also: Sequence[str] = (),
+           uncollected: Sequence[DispatchedBatch], chunk: int | None = None, *, also: Sequence[str] = (),
            live: ObjectStore | None = None, version: int = 0,
            refill: Callable[[int, QueryColumns, frozenset[str]], Refills | None] | None = None) -> Revival:
     """Start worker ``worker`` anew and rebuild it exactly (module docstring): its queries (the
@@ -195,13 +204,14 @@ def revive(pool: RayPool, registrar: Registrar, redis_url: str, namespace: str, 
         Redis unreachable.
     """
     t0 = time.perf_counter()
+    chunk = chunk or CHUNK
     pool.replace(worker, vocabulary={})  # the new process starts while its state is read
     keys = Keys(namespace)
     client = connect(redis_url)
+    routing = registrar.plan.routing
+    seconds: dict[str, float] = {}
     try:
         qids = [q for q, w in registrar.query_worker.items() if w == worker] + list(also)
-        stored = ResultReader(client, keys, url=redis_url, chunk=chunk).lists(qids)
-        queries, absent = stored.queries, stored.absent
         try:
             last, partial = with_retries(lambda: applied_state(client, keys, worker), "reading a worker's marker",
                                          redis_url)
@@ -209,27 +219,45 @@ def revive(pool: RayPool, registrar: Registrar, redis_url: str, namespace: str, 
             if live is None:
                 raise
             last, partial = -1, (-1, np.empty(0, np.int64))  # (a window rebuilds over the live objects)
+        # With a window: from Redis with the members' details when it holds them, and a batch in
+        # flight (one; not released in parts) replayed on top of what the worker wrote.
+        first_k = live is not None and (not uncollected or (refill is not None and len(uncollected) == 1
+                                                            and partial is None and uncollected[0].cutoff is not None))
+        hashes = None  # the worker's details hashes, once read
+        if first_k:
+            t1 = time.perf_counter()
+            hashes = read_details(redis_url, namespace, worker)
+            seconds["details"] = time.perf_counter() - t1
+        # Read chunk by chunk, each loaded while the next is read (from Redis as it holds them),
+        # until a chunk's members lack details (a window's lists are then rebuilt over the live objects).
+        streaming = live is None or first_k
+        reader = ResultReader(client, keys, url=redis_url, chunk=chunk)
+        parts, loads = [], []
+        for s in range(0, max(len(qids), 1), chunk):
+            part = reader.lists(qids[s:s + chunk])
+            parts.append(part)
+            details: Any = {}
+            if streaming and first_k:
+                details = held_details(hashes, part.members)
+                streaming = details is not None
+            if streaming:
+                codes = {x: routing.code(x) for kws in part.queries.keywords for x in kws}
+                loads.append(pool.load(worker, part.queries, KnnColumns(part.counts, part.members, part.dist),
+                                       details, write=False, vocabulary=codes, first_k=first_k,
+                                       rebuild=s + chunk >= len(qids)))
     finally:
         client.close()
-    seconds = {"read": time.perf_counter() - t0}
-    routing = registrar.plan.routing
-    codes = {x: routing.code(x) for kws in queries.keywords for x in kws}
-    topk = KnnColumns(stored.counts, stored.members, stored.dist)  # (columns to the worker)
-    details: Any = {}
+    stored = StoredLists.concat(parts)
+    queries, absent = stored.queries, stored.absent
+    seconds["read"] = time.perf_counter() - t0 - seconds.get("details", 0.0)
     repair = Repair()
-    first_k = replay = False
-    hashes = None  # the worker's details hashes, once read
-    # With a window: from Redis with the members' details when it holds them, and a batch in
-    # flight (one; not released in parts) replayed on top of what the worker wrote.
-    if live is not None and (not uncollected or (refill is not None and len(uncollected) == 1 and partial is None
-                                                 and uncollected[0].cutoff is not None)):
-        t1 = time.perf_counter()
-        hashes = read_details(redis_url, namespace, worker)
-        stored_details = held_details(hashes, stored.members)
-        seconds["details"] = time.perf_counter() - t1
-        if stored_details is not None:
-            details, first_k, replay, live = stored_details, True, bool(uncollected), None
-    if live is not None:  # the lists with their reserves, Redis made to hold their first k
+    replay = first_k and streaming and bool(uncollected)
+    if streaming:
+        live = None
+    else:  # the lists with their reserves over the live objects, Redis made to hold their first k
+        first_k = False
+        if loads:  # (chunks loaded before one lacked its details: a new worker again)
+            pool.replace(worker, vocabulary={})
         lon, lat, k = queries.lon, queries.lat, queries.k
         cap = k + registrar.reserve
         t1 = time.perf_counter()
@@ -241,9 +269,10 @@ def revive(pool: RayPool, registrar: Registrar, redis_url: str, namespace: str, 
         repair = repair_worker(redis_url, namespace, worker, list(queries.ids), stored.results(), topk, k, details,
                                version=version, tag=version - 1, held=hashes)
         seconds.update(search=t2 - t1, repair=time.perf_counter() - t2)
+        codes = {x: routing.code(x) for kws in queries.keywords for x in kws}
+        loads = [pool.load(worker, queries, topk, details, write=False, vocabulary=codes)]
     t3 = time.perf_counter()
-    pool.gather([pool.load(worker, queries, topk, details, write=False,
-                           vocabulary=codes, first_k=first_k)])
+    pool.gather(loads)
     seconds.update(load=time.perf_counter() - t3, total=time.perf_counter() - t0)
     out, resent = [], 0
     for d in uncollected:

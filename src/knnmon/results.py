@@ -63,6 +63,22 @@ class StoredLists:
     dist: Any
     absent: list[str]
 
+    @classmethod
+    def concat(cls, parts: Sequence[StoredLists]) -> StoredLists:
+        """The lists of ``parts`` (read chunk by chunk) one after the other."""
+        import numpy as np
+
+        from knnmon.query import QueryColumns
+
+        if len(parts) == 1:
+            return parts[0]
+        qs = [p.queries for p in parts]
+        queries = QueryColumns([i for q in qs for i in q.ids], np.concatenate([q.lon for q in qs]),
+                               np.concatenate([q.lat for q in qs]), [w for q in qs for w in q.keywords],
+                               np.concatenate([q.k for q in qs]))
+        return cls(queries, np.concatenate([p.counts for p in parts]), [m for p in parts for m in p.members],
+                   np.concatenate([p.dist for p in parts]), [a for p in parts for a in p.absent])
+
     def results(self) -> list[list[tuple[str, float]]]:
         """Each result as a list of ``(object id, distance m)``."""
         out, at = [], 0

@@ -188,6 +188,25 @@ def test_a_killed_ray_worker_surfaces_as_worker_lost(small, ray_instance, redis_
         assert ex.value.worker == 1
 
 
+def test_a_routing_rebuild_in_flight_is_waited_for_at_close(small, ray_instance, redis_url, namespace, tmp_path):
+    """``knnmon run --rebalance`` with Ray workers exited with status 1 and no summary (issue
+    36): a re-plan's routing rebuild was still waiting on the workers (their regions, queued
+    behind the batches in flight) in its own thread when the run shut Ray down, and a Ray call
+    after the shutdown ends the process. Closing the upkeep waits for the build to return."""
+    objects_dir, queries, _ = small
+    config = RunConfig(workers=2, initial=4000, batch=500, in_flight=4,
+                       store=StoreConfig(redis_url, namespace, str(tmp_path)))
+    with Runtime(objects_dir, queries, config) as rt:
+        for _, b in zip(range(3), rt.batches()):  # in flight, not collected
+            rt.dispatcher.dispatch(b)
+        rt.upkeep.request()
+        rt.upkeep_routing()
+        build = rt.upkeep._build
+        assert build is not None
+        rt.upkeep.close()
+        assert build.done() and build.exception() is None and not rt.upkeep.building
+
+
 @contextlib.contextmanager
 def _two_ray_workers_after_three_batches(small, redis_url, namespace, tmp_path):
     """A runtime of 2 Ray workers over the slice, its first 3 batches processed: ``(rt, batches)``."""
