@@ -127,7 +127,9 @@ class Lifecycle:
                     reserve=run_config.places_reserved, allowed_lateness=self.config.run.allowed_lateness)
         self.counters["objects_entries_read"] = r.objects_entries_read
         self.counters["queries_entries_read"] = r.queries_entries_read
+        t_start = time.perf_counter()
         self.runtime = Runtime(None, None, run_config, r.prepared, resume=True).start()
+        started_s = time.perf_counter() - t_start
         self.query_ops.queries = r.queries
         ledger = self.ledger
         ledger.client, ledger.url, ledger.checkpointer = self.client, self.redis_url, None
@@ -138,8 +140,9 @@ class Lifecycle:
         ledger.ack(self.keys.ingest_objects, r.pending, r.rejects)
         ledger.busy_ms = np.zeros(self.config.run.workers)
         self._take_worker_list()
-        log.info("recovered %d queries over %d objects (%d entries re-acknowledged) in %.1f s", len(r.queries),
-                 r.prepared.initial.num_rows, len(r.pending), time.perf_counter() - t0)
+        log.info("recovered %d queries over %d objects (%d entries re-acknowledged) in %.1f s (%s, workers started "
+                 "and loaded %.1f s)", len(r.queries), r.prepared.initial.num_rows, len(r.pending),
+                 time.perf_counter() - t0, ", ".join(f"{k} {v:.1f} s" for k, v in r.seconds.items()), started_s)
         self._publish_status(force=True)
 
     def _take_worker_list(self) -> None:

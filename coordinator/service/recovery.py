@@ -17,7 +17,8 @@ unacknowledged query operations are applied again by the service (both are idemp
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
@@ -65,6 +66,10 @@ class Recovered:
     spans
         ``(first entry id, last entry id, largest t)`` of the stream's entries read, in chunks
         (the checkpoints' record of what the live objects need).
+    seconds
+        Its steps' wall time: ``objects`` (the objects stream read and parsed), ``queries``
+        (their hashes), ``search`` (the exact kNN and the plan), ``reconcile`` (the stored
+        results compared and repaired).
     """
 
     prepared: Prepared
@@ -75,6 +80,7 @@ class Recovered:
     queries_entries_read: int
     repaired: int
     spans: list[tuple[str, str, int | None]]
+    seconds: dict[str, float] = field(default_factory=dict)
 
 
 def objects_table(objects: list) -> pa.Table:
@@ -304,6 +310,7 @@ def recover(client: redis.Redis, url: str, namespace: str, preload: pa.Table, mo
     """
     keys = Keys(namespace)
     create_groups(client, keys)
+    t0 = time.perf_counter()
     objects, pending, rejects, read, spans, unacked = read_object_log(client, keys, preload, limits, skip)
     if window is not None and objects.num_rows:
         # An entry delivered but never acknowledged whose object is already expired at the
@@ -312,10 +319,13 @@ def recover(client: redis.Redis, url: str, namespace: str, preload: pa.Table, mo
         rejects += [(eid, fields, Rejected("late", f"t={t} <= {cutoff} (the watermark minus the window)"))
                     for eid, fields, t in unacked if t <= cutoff]
         objects = live_initial(objects, window, allowed_lateness)
+    t2 = time.perf_counter()
     queries = read_queries(client, keys, limits=limits)
     queries_read = client.xlen(keys.ingest_queries) - _undelivered(client, keys.ingest_queries)
+    t3 = time.perf_counter()
     prepared = prepare_tables(model, QueryColumns.of(queries).to_table(), objects, OBJECT_SCHEMA.empty_table(),
                               processes=processes, reserve=reserve)
+    t4 = time.perf_counter()
     # The repairs take the version after the largest written (a batch cut short by the stop may
     # have written it for some queries), and the stream goes on after them.
     repair_version = feed_version(client, keys) + 1
@@ -325,4 +335,6 @@ def recover(client: redis.Redis, url: str, namespace: str, preload: pa.Table, mo
     if repaired:
         log.warning("recovery: %d stored results differed from the exact kNN over the delivered objects (work in "
                     "flight when the service stopped) and were repaired, one change feed line each", repaired)
-    return Recovered(prepared, {q.id: q for q in queries}, pending, rejects, read, queries_read, repaired, spans)
+    seconds = {"objects": t2 - t0, "queries": t3 - t2, "search": t4 - t3, "reconcile": time.perf_counter() - t4}
+    return Recovered(prepared, {q.id: q for q in queries}, pending, rejects, read, queries_read, repaired, spans,
+                     seconds)
