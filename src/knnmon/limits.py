@@ -9,6 +9,8 @@ Light (no numpy): the Python client uses it.
 
 from __future__ import annotations
 
+import re
+
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -64,6 +66,9 @@ class Limits:
 
 DEFAULT_LIMITS = Limits()
 
+#: Any whitespace character (``\s`` on a str pattern is exactly ``str.isspace``).
+_SPACE = re.compile(r"\s")
+
 
 def check_fields(fields: Mapping[Any, Any]) -> None:
     """Every field of an entry at most :data:`MAX_FIELD_BYTES` long.
@@ -77,8 +82,8 @@ def check_fields(fields: Mapping[Any, Any]) -> None:
         text = value if isinstance(value, bytes) else str(value)
         if len(text) > MAX_FIELD_BYTES:
             raise Rejected("field_too_large", f"field {str(key)[:64]!r} exceeds {MAX_FIELD_BYTES:,} bytes")
-        try:
-            size = len(text) if isinstance(text, bytes) else len(text.encode())
+        try:  # (ASCII text is its own UTF-8, and holds no lone surrogate)
+            size = len(text) if isinstance(text, bytes) or text.isascii() else len(text.encode())
         except UnicodeEncodeError:  # bytes that were not UTF-8 (read with surrogateescape), or JSON's "\ud800"
             raise Rejected("not_utf8", f"field {str(key)[:64]!r} is not UTF-8 text") from None
         if size > MAX_FIELD_BYTES:
@@ -99,7 +104,7 @@ def parse_id(raw: Any) -> str:
         raise Rejected("missing_id")
     if len(oid) > MAX_ID_BYTES:  # (before looking at each character: at most 4 bytes each)
         raise Rejected("bad_id", f"id of {len(oid):,} characters (at most {MAX_ID_BYTES} bytes)")
-    if any(c.isspace() or not c.isprintable() for c in oid):  # (a lone surrogate is not printable)
+    if not oid.isprintable() or _SPACE.search(oid):  # (a lone surrogate is not printable)
         raise Rejected("bad_id", f"id={oid[:64]!r} holds whitespace, a control character or a lone surrogate")
     if len(oid.encode()) > MAX_ID_BYTES:
         raise Rejected("bad_id", f"id of {len(oid.encode()):,} bytes (at most {MAX_ID_BYTES})")

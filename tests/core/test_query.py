@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from knnmon.errors import REJECT_REASONS, InvalidArgumentError, InvalidQueryError
 from knnmon.limits import Limits
@@ -50,3 +52,20 @@ def test_limits_are_the_deployments_to_set():
         Query.create("q", 1, 2, "coffee tea cake", 1, limits=tight)
     with pytest.raises(InvalidArgumentError, match="--max-k must be >= 1"):
         Limits(max_k=0)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(min_size=1, max_size=40))
+def test_an_id_is_refused_for_any_whitespace_or_unprintable_character_in_it(text):
+    """``parse_id`` checks the whole id at once; the rule is still every character's: after the
+    outer blanks are stripped, no whitespace, control character or lone surrogate inside."""
+    from knnmon.errors import Rejected
+    from knnmon.limits import parse_id
+
+    inner = text.strip()
+    bad = not inner or any(c.isspace() or not c.isprintable() for c in inner) or len(inner.encode(
+        errors="surrogatepass")) > 256
+    try:
+        assert parse_id(text) == inner and not bad
+    except Rejected as ex:
+        assert bad and ex.reason in ("missing_id", "bad_id")
