@@ -260,8 +260,10 @@ def reconcile(url: str, namespace: str, client: redis.Redis, prepared: Prepared,
         for s in range(0, len(qids), chunk):
             part = range(s, min(s + chunk, len(qids)))
             diffs, rows = [], []
-            for i, (_, _, old) in zip(part, ResultReader(client, keys, chunk=chunk).many([qids[i] for i in part])):
-                new = prepared.knn(i)[:k[i]]  # with a reserve, the list beyond k is not stored
+            lists = prepared.knn_lists(np.asarray(part, dtype=np.int64))  # (the chunk's ids in one take)
+            for j, (i, (_, _, old)) in enumerate(zip(part, ResultReader(client, keys, chunk=chunk).many(
+                    [qids[i] for i in part]))):
+                new = lists[j][:k[i]]  # with a reserve, the list beyond k is not stored
                 if new == [(o, float(d)) for o, d in old]:
                     continue
                 old_ids, new_ids = {o for o, _ in old}, {o for o, _ in new}
