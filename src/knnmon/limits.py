@@ -79,6 +79,8 @@ def check_fields(fields: Mapping[Any, Any]) -> None:
         ``field_too_large`` or ``not_utf8`` (a lone surrogate), naming the field.
     """
     for key, value in fields.items():
+        if value.__class__ is str and value.isascii() and len(value) <= MAX_FIELD_BYTES:
+            continue  # (the common case, decided at once: ASCII text is its own UTF-8)
         text = value if isinstance(value, bytes) else str(value)
         if len(text) > MAX_FIELD_BYTES:
             raise Rejected("field_too_large", f"field {str(key)[:64]!r} exceeds {MAX_FIELD_BYTES:,} bytes")
