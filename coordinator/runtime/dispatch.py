@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 
 from knnmon.assignment.routing import RoutingTable, popcount
-from knnmon.batch import ObjectBatch, Refills
+from knnmon.batch import KnnColumns, ObjectBatch, Refills
 from knnmon.coordinator.runtime.metrics import BatchReport
 from knnmon.coordinator.runtime.object_store import ObjectStore
 from knnmon.coordinator.runtime.seen_ids import SeenIds
@@ -165,7 +165,12 @@ class Dispatcher:
         for w in np.unique(workers).tolist():
             sel = np.flatnonzero(workers == w)
             mine = topk.take(sel)
-            objects = info.take(np.unique(mine.rows)) if mine.rows is not None else info.subset(mine.ids)
+            if mine.rows is None:
+                objects = info.subset(mine.ids)
+            else:  # (its lists' rows renumbered into the details it is sent)
+                held = np.unique(mine.rows)
+                objects = info.take(held)
+                mine = KnnColumns(mine.counts, mine.ids, mine.dist, np.searchsorted(held, mine.rows))
             out[w] = Refills([qids[i] for i in sel.tolist()], mine, objects)
         return out
 

@@ -220,13 +220,12 @@ class ObjectStore:
         if tied.any():
             take = self._settle_ties(parts, take, counts, np.flatnonzero(tied), Q, D, O, k)
         P, I = O[take] >> _PART_SHIFT, O[take] & _ROW_MASK
-        ids, rows = np.empty(len(take), dtype=object), np.empty(len(take), dtype=np.int64)
+        ids, rows = _ids_of(parts, O[take]), np.empty(len(take), dtype=np.int64)
         tables, offset = [], 0
-        for p, (table, index, _, _) in enumerate(parts):
+        for p, (table, _, _, _) in enumerate(parts):
             sel = np.flatnonzero(P == p)
             if not len(sel):
                 continue
-            ids[sel] = index.ids[I[sel]]
             held = np.unique(I[sel])
             rows[sel] = offset + np.searchsorted(held, I[sel])
             tables.append(table.take(pa.array(held, type=pa.int64())).select(_DETAILS))
@@ -242,12 +241,7 @@ class ObjectStore:
         among their first ``k + 1``) ranked again by the ids themselves (no object is in two
         parts, so their counts stay)."""
         cand = np.flatnonzero(np.isin(Q, tied))
-        ids = np.empty(len(cand), dtype=object)
-        p_of = O[cand] >> _PART_SHIFT
-        for p in np.unique(p_of).tolist():
-            sel = p_of == p
-            ids[sel] = parts[p][1].ids[O[cand][sel] & _ROW_MASK]
-        order = np.lexsort((ids.astype(str), D[cand], Q[cand]))
+        order = np.lexsort((_ids_of(parts, O[cand]).astype(str), D[cand], Q[cand]))
         cand = cand[order]
         q = Q[cand]
         rank = np.arange(len(cand)) - np.searchsorted(q, q, side="left")
@@ -263,3 +257,13 @@ class ObjectStore:
         the objects' details."""
         topk, info = self.knn_v([lon], [lat], [list(keywords)], [k])
         return topk[0], info
+
+
+def _ids_of(parts: list, objects: np.ndarray) -> np.ndarray:
+    """The ids (an object array) of ``objects`` (``part << _PART_SHIFT | row``, int64) of
+    ``parts`` (``(table, index, alive, live)`` as :meth:`ObjectStore._knn_v` lists them)."""
+    ids, part = np.empty(len(objects), dtype=object), objects >> _PART_SHIFT
+    for p in np.unique(part).tolist():
+        sel = part == p
+        ids[sel] = parts[p][1].ids[objects[sel] & _ROW_MASK]
+    return ids

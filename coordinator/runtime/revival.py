@@ -210,6 +210,10 @@ def revive(pool: RayPool, registrar: Registrar, redis_url: str, namespace: str, 
     client = connect(redis_url)
     routing = registrar.plan.routing
     seconds: dict[str, float] = {}
+
+    def codes(q: QueryColumns) -> dict[str, int]:  # (the new worker's codes of their keywords)
+        return {x: routing.code(x) for kws in q.keywords for x in kws}
+
     try:
         qids = [q for q, w in registrar.query_worker.items() if w == worker] + list(also)
         try:
@@ -241,9 +245,8 @@ def revive(pool: RayPool, registrar: Registrar, redis_url: str, namespace: str, 
                 details = held_details(hashes, part.members)
                 streaming = details is not None
             if streaming:
-                codes = {x: routing.code(x) for kws in part.queries.keywords for x in kws}
                 loads.append(pool.load(worker, part.queries, KnnColumns(part.counts, part.members, part.dist),
-                                       details, write=False, vocabulary=codes, first_k=first_k,
+                                       details, write=False, vocabulary=codes(part.queries), first_k=first_k,
                                        rebuild=s + chunk >= len(qids)))
     finally:
         client.close()
@@ -269,8 +272,7 @@ def revive(pool: RayPool, registrar: Registrar, redis_url: str, namespace: str, 
         repair = repair_worker(redis_url, namespace, worker, list(queries.ids), stored.results(), topk, k, details,
                                version=version, tag=version - 1, held=hashes)
         seconds.update(search=t2 - t1, repair=time.perf_counter() - t2)
-        codes = {x: routing.code(x) for kws in queries.keywords for x in kws}
-        loads = [pool.load(worker, queries, topk, details, write=False, vocabulary=codes)]
+        loads = [pool.load(worker, queries, topk, details, write=False, vocabulary=codes(queries))]
     t3 = time.perf_counter()
     pool.gather(loads)
     seconds.update(load=time.perf_counter() - t3, total=time.perf_counter() - t0)

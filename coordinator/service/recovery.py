@@ -321,13 +321,13 @@ def recover(client: redis.Redis, url: str, namespace: str, preload: pa.Table, mo
         rejects += [(eid, fields, Rejected("late", f"t={t} <= {cutoff} (the watermark minus the window)"))
                     for eid, fields, t in unacked if t <= cutoff]
         objects = live_initial(objects, window, allowed_lateness)
-    t2 = time.perf_counter()
+    t1 = time.perf_counter()
     queries = read_queries(client, keys, limits=limits)
     queries_read = client.xlen(keys.ingest_queries) - _undelivered(client, keys.ingest_queries)
-    t3 = time.perf_counter()
+    t2 = time.perf_counter()
     prepared = prepare_tables(model, QueryColumns.of(queries).to_table(), objects, OBJECT_SCHEMA.empty_table(),
                               processes=processes, reserve=reserve)
-    t4 = time.perf_counter()
+    t3 = time.perf_counter()
     # The repairs take the version after the largest written (a batch cut short by the stop may
     # have written it for some queries), and the stream goes on after them.
     repair_version = feed_version(client, keys) + 1
@@ -337,6 +337,6 @@ def recover(client: redis.Redis, url: str, namespace: str, preload: pa.Table, mo
     if repaired:
         log.warning("recovery: %d stored results differed from the exact kNN over the delivered objects (work in "
                     "flight when the service stopped) and were repaired, one change feed line each", repaired)
-    seconds = {"objects": t2 - t0, "queries": t3 - t2, "search": t4 - t3, "reconcile": time.perf_counter() - t4}
+    seconds = {"objects": t1 - t0, "queries": t2 - t1, "search": t3 - t2, "reconcile": time.perf_counter() - t3}
     return Recovered(prepared, {q.id: q for q in queries}, pending, rejects, read, queries_read, repaired, spans,
                      seconds)

@@ -9,9 +9,8 @@ Light (no numpy): the Python client uses it.
 
 from __future__ import annotations
 
-import re
-
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -84,8 +83,8 @@ def check_fields(fields: Mapping[Any, Any]) -> None:
         text = value if isinstance(value, bytes) else str(value)
         if len(text) > MAX_FIELD_BYTES:
             raise Rejected("field_too_large", f"field {str(key)[:64]!r} exceeds {MAX_FIELD_BYTES:,} bytes")
-        try:  # (ASCII text is its own UTF-8, and holds no lone surrogate)
-            size = len(text) if isinstance(text, bytes) or text.isascii() else len(text.encode())
+        try:
+            size = len(text) if isinstance(text, bytes) else len(text.encode())
         except UnicodeEncodeError:  # bytes that were not UTF-8 (read with surrogateescape), or JSON's "\ud800"
             raise Rejected("not_utf8", f"field {str(key)[:64]!r} is not UTF-8 text") from None
         if size > MAX_FIELD_BYTES:
