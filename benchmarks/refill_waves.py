@@ -36,8 +36,9 @@ def one_run(a: argparse.Namespace) -> None:
     from knnmon.coordinator.runtime.config import RunConfig
     from knnmon.coordinator.runtime.runtime import Runtime
 
+    reserve = {"reserve": a.reserve[0]} if a.reserve else {}  # (as the checkout's default when not given)
     config = RunConfig(workers=a.workers, initial=a.initial, batch=a.batch, batches=a.batches, window=a.initial,
-                       arrival_ms=1, executor="ray", in_flight=1)
+                       arrival_ms=1, executor="ray", in_flight=1, **reserve)
     rows = []
     with Runtime(a.objects, a.queries, config) as rt:
         t0 = time.perf_counter()
@@ -45,6 +46,7 @@ def one_run(a: argparse.Namespace) -> None:
             r = rt.process(batch)
             rows.append({"batch": i, "wall_s": time.perf_counter() - t0, "update_ms": r.update_ms,
                          "refilled": r.refilled, "changed": r.changed, "busy_ms": r.busy_ms,
+                         "deliveries": r.deliveries, "candidates": r.candidates,
                          "refill_ms": dict(rt.dispatcher.refill_parts_ms)})
     with open(a.log, "w", encoding="utf-8") as fh:
         json.dump(rows, fh)
@@ -59,6 +61,8 @@ def summary(rows: list[dict]) -> dict:
             "update_ms_p50": round(float(np.percentile(u, 50))), "update_ms_p99": round(float(np.percentile(u, 99))),
             "update_ms_max": round(float(u.max())), "batches_over_1s": int((u > 1000).sum()),
             "batches_over_2s": int((u > 2000).sum()), "refilled": int(sum(r["refilled"] for r in rows)),
+            "deliveries": int(sum(r.get("deliveries", 0) for r in rows)),
+            "candidates": int(sum(r.get("candidates", 0) for r in rows)),
             "refill_s": part, "slowest": [{"batch": int(i), "update_ms": round(float(u[i])),
                                            "refilled": rows[i]["refilled"],
                                            "search_ms": round(rows[i]["refill_ms"].get("search", 0.0)),
@@ -74,6 +78,8 @@ def main() -> None:
     p.add_argument("--batches", type=int, default=400)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--rev", action="append", default=[], help="a commit to run (repeat; default: this checkout)")
+    p.add_argument("--reserve", action="append", type=int, default=[],
+                   help="neighbours kept beyond k (repeat: each checkout runs with each; default: the checkout's)")
     p.add_argument("--out", help="the JSON report")
     p.add_argument("--log", help=argparse.SUPPRESS)  # one run, in this process
     a = p.parse_args()
@@ -81,7 +87,7 @@ def main() -> None:
         return one_run(a)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     report = {"command": " ".join(sys.argv), "runs": {}}
-    for rev in a.rev or [None]:
+    for rev, reserve in [(r, x) for r in a.rev or [None] for x in a.reserve or [None]]:
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         if rev is not None:
             tree = tempfile.mkdtemp(prefix="knnmon-rev-")
@@ -90,7 +96,7 @@ def main() -> None:
         log = os.path.join(tempfile.mkdtemp(prefix="knnmon-waves-"), "batches.json")
         args = [sys.executable, os.path.abspath(__file__), "--objects", a.objects, "--queries", a.queries, "--initial",
                 str(a.initial), "--batch", str(a.batch), "--batches", str(a.batches), "--workers", str(a.workers),
-                "--log", log]
+                "--log", log] + ([] if reserve is None else ["--reserve", str(reserve)])
         try:
             subprocess.run(args, check=True, env=env, cwd=tempfile.gettempdir())
         finally:
@@ -98,7 +104,7 @@ def main() -> None:
                 subprocess.run(["git", "-C", root, "worktree", "remove", "--force", tree], check=False)
         with open(log, encoding="utf-8") as fh:
             rows = json.load(fh)
-        name = rev or "checkout"
+        name = (rev or "checkout") + ("" if reserve is None else f" reserve {reserve}")
         report["runs"][name] = {"summary": summary(rows), "batches": rows}
         print(name, json.dumps(report["runs"][name]["summary"]), flush=True)
     if a.out:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from knnmon.arrays import runs
+from knnmon.arrays import members, runs
 from knnmon.batch import BatchChanges, ObjectColumns, Refills
 from knnmon.query import QueryColumns
 from knnmon.workers.held_texts import HeldTexts
@@ -85,7 +85,7 @@ class WindowLists:
         if self._before is None:
             self._before = (res_slot, res_h)
         else:  # a second expiry before the write: the first one's results are what Redis holds
-            seen = np.isin(res_slot, self._before[0])
+            seen = members(res_slot, self._before[0])
             self._before = tuple(np.concatenate([b, x[~seen]]) for b, x in zip(self._before, (res_slot, res_h)))
         c = L.count[slots]
         at = L.places(slots, c)
@@ -96,8 +96,13 @@ class WindowLists:
         pos = np.arange(len(s_keep)) - np.searchsorted(s_keep, s_keep, side="left")
         L.d[L.ptr[s_keep] + pos], L.h[L.ptr[s_keep] + pos] = d_keep, h_keep
         L.count[slots] = np.bincount(np.searchsorted(slots, s_keep), minlength=len(slots))
-        if self.reserve and len(in_res):
-            self._sort_lists(in_res)  # ties now at the k-th place decide by id
+        if self.reserve and len(in_res):  # ties now straddling the k-th place decide by id
+            kk = q.k[in_res]
+            over = np.flatnonzero(L.count[in_res] > kk)
+            at = L.ptr[in_res[over]] + kk[over]
+            tied = in_res[over[L.d[at - 1] == L.d[at]]]
+            if len(tied):
+                self._sort_lists(tied)
         # Exact still iff k of what is left lie strictly within r_q (the docstring above).
         r = q.radius[s_keep]
         below = np.bincount(np.searchsorted(slots, s_keep[d_keep < r]), minlength=len(slots))
@@ -139,21 +144,27 @@ class WindowLists:
         clear = L.places(slots, cap)
         L.d[clear], L.h[clear] = np.inf, -1
         places = L.places(slots, n)
-        ids = [top.ids[j] for j in src.tolist()]
         dists = top.dist[src]
-        distinct = list(dict.fromkeys(ids))  # the objects' handles in bulk, new ones with their times
-        handle = dict(zip(distinct, self.handles.handles_in(distinct, refills.objects).tolist()))
         L.d[places] = dists
-        L.h[places] = np.fromiter((handle[o] for o in ids), dtype=np.int64, count=len(ids))
+        objects = refills.objects
+        if top.rows is not None:  # each entry's row in the details: every object's handle at once, by row
+            by_row = self.handles.handles_of(objects.ids, objects.t)
+            L.h[places] = by_row[top.rows[src]]
+        else:
+            ids = [top.ids[j] for j in src.tolist()]
+            distinct = list(dict.fromkeys(ids))  # the objects' handles in bulk, new ones with their times
+            handle = dict(zip(distinct, self.handles.handles_in(distinct, objects).tolist()))
+            L.h[places] = np.fromiter((handle[o] for o in ids), dtype=np.int64, count=len(ids))
+            by_row = None
         L.count[slots] = n
         radii = np.full(len(slots), np.inf)
         full = np.flatnonzero(n == cap)
         radii[full] = dists[np.cumsum(n)[full] - 1]
         q.set_radius(slots, radii)
-        held = list(refills.objects)
-        texts = refills.objects.texts(held)
+        held = list(objects.ids)
+        texts = objects.texts()
         if self._details is not None:
-            self._details.set(held, texts)
+            self._details.set(held, texts, handles=by_row)
         else:
             self._refilled.update(zip(held, texts))
         self.handles.key_new()
@@ -182,7 +193,7 @@ class WindowLists:
         at = L.places(slots, c)
         new_slot, new_h, new_d = np.repeat(slots, c), L.h[at], L.d[at]
         ko, kn = (old_slot << 32) | old_h, (new_slot << 32) | new_h
-        ent, left = ~np.isin(kn, ko), ~np.isin(ko, kn)
+        ent, left = ~members(kn, ko), ~members(ko, kn)
         changed = np.union1d(new_slot[ent], old_slot[left])
         order = np.argsort(old_slot[left], kind="stable")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["run_starts", "runs", "with_capacity"]
+__all__ = ["members", "run_starts", "runs", "with_capacity"]
 
 
 def runs(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -30,6 +30,38 @@ def runs(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     lengths = np.asarray(lengths, dtype=np.int64)
     return np.repeat(np.asarray(starts, dtype=np.int64) - (np.cumsum(lengths) - lengths), lengths) + \
         np.arange(int(lengths.sum()), dtype=np.int64)
+
+
+def members(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Which entries of ``a`` occur in ``b``: ``np.isin(a, b)`` by sorting ``b`` alone and a
+    binary search for each of ``a``, O((n + m) log m). numpy's ``isin`` finds the distinct values
+    of both first (a hash and a sort in numpy 2.4): ~10x slower for the ~10^5 int64 keys of a
+    batch's result diffs.
+
+    Parameters
+    ----------
+    a
+        ``(n,)`` numbers.
+    b
+        ``(m,)`` numbers of a dtype comparable with ``a``'s, in any order, repeats allowed.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(n,)`` bool.
+
+    Examples
+    --------
+    >>> members(np.array([3, 1, 7]), np.array([7, 2, 3, 3])).tolist()
+    [True, False, True]
+    """
+    a = np.asarray(a)
+    if not len(b) or not len(a):
+        return np.zeros(len(a), dtype=bool)
+    s = np.sort(b)
+    at = np.searchsorted(s, a)
+    at[at == len(s)] = 0
+    return s[at] == a
 
 
 def run_starts(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

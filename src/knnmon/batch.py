@@ -170,10 +170,24 @@ class ObjectColumns(Mapping[str, ObjectInfo]):
     def __len__(self) -> int:
         return len(self._ids)
 
-    def texts(self, oids: Sequence[str]) -> list[str | None]:
+    @property
+    def ids(self) -> Sequence[str]:
+        """The ``n`` ids, by row."""
+        return self._ids
+
+    @property
+    def t(self) -> np.ndarray:
+        """``(n,)`` int64: the times (epoch ms), by row."""
+        return self._t
+
+    def texts(self, oids: Sequence[str] | None = None) -> list[str | None]:
         """:meth:`ObjectInfo.to_text` of ``oids`` in bulk (the same values; from an Arrow table
         the numbers in Arrow's shortest round-trip form, e.g. ``-71`` for ``-71.0``); ``None``
-        for an id not here."""
+        for an id not here. ``oids=None``: every object's, by row."""
+        if oids is None:
+            if self._table is not None:
+                return _arrow_texts(self._table)
+            oids = self._ids
         if not len(self._ids):
             return [None] * len(oids)
         rows = self._rows(oids)

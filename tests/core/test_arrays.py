@@ -1,5 +1,5 @@
 """``knnmon.arrays``: ``with_capacity`` keeps the rows, pads with zeros, doubles; ``run_starts`` agrees with
-searching the sorted array in itself."""
+searching the sorted array in itself; ``members`` is ``np.isin``."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from knnmon.arrays import run_starts, with_capacity
+from knnmon.arrays import members, run_starts, with_capacity
 
 
 @given(st.integers(0, 20), st.integers(0, 50), st.sampled_from([(), (3,)]))
@@ -28,3 +28,11 @@ def test_run_starts_is_searchsorted_of_the_array_in_itself(values):
     assert start.dtype == length.dtype == np.int64
     assert np.array_equal(start, np.searchsorted(a, a, side="left"))
     assert np.array_equal(start + length, np.searchsorted(a, a, side="right"))
+
+
+@given(st.lists(st.integers(-2**62, 2**62) | st.integers(0, 9), max_size=40),
+       st.lists(st.integers(-2**62, 2**62) | st.integers(0, 9), max_size=40))
+def test_members_is_isin(a, b):
+    a, b = np.array(a, dtype=np.int64), np.array(b, dtype=np.int64)
+    got = members(a, b)
+    assert got.dtype == bool and np.array_equal(got, np.isin(a, b))

@@ -56,6 +56,12 @@ def test_object_columns_parse_details_texts_as_from_text_does(infos):
     assert all(cols[o] == ObjectInfo.from_text(x) for o, x in zip(oids, texts))
     assert [ObjectInfo.from_text(x) for x in cols.texts(oids)] == [infos[o] for o in oids]
     assert cols.times(oids + ["none"], -1).tolist() == [infos[o].t for o in oids] + [-1]
+    # every object's, by row (a worker's refill reads them so): the same as asked by id
+    assert cols.texts() == cols.texts(oids) and list(cols.ids) == oids
+    assert cols.t.tolist() == [infos[o].t for o in oids]
+    listed = ObjectColumns(oids, [infos[o].lon for o in oids], [infos[o].lat for o in oids],
+                           [infos[o].t for o in oids], [infos[o].keywords for o in oids])
+    assert listed.texts() == listed.texts(oids)
 
 
 @pytest.mark.parametrize("text", ["1.0 2.0", "x 2.0 3", "1.0 2.0 3.5 kw", ""])
