@@ -258,6 +258,7 @@ class Registration:
             return
         slots = self.queries.drop(qids)
         self.lists.release(slots, self.queries.cap[slots])
+        self.next.clear(slots, self.queries.cap[slots])
         self.load.clear(slots)
         self._refresh(slots)
         if self.lists.released > max(COMPACT_MIN, len(self.lists.d) // 2):
@@ -269,6 +270,7 @@ class Registration:
         rebuild the query index. O(sum of k + index entries)."""
         keep = np.flatnonzero(self.queries.alive)
         self.lists.compact(keep, self.queries.cap[keep])
+        self.next.keep(keep)
         self.queries.compact(keep)
         self.load.keep(keep)
         self._compact_handles()
@@ -277,10 +279,12 @@ class Registration:
     def _compact_handles(self) -> None:
         """Drop the handles of objects no list holds and no written result holds (renumbering
         the others). O(sum of k + handles)."""
-        used = np.unique(self.lists.h[self.lists.h >= 0])
+        used = np.union1d(self.lists.h[self.lists.h >= 0], self.next.handles())
         if self.holders is not None:  # (a query handed over holds its objects until it is released)
             used = np.union1d(used, self.holders.held())
-        self.lists.renumber(self.handles.compact(used))
+        remap = self.handles.compact(used)
+        self.lists.renumber(remap)
+        self.next.renumber(remap)
         if self._details is not None:
             self._details.renumber(used)
         if self.holders is not None:

@@ -15,6 +15,7 @@ from knnmon.arrays import members, runs
 from knnmon.batch import BatchChanges, ObjectColumns, Refills
 from knnmon.query import QueryColumns
 from knnmon.workers.held_texts import HeldTexts
+from knnmon.workers.next_lists import AHEAD_BUDGET, NextLists, run_out
 from knnmon.workers.object_handles import ObjectHandles
 from knnmon.workers.query_table import QueryTable
 from knnmon.workers.topk_lists import TopKLists
@@ -35,8 +36,11 @@ class WindowLists:
     _cutoff: int
     expired: int
     refills: int
+    next: NextLists
+    next_used: int
 
-    def expire(self, cutoff: int) -> QueryColumns:
+    def expire(self, cutoff: int, ahead_ms: int | None = None
+               ) -> QueryColumns | tuple[QueryColumns, QueryColumns, np.ndarray]:
         """Remove the objects with ``t <= cutoff`` (epoch ms) from every list held here.
 
         Every live matching object strictly within a query's ``r_q`` is in its list (``r_q`` is
@@ -50,12 +54,40 @@ class WindowLists:
         ``entered``). Calling it again with a cutoff not larger does nothing. O(sum of k +
         reserve) per call.
 
+        A list that runs out and has a next list searched ahead for this cutoff takes it instead
+        of a refill, when it is ready (:mod:`knnmon.workers.next_lists`).
+
+        Parameters
+        ----------
+        cutoff
+            Epoch ms.
+        ahead_ms
+            With a reserve: also name the lists that will run out by ``cutoff + ahead_ms`` and
+            have no next list yet, the soonest first, up to
+            :data:`~knnmon.workers.next_lists.AHEAD_BUDGET` (``None``: do not).
+
         Returns
         -------
         QueryColumns
             The queries to refill, ``k`` holding the neighbours to search (``k + reserve``).
+        tuple
+            With ``ahead_ms``: those, the queries whose next lists to search (``k`` as above),
+            and their floors (``(m,)`` int64 epoch ms: each one's run-out cutoff; search the
+            objects above it).
         """
-        none = QueryColumns([], np.empty(0), np.empty(0), [], np.empty(0, dtype=np.int64))
+        q = self.queries
+        need = self._expire_lists(cutoff)
+        if len(self.next):
+            need = self._take_next(need)
+        out = q.columns(need, q.cap)
+        if ahead_ms is None:
+            return out
+        due, floors = self._due(int(ahead_ms), need)
+        return out, q.columns(due, q.cap), floors
+
+    def _expire_lists(self, cutoff: int) -> np.ndarray:
+        """:meth:`expire`'s removal: the sorted slots that need a refill (or their next list)."""
+        none = np.empty(0, dtype=np.int64)
         if cutoff <= self._cutoff:
             return none
         before, self._cutoff = self._cutoff, int(cutoff)
@@ -97,17 +129,107 @@ class WindowLists:
         L.d[L.ptr[s_keep] + pos], L.h[L.ptr[s_keep] + pos] = d_keep, h_keep
         L.count[slots] = np.bincount(np.searchsorted(slots, s_keep), minlength=len(slots))
         if self.reserve and len(in_res):  # ties now straddling the k-th place decide by id
-            kk = q.k[in_res]
-            over = np.flatnonzero(L.count[in_res] > kk)
-            at = L.ptr[in_res[over]] + kk[over]
-            tied = in_res[over[L.d[at - 1] == L.d[at]]]
-            if len(tied):
-                self._sort_lists(tied)
+            self._settle_straddles(in_res)
         # Exact still iff k of what is left lie strictly within r_q (the docstring above).
         r = q.radius[s_keep]
         below = np.bincount(np.searchsorted(slots, s_keep[d_keep < r]), minlength=len(slots))
-        need = slots[np.isfinite(q.radius[slots]) & (below < q.k[slots])]
-        return q.columns(need, q.cap)
+        return slots[np.isfinite(q.radius[slots]) & (below < q.k[slots])]
+
+    def _settle_straddles(self, slots: np.ndarray) -> None:
+        """Order by id the lists of ``slots`` where a run of equal distances straddles the
+        ``k``-th place (entries left the list before it: which of the tied ones are in the
+        result decides by id)."""
+        q, L = self.queries, self.lists
+        kk = q.k[slots]
+        over = np.flatnonzero(L.count[slots] > kk)
+        at = L.ptr[slots[over]] + kk[over]
+        tied = slots[over[L.d[at - 1] == L.d[at]]]
+        if len(tied):
+            self._sort_lists(tied)
+
+    def _take_next(self, need: np.ndarray) -> np.ndarray:
+        """Lists of ``need`` (sorted slots that ran out at this cutoff) whose next list is ready
+        take it (:mod:`knnmon.workers.next_lists`): its live entries, its radius. Returns the
+        slots still to refill. Next lists whose floor the cutoff has reached are dropped
+        afterwards, used or not (a list that did not run out there had its run-out moved by
+        arrivals)."""
+        q, L, nx, cutoff = self.queries, self.lists, self.next, self._cutoff
+        cand = need[nx.has(need)]
+        cand = cand[nx.floor[cand] <= cutoff]
+        ready = np.empty(0, dtype=np.int64)
+        if len(cand):
+            S, H, D = nx.entries(cand)
+            live = self.handles.t[H] > cutoff
+            S, H, D = S[live], H[live], D[live]
+            within = np.bincount(np.searchsorted(cand, S[D < nx.radius[S]]), minlength=len(cand))
+            ready = cand[within >= q.k[cand]]
+        if len(ready):
+            self._note_before(ready)
+            keep = members(S, ready)
+            S, H, D = S[keep], H[keep], D[keep]
+            whole = L.places(ready, q.cap[ready])
+            L.d[whole], L.h[whole] = np.inf, -1
+            pos = np.arange(len(S)) - np.searchsorted(S, S, side="left")
+            L.d[L.ptr[S] + pos], L.h[L.ptr[S] + pos] = D, H
+            L.count[ready] = np.bincount(np.searchsorted(ready, S), minlength=len(ready))
+            q.set_radius(ready, nx.radius[ready])
+            self._settle_straddles(ready)
+            self.next_used += len(ready)
+        stale = np.flatnonzero((nx.ptr >= 0) & (nx.floor <= cutoff))
+        if len(stale):
+            nx.clear(stale, q.cap[stale])
+            nx.pack(q.cap)
+            self._refresh(stale)
+        return np.setdiff1d(need, ready, assume_unique=True)
+
+    def _note_before(self, slots: np.ndarray) -> None:
+        """Keep the results of ``slots`` as Redis holds them (their first ``k``), for the write's
+        diff, where the expiry did not keep them already (it keeps those that lost a result
+        entry; the others are as written)."""
+        if self._before is not None:
+            slots = slots[~members(slots, self._before[0])]
+        if not len(slots):
+            return
+        c = np.minimum(self.lists.count[slots], self.queries.k[slots])
+        mine = (np.repeat(slots, c), self.lists.h[self.lists.places(slots, c)])
+        self._before = mine if self._before is None else tuple(np.concatenate(x) for x in zip(self._before, mine))
+
+    def _due(self, ahead_ms: int, need: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The slots whose lists run out (:func:`~knnmon.workers.next_lists.run_out`) after the
+        current cutoff and by ``cutoff + ahead_ms``, with no next list and not in ``need``, the
+        soonest first (up to :data:`~knnmon.workers.next_lists.AHEAD_BUDGET`), and their
+        run-out cutoffs (``(m,)`` int64 each). None without a reserve (the next lists' objects'
+        details are kept with the reserve's)."""
+        q, L, nx = self.queries, self.lists, self.next
+        none = np.empty(0, dtype=np.int64)
+        n = len(self.handles)
+        if self._details is None or not n or not len(L.h):
+            return none, none
+        horizon = self._cutoff + ahead_ms
+        going = self.handles.t[:n] <= horizon
+        held = L.h >= 0
+        hit = np.zeros(len(L.h), dtype=bool)
+        hit[held] = going[L.h[held]]
+        places = np.flatnonzero(hit)
+        if not len(places):
+            return none, none
+        cand = np.unique(np.searchsorted(L.ptr, places, side="right") - 1)
+        cand = cand[q.alive[cand] & np.isfinite(q.radius[cand]) & ~nx.has(cand)]
+        cand = cand[~members(cand, need)]
+        if not len(cand):
+            return none, none
+        c = L.count[cand]
+        at = L.places(cand, c)
+        S, H, D = np.repeat(cand, c), L.h[at], L.d[at]
+        inside = D < q.radius[S]
+        S, T = S[inside], self.handles.t[H[inside]]
+        if not len(S):
+            return none, none
+        slots = np.unique(S)
+        ends = run_out(S, T, q.k[S])
+        due = np.flatnonzero((ends > self._cutoff) & (ends <= horizon))
+        due = due[np.argsort(ends[due], kind="stable")][:AHEAD_BUDGET]
+        return slots[due], ends[due]
 
     def _sort_lists(self, slots: np.ndarray) -> None:
         """Order the held entries of ``slots`` by (distance, object id) in place."""

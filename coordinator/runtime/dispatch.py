@@ -103,11 +103,14 @@ class Dispatcher:
     first_batch
         The number of the first batch: the stream batches applied before (a resumed service's);
         batch ``b``'s changes carry the change feed's version ``b + 1``.
+    ahead_ms
+        With a window: search each list's next list this many ms of event time before it runs
+        out (:mod:`knnmon.workers.next_lists`); ``None``: refill when it runs out only.
     """
 
     def __init__(self, pool: WorkerPool, routing: RoutingTable, objects: ObjectStore, seen: Sequence[str] | pa.Array, *,
                  seen_times: np.ndarray | None = None, window: Window | None = None, rects=None,
-                 first_batch: int = 0) -> None:
+                 first_batch: int = 0, ahead_ms: int | None = None) -> None:
         self.pool, self.routing, self.objects = pool, routing, objects
         self.seen = SeenIds(seen, seen_times, windowed=window is not None)
         self.window, self.rects = window, rects
@@ -120,10 +123,15 @@ class Dispatcher:
         #: points it at :meth:`Runtime.revive_idle`); ``True`` if it did.
         self.revive: Callable[[int], bool] | None = None
         self._unrouted = None  # the last refills' (codes, rects, workers) not yet in the routing table
+        #: With a window: search each query's next list this far (ms of event time) ahead of the
+        #: expiry that empties its list (:mod:`knnmon.workers.next_lists`); ``None``: never.
+        self.ahead_ms: int | None = ahead_ms if window is not None else None
+        self.ahead_asked = 0  # next lists searched so far
 
-    def _expire(self, batch: pa.Table) -> tuple[pa.Table, int, int, dict[int, Refills], float]:
-        """Move the watermark with ``batch``; drop its late objects; expire everywhere; refill
-        (module docstring). Returns the live batch, late objects, cutoff, refills, ms spent."""
+    def _expire(self, batch: pa.Table) -> tuple[pa.Table, int, int, dict[int, Refills], dict[int, Refills], float]:
+        """Move the watermark with ``batch``; drop its late objects; expire everywhere; refill,
+        and search the next lists the workers asked for (module docstring). Returns the live
+        batch, late objects, cutoff, refills, next lists, ms spent."""
         t0 = time.perf_counter()
         t = batch.column("t").to_numpy()
         cutoff = self.window.advance(t)
@@ -133,53 +141,79 @@ class Dispatcher:
             batch = batch.filter(pa.array(~late))
         self.objects.expire(cutoff)
         self.seen.forget(cutoff)
-        needs: list[QueryColumns] = self.pool.gather_each([self.pool.expire(w, cutoff)
-                                                           for w in range(self.pool.size)])
-        for w, n in enumerate(needs):  # lost before the batch: revived now, from Redis, and asked again
+        ahead = self.ahead_ms
+        replies = self.pool.gather_each([self.pool.expire(w, cutoff, ahead) for w in range(self.pool.size)])
+        for w, n in enumerate(replies):  # lost before the batch: revived now, from Redis, and asked again
             if isinstance(n, WorkerLostError) and self.revive is not None and self.revive(w):
-                needs[w] = self.pool.gather([self.pool.expire(w, cutoff)])[0]
+                replies[w] = self.pool.gather([self.pool.expire(w, cutoff, ahead)])[0]
         # A worker lost and not revived here refills nothing: the batch's call to it fails too,
         # and its revival after the batch rebuilds its lists over the live objects (Runtime._collect).
-        needs = [QueryColumns.of([]) if isinstance(n, WorkerLostError) else n for n in needs]
+        none = QueryColumns.of([])
+        replies = [(none, none, np.empty(0, dtype=np.int64)) if isinstance(r, WorkerLostError) else
+                   r if isinstance(r, tuple) else (r, none, np.empty(0, dtype=np.int64)) for r in replies]
         self.refill_parts_ms = {"expire": (time.perf_counter() - t0) * 1e3, "search": 0.0, "routing": 0.0}
-        refills = self._refill(needs, route_now=False)  # routed once the batch is sent (dispatch)
-        return batch, n_late, cutoff, refills, (time.perf_counter() - t0) * 1e3
+        # routed once the batch is sent (dispatch)
+        refills, nexts = self._refill([r[0] for r in replies], route_now=False,
+                                      ahead=[(r[1], r[2]) for r in replies])
+        self.ahead_asked += sum(len(r[1].ids) for r in replies)
+        return batch, n_late, cutoff, refills, nexts, (time.perf_counter() - t0) * 1e3
 
-    def _refill(self, needs: list[QueryColumns], exclude: frozenset[str] = frozenset(), *,
-                route_now: bool = True) -> dict[int, Refills]:
+    def _refill(self, needs: list[QueryColumns], exclude: frozenset[str] = frozenset(), *, route_now: bool = True,
+                ahead: list[tuple[QueryColumns, np.ndarray]] | None = None
+                ) -> dict[int, Refills] | tuple[dict[int, Refills], dict[int, Refills]]:
         """Each worker's :class:`Refills`: one kNN search over the live objects for all (but
         ``exclude``: a batch in the store already, replayed to a revived worker). Their regions
         join the routing table now, or with ``route_now=False`` at :meth:`_route_refills` (the
-        batch sent meanwhile goes whole to each refilled query's keywords: :meth:`_widen`)."""
+        batch sent meanwhile goes whole to each refilled query's keywords: :meth:`_widen`).
+
+        With ``ahead`` (per worker: the queries whose next lists to search and their floors,
+        :meth:`KnnWorker.expire`), the next lists are searched in the
+        same call (each over the objects above its floor, the refills over the live ones) and
+        routed alike; returns ``(refills, next lists)``, each a dict by worker."""
         self._route_refills()  # (an earlier batch's, if its dispatch failed before routing them)
-        workers = np.concatenate([np.full(len(n.ids), w, dtype=np.int64) for w, n in enumerate(needs)])
+        n_need = [len(n.ids) for n in needs]
+        if ahead is not None:
+            needs = list(needs) + [a for a, _ in ahead]
+        workers = np.concatenate([np.full(len(n.ids), w % self.pool.size, dtype=np.int64)
+                                  for w, n in enumerate(needs)] or [np.empty(0, dtype=np.int64)])
         if not len(workers):
-            return {}
+            return ({}, {}) if ahead is not None else {}
         lon = np.concatenate([np.asarray(n.lon, dtype=np.float64) for n in needs])
         lat = np.concatenate([np.asarray(n.lat, dtype=np.float64) for n in needs])
         k = np.concatenate([np.asarray(n.k, dtype=np.int64) for n in needs])
         words = pa.array([kw for n in needs for kw in n.keywords], type=pa.list_(pa.string()))
         qids = [q for n in needs for q in n.ids]
+        floor = None
+        is_next = np.zeros(len(workers), dtype=bool)
+        if ahead is not None and any(len(f) for _, f in ahead):
+            floor = np.concatenate([np.full(sum(n_need), np.iinfo(np.int64).min, dtype=np.int64)]
+                                   + [np.asarray(f, dtype=np.int64) for _, f in ahead])
+            is_next[sum(n_need):] = True
         t0 = time.perf_counter()
-        topk, info = self.objects.knn_v(lon, lat, words, k, exclude=exclude)
+        topk, info = self.objects.knn_v(lon, lat, words, k, exclude=exclude, floor=floor)
         t1 = time.perf_counter()
         codes = self.routing.codes_of(words)  # (new keywords join the vocabulary before the batch is encoded)
         self._unrouted = (codes, self.rects(lon, lat, topk.kth(k)), workers)
         self.refill_parts_ms.update(search=(t1 - t0) * 1e3, routing=(time.perf_counter() - t1) * 1e3)
         if route_now:
             self._route_refills()
-        out = {}
+        out: dict[int, Refills] = {}
+        nexts: dict[int, Refills] = {}
         for w in np.unique(workers).tolist():
-            sel = np.flatnonzero(workers == w)
-            mine = topk.take(sel)
-            if mine.rows is None:
-                objects = info.subset(mine.ids)
-            else:  # (its lists' rows renumbered into the details it is sent)
-                held = np.unique(mine.rows)
-                objects = info.take(held)
-                mine = KnnColumns(mine.counts, mine.ids, mine.dist, np.searchsorted(held, mine.rows))
-            out[w] = Refills([qids[i] for i in sel.tolist()], mine, objects)
-        return out
+            for into, which in ((out, ~is_next), (nexts, is_next)):
+                sel = np.flatnonzero((workers == w) & which)
+                if not len(sel):
+                    continue
+                mine = topk.take(sel)
+                if mine.rows is None:
+                    objects = info.subset(mine.ids)
+                else:  # (its lists' rows renumbered into the details it is sent)
+                    held = np.unique(mine.rows)
+                    objects = info.take(held)
+                    mine = KnnColumns(mine.counts, mine.ids, mine.dist, np.searchsorted(held, mine.rows))
+                floors = floor[sel] if into is nexts else None
+                into[w] = Refills([qids[i] for i in sel.tolist()], mine, objects, floors)
+        return (out, nexts) if ahead is not None else out
 
     def _route_refills(self) -> None:
         """Add the last refill search's regions to the routing table (timed into the batch's
@@ -292,9 +326,9 @@ class Dispatcher:
         its objects, without waiting."""
         t0, c0 = time.perf_counter(), time.thread_time()
         batch, dup = self.drop_seen(batch)
-        n_late, cutoff, refills, refill_ms = 0, None, {}, 0.0
+        n_late, cutoff, refills, nexts, refill_ms = 0, None, {}, {}, 0.0
         if self.window is not None:
-            batch, n_late, cutoff, refills, refill_ms = self._expire(batch)
+            batch, n_late, cutoff, refills, nexts, refill_ms = self._expire(batch)
         table, pair_obj, pair_code, masks = self._route(batch)
         masks = self._widen(masks, pair_obj, pair_code)
         number = self.next_batch
@@ -306,6 +340,8 @@ class Dispatcher:
                 mine = _rows_of(masks, w)
                 if len(mine) or cutoff is not None:
                     window = {"cutoff": cutoff, "refills": refills.get(w)} if cutoff is not None else {}
+                    if w in nexts:
+                        window["ahead"] = nexts[w]
                     pending.append(self.pool.process(w, shared, mine, **window))
                     sent += len(mine)
                     rows[w] = mine
