@@ -31,7 +31,7 @@ from knnmon.reports import WorkerReport
 from knnmon.workers import kernels
 from knnmon.workers.held_texts import HeldTexts
 from knnmon.workers.holders import Texts
-from knnmon.workers.next_lists import NextLists
+from knnmon.workers.next_lists import NEXT_CAP, NextLists
 from knnmon.workers.object_handles import ObjectHandles
 from knnmon.workers.query_table import QueryTable
 from knnmon.workers import registration
@@ -115,8 +115,8 @@ class BatchUpdate:
 
     def process_batch(self, batch: int, ids: Sequence[str], lon: np.ndarray, lat: np.ndarray, t: np.ndarray,
                       keywords: Sequence[Sequence[str]], pairs: tuple[np.ndarray, np.ndarray] | None = None, *,
-                      cutoff: int | None = None, refills: Refills | None = None, ahead: Refills | None = None,
-                      rows: np.ndarray | None = None) -> WorkerReport:
+                      cutoff: int | None = None, refills: Refills | None = None,
+                      ahead: Refills | Sequence[Refills] | None = None, rows: np.ndarray | None = None) -> WorkerReport:
         """Update every affected kNN for a batch of objects and write the changes to Redis.
 
         Parameters
@@ -135,9 +135,9 @@ class BatchUpdate:
             With a window: the exact kNN over the live objects (before this batch) of the queries
             :meth:`expire` asked to refill, applied before the batch's objects.
         ahead
-            With a window: the next lists :meth:`expire` asked for (``floors`` set: each
-            query's nearest among the objects above its floor, before this batch), kept from
-            now on (:mod:`knnmon.workers.next_lists`).
+            With a window: next lists (``floors`` set: each query's nearest among the objects
+            above its floor, before this batch; one or a sequence of them), kept from now on
+            (:mod:`knnmon.workers.next_lists`).
         rows
             ``(n,)`` int64: the objects' rows in the shared batch (:meth:`process_rows`), which
             a batch released in parts records (default ``0..n-1``).
@@ -160,8 +160,8 @@ class BatchUpdate:
             self.expire(cutoff)
         if refills is not None:
             self._refill(refills)
-        if ahead is not None:
-            self._set_next(ahead)
+        for part in ([ahead] if isinstance(ahead, Refills) else ahead or []):
+            self._set_next(part)
         n_refilled = len(refills.qids) if refills is not None else 0
         if self.release_groups > 1 and len(ids) > 1 and self.queue is None:
             rows = np.arange(len(ids), dtype=np.int64) if rows is None else np.asarray(rows, dtype=np.int64)
@@ -199,7 +199,8 @@ class BatchUpdate:
                             released=released)
 
     def process_rows(self, batch: ObjectBatch, rows: np.ndarray, *, cutoff: int | None = None,
-                     refills: Refills | None = None, ahead: Refills | None = None) -> WorkerReport:
+                     refills: Refills | None = None, ahead: Refills | Sequence[Refills] | None = None
+                     ) -> WorkerReport:
         """:meth:`process_batch` for the rows ``rows`` (``(m,)`` int64: this worker's objects)
         of a batch that every worker shares; selecting them is part of this worker's work.
         ``cutoff``, ``refills`` and ``ahead`` as in :meth:`process_batch`."""
@@ -313,7 +314,8 @@ class BatchUpdate:
         within = np.unique(o)
         okey = np.zeros(len(lon), dtype=np.uint64)
         okey[within] = id_prefix_keys([ids[j] for j in within.tolist()])
-        out = kernels.merge_topk(o, s, d, okey, nx.radius, q.k, q.cap, nx.ptr, nx.count, nx.d, nx.h,
+        cap = NEXT_CAP * q.cap
+        out = kernels.merge_topk(o, s, d, okey, nx.radius, q.k, cap, nx.ptr, nx.count, nx.d, nx.h,
                                  self.handles.key, len(lon))
         changed, e_obj, e_place, fallback = out[1], out[4], out[6], out[11]
         if len(e_obj):
@@ -324,23 +326,23 @@ class BatchUpdate:
             self.handles.key_new()
             self._details.set(oids, batch.texts(oids), handles=handles)
         if len(fallback):
-            nx.clear(fallback, q.cap[fallback])
+            nx.clear(fallback, cap[fallback])
         full = changed[nx.has(changed)]
-        last = nx.d[nx.ptr[full] + q.cap[full] - 1]  # inf unless full
+        last = nx.d[nx.ptr[full] + cap[full] - 1]  # inf unless full
         nx.radius[full] = np.minimum(nx.radius[full], last)
 
     def _set_next(self, ahead: Refills) -> None:
         """Keep the next lists ``ahead`` brought (:meth:`process_batch`): each list's first
-        ``k + reserve`` entries, its radius the last of them when it has that many (``inf``
-        otherwise: it holds every matching object above its floor), its floor; the query index
-        widened to cover them."""
+        ``NEXT_CAP`` times ``k + reserve`` entries, its radius the last of them when it has that
+        many (``inf`` otherwise: it holds every matching object above its floor), its floor; the
+        query index widened to cover them."""
         q, top, objects = self.queries, ahead.topk, ahead.objects
         slots = q.slots(list(ahead.qids))
         sel = np.flatnonzero(slots >= 0)  # (a query unregistered meanwhile has none)
         if not len(sel) or top.rows is None:
             return
         slots = slots[sel]
-        cap = q.cap[slots].astype(np.int64)
+        cap = NEXT_CAP * q.cap[slots].astype(np.int64)
         n = np.minimum(top.counts[sel], cap)
         src = runs(np.cumsum(top.counts)[sel] - top.counts[sel], n)
         by_row = self.handles.handles_of(objects.ids, objects.t)

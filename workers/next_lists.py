@@ -32,10 +32,17 @@ import numpy as np
 
 from knnmon.arrays import runs, with_capacity
 
-__all__ = ["AHEAD_BUDGET", "NextLists", "run_out"]
+__all__ = ["AHEAD_BUDGET", "NEXT_CAP", "SCANS_PER_HORIZON", "NextLists", "run_out"]
 
 #: Next lists a worker asks for per batch, at most (the soonest first).
 AHEAD_BUDGET = 1000
+#: A next list keeps this many times its query's ``k + reserve`` places: its nearest entries
+#: above its floor may still expire before the batch whose expiry empties the list (the floor
+#: is the run-out cutoff, and a batch's cutoff passes it by up to a batch of event time).
+NEXT_CAP = 3
+#: The lists due are found by a scan of every list this many times per horizon of event time,
+#: and asked for from what that scan found, a budget a batch, in between.
+SCANS_PER_HORIZON = 6
 
 
 def run_out(slot: np.ndarray, t: np.ndarray, k: np.ndarray) -> np.ndarray:

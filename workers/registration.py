@@ -18,6 +18,7 @@ from knnmon.reports import LoadResult
 from knnmon.workers.held_texts import HeldTexts
 from knnmon.workers.holders import texts_of
 from knnmon.workers.object_handles import ObjectHandles
+from knnmon.workers.next_lists import NEXT_CAP
 from knnmon.workers.query_table import QueryTable
 from knnmon.workers.topk_lists import TopKLists
 from knnmon.workers.vocabulary import Vocabulary
@@ -258,7 +259,7 @@ class Registration:
             return
         slots = self.queries.drop(qids)
         self.lists.release(slots, self.queries.cap[slots])
-        self.next.clear(slots, self.queries.cap[slots])
+        self.next.clear(slots, NEXT_CAP * self.queries.cap[slots])
         self.load.clear(slots)
         self._refresh(slots)
         if self.lists.released > max(COMPACT_MIN, len(self.lists.d) // 2):

@@ -15,7 +15,7 @@ from knnmon.arrays import members, runs
 from knnmon.batch import BatchChanges, ObjectColumns, Refills
 from knnmon.query import QueryColumns
 from knnmon.workers.held_texts import HeldTexts
-from knnmon.workers.next_lists import AHEAD_BUDGET, NextLists, run_out
+from knnmon.workers.next_lists import AHEAD_BUDGET, NEXT_CAP, SCANS_PER_HORIZON, NextLists, run_out
 from knnmon.workers.object_handles import ObjectHandles
 from knnmon.workers.query_table import QueryTable
 from knnmon.workers.topk_lists import TopKLists
@@ -71,8 +71,8 @@ class WindowLists:
         QueryColumns
             The queries to refill, ``k`` holding the neighbours to search (``k + reserve``).
         tuple
-            With ``ahead_ms``: those, the queries whose next lists to search (``k`` as above),
-            and their floors (``(m,)`` int64 epoch ms: each one's run-out cutoff; search the
+            With ``ahead_ms``: those, the queries whose next lists to search (``k``: their
+            :data:`~knnmon.workers.next_lists.NEXT_CAP` times ``k + reserve``), and their floors (``(m,)`` int64 epoch ms: each one's run-out cutoff; search the
             objects above it).
         """
         q = self.queries
@@ -83,7 +83,7 @@ class WindowLists:
         if ahead_ms is None:
             return out
         due, floors = self._due(int(ahead_ms), need)
-        return out, q.columns(due, q.cap), floors
+        return out, q.columns(due, NEXT_CAP * q.cap), floors
 
     def _expire_lists(self, cutoff: int) -> np.ndarray:
         """:meth:`expire`'s removal: the sorted slots that need a refill (or their next list)."""
@@ -91,6 +91,8 @@ class WindowLists:
         if cutoff <= self._cutoff:
             return none
         before, self._cutoff = self._cutoff, int(cutoff)
+        if before > np.iinfo(np.int64).min:
+            self._step = self._cutoff - before
         n = len(self.handles)
         t = self.handles.t[:n]
         dead = t <= cutoff
@@ -167,18 +169,28 @@ class WindowLists:
             self._note_before(ready)
             keep = members(S, ready)
             S, H, D = S[keep], H[keep], D[keep]
-            whole = L.places(ready, q.cap[ready])
-            L.d[whole], L.h[whole] = np.inf, -1
             pos = np.arange(len(S)) - np.searchsorted(S, S, side="left")
+            n_live = np.bincount(np.searchsorted(ready, S), minlength=len(ready))
+            cap = q.cap[ready]
+            kept = pos < q.cap[S]  # its first k + reserve live entries
+            radius = nx.radius[ready].copy()  # (all of them kept: the next list's radius)
+            last = pos == q.cap[S] - 1
+            at = np.searchsorted(ready, S[last])
+            cut = n_live[at] > cap[at]  # some left out: full, r_q is the last kept one's distance
+            radius[at[cut]] = D[last][cut]
+            S, H, D, pos = S[kept], H[kept], D[kept], pos[kept]
+            whole = L.places(ready, cap)
+            L.d[whole], L.h[whole] = np.inf, -1
             L.d[L.ptr[S] + pos], L.h[L.ptr[S] + pos] = D, H
-            L.count[ready] = np.bincount(np.searchsorted(ready, S), minlength=len(ready))
-            q.set_radius(ready, nx.radius[ready])
+            L.count[ready] = np.minimum(n_live, cap)
+            q.set_radius(ready, radius)
             self._settle_straddles(ready)
             self.next_used += len(ready)
+        self._switched = ready
         stale = np.flatnonzero((nx.ptr >= 0) & (nx.floor <= cutoff))
         if len(stale):
-            nx.clear(stale, q.cap[stale])
-            nx.pack(q.cap)
+            nx.clear(stale, NEXT_CAP * q.cap[stale])
+            nx.pack(NEXT_CAP * q.cap)
             self._refresh(stale)
         return np.setdiff1d(need, ready, assume_unique=True)
 
@@ -195,15 +207,48 @@ class WindowLists:
         self._before = mine if self._before is None else tuple(np.concatenate(x) for x in zip(self._before, mine))
 
     def _due(self, ahead_ms: int, need: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The slots whose lists run out (:func:`~knnmon.workers.next_lists.run_out`) after the
-        current cutoff and by ``cutoff + ahead_ms``, with no next list and not in ``need``, the
-        soonest first (up to :data:`~knnmon.workers.next_lists.AHEAD_BUDGET`), and their
-        run-out cutoffs (``(m,)`` int64 each). None without a reserve (the next lists' objects'
-        details are kept with the reserve's)."""
+        """The slots whose lists run out after the current cutoff and by ``cutoff + ahead_ms``,
+        with no next list and not in ``need``, the soonest first (up to
+        :data:`~knnmon.workers.next_lists.AHEAD_BUDGET`, and every one running out within two
+        batches' steps of the cutoff), and their run-out cutoffs (``(m,)`` int64 each), from the
+        last scan (:meth:`_scan_due`; scanned again every
+        ``ahead_ms / SCANS_PER_HORIZON`` of event time, or when what it found is used up). A
+        list changed since the scan may run out later than its floor says: its next list is
+        still right (it holds every object above its floor), it may only not be ready. None
+        without a reserve (the next lists' objects' details are kept with the reserve's)."""
+        q, nx, cutoff = self.queries, self.next, self._cutoff
+        none = np.empty(0, dtype=np.int64)
+        if self._details is None:
+            return none, none
+        slots, ends = self._due_queue
+        if not len(slots) or cutoff >= self._due_scanned + ahead_ms // SCANS_PER_HORIZON:
+            slots, ends = self._scan_due(ahead_ms)
+            self._due_scanned = cutoff
+        elif len(self._switched):  # lists that took their next list now: due again at once, maybe
+            fresh, at = self._run_outs(self._switched)
+            soon = at <= cutoff + ahead_ms
+            fresh, at = fresh[soon], at[soon]
+            slots, ends = np.concatenate([fresh, slots]), np.concatenate([at, ends])
+            order = np.argsort(ends, kind="stable")
+            slots, ends = slots[order], ends[order]
+        self._switched = none
+        ok = (ends > cutoff) & (slots < len(q.alive))
+        ok[ok] = q.alive[slots[ok]] & ~nx.has(slots[ok])
+        ok[ok] = ~members(slots[ok], need)
+        slots, ends = slots[ok], ends[ok]
+        # Those running out within the next two batches (by the last cutoff's step) cannot wait.
+        n = max(AHEAD_BUDGET, int(np.searchsorted(ends, cutoff + 2 * self._step, side="right")))
+        self._due_queue = (slots[n:], ends[n:])
+        return slots[:n], ends[:n]
+
+    def _scan_due(self, ahead_ms: int) -> tuple[np.ndarray, np.ndarray]:
+        """Every slot whose list runs out (:func:`~knnmon.workers.next_lists.run_out`) after the
+        current cutoff and by ``cutoff + ahead_ms``, with no next list, and its run-out cutoff,
+        the soonest first (``(m,)`` int64 each). O(sum of k + reserve)."""
         q, L, nx = self.queries, self.lists, self.next
         none = np.empty(0, dtype=np.int64)
         n = len(self.handles)
-        if self._details is None or not n or not len(L.h):
+        if not n or not len(L.h):
             return none, none
         horizon = self._cutoff + ahead_ms
         going = self.handles.t[:n] <= horizon
@@ -215,7 +260,17 @@ class WindowLists:
             return none, none
         cand = np.unique(np.searchsorted(L.ptr, places, side="right") - 1)
         cand = cand[q.alive[cand] & np.isfinite(q.radius[cand]) & ~nx.has(cand)]
-        cand = cand[~members(cand, need)]
+        slots, ends = self._run_outs(cand)
+        due = np.flatnonzero((ends > self._cutoff) & (ends <= horizon))
+        due = due[np.argsort(ends[due], kind="stable")]
+        return slots[due], ends[due]
+
+    def _run_outs(self, cand: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The sorted slots of ``cand`` that hold entries strictly within their ``r_q``, and
+        each one's run-out cutoff (:func:`~knnmon.workers.next_lists.run_out`)."""
+        q, L = self.queries, self.lists
+        none = np.empty(0, dtype=np.int64)
+        cand = np.unique(cand)
         if not len(cand):
             return none, none
         c = L.count[cand]
@@ -225,11 +280,7 @@ class WindowLists:
         S, T = S[inside], self.handles.t[H[inside]]
         if not len(S):
             return none, none
-        slots = np.unique(S)
-        ends = run_out(S, T, q.k[S])
-        due = np.flatnonzero((ends > self._cutoff) & (ends <= horizon))
-        due = due[np.argsort(ends[due], kind="stable")][:AHEAD_BUDGET]
-        return slots[due], ends[due]
+        return np.unique(S), run_out(S, T, q.k[S])
 
     def _sort_lists(self, slots: np.ndarray) -> None:
         """Order the held entries of ``slots`` by (distance, object id) in place."""

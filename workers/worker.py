@@ -153,6 +153,10 @@ class KnnWorker(Registration, BatchUpdate, WindowLists, ReleaseInParts, Handover
         self._refilled: dict[str, str] = {}  # details (text) of the objects a refill brought in
         self._details = HeldTexts(self.handles) if reserve else None  # details (text) of every object held
         self.next = NextLists()  # lists searched ahead for when the current ones run out (a window)
+        self._due_queue = (np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64))  # (slots, run-out cutoffs)
+        self._due_scanned = np.iinfo(np.int64).min  # the cutoff of the last scan for them
+        self._switched = np.empty(0, dtype=np.int64)  # slots that took their next list at the last expiry
+        self._step = 0  # how far the last expiry moved the cutoff (ms)
         self.expired = self.refills = self.next_used = 0
         self._handed: list[tuple[str, list[str]]] = []  # (query, members) exported, not yet released
         self._tag = 0

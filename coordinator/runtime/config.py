@@ -165,9 +165,11 @@ class RunConfig:
             raise InvalidArgumentError("--allowed-lateness needs --window: without a window no object is late")
         if self.reserve is not None and not 0 <= self.reserve <= 1000:
             raise InvalidArgumentError(f"--reserve must be between 0 and 1000; got {self.reserve}")
+        if self.refill_ahead_ms is not None and self.window is None and self.refill_ahead_ms:
+            raise InvalidArgumentError("--refill-ahead needs --window: without a window no list runs out")
         if self.refill_ahead_ms is not None and not 0 <= self.refill_ahead_ms <= (self.window or 0):
-            raise InvalidArgumentError(f"--refill-ahead must be between 0 and the window ({self.window} ms); "
-                                       f"got {self.refill_ahead_ms}")
+            raise InvalidArgumentError(f"--refill-ahead must be between 0 and the window ({self.window:,} ms); "
+                                       f"got {self.refill_ahead_ms:,} ms")
         if self.arrival_ms is not None and not 1 <= self.arrival_ms <= MAX_ARRIVAL_MS:
             raise InvalidArgumentError(f"--arrival-ms must be between 1 and {MAX_ARRIVAL_MS:,} (a day); "
                                        f"got {self.arrival_ms}")

@@ -398,7 +398,9 @@ def compile_kd() -> None:
     kd_build(xyz, rows, np.zeros(1, dtype=np.int8), box, ptr, codes)
     kd_refit(xyz, rows, box, ptr, np.ones(1, dtype=bool), np.ones(1, dtype=bool), np.zeros((1, 3)), np.zeros((1, 3)),
              np.array([0, 1], dtype=np.int64), codes)
+    frozen = np.zeros(1, dtype=np.int64)
+    frozen.flags.writeable = False  # (a part's times, read from Arrow without a copy, are read-only)
     for alive in (np.zeros(0, dtype=bool), np.ones(1, dtype=bool)):
-        for times in (np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64)):
+        for times in (np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64), frozen):
             kd_knn(xyz, rows, np.zeros(1, dtype=np.int8), box, ptr, alive, codes, np.zeros((1, 3)),
                    np.ones(1, dtype=np.int64), np.full(1, np.inf), times, np.zeros(1, dtype=np.int64))

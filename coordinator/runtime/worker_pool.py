@@ -78,7 +78,7 @@ class WorkerPool(ABC):
     # The worker's calls, typed (:class:`~knnmon.workers.interface.WorkerApi`; each returns a
     # :class:`Pending` for :meth:`gather`).
     def process(self, worker: int, batch: ObjectBatch, rows: np.ndarray, *, cutoff: int | None = None,
-                refills: Refills | None = None, ahead: Refills | None = None) -> Pending:
+                refills: Refills | None = None, ahead: Refills | Sequence[Refills] | None = None) -> Pending:
         """:meth:`KnnWorker.process_rows`: a shared batch's rows for ``worker``."""
         if ahead is None:  # (the call as it was without next lists)
             return self._send(worker, WorkerApi.process_rows, batch, rows, cutoff=cutoff, refills=refills)

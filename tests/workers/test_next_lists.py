@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from knnmon.batch import KnnColumns, ObjectColumns, ObjectInfo, Refills
 from knnmon.geo import haversine_m
 from knnmon.query import Query, QueryColumns
-from knnmon.workers.next_lists import run_out
+from knnmon.workers.next_lists import NEXT_CAP, run_out
 from knnmon.workers.worker import KnnWorker
 
 
@@ -53,7 +53,8 @@ def test_a_next_list_replaces_the_list_it_follows_only_from_its_floor_on(floor, 
     """One query (k 1, reserve 1) holding a (t 10) and b (t 20, at its radius): it runs out at
     cutoff 10. Its next list [b, c] (the objects above the floor) is sent with a batch bringing e,
     which joins the next list (within its radius, not within the list's). At cutoff 15 the list
-    runs out: with floor 10 the next list is ready ([b, e], radius at e) and no refill is asked;
+    runs out: with floor 10 the next list is ready, its first k + reserve live entries [b, e]
+    become the list (full: r_q at e) and no refill is asked;
     with floor 100 (e, below it, is not merged) the objects between the cutoff and the floor are
     not in it, so it is refilled."""
     w = KnnWorker(0, None, reserve=1)
@@ -68,8 +69,10 @@ def test_a_next_list_replaces_the_list_it_follows_only_from_its_floor_on(floor, 
     lon_e, lat_e, _ = _object("e")
     w.process_batch(0, ["e"], np.array([lon_e]), np.array([lat_e]), np.array([TIME["e"]]), [["coffee"]], ahead=ahead)
     assert w.result("q") == [("a", _d("a"))]  # e is beyond the list's radius
-    # e joins the next list above floor 10 (c leaves it: the radius shrinks to e); not above floor 100
-    assert len(w.next) == 1 and w.next.count[0] == 2 and w.next.radius[0] == pytest.approx(_d("e" if taken else "c"))
+    # e joins the next list above floor 10, not above floor 100; it has room for both (NEXT_CAP
+    # times k + reserve places), so its radius stays inf: every matching object above its floor
+    assert NEXT_CAP * 2 >= 3
+    assert len(w.next) == 1 and w.next.count[0] == (3 if taken else 2) and w.next.radius[0] == np.inf
     need = w.expire(15)
     if taken:
         assert len(need.ids) == 0 and w.next_used == 1 and len(w.next) == 0
@@ -78,3 +81,18 @@ def test_a_next_list_replaces_the_list_it_follows_only_from_its_floor_on(floor, 
         assert sorted(w.handles.names(w.lists.h[:int(w.lists.count[0])])) == ["b", "e"]
     else:
         assert list(need.ids) == ["q"] and w.next_used == 0 and len(w.next) == 1
+
+
+def test_the_horizon_is_bounded_by_the_window_and_needs_a_reserve():
+    from knnmon.coordinator.runtime.config import DEFAULT_REFILL_AHEAD_MS, RunConfig
+    from knnmon.errors import InvalidArgumentError
+
+    assert RunConfig(window=600_000).ahead_ms == DEFAULT_REFILL_AHEAD_MS
+    assert RunConfig(window=10_000).ahead_ms == 10_000  # (capped at the window)
+    assert RunConfig(window=600_000, refill_ahead_ms=0).ahead_ms is None
+    assert RunConfig(window=600_000, reserve=0).ahead_ms is None  # (next lists' details are the reserve's)
+    assert RunConfig().ahead_ms is None
+    for bad in (dict(window=600_000, refill_ahead_ms=600_001), dict(window=600_000, refill_ahead_ms=-1),
+                dict(refill_ahead_ms=1000)):
+        with pytest.raises(InvalidArgumentError, match="--refill-ahead"):
+            RunConfig(**bad)
