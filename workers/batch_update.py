@@ -23,7 +23,6 @@ from typing import ClassVar
 
 import numpy as np
 
-from knnmon.arrays import runs
 from knnmon.batch import BatchChanges, ObjectBatch, ObjectColumns, Refills
 from knnmon.encoding import id_prefix_keys
 from knnmon.geo import haversine_m, unit_vectors
@@ -31,7 +30,6 @@ from knnmon.reports import WorkerReport
 from knnmon.workers import kernels
 from knnmon.workers.held_texts import HeldTexts
 from knnmon.workers.holders import Texts
-from knnmon.workers.next_lists import NEXT_CAP, NextLists
 from knnmon.workers.object_handles import ObjectHandles
 from knnmon.workers.query_table import QueryTable
 from knnmon.workers import registration
@@ -109,14 +107,13 @@ class BatchUpdate:
     release_groups: int
     track_load: bool
     _details: HeldTexts | None
-    next: NextLists
     _before: tuple[np.ndarray, np.ndarray] | None
     _version: int
 
     def process_batch(self, batch: int, ids: Sequence[str], lon: np.ndarray, lat: np.ndarray, t: np.ndarray,
                       keywords: Sequence[Sequence[str]], pairs: tuple[np.ndarray, np.ndarray] | None = None, *,
                       cutoff: int | None = None, refills: Refills | None = None,
-                      ahead: Refills | Sequence[Refills] | None = None, rows: np.ndarray | None = None) -> WorkerReport:
+                      rows: np.ndarray | None = None) -> WorkerReport:
         """Update every affected kNN for a batch of objects and write the changes to Redis.
 
         Parameters
@@ -134,10 +131,6 @@ class BatchUpdate:
         refills
             With a window: the exact kNN over the live objects (before this batch) of the queries
             :meth:`expire` asked to refill, applied before the batch's objects.
-        ahead
-            With a window: next lists (``floors`` set: each query's nearest among the objects
-            above its floor, before this batch; one or a sequence of them), kept from now on
-            (:mod:`knnmon.workers.next_lists`).
         rows
             ``(n,)`` int64: the objects' rows in the shared batch (:meth:`process_rows`), which
             a batch released in parts records (default ``0..n-1``).
@@ -160,8 +153,6 @@ class BatchUpdate:
             self.expire(cutoff)
         if refills is not None:
             self._refill(refills)
-        for part in ([ahead] if isinstance(ahead, Refills) else ahead or []):
-            self._set_next(part)
         n_refilled = len(refills.qids) if refills is not None else 0
         if self.release_groups > 1 and len(ids) > 1 and self.queue is None:
             rows = np.arange(len(ids), dtype=np.int64) if rows is None else np.asarray(rows, dtype=np.int64)
@@ -199,11 +190,10 @@ class BatchUpdate:
                             released=released)
 
     def process_rows(self, batch: ObjectBatch, rows: np.ndarray, *, cutoff: int | None = None,
-                     refills: Refills | None = None, ahead: Refills | Sequence[Refills] | None = None
-                     ) -> WorkerReport:
+                     refills: Refills | None = None) -> WorkerReport:
         """:meth:`process_batch` for the rows ``rows`` (``(m,)`` int64: this worker's objects)
         of a batch that every worker shares; selecting them is part of this worker's work.
-        ``cutoff``, ``refills`` and ``ahead`` as in :meth:`process_batch`."""
+        ``cutoff`` and ``refills`` as in :meth:`process_batch`."""
         t0, c0 = time.perf_counter(), time.thread_time()
         table = batch.table
         rows = np.asarray(rows, dtype=np.int64)
@@ -212,7 +202,7 @@ class BatchUpdate:
                 part.column("lat").to_numpy(), part.column("t").to_numpy(), part.column("keywords").to_pylist(),
                 pairs_of_rows(batch, rows))
         wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
-        report = self.process_batch(*args, cutoff=cutoff, refills=refills, ahead=ahead, rows=rows)
+        report = self.process_batch(*args, cutoff=cutoff, refills=refills, rows=rows)
         return replace(report, busy_s=report.busy_s + wall, cpu_s=report.cpu_s + cpu)
 
     def estimate_rows(self, batch: ObjectBatch, rows: np.ndarray) -> np.ndarray:
@@ -246,11 +236,9 @@ class BatchUpdate:
         keep the entered objects' details (a reserve), charge the load, and build the changes
         to write: ``(merge, changed slots, changes or None, written slots)``. With an expiry not
         yet written or a reserve, the changed results are diffed whole (:meth:`_window_changes`)."""
-        batch = ObjectColumns(ids, lon, lat, t, keywords)
-        if len(self.next):
-            self._merge_next(ids, t, lon, lat, obj, slot, batch)
         m = self._update(ids, t, lon, lat, obj, slot)
         changed = m.changed if m is not None else np.empty(0, dtype=np.int64)
+        batch = ObjectColumns(ids, lon, lat, t, keywords)
         if m is not None and self._details is not None:
             entered = [ids[j] for j in m.entered_obj.tolist()]
             self._details.set(entered, batch.texts(entered))
@@ -294,67 +282,6 @@ class BatchUpdate:
         L.h[m.e_place] = m.e_h
         self.handles.key_new()
         return m
-
-    def _merge_next(self, ids: Sequence[str], times: np.ndarray, lon: np.ndarray, lat: np.ndarray, obj: np.ndarray,
-                    slot: np.ndarray, batch: ObjectColumns) -> None:
-        """Merge a batch's candidate pairs ``(obj, slot)`` into the next lists of their slots
-        (:mod:`knnmon.workers.next_lists`): those within the next list's radius and above its
-        floor, by the same kernel as the lists; a next list whose ties need the ids themselves
-        is dropped (the query is refilled when it runs out)."""
-        q, nx = self.queries, self.next
-        has = nx.has(slot)
-        if not has.any():
-            return
-        o, s = obj[has], slot[has]
-        d = haversine_m(lon[o], lat[o], q.lon[s], q.lat[s])
-        w = (d <= nx.radius[s]) & (times[o] > nx.floor[s])
-        o, s, d = o[w], s[w], d[w]
-        if not len(o):
-            return
-        within = np.unique(o)
-        okey = np.zeros(len(lon), dtype=np.uint64)
-        okey[within] = id_prefix_keys([ids[j] for j in within.tolist()])
-        cap = NEXT_CAP * q.cap
-        out = kernels.merge_topk(o, s, d, okey, nx.radius, q.k, cap, nx.ptr, nx.count, nx.d, nx.h,
-                                 self.handles.key, len(lon))
-        changed, e_obj, e_place, fallback = out[1], out[4], out[6], out[11]
-        if len(e_obj):
-            uniq = np.unique(e_obj)
-            oids = [ids[j] for j in uniq.tolist()]
-            handles = self.handles.handles_of(oids, times[uniq], okey[uniq])
-            nx.h[e_place] = handles[np.searchsorted(uniq, e_obj)]
-            self.handles.key_new()
-            self._details.set(oids, batch.texts(oids), handles=handles)
-        if len(fallback):
-            nx.clear(fallback, cap[fallback])
-        full = changed[nx.has(changed)]
-        last = nx.d[nx.ptr[full] + cap[full] - 1]  # inf unless full
-        nx.radius[full] = np.minimum(nx.radius[full], last)
-
-    def _set_next(self, ahead: Refills) -> None:
-        """Keep the next lists ``ahead`` brought (:meth:`process_batch`): each list's first
-        ``NEXT_CAP`` times ``k + reserve`` entries, its radius the last of them when it has that
-        many (``inf`` otherwise: it holds every matching object above its floor), its floor; the
-        query index widened to cover them."""
-        q, top, objects = self.queries, ahead.topk, ahead.objects
-        slots = q.slots(list(ahead.qids))
-        sel = np.flatnonzero(slots >= 0)  # (a query unregistered meanwhile has none)
-        if not len(sel) or top.rows is None:
-            return
-        slots = slots[sel]
-        cap = NEXT_CAP * q.cap[slots].astype(np.int64)
-        n = np.minimum(top.counts[sel], cap)
-        src = runs(np.cumsum(top.counts)[sel] - top.counts[sel], n)
-        by_row = self.handles.handles_of(objects.ids, objects.t)
-        dists = top.dist[src]
-        radius = np.full(len(slots), np.inf)
-        full = np.flatnonzero(n == cap)
-        radius[full] = dists[np.cumsum(n)[full] - 1]
-        self.next.set(slots, cap, n, dists, by_row[top.rows[src]], radius,
-                      np.asarray(ahead.floors, dtype=np.int64)[sel])
-        self._details.set(list(objects.ids), objects.texts(), handles=by_row)
-        self.handles.key_new()
-        self._refresh(slots)
 
     def _merge_by_ids(self, ids: Sequence[str], slots: np.ndarray, f_slot: np.ndarray, f_obj: np.ndarray,
                       f_d: np.ndarray) -> Merge:

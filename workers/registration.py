@@ -18,7 +18,6 @@ from knnmon.reports import LoadResult
 from knnmon.workers.held_texts import HeldTexts
 from knnmon.workers.holders import texts_of
 from knnmon.workers.object_handles import ObjectHandles
-from knnmon.workers.next_lists import NEXT_CAP
 from knnmon.workers.query_table import QueryTable
 from knnmon.workers.topk_lists import TopKLists
 from knnmon.workers.vocabulary import Vocabulary
@@ -259,7 +258,6 @@ class Registration:
             return
         slots = self.queries.drop(qids)
         self.lists.release(slots, self.queries.cap[slots])
-        self.next.clear(slots, NEXT_CAP * self.queries.cap[slots])
         self.load.clear(slots)
         self._refresh(slots)
         if self.lists.released > max(COMPACT_MIN, len(self.lists.d) // 2):
@@ -271,7 +269,6 @@ class Registration:
         rebuild the query index. O(sum of k + index entries)."""
         keep = np.flatnonzero(self.queries.alive)
         self.lists.compact(keep, self.queries.cap[keep])
-        self.next.keep(keep)
         self.queries.compact(keep)
         self.load.keep(keep)
         self._compact_handles()
@@ -280,12 +277,10 @@ class Registration:
     def _compact_handles(self) -> None:
         """Drop the handles of objects no list holds and no written result holds (renumbering
         the others). O(sum of k + handles)."""
-        used = np.union1d(self.lists.h[self.lists.h >= 0], self.next.handles())
+        used = np.unique(self.lists.h[self.lists.h >= 0])
         if self.holders is not None:  # (a query handed over holds its objects until it is released)
             used = np.union1d(used, self.holders.held())
-        remap = self.handles.compact(used)
-        self.lists.renumber(remap)
-        self.next.renumber(remap)
+        self.lists.renumber(self.handles.compact(used))
         if self._details is not None:
             self._details.renumber(used)
         if self.holders is not None:

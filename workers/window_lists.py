@@ -15,7 +15,6 @@ from knnmon.arrays import members, runs
 from knnmon.batch import BatchChanges, ObjectColumns, Refills
 from knnmon.query import QueryColumns
 from knnmon.workers.held_texts import HeldTexts
-from knnmon.workers.next_lists import AHEAD_BUDGET, NEXT_CAP, SCANS_PER_HORIZON, NextLists, run_out
 from knnmon.workers.object_handles import ObjectHandles
 from knnmon.workers.query_table import QueryTable
 from knnmon.workers.topk_lists import TopKLists
@@ -36,11 +35,8 @@ class WindowLists:
     _cutoff: int
     expired: int
     refills: int
-    next: NextLists
-    next_used: int
 
-    def expire(self, cutoff: int, ahead_ms: int | None = None
-               ) -> QueryColumns | tuple[QueryColumns, QueryColumns, np.ndarray]:
+    def expire(self, cutoff: int) -> QueryColumns:
         """Remove the objects with ``t <= cutoff`` (epoch ms) from every list held here.
 
         Every live matching object strictly within a query's ``r_q`` is in its list (``r_q`` is
@@ -54,45 +50,15 @@ class WindowLists:
         ``entered``). Calling it again with a cutoff not larger does nothing. O(sum of k +
         reserve) per call.
 
-        A list that runs out and has a next list searched ahead for this cutoff takes it instead
-        of a refill, when it is ready (:mod:`knnmon.workers.next_lists`).
-
-        Parameters
-        ----------
-        cutoff
-            Epoch ms.
-        ahead_ms
-            With a reserve: also name the lists that will run out by ``cutoff + ahead_ms`` and
-            have no next list yet, the soonest first, up to
-            :data:`~knnmon.workers.next_lists.AHEAD_BUDGET` (``None``: do not).
-
         Returns
         -------
         QueryColumns
             The queries to refill, ``k`` holding the neighbours to search (``k + reserve``).
-        tuple
-            With ``ahead_ms``: those, the queries whose next lists to search (``k``: their
-            :data:`~knnmon.workers.next_lists.NEXT_CAP` times ``k + reserve``), and their floors (``(m,)`` int64 epoch ms: each one's run-out cutoff; search the
-            objects above it).
         """
-        q = self.queries
-        need = self._expire_lists(cutoff)
-        if len(self.next):
-            need = self._take_next(need)
-        out = q.columns(need, q.cap)
-        if ahead_ms is None:
-            return out
-        due, floors = self._due(int(ahead_ms), need)
-        return out, q.columns(due, NEXT_CAP * q.cap), floors
-
-    def _expire_lists(self, cutoff: int) -> np.ndarray:
-        """:meth:`expire`'s removal: the sorted slots that need a refill (or their next list)."""
-        none = np.empty(0, dtype=np.int64)
+        none = QueryColumns([], np.empty(0), np.empty(0), [], np.empty(0, dtype=np.int64))
         if cutoff <= self._cutoff:
             return none
         before, self._cutoff = self._cutoff, int(cutoff)
-        if before > np.iinfo(np.int64).min:
-            self._step = self._cutoff - before
         n = len(self.handles)
         t = self.handles.t[:n]
         dead = t <= cutoff
@@ -131,156 +97,17 @@ class WindowLists:
         L.d[L.ptr[s_keep] + pos], L.h[L.ptr[s_keep] + pos] = d_keep, h_keep
         L.count[slots] = np.bincount(np.searchsorted(slots, s_keep), minlength=len(slots))
         if self.reserve and len(in_res):  # ties now straddling the k-th place decide by id
-            self._settle_straddles(in_res)
+            kk = q.k[in_res]
+            over = np.flatnonzero(L.count[in_res] > kk)
+            at = L.ptr[in_res[over]] + kk[over]
+            tied = in_res[over[L.d[at - 1] == L.d[at]]]
+            if len(tied):
+                self._sort_lists(tied)
         # Exact still iff k of what is left lie strictly within r_q (the docstring above).
         r = q.radius[s_keep]
         below = np.bincount(np.searchsorted(slots, s_keep[d_keep < r]), minlength=len(slots))
-        return slots[np.isfinite(q.radius[slots]) & (below < q.k[slots])]
-
-    def _settle_straddles(self, slots: np.ndarray) -> None:
-        """Order by id the lists of ``slots`` where a run of equal distances straddles the
-        ``k``-th place (entries left the list before it: which of the tied ones are in the
-        result decides by id)."""
-        q, L = self.queries, self.lists
-        kk = q.k[slots]
-        over = np.flatnonzero(L.count[slots] > kk)
-        at = L.ptr[slots[over]] + kk[over]
-        tied = slots[over[L.d[at - 1] == L.d[at]]]
-        if len(tied):
-            self._sort_lists(tied)
-
-    def _take_next(self, need: np.ndarray) -> np.ndarray:
-        """Lists of ``need`` (sorted slots that ran out at this cutoff) whose next list is ready
-        take it (:mod:`knnmon.workers.next_lists`): its live entries, its radius. Returns the
-        slots still to refill. Next lists whose floor the cutoff has reached are dropped
-        afterwards, used or not (a list that did not run out there had its run-out moved by
-        arrivals)."""
-        q, L, nx, cutoff = self.queries, self.lists, self.next, self._cutoff
-        cand = need[nx.has(need)]
-        cand = cand[nx.floor[cand] <= cutoff]
-        ready = np.empty(0, dtype=np.int64)
-        if len(cand):
-            S, H, D = nx.entries(cand)
-            live = self.handles.t[H] > cutoff
-            S, H, D = S[live], H[live], D[live]
-            within = np.bincount(np.searchsorted(cand, S[D < nx.radius[S]]), minlength=len(cand))
-            ready = cand[within >= q.k[cand]]
-        if len(ready):
-            self._note_before(ready)
-            keep = members(S, ready)
-            S, H, D = S[keep], H[keep], D[keep]
-            pos = np.arange(len(S)) - np.searchsorted(S, S, side="left")
-            n_live = np.bincount(np.searchsorted(ready, S), minlength=len(ready))
-            cap = q.cap[ready]
-            kept = pos < q.cap[S]  # its first k + reserve live entries
-            radius = nx.radius[ready].copy()  # (all of them kept: the next list's radius)
-            last = pos == q.cap[S] - 1
-            at = np.searchsorted(ready, S[last])
-            cut = n_live[at] > cap[at]  # some left out: full, r_q is the last kept one's distance
-            radius[at[cut]] = D[last][cut]
-            S, H, D, pos = S[kept], H[kept], D[kept], pos[kept]
-            whole = L.places(ready, cap)
-            L.d[whole], L.h[whole] = np.inf, -1
-            L.d[L.ptr[S] + pos], L.h[L.ptr[S] + pos] = D, H
-            L.count[ready] = np.minimum(n_live, cap)
-            q.set_radius(ready, radius)
-            self._settle_straddles(ready)
-            self.next_used += len(ready)
-        self._switched = ready
-        stale = np.flatnonzero((nx.ptr >= 0) & (nx.floor <= cutoff))
-        if len(stale):
-            nx.clear(stale, NEXT_CAP * q.cap[stale])
-            nx.pack(NEXT_CAP * q.cap)
-            self._refresh(stale)
-        return np.setdiff1d(need, ready, assume_unique=True)
-
-    def _note_before(self, slots: np.ndarray) -> None:
-        """Keep the results of ``slots`` as Redis holds them (their first ``k``), for the write's
-        diff, where the expiry did not keep them already (it keeps those that lost a result
-        entry; the others are as written)."""
-        if self._before is not None:
-            slots = slots[~members(slots, self._before[0])]
-        if not len(slots):
-            return
-        c = np.minimum(self.lists.count[slots], self.queries.k[slots])
-        mine = (np.repeat(slots, c), self.lists.h[self.lists.places(slots, c)])
-        self._before = mine if self._before is None else tuple(np.concatenate(x) for x in zip(self._before, mine))
-
-    def _due(self, ahead_ms: int, need: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The slots whose lists run out after the current cutoff and by ``cutoff + ahead_ms``,
-        with no next list and not in ``need``, the soonest first (up to
-        :data:`~knnmon.workers.next_lists.AHEAD_BUDGET`, and every one running out within two
-        batches' steps of the cutoff), and their run-out cutoffs (``(m,)`` int64 each), from the
-        last scan (:meth:`_scan_due`; scanned again every
-        ``ahead_ms / SCANS_PER_HORIZON`` of event time, or when what it found is used up). A
-        list changed since the scan may run out later than its floor says: its next list is
-        still right (it holds every object above its floor), it may only not be ready. None
-        without a reserve (the next lists' objects' details are kept with the reserve's)."""
-        q, nx, cutoff = self.queries, self.next, self._cutoff
-        none = np.empty(0, dtype=np.int64)
-        if self._details is None:
-            return none, none
-        slots, ends = self._due_queue
-        if not len(slots) or cutoff >= self._due_scanned + ahead_ms // SCANS_PER_HORIZON:
-            slots, ends = self._scan_due(ahead_ms)
-            self._due_scanned = cutoff
-        elif len(self._switched):  # lists that took their next list now: due again at once, maybe
-            fresh, at = self._run_outs(self._switched)
-            soon = at <= cutoff + ahead_ms
-            fresh, at = fresh[soon], at[soon]
-            slots, ends = np.concatenate([fresh, slots]), np.concatenate([at, ends])
-            order = np.argsort(ends, kind="stable")
-            slots, ends = slots[order], ends[order]
-        self._switched = none
-        ok = (ends > cutoff) & (slots < len(q.alive))
-        ok[ok] = q.alive[slots[ok]] & ~nx.has(slots[ok])
-        ok[ok] = ~members(slots[ok], need)
-        slots, ends = slots[ok], ends[ok]
-        # Those running out within the next two batches (by the last cutoff's step) cannot wait.
-        n = max(AHEAD_BUDGET, int(np.searchsorted(ends, cutoff + 2 * self._step, side="right")))
-        self._due_queue = (slots[n:], ends[n:])
-        return slots[:n], ends[:n]
-
-    def _scan_due(self, ahead_ms: int) -> tuple[np.ndarray, np.ndarray]:
-        """Every slot whose list runs out (:func:`~knnmon.workers.next_lists.run_out`) after the
-        current cutoff and by ``cutoff + ahead_ms``, with no next list, and its run-out cutoff,
-        the soonest first (``(m,)`` int64 each). O(sum of k + reserve)."""
-        q, L, nx = self.queries, self.lists, self.next
-        none = np.empty(0, dtype=np.int64)
-        n = len(self.handles)
-        if not n or not len(L.h):
-            return none, none
-        horizon = self._cutoff + ahead_ms
-        going = self.handles.t[:n] <= horizon
-        held = L.h >= 0
-        hit = np.zeros(len(L.h), dtype=bool)
-        hit[held] = going[L.h[held]]
-        places = np.flatnonzero(hit)
-        if not len(places):
-            return none, none
-        cand = np.unique(np.searchsorted(L.ptr, places, side="right") - 1)
-        cand = cand[q.alive[cand] & np.isfinite(q.radius[cand]) & ~nx.has(cand)]
-        slots, ends = self._run_outs(cand)
-        due = np.flatnonzero((ends > self._cutoff) & (ends <= horizon))
-        due = due[np.argsort(ends[due], kind="stable")]
-        return slots[due], ends[due]
-
-    def _run_outs(self, cand: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The sorted slots of ``cand`` that hold entries strictly within their ``r_q``, and
-        each one's run-out cutoff (:func:`~knnmon.workers.next_lists.run_out`)."""
-        q, L = self.queries, self.lists
-        none = np.empty(0, dtype=np.int64)
-        cand = np.unique(cand)
-        if not len(cand):
-            return none, none
-        c = L.count[cand]
-        at = L.places(cand, c)
-        S, H, D = np.repeat(cand, c), L.h[at], L.d[at]
-        inside = D < q.radius[S]
-        S, T = S[inside], self.handles.t[H[inside]]
-        if not len(S):
-            return none, none
-        return np.unique(S), run_out(S, T, q.k[S])
+        need = slots[np.isfinite(q.radius[slots]) & (below < q.k[slots])]
+        return q.columns(need, q.cap)
 
     def _sort_lists(self, slots: np.ndarray) -> None:
         """Order the held entries of ``slots`` by (distance, object id) in place."""

@@ -28,7 +28,6 @@ from knnmon.workers.handover import Handover
 from knnmon.workers.held_texts import HeldTexts
 from knnmon.workers.holders import Details, Texts
 from knnmon.workers.keyword_lists import KeywordLists
-from knnmon.workers.next_lists import NextLists
 from knnmon.workers.object_handles import NO_TIME, ObjectHandles
 from knnmon.workers.query_index import QueryIndex
 from knnmon.workers.query_load import QueryLoad
@@ -152,12 +151,7 @@ class KnnWorker(Registration, BatchUpdate, WindowLists, ReleaseInParts, Handover
         self._cutoff = np.iinfo(np.int64).min  # the last expiry's cutoff
         self._refilled: dict[str, str] = {}  # details (text) of the objects a refill brought in
         self._details = HeldTexts(self.handles) if reserve else None  # details (text) of every object held
-        self.next = NextLists()  # lists searched ahead for when the current ones run out (a window)
-        self._due_queue = (np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64))  # (slots, run-out cutoffs)
-        self._due_scanned = np.iinfo(np.int64).min  # the cutoff of the last scan for them
-        self._switched = np.empty(0, dtype=np.int64)  # slots that took their next list at the last expiry
-        self._step = 0  # how far the last expiry moved the cutoff (ms)
-        self.expired = self.refills = self.next_used = 0
+        self.expired = self.refills = 0
         self._handed: list[tuple[str, list[str]]] = []  # (query, members) exported, not yet released
         self._tag = 0
         self._version = 0  # the change feed version of the batch being processed
@@ -170,16 +164,15 @@ class KnnWorker(Registration, BatchUpdate, WindowLists, ReleaseInParts, Handover
         t0 = time.perf_counter()
         q = self.queries
         slot, code = q.entries(np.flatnonzero(q.alive))
-        self.index.rebuild(slot, code, q.lon[slot], q.lat[slot], self.next.index_radius(slot, q.radius[slot]))
+        self.index.rebuild(slot, code, q.lon[slot], q.lat[slot], q.radius[slot])
         return time.perf_counter() - t0
 
     def _refresh(self, slots: np.ndarray) -> None:
-        """Re-index queries whose region changed (shrunk, new, removed; a next list's radius
-        counts too)."""
+        """Re-index queries whose region changed (shrunk, new, removed)."""
         q = self.queries
         slots = np.asarray(slots, dtype=np.int64)
         slot, code = q.entries(slots[q.alive[slots]])
-        self.index.refresh(slots, slot, code, q.lon[slot], q.lat[slot], self.next.index_radius(slot, q.radius[slot]))
+        self.index.refresh(slots, slot, code, q.lon[slot], q.lat[slot], q.radius[slot])
         self.refreshed += len(slots)
 
     # -- writes ----------------------------------------------------------------------------------
@@ -251,10 +244,9 @@ class KnnWorker(Registration, BatchUpdate, WindowLists, ReleaseInParts, Handover
 
     def regions(self) -> tuple[QueryColumns, np.ndarray]:
         """The registered queries and their kNN radii ``r_q`` (``(m,)`` float64 meters, ``inf``
-        below ``k`` results; a next list's radius where larger): what the routing table must
-        cover for this worker."""
+        below ``k`` results): what the routing table must cover for this worker."""
         live = np.flatnonzero(self.queries.alive)
-        return self.queries.columns(live), np.array(self.next.index_radius(live, self.queries.radius[live]))
+        return self.queries.columns(live), self.queries.radius[live].copy()
 
     def stats(self) -> WorkerStats:
         """This worker's :class:`~knnmon.reports.WorkerStats`: queries held, index entries, queries
@@ -273,8 +265,7 @@ class KnnWorker(Registration, BatchUpdate, WindowLists, ReleaseInParts, Handover
         except ImportError:  # pragma: no cover - ray is a dependency
             pass
         return WorkerStats(worker=self.worker_id, node=node, pid=os.getpid(), queries=int(self.queries.alive.sum()),
-                           expired=self.expired, refilled=self.refills, next_lists=len(self.next),
-                           next_used=self.next_used, index_entries=self.index.entries,
+                           expired=self.expired, refilled=self.refills, index_entries=self.index.entries,
                            refreshed=self.refreshed, keywords=len(self.vocabulary),
                            peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                            rss_mb=_mb(resident_bytes()), rss_anon_mb=_mb(resident_bytes("RssAnon")))

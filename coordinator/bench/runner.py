@@ -98,7 +98,6 @@ class BenchConfig:
     max_future_ms: int | None = DEFAULT_LIMITS.max_future_ms
     arrival_ms: int | None = None
     reserve: int | None = None
-    refill_ahead_ms: int | None = None
     rebalance: tuple[bool, ...] = (False,)
     rebalance_config: RebalanceConfig = field(default_factory=RebalanceConfig)
     extra: dict[str, Any] = field(default_factory=dict)
@@ -188,8 +187,7 @@ def _one_run(cfg: BenchConfig, prepared: Prepared, all_objects: pa.Table | None,
     config = RunConfig(workers=1 if reference else workers, algorithm="random" if reference else algorithm,
                        initial=cfg.initial, batch=cfg.batch, batches=cfg.batches, shuffle=cfg.shuffle,
                        window=cfg.window, allowed_lateness=cfg.allowed_lateness, limits=cfg.limits,
-                       arrival_ms=cfg.arrival_ms, reserve=cfg.reserve, refill_ahead_ms=cfg.refill_ahead_ms,
-                       cost_model=cfg.cost_model,
+                       arrival_ms=cfg.arrival_ms, reserve=cfg.reserve, cost_model=cfg.cost_model,
                        store=StoreConfig(url=redis_url, namespace=cfg.namespace),
                        executor="inline" if reference else "ray",
                        index="keyword-lists" if reference else "grid", seed=cfg.seed,

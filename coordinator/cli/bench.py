@@ -40,7 +40,7 @@ def _bench(a: Any) -> int:
                       check=a.check or a.check_sample is not None, check_sample=a.check_sample,
                       seed=a.seed, redis_url=a.redis, namespace=a.namespace, ray_address=a.ray_address,
                       window=a.window, allowed_lateness=a.allowed_lateness, max_future_ms=a.max_future,
-                      arrival_ms=a.arrival_ms, reserve=a.reserve, refill_ahead_ms=a.refill_ahead,
+                      arrival_ms=a.arrival_ms, reserve=a.reserve,
                       rebalance=_switches(a.rebalance), rebalance_config=rebalance_config(a, on=True))
     out = run_bench(cfg, a.report, progress=not a.quiet)
     if a.plot:

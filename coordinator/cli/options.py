@@ -178,8 +178,7 @@ def runtime_settings(a: argparse.Namespace) -> dict[str, Any]:
     reserve, re-balancing, index): one place maps them."""
     return {"workers": a.workers, "algorithm": a.algorithm, "batch": a.batch, "ray_address": a.ray_address,
             "executor": a.executor, "limits": limits(a), "window": a.window, "allowed_lateness": a.allowed_lateness,
-            "reserve": a.reserve, "refill_ahead_ms": a.refill_ahead, "rebalance": rebalance_config(a),
-            "index": a.index}
+            "reserve": a.reserve, "rebalance": rebalance_config(a), "index": a.index}
 
 
 def add_window_options(p: argparse.ArgumentParser, *, arrival: bool = True) -> None:
@@ -198,10 +197,6 @@ def add_window_options(p: argparse.ArgumentParser, *, arrival: bool = True) -> N
     p.add_argument("--reserve", type=int, metavar="N",
                    help="neighbours each query keeps beyond its k, so that an expiry rarely needs a refill search "
                         "(default 8 with --window, else 0)")
-    p.add_argument("--refill-ahead", type=lambda x: parse_duration(x, zero=True), metavar="DURATION",
-                   help="with --window and a reserve: search each query's next list this long (event time) before "
-                        "its list runs out, a budget a batch, so that a region's objects expiring together cost no "
-                        "wave of refill searches (default 30s, at most the window; 0: refill when a list runs out)")
     if arrival:
         p.add_argument("--arrival-ms", type=int, metavar="MS",
                        help="replace each object's time by its arrival: one object every MS ms in stream order "

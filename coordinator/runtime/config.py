@@ -12,17 +12,13 @@ from knnmon.store import StoreConfig
 from knnmon.window import Window
 from knnmon.workers.settings import INDEX_NAMES, MAX_RELEASE_GROUPS
 
-__all__ = ["ARRIVAL_EPOCH_MS", "DEFAULT_REFILL_AHEAD_MS", "DEFAULT_RESERVE", "EXECUTORS", "RunConfig"]
+__all__ = ["ARRIVAL_EPOCH_MS", "DEFAULT_RESERVE", "EXECUTORS", "RunConfig"]
 
 #: Where the workers run: Ray actors, or plain objects in the coordinator's process.
 EXECUTORS = ("ray", "inline")
 
 #: Neighbours kept beyond ``k`` with a window unless ``--reserve`` says otherwise.
 DEFAULT_RESERVE = 8
-
-#: With a window and a reserve: search a list's next list this many ms of event time before it
-#: runs out, unless ``--refill-ahead`` says otherwise (:mod:`knnmon.workers.next_lists`).
-DEFAULT_REFILL_AHEAD_MS = 30_000
 
 #: The time ``--arrival-ms`` gives the first object: 2020-01-01T00:00:00Z, epoch ms.
 ARRIVAL_EPOCH_MS = 1_577_836_800_000
@@ -80,11 +76,6 @@ class RunConfig:
         Neighbours each query keeps beyond its ``k`` (``--reserve``): with a window, an expiry
         then takes the next neighbour from the reserve instead of a refill search.
         ``None``: :data:`DEFAULT_RESERVE` with a window, else 0 (see :attr:`places_reserved`).
-    refill_ahead_ms : int or None
-        With a window and a reserve: search each list's next list this many ms of event time
-        before it runs out (``--refill-ahead``), so that a region's objects expiring together
-        cost no refill wave; 0: refill only when a list runs out. ``None``:
-        :data:`DEFAULT_REFILL_AHEAD_MS` (see :attr:`ahead_ms`).
     rebalance : RebalanceConfig or None
         Re-balance under drift (``--rebalance``; :mod:`knnmon.coordinator.rebalance`); ``None``: the
         plan stays as made.
@@ -105,7 +96,7 @@ class RunConfig:
         ``in_flight < 1``, an unknown ``executor`` or ``index``, a bad ``routing_entries``,
         a window outside 1 ms..10 years, an allowed lateness outside 0..10 years or without a
         window, ``arrival_ms`` outside 1..:data:`MAX_ARRIVAL_MS`, a
-        ``reserve`` outside 0..1000, ``refill_ahead_ms`` outside 0..the window, ``release_groups`` outside 1..64 or above 1 with
+        ``reserve`` outside 0..1000, ``release_groups`` outside 1..64 or above 1 with
         ``overlap_writes``, ``redis_wait_s`` outside 0..3600.
     """
 
@@ -133,7 +124,6 @@ class RunConfig:
     allowed_lateness: int = 0
     arrival_ms: int | None = None
     reserve: int | None = None
-    refill_ahead_ms: int | None = None
     rebalance: RebalanceConfig | None = None
     release_groups: int = 1
     redis_wait_s: float = 6.2
@@ -165,26 +155,11 @@ class RunConfig:
             raise InvalidArgumentError("--allowed-lateness needs --window: without a window no object is late")
         if self.reserve is not None and not 0 <= self.reserve <= 1000:
             raise InvalidArgumentError(f"--reserve must be between 0 and 1000; got {self.reserve}")
-        if self.refill_ahead_ms is not None and self.window is None and self.refill_ahead_ms:
-            raise InvalidArgumentError("--refill-ahead needs --window: without a window no list runs out")
-        if self.refill_ahead_ms is not None and not 0 <= self.refill_ahead_ms <= (self.window or 0):
-            raise InvalidArgumentError(f"--refill-ahead must be between 0 and the window ({self.window:,} ms); "
-                                       f"got {self.refill_ahead_ms:,} ms")
         if self.arrival_ms is not None and not 1 <= self.arrival_ms <= MAX_ARRIVAL_MS:
             raise InvalidArgumentError(f"--arrival-ms must be between 1 and {MAX_ARRIVAL_MS:,} (a day); "
                                        f"got {self.arrival_ms}")
         if self.in_flight < 1:
             raise InvalidArgumentError(f"--in-flight must be >= 1; got {self.in_flight}")
-
-    @property
-    def ahead_ms(self) -> int | None:
-        """How far ahead next lists are searched, ms of event time: ``refill_ahead_ms``, else
-        :data:`DEFAULT_REFILL_AHEAD_MS` capped at the window; ``None`` without a window, without a
-        reserve, or at 0."""
-        if self.window is None or not self.places_reserved:
-            return None
-        ms = self.refill_ahead_ms if self.refill_ahead_ms is not None else min(DEFAULT_REFILL_AHEAD_MS, self.window)
-        return ms or None
 
     @property
     def places_reserved(self) -> int:

@@ -25,9 +25,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from knnmon.arrays import members, runs
+from knnmon.arrays import members
 from knnmon.assignment.routing import RoutingTable, popcount
-from knnmon.batch import KnnColumns, ObjectBatch, ObjectColumns, Refills
+from knnmon.batch import KnnColumns, ObjectBatch, Refills
 from knnmon.coordinator.runtime.metrics import BatchReport
 from knnmon.coordinator.runtime.object_store import ObjectStore
 from knnmon.coordinator.runtime.seen_ids import SeenIds
@@ -36,7 +36,6 @@ from knnmon.errors import WorkerLostError
 from knnmon.query import QueryColumns
 from knnmon.reports import WorkerReport
 from knnmon.window import Window
-from knnmon.workers.next_lists import NEXT_CAP, run_out
 
 __all__ = ["Admission", "DispatchedBatch", "Dispatcher"]
 
@@ -104,16 +103,11 @@ class Dispatcher:
     first_batch
         The number of the first batch: the stream batches applied before (a resumed service's);
         batch ``b``'s changes carry the change feed's version ``b + 1``.
-    ahead_ms
-        With a window: search each list's next list this many ms of event time before it runs
-        out (:mod:`knnmon.workers.next_lists`); ``None``: refill when it runs out only.
-    reserve
-        Neighbours each query keeps beyond its ``k`` (a refill searches ``k + reserve``).
     """
 
     def __init__(self, pool: WorkerPool, routing: RoutingTable, objects: ObjectStore, seen: Sequence[str] | pa.Array, *,
                  seen_times: np.ndarray | None = None, window: Window | None = None, rects=None,
-                 first_batch: int = 0, ahead_ms: int | None = None, reserve: int = 0) -> None:
+                 first_batch: int = 0) -> None:
         self.pool, self.routing, self.objects = pool, routing, objects
         self.seen = SeenIds(seen, seen_times, windowed=window is not None)
         self.window, self.rects = window, rects
@@ -126,16 +120,10 @@ class Dispatcher:
         #: points it at :meth:`Runtime.revive_idle`); ``True`` if it did.
         self.revive: Callable[[int], bool] | None = None
         self._unrouted = None  # the last refills' (codes, rects, workers) not yet in the routing table
-        #: With a window: search each query's next list this far (ms of event time) ahead of the
-        #: expiry that empties its list (:mod:`knnmon.workers.next_lists`); ``None``: never.
-        self.ahead_ms: int | None = ahead_ms if window is not None else None
-        self.reserve = reserve  # (each refill searched k + reserve)
-        self.ahead_asked = 0  # next lists searched so far
 
-    def _expire(self, batch: pa.Table) -> tuple[pa.Table, int, int, dict[int, Refills], dict[int, Refills], float]:
-        """Move the watermark with ``batch``; drop its late objects; expire everywhere; refill,
-        and search the next lists the workers asked for (module docstring). Returns the live
-        batch, late objects, cutoff, refills, next lists, ms spent."""
+    def _expire(self, batch: pa.Table) -> tuple[pa.Table, int, int, dict[int, Refills], float]:
+        """Move the watermark with ``batch``; drop its late objects; expire everywhere; refill
+        (module docstring). Returns the live batch, late objects, cutoff, refills, ms spent."""
         t0 = time.perf_counter()
         t = batch.column("t").to_numpy()
         cutoff = self.window.advance(t)
@@ -145,114 +133,53 @@ class Dispatcher:
             batch = batch.filter(pa.array(~late))
         self.objects.expire(cutoff)
         self.seen.forget(cutoff)
-        ahead = self.ahead_ms
-        replies = self.pool.gather_each([self.pool.expire(w, cutoff, ahead) for w in range(self.pool.size)])
-        for w, n in enumerate(replies):  # lost before the batch: revived now, from Redis, and asked again
+        needs: list[QueryColumns] = self.pool.gather_each([self.pool.expire(w, cutoff)
+                                                           for w in range(self.pool.size)])
+        for w, n in enumerate(needs):  # lost before the batch: revived now, from Redis, and asked again
             if isinstance(n, WorkerLostError) and self.revive is not None and self.revive(w):
-                replies[w] = self.pool.gather([self.pool.expire(w, cutoff, ahead)])[0]
+                needs[w] = self.pool.gather([self.pool.expire(w, cutoff)])[0]
         # A worker lost and not revived here refills nothing: the batch's call to it fails too,
         # and its revival after the batch rebuilds its lists over the live objects (Runtime._collect).
-        none = QueryColumns.of([])
-        replies = [(none, none, np.empty(0, dtype=np.int64)) if isinstance(r, WorkerLostError) else
-                   r if isinstance(r, tuple) else (r, none, np.empty(0, dtype=np.int64)) for r in replies]
+        needs = [QueryColumns.of([]) if isinstance(n, WorkerLostError) else n for n in needs]
         self.refill_parts_ms = {"expire": (time.perf_counter() - t0) * 1e3, "search": 0.0, "routing": 0.0}
-        # routed once the batch is sent (dispatch)
-        refills, nexts = self._refill([r[0] for r in replies], route_now=False,
-                                      ahead=[(r[1], r[2]) for r in replies], cutoff=cutoff)
-        self.ahead_asked += sum(len(x.qids) for xs in nexts.values() for x in xs)
-        return batch, n_late, cutoff, refills, nexts, (time.perf_counter() - t0) * 1e3
+        refills = self._refill(needs, route_now=False)  # routed once the batch is sent (dispatch)
+        return batch, n_late, cutoff, refills, (time.perf_counter() - t0) * 1e3
 
-    def _refill(self, needs: list[QueryColumns], exclude: frozenset[str] = frozenset(), *, route_now: bool = True,
-                ahead: list[tuple[QueryColumns, np.ndarray]] | None = None, cutoff: int | None = None
-                ) -> dict[int, Refills] | tuple[dict[int, Refills], dict[int, list[Refills]]]:
+    def _refill(self, needs: list[QueryColumns], exclude: frozenset[str] = frozenset(), *,
+                route_now: bool = True) -> dict[int, Refills]:
         """Each worker's :class:`Refills`: one kNN search over the live objects for all (but
         ``exclude``: a batch in the store already, replayed to a revived worker). Their regions
         join the routing table now, or with ``route_now=False`` at :meth:`_route_refills` (the
-        batch sent meanwhile goes whole to each refilled query's keywords: :meth:`_widen`).
-
-        With ``ahead`` (per worker: the queries whose next lists to search and their floors,
-        :meth:`KnnWorker.expire`) and the batch's ``cutoff``, the next lists are searched in the
-        same call (each over the objects above its floor, the refills over the live ones), and
-        then the next lists of the refilled lists that will run out within the horizon again
-        (:meth:`_refills_running_out`: a wave's refill finds the region's last objects, which
-        expire with the next batches); all routed alike. Returns ``(refills, next lists)``: a
-        dict by worker of :class:`Refills`, and of lists of them."""
+        batch sent meanwhile goes whole to each refilled query's keywords: :meth:`_widen`)."""
         self._route_refills()  # (an earlier batch's, if its dispatch failed before routing them)
-        n_need = sum(len(n.ids) for n in needs)
-        if ahead is not None:
-            needs = list(needs) + [a for a, _ in ahead]
-        workers = np.concatenate([np.full(len(n.ids), w % self.pool.size, dtype=np.int64)
-                                  for w, n in enumerate(needs)] or [np.empty(0, dtype=np.int64)])
+        workers = np.concatenate([np.full(len(n.ids), w, dtype=np.int64) for w, n in enumerate(needs)])
         if not len(workers):
-            return ({}, {}) if ahead is not None else {}
+            return {}
         lon = np.concatenate([np.asarray(n.lon, dtype=np.float64) for n in needs])
         lat = np.concatenate([np.asarray(n.lat, dtype=np.float64) for n in needs])
         k = np.concatenate([np.asarray(n.k, dtype=np.int64) for n in needs])
         words = pa.array([kw for n in needs for kw in n.keywords], type=pa.list_(pa.string()))
         qids = [q for n in needs for q in n.ids]
-        floor = None
-        if ahead is not None and len(workers) > n_need:
-            floor = np.concatenate([np.full(n_need, np.iinfo(np.int64).min, dtype=np.int64)]
-                                   + [np.asarray(f, dtype=np.int64) for _, f in ahead])
         t0 = time.perf_counter()
-        topk, info = self.objects.knn_v(lon, lat, words, k, exclude=exclude, floor=floor)
-        searches = [(topk, info, np.arange(len(workers)), floor)]
-        again = self._refills_running_out(topk, info, k, n_need, cutoff) if ahead is not None else None
-        if again is not None and len(again[0]):
-            sel, ends = again
-            searches.append((*self.objects.knn_v(lon[sel], lat[sel], words.take(pa.array(sel)), NEXT_CAP * k[sel],
-                                                 floor=ends), sel, ends))
+        topk, info = self.objects.knn_v(lon, lat, words, k, exclude=exclude)
         t1 = time.perf_counter()
-        self._unrouted = []
-        for top, _, sel, _ in searches:  # (new keywords join the vocabulary before the batch is encoded)
-            self._unrouted.append((self.routing.codes_of(words.take(pa.array(sel))),
-                                   self.rects(lon[sel], lat[sel], top.kth(k[sel] if top is topk else NEXT_CAP * k[sel])),
-                                   workers[sel]))
+        codes = self.routing.codes_of(words)  # (new keywords join the vocabulary before the batch is encoded)
+        self._unrouted = (codes, self.rects(lon, lat, topk.kth(k)), workers)
         self.refill_parts_ms.update(search=(t1 - t0) * 1e3, routing=(time.perf_counter() - t1) * 1e3)
         if route_now:
             self._route_refills()
-        out: dict[int, Refills] = {}
-        nexts: dict[int, list[Refills]] = {}
-        for n, (top, info_, sel, floors) in enumerate(searches):
-            first = np.arange(len(sel)) < (n_need if n == 0 else 0)  # the refills: the first search's first
-            for w in np.unique(workers[sel]).tolist():
-                for refill in (True, False):
-                    mine = np.flatnonzero((workers[sel] == w) & (first if refill else ~first))
-                    if not len(mine):
-                        continue
-                    got = _per_worker(top, info_, mine, [qids[i] for i in sel[mine].tolist()],
-                                      None if refill else floors[mine])
-                    if refill:
-                        out[w] = got
-                    else:
-                        nexts.setdefault(w, []).append(got)
-        return (out, nexts) if ahead is not None else out
-
-    def _refills_running_out(self, topk: KnnColumns, info: ObjectColumns, k: np.ndarray, n: int,
-                             cutoff: int | None) -> tuple[np.ndarray, np.ndarray] | None:
-        """Of the first ``n`` lists of ``topk`` (refills, ``k`` searched: their ``k + reserve``),
-        those full ones that will run out after ``cutoff`` and within the horizon
-        (:func:`~knnmon.workers.next_lists.run_out` of their entries strictly within the last
-        one's distance, for each query's own ``k``), and their run-out cutoffs; ``None`` without
-        a horizon."""
-        if not n or cutoff is None or not self.ahead_ms or topk.rows is None:
-            return None
-        counts = topk.counts[:n]
-        full = np.flatnonzero(counts >= k[:n])
-        if not len(full):
-            return None
-        start = np.cumsum(topk.counts) - topk.counts
-        c = counts[full]
-        at = runs(start[full], c)
-        q = np.repeat(full, c)
-        radius = topk.dist[start[full] + c - 1]
-        inside = topk.dist[at] < np.repeat(radius, c)
-        q, t = q[inside], info.t[topk.rows[at[inside]]]
-        own_k = np.maximum(k[q] - self.reserve, 1)
-        ends = run_out(q, t, own_k)
-        slots = np.unique(q)
-        due = (ends > cutoff) & (ends <= cutoff + self.ahead_ms)
-        return slots[due], ends[due]
+        out = {}
+        for w in np.unique(workers).tolist():
+            sel = np.flatnonzero(workers == w)
+            mine = topk.take(sel)
+            if mine.rows is None:
+                objects = info.subset(mine.ids)
+            else:  # (its lists' rows renumbered into the details it is sent)
+                held = np.unique(mine.rows)
+                objects = info.take(held)
+                mine = KnnColumns(mine.counts, mine.ids, mine.dist, np.searchsorted(held, mine.rows))
+            out[w] = Refills([qids[i] for i in sel.tolist()], mine, objects)
+        return out
 
     def _route_refills(self) -> None:
         """Add the last refill search's regions to the routing table (timed into the batch's
@@ -260,23 +187,23 @@ class Dispatcher:
         if self._unrouted is None:
             return
         t0 = time.perf_counter()
-        unrouted, self._unrouted = self._unrouted, None
-        for codes, rect, workers in unrouted:
-            self.routing.add_many(codes, rect.x0, rect.y0, rect.x1, rect.y1, workers)
+        codes, rect, workers = self._unrouted
+        self._unrouted = None
+        self.routing.add_many(codes, rect.x0, rect.y0, rect.x1, rect.y1, workers)
         self.refill_parts_ms["routing"] = self.refill_parts_ms.get("routing", 0.0) + (time.perf_counter() - t0) * 1e3
 
     def _widen(self, masks: np.ndarray, pair_obj: np.ndarray, pair_code: np.ndarray) -> np.ndarray:
         """``masks`` (``(n,)`` uint64) with each worker's bit set too on every object of the
-        batch that shares a keyword with a query refilled for it (or given a next list) and not
-        yet routed (:meth:`_refill` with ``route_now=False``): the routing table does not hold
-        those queries' new regions yet, and the worker's own query index does (it takes them
-        before the batch), so every object that may enter one reaches it."""
+        batch that shares a keyword with a query refilled for it and not yet routed
+        (:meth:`_refill` with ``route_now=False``): the routing table does not hold those
+        queries' new regions yet, and the worker's own query index does (it refills them before
+        the batch), so every object that may enter one reaches it."""
         if self._unrouted is None or not len(pair_obj):
             return masks
-        code = np.concatenate([c for (_, c), _, _ in self._unrouted])
-        pair_worker = np.concatenate([np.repeat(w, counts) for (counts, _), _, w in self._unrouted])
+        (counts, code), _, workers = self._unrouted
+        pair_worker = np.repeat(workers, counts)
         masks = masks.copy()
-        for w in np.unique(pair_worker).tolist():
+        for w in np.unique(workers).tolist():
             hit = members(pair_code, code[pair_worker == w])
             masks[np.unique(pair_obj[hit])] |= np.uint64(1) << np.uint64(w)
         return masks
@@ -365,9 +292,9 @@ class Dispatcher:
         its objects, without waiting."""
         t0, c0 = time.perf_counter(), time.thread_time()
         batch, dup = self.drop_seen(batch)
-        n_late, cutoff, refills, nexts, refill_ms = 0, None, {}, {}, 0.0
+        n_late, cutoff, refills, refill_ms = 0, None, {}, 0.0
         if self.window is not None:
-            batch, n_late, cutoff, refills, nexts, refill_ms = self._expire(batch)
+            batch, n_late, cutoff, refills, refill_ms = self._expire(batch)
         table, pair_obj, pair_code, masks = self._route(batch)
         masks = self._widen(masks, pair_obj, pair_code)
         number = self.next_batch
@@ -379,8 +306,6 @@ class Dispatcher:
                 mine = _rows_of(masks, w)
                 if len(mine) or cutoff is not None:
                     window = {"cutoff": cutoff, "refills": refills.get(w)} if cutoff is not None else {}
-                    if w in nexts:
-                        window["ahead"] = nexts[w]
                     pending.append(self.pool.process(w, shared, mine, **window))
                     sent += len(mine)
                     rows[w] = mine
@@ -417,21 +342,6 @@ class Dispatcher:
         update_ms = (time.perf_counter() - d.t0) * 1e3
         return BatchReport.of(d.number, d.objects, d.duplicates, d.deliveries, self.pool.size, update_ms, route_ms,
                               route_cpu_ms, reports, late=d.late, refill_ms=d.refill_ms)
-
-
-def _per_worker(topk: KnnColumns, info: ObjectColumns, sel: np.ndarray, qids: list[str],
-                floors: np.ndarray | None) -> Refills:
-    """The lists ``sel`` of a search (``topk`` and its details ``info``) as one worker's
-    :class:`Refills` for ``qids``, with the details of their objects only (the lists' rows
-    renumbered into them); ``floors``: next lists'."""
-    mine = topk.take(sel)
-    if mine.rows is None:
-        objects = info.subset(mine.ids)
-    else:
-        held = np.unique(mine.rows)
-        objects = info.take(held)
-        mine = KnnColumns(mine.counts, mine.ids, mine.dist, np.searchsorted(held, mine.rows))
-    return Refills(qids, mine, objects, floors)
 
 
 def _rows_of(masks: np.ndarray, worker: int) -> np.ndarray:

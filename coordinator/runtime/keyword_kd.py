@@ -245,10 +245,10 @@ def _expand(xyz, rows, dims, box, a, b, lb, qx, qy, qz, sa, sb, sl, top):
 
 
 @jit
-def _nearest_cut(xyz, rows, dims, box, alive, times, floor, a0, b0, qx, qy, qz, want, bound, best, brow, sa, sb, sl):
+def _nearest_cut(xyz, rows, dims, box, alive, a0, b0, qx, qy, qz, want, bound, best, brow, sa, sb, sl):
     """The ``want`` nearest live entries of the tree ``rows[a0:b0]`` within squared chord
-    ``bound`` (with ``times``, only those with a time above ``floor``): their squared chords and
-    rows in ``best[:n]``, ``brow[:n]`` (nearest first; ``n < want`` if it has fewer). Returns the ``want``-th smallest squared chord (``inf`` with
+    ``bound``: their squared chords and rows in ``best[:n]``, ``brow[:n]`` (nearest first;
+    ``n < want`` if it has fewer). Returns the ``want``-th smallest squared chord (``inf`` with
     fewer), ``n``, and whether an entry tied with it was left out (then :func:`_within` must
     gather the ties)."""
     nb = 0
@@ -263,7 +263,7 @@ def _nearest_cut(xyz, rows, dims, box, alive, times, floor, a0, b0, qx, qy, qz, 
         lo, hi, top = _expand(xyz, rows, dims, box, a, b, lb, qx, qy, qz, sa, sb, sl, top)
         for i in range(lo, hi):
             r = rows[i]
-            if len(alive) and not alive[r] or len(times) and times[r] <= floor:
+            if len(alive) and not alive[r]:
                 continue
             d = _d2(xyz, r, qx, qy, qz)
             if d > bound:
@@ -289,10 +289,9 @@ def _nearest_cut(xyz, rows, dims, box, alive, times, floor, a0, b0, qx, qy, qz, 
 
 
 @jit
-def _within(xyz, rows, dims, box, alive, times, floor, a0, b0, qx, qy, qz, cut, out, at, sa, sb, sl) -> int:
-    """The live entries of the tree ``rows[a0:b0]`` within squared chord ``cut`` of the query
-    (with ``times``, those with a time above ``floor``): written to ``out[at:]`` if ``out`` is
-    not empty; returns how many."""
+def _within(xyz, rows, dims, box, alive, a0, b0, qx, qy, qz, cut, out, at, sa, sb, sl) -> int:
+    """The live entries of the tree ``rows[a0:b0]`` within squared chord ``cut`` of the query:
+    written to ``out[at:]`` if ``out`` is not empty; returns how many."""
     n = 0
     sa[0], sb[0], sl[0] = a0, b0, _bound(box, a0, b0, qx, qy, qz)
     top = 1
@@ -304,7 +303,7 @@ def _within(xyz, rows, dims, box, alive, times, floor, a0, b0, qx, qy, qz, cut, 
         lo, hi, top = _expand(xyz, rows, dims, box, a, b, lb, qx, qy, qz, sa, sb, sl, top)
         for i in range(lo, hi):
             r = rows[i]
-            if len(alive) and not alive[r] or len(times) and times[r] <= floor:
+            if len(alive) and not alive[r]:
                 continue
             if _d2(xyz, r, qx, qy, qz) <= cut:
                 if len(out):
@@ -315,8 +314,7 @@ def _within(xyz, rows, dims, box, alive, times, floor, a0, b0, qx, qy, qz, cut, 
 
 @jit
 def kd_knn(xyz: np.ndarray, rows: np.ndarray, dims: np.ndarray, box: np.ndarray, ptr: np.ndarray, alive: np.ndarray,
-           code: np.ndarray, q: np.ndarray, want: np.ndarray, bound: np.ndarray, times: np.ndarray,
-           floor: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+           code: np.ndarray, q: np.ndarray, want: np.ndarray, bound: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """For each search ``g`` (a query and one of its keywords): the ``want[g]`` nearest live
     entries of keyword ``code[g]``'s tree to the point ``q[g]`` within squared chord
     ``bound[g]``, with every entry tied with the ``want[g]``-th (all of them if fewer).
@@ -337,11 +335,6 @@ def kd_knn(xyz: np.ndarray, rows: np.ndarray, dims: np.ndarray, box: np.ndarray,
         ``(g,)`` float64: only entries within this squared chord count (``inf``: all). A search
         over several parts of the objects passes the ``want``-th distance found in the parts
         searched before (:meth:`ObjectStore.knn_v`): nothing beyond it can be among the nearest.
-    times, floor
-        ``(n,)`` int64 over the objects (epoch ms) and ``(g,)`` int64: search ``g`` counts only
-        the entries whose time is above ``floor[g]`` (a query's next list, searched ahead of the
-        expiry that empties its list: :mod:`knnmon.workers.next_lists`); ``times`` empty: no
-        such filter (``floor`` is not read).
 
     Returns
     -------
@@ -367,12 +360,11 @@ def kd_knn(xyz: np.ndarray, rows: np.ndarray, dims: np.ndarray, box: np.ndarray,
     for j in range(g):
         a, b = ptr[code[j]], ptr[code[j] + 1]
         qx, qy, qz = q[j, 0], q[j, 1], q[j, 2]
-        fl = floor[j] if len(times) else 0
-        cut[j], nb, tie = _nearest_cut(xyz, rows, dims, box, alive, times, fl, a, b, qx, qy, qz, want[j], bound[j], best,
-                                       brow, sa, sb, sl)
+        cut[j], nb, tie = _nearest_cut(xyz, rows, dims, box, alive, a, b, qx, qy, qz, want[j], bound[j], best, brow, sa,
+                                       sb, sl)
         if tie:  # rare: every entry tied with the want-th counts
             tied[j] = True
-            counts[j] = _within(xyz, rows, dims, box, alive, times, fl, a, b, qx, qy, qz, cut[j], none, 0, sa, sb, sl)
+            counts[j] = _within(xyz, rows, dims, box, alive, a, b, qx, qy, qz, cut[j], none, 0, sa, sb, sl)
         else:
             counts[j] = nb
             near[off[j]:off[j] + nb] = brow[:nb]
@@ -381,9 +373,7 @@ def kd_knn(xyz: np.ndarray, rows: np.ndarray, dims: np.ndarray, box: np.ndarray,
     for j in range(g):
         if tied[j]:
             a, b = ptr[code[j]], ptr[code[j] + 1]
-            fl = floor[j] if len(times) else 0
-            _within(xyz, rows, dims, box, alive, times, fl, a, b, q[j, 0], q[j, 1], q[j, 2], cut[j], found, at, sa, sb,
-                    sl)
+            _within(xyz, rows, dims, box, alive, a, b, q[j, 0], q[j, 1], q[j, 2], cut[j], found, at, sa, sb, sl)
         else:
             found[at:at + counts[j]] = near[off[j]:off[j] + counts[j]]
         at += counts[j]
@@ -398,9 +388,6 @@ def compile_kd() -> None:
     kd_build(xyz, rows, np.zeros(1, dtype=np.int8), box, ptr, codes)
     kd_refit(xyz, rows, box, ptr, np.ones(1, dtype=bool), np.ones(1, dtype=bool), np.zeros((1, 3)), np.zeros((1, 3)),
              np.array([0, 1], dtype=np.int64), codes)
-    frozen = np.zeros(1, dtype=np.int64)
-    frozen.flags.writeable = False  # (a part's times, read from Arrow without a copy, are read-only)
     for alive in (np.zeros(0, dtype=bool), np.ones(1, dtype=bool)):
-        for times in (np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64), frozen):
-            kd_knn(xyz, rows, np.zeros(1, dtype=np.int8), box, ptr, alive, codes, np.zeros((1, 3)),
-                   np.ones(1, dtype=np.int64), np.full(1, np.inf), times, np.zeros(1, dtype=np.int64))
+        kd_knn(xyz, rows, np.zeros(1, dtype=np.int8), box, ptr, alive, codes, np.zeros((1, 3)),
+               np.ones(1, dtype=np.int64), np.full(1, np.inf))

@@ -232,14 +232,13 @@ class ObjectIndex:
         return key // (self.n_keywords + 1), key % (self.n_keywords + 1)
 
     def _search(self, pq_: np.ndarray, pc_: np.ndarray, lon: np.ndarray, lat: np.ndarray, k: np.ndarray,
-                q_xyz: np.ndarray, alive: np.ndarray | None = None, bound_m: np.ndarray | None = None,
-                times: np.ndarray | None = None, floor: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+                q_xyz: np.ndarray, alive: np.ndarray | None = None,
+                bound_m: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Candidate (query, object) pairs of the (query, keyword code) pairs ``pq_``, ``pc_``:
         each query's ``k + TIE_MARGIN`` nearest in the keyword's tree, and the ties with the last
         of them (:func:`~knnmon.coordinator.runtime.keyword_kd.kd_knn`); with ``alive`` (``(n,)``
         bool over the objects) only live objects count; with ``bound_m`` (``(m,)`` meters) only
-        objects within it of their query; with ``times`` (``(n,)`` int64 epoch ms) and ``floor``
-        (``(m,)`` int64) only objects whose time is above their query's floor. The searches run by keyword, nearby queries next to
+        objects within it of their query. The searches run by keyword, nearby queries next to
         each other (they walk the same nodes)."""
         if not len(pq_):
             return np.empty(0, np.int64), np.empty(0, np.int64)
@@ -249,13 +248,9 @@ class ObjectIndex:
         live = np.zeros(0, dtype=bool) if alive is None else np.ascontiguousarray(alive, dtype=bool)
         bound = np.full(len(pq_), np.inf) if bound_m is None else chord2_bound(bound_m)[pq_]
         want, q = k[pq_] + TIE_MARGIN, np.ascontiguousarray(q_xyz[pq_])
-        if times is None or floor is None:
-            times, fl = np.zeros(0, dtype=np.int64), np.zeros(len(pq_), dtype=np.int64)
-        else:
-            times, fl = np.ascontiguousarray(times, dtype=np.int64), np.asarray(floor, dtype=np.int64)[pq_]
 
         def search(s: slice) -> tuple[np.ndarray, np.ndarray]:
-            return kd_knn(xyz, rows, dims, box, self._post_ptr, live, pc_[s], q[s], want[s], bound[s], times, fl[s])
+            return kd_knn(xyz, rows, dims, box, self._post_ptr, live, pc_[s], q[s], want[s], bound[s])
 
         if len(pq_) < SPLIT_SEARCHES:
             counts, found = search(slice(None))
@@ -267,8 +262,7 @@ class ObjectIndex:
         return np.repeat(pq_, counts), found
 
     def knn_v(self, lon, lat, keywords, k, *, processes: int = 1, alive: np.ndarray | None = None,
-              bound_m: np.ndarray | None = None, times: np.ndarray | None = None,
-              floor: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+              bound_m: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Exact kNN of many queries at once.
 
         Parameters
@@ -290,10 +284,6 @@ class ObjectIndex:
             ``(m,)`` float64 meters: only objects within this of their query count (the
             ``k``-th distance over other objects already searched: nothing beyond it can be
             among the nearest); default: no bound. Not with ``processes > 1``.
-        times, floor
-            ``(n,)`` int64 over the indexed objects (epoch ms) and ``(m,)`` int64: query ``i``
-            counts only objects whose time is above ``floor[i]`` (a next list searched ahead:
-            :mod:`knnmon.workers.next_lists`); default: every object. Not with ``processes > 1``.
 
         Returns
         -------
@@ -309,11 +299,11 @@ class ObjectIndex:
         lat = np.asarray(lat, dtype=np.float64)
         k = np.asarray(k, dtype=np.int64)
         m = len(lon)
-        if processes > 1 and m >= 20_000 and alive is None and bound_m is None and floor is None:
+        if processes > 1 and m >= 20_000 and alive is None and bound_m is None:
             return self._knn_parallel(lon, lat, keywords, k, processes)
         q_xyz = unit_vectors(lon, lat)
         pq_, pc_ = self.keyword_pairs(keywords)
-        fq, fo = self._search(pq_, pc_, lon, lat, k, q_xyz, alive, bound_m, times, floor)
+        fq, fo = self._search(pq_, pc_, lon, lat, k, q_xyz, alive, bound_m)
         d = haversine_m(lon[fq], lat[fq], self.lon[fo], self.lat[fo])
         # Nearest first, ties by id (exact ranks), an object found through two keywords once.
         take, counts, _ = nearest_first(fq, d, self._id_rank[fo].astype(np.uint64), fo, k)

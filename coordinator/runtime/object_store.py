@@ -145,15 +145,12 @@ class ObjectStore:
         return self._tail
 
     def knn_v(self, lon: Sequence[float], lat: Sequence[float], keywords: Sequence[Sequence[str]],
-              k: Sequence[int], exclude: frozenset[str] = frozenset(),
-              floor: np.ndarray | None = None) -> tuple[KnnColumns, ObjectColumns]:
+              k: Sequence[int], exclude: frozenset[str] = frozenset()) -> tuple[KnnColumns, ObjectColumns]:
         """:meth:`_knn_v`, leaving out the objects ``exclude`` (ids): each query searched again
         with as many more neighbours as it lost to them, until none is short (a few queries,
-        a revived worker's refills). ``floor``: as :meth:`_knn_v` (not with ``exclude``)."""
+        a revived worker's refills)."""
         k = np.asarray(k, dtype=np.int64)
-        if floor is not None and exclude:
-            raise ValueError("knn_v takes a floor or objects to leave out, not both")
-        topk, info = self._knn_v(lon, lat, keywords, k, floor)
+        topk, info = self._knn_v(lon, lat, keywords, k)
         if not exclude:
             return topk, info
         extra = np.zeros(len(k), dtype=np.int64)
@@ -170,7 +167,7 @@ class ObjectStore:
         return kept, info.subset(kept.ids)
 
     def _knn_v(self, lon: Sequence[float], lat: Sequence[float], keywords: Sequence[Sequence[str]],
-               k: Sequence[int], floor: np.ndarray | None = None) -> tuple[KnnColumns, ObjectColumns]:
+               k: Sequence[int]) -> tuple[KnnColumns, ObjectColumns]:
         """Exact kNN of ``m`` queries over every object seen (with a window: every live one).
 
         Parameters
@@ -178,10 +175,6 @@ class ObjectStore:
         lon, lat
             ``(m,)`` degrees. ``keywords``: ``m`` lists of keywords, or a pyarrow list<string>
             array of ``m``; ``k``: ``(m,)`` ints >= 1.
-        floor
-            ``(m,)`` int64 epoch ms, or ``None``: query ``i`` counts only the objects with
-            ``t > floor[i]`` (its next list, searched ahead of the expiry that empties its list:
-            :mod:`knnmon.workers.next_lists`).
 
         Returns
         -------
@@ -214,9 +207,7 @@ class ObjectStore:
         for p, (_, index, alive, _) in enumerate(parts):
             if not len(index):
                 continue
-            times = None if floor is None else _times(parts[p][0])
-            idx, counts, dist = index.knn_v(lon, lat, words, k, alive=alive, bound_m=bound, times=times,
-                                            floor=floor)
+            idx, counts, dist = index.knn_v(lon, lat, words, k, alive=alive, bound_m=bound)
             full = np.flatnonzero(counts >= k)  # this part's k-th distance bounds the next parts
             bound[full] = np.minimum(bound[full], dist[(np.cumsum(counts) - counts + k - 1)[full]])
             Q.append(np.repeat(np.arange(m), counts))
@@ -266,11 +257,6 @@ class ObjectStore:
         the objects' details."""
         topk, info = self.knn_v([lon], [lat], [list(keywords)], [k])
         return topk[0], info
-
-
-def _times(table: pa.Table) -> np.ndarray:
-    """A part's objects' times, ``(n,)`` int64 epoch ms, by row."""
-    return np.asarray(table.column("t").to_numpy(), dtype=np.int64)
 
 
 def _ids_of(parts: list, objects: np.ndarray) -> np.ndarray:

@@ -78,11 +78,9 @@ class WorkerPool(ABC):
     # The worker's calls, typed (:class:`~knnmon.workers.interface.WorkerApi`; each returns a
     # :class:`Pending` for :meth:`gather`).
     def process(self, worker: int, batch: ObjectBatch, rows: np.ndarray, *, cutoff: int | None = None,
-                refills: Refills | None = None, ahead: Refills | Sequence[Refills] | None = None) -> Pending:
+                refills: Refills | None = None) -> Pending:
         """:meth:`KnnWorker.process_rows`: a shared batch's rows for ``worker``."""
-        if ahead is None:  # (the call as it was without next lists)
-            return self._send(worker, WorkerApi.process_rows, batch, rows, cutoff=cutoff, refills=refills)
-        return self._send(worker, WorkerApi.process_rows, batch, rows, cutoff=cutoff, refills=refills, ahead=ahead)
+        return self._send(worker, WorkerApi.process_rows, batch, rows, cutoff=cutoff, refills=refills)
 
     def estimate(self, worker: int, batch: ObjectBatch, rows: np.ndarray) -> Pending:
         """:meth:`KnnWorker.estimate_rows`: candidates per row, nothing changed."""
@@ -96,12 +94,9 @@ class WorkerPool(ABC):
         """:meth:`KnnWorker.last_write`: its last write's marker, and whether a write failed since."""
         return self._send(worker, WorkerApi.last_write)
 
-    def expire(self, worker: int, cutoff: int, ahead_ms: int | None = None) -> Pending:
-        """:meth:`KnnWorker.expire`: the queries to refill (and with ``ahead_ms`` the next
-        lists to search, with their floors)."""
-        if ahead_ms is None:
-            return self._send(worker, WorkerApi.expire, cutoff)
-        return self._send(worker, WorkerApi.expire, cutoff, ahead_ms)
+    def expire(self, worker: int, cutoff: int) -> Pending:
+        """:meth:`KnnWorker.expire`: the queries to refill."""
+        return self._send(worker, WorkerApi.expire, cutoff)
 
     def load(self, worker: int, queries: QueryColumns, topk: Sequence[Sequence[tuple[str, float]]],
              objects: Mapping[str, ObjectInfo], **options: Any) -> Pending:

@@ -354,14 +354,11 @@ class BatchChanges:
 class Refills:
     """Refilled results for one worker: query ``qids[j]``'s exact kNN over the live objects is
     list ``j`` of ``topk`` (nearest first); ``objects`` holds the details of every object in
-    them. With ``floors`` (``(m,)`` int64 epoch ms), next lists searched ahead instead
-    (:mod:`knnmon.workers.next_lists`): list ``j`` holds query ``qids[j]``'s nearest among the
-    objects with ``t > floors[j]``."""
+    them."""
 
     qids: Sequence[str]
     topk: KnnColumns
     objects: ObjectColumns
-    floors: Any = None
 
 
 @dataclass(frozen=True)

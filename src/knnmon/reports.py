@@ -38,9 +38,6 @@ class WorkerStats:
         Queries held, query index entries, queries re-indexed so far, keywords it has codes of.
     expired, refilled : int
         With a window: list entries expired and results refilled so far.
-    next_lists, next_used : int
-        With a window: next lists held now, and lists that took their next list instead of a
-        refill so far (:mod:`knnmon.workers.next_lists`).
     peak_rss_mb : float
         The process's peak resident set size (MB).
     rss_mb, rss_anon_mb : float or None
@@ -59,8 +56,6 @@ class WorkerStats:
     peak_rss_mb: float
     rss_mb: float | None
     rss_anon_mb: float | None
-    next_lists: int = 0
-    next_used: int = 0
 
 
 @dataclass(frozen=True)

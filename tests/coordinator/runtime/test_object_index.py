@@ -72,8 +72,8 @@ def test_trees_are_built_for_the_keywords_searched_and_again_after_they_are_drop
 def test_a_kd_search_finds_the_nearest_and_every_tie_at_the_cut(points, queries, jit, data):
     """:func:`kd_knn` against sorting every squared chord (points on a coarse lattice: many share
     a place or a distance; three keywords; some objects not live, the node boxes fitted to the
-    live ones or not; some searches bounded, often right at a point's distance; some counting only
-    the objects above a time floor of their own), compiled and as plain Python."""
+    live ones or not; some searches bounded, often right at a point's distance), compiled and as
+    plain Python."""
     from knnmon.coordinator.runtime import keyword_kd
     from knnmon.geo import unit_vectors
 
@@ -102,13 +102,10 @@ def test_a_kd_search_finds_the_nearest_and_every_tie_at_the_cut(points, queries,
     every = ((xyz[None, :, :] - q[:, None, :]) ** 2).sum(axis=2)  # (queries, points) squared chords
     bound = np.array([np.inf if not data.draw(st.booleans()) else
                       float(every[j, data.draw(st.integers(0, len(points) - 1))]) for j in range(len(queries))])
-    times = np.arange(len(points), dtype=np.int64) % 5 if data.draw(st.booleans()) else np.zeros(0, dtype=np.int64)
-    floor = np.array([data.draw(st.integers(-1, 4)) for _ in queries], dtype=np.int64)  # (read with times only)
-    counts, found = knn(xyz, rows, dims, box, ptr, alive, code, q, want, bound, times, floor)
+    counts, found = knn(xyz, rows, dims, box, ptr, alive, code, q, want, bound)
     at = 0
     for j in range(len(queries)):
-        mine = np.flatnonzero((code_of == code[j]) & (alive if len(alive) else True)
-                              & (times > floor[j] if len(times) else True))
+        mine = np.flatnonzero((code_of == code[j]) & (alive if len(alive) else True))
         d2 = ((xyz[mine] - q[j]) ** 2).sum(axis=1)
         mine, d2 = mine[d2 <= bound[j]], d2[d2 <= bound[j]]
         cut = np.sort(d2)[min(want[j], len(mine)) - 1] if len(mine) else -1.0

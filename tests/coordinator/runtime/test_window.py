@@ -80,35 +80,6 @@ def test_exact_after_every_batch_with_expiry_and_refill(windowed, executor, rese
     assert below_k_then_full  # results shrank below k when objects expired, and filled again
 
 
-@pytest.mark.parametrize("executor", ["inline", "ray"])
-def test_next_lists_searched_ahead_replace_refills_and_stay_exact(windowed, executor, request, redis_url, namespace,
-                                                                   tmp_path):
-    """Lists that will run out within the horizon get next lists searched ahead (over the
-    objects above their run-out cutoff), the batches' objects merge into them, and where a list
-    runs out its next list replaces it without a search: fewer refills than the same run without
-    (``--refill-ahead 0``), and every result exact after every batch in both."""
-    if executor == "ray":
-        request.getfixturevalue("ray_instance")
-    objects_dir, queries, objects = windowed
-    window = 1500 * SECOND
-    refills, used = {}, {}
-    for ahead in (0, 600 * SECOND):
-        config = RunConfig(workers=3, initial=3000, batch=250, batches=10, executor=executor, window=window,
-                           arrival_ms=SECOND, reserve=2, refill_ahead_ms=ahead,
-                           store=StoreConfig(redis_url, f"{namespace}{ahead}", str(tmp_path / str(ahead))))
-        with Runtime(objects_dir, queries, config) as rt:
-            seen, refills[ahead] = 3000, 0
-            for batch in rt.batches():
-                refills[ahead] += rt.process(batch).refilled
-                seen += batch.num_rows
-                assert_exact(redis_url, f"{namespace}{ahead}", queries, BruteForceKnn(live(objects, seen, window)))
-            stats = rt.pool.gather([rt.pool.stats(w) for w in range(rt.pool.size)])
-            used[ahead] = sum(s.next_used for s in stats)
-            asked = rt.dispatcher.ahead_asked
-    assert used[0] == 0 and used[600 * SECOND] > 100 and asked >= used[600 * SECOND]
-    assert refills[600 * SECOND] < refills[0]
-
-
 def test_late_objects_are_counted_not_applied(windowed, redis_url, namespace, tmp_path):
     objects_dir, queries, objects = windowed
     window = 1000 * SECOND
