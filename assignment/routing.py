@@ -73,6 +73,8 @@ class RoutingTable:
         # delta, folded into keys/masks once it is an eighth of them: an addition costs
         # O(delta), not O(table).
         self.delta_keys, self.delta_masks = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.uint64)
+        # Regions added with merge=False: painted, routed, not yet merged into the delta.
+        self._pending: list[tuple[np.ndarray, np.ndarray]] = []
         self.additions = 0  # queries' regions added since the table was built (add_many)
         self._journal: list[tuple] | None = None  # add_many's arguments while a rebuild is in flight
         #: How :meth:`build` made the table (pairs, promotions); empty otherwise.
@@ -158,7 +160,7 @@ class RoutingTable:
         owner, codes = owner[ok], codes[ok]
         np.bitwise_or.at(out, owner, self.always[codes])
         key = codes * self.grid.n_cells + np.asarray(cells, dtype=np.int64)[owner]
-        for keys, masks in ((self.keys, self.masks), (self.delta_keys, self.delta_masks)):
+        for keys, masks in ((self.keys, self.masks), (self.delta_keys, self.delta_masks), *self._pending):
             if len(keys):
                 pos = np.minimum(searchsorted_batch(keys, key), len(keys) - 1)
                 hit = keys[pos] == key
@@ -222,12 +224,16 @@ class RoutingTable:
         """Route keywords ``codes`` in cells ``[x0, x1] x [y0, y1]`` (inclusive) to ``worker`` too."""
         self.add_many([codes], [x0], [y0], [x1], [y1], [worker])
 
-    def add_many(self, codes: list[list[int]] | tuple[np.ndarray, np.ndarray], x0, y0, x1, y1, workers) -> None:
+    def add_many(self, codes: list[list[int]] | tuple[np.ndarray, np.ndarray], x0, y0, x1, y1, workers, *,
+                 merge: bool = True) -> None:
         """:meth:`add` for many queries at once: query ``i``'s keyword codes ``codes[i]`` in cells
         ``[x0[i], x1[i]] x [y0[i], y1[i]]`` to worker ``workers[i]``; one merge of the sorted
         table for all (registering one by one would re-copy the table per query). A query whose
         entries would exceed :data:`MAX_ENTRIES_PER_QUERY` goes to its keywords' ``always``
-        masks instead. ``codes`` may also be :meth:`codes_of`'s ``(counts, codes)`` arrays."""
+        masks instead. ``codes`` may also be :meth:`codes_of`'s ``(counts, codes)`` arrays.
+        ``merge=False``: the regions route at once but are merged into the table by
+        :meth:`merge_pending` (a refill's regions: painted before the batch is routed, merged
+        while the workers work)."""
         n = self.grid.n
         if isinstance(codes, tuple):
             counts, code = (np.asarray(c, dtype=np.int64) for c in codes)
@@ -251,10 +257,21 @@ class RoutingTable:
         if not len(pair_q):
             return
         new_keys, new_masks = region_entries(code, x0[pair_q], y0[pair_q], x1[pair_q], y1[pair_q], bit[pair_q], n)
-        self.delta_keys, self.delta_masks = _merge_sorted(self.delta_keys, self.delta_masks, new_keys, new_masks)
+        self._pending.append((new_keys, new_masks))
+        if merge:
+            self.merge_pending()
+
+    def merge_pending(self) -> None:
+        """Merge the regions added with ``merge=False`` into the sorted delta (folded into the
+        table once it is an eighth of it)."""
+        pending, self._pending = self._pending, []
+        for new_keys, new_masks in pending:
+            self.delta_keys, self.delta_masks = _merge_sorted(self.delta_keys, self.delta_masks, new_keys, new_masks)
         if len(self.delta_keys) > max(1 << 16, len(self.keys) // 8):
             self.keys, self.masks = _merge_sorted(self.keys, self.masks, self.delta_keys, self.delta_masks)
             self.delta_keys, self.delta_masks = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.uint64)
+        # Regions added with merge=False: painted, routed, not yet merged into the delta.
+        self._pending: list[tuple[np.ndarray, np.ndarray]] = []
 
     def journal(self, on: bool) -> list[tuple]:
         """Start (``on``) or stop journaling :meth:`add_many`'s arguments (copies); returns the
@@ -265,14 +282,18 @@ class RoutingTable:
         return journal
 
     def replace_entries(self, always: np.ndarray, keys: np.ndarray, masks: np.ndarray) -> None:
-        """Hold these entries instead (a rebuild; codes of this table's vocabulary, keys sorted)."""
+        """Hold these entries instead (a rebuild; codes of this table's vocabulary, keys sorted).
+        Regions not yet merged are dropped: the journal the rebuild replays holds them."""
         self.always, self.keys, self.masks = always, keys, masks
         self.delta_keys, self.delta_masks = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.uint64)
+        self._pending = []
+        # Regions added with merge=False: painted, routed, not yet merged into the delta.
+        self._pending: list[tuple[np.ndarray, np.ndarray]] = []
 
     @property
     def entries(self) -> int:
-        """(keyword, cell) entries held (the delta's counted apart)."""
-        return len(self.keys) + len(self.delta_keys)
+        """(keyword, cell) entries held (the delta's and those not yet merged counted apart)."""
+        return len(self.keys) + len(self.delta_keys) + sum(len(k) for k, _ in self._pending)
 
     @property
     def nbytes(self) -> int:

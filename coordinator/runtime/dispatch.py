@@ -25,7 +25,6 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from knnmon.arrays import members
 from knnmon.assignment.routing import RoutingTable, popcount
 from knnmon.batch import KnnColumns, ObjectBatch, Refills
 from knnmon.coordinator.runtime.metrics import BatchReport
@@ -119,7 +118,6 @@ class Dispatcher:
         #: Revives a worker found lost at a batch's expiry, before the batch is sent (the runtime
         #: points it at :meth:`Runtime.revive_idle`); ``True`` if it did.
         self.revive: Callable[[int], bool] | None = None
-        self._unrouted = None  # the last refills' (codes, rects, workers) not yet in the routing table
 
     def _expire(self, batch: pa.Table) -> tuple[pa.Table, int, int, dict[int, Refills], float]:
         """Move the watermark with ``batch``; drop its late objects; expire everywhere; refill
@@ -142,16 +140,15 @@ class Dispatcher:
         # and its revival after the batch rebuilds its lists over the live objects (Runtime._collect).
         needs = [QueryColumns.of([]) if isinstance(n, WorkerLostError) else n for n in needs]
         self.refill_parts_ms = {"expire": (time.perf_counter() - t0) * 1e3, "search": 0.0, "routing": 0.0}
-        refills = self._refill(needs, route_now=False)  # routed once the batch is sent (dispatch)
+        refills = self._refill(needs, route_now=False)  # merged into the table once the batch is sent
         return batch, n_late, cutoff, refills, (time.perf_counter() - t0) * 1e3
 
     def _refill(self, needs: list[QueryColumns], exclude: frozenset[str] = frozenset(), *,
                 route_now: bool = True) -> dict[int, Refills]:
         """Each worker's :class:`Refills`: one kNN search over the live objects for all (but
         ``exclude``: a batch in the store already, replayed to a revived worker). Their regions
-        join the routing table now, or with ``route_now=False`` at :meth:`_route_refills` (the
-        batch sent meanwhile goes whole to each refilled query's keywords: :meth:`_widen`)."""
-        self._route_refills()  # (an earlier batch's, if its dispatch failed before routing them)
+        join the routing table (they route the batch), merged into its sorted entries now or,
+        with ``route_now=False``, by :meth:`_merge_routing` once the batch is sent."""
         workers = np.concatenate([np.full(len(n.ids), w, dtype=np.int64) for w, n in enumerate(needs)])
         if not len(workers):
             return {}
@@ -163,11 +160,10 @@ class Dispatcher:
         t0 = time.perf_counter()
         topk, info = self.objects.knn_v(lon, lat, words, k, exclude=exclude)
         t1 = time.perf_counter()
-        codes = self.routing.codes_of(words)  # (new keywords join the vocabulary before the batch is encoded)
-        self._unrouted = (codes, self.rects(lon, lat, topk.kth(k)), workers)
+        rect = self.rects(lon, lat, topk.kth(k))
+        self.routing.add_many(self.routing.codes_of(words), rect.x0, rect.y0, rect.x1, rect.y1, workers,
+                              merge=route_now)
         self.refill_parts_ms.update(search=(t1 - t0) * 1e3, routing=(time.perf_counter() - t1) * 1e3)
-        if route_now:
-            self._route_refills()
         out = {}
         for w in np.unique(workers).tolist():
             sel = np.flatnonzero(workers == w)
@@ -181,32 +177,13 @@ class Dispatcher:
             out[w] = Refills([qids[i] for i in sel.tolist()], mine, objects)
         return out
 
-    def _route_refills(self) -> None:
-        """Add the last refill search's regions to the routing table (timed into the batch's
-        ``routing`` part)."""
-        if self._unrouted is None:
-            return
+    def _merge_routing(self) -> None:
+        """Merge the refilled regions into the routing table's sorted entries (they route
+        already: :meth:`RoutingTable.add_many` with ``merge=False``), timed into the batch's
+        ``routing`` part."""
         t0 = time.perf_counter()
-        codes, rect, workers = self._unrouted
-        self._unrouted = None
-        self.routing.add_many(codes, rect.x0, rect.y0, rect.x1, rect.y1, workers)
+        self.routing.merge_pending()
         self.refill_parts_ms["routing"] = self.refill_parts_ms.get("routing", 0.0) + (time.perf_counter() - t0) * 1e3
-
-    def _widen(self, masks: np.ndarray, pair_obj: np.ndarray, pair_code: np.ndarray) -> np.ndarray:
-        """``masks`` (``(n,)`` uint64) with each worker's bit set too on every object of the
-        batch that shares a keyword with a query refilled for it and not yet routed
-        (:meth:`_refill` with ``route_now=False``): the routing table does not hold those
-        queries' new regions yet, and the worker's own query index does (it refills them before
-        the batch), so every object that may enter one reaches it."""
-        if self._unrouted is None or not len(pair_obj):
-            return masks
-        (counts, code), _, workers = self._unrouted
-        pair_worker = np.repeat(workers, counts)
-        masks = masks.copy()
-        for w in np.unique(workers).tolist():
-            hit = members(pair_code, code[pair_worker == w])
-            masks[np.unique(pair_obj[hit])] |= np.uint64(1) << np.uint64(w)
-        return masks
 
     def refill_one(self, worker: int, needs: QueryColumns, exclude: frozenset[str]) -> Refills | None:
         """Worker ``worker``'s :class:`Refills` for ``needs`` over the live objects but ``exclude``
@@ -296,7 +273,6 @@ class Dispatcher:
         if self.window is not None:
             batch, n_late, cutoff, refills, refill_ms = self._expire(batch)
         table, pair_obj, pair_code, masks = self._route(batch)
-        masks = self._widen(masks, pair_obj, pair_code)
         number = self.next_batch
         self.next_batch += 1
         shared = self.pool.share(ObjectBatch(number, table, pair_obj, pair_code))
@@ -310,7 +286,7 @@ class Dispatcher:
                     sent += len(mine)
                     rows[w] = mine
         finally:
-            self._route_refills()  # while the workers work
+            self._merge_routing()  # while the workers work
         route_ms = (time.perf_counter() - t0) * 1e3
         route_cpu_ms = (time.thread_time() - c0) * 1e3  # not inflated by workers already running
         self.objects.append(batch)

@@ -17,10 +17,12 @@ region = st.tuples(st.lists(st.integers(0, 5), max_size=3, unique=True), st.inte
 
 @settings(max_examples=60, deadline=None)
 @given(calls=st.lists(st.lists(region, max_size=40), min_size=1, max_size=8), n=st.sampled_from([2, 16]),
-       as_words=st.booleans())
-def test_every_cell_routes_to_the_workers_of_the_regions_covering_it(calls, n, as_words):
+       as_words=st.booleans(), merged=st.lists(st.booleans(), min_size=8, max_size=8))
+def test_every_cell_routes_to_the_workers_of_the_regions_covering_it(calls, n, as_words, merged):
     """Codes given as lists, or as the queries' keywords in one Arrow array (``codes_of``); the
-    journal, replayed onto a table as it was, gives the same routes."""
+    journal, replayed onto a table as it was, gives the same routes. Regions added without their
+    merge (a refill's, before its batch is sent) route at once, after every call, and the same
+    once merged."""
     import pyarrow as pa
 
     grid = Grid(-10.0, 0.0, 10.0, 20.0, n=n)
@@ -32,17 +34,20 @@ def test_every_cell_routes_to_the_workers_of_the_regions_covering_it(calls, n, a
     table = empty()
     want = np.zeros((6, n * n), dtype=np.uint64)  # brute force: (code, cell) -> workers
     table.journal(True)
-    for call in calls:
+    for i, call in enumerate(calls):
         call = [(cs, min(a, n - 1), min(b, n - 1), min(max(a, c), n - 1), min(max(b, d), n - 1), w)
                 for cs, a, b, c, d, w in call]
         codes = table.codes_of(pa.array([[str(x) for x in c[0]] for c in call], type=pa.list_(pa.string()))) \
             if as_words else [c[0] for c in call]
-        table.add_many(codes, *(np.array([c[i] for c in call], dtype=np.int64) for i in range(1, 6)))
+        table.add_many(codes, *(np.array([c[j] for c in call], dtype=np.int64) for j in range(1, 6)), merge=merged[i])
         for cs, x0, y0, x1, y1, w in call:
             cells = [y * n + x for y in range(y0, y1 + 1) for x in range(x0, x1 + 1)]
             everywhere = (x0, y0, x1, y1) == (0, 0, n - 1, n - 1) or len(cells) * len(cs) > MAX_ENTRIES_PER_QUERY
             for c in cs:
                 want[c, slice(None) if everywhere else cells] |= np.uint64(1) << np.uint64(w)
+        code, cell = np.divmod(np.arange(6 * n * n), n * n)
+        assert np.array_equal(table.route_v(cell, np.arange(6 * n * n), code), want.ravel())
+    table.merge_pending()
     journal = table.journal(False)
     assert len(journal) == len(calls)
     replayed = empty()
