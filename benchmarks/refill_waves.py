@@ -105,6 +105,8 @@ def main() -> None:
         with open(log, encoding="utf-8") as fh:
             rows = json.load(fh)
         name = (rev or "checkout") + ("" if reserve is None else f" reserve {reserve}")
+        if name in report["runs"]:  # (a commit run twice, ABBA: each run kept)
+            name += f" #{sum(n.split(' #')[0] == name for n in report['runs']) + 1}"
         report["runs"][name] = {"summary": summary(rows), "batches": rows}
         print(name, json.dumps(report["runs"][name]["summary"]), flush=True)
     if a.out:
