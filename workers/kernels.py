@@ -183,7 +183,10 @@ def merge_topk(obj: np.ndarray, slot: np.ndarray, d: np.ndarray, okey: np.ndarra
 
     A query's list is ``top_d`` / ``top_h`` at ``top_ptr[s] .. + cap[s]`` (nearest first, its
     first ``count[s]`` filled; its result is the first ``k[s]``, the rest a window's reserve).
-    The pairs within ``r_q`` (``d <= radius[s]``) are merged with it by distance; a run of equal
+    The pairs within ``r_q`` (``d <= radius[s]``) are grouped by query (a counting sort), and of
+    a query's distinct new objects only the ``cap[s]`` nearest and those tied with the last of
+    them are sorted and merged with its list by distance (no other can be kept: a query whose
+    radius takes in hundreds of a batch's objects costs O(pairs), not a sort of them); a run of equal
     distances across the ``k``-th or the last place is ordered by the objects' id prefix keys
     (:func:`knnmon.encoding.id_prefix_keys`), so the kept set is the exact kNN with ties broken
     by id. Where two such entries share a key, the query is left untouched and returned in
@@ -223,30 +226,38 @@ def merge_topk(obj: np.ndarray, slot: np.ndarray, d: np.ndarray, okey: np.ndarra
     Source: the per-query top-k update of Tsuruoka et al. 2019, §4.4, for every query of a
     batch in one pass.
     """
-    # Pairs within r_q, grouped by slot, by distance within a slot.
-    keep = np.empty(len(obj), dtype=np.int64)
+    # Pairs within r_q, grouped by slot in a counting sort (stable: each slot's in batch order).
+    n_slots = len(radius)
+    start = np.zeros(n_slots + 1, dtype=np.int64)
     p = 0
     for i in range(len(obj)):
         if d[i] <= radius[slot[i]]:
-            keep[p] = i
+            start[slot[i] + 1] += 1
             p += 1
-    keep = keep[:p]
-    by_d = keep[np.argsort(d[keep], kind="mergesort")]
-    order = by_d[np.argsort(slot[by_d], kind="mergesort")]
-    bounds = np.empty(p + 1, dtype=np.int64)  # where each slot's run of pairs starts in `order`
+    for s in range(n_slots):
+        start[s + 1] += start[s]
+    order = np.empty(p, dtype=np.int64)
+    fill = start[:n_slots].copy()
+    for i in range(len(obj)):
+        if d[i] <= radius[slot[i]]:
+            order[fill[slot[i]]] = i
+            fill[slot[i]] += 1
+    groups = np.empty(p, dtype=np.int64)  # the slots with pairs, ascending
     ng = 0
-    big = nb = 0  # the longest list; the before arrays' size: sum of min(count, k) over touched slots
-    for i in range(p):
-        s = slot[order[i]]
-        if i == 0 or s != slot[order[i - 1]]:
-            bounds[ng] = i
+    big = nb = longest = 0  # the longest list; the before arrays' size (sum of min(count, k)); the most pairs
+    for s in range(n_slots):
+        if start[s + 1] > start[s]:
+            groups[ng] = s
             ng += 1
             big = max(big, cap[s])
             nb += min(count[s], k[s])
-    bounds[ng] = p
-    md = np.empty(big + p, dtype=np.float64)
-    mh = np.empty(big + p, dtype=np.int64)
-    mk = np.empty(big + p, dtype=np.uint64)
+            longest = max(longest, start[s + 1] - start[s])
+    md = np.empty(big + longest, dtype=np.float64)
+    mh = np.empty(big + longest, dtype=np.int64)
+    mk = np.empty(big + longest, dtype=np.uint64)
+    gi_ = np.empty(longest, dtype=np.int64)  # a slot's distinct pairs, in batch order
+    gd_ = np.empty(longest, dtype=np.float64)
+    si_ = np.empty(longest, dtype=np.int64)  # those that can be kept, nearest first
     seen = np.full(n_obj, -1, dtype=np.int64)
     changed = np.empty(p, dtype=np.int64)
     in_result = np.empty(p, dtype=np.int64)
@@ -259,19 +270,32 @@ def merge_topk(obj: np.ndarray, slot: np.ndarray, d: np.ndarray, okey: np.ndarra
     nc = ni = ne = nl = nbf = nf = nfp = 0
     passed = 0
     for gi in range(ng):
-        g, e = bounds[gi], bounds[gi + 1]
-        s = slot[order[g]]
+        s = groups[gi]
         a, c, kk, cp = top_ptr[s], count[s], k[s], cap[s]
+        m = 0  # distinct objects (one shared keyword or several: the first pair counts)
+        for j in range(start[s], start[s + 1]):
+            o = obj[order[j]]
+            if seen[o] != s:
+                seen[o] = s
+                gi_[m], gd_[m] = order[j], d[order[j]]
+                m += 1
+        passed += m
+        # Only the cap nearest new pairs and those tied with the last of them can be kept: the
+        # rest need no sort (a query whose radius takes in hundreds of a batch's objects).
+        cut = np.inf
+        if m > cp:
+            cut = np.partition(gd_[:m], cp - 1)[cp - 1]
+        w = 0
+        for j in range(m):
+            if gd_[j] <= cut:
+                si_[w] = gi_[j]
+                w += 1
+        by = np.argsort(d[si_[:w]], kind="mergesort")  # (equal distances stay in batch order)
         # Merge the old list (sorted by distance) with the new pairs (sorted by distance).
         n = 0
-        i, j = 0, g
-        while i < c or j < e:
-            if j < e:
-                o = obj[order[j]]
-                if seen[o] == s:  # the same object under another shared keyword
-                    j += 1
-                    continue
-            take_old = j >= e or (i < c and top_d[a + i] <= d[order[j]])
+        i, j = 0, 0
+        while i < c or j < w:
+            take_old = j >= w or (i < c and top_d[a + i] <= d[si_[by[j]]])
             if take_old:
                 h = top_h[a + i]
                 if h < 0:  # (a placeholder left unpatched: the outputs are sized for valid lists only)
@@ -279,20 +303,17 @@ def merge_topk(obj: np.ndarray, slot: np.ndarray, d: np.ndarray, okey: np.ndarra
                 md[n], mh[n] = top_d[a + i], h
                 i += 1
             else:
-                o = obj[order[j]]
-                seen[o] = s
-                md[n], mh[n] = d[order[j]], -1 - o
-                passed += 1
+                q = si_[by[j]]
+                md[n], mh[n] = d[q], -1 - obj[q]
                 j += 1
             n += 1
         # Order by key the runs of equal distance that decide which entries are kept.
         if _straddle(md, mh, mk, n, kk, hkey, okey) or _straddle(md, mh, mk, n, cp, hkey, okey):
             fallback[nf] = s
             nf += 1
-            for t in range(n):
-                if mh[t] < 0:
-                    f_slot[nfp], f_obj[nfp], f_d[nfp] = s, -1 - mh[t], md[t]
-                    nfp += 1
+            for t in range(m):  # every distinct new pair, those beyond the cut too
+                f_slot[nfp], f_obj[nfp], f_d[nfp] = s, obj[gi_[t]], gd_[t]
+                nfp += 1
             continue
         kept = min(n, cp)
         gained = False
