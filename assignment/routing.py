@@ -270,8 +270,6 @@ class RoutingTable:
         if len(self.delta_keys) > max(1 << 16, len(self.keys) // 8):
             self.keys, self.masks = _merge_sorted(self.keys, self.masks, self.delta_keys, self.delta_masks)
             self.delta_keys, self.delta_masks = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.uint64)
-        # Regions added with merge=False: painted, routed, not yet merged into the delta.
-        self._pending: list[tuple[np.ndarray, np.ndarray]] = []
 
     def journal(self, on: bool) -> list[tuple]:
         """Start (``on``) or stop journaling :meth:`add_many`'s arguments (copies); returns the
@@ -287,8 +285,6 @@ class RoutingTable:
         self.always, self.keys, self.masks = always, keys, masks
         self.delta_keys, self.delta_masks = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.uint64)
         self._pending = []
-        # Regions added with merge=False: painted, routed, not yet merged into the delta.
-        self._pending: list[tuple[np.ndarray, np.ndarray]] = []
 
     @property
     def entries(self) -> int:

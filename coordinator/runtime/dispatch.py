@@ -180,7 +180,9 @@ class Dispatcher:
     def _merge_routing(self) -> None:
         """Merge the refilled regions into the routing table's sorted entries (they route
         already: :meth:`RoutingTable.add_many` with ``merge=False``), timed into the batch's
-        ``routing`` part."""
+        ``routing`` part; nothing without a window)."""
+        if self.window is None:
+            return
         t0 = time.perf_counter()
         self.routing.merge_pending()
         self.refill_parts_ms["routing"] = self.refill_parts_ms.get("routing", 0.0) + (time.perf_counter() - t0) * 1e3
