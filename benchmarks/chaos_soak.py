@@ -3,10 +3,10 @@
 A durable Redis of its own (the embedded server, AOF on), a local 3-node Ray cluster
 (``deploy/local-cluster.sh``), ``knnmon serve --window 10m --ray-address ...``. The window is
 filled first, as a service that has run for a while holds it: ``--prefill`` places (one
-window at ``--rate``) published with times spread evenly over the window before now; then
-``--queries-n`` queries (100 k) are registered (their exact kNN over the window; the prefill's
-first minutes expire with the first streamed batch: the registration's time, a warm-up), and
-objects published at ``--rate`` (1,000/s)
+window less ``--lead-s`` at ``--rate``) published with times spread evenly over the window as of
+when the stream starts, ``--lead-s`` from now; then ``--queries-n`` queries (100 k) are
+registered (their exact kNN over the window); once the service has applied both (and the lead
+has passed), the clock starts and objects are published at ``--rate`` (1,000/s)
 without ``t`` (they take their entry's time) for ``--duration-s`` (30 minutes), all the places
 in stream order, again under new ids once they run out. Throughout: query registrations and unregisters (``--churn-per-s``), and
 ``--hostile`` (1 %) of the entries hostile -- every reject reason an input can earn, far-future and
@@ -174,7 +174,10 @@ def main(argv=None) -> int:
     ap.add_argument("--queries", required=True, help="a query file: the first --queries-n registered, the rest churn")
     ap.add_argument("--queries-n", type=int, default=100_000)
     ap.add_argument("--prefill", type=int, help="objects published with times spread over the window before the "
-                                                "queries are registered (default: rate x window)")
+                                                "queries are registered (default: rate x (window - lead))")
+    ap.add_argument("--lead-s", type=float, default=150.0,
+                    help="seconds the setup (the registration, the prefill applied) is given: the prefill's times "
+                         "end this long before the stream starts, so nothing expires at once when it does")
     ap.add_argument("--window", default="10m")
     ap.add_argument("--rate", type=float, default=1000.0, help="objects/s published")
     ap.add_argument("--duration-s", type=float, default=1800.0, help="publishing time")
@@ -204,7 +207,8 @@ def main(argv=None) -> int:
 
     objects = stream_order(read_objects(a.objects, ["id", "lon", "lat", "t", "keywords"]), None)
     rows = objects.drop_columns(["t"]).to_pylist()  # published without t, or with the prefill's
-    prefill = int(a.rate * window_ms / 1000) if a.prefill is None else a.prefill
+    lead_ms = int(a.lead_s * 1000)
+    prefill = int(a.rate * max(window_ms - lead_ms, 0) / 1000) if a.prefill is None else a.prefill
     all_queries = pq.read_table(a.queries)
     queries = all_queries.slice(0, a.queries_n)
     extra = all_queries.slice(a.queries_n).to_pylist()
@@ -216,21 +220,29 @@ def main(argv=None) -> int:
         r = redis.Redis.from_url(chaos.url, decode_responses=True, encoding_errors="surrogateescape", socket_timeout=30)
         t0 = time.perf_counter()
         chaos.start_service(r, keys)
+        # The window as a service that has run a while holds it, as of when the stream starts:
+        # the prefill's times span the window but its last --lead-s (the setup's time), so that
+        # the stream's first batches expire the oldest at the stream's own pace, not the
+        # registration's worth at once (a wave no steady service meets).
         now = int(time.time() * 1000)
-        filled = publish_prefill(r, keys, rows[:prefill], now - window_ms, now, "p")
+        stream_at_ms = now + lead_ms
+        filled = publish_prefill(r, keys, rows[:prefill], stream_at_ms - window_ms, now, "p")
         used = prefill
         pipe = r.pipeline(transaction=False)
         for q in queries.to_pylist():
             pipe.xadd(keys.ingest_queries, register_fields(q))
         pipe.execute()
-        while not _queries_done(chaos.url):
+        last_prefilled = filled[-1][0] if filled else "0-0"
+        while not (_queries_done(chaos.url) and caught_up(r, keys, last_prefilled)):
             time.sleep(1)
-        # The registration took a while: the prefill's first minutes expire with the first batch
-        # (a warm-up: the soak's first minutes are not steady; filling the gap at load would take
-        # as long again as the registration, on this machine).
         rows = rows[used:] + rows[:used]
         setup_s = time.perf_counter() - t0
-        print(f"serve up on the 3-node cluster, {queries.num_rows:,} queries registered in {setup_s:.1f} s", flush=True)
+        late_s = (time.time() * 1000 - stream_at_ms) / 1000
+        if late_s < 0:
+            time.sleep(-late_s)
+        print(f"serve up on the 3-node cluster, {queries.num_rows:,} queries registered and {len(filled):,} objects "
+              f"prefilled in {setup_s:.1f} s ({'%.1f s over' % late_s if late_s > 0 else 'within'} the lead)",
+              flush=True)
         start = time.monotonic()
         start_ms = int(time.time() * 1000)
         pub = Publisher(chaos.url, keys, rows, extra, a, start + a.duration_s)
@@ -258,7 +270,7 @@ def main(argv=None) -> int:
         report = {
             "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
                         "started": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started))},
-            "config": vars(a), "setup_s": round(setup_s, 1), "published": pub.sent, "hostile_sent": len(pub.hostile),
+            "config": vars(a), "setup_s": round(setup_s, 1), "setup_over_lead_s": round(max(late_s, 0.0), 1), "published": pub.sent, "hostile_sent": len(pub.hostile),
             "publisher_errors": pub.errors, "events": events, "checks": checks, "samples": samples,
             "minutes": per_minute(r, keys, start_ms), "revivals_s": revival_times(chaos.dir / "serve.log"),
             "rejects_by_reason": dict(Counter(f["_reason"] for _, f in r.xrange(keys.ingest_rejects))),

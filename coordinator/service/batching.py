@@ -24,7 +24,13 @@ Policies (``--batching``):
     fixed-number cut: no tiny tail);
   - a **backlog** (a read that came back full: more is queued) is processed in batches of
     ``--batch``: the objects waited already, and small minibatches would only lower the
-    throughput that drains the backlog.
+    throughput that drains the backlog;
+  - a read whose first minibatches ran slower than the arrival rate (``r T / m >= 0.8`` over
+    the minibatches done, :meth:`BatchPolicy.regroup`) has **the rest in one batch**: the cost
+    varies with the region a stream is in (a dense region's minibatch costs 3-10x a sparse
+    one's, mostly fixed), so a fit over the last minibatches can cut a read too fine for a dense
+    one, and each minibatch's fixed cost then falls behind the stream (FK: batching during
+    bursts).
 
 ``--sjf`` (with ``no-wait`` or ``adaptive``): a read takes up to :data:`SJF_HORIZON` ``x --batch`` entries, and
 its minibatches are formed in **Short-Job-First** order (Wang, Zhang, Kitsuregawa) by each
@@ -101,6 +107,7 @@ class BatchPolicy:
         self.policy, self.batch, self.sjf = policy, int(batch), bool(sjf)
         self.max_delay_ms, self.latency_target_ms = float(max_delay_ms), float(latency_target_ms)
         self._costs: deque[tuple[int, float]] = deque(maxlen=FIT_BATCHES)  # (objects, seconds)
+        self.regrouped = 0  # reads whose rest went in one batch (regroup)
         self._reads: deque[tuple[float, int]] = deque()  # (monotonic time, objects read)
 
     @property
@@ -162,12 +169,46 @@ class BatchPolicy:
         m_thr = self.batch if r * b >= SATURATED else 1.2 * r * a / (1 - r * b)
         return int(min(max(m_lat, m_thr, 1), self.batch))
 
+    def keeps_up(self, n: int, seconds: float, now: float | None = None) -> bool:
+        """Whether minibatches that processed ``n`` objects in ``seconds`` keep up with the
+        arrival rate ``r`` (:meth:`rate`): ``r seconds / n < SATURATED``."""
+        return n <= 0 or self.rate(now) * seconds / n < SATURATED
+
+    def regroup(self, parts: list[np.ndarray], done: int, n: int, seconds: float,
+                now: float | None = None) -> list[np.ndarray]:
+        """A read's minibatches with the rest after the first ``done`` in one batch (in equal
+        batches of at most ``batch`` with SJF's larger reads) if those ``done`` (``n`` objects in
+        ``seconds``) did not keep up (:meth:`keeps_up`); ``parts`` as they are otherwise, and but
+        for ``adaptive``.
+
+        Parameters
+        ----------
+        parts
+            The read's minibatches (:meth:`cut`): ``int64`` positions, each ascending.
+        done
+            How many of them were processed.
+
+        Returns
+        -------
+        list of numpy.ndarray
+            The same positions, in the same order up to ``done``; a merged rest is ascending
+            (stream order within a minibatch).
+        """
+        if self.policy != "adaptive" or len(parts) - done < 2 or self.keeps_up(n, seconds, now):
+            return parts
+        rest = np.sort(np.concatenate(parts[done:]))
+        if -(-len(rest) // self.batch) >= len(parts) - done:
+            return parts  # as coarse as --batch allows already
+        self.regrouped += 1
+        return parts[:done] + np.array_split(rest, -(-len(rest) // self.batch))
+
     def state(self, now: float | None = None) -> dict:
         """For the service's status: ``policy``, ``sjf``, ``minibatch`` (the size a read would be
         cut to now, without a backlog), ``cost_fixed_ms`` and ``cost_per_object_ms`` of the fit
-        (``None`` before any minibatch), ``arrival_per_s``."""
+        (``None`` before any minibatch), ``arrival_per_s``, ``regrouped`` (reads whose rest went
+        in one batch, :meth:`regroup`)."""
         fit = self.cost()
-        return {"policy": self.policy, "sjf": self.sjf, "minibatch": self.size(now),
+        return {"policy": self.policy, "sjf": self.sjf, "minibatch": self.size(now), "regrouped": self.regrouped,
                 "cost_fixed_ms": round(fit[0] * 1e3, 3) if fit else None,
                 "cost_per_object_ms": round(fit[1] * 1e3, 5) if fit else None,
                 "arrival_per_s": round(self.rate(now), 1)}

@@ -285,13 +285,18 @@ class Service(Lifecycle):
         if not parts:
             self._finish([], read.rejects, None, parse_ms, 0.0, None)
         times = table.column("t").to_numpy()
-        for i, part in enumerate(parts):
+        i, n_done, seconds = 0, 0, 0.0
+        while i < len(parts):
+            part = parts[i]
             t1 = time.perf_counter()
             report = rt.process(table.take(pa.array(part)))
             update_ms = (time.perf_counter() - t1) * 1e3
             self._finish([read.entry_ids[j] for j in part.tolist()], read.rejects if i == 0 else [], report,
                          parse_ms if i == 0 else 0.0, update_ms, int(times[part].max()))
-            self.batching.observe(len(part), time.perf_counter() - t1)
+            took = time.perf_counter() - t1
+            self.batching.observe(len(part), took)
+            i, n_done, seconds = i + 1, n_done + len(part), seconds + took
+            parts = self.batching.regroup(parts, i, n_done, seconds)  # too slow for the stream: the rest at once
 
     def _finish(self, ids: list[str], rejects: list, report, parse_ms: float, update_ms: float,
                 top_t: int | None) -> None:

@@ -58,6 +58,35 @@ def test_adaptive_minibatches_follow_the_latency_target_and_the_arrival_rate():
     assert len(small) == 1 and small[0].tolist() == list(range(5))
 
 
+def test_a_read_whose_minibatches_fall_behind_the_stream_has_the_rest_in_one_batch():
+    p = BatchPolicy("adaptive", batch=1000, latency_target_ms=50)
+    for m in (10, 50, 100, 500) * 4:  # a sparse region: T(m) = 5 ms + 0.1 ms per object
+        p.observe(m, 0.005 + 0.0001 * m)
+    now = 1000.0
+    p.read(2000, now)  # 1,000 objects/s over the window
+    parts = p.cut(np.zeros(1000, np.int64), now=now)
+    assert len(parts) > 3  # cut fine for the sparse region's cost
+    # a dense region: the first minibatch took 150 ms, far slower than 1,000 objects/s arrive
+    merged = p.regroup(parts, 1, len(parts[0]), 0.150, now=now)
+    assert [len(x) for x in merged] == [len(parts[0]), 1000 - len(parts[0])]
+    assert np.concatenate(merged).tolist() == list(range(1000)) and p.regrouped == 1
+    assert p.state(now)["regrouped"] == 1
+    # minibatches that keep up stay as they are, and so does a read with one minibatch left
+    assert p.regroup(parts, 1, len(parts[0]), 0.2 * len(parts[0]) / 1000, now=now) is parts
+    assert p.regroup(parts, len(parts) - 1, 900, 5.0, now=now) is parts
+    assert p.regrouped == 1
+    # SJF order up to the merge is kept; the merged rest is ascending
+    shuffled = [np.array([5, 7]), np.array([0, 9]), np.array([1, 3]), np.array([2, 4, 6, 8])]
+    out = p.regroup(shuffled, 2, 4, 1.0, now=now)
+    assert [x.tolist() for x in out] == [[5, 7], [0, 9], [1, 2, 3, 4, 6, 8]]
+    # never above --batch (SJF reads hold several): the rest in equal batches of at most it
+    small = BatchPolicy("adaptive", batch=4)
+    small.read(2000, now)
+    out = small.regroup([np.array([0])] + [np.array([i]) for i in range(1, 10)], 1, 1, 1.0, now=now)
+    assert [x.tolist() for x in out] == [[0], [1, 2, 3], [4, 5, 6], [7, 8, 9]]
+    assert BatchPolicy("no-wait", batch=4).regroup(shuffled, 1, 2, 1.0, now=now) is shuffled
+
+
 @pytest.mark.parametrize("policy", ["no-wait", "adaptive"])
 def test_sjf_orders_minibatches_by_workload_with_the_free_objects_first(policy):
     rng = np.random.default_rng(2)
