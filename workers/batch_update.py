@@ -352,7 +352,7 @@ class BatchUpdate:
         return slots
 
     def _release_handles(self) -> None:
-        """Compact the handles once those of objects that left every result outnumber the
-        live ones 3 to 1."""
-        if len(self.handles) > max(registration.COMPACT_MIN, 4 * self.handles.live):
+        """Compact the handles once they outnumber those kept at the last compaction by
+        :data:`~knnmon.workers.registration.HANDLES_SLACK` (and :data:`~knnmon.workers.registration.COMPACT_MIN` at least)."""
+        if len(self.handles) > max(registration.COMPACT_MIN, registration.HANDLES_SLACK * self.handles.live):
             self._compact_handles()

@@ -22,10 +22,14 @@ from knnmon.workers.query_table import QueryTable
 from knnmon.workers.topk_lists import TopKLists
 from knnmon.workers.vocabulary import Vocabulary
 
-__all__ = ["COMPACT_MIN", "Registration", "kept_entries"]
+__all__ = ["COMPACT_MIN", "HANDLES_SLACK", "Registration", "kept_entries"]
 
 #: Compaction (:meth:`Registration.compact`) waits for at least this many places or handles to release.
 COMPACT_MIN = 1 << 16
+#: The handles are compacted once they outnumber those kept at the last compaction by this
+#: factor: the details of objects that left every result (with a window, every expired one)
+#: stay until then, so a worker's memory swings by this share of its objects' part.
+HANDLES_SLACK = 1.25
 
 
 def kept_entries(topk: Sequence[Sequence[tuple[str, float]]], cap: np.ndarray
@@ -277,9 +281,11 @@ class Registration:
     def _compact_handles(self) -> None:
         """Drop the handles of objects no list holds and no written result holds (renumbering
         the others). O(sum of k + handles)."""
-        used = np.unique(self.lists.h[self.lists.h >= 0])
+        mark = np.zeros(len(self.handles), dtype=bool)  # (a mark per handle: no sort, no hash)
+        mark[self.lists.h[self.lists.h >= 0]] = True
         if self.holders is not None:  # (a query handed over holds its objects until it is released)
-            used = np.union1d(used, self.holders.held())
+            mark[np.asarray(self.holders.held(), dtype=np.int64)] = True
+        used = np.flatnonzero(mark)
         self.lists.renumber(self.handles.compact(used))
         if self._details is not None:
             self._details.renumber(used)

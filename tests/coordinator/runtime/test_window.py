@@ -11,6 +11,7 @@ import pyarrow as pa
 import pytest
 
 from knnmon.coordinator.runtime import routing_upkeep
+from knnmon.workers import registration
 
 from knnmon.coordinator.runtime.config import RunConfig
 
@@ -50,6 +51,7 @@ def test_exact_after_every_batch_with_expiry_and_refill(windowed, executor, rese
         request.getfixturevalue("ray_instance")
     if reserve != 0:
         monkeypatch.setattr(routing_upkeep, "REBUILD_S", 0.0)
+    monkeypatch.setattr(registration, "COMPACT_MIN", 64)  # in-process workers compact their handles often
     objects_dir, queries, objects = windowed
     window = 1500 * SECOND
     config = RunConfig(workers=3, initial=3000, batch=250, batches=12, executor=executor, window=window,
@@ -72,6 +74,10 @@ def test_exact_after_every_batch_with_expiry_and_refill(windowed, executor, rese
                     was_below.add(qid)
                 elif qid in was_below:
                     below_k_then_full.add(qid)
+        if executor == "inline":  # the expired objects' handles (and details) are compacted away
+            for w in rt.pool.workers:
+                held = len(np.unique(w.lists.h[w.lists.h >= 0]))
+                assert w.handles.live and len(w.handles) <= 2 * held + 64, (len(w.handles), held)
         assert len(rt.objects) == 1500  # the coordinator keeps the live objects only
         assert len(rt.dispatcher.seen) <= 1500 + 10_000 + 250  # ids forgotten as their objects expire
         rebuilds = rt.upkeep.rebuilds
