@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -123,15 +124,36 @@ def inject(chaos: Chaos, r: redis.Redis, keys: Keys, kind: str, at_s: float) -> 
         ev["redis_down_s"] = round(time.monotonic() - t0, 2)
         chaos.redis = EmbeddedRedis(str(chaos.dir / "redis"), port=chaos.port, durable=True).start()
     elif kind == "node_restart":  # a worker node that hosts a knnmon worker, if one does
-        hosts = [n for n in (node_of(chaos, p) for p in before.values()) if n in ("worker1", "worker2")]
-        ev["node"] = hosts[0] if hosts else "worker1"
-        ev["workers_on_it"] = len([h for h in hosts if h == ev["node"]])
-        chaos.script("restart", ev["node"])
+        hosts = {p: node_of(chaos, p) for p in before.values()}
+        on = [n for n in hosts.values() if n in ("worker1", "worker2")]
+        ev["node"] = on[0] if on else "worker1"
+        ev["workers_on_it"] = on.count(ev["node"])
+        gone = {p for p, n in hosts.items() if n == ev["node"]}
+        # The node's stop and rejoin take ~17 s; the service is served again when its workers
+        # there are revived elsewhere, which the wait below sees while the node rejoins.
+        since = f"{int(time.time() * 1000)}-0"
+        restart = threading.Thread(target=chaos.script, args=("restart", ev["node"]))
+        restart.start()
+        served = _served_again(chaos, r, keys, t0, since, gone)
+        restart.join()
+        ev["fault_s"] = round(time.monotonic() - t0, 2)  # (until the node joined again)
+        if served is not None:
+            ev["served_again_s"] = served
+        print(json.dumps(ev), flush=True)
+        return ev
     ev["fault_s"] = round(time.monotonic() - t0, 2)
-    # Served again: every worker has a live process other than the killed one, and a batch was
-    # logged after the fault.
+    served = _served_again(chaos, r, keys, t0, f"{int(time.time() * 1000)}-0", {ev.get("pid")})
+    if served is not None:
+        ev["served_again_s"] = served
+    print(json.dumps(ev), flush=True)
+    return ev
+
+
+def _served_again(chaos: Chaos, r: redis.Redis, keys: Keys, t0: float, since: str, gone: set) -> float | None:
+    """Seconds from ``t0`` until the service served again: every worker has a live process
+    other than the lost ones (``gone``: process ids), and a batch was logged after ``since``
+    (an entry id); ``None`` after 300 s."""
     deadline = time.monotonic() + 300
-    since = f"{int(time.time() * 1000)}-0"
     while time.monotonic() < deadline:
         try:
             workers = workers_of(read_status(chaos.url, NAMESPACE))
@@ -140,12 +162,10 @@ def inject(chaos: Chaos, r: redis.Redis, keys: Keys, kind: str, at_s: float) -> 
             time.sleep(0.5)
             continue
         pids = [w.get("pid") for w in workers]
-        if fresh and pids and all(p and psutil.pid_exists(p) for p in pids) and ev.get("pid") not in pids:
-            ev["served_again_s"] = round(time.monotonic() - t0, 2)
-            break
+        if fresh and pids and all(p and psutil.pid_exists(p) for p in pids) and not gone & set(pids):
+            return round(time.monotonic() - t0, 2)
         time.sleep(0.2)
-    print(json.dumps(ev), flush=True)
-    return ev
+    return None
 
 
 def node_of(chaos: Chaos, pid: int | None) -> str | None:

@@ -86,10 +86,12 @@ def main() -> None:
                 service.wait(timeout=120)
         report["recovery_log"] = line
         if line:
-            m = re.search(r"in ([\d.]+) s \((.*), workers started and loaded ([\d.]+) s\)", line)
+            m = re.search(r"in ([\d.]+) s \((.*), workers started and loaded ([\d.]+) s(: (.*))?\)", line)
             steps = dict((k, float(v)) for k, v in re.findall(r"(\w+) ([\d.]+) s", m.group(2))) if m else {}
+            parts = dict((f"workers_{k}", float(v)) for k, v in re.findall(r"(\w+) ([\d.]+) s", m.group(5) or "")) \
+                if m else {}
             report["recovery_s"] = {"total": float(m.group(1)), **steps,
-                                    "workers": float(m.group(3))} if m else None
+                                    "workers": float(m.group(3)), **parts} if m else None
     finally:
         redis.stop()
     print(json.dumps(report, indent=1))

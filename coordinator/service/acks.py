@@ -13,11 +13,18 @@ from knnmon.protocol import GROUP
 from knnmon.errors import Rejected
 from knnmon.keys import Keys
 
-__all__ = ["BATCHES_MAXLEN", "REJECTS_MAXLEN", "acknowledge"]
+__all__ = ["BATCHES_MAXLEN", "REJECTS_MAXLEN", "REJECT_FIELDS", "REJECT_FIELD_BYTES", "acknowledge",
+           "reject_record"]
 
 #: Approximate caps of the service's own streams (XADD MAXLEN ~).
 REJECTS_MAXLEN = 1_000_000
 BATCHES_MAXLEN = 100_000
+#: A reject record keeps at most this many of the entry's fields, each name and value cut to
+#: this many bytes: the rejects stream holds up to :data:`REJECTS_MAXLEN` records, and hostile
+#: entries (a 64 KiB field, many fields) would otherwise make it grow by what they sent (89 MB
+#: for 16,000 rejects in 30 minutes of the chaos soak, bound only at tens of GB).
+REJECT_FIELDS = 16
+REJECT_FIELD_BYTES = 1024
 
 
 def acknowledge(client: redis.Redis, url: str, keys: Keys, stream: str, ids: Sequence[str],
@@ -45,8 +52,8 @@ def acknowledge(client: redis.Redis, url: str, keys: Keys, stream: str, ids: Seq
         # between the two may write a reject twice, never lose one).
         pipe = client.pipeline(transaction=not cluster)
         for eid, fields, r in rejects:
-            pipe.xadd(keys.ingest_rejects, {**_as_sent(fields), "_reason": r.reason, "_detail": str(r), "_stream": stream,
-                                            "_entry": eid}, maxlen=REJECTS_MAXLEN, approximate=True)
+            pipe.xadd(keys.ingest_rejects, reject_record(fields, r.reason, str(r), stream, eid),
+                      maxlen=REJECTS_MAXLEN, approximate=True)
         if batch_record is not None:
             pipe.xadd(keys.serve_batches, batch_record, maxlen=BATCHES_MAXLEN, approximate=True)
         if cluster:
@@ -63,8 +70,56 @@ def acknowledge(client: redis.Redis, url: str, keys: Keys, stream: str, ids: Seq
     with_retries(op, f"acknowledging {len(ids)} entries of {stream}", url, before_retry=done)
 
 
-def _as_sent(fields: dict) -> dict:
-    """``fields`` with each string back in the bytes it was sent as (a reply decoded with
-    ``surrogateescape``: hiredis encodes strictly, so a lone surrogate would fail the write)."""
-    return {(k.encode("utf-8", "surrogateescape") if isinstance(k, str) else k):
-            (v.encode("utf-8", "surrogateescape") if isinstance(v, str) else v) for k, v in fields.items()}
+def reject_record(fields: dict, reason: str, detail: str, stream: str, entry: str) -> dict[bytes, bytes]:
+    """The ``ingest:rejects`` record of a rejected entry: its fields as they were sent (a reply
+    decoded with ``surrogateescape`` turned back into its bytes: hiredis encodes strictly, so a
+    lone surrogate would fail the write) plus ``_reason``, ``_detail``, ``_stream``, ``_entry``.
+
+    Bounded whatever the entry: the first :data:`REJECT_FIELDS` fields (not ``_``-prefixed
+    names the record uses itself), each name and value cut to :data:`REJECT_FIELD_BYTES` bytes at
+    a character boundary; ``_truncated`` lists each cut field as ``name:bytes sent`` and
+    ``_fields_left_out`` counts the fields not kept.
+    """
+    out: dict[bytes, bytes] = {}
+    cut, left = [], 0
+    for k, v in fields.items():
+        key, value = _sent(k), _sent(v)
+        if key.startswith(b"_") and key in _OWN:
+            key = b"_" + key  # (never overwrite the record's own fields)
+        if len(out) >= REJECT_FIELDS or key in out:
+            left += 1
+            continue
+        if len(key) > REJECT_FIELD_BYTES or len(value) > REJECT_FIELD_BYTES:
+            cut.append(_head(key, 64) + b":" + str(len(value)).encode())
+            key, value = _head(key, REJECT_FIELD_BYTES), _head(value, REJECT_FIELD_BYTES)
+            if key in out:
+                left += 1
+                continue
+        out[key] = value
+    out.update({b"_reason": _sent(reason), b"_detail": _head(_sent(detail), REJECT_FIELD_BYTES),
+                b"_stream": _sent(stream), b"_entry": _sent(entry)})
+    if cut:
+        out[b"_truncated"] = b",".join(cut)
+    if left:
+        out[b"_fields_left_out"] = str(left).encode()
+    return out
+
+
+_OWN = (b"_reason", b"_detail", b"_stream", b"_entry", b"_truncated", b"_fields_left_out")
+
+
+def _sent(x) -> bytes:
+    """A field name or value as the bytes it was sent as."""
+    if isinstance(x, bytes):
+        return x
+    return str(x).encode("utf-8", "surrogateescape")
+
+
+def _head(b: bytes, n: int) -> bytes:
+    """At most the first ``n`` bytes of ``b``, not ending inside a UTF-8 character."""
+    if len(b) <= n:
+        return b
+    end = n
+    while end > 0 and (b[end] & 0xC0) == 0x80:  # (b[end] continues the character before it)
+        end -= 1
+    return b[:end]

@@ -140,9 +140,12 @@ class Lifecycle:
         ledger.ack(self.keys.ingest_objects, r.pending, r.rejects)
         ledger.busy_ms = np.zeros(self.config.run.workers)
         self._take_worker_list()
+        tm = self.runtime.timings
         log.info("recovered %d queries over %d objects (%d entries re-acknowledged) in %.1f s (%s, workers started "
-                 "and loaded %.1f s)", len(r.queries), r.prepared.initial.num_rows, len(r.pending),
-                 time.perf_counter() - t0, ", ".join(f"{k} {v:.1f} s" for k, v in r.seconds.items()), started_s)
+                 "and loaded %.1f s: plan %.1f s, actors %.1f s, load %.1f s)", len(r.queries),
+                 r.prepared.initial.num_rows, len(r.pending), time.perf_counter() - t0,
+                 ", ".join(f"{k} {v:.1f} s" for k, v in r.seconds.items()), started_s, tm.get("plan_s", 0.0),
+                 tm.get("start_workers_s", 0.0), tm.get("load_s", 0.0))
         self._publish_status(force=True)
 
     def _take_worker_list(self) -> None:

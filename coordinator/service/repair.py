@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 import redis
 
-from knnmon.coordinator.service.acks import REJECTS_MAXLEN
+from knnmon.coordinator.service.acks import REJECTS_MAXLEN, reject_record
 from knnmon.protocol import (GROUP, entry_order, entry_time_ms, group_info, parse_object,
                                                  redis_clock_ms)
 from knnmon.coordinator.service.recovery import checkpoint_watermark
@@ -156,8 +156,8 @@ def repair_watermark(client: redis.Redis, keys: Keys, limits: Limits = DEFAULT_L
     now = int(time.time() * 1000)
     for eid, fields, r in poisoned:
         pipe = client.pipeline(transaction=True)
-        pipe.xadd(keys.ingest_rejects, {**fields, "_reason": "future", "_detail": f"{r} (knnmon repair --watermark)",
-                                        "_stream": key, "_entry": eid}, maxlen=REJECTS_MAXLEN, approximate=True)
+        pipe.xadd(keys.ingest_rejects, reject_record(fields, "future", f"{r} (knnmon repair --watermark)", key, eid),
+                  maxlen=REJECTS_MAXLEN, approximate=True)
         if eid in pending:
             pipe.xack(key, GROUP, eid)
         pipe.xdel(key, eid)

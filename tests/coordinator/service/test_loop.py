@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 import redis
 
+from knnmon.coordinator.service.acks import REJECT_FIELD_BYTES
 from knnmon.ingest.reading import read_objects, stream_order
 from knnmon.keys import Keys
 from knnmon.oracle import BruteForceKnn
@@ -114,6 +115,8 @@ def test_streams_from_a_plain_redis_client_are_exact_and_rejects_are_kept(redis_
     assert sorted(f["id"].encode(errors="surrogateescape") for f in bad) == [b"b10\xff", b"b11", b"z8\xc3"]
     dup = next(f for _, f in rejects if f["_reason"] == "duplicate_id")
     assert dup["lon"] == "1.5" and dup["_stream"] == keys.ingest_objects  # the original fields are kept
+    big = next(f for _, f in rejects if f["_reason"] == "field_too_large")  # ... but not 64 KiB of them
+    assert big["id"] == "b7" and big["text"] == "t" * REJECT_FIELD_BYTES and big["_truncated"] == "text:70000"
     from knnmon.coordinator.service.status import format_status, read_status
 
     status = read_status(redis_url, namespace)

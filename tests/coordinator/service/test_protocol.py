@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from knnmon.coordinator.service.acks import REJECT_FIELD_BYTES, REJECT_FIELDS, reject_record
 from knnmon.protocol import parse_object, parse_query_op
 from knnmon.errors import REJECT_REASONS, Rejected
 from knnmon.limits import Limits
@@ -80,3 +83,34 @@ def test_future_bounds_t_by_the_entry_id_and_the_entry_id_by_redis_clock():
         parse_object(far, base, clock_ms=1700000000000)
     assert ex.value.reason == "future"
     assert parse_object("1700000060000-0", base, clock_ms=1700000000000).t == 1700000060000  # at the bound
+
+
+_NAME = st.text(st.characters(exclude_categories=("Cs",)), min_size=1, max_size=40)
+_VALUE = st.one_of(st.text(max_size=3000), st.binary(max_size=3000))
+
+
+@settings(max_examples=150, deadline=None)
+@given(fields=st.dictionaries(st.one_of(_NAME, st.sampled_from(["_reason", "_entry", "_truncated"])), _VALUE,
+                              max_size=40))
+def test_a_reject_record_keeps_what_fits_and_is_bounded_whatever_was_sent(fields):
+    rec = reject_record(fields, "field_too_large", "why " * 1000, "s:objects", "1-1")
+    assert rec[b"_reason"] == b"field_too_large" and rec[b"_stream"] == b"s:objects" and rec[b"_entry"] == b"1-1"
+    own = {b"_reason", b"_detail", b"_stream", b"_entry", b"_truncated", b"_fields_left_out"}
+    kept = {k: v for k, v in rec.items() if k not in own}
+    assert len(kept) <= REJECT_FIELDS
+    assert all(len(k) <= REJECT_FIELD_BYTES and len(v) <= REJECT_FIELD_BYTES for k, v in rec.items()
+               if k != b"_truncated")
+    sent = {(k if isinstance(k, bytes) else k.encode("utf-8", "surrogateescape")):
+            (v if isinstance(v, bytes) else v.encode("utf-8", "surrogateescape")) for k, v in fields.items()}
+    cut = rec.get(b"_truncated", b"")
+    for k, v in sent.items():
+        name = b"_" + k if k in own else k
+        if name in kept and len(v) <= REJECT_FIELD_BYTES and len(k) <= REJECT_FIELD_BYTES:
+            assert kept[name] == v  # what fits is kept as sent
+        elif name in kept:  # cut at a character boundary, named with its size
+            assert v.startswith(kept[name]) and len(v) - len(kept[name]) < 4 + len(v) - REJECT_FIELD_BYTES
+            assert str(len(v)).encode() in cut
+    assert len(kept) + int(rec.get(b"_fields_left_out", b"0")) == len(sent)
+    if all(isinstance(v, str) for v in fields.values()):
+        for v in kept.values():
+            v.decode()  # text stays UTF-8 when it is cut
