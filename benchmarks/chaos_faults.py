@@ -110,9 +110,12 @@ def inject(chaos: Chaos, r: redis.Redis, keys: Keys, kind: str, at_s: float) -> 
     t0 = time.monotonic()
     ev: dict = {"at_s": round(at_s, 1), "kind": kind}
     before = {w["worker"]: w.get("pid") for w in workers_of(read_status(chaos.url, NAMESPACE))}
+    gone: set = set()  # the lost workers' processes
+    restart: threading.Thread | None = None  # a node restart runs while the service is watched
     if kind == "worker_kill":
         victim = random.Random(int(at_s)).choice(sorted(before))
         ev.update(worker=victim, pid=before[victim])
+        gone = {before[victim]}
         if before[victim]:
             os.kill(before[victim], signal.SIGKILL)
     elif kind == "service_kill":
@@ -131,18 +134,14 @@ def inject(chaos: Chaos, r: redis.Redis, keys: Keys, kind: str, at_s: float) -> 
         gone = {p for p, n in hosts.items() if n == ev["node"]}
         # The node's stop and rejoin take ~17 s; the service is served again when its workers
         # there are revived elsewhere, which the wait below sees while the node rejoins.
-        since = f"{int(time.time() * 1000)}-0"
         restart = threading.Thread(target=chaos.script, args=("restart", ev["node"]))
         restart.start()
-        served = _served_again(chaos, r, keys, t0, since, gone)
+    if restart is None:
+        ev["fault_s"] = round(time.monotonic() - t0, 2)
+    served = _served_again(chaos, r, keys, t0, f"{int(time.time() * 1000)}-0", gone)
+    if restart is not None:
         restart.join()
         ev["fault_s"] = round(time.monotonic() - t0, 2)  # (until the node joined again)
-        if served is not None:
-            ev["served_again_s"] = served
-        print(json.dumps(ev), flush=True)
-        return ev
-    ev["fault_s"] = round(time.monotonic() - t0, 2)
-    served = _served_again(chaos, r, keys, t0, f"{int(time.time() * 1000)}-0", {ev.get("pid")})
     if served is not None:
         ev["served_again_s"] = served
     print(json.dumps(ev), flush=True)

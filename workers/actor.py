@@ -12,8 +12,8 @@ def WorkerActor(num_cpus: float = 0.5, **options):  # noqa: N802 - reads as a cl
     Its calls record no Ray task events (``enable_task_events=False`` unless ``options`` say
     otherwise): a service makes several calls per batch, thousands a minute, and Ray's GCS keeps
     the events of up to 100,000 tasks (``RAY_task_events_max_num_task_in_gcs``), so the head
-    node's GCS grew by ~20 MB a minute for the first hours of a run (266 MB in 12 minutes of the
-    chaos soak). The Ray dashboard's task list then shows the actors but not their calls."""
+    node's GCS would grow for hours (measured: docs/window.md, the chaos soak's memory). The Ray
+    dashboard's task list then shows the actors but not their calls."""
     import ray
 
     from knnmon.workers.worker import KnnWorker

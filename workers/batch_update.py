@@ -353,6 +353,7 @@ class BatchUpdate:
 
     def _release_handles(self) -> None:
         """Compact the handles once they outnumber those kept at the last compaction by
-        :data:`~knnmon.workers.registration.HANDLES_SLACK` (and :data:`~knnmon.workers.registration.COMPACT_MIN` at least)."""
+        :data:`~knnmon.workers.registration.HANDLES_SLACK` (and at least
+        :data:`~knnmon.workers.registration.COMPACT_MIN` of them)."""
         if len(self.handles) > max(registration.COMPACT_MIN, registration.HANDLES_SLACK * self.handles.live):
             self._compact_handles()

@@ -21,8 +21,8 @@ REJECTS_MAXLEN = 1_000_000
 BATCHES_MAXLEN = 100_000
 #: A reject record keeps at most this many of the entry's fields, each name and value cut to
 #: this many bytes: the rejects stream holds up to :data:`REJECTS_MAXLEN` records, and hostile
-#: entries (a 64 KiB field, many fields) would otherwise make it grow by what they sent (89 MB
-#: for 16,000 rejects in 30 minutes of the chaos soak, bound only at tens of GB).
+#: entries (a 64 KiB field, many fields) would otherwise make it grow by what they sent, bound
+#: only at tens of GB (docs/window.md, the chaos soak's memory).
 REJECT_FIELDS = 16
 REJECT_FIELD_BYTES = 1024
 
@@ -84,7 +84,7 @@ def reject_record(fields: dict, reason: str, detail: str, stream: str, entry: st
     cut, left = [], 0
     for k, v in fields.items():
         key, value = _sent(k), _sent(v)
-        if key.startswith(b"_") and key in _OWN:
+        if key in _OWN:
             key = b"_" + key  # (never overwrite the record's own fields)
         if len(out) >= REJECT_FIELDS or key in out:
             left += 1

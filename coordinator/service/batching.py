@@ -197,10 +197,11 @@ class BatchPolicy:
         if self.policy != "adaptive" or len(parts) - done < 2 or self.keeps_up(n, seconds, now):
             return parts
         rest = np.sort(np.concatenate(parts[done:]))
-        if -(-len(rest) // self.batch) >= len(parts) - done:
+        pieces = -(-len(rest) // self.batch)
+        if pieces >= len(parts) - done:
             return parts  # as coarse as --batch allows already
         self.regrouped += 1
-        return parts[:done] + np.array_split(rest, -(-len(rest) // self.batch))
+        return parts[:done] + np.array_split(rest, pieces)
 
     def state(self, now: float | None = None) -> dict:
         """For the service's status: ``policy``, ``sjf``, ``minibatch`` (the size a read would be
