@@ -92,6 +92,8 @@ def main() -> None:
                 if m else {}
             report["recovery_s"] = {"total": float(m.group(1)), **steps,
                                     "workers": float(m.group(3)), **parts} if m else None
+            placed = re.search(r"(\d+) placements rewritten", line)
+            report["placements_rewritten"] = int(placed.group(1)) if placed else None
     finally:
         redis.stop()
     print(json.dumps(report, indent=1))

@@ -19,7 +19,9 @@ Layout: :class:`knnmon.keys.Keys`. A batch's writes travel as one msgpack payloa
 4. appends **one** ``changes`` stream entry for the whole call (:mod:`knnmon.feed`: its
    ``version`` and one line per changed query, built by the worker, not by Redis; a deleted
    query's line lets go of the result the worker held); the stream is
-   trimmed (``XTRIM MAXLEN ~``) to about :data:`CHANGES_MAXLEN` changes. A registration (or
+   trimmed (``XTRIM MAXLEN ~``) to about :data:`CHANGES_MAXLEN` changes, and to about the
+   last :data:`CHANGES_KEEP_MS` of them (``XTRIM MINID ~``, keeping at least
+   :data:`MIN_FEED_ENTRIES` entries). A registration (or
    initial load) writes its queries' whole initial results as ``entered``, a deleted query its
    whole result as ``left``: applying ``knn:changes`` from the start reproduces every result's
    members;
@@ -64,12 +66,17 @@ from knnmon.keys import Keys
 from knnmon.workers.holders import Details, Holders, texts_of
 from knnmon.workers.write_script import APPLY, ClusterWrites
 
-__all__ = ["CHANGES_MAXLEN", "ResultWriter", "clear_object_details", "details_key", "record_placements"]
+__all__ = ["CHANGES_KEEP_MS", "CHANGES_MAXLEN", "ResultWriter", "clear_object_details", "details_key", "placement_of",
+           "record_placements"]
 
 #: About how many changes the ``changes`` stream keeps (trimmed by entries, each entry's share
 #: estimated from the writer's recent entries).
 CHANGES_MAXLEN = 1_000_000
-#: The stream keeps at least this many entries whatever their size.
+#: About how long the ``changes`` stream keeps a change, ms (entries older than the newest by
+#: more are trimmed, ``XTRIM MINID ~``): a reader further behind re-reads the results. A bound by
+#: time fills once, in the first minutes, whatever the rate of changes.
+CHANGES_KEEP_MS = 5 * 60_000
+#: The stream keeps at least this many entries whatever their size and age.
 MIN_FEED_ENTRIES = 1_000
 
 def details_key(keys: Keys, worker: int | str, qid: str, masters=None) -> str:
@@ -100,11 +107,38 @@ def clear_object_details(redis_url: str, namespace: str) -> None:
         client.close()
 
 
+#: The fields a re-balancing's move notes in a query hash (a resumed service drops them).
+_MOVED = ("moved_from", "moved_batch", "moved_replan")
+
+#: :func:`record_placements` on one Redis: ARGV = the query hashes' key prefix, then per query
+#: its id, worker, details hash and set ("": left as is).
+_PLACE = """
+local prefix = ARGV[1]
+for i = 2, #ARGV, 4 do
+  local key = prefix .. ARGV[i]
+  if ARGV[i + 3] ~= '' then
+    redis.call('HSET', key, 'worker', ARGV[i + 1], 'objects', ARGV[i + 2], 'set', ARGV[i + 3])
+  else
+    redis.call('HSET', key, 'worker', ARGV[i + 1], 'objects', ARGV[i + 2])
+  end
+  redis.call('HDEL', key, 'moved_from', 'moved_batch', 'moved_replan')
+end
+return 0
+"""
+
+
+def placement_of(fields: Mapping[str, str]) -> tuple[str | None, str | None, str | None, bool]:
+    """A query hash's placement as :func:`record_placements` writes it: ``(worker, objects,
+    set, whether a re-balancing's move is noted)``, the fields as stored (``None``: absent)."""
+    return fields.get("worker"), fields.get("objects"), fields.get("set"), any(f in fields for f in _MOVED)
+
+
 def record_placements(redis_url: str, namespace: str, placements: Sequence[tuple[str, int]],
-                      sets: Mapping[str, int], chunk: int = 10_000) -> None:
+                      sets: Mapping[str, int], chunk: int = 10_000,
+                      held: Mapping[str, tuple[str | None, str | None, str | None, bool]] | None = None) -> int:
     """Write each query's worker, details hash and set in the plan (``worker``, ``objects``,
     ``set``) into its hash, and drop what an earlier service's re-balancing noted there (a
-    resumed service places every query anew).
+    resumed service places every query anew); returns how many hashes were written.
 
     Parameters
     ----------
@@ -112,6 +146,10 @@ def record_placements(redis_url: str, namespace: str, placements: Sequence[tuple
         ``(query id, worker)`` of every query.
     sets
         Query id -> its set in the plan (where the plan has sets).
+    held
+        Query id -> its hash's :func:`placement_of` as Redis holds it (a resuming service read
+        them): a query placed there already is not written again (most are, when the plan
+        places it where the last one did).
 
     Raises
     ------
@@ -119,24 +157,39 @@ def record_placements(redis_url: str, namespace: str, placements: Sequence[tuple
         Redis unreachable after every retry.
     """
     keys = Keys(namespace)
+    held = held or {}
     client = connect(redis_url)
+    written = 0
     try:
         masters = None
         if isinstance(client, RedisCluster):
             from knnmon.redis_cluster import MasterMap
 
             masters = MasterMap(client)
+        script = client.register_script(_PLACE) if masters is None else None
         for s in range(0, len(placements), chunk):
-            pipe = client.pipeline(transaction=False)
+            rows = []
             for qid, w in placements[s:s + chunk]:
-                fields = {"worker": w, "objects": details_key(keys, w, qid, masters)}
-                if qid in sets:
-                    fields["set"] = sets[qid]
-                pipe.hset(keys.query(qid), mapping=fields)
-                pipe.hdel(keys.query(qid), "moved_from", "moved_batch", "moved_replan")
+                objects = details_key(keys, w, qid, masters)
+                was = held.get(qid)
+                put = str(sets[qid]) if qid in sets else ""
+                if was is None or was != (str(w), objects, put or was[2], False):
+                    rows.append((qid, str(w), objects, put))
+            if not rows:
+                continue
+            written += len(rows)
+            if script is not None:  # one call per chunk: ~10x fewer round trips' worth of client work
+                flat = [keys.query("")] + [x for row in rows for x in row]
+                with_retries(lambda flat=flat: script(args=flat), "recording the queries' workers", redis_url)
+                continue
+            pipe = client.pipeline(transaction=False)  # a cluster: the hashes lie on many masters
+            for qid, w, objects, put in rows:
+                pipe.hset(keys.query(qid), mapping={"worker": w, "objects": objects, **({"set": put} if put else {})})
+                pipe.hdel(keys.query(qid), *_MOVED)
             with_retries(pipe.execute, "recording the queries' workers", redis_url)
     finally:
         client.close()
+    return written
 
 
 class ResultWriter:
@@ -292,6 +345,7 @@ class ResultWriter:
             feed = "\n".join(x for x in (feed, f"{delete}\t\t{' '.join(released)}") if x)
         return {
             "ns": self.keys.namespace, "maxlen": max(MIN_FEED_ENTRIES, int(CHANGES_MAXLEN / max(self._per_entry, 1.0))),
+            "keepms": CHANGES_KEEP_MS, "minentries": MIN_FEED_ENTRIES,
             "q": list(c.qids), "rep": int(replace), "ne": list(c.n_entered), "e": e, "nl": list(c.n_left),
             "l": list(c.left), "hq": hq, "nf": [len(f) for f in fields if f], "f": [x for f in fields for x in f],
             "dr": [delete] if delete is not None else [], "dq": [delete] if delete is not None else [],

@@ -52,8 +52,12 @@ local hs, hd = p.hs, p.hd
 for s = 1, #hs, 2000 do redis.call('HSET', p.okey, unpack(hs, s, math.min(s + 1999, #hs))) end
 for s = 1, #hd, 1000 do redis.call('HDEL', p.okey, unpack(hd, s, math.min(s + 999, #hd))) end
 if #p.feed > 0 then
-  redis.call('XADD', ns .. ':changes', '*', 'version', p.version, 'changes', p.feed)
+  local id = redis.call('XADD', ns .. ':changes', '*', 'version', p.version, 'changes', p.feed)
   redis.call('XTRIM', ns .. ':changes', 'MAXLEN', '~', p.maxlen)
+  if p.keepms and redis.call('XLEN', ns .. ':changes') > p.minentries then
+    local ms = tonumber(string.match(id, '^(%d+)'))
+    redis.call('XTRIM', ns .. ':changes', 'MINID', '~', string.format('%.0f', ms - p.keepms))
+  end
 end
 if p.prows then
   local rows = p.marker .. ':rows'
@@ -131,7 +135,8 @@ class ClusterWrites:
             d = out[m.master_of(okey)]
             d["okey"], d["hs"], d["hd"] = okey, hs, hd
         out[m.master_of(keys.changes)]["feed"] = payload["feed"]
-        common = {k: payload[k] for k in ("ns", "rep", "version", "maxlen", "prows", "pfirst") if k in payload}
+        common = {k: payload[k] for k in ("ns", "rep", "version", "maxlen", "keepms", "minentries", "prows",
+                                                       "pfirst") if k in payload}
         return {name: {**common, **d} for name, d in out.items()}
 
     def apply(self, payload: dict, tag: str) -> float:

@@ -31,7 +31,9 @@ class Prepared:
     initial kNN as :meth:`ObjectIndex.knn_v` returns it (rows into ``initial``, per-query counts,
     meters), ``radius`` each query's k-th distance (``inf`` below ``k`` matches), ``timings``
     seconds spent reading and searching; ``first_batch`` the stream batches applied before (a
-    service resuming continues the change feed's versions from there; else 0). Prepared with a ``reserve``
+    service resuming continues the change feed's versions from there; else 0); ``placed``: each
+query's placement as Redis held it (a service resuming, :func:`~knnmon.workers.result_writer.placement_of`:
+the load rewrites only those the plan moves). Prepared with a ``reserve``
     (:func:`prepare_tables`): each query's ``k + reserve`` nearest and the last one's distance
     instead (its result: the first ``k``).
     """
@@ -47,6 +49,7 @@ class Prepared:
     radius: np.ndarray
     timings: dict[str, float]
     first_batch: int = 0
+    placed: dict[str, tuple] | None = None
 
     def __post_init__(self) -> None:
         self._ends = np.cumsum(self.counts)

@@ -53,6 +53,8 @@ class Registrar:
         per query registered since.
     worker_queries : numpy.ndarray
         ``(W,)`` int64: queries per worker.
+    placements_written : int
+        Query hashes whose placement a resuming load rewrote (the others held it already).
 
     A worker lost during :meth:`register` or :meth:`unregister` is revived from Redis by
     :attr:`revive_worker` and the operation completed on the new worker: the registrations its
@@ -63,6 +65,7 @@ class Registrar:
         self.pool, self.plan, self.objects, self.reserve = pool, plan, objects, reserve
         self.query_worker: dict[str, int] = {}
         self.unregistered = 0  # queries unregistered so far
+        self.placements_written = 0
         self.worker_loads = np.array(plan.summary["worker_loads"], dtype=np.float64)
         self.worker_queries = np.bincount(plan.plan.worker, minlength=pool.size).astype(np.int64)
         #: The change feed's version of a registration now: the stream batches applied so far
@@ -125,7 +128,8 @@ class Registrar:
         if resume and self.query_worker and redis_url is not None:
             ids = q.column("id").to_pylist()
             sets = dict(zip(ids, plan.set_of.tolist())) if len(plan.set_of) == len(ids) else {}
-            record_placements(redis_url, namespace, list(self.query_worker.items()), sets)
+            self.placements_written = record_placements(redis_url, namespace, list(self.query_worker.items()), sets,
+                                                        held=prepared.placed)
         return time.perf_counter() - t0
 
     # -- at run time ---------------------------------------------------------------------------

@@ -86,6 +86,10 @@ class Runtime:
         Redis already holds these queries and exactly these results (a service resuming): keep
         the namespace, do not rewrite the results, only record each query's new ``worker``.
         Default: a run starts from an empty namespace.
+    pool
+        Workers started already, empty, on the store of ``config`` (a service starts them before
+        it reads Redis, so that their processes come up meanwhile); the runtime loads and owns
+        them. Default: :meth:`start` starts them (:func:`make_pool`).
 
     Attributes (after :meth:`start`)
     ----------
@@ -102,8 +106,9 @@ class Runtime:
     """
 
     def __init__(self, objects_dir: str | None, queries: str | pa.Table | None, config: RunConfig,
-                 prepared: Prepared | None = None, *, resume: bool = False) -> None:
+                 prepared: Prepared | None = None, *, resume: bool = False, pool: WorkerPool | None = None) -> None:
         self.config, self.resume, self.prepared = config, resume, prepared
+        self._started_pool = pool
         self.objects_dir, self._queries_arg = objects_dir, queries
         self._exit = contextlib.ExitStack()
         self.store: Store | None = None
@@ -147,7 +152,9 @@ class Runtime:
             self.store = self._exit.enter_context(open_store(c.store))
             if not self.resume:
                 clear_namespace(self.store)
-            self.pool = make_pool(c, self.store.url, {})  # each load brings its queries' keyword codes
+            self.pool, self._started_pool = self._started_pool, None
+            if self.pool is None:
+                self.pool = make_pool(c, self.store.url, {})  # each load brings its queries' keyword codes
             self._exit.callback(self.pool.close)
             self.timings["start_workers_s"] = time.perf_counter() - t0
             self.registrar = Registrar(self.pool, self.plan, self.objects, c.places_reserved)
@@ -359,6 +366,9 @@ class Runtime:
     def close(self) -> None:
         """Stop the workers (and Ray if this run started it) and the embedded Redis (saved)."""
         self._exit.close()
+        if self._started_pool is not None:  # handed in, never taken (start failed before)
+            self._started_pool.close()
+            self._started_pool = None
         self.pool = None
 
     def __enter__(self) -> Runtime:

@@ -14,6 +14,7 @@ import pyarrow as pa
 import redis
 
 from knnmon.coordinator.runtime.runtime import Runtime
+from knnmon.coordinator.runtime.worker_pool import make_pool
 from knnmon.coordinator.service import status as service_status
 from knnmon.coordinator.service.batching import BatchPolicy
 from knnmon.coordinator.service.checkpoint import Checkpointer
@@ -25,6 +26,7 @@ from knnmon.coordinator.service.query_ops import QueryOps
 from knnmon.coordinator.service.recovery import recover
 from knnmon.coordinator.service.startup import connect_when_up, load_preload, ray_running, refuse_a_second_service
 from knnmon.connection import set_retry_window
+from knnmon.heap import bulk_build
 from knnmon.keys import Keys
 from knnmon.store import Store, open_store
 
@@ -118,18 +120,29 @@ class Lifecycle:
         self._server_ids = server_ids(self.client)
         self._applying = False
         self.reader = StreamReader(self.client, self.config.consumer)
-        # The initial kNN forks helper processes, which is unsafe once Ray's threads run here
-        # (a restart while connected to a cluster): then it searches in this process only.
-        processes = 1 if ray_running() else self.config.run.processes
         run_config = self.config.run_config(self.redis_url)
-        r = recover(self.client, self.redis_url, self.config.run.store.namespace, self._preload, self._model,
-                    processes=processes, limits=self.config.run.limits, skip=skip, window=self.config.run.window,
-                    reserve=run_config.places_reserved, allowed_lateness=self.config.run.allowed_lateness)
-        self.counters["objects_entries_read"] = r.objects_entries_read
-        self.counters["queries_entries_read"] = r.queries_entries_read
-        t_start = time.perf_counter()
-        self.runtime = Runtime(None, None, run_config, r.prepared, resume=True).start()
-        started_s = time.perf_counter() - t_start
+        # The workers' processes start (imports, compiled kernels) while this one reads Redis.
+        t_pool = time.perf_counter()
+        runtime = Runtime(None, None, run_config, resume=True, pool=make_pool(run_config, self.redis_url, {}))
+        pool_s = time.perf_counter() - t_pool
+        # The initial kNN forks helper processes, which is unsafe once Ray's threads run here:
+        # then it searches in this process only.
+        processes = 1 if ray_running() else self.config.run.processes
+        try:
+            with bulk_build():  # millions of long-lived objects: no collector passes over them (heap.bulk_build)
+                r = recover(self.client, self.redis_url, self.config.run.store.namespace, self._preload,
+                            self._model, processes=processes, limits=self.config.run.limits, skip=skip,
+                            window=self.config.run.window, reserve=run_config.places_reserved,
+                            allowed_lateness=self.config.run.allowed_lateness)
+                self.counters["objects_entries_read"] = r.objects_entries_read
+                self.counters["queries_entries_read"] = r.queries_entries_read
+                t_start = time.perf_counter()
+                runtime.prepared = r.prepared
+                self.runtime = runtime.start()
+                started_s = time.perf_counter() - t_start
+        except BaseException:
+            runtime.close()
+            raise
         self.query_ops.queries = r.queries
         ledger = self.ledger
         ledger.client, ledger.url, ledger.checkpointer = self.client, self.redis_url, None
@@ -142,10 +155,11 @@ class Lifecycle:
         self._take_worker_list()
         tm = self.runtime.timings
         log.info("recovered %d queries over %d objects (%d entries re-acknowledged) in %.1f s (%s, workers started "
-                 "and loaded %.1f s: plan %.1f s, actors %.1f s, load %.1f s)", len(r.queries),
+                 "and loaded %.1f s: plan %.1f s, actors %.1f s, load %.1f s; %d placements rewritten)",
+                 len(r.queries),
                  r.prepared.initial.num_rows, len(r.pending), time.perf_counter() - t0,
                  ", ".join(f"{k} {v:.1f} s" for k, v in r.seconds.items()), started_s, tm.get("plan_s", 0.0),
-                 tm.get("start_workers_s", 0.0), tm.get("load_s", 0.0))
+                 pool_s, tm.get("load_s", 0.0), self.runtime.registrar.placements_written)
         self._publish_status(force=True)
 
     def _take_worker_list(self) -> None:

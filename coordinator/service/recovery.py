@@ -25,9 +25,10 @@ import pyarrow as pa
 import redis
 
 from knnmon.batch import BatchChanges
+from knnmon.bulk_parse import parse_objects
 from knnmon.coordinator.runtime.object_store import ObjectStore
 from knnmon.coordinator.runtime.preparation import Prepared, live_initial, prepare_tables
-from knnmon.protocol import GROUP, entry_order, group_info, parse_object, redis_clock_ms
+from knnmon.protocol import GROUP, entry_order, group_info, redis_clock_ms
 from knnmon.errors import PoisonedWatermarkError, Rejected, StoreUnavailableError
 from knnmon.keys import Keys
 from knnmon.limits import DEFAULT_LIMITS, Limits, check_keywords, parse_k, parse_point, parse_query_id
@@ -139,35 +140,48 @@ def read_object_log(client: redis.Redis, keys: Keys, preload: pa.Table, limits: 
             rows = client.xpending_range(key, GROUP, min="-", max="+", count=summary["pending"])
             pending = {r["message_id"] for r in rows} - skip
     seen = set(preload.column("id").to_pylist())
-    parsed, rejects, spans, unacked = [], [], [], []
+    rejects, spans, unacked = [], [], []
+    ids, keywords, lon, lat, t = [], [], [], [], []
     start, read = "-", 0
     while last != "0-0":
         entries = client.xrange(key, min=start, max=last, count=chunk)
-        before = len(parsed)
-        for eid, fields in entries:
-            read += 1
-            if eid in skip:
-                continue
-            try:
-                o = parse_object(eid, fields, limits, clock_ms=clock)
-                if o.id in seen:
-                    raise Rejected("duplicate_id", f"id={o.id}")
-                seen.add(o.id)
-                parsed.append(o)
-                if eid in pending:
-                    unacked.append((eid, fields, o.t))
-            except Rejected as r:
-                if eid in pending:
-                    rejects.append((eid, fields, r))
-                elif r.reason == "future" and str(fields.get("id", "")).strip() not in seen:
-                    poisoned.append((eid, r))
+        read += len(entries)
+        kept = [e for e in entries if e[0] not in skip] if skip else entries
+        cols = parse_objects(kept, limits, clock_ms=clock)
+        take = []
+        for i, ((eid, fields), ok) in enumerate(zip(kept, cols.ok.tolist())):
+            if ok:
+                oid = cols.ids[i]
+                if oid not in seen:
+                    seen.add(oid)
+                    take.append(i)
+                    if eid in pending:
+                        unacked.append((eid, fields, int(cols.t[i])))
+                    continue
+                r = Rejected("duplicate_id", f"id={oid}")
+            else:
+                r = cols.rejects[i]
+            if eid in pending:
+                rejects.append((eid, fields, r))
+            elif r.reason == "future" and str(fields.get("id", "")).strip() not in seen:
+                poisoned.append((eid, r))
+        rows = np.asarray(take, dtype=np.int64)
+        ids += [cols.ids[i] for i in take]
+        keywords += [cols.keywords[i] for i in take]
+        lon.append(cols.lon[rows]), lat.append(cols.lat[rows]), t.append(cols.t[rows])
         if entries:
-            spans.append((entries[0][0], entries[-1][0], max((o.t for o in parsed[before:]), default=None)))
+            spans.append((entries[0][0], entries[-1][0], int(t[-1].max()) if take else None))
         if len(entries) < chunk:
             break
         start = "(" + entries[-1][0]
     check_event_time(client, keys, limits, poisoned, clock)
-    table = pa.concat_tables([preload, objects_table(parsed)]) if parsed else preload
+    if ids:
+        parsed = pa.table({"id": pa.array(ids, pa.string()), "lon": np.concatenate(lon), "lat": np.concatenate(lat),
+                           "t": np.concatenate(t), "keywords": pa.array(keywords, pa.list_(pa.string()))},
+                          schema=OBJECT_SCHEMA)
+        table = pa.concat_tables([preload, parsed])
+    else:
+        table = preload
     return table, sorted(pending, key=entry_order), rejects, read, spans, unacked
 
 
@@ -212,10 +226,14 @@ def checkpoint_watermark(checkpoint: dict[str, str]) -> tuple[str | None, int | 
         return raw, None
 
 
-def read_queries(client: redis.Redis, keys: Keys, chunk: int = 10_000, limits: Limits = DEFAULT_LIMITS) -> list[Query]:
+def read_queries(client: redis.Redis, keys: Keys, chunk: int = 10_000, limits: Limits = DEFAULT_LIMITS,
+                 placed: dict[str, tuple] | None = None) -> list[Query]:
     """The registered queries (``knn:queries`` and their hashes); a hash that does not make a
     valid query within ``limits`` (a client with write access to Redis may have written it) is
-    logged and left out."""
+    logged and left out. ``placed``: filled with each query's placement as its hash holds it
+    (:func:`~knnmon.workers.result_writer.placement_of`)."""
+    from knnmon.workers.result_writer import placement_of
+
     qids = sorted(client.smembers(keys.queries))
     queries = []
     for qid, h, _ in ResultReader(client, keys, chunk=chunk).many(qids, hashes=True, results=False):
@@ -223,6 +241,8 @@ def read_queries(client: redis.Redis, keys: Keys, chunk: int = 10_000, limits: L
             q = Query.from_hash(qid, h)
             parse_query_id(qid), parse_point(q.lon, q.lat), parse_k(q.k, limits), check_keywords(q.keywords, limits)
             queries.append(q)
+            if placed is not None:
+                placed[qid] = placement_of(h)
         except (KeyError, ValueError):
             log.warning("query %s: unreadable or out-of-bounds hash %r in Redis; left out", str(qid)[:64],
                         {k: str(v)[:64] for k, v in list(h.items())[:8]})
@@ -322,7 +342,8 @@ def recover(client: redis.Redis, url: str, namespace: str, preload: pa.Table, mo
                     for eid, fields, t in unacked if t <= cutoff]
         objects = live_initial(objects, window, allowed_lateness)
     t1 = time.perf_counter()
-    queries = read_queries(client, keys, limits=limits)
+    placed: dict[str, tuple] = {}
+    queries = read_queries(client, keys, limits=limits, placed=placed)
     queries_read = client.xlen(keys.ingest_queries) - _undelivered(client, keys.ingest_queries)
     t2 = time.perf_counter()
     prepared = prepare_tables(model, QueryColumns.of(queries).to_table(), objects, OBJECT_SCHEMA.empty_table(),
@@ -331,7 +352,7 @@ def recover(client: redis.Redis, url: str, namespace: str, preload: pa.Table, mo
     # The repairs take the version after the largest written (a batch cut short by the stop may
     # have written it for some queries), and the stream goes on after them.
     repair_version = feed_version(client, keys) + 1
-    prepared.first_batch = repair_version
+    prepared.first_batch, prepared.placed = repair_version, placed
     repaired = reconcile(url, namespace, client, prepared)
     prepared.first_batch = repair_version + 1
     if repaired:

@@ -11,7 +11,11 @@ An entry has two fields:
   separated (ids hold no whitespace: :func:`knnmon.limits.parse_id`).
 
 A registration's line enters its whole initial result, an unregister's leaves its whole result,
-so applying the feed from the start reproduces every result's members. Read it with
+so applying the feed from the start reproduces every result's members. The stream keeps about
+the last 5 minutes of changes, and at most about a million
+(:data:`~knnmon.workers.result_writer.CHANGES_KEEP_MS`, ``CHANGES_MAXLEN``): a reader that falls
+further behind (its last entry id older than the stream's first) reads the results
+(``knn:result:{qid}``) again and follows the feed from the entry it read them at. Read it with
 :meth:`knnmon.client.KnnClient.changes` or, from any client, ``XRANGE knn:changes`` and split
 the lines.
 """

