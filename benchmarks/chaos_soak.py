@@ -42,6 +42,7 @@ import random
 import re
 import signal
 import sys
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -248,7 +249,10 @@ def main(argv=None) -> int:
         pub = Publisher(chaos.url, keys, rows, extra, a, start + a.duration_s)
         pub.published = filled
         pub.start()
-        next_sample, checks_due = start + a.sample_s, []
+        checks_due: list = []
+        sampler = Sampler(chaos, r, keys, pub, start, a.sample_s)
+        sampler.start()
+        samples = sampler.samples
         while pub.is_alive():
             now = time.monotonic()
             if faults and now - start >= faults[0][0]:
@@ -260,11 +264,8 @@ def main(argv=None) -> int:
                 checks.append(check(chaos, r, keys, pub, queries, window_ms, f"after {kind}", 600))
             if chaos.service.poll() is not None:
                 raise SystemExit(f"serve exited with {chaos.service.returncode}")
-            if now >= next_sample:
-                next_sample += a.sample_s
-                samples.append(sample(chaos, r, keys, pub, now - start))
-                print(json.dumps(samples[-1]), flush=True)
             time.sleep(0.2)
+        sampler.stop()
         checks.append(check(chaos, r, keys, pub, queries, window_ms, "end", 900))
         hostile = verify_hostile(r, keys, pub)
         report = {
@@ -288,6 +289,31 @@ def main(argv=None) -> int:
     return 0
 
 
+class Sampler(threading.Thread):
+    """:func:`sample` every ``every_s`` from ``start`` (monotonic), in its own thread: a fault's
+    injection and the checks, which the main loop waits for, do not hold the samples back (when a
+    sample took longer than ``every_s``, the next is taken at once and those missed are skipped,
+    not taken late in a burst)."""
+
+    def __init__(self, chaos: Chaos, r: redis.Redis, keys: Keys, pub, start: float, every_s: float) -> None:
+        super().__init__(daemon=True, name="sampler")
+        self.args, self.start_at, self.every_s = (chaos, r, keys, pub), start, every_s
+        self.samples: list[dict] = []
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        due = self.start_at + self.every_s
+        while not self._stop_event.wait(max(due - time.monotonic(), 0.0)):
+            now = time.monotonic()
+            due += self.every_s * max(1, int((now - due) // self.every_s) + 1)
+            self.samples.append(sample(*self.args, now - self.start_at))
+            print(json.dumps(self.samples[-1]), flush=True)
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join(timeout=120)
+
+
 def sample(chaos: Chaos, r: redis.Redis, keys: Keys, pub: Publisher, t_s: float) -> dict:
     try:
         st = read_status(chaos.url, NAMESPACE)
@@ -303,7 +329,7 @@ def sample(chaos: Chaos, r: redis.Redis, keys: Keys, pub: Publisher, t_s: float)
                           for n in ("head", "worker1", "worker2")}},
             "live_objects": svc.get("objects_held"), "routing_entries": svc.get("routing_entries"),
             **{k: svc.get(k) for k in ("workers_revived", "recoveries", "worker_restarts", "redis_outages", "late")},
-            "latency_ms_p99_status": svc.get("latency_ms_p99")}
+            "latency_ms_p99_status": svc.get("latency_ms_p99"), "gc_full_passes": svc.get("gc_full_passes")}
 
 
 def verify_hostile(r: redis.Redis, keys: Keys, pub: Publisher) -> dict:

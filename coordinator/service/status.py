@@ -18,6 +18,7 @@ import numpy as np
 import redis
 
 from knnmon.connection import connect, redact
+from knnmon.heap import full_gc_passes
 from knnmon.protocol import GROUP, entry_time_ms, group_info
 from knnmon.keys import DEFAULT_NAMESPACE, Keys
 
@@ -39,7 +40,8 @@ def snapshot(svc: Lifecycle) -> dict[str, Any]:
     last 1,000 batches, ms), the objects held (with a window: live), the routing table's entries,
     the watermark and the largest ``t`` applied (with a window), the rejects by reason since
     start, the batching policy's state
-    (:meth:`~knnmon.coordinator.service.batching.BatchPolicy.state`), and the service's counters."""
+    (:meth:`~knnmon.coordinator.service.batching.BatchPolicy.state`), the garbage collector's full
+    passes (:func:`~knnmon.heap.full_gc_passes`), and the service's counters."""
     rt = svc.runtime.status() if svc.runtime is not None else None
     ledger = svc.ledger
     lat = np.concatenate(list(ledger.latencies)) if ledger.latencies else np.zeros(0)
@@ -63,6 +65,7 @@ def snapshot(svc: Lifecycle) -> dict[str, Any]:
         "top_t_ms": rt.top_t_ms if rt else None,
         "rejects_by_reason": dict(sorted(ledger.rejects_by_reason.items())),
         "batching": svc.batching.state(),
+        "gc_full_passes": full_gc_passes().state(),
         **svc.counters,
     }
 

@@ -5,9 +5,46 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import time
 from collections.abc import Iterator
 
-__all__ = ["bulk_build", "give_back", "resident_bytes"]
+__all__ = ["bulk_build", "full_gc_passes", "give_back", "resident_bytes"]
+
+
+class _FullPasses:
+    """The cyclic collector's full passes (generation 2) in this process since the first call
+    of :func:`full_gc_passes`: how many, their total and longest wall time, ms."""
+
+    def __init__(self) -> None:
+        self.count, self.total_ms, self.max_ms = 0, 0.0, 0.0
+        self._start: float | None = None
+        gc.callbacks.append(self._observe)
+
+    def _observe(self, phase: str, info: dict) -> None:
+        if info.get("generation") != 2:
+            return
+        if phase == "start":
+            self._start = time.perf_counter()
+        elif self._start is not None:
+            ms = (time.perf_counter() - self._start) * 1000
+            self.count, self.total_ms, self.max_ms = self.count + 1, self.total_ms + ms, max(self.max_ms, ms)
+            self._start = None
+
+    def state(self) -> dict[str, float]:
+        """``{"count", "total_ms", "max_ms"}``."""
+        return {"count": self.count, "total_ms": round(self.total_ms, 1), "max_ms": round(self.max_ms, 1)}
+
+
+_passes: _FullPasses | None = None
+
+
+def full_gc_passes() -> _FullPasses:
+    """This process's record of the collector's full passes (started on the first call): a full
+    pass walks every tracked object, and stalls whatever the process does meanwhile (a batch)."""
+    global _passes
+    if _passes is None:
+        _passes = _FullPasses()
+    return _passes
 
 
 @contextlib.contextmanager

@@ -7,7 +7,7 @@ import weakref
 
 import pytest
 
-from knnmon.heap import bulk_build
+from knnmon.heap import bulk_build, full_gc_passes
 
 
 class _Node:
@@ -36,3 +36,14 @@ def test_bulk_build_pauses_the_collector_then_frees_cycles_and_freezes_the_rest(
     finally:
         gc.unfreeze()
         gc.enable()
+
+
+def test_full_passes_are_counted_and_timed():
+    passes = full_gc_passes()
+    before = passes.state()
+    gc.collect(1)  # not a full pass
+    assert passes.state()["count"] == before["count"]
+    gc.collect()
+    after = passes.state()
+    assert after["count"] == before["count"] + 1 and after["total_ms"] >= before["total_ms"]
+    assert after["max_ms"] >= 0 and full_gc_passes() is passes
