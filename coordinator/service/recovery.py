@@ -24,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 import redis
 
+from knnmon.arrays import runs
 from knnmon.batch import BatchChanges
 from knnmon.bulk_parse import parse_objects
 from knnmon.coordinator.runtime.object_store import ObjectStore
@@ -262,9 +263,11 @@ def feed_version(client: redis.Redis, keys: Keys, last: int = 1000) -> int:
     return best
 
 
-def reconcile(url: str, namespace: str, client: redis.Redis, prepared: Prepared, chunk: int = 5000) -> int:
+def reconcile(url: str, namespace: str, client: redis.Redis, prepared: Prepared, chunk: int = 10_000) -> int:
     """Make every stored result equal the recomputed exact kNN (module docstring), each repair
-    at the feed version ``prepared.first_batch``; returns how many results were repaired."""
+    at the feed version ``prepared.first_batch``; returns how many results were repaired. The
+    results are read and compared in columns, :data:`chunk` queries at a time; only those that
+    differ are looked at one by one."""
     from knnmon.workers.result_writer import ResultWriter
 
     keys = Keys(namespace)
@@ -274,22 +277,37 @@ def reconcile(url: str, namespace: str, client: redis.Redis, prepared: Prepared,
     qids = q.column("id").to_pylist()
     k = q.column("k").to_numpy().astype(np.int64)
     store = ObjectStore(prepared.initial, prepared.index)
+    reader = ResultReader(client, keys, chunk=chunk)
     writer = ResultWriter(url, namespace, "recovery")
     fixed = 0
     try:
         for s in range(0, len(qids), chunk):
-            part = range(s, min(s + chunk, len(qids)))
+            part = np.arange(s, min(s + chunk, len(qids)), dtype=np.int64)
+            lists = prepared.knn_lists(part)  # (the chunk's ids in one take)
+            cut = np.minimum(lists.counts, k[part])  # with a reserve, the list beyond k is not stored
+            new_at = runs(np.cumsum(lists.counts) - lists.counts, cut)
+            new_ids = np.asarray([lists.ids[j] for j in new_at.tolist()], dtype=object)
+            new_d = lists.dist[new_at]
+            old_n, old_ids, old_d = reader.result_columns([qids[i] for i in part.tolist()])
+            old_start = np.cumsum(old_n) - old_n
+            new_start = np.cumsum(cut) - cut
+            same = old_n == cut
+            a, b = runs(new_start[same], cut[same]), runs(old_start[same], cut[same])
+            off = np.concatenate([[0], np.cumsum((new_ids[a] != np.asarray(old_ids, dtype=object)[b])
+                                                 | (new_d[a] != old_d[b]))])
+            ends = np.cumsum(cut[same])
+            same[np.flatnonzero(same)[off[ends] - off[ends - cut[same]] > 0]] = False
             diffs, rows = [], []
-            lists = prepared.knn_lists(np.asarray(part, dtype=np.int64))  # (the chunk's ids in one take)
-            for j, (i, (_, _, old)) in enumerate(zip(part, ResultReader(client, keys, chunk=chunk).many(
-                    [qids[i] for i in part]))):
-                new = lists[j][:k[i]]  # with a reserve, the list beyond k is not stored
-                if new == [(o, float(d)) for o, d in old]:
-                    continue
-                old_ids, new_ids = {o for o, _ in old}, {o for o, _ in new}
-                diffs.append((qids[i], [(o, d) for o, d in new if o not in old_ids],
-                              [o for o, _ in old if o not in new_ids]))
-                rows += [int(j) for j, (o, _) in zip(prepared.knn_rows(i), new) if o not in old_ids]
+            for j in np.flatnonzero(~same).tolist():
+                i = int(part[j])
+                new = [(o, float(d)) for o, d in zip(new_ids[new_start[j]:new_start[j] + cut[j]].tolist(),
+                                                     new_d[new_start[j]:new_start[j] + cut[j]].tolist())]
+                old = list(zip(old_ids[old_start[j]:old_start[j] + old_n[j]],
+                               old_d[old_start[j]:old_start[j] + old_n[j]].tolist()))
+                old_set, new_set = {o for o, _ in old}, {o for o, _ in new}
+                diffs.append((qids[i], [(o, d) for o, d in new if o not in old_set],
+                              [o for o, _ in old if o not in new_set]))
+                rows += [int(r) for r, (o, _) in zip(prepared.knn_rows(i), new) if o not in old_set]
             if diffs:
                 writer.write_repairs(-1 - s, BatchChanges.from_diffs(diffs, store.initial_info(np.asarray(rows)),
                                                                    prepared.first_batch))

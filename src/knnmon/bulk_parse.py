@@ -131,7 +131,9 @@ def parse_objects(entries: Sequence[tuple[str, Mapping[str, str]]], limits: Limi
         try:
             o = parse_object(entries[i][0], fields[i], limits, clock_ms=clock_ms)
         except Rejected as r:
-            rejects[i] = r
+            # A fresh copy, never raised: the raised one's traceback (and its context's) would hold
+            # this frame, and with it the whole batch, in a cycle only the collector frees.
+            rejects[i] = Rejected(r.reason, r.detail)
             continue
         ok[i] = True
         out_ids[i], lon[i], lat[i], t[i], keywords[i] = o.id, o.lon, o.lat, o.t, o.keywords

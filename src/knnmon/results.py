@@ -37,6 +37,12 @@ end
 return out
 """
 
+_RESULTS_SCRIPT = """
+local out = {}
+for i = 1, #KEYS do out[i] = redis.call('ZRANGE', KEYS[i], 0, -1, 'WITHSCORES') end
+return out
+"""
+
 
 @dataclass(frozen=True)
 class StoredLists:
@@ -270,6 +276,36 @@ class ResultReader:
             raise ValueError(f"a query hash without readable lon, lat, keywords and k ({ex})") from None
         return StoredLists(queries, np.asarray(counts, dtype=np.int64), members, np.asarray(dist, dtype=np.float64),
                            absent)
+
+    def result_columns(self, qids: Sequence[str]) -> tuple[Any, list[str], Any]:
+        """The results of ``qids`` in columns, aligned with ``qids`` (a missing result is empty):
+        ``(counts (m,) int64, members (sum(counts)) str nearest first, dist (sum(counts),)
+        float64 meters)``; one script call per :attr:`chunk` queries on one Redis, :meth:`many`
+        on a Redis Cluster.
+
+        Raises
+        ------
+        StoreUnavailableError
+            Redis unreachable (with ``url``).
+        """
+        import numpy as np
+        from redis.cluster import RedisCluster
+
+        counts, members, dist = [], [], []
+        if isinstance(self.client, RedisCluster):
+            for _, _, r in self.many(qids):
+                counts.append(len(r))
+                members += [o for o, _ in r]
+                dist += [d for _, d in r]
+        else:
+            script = self.client.register_script(_RESULTS_SCRIPT)
+            for s in range(0, len(qids), self.chunk):
+                names = [self.keys.result(qid) for qid in qids[s:s + self.chunk]]
+                for r in self._do(lambda names=names: script(keys=names), f"reading {len(names)} results"):
+                    counts.append(len(r) // 2)
+                    members += r[0::2]
+                    dist += r[1::2]
+        return np.asarray(counts, dtype=np.int64), members, np.asarray(dist, dtype=np.float64)
 
     def _query_fields(self, qids: Sequence[str]) -> Iterator[tuple[str, list, list[str], list]]:
         """For each of ``qids``: its hash's ``lon``, ``lat``, ``keywords``, ``k`` (``None`` where

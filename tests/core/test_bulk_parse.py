@@ -64,3 +64,14 @@ def test_plain_entries_take_the_columns_and_the_rest_their_reason():
     assert got.ok.sum() == 999 and set(got.rejects) == {7} and got.rejects[7].reason == "null_island"
     assert got.keywords[0] == ("coffee", "tea") and got.keywords[9] == ("coffee", "great")
     assert np.array_equal(got.t[:3], [ARRIVAL, ARRIVAL + 1, ARRIVAL + 2]) and got.ids[999] == "o999"
+
+
+def test_a_reject_holds_no_traceback_that_would_keep_its_batch_alive():
+    """A raised reject's traceback (or its context's: a UnicodeEncodeError) holds the parsing
+    frame and the whole batch in a cycle; recovery builds without the collector, so it would
+    hold every chunk of the stream until the end (docs/window.md)."""
+    batch = [("1700000000000-0", {"id": "a\ud800", "lon": "1", "lat": "2", "keywords": "x"}),
+             ("1700000000000-1", {"id": "b", "lon": "x", "lat": "2", "keywords": "x"})]
+    got = parse_objects(batch)
+    assert [r.reason for r in got.rejects.values()] == ["not_utf8", "non_numeric_coordinates"]
+    assert all(r.__traceback__ is None and r.__context__ is None for r in got.rejects.values())
