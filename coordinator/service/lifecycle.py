@@ -26,7 +26,7 @@ from knnmon.coordinator.service.query_ops import QueryOps
 from knnmon.coordinator.service.recovery import recover
 from knnmon.coordinator.service.startup import connect_when_up, load_preload, ray_running, refuse_a_second_service
 from knnmon.connection import set_retry_window
-from knnmon.heap import bulk_build
+from knnmon.heap import bulk_build, give_back
 from knnmon.keys import Keys
 from knnmon.store import Store, open_store
 
@@ -143,6 +143,7 @@ class Lifecycle:
         except BaseException:
             runtime.close()
             raise
+        give_back()  # what the collection at the block's end freed
         self.query_ops.queries = r.queries
         ledger = self.ledger
         ledger.client, ledger.url, ledger.checkpointer = self.client, self.redis_url, None
