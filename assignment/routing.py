@@ -319,11 +319,35 @@ def _append_entries(key_parts: list, bit_parts: list, model: LoadModel, bit: np.
     bit_parts.append(np.full(len(cell), bit, dtype=np.uint64))
 
 
+#: Keys below this leave 6 bits for a worker's number in one int64 (:func:`_merge_entries`).
+_PACKABLE_KEY = 1 << 57
+#: Worker ``w``'s bit, by ``w``.
+_BITS = np.left_shift(np.uint64(1), np.arange(64, dtype=np.uint64))
+
+
 def _merge_entries(key_parts: list, bit_parts: list) -> tuple[np.ndarray, np.ndarray]:
-    """Sorted unique keys ``(p,)`` int64 and the OR of their bits ``(p,)`` uint64."""
+    """Sorted unique keys ``(p,)`` int64 and the OR of their bits ``(p,)`` uint64.
+
+    Each part's bits are one worker's bit (:func:`_append_entries`), so key and worker pack
+    into one int64 (``key << 6 | worker``) and one plain sort orders them (no argsort, no
+    scattered OR); other parts, or keys too large to pack, take ``np.unique``'s way."""
     if not key_parts:
         return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.uint64)
-    keys, inv = np.unique(np.concatenate(key_parts), return_inverse=True)
+    keys = np.concatenate(key_parts)
+    workers = []
+    for k, b in zip(key_parts, bit_parts):
+        w = int(b[0]).bit_length() - 1 if len(b) else 0
+        if len(b) and not (int(b[0]) == 1 << w and (b == b[0]).all()):
+            break  # not one worker's bit throughout
+        workers.append(np.full(len(k), w, dtype=np.int64))
+    else:
+        if not len(keys) or (int(keys.min()) >= 0 and int(keys.max()) < _PACKABLE_KEY):
+            packed = np.sort((keys << 6) | np.concatenate(workers))
+            key = packed >> 6
+            first = np.flatnonzero(np.concatenate([[True], key[1:] != key[:-1]])) if len(key) else np.empty(0, np.int64)
+            masks = np.bitwise_or.reduceat(_BITS[packed & 63], first) if len(first) else np.empty(0, dtype=np.uint64)
+            return key[first], masks
+    keys, inv = np.unique(keys, return_inverse=True)
     masks = np.zeros(len(keys), dtype=np.uint64)
     np.bitwise_or.at(masks, inv, np.concatenate(bit_parts))
     return keys, masks

@@ -71,3 +71,25 @@ def test_codes_of_gives_a_new_keyword_its_code():
     counts, codes = table.codes_of(pa.array([["b"], [], ["new", "a"]], type=pa.list_(pa.string())))
     assert counts.tolist() == [1, 0, 2] and codes.tolist() == [1, 2, 0]
     assert table.vocabulary == ["a", "b", "new"] and table.code("new") == 2
+
+
+@settings(max_examples=200, deadline=None)
+@given(parts=st.lists(st.tuples(st.lists(st.integers(0, 60), max_size=40), st.integers(0, 63)), min_size=1, max_size=6),
+       mixed=st.booleans())
+def test_merged_entries_are_the_sorted_keys_with_their_workers_bits_or_ed(parts, mixed):
+    """The packed sort (one worker's bit per part) and np.unique's way give the same table; a
+    part holding two workers' bits together takes the latter."""
+    from knnmon.assignment.routing import _merge_entries
+
+    key_parts = [np.asarray(k, dtype=np.int64) for k, _ in parts]
+    bit_parts = [np.full(len(k), np.uint64(1) << np.uint64(w), dtype=np.uint64) for k, w in parts]
+    if mixed and len(bit_parts[0]):
+        bit_parts[0] = bit_parts[0] | np.uint64(1)
+    keys, masks = _merge_entries(key_parts, bit_parts)
+    want_keys = np.unique(np.concatenate(key_parts))
+    want = {int(k): 0 for k in want_keys}
+    for k, b in zip(key_parts, bit_parts):
+        for x, y in zip(k.tolist(), b.tolist()):
+            want[x] |= y
+    assert keys.tolist() == want_keys.tolist() and masks.tolist() == [want[k] for k in keys.tolist()]
+    assert masks.dtype == np.uint64 and keys.dtype == np.int64
