@@ -13,6 +13,7 @@ import redis
 
 from knnmon.coordinator.testing import register_fields
 from knnmon.keys import Keys
+from knnmon.limits import DEFAULT_LIMITS
 
 
 def hostile_object(i: int, good: dict, now_ms: int) -> tuple[dict, str]:
@@ -34,7 +35,7 @@ def hostile_object(i: int, good: dict, now_ms: int) -> tuple[dict, str]:
         ({**base, "t": "1"}, "late"),  # far past: 1970
         ({**base, "keywords": "   "}, "no_keywords"),
         ({**base, "keywords": " ".join(f"w{j}" for j in range(40))}, "too_many_keywords"),
-        ({**base, "id": good["id"]}, "duplicate_id"),  # an id published just before
+        ({**base, "id": good["id"]}, "duplicate_id"),  # an id accepted just before
     ]
     return kinds[i % len(kinds)]
 
@@ -65,6 +66,7 @@ class Publisher(threading.Thread):
         self.keys, self.rows, self.extra, self.a, self.deadline = keys, rows, extra_queries, a, deadline
         self.sent = self.hostile_sent = 0
         self.published: list[tuple[str, dict]] = []  # (entry id, object) of the good objects
+        self.accepted: dict | None = None  # the last good object the service accepts (its id repeated: duplicate_id)
         self.hostile: list[tuple[str, str, str]] = []  # (stream, entry id, expected reason)
         self.churn_alive: list[dict] = []  # queries registered by the churn and not unregistered
         self.errors = 0
@@ -101,8 +103,8 @@ class Publisher(threading.Thread):
                     i = self.sent
                     o = self.rows[i % len(self.rows)]
                     o = {**o, "id": f"{o['id']}#{i // len(self.rows)}"}
-                    if self._rng.random() < a.hostile and self.published:
-                        fields, reason = hostile_object(self.hostile_sent, self.published[-1][1], now_ms)
+                    if self._rng.random() < a.hostile and self.accepted is not None:
+                        fields, reason = hostile_object(self.hostile_sent, self.accepted, now_ms)
                         batch.append(("hostile", reason))
                         self.hostile_sent += 1
                     else:
@@ -129,6 +131,8 @@ class Publisher(threading.Thread):
                 for eid, (kind, what) in zip(pipe.execute(), batch):
                     if kind == "good":
                         self.published.append((eid, what))
+                        if 0 < len(set(" ".join(what["keywords"]).lower().split())) <= DEFAULT_LIMITS.max_keywords:
+                            self.accepted = what  # (a place with more keywords is rejected: no id to repeat)
                     elif kind == "hostile":
                         self.hostile.append((keys.ingest_objects, eid, what))
                     elif kind == "hostile-query":

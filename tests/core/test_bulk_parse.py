@@ -56,8 +56,8 @@ def test_many_entries_parse_as_each_alone(batch, bound, clock):
 
 
 def test_plain_entries_take_the_columns_and_the_rest_their_reason():
-    batch = [(f"{ARRIVAL + i}-0", {"id": f"o{i}", "lon": str(-71 + i / 10), "lat": "42.5", "keywords": "Tea coffee tea"})
-             for i in range(1000)]
+    batch = [(f"{ARRIVAL + i}-0", {"id": f"o{i}", "lon": str(-71 + i / 10), "lat": "42.5",
+                                   "keywords": "Tea coffee tea"}) for i in range(1000)]
     batch[7] = (batch[7][0], {"id": "o7", "lon": "0", "lat": "0", "keywords": "x"})
     batch[9] = (batch[9][0], {"id": "o9", "lon": "1", "lat": "2", "text": "Great #Coffee!"})
     got = parse_objects(batch)
