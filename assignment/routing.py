@@ -331,9 +331,9 @@ def _merge_entries(key_parts: list, bit_parts: list) -> tuple[np.ndarray, np.nda
     Each part's bits are one worker's bit (:func:`_append_entries`), so key and worker pack
     into one int64 (``key << 6 | worker``) and one plain sort orders them (no argsort, no
     scattered OR); other parts, or keys too large to pack, take ``np.unique``'s way."""
-    if not key_parts:
-        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.uint64)
-    keys = np.concatenate(key_parts)
+    keys = np.concatenate(key_parts) if key_parts else np.empty(0, dtype=np.int64)
+    if not len(keys):
+        return keys, np.empty(0, dtype=np.uint64)
     workers = []
     for k, b in zip(key_parts, bit_parts):
         w = int(b[0]).bit_length() - 1 if len(b) else 0
@@ -341,12 +341,11 @@ def _merge_entries(key_parts: list, bit_parts: list) -> tuple[np.ndarray, np.nda
             break  # not one worker's bit throughout
         workers.append(np.full(len(k), w, dtype=np.int64))
     else:
-        if not len(keys) or (int(keys.min()) >= 0 and int(keys.max()) < _PACKABLE_KEY):
+        if int(keys.min()) >= 0 and int(keys.max()) < _PACKABLE_KEY:
             packed = np.sort((keys << 6) | np.concatenate(workers))
             key = packed >> 6
-            first = np.flatnonzero(np.concatenate([[True], key[1:] != key[:-1]])) if len(key) else np.empty(0, np.int64)
-            masks = np.bitwise_or.reduceat(_BITS[packed & 63], first) if len(first) else np.empty(0, dtype=np.uint64)
-            return key[first], masks
+            first = np.flatnonzero(np.concatenate([[True], key[1:] != key[:-1]]))
+            return key[first], np.bitwise_or.reduceat(_BITS[packed & 63], first)
     keys, inv = np.unique(keys, return_inverse=True)
     masks = np.zeros(len(keys), dtype=np.uint64)
     np.bitwise_or.at(masks, inv, np.concatenate(bit_parts))

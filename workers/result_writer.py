@@ -66,8 +66,7 @@ from knnmon.keys import Keys
 from knnmon.workers.holders import Details, Holders, texts_of
 from knnmon.workers.write_script import APPLY, ClusterWrites
 
-__all__ = ["CHANGES_KEEP_MS", "CHANGES_MAXLEN", "ResultWriter", "clear_object_details", "details_key", "placement_of",
-           "record_placements"]
+__all__ = ["CHANGES_KEEP_MS", "CHANGES_MAXLEN", "ResultWriter", "details_key"]
 
 #: About how many changes the ``changes`` stream keeps (trimmed by entries, each entry's share
 #: estimated from the writer's recent entries).
@@ -88,108 +87,6 @@ def details_key(keys: Keys, worker: int | str, qid: str, masters=None) -> str:
     if masters is None:
         return keys.objects(worker)
     return keys.objects(worker, masters.tag_of(masters.master_of(keys.result(qid))))
-
-
-def clear_object_details(redis_url: str, namespace: str) -> None:
-    """Delete every worker's object details hash (a resuming service's workers write theirs anew).
-
-    Raises
-    ------
-    StoreUnavailableError
-        Redis unreachable after every retry.
-    """
-    client = connect(redis_url)
-    try:
-        found = list(client.scan_iter(match=Keys(namespace).objects("*"), count=1000))
-        if found:
-            with_retries(lambda: client.unlink(*found), "clearing the object details", redis_url)
-    finally:
-        client.close()
-
-
-#: The fields a re-balancing's move notes in a query hash (a resumed service drops them).
-_MOVED = ("moved_from", "moved_batch", "moved_replan")
-
-#: :func:`record_placements` on one Redis: ARGV = the query hashes' key prefix, then per query
-#: its id, worker, details hash and set ("": left as is).
-_PLACE = """
-local prefix = ARGV[1]
-for i = 2, #ARGV, 4 do
-  local key = prefix .. ARGV[i]
-  if ARGV[i + 3] ~= '' then
-    redis.call('HSET', key, 'worker', ARGV[i + 1], 'objects', ARGV[i + 2], 'set', ARGV[i + 3])
-  else
-    redis.call('HSET', key, 'worker', ARGV[i + 1], 'objects', ARGV[i + 2])
-  end
-  redis.call('HDEL', key, 'moved_from', 'moved_batch', 'moved_replan')
-end
-return 0
-"""
-
-
-def placement_of(fields: Mapping[str, str]) -> tuple[str | None, str | None, str | None, bool]:
-    """A query hash's placement as :func:`record_placements` writes it: ``(worker, objects,
-    set, whether a re-balancing's move is noted)``, the fields as stored (``None``: absent)."""
-    return fields.get("worker"), fields.get("objects"), fields.get("set"), any(f in fields for f in _MOVED)
-
-
-def record_placements(redis_url: str, namespace: str, placements: Sequence[tuple[str, int]],
-                      sets: Mapping[str, int], chunk: int = 10_000,
-                      held: Mapping[str, tuple[str | None, str | None, str | None, bool]] | None = None) -> int:
-    """Write each query's worker, details hash and set in the plan (``worker``, ``objects``,
-    ``set``) into its hash, and drop what an earlier service's re-balancing noted there (a
-    resumed service places every query anew); returns how many hashes were written.
-
-    Parameters
-    ----------
-    placements
-        ``(query id, worker)`` of every query.
-    sets
-        Query id -> its set in the plan (where the plan has sets).
-    held
-        Query id -> its hash's :func:`placement_of` as Redis holds it (a resuming service read
-        them): a query placed there already is not written again (most are, when the plan
-        places it where the last one did).
-
-    Raises
-    ------
-    StoreUnavailableError
-        Redis unreachable after every retry.
-    """
-    keys = Keys(namespace)
-    held = held or {}
-    client = connect(redis_url)
-    written = 0
-    try:
-        masters = None
-        if isinstance(client, RedisCluster):
-            from knnmon.redis_cluster import MasterMap
-
-            masters = MasterMap(client)
-        script = client.register_script(_PLACE) if masters is None else None
-        for s in range(0, len(placements), chunk):
-            rows = []
-            for qid, w in placements[s:s + chunk]:
-                objects = details_key(keys, w, qid, masters)
-                was = held.get(qid)
-                put = str(sets[qid]) if qid in sets else ""
-                if was is None or was != (str(w), objects, put or was[2], False):
-                    rows.append((qid, str(w), objects, put))
-            if not rows:
-                continue
-            written += len(rows)
-            if script is not None:  # one call per chunk: ~10x fewer round trips' worth of client work
-                flat = [keys.query("")] + [x for row in rows for x in row]
-                with_retries(lambda flat=flat: script(args=flat), "recording the queries' workers", redis_url)
-                continue
-            pipe = client.pipeline(transaction=False)  # a cluster: the hashes lie on many masters
-            for qid, w, objects, put in rows:
-                pipe.hset(keys.query(qid), mapping={"worker": w, "objects": objects, **({"set": put} if put else {})})
-                pipe.hdel(keys.query(qid), *_MOVED)
-            with_retries(pipe.execute, "recording the queries' workers", redis_url)
-    finally:
-        client.close()
-    return written
 
 
 class ResultWriter:

@@ -135,8 +135,8 @@ class ClusterWrites:
             d = out[m.master_of(okey)]
             d["okey"], d["hs"], d["hd"] = okey, hs, hd
         out[m.master_of(keys.changes)]["feed"] = payload["feed"]
-        common = {k: payload[k] for k in ("ns", "rep", "version", "maxlen", "keepms", "minentries", "prows",
-                                                       "pfirst") if k in payload}
+        shared = ("ns", "rep", "version", "maxlen", "keepms", "minentries", "prows", "pfirst")
+        common = {k: payload[k] for k in shared if k in payload}
         return {name: {**common, **d} for name, d in out.items()}
 
     def apply(self, payload: dict, tag: str) -> float:

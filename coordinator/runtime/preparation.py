@@ -32,8 +32,9 @@ class Prepared:
     meters), ``radius`` each query's k-th distance (``inf`` below ``k`` matches), ``timings``
     seconds spent reading and searching; ``first_batch`` the stream batches applied before (a
     service resuming continues the change feed's versions from there; else 0); ``placed``: each
-query's placement as Redis held it (a service resuming, :func:`~knnmon.workers.result_writer.placement_of`:
-the load rewrites only those the plan moves). Prepared with a ``reserve``
+    query's placement as Redis held it (a service resuming,
+    :func:`~knnmon.workers.placements.placement_of`: the load rewrites only those the plan
+    moves). Prepared with a ``reserve``
     (:func:`prepare_tables`): each query's ``k + reserve`` nearest and the last one's distance
     instead (its result: the first ``k``).
     """

@@ -25,7 +25,7 @@ from knnmon.coordinator.runtime.preparation import Prepared
 from knnmon.coordinator.runtime.worker_pool import Pending, WorkerPool
 from knnmon.errors import InvalidQueryError, WorkerLostError
 from knnmon.query import Query, QueryColumns
-from knnmon.workers.result_writer import clear_object_details, record_placements
+from knnmon.workers.placements import clear_object_details, record_placements
 
 if TYPE_CHECKING:
     from knnmon.coordinator.runtime.revival import Revival

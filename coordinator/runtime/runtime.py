@@ -66,6 +66,18 @@ class RuntimeStatus:
     watermark_ms: int | None
     top_t_ms: int | None
 
+    @classmethod
+    def of(cls, rt: Runtime) -> RuntimeStatus:
+        """Of a started runtime ``rt``."""
+        r, window = rt.registrar, rt.dispatcher.window if rt.dispatcher is not None else None
+        return cls(queries_per_worker=r.worker_queries.tolist(),
+                   predicted_load_per_worker=r.worker_loads.round(6).tolist(),
+                   workers_revived=rt.workers_revived,
+                   objects_held=len(rt.objects) if rt.objects is not None else None,
+                   routing_entries=rt.plan.routing.entries if rt.plan is not None else None,
+                   watermark_ms=window.watermark if window is not None else None,
+                   top_t_ms=window.top if window is not None else None)
+
 
 class Runtime:
     """One run of knnmon (module docstring). Use as a context manager, or call :meth:`close`.
@@ -87,9 +99,8 @@ class Runtime:
         the namespace, do not rewrite the results, only record each query's new ``worker``.
         Default: a run starts from an empty namespace.
     pool
-        Workers started already, empty, on the store of ``config`` (a service starts them before
-        it reads Redis, so that their processes come up meanwhile); the runtime loads and owns
-        them. Default: :meth:`start` starts them (:func:`make_pool`).
+        Workers started already, empty (a service starts them while it reads Redis); the runtime
+        owns them from here. Default: :meth:`start` starts them (:func:`make_pool`).
 
     Attributes (after :meth:`start`)
     ----------
@@ -108,11 +119,12 @@ class Runtime:
     def __init__(self, objects_dir: str | None, queries: str | pa.Table | None, config: RunConfig,
                  prepared: Prepared | None = None, *, resume: bool = False, pool: WorkerPool | None = None) -> None:
         self.config, self.resume, self.prepared = config, resume, prepared
-        self._started_pool = pool
         self.objects_dir, self._queries_arg = objects_dir, queries
         self._exit = contextlib.ExitStack()
         self.store: Store | None = None
-        self.pool: WorkerPool | None = None
+        self.pool: WorkerPool | None = pool
+        if pool is not None:
+            self._exit.callback(pool.close)  # (closed with the runtime, even if start never ran)
         self.plan: PlanResult | None = None
         self.objects: ObjectStore | None = None
         self.registrar: Registrar | None = None
@@ -152,10 +164,9 @@ class Runtime:
             self.store = self._exit.enter_context(open_store(c.store))
             if not self.resume:
                 clear_namespace(self.store)
-            self.pool, self._started_pool = self._started_pool, None
             if self.pool is None:
                 self.pool = make_pool(c, self.store.url, {})  # each load brings its queries' keyword codes
-            self._exit.callback(self.pool.close)
+                self._exit.callback(self.pool.close)
             self.timings["start_workers_s"] = time.perf_counter() - t0
             self.registrar = Registrar(self.pool, self.plan, self.objects, c.places_reserved)
             self.registrar.revive_worker = self.revive_idle
@@ -264,15 +275,8 @@ class Runtime:
                     raise
 
     def status(self) -> RuntimeStatus:
-        """What the service's status reports of the runtime."""
-        r, window = self.registrar, self.dispatcher.window if self.dispatcher is not None else None
-        return RuntimeStatus(queries_per_worker=r.worker_queries.tolist(),
-                             predicted_load_per_worker=r.worker_loads.round(6).tolist(),
-                             workers_revived=self.workers_revived,
-                             objects_held=len(self.objects) if self.objects is not None else None,
-                             routing_entries=self.plan.routing.entries if self.plan is not None else None,
-                             watermark_ms=window.watermark if window is not None else None,
-                             top_t_ms=window.top if window is not None else None)
+        """What the service's status reports of the runtime (:meth:`RuntimeStatus.of`)."""
+        return RuntimeStatus.of(self)
 
     def _collect(self, d: DispatchedBatch, later: deque[DispatchedBatch]) -> BatchReport:
         """:meth:`Dispatcher.collect` of ``d``; a Ray worker lost meanwhile is revived
@@ -366,9 +370,6 @@ class Runtime:
     def close(self) -> None:
         """Stop the workers (and Ray if this run started it) and the embedded Redis (saved)."""
         self._exit.close()
-        if self._started_pool is not None:  # handed in, never taken (start failed before)
-            self._started_pool.close()
-            self._started_pool = None
         self.pool = None
 
     def __enter__(self) -> Runtime:

@@ -158,8 +158,7 @@ class Lifecycle:
         tm = self.runtime.timings
         log.info("recovered %d queries over %d objects (%d entries re-acknowledged) in %.1f s (%s, workers started "
                  "and loaded %.1f s: plan %.1f s, actors %.1f s, load %.1f s; %d placements rewritten)",
-                 len(r.queries),
-                 r.prepared.initial.num_rows, len(r.pending), time.perf_counter() - t0,
+                 len(r.queries), r.prepared.initial.num_rows, len(r.pending), time.perf_counter() - t0,
                  ", ".join(f"{k} {v:.1f} s" for k, v in r.seconds.items()), started_s, tm.get("plan_s", 0.0),
                  pool_s, tm.get("load_s", 0.0), self.runtime.registrar.placements_written)
         self._publish_status(force=True)

@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 import redis
 
-from knnmon.arrays import runs
+from knnmon.arrays import runs, segment_sums
 from knnmon.batch import BatchChanges
 from knnmon.bulk_parse import parse_objects
 from knnmon.coordinator.runtime.object_store import ObjectStore
@@ -232,8 +232,8 @@ def read_queries(client: redis.Redis, keys: Keys, chunk: int = 10_000, limits: L
     """The registered queries (``knn:queries`` and their hashes); a hash that does not make a
     valid query within ``limits`` (a client with write access to Redis may have written it) is
     logged and left out. ``placed``: filled with each query's placement as its hash holds it
-    (:func:`~knnmon.workers.result_writer.placement_of`)."""
-    from knnmon.workers.result_writer import placement_of
+    (:func:`~knnmon.workers.placements.placement_of`)."""
+    from knnmon.workers.placements import placement_of
 
     qids = sorted(client.smembers(keys.queries))
     queries = []
@@ -293,10 +293,8 @@ def reconcile(url: str, namespace: str, client: redis.Redis, prepared: Prepared,
             new_start = np.cumsum(cut) - cut
             same = old_n == cut
             a, b = runs(new_start[same], cut[same]), runs(old_start[same], cut[same])
-            off = np.concatenate([[0], np.cumsum((new_ids[a] != np.asarray(old_ids, dtype=object)[b])
-                                                 | (new_d[a] != old_d[b]))])
-            ends = np.cumsum(cut[same])
-            same[np.flatnonzero(same)[off[ends] - off[ends - cut[same]] > 0]] = False
+            unequal = (new_ids[a] != np.asarray(old_ids, dtype=object)[b]) | (new_d[a] != old_d[b])
+            same[np.flatnonzero(same)[segment_sums(unequal, cut[same]) > 0]] = False
             diffs, rows = [], []
             for j in np.flatnonzero(~same).tolist():
                 i = int(part[j])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["members", "run_starts", "runs", "with_capacity"]
+__all__ = ["members", "run_starts", "runs", "segment_sums", "with_capacity"]
 
 
 def runs(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -92,6 +92,33 @@ def run_starts(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     starts = np.flatnonzero(first)
     run = np.cumsum(first) - 1
     return starts[run], np.diff(np.append(starts, n))[run]
+
+
+def segment_sums(values: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The sum of each run of ``values`` when it is cut into consecutive runs of ``lengths``
+    (a run may be empty: sum 0), the CSR-style counterpart of :func:`runs`.
+
+    Parameters
+    ----------
+    values
+        ``(sum(lengths),)`` numbers or bools.
+    lengths
+        ``(n,)`` integers ``>= 0``.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(n,)``, ``values``' accumulating dtype (int64 for bools).
+
+    Examples
+    --------
+    >>> segment_sums(np.array([True, False, True, True]), np.array([2, 0, 2])).tolist()
+    [1, 0, 2]
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    total = np.concatenate([[0], np.cumsum(values)])
+    ends = np.cumsum(lengths)
+    return total[ends] - total[ends - lengths]
 
 
 def with_capacity(a: np.ndarray, n: int, growth: float = 2.0) -> np.ndarray:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from knnmon.arrays import segment_sums
 from knnmon.errors import Rejected
 from knnmon.limits import DEFAULT_LIMITS, INT64_MAX, INT64_MIN, MAX_FIELD_BYTES, MAX_ID_BYTES, Limits
 from knnmon.protocol import parse_object
@@ -82,9 +83,7 @@ def _plain_fields(fields: Sequence[Mapping]) -> np.ndarray:
     counts = np.fromiter(map(len, fields), dtype=np.int64, count=n)
     good = np.fromiter((v.__class__ is str and v.isascii() for v in values), dtype=bool, count=len(values))
     good &= np.fromiter(map(len, values), dtype=np.int64, count=len(values)) <= MAX_FIELD_BYTES
-    bad = np.concatenate([[0], np.cumsum(~good)])
-    ends = np.cumsum(counts)
-    return (bad[ends] - bad[ends - counts] == 0) & (counts > 0)
+    return (segment_sums(~good, counts) == 0) & (counts > 0)
 
 
 def parse_objects(entries: Sequence[tuple[str, Mapping[str, str]]], limits: Limits = DEFAULT_LIMITS, *,

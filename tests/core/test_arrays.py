@@ -1,5 +1,5 @@
 """``knnmon.arrays``: ``with_capacity`` keeps the rows, pads with zeros, doubles; ``run_starts`` agrees with
-searching the sorted array in itself; ``members`` is ``np.isin``."""
+searching the sorted array in itself; ``members`` is ``np.isin``; ``segment_sums`` sums each run."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from knnmon.arrays import members, run_starts, with_capacity
+from knnmon.arrays import members, run_starts, segment_sums, with_capacity
 
 
 @given(st.integers(0, 20), st.integers(0, 50), st.sampled_from([(), (3,)]))
@@ -36,3 +36,11 @@ def test_members_is_isin(a, b):
     a, b = np.array(a, dtype=np.int64), np.array(b, dtype=np.int64)
     got = members(a, b)
     assert got.dtype == bool and np.array_equal(got, np.isin(a, b))
+
+
+@given(st.lists(st.lists(st.integers(-5, 5), max_size=6), max_size=12))
+def test_segment_sums_sum_each_run(segments):
+    lengths = np.array([len(x) for x in segments], dtype=np.int64)
+    values = np.array([v for x in segments for v in x], dtype=np.int64)
+    assert segment_sums(values, lengths).tolist() == [sum(x) for x in segments]
+    assert segment_sums(values > 0, lengths).tolist() == [sum(v > 0 for v in x) for x in segments]

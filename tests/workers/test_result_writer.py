@@ -10,7 +10,8 @@ from knnmon.connection import connect, with_retries
 from knnmon.errors import StoreUnavailableError, WorkerLostError
 from knnmon.feed import parse_entry
 from knnmon.keys import Keys
-from knnmon.workers.result_writer import ResultWriter, details_key, placement_of, record_placements
+from knnmon.workers.placements import placement_of, record_placements
+from knnmon.workers.result_writer import ResultWriter, details_key
 
 OBJ = {f"o{i}": ObjectInfo(-71.0 - i / 100, 41.0, 1_000 + i, ["coffee", "shop"]) for i in range(5)}
 
