@@ -21,7 +21,6 @@ import contextlib
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -38,6 +37,8 @@ from knnmon.coordinator.runtime.preparation import Prepared, prepare
 from knnmon.coordinator.runtime.registration import Registrar
 from knnmon.coordinator.runtime.revival import Revival, revive
 from knnmon.coordinator.runtime.routing_upkeep import RoutingUpkeep
+from knnmon.coordinator.runtime.runtime_status import RuntimeStatus
+from knnmon.coordinator.runtime.stored_start import StoredStart, StoredWorkers
 from knnmon.coordinator.runtime.worker_pool import RayPool, WorkerPool, make_pool
 from knnmon.errors import WorkerLostError
 from knnmon.heap import give_back
@@ -45,38 +46,10 @@ from knnmon.query import Query
 from knnmon.store import Store, clear_namespace, open_store
 from knnmon.window import Window
 
-__all__ = ["MAX_REVIVALS", "Runtime", "RuntimeStatus"]
+__all__ = ["MAX_REVIVALS", "Runtime"]
 
 #: Lost workers a run revives before it gives up (a worker that dies again and again is a bug).
 MAX_REVIVALS = 8
-
-
-@dataclass(frozen=True)
-class RuntimeStatus:
-    """The runtime's part of ``knnmon serve``'s status (:meth:`Runtime.status`): registered
-    queries and predicted load per worker, workers revived so far, objects held (with a window:
-    live), the routing table's entries, and with a window the watermark and the largest ``t``
-    applied (epoch ms)."""
-
-    queries_per_worker: list[int]
-    predicted_load_per_worker: list[float]
-    workers_revived: int
-    objects_held: int | None
-    routing_entries: int | None
-    watermark_ms: int | None
-    top_t_ms: int | None
-
-    @classmethod
-    def of(cls, rt: Runtime) -> RuntimeStatus:
-        """Of a started runtime ``rt``."""
-        r, window = rt.registrar, rt.dispatcher.window if rt.dispatcher is not None else None
-        return cls(queries_per_worker=r.worker_queries.tolist(),
-                   predicted_load_per_worker=r.worker_loads.round(6).tolist(),
-                   workers_revived=rt.workers_revived,
-                   objects_held=len(rt.objects) if rt.objects is not None else None,
-                   routing_entries=rt.plan.routing.entries if rt.plan is not None else None,
-                   watermark_ms=window.watermark if window is not None else None,
-                   top_t_ms=window.top if window is not None else None)
 
 
 class Runtime:
@@ -101,6 +74,9 @@ class Runtime:
     pool
         Workers started already, empty (a service starts them while it reads Redis); the runtime
         owns them from here. Default: :meth:`start` starts them (:func:`make_pool`).
+    stored
+        With ``resume``: start every worker from the results Redis holds (``prepared`` holds the
+        queries and the live objects, no kNN; :mod:`~knnmon.coordinator.runtime.stored_start`).
 
     Attributes (after :meth:`start`)
     ----------
@@ -117,8 +93,9 @@ class Runtime:
     """
 
     def __init__(self, objects_dir: str | None, queries: str | pa.Table | None, config: RunConfig,
-                 prepared: Prepared | None = None, *, resume: bool = False, pool: WorkerPool | None = None) -> None:
-        self.config, self.resume, self.prepared = config, resume, prepared
+                 prepared: Prepared | None = None, *, resume: bool = False, pool: WorkerPool | None = None,
+                 stored: StoredStart | None = None) -> None:
+        self.config, self.resume, self.prepared, self.stored = config, resume, prepared, stored
         self.objects_dir, self._queries_arg = objects_dir, queries
         self._exit = contextlib.ExitStack()
         self.store: Store | None = None
@@ -138,7 +115,8 @@ class Runtime:
         self.revivals: list[dict[str, float]] = []
 
     def start(self) -> Runtime:
-        """Read, plan, open the store, start the workers, load every query's initial kNN."""
+        """Read, plan, open the store, start the workers, load every query's initial kNN (or,
+        with :attr:`stored`, each worker's stored results, and replay what was in flight)."""
         c = self.config
         p = self.prepared if self.prepared is not None else prepare(self.objects_dir, self._queries_arg, c)
         self.prepared = p
@@ -147,21 +125,10 @@ class Runtime:
         self.objects = self._exit.enter_context(ObjectStore(p.initial, p.index))
         if p.index is not None:
             p.index.drop_trees()  # built for the initial kNN; a registration builds its own
-
-        t0 = time.perf_counter()
-        if p.queries.num_rows:
-            self.plan = plan_workload(p.model, p.queries, p.initial.select(["id", "lon", "lat", "keywords"]), p.radius,
-                                      c.workers, c.algorithm, beta=c.beta, sets_per_worker=c.sets_per_worker,
-                                      delivery_cost=c.delivery_cost, cost_model=c.cost_model, counts=p.counts,
-                                      routing_entries=c.routing_entries, seed=c.seed)
-        else:
-            self.plan = empty_plan(p.model, c.workers, c.algorithm)
-        give_back()  # the plan's transients (GBs at millions of queries)
-        self.timings["plan_s"] = time.perf_counter() - t0
-
         t0 = time.perf_counter()
         try:
             self.store = self._exit.enter_context(open_store(c.store))
+            stored = self._plan(p)
             if not self.resume:
                 clear_namespace(self.store)
             if self.pool is None:
@@ -170,10 +137,13 @@ class Runtime:
             self.timings["start_workers_s"] = time.perf_counter() - t0
             self.registrar = Registrar(self.pool, self.plan, self.objects, c.places_reserved)
             self.registrar.revive_worker = self.revive_idle
-            self.timings["load_s"] = self.registrar.load(p, resume=self.resume, redis_url=self.store.url,
-                                                         namespace=c.store.namespace)
-            give_back()  # the load's payloads
-            record_plan(self.store.url, c.store.namespace, self.plan)
+            if stored is not None:
+                self.timings["load_s"] = stored.load(self)
+            else:
+                self.timings["load_s"] = self.registrar.load(p, resume=self.resume, redis_url=self.store.url,
+                                                             namespace=c.store.namespace)
+                give_back()  # the load's payloads
+                record_plan(self.store.url, c.store.namespace, self.plan)
         except BaseException:
             self.close()
             raise
@@ -191,7 +161,32 @@ class Runtime:
             set_of = dict(zip(ids, self.plan.plan.set_of.tolist())) if len(self.plan.plan.set_of) == len(ids) else {}
             self.rebalancer = Rebalancer(self.pool, self.registrar, self.upkeep, set_of, c.rebalance,
                                          redis_url=self.store.url, namespace=c.store.namespace, revive=in_place)
+        if stored is not None:
+            t0 = time.perf_counter()
+            self.timings["replayed"] = stored.replay(self)
+            self.timings["replay_s"] = time.perf_counter() - t0
         return self
+
+    def _plan(self, p: Prepared) -> StoredWorkers | None:
+        """Plan (``plan_s``): over the initial kNN radii, or with :attr:`stored` the placements
+        over the stored results' radii (read here, ``read_s``: returned for the load)."""
+        c, t0 = self.config, time.perf_counter()
+        stored = None
+        if self.stored is not None:
+            stored = self.stored.read(self.store.url, c.store.namespace, c.window is not None)
+            self.timings["stored_read_s"] = time.perf_counter() - t0
+            self.plan = self.stored.plan(p.model, c, stored.radius(), stored.lists.counts, p.initial.num_rows,
+                                         self.store.url, c.store.namespace)
+        elif p.queries.num_rows:
+            self.plan = plan_workload(p.model, p.queries, p.initial.select(["id", "lon", "lat", "keywords"]), p.radius,
+                                      c.workers, c.algorithm, beta=c.beta, sets_per_worker=c.sets_per_worker,
+                                      delivery_cost=c.delivery_cost, cost_model=c.cost_model, counts=p.counts,
+                                      routing_entries=c.routing_entries, seed=c.seed)
+        else:
+            self.plan = empty_plan(p.model, c.workers, c.algorithm)
+        give_back()  # the plan's transients (GBs at millions of queries)
+        self.timings["plan_s"] = time.perf_counter() - t0
+        return stored
 
     # -- the stream ------------------------------------------------------------------------------
     def process(self, batch: pa.Table) -> BatchReport:

@@ -14,6 +14,7 @@ import pyarrow as pa
 import redis
 
 from knnmon.coordinator.runtime.runtime import Runtime
+from knnmon.coordinator.runtime.stored_start import NotResumableError
 from knnmon.coordinator.runtime.worker_pool import make_pool
 from knnmon.coordinator.service import status as service_status
 from knnmon.coordinator.service.batching import BatchPolicy
@@ -23,7 +24,8 @@ from knnmon.coordinator.service.intake import StreamReader
 from knnmon.coordinator.service.ledger import Ledger
 from knnmon.coordinator.service.outage import server_ids
 from knnmon.coordinator.service.query_ops import QueryOps
-from knnmon.coordinator.service.recovery import recover
+from knnmon.coordinator.service.recovery import Recovered, recover
+from knnmon.coordinator.service.resume import record_settings, settings_of
 from knnmon.coordinator.service.startup import connect_when_up, load_preload, ray_running, refuse_a_second_service
 from knnmon.connection import set_retry_window
 from knnmon.heap import bulk_build, give_back
@@ -113,36 +115,21 @@ class Lifecycle:
 
     def _recover(self, skip: frozenset[str] = frozenset()) -> None:
         """Rebuild the state from Redis and the ingest streams, then start the workers on it;
-        entries ``skip`` of the objects stream are left out and left pending."""
+        entries ``skip`` of the objects stream are left out and left pending. The workers start
+        from the results Redis holds when :mod:`~knnmon.coordinator.service.resume` allows."""
         t0 = time.perf_counter()
         set_retry_window(self.config.run.redis_wait_s)
         self.client = connect_when_up(self.redis_url, lambda: self.stopping)
         self._server_ids = server_ids(self.client)
         self._applying = False
         self.reader = StreamReader(self.client, self.config.consumer)
-        run_config = self.config.run_config(self.redis_url)
-        # The workers' processes start (imports, compiled kernels) while this one reads Redis.
-        t_pool = time.perf_counter()
-        runtime = Runtime(None, None, run_config, resume=True, pool=make_pool(run_config, self.redis_url, {}))
-        pool_s = time.perf_counter() - t_pool
-        # The initial kNN forks helper processes, which is unsafe once Ray's threads run here:
-        # then it searches in this process only.
-        processes = 1 if ray_running() else self.config.run.processes
+        settings = settings_of(self.config, self._preload.num_rows)
         try:
-            with bulk_build():  # millions of long-lived objects: no collector passes over them (heap.bulk_build)
-                r = recover(self.client, self.redis_url, self.config.run.store.namespace, self._preload,
-                            self._model, processes=processes, limits=self.config.run.limits, skip=skip,
-                            window=self.config.run.window, reserve=run_config.places_reserved,
-                            allowed_lateness=self.config.run.allowed_lateness)
-                self.counters["objects_entries_read"] = r.objects_entries_read
-                self.counters["queries_entries_read"] = r.queries_entries_read
-                t_start = time.perf_counter()
-                runtime.prepared = r.prepared
-                self.runtime = runtime.start()
-                started_s = time.perf_counter() - t_start
-        except BaseException:
-            runtime.close()
-            raise
+            r, pool_s, started_s = self._start_runtime(skip, settings)
+        except NotResumableError as ex:
+            log.warning("starting the workers from the results Redis holds failed (%s): recovering in full", ex)
+            r, pool_s, started_s = self._start_runtime(skip, None)
+        record_settings(self.client, self.keys, settings, self.redis_url)
         give_back()  # what the collection at the block's end freed
         self.query_ops.queries = r.queries
         ledger = self.ledger
@@ -156,12 +143,42 @@ class Lifecycle:
         ledger.busy_ms = np.zeros(self.config.run.workers)
         self._take_worker_list()
         tm = self.runtime.timings
+        how = (f"from the stored results: read {tm.get('stored_read_s', 0.0):.1f} s, replay {tm.get('replay_s', 0.0):.1f}"
+               f" s of {tm.get('replayed', 0)} objects" if r.stored is not None else
+               f"{self.runtime.registrar.placements_written} placements rewritten")
         log.info("recovered %d queries over %d objects (%d entries re-acknowledged) in %.1f s (%s, workers started "
-                 "and loaded %.1f s: plan %.1f s, actors %.1f s, load %.1f s; %d placements rewritten)",
+                 "and loaded %.1f s: plan %.1f s, actors %.1f s, load %.1f s; %s)",
                  len(r.queries), r.prepared.initial.num_rows, len(r.pending), time.perf_counter() - t0,
                  ", ".join(f"{k} {v:.1f} s" for k, v in r.seconds.items()), started_s, tm.get("plan_s", 0.0),
-                 pool_s, tm.get("load_s", 0.0), self.runtime.registrar.placements_written)
+                 pool_s, tm.get("load_s", 0.0), how)
         self._publish_status(force=True)
+
+    def _start_runtime(self, skip: frozenset[str], settings: dict[str, str] | None) -> tuple[Recovered, float, float]:
+        """:func:`recover`, then the runtime started on what it rebuilt (as :attr:`runtime`);
+        returns the recovery and the seconds to start the workers' actors and the runtime."""
+        run_config = self.config.run_config(self.redis_url)
+        # The workers' processes start (imports, compiled kernels) while this one reads Redis.
+        t_pool = time.perf_counter()
+        runtime = Runtime(None, None, run_config, resume=True, pool=make_pool(run_config, self.redis_url, {}))
+        pool_s = time.perf_counter() - t_pool
+        # The initial kNN forks helper processes, which is unsafe once Ray's threads run here:
+        # then it searches in this process only.
+        processes = 1 if ray_running() else self.config.run.processes
+        try:
+            with bulk_build():  # millions of long-lived objects: no collector passes over them (heap.bulk_build)
+                r = recover(self.client, self.redis_url, self.config.run.store.namespace, self._preload,
+                            self._model, processes=processes, limits=self.config.run.limits, skip=skip,
+                            window=self.config.run.window, reserve=run_config.places_reserved,
+                            allowed_lateness=self.config.run.allowed_lateness, settings=settings)
+                self.counters["objects_entries_read"] = r.objects_entries_read
+                self.counters["queries_entries_read"] = r.queries_entries_read
+                t_start = time.perf_counter()
+                runtime.prepared, runtime.stored = r.prepared, r.stored
+                self.runtime = runtime.start()
+                return r, pool_s, time.perf_counter() - t_start
+        except BaseException:
+            runtime.close()
+            raise
 
     def _take_worker_list(self) -> None:
         """Each worker's number, node and process id, for the status (one call per worker: taken

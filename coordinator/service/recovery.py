@@ -29,6 +29,8 @@ from knnmon.batch import BatchChanges
 from knnmon.bulk_parse import parse_objects
 from knnmon.coordinator.runtime.object_store import ObjectStore
 from knnmon.coordinator.runtime.preparation import Prepared, live_initial, prepare_tables
+from knnmon.coordinator.runtime.stored_start import StoredStart
+from knnmon.coordinator.service.resume import forget_settings, stored_start, why_not_resumable
 from knnmon.protocol import GROUP, entry_order, group_info, redis_clock_ms
 from knnmon.errors import PoisonedWatermarkError, Rejected, StoreUnavailableError
 from knnmon.keys import Keys
@@ -72,6 +74,10 @@ class Recovered:
         Its steps' wall time: ``objects`` (the objects stream read and parsed), ``queries``
         (their hashes), ``search`` (the exact kNN and the plan), ``reconcile`` (the stored
         results compared and repaired).
+    stored
+        Set when the workers start from the results Redis holds
+        (:mod:`~knnmon.coordinator.service.resume`): then ``prepared`` holds the queries and the
+        live objects without their kNN, and nothing was searched or repaired.
     """
 
     prepared: Prepared
@@ -83,6 +89,7 @@ class Recovered:
     repaired: int
     spans: list[tuple[str, str, int | None]]
     seconds: dict[str, float] = field(default_factory=dict)
+    stored: StoredStart | None = None
 
 
 def objects_table(objects: list) -> pa.Table:
@@ -121,7 +128,7 @@ def read_object_log(client: redis.Redis, keys: Keys, preload: pa.Table, limits: 
     """Preloaded objects plus every delivered entry of the objects stream but those in
     ``skip``; the ids of the delivered but unacknowledged entries (not in ``skip``), the
     rejects among those, the entries read, :attr:`Recovered.spans`, and the unacknowledged
-    entries parsed: ``(entry id, fields, t)`` (with a window the late ones are rejected).
+    entries parsed: ``(entry id, fields, t, object id)`` (with a window the late ones are rejected).
 
     Raises
     ------
@@ -157,7 +164,7 @@ def read_object_log(client: redis.Redis, keys: Keys, preload: pa.Table, limits: 
                     seen.add(oid)
                     take.append(i)
                     if eid in pending:
-                        unacked.append((eid, fields, int(cols.t[i])))
+                        unacked.append((eid, fields, int(cols.t[i]), oid))
                     continue
                 r = Rejected("duplicate_id", f"id={oid}")
             else:
@@ -317,8 +324,11 @@ def reconcile(url: str, namespace: str, client: redis.Redis, prepared: Prepared,
 
 def recover(client: redis.Redis, url: str, namespace: str, preload: pa.Table, model, *, processes: int = 2,
             limits: Limits = DEFAULT_LIMITS, skip: frozenset[str] = frozenset(), window: int | None = None,
-            reserve: int = 0, allowed_lateness: int = 0) -> Recovered:
-    """Rebuild the service's state (module docstring).
+            reserve: int = 0, allowed_lateness: int = 0, settings: dict[str, str] | None = None) -> Recovered:
+    """Rebuild the service's state (module docstring), or with ``settings`` (what the service
+    runs with, :func:`~knnmon.coordinator.service.resume.settings_of`) read what a start from the
+    stored results needs when :mod:`~knnmon.coordinator.service.resume` allows it
+    (:attr:`Recovered.stored`).
 
     Parameters
     ----------
@@ -348,6 +358,7 @@ def recover(client: redis.Redis, url: str, namespace: str, preload: pa.Table, mo
     """
     keys = Keys(namespace)
     create_groups(client, keys)
+    why = why_not_resumable(client, keys, settings, skip) if settings is not None else None
     t0 = time.perf_counter()
     objects, pending, rejects, read, spans, unacked = read_object_log(client, keys, preload, limits, skip)
     if window is not None and objects.num_rows:
@@ -355,13 +366,31 @@ def recover(client: redis.Redis, url: str, namespace: str, preload: pa.Table, mo
         # watermark of everything delivered is late: rejected as the service would have.
         cutoff = Window(window, int(objects.column("t").to_numpy().max()), allowed_lateness).cutoff
         rejects += [(eid, fields, Rejected("late", f"t={t} <= {cutoff} (the watermark minus the window)"))
-                    for eid, fields, t in unacked if t <= cutoff]
+                    for eid, fields, t, _ in unacked if t <= cutoff]
         objects = live_initial(objects, window, allowed_lateness)
     t1 = time.perf_counter()
     placed: dict[str, tuple] = {}
     queries = read_queries(client, keys, limits=limits, placed=placed)
     queries_read = client.xlen(keys.ingest_queries) - _undelivered(client, keys.ingest_queries)
     t2 = time.perf_counter()
+    seconds = {"objects": t1 - t0, "queries": t2 - t1}
+    stored = None
+    if why is None and settings is not None and client.scard(keys.queries) != len(queries):
+        why = "a registered query's hash is unreadable"
+    if settings is not None and why is None:
+        stored, why = stored_start(queries, placed, int(settings["workers"]), objects,
+                                   {oid for *_, oid in unacked}, feed_version(client, keys) + 1)
+    if stored is not None:
+        log.info("recovery: every worker starts from the results Redis holds, %d objects replayed",
+                 stored.replay.num_rows)
+        prepared = Prepared(model, stored.queries.to_table(), objects, OBJECT_SCHEMA.empty_table(), None,
+                            np.empty(0, np.int64), np.zeros(len(queries), np.int64), np.empty(0),
+                            np.full(len(queries), np.inf), {}, first_batch=stored.number + 1)
+        return Recovered(prepared, {q.id: q for q in queries}, pending, rejects, read, queries_read, 0, spans,
+                         seconds, stored)
+    if settings is not None:
+        log.info("recovery: every result searched again and compared with Redis (%s)", why)
+    forget_settings(client, keys, url)  # (until the results are exact again: resume's docstring)
     prepared = prepare_tables(model, QueryColumns.of(queries).to_table(), objects, OBJECT_SCHEMA.empty_table(),
                               processes=processes, reserve=reserve)
     t3 = time.perf_counter()
@@ -374,6 +403,6 @@ def recover(client: redis.Redis, url: str, namespace: str, preload: pa.Table, mo
     if repaired:
         log.warning("recovery: %d stored results differed from the exact kNN over the delivered objects (work in "
                     "flight when the service stopped) and were repaired, one change feed line each", repaired)
-    seconds = {"objects": t1 - t0, "queries": t2 - t1, "search": t3 - t2, "reconcile": time.perf_counter() - t3}
+    seconds.update(search=t3 - t2, reconcile=time.perf_counter() - t3)
     return Recovered(prepared, {q.id: q for q in queries}, pending, rejects, read, queries_read, repaired, spans,
                      seconds)

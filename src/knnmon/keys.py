@@ -32,6 +32,8 @@ class Keys:
     - ``serve_status``: hash the running service refreshes (``knnmon status``);
       ``serve_batches``: stream, one entry per processed batch (latency measurements);
       ``serve_checkpoint``: hash, the service's last checkpoint with a window (watermark, trim point);
+      ``serve_settings``: hash, the settings the stored results are exact for (a restart with
+      the same ones starts every worker from them: :mod:`knnmon.coordinator.service.resume`);
     - ``plan``: hash, the plan a run or service started with (``algorithm``, ``workers``,
       ``set:<i>`` as JSON; :mod:`knnmon.coordinator.runtime.plan_record`); a query hash's ``set``
       names its set;
@@ -100,6 +102,10 @@ class Keys:
     @property
     def serve_checkpoint(self) -> str:
         return f"{self.namespace}:serve:checkpoint"
+
+    @property
+    def serve_settings(self) -> str:
+        return f"{self.namespace}:serve:settings"
 
     def worker_batch(self, worker: int | str, tag: str | None = None) -> str:
         base = f"{self.namespace}:worker:{worker}:batch"

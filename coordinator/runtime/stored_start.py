@@ -1,0 +1,241 @@
+"""Starting every worker from the results Redis holds: a service's restart without a search.
+
+A service that stopped (SIGKILL, an outage it could not ride out, a worker it could not revive)
+left in Redis each query's result as the last batch its worker's script applied (a script is
+atomic), each worker's details hash (the objects of its results, with their times) and each
+query's placement. When the service starts again with the same settings
+(:mod:`~knnmon.coordinator.service.resume` decides), every worker is loaded from that, as one
+lost worker's revival is (:mod:`~knnmon.coordinator.runtime.revival`), instead of searching
+every query's kNN again and comparing it with Redis (:mod:`~knnmon.coordinator.service.recovery`):
+
+1. **the plan is the placements**: each query stays on its worker and in its set (as ``knn:plan``
+   recorded them), its region the one of its stored result's kNN radius (the ``k``-th distance,
+   ``inf`` below ``k``), which is the radius the worker loads it with;
+2. **each worker loads its stored results** (with a window each list is its first ``k``, the
+   members' times from the worker's details hash; the reserve comes back with the query's next
+   refill); nothing is written;
+3. **one replay batch** finishes what the service was doing when it stopped: the objects
+   delivered but not acknowledged (:attr:`StoredStart.replay`; at most one batch of them may
+   have reached some workers' results). Each worker gets those that are not members of its
+   results: with a window after an expiry at the watermark of every object delivered, and the
+   refills that expiry needs, searched over the live objects but the ones it gets. A worker that
+   applied that batch holds its objects that entered a result; the others did not enter and,
+   since a kNN radius only grows through a refill, which sees them, do not enter again; a worker
+   that did not apply it gets them all. Each result is then the exact kNN over every object
+   delivered, as a full recovery computes it, and the replay's changes go to the change feed at
+   :attr:`StoredStart.number` (a batch number after every one applied).
+
+If Redis lacks something this needs (a member's details, a query's result hash), the start
+raises :class:`NotResumableError` before any worker has loaded, and the service recovers in full.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+
+from knnmon.assignment import Plan, Workload
+from knnmon.assignment.base import QuerySet
+from knnmon.assignment.routing import RoutingTable
+from knnmon.assignment.summary import summarize
+from knnmon.arrays import runs
+from knnmon.batch import KnnColumns, ObjectBatch
+from knnmon.connection import connect, with_retries
+from knnmon.coordinator.planning import PlanResult, empty_plan
+from knnmon.coordinator.runtime.dispatch import DispatchedBatch
+from knnmon.coordinator.runtime.revival import held_details
+from knnmon.coordinator.runtime.revival_repair import read_details
+from knnmon.costs import CostModel
+from knnmon.errors import KnnmonError
+from knnmon.keys import Keys
+from knnmon.query import QueryColumns
+from knnmon.results import ResultReader
+
+if TYPE_CHECKING:
+    from knnmon.coordinator.runtime.runtime import Runtime
+
+__all__ = ["CHUNK", "NotResumableError", "StoredStart", "StoredWorkers"]
+
+#: Queries per worker per load call (as a revival's: :data:`~knnmon.coordinator.runtime.revival.CHUNK`).
+CHUNK = 10_000
+
+
+class NotResumableError(KnnmonError):
+    """Redis lacks what a start from the stored results needs (module docstring); the service
+    recovers in full instead."""
+
+
+@dataclass
+class StoredStart:
+    """What the service read for a start from the stored results (module docstring).
+
+    Attributes
+    ----------
+    queries
+        The ``m`` registered queries (:class:`~knnmon.query.QueryColumns`), in the order of
+        the runtime's ``prepared.queries``.
+    worker
+        ``(m,)`` int32: each query's worker, as its hash holds it.
+    set_of
+        ``(m,)`` int32: each query's set in ``knn:plan`` (``-1``: none recorded).
+    replay
+        The objects delivered but not acknowledged that are live (``id``, ``lon``, ``lat``,
+        ``t``, ``keywords``), in stream order; the live objects include them.
+    number
+        The replay batch's number: after every batch applied (its change feed version is one
+        more); the stream's batches go on after it.
+    """
+
+    queries: QueryColumns
+    worker: np.ndarray
+    set_of: np.ndarray
+    replay: pa.Table
+    number: int
+
+    def read(self, redis_url: str, namespace: str, windowed: bool, chunk: int = CHUNK) -> StoredWorkers:
+        """Every query's stored result (and with a window, its members' details from its
+        worker's details hash), for :meth:`StoredWorkers.load`.
+
+        Raises
+        ------
+        NotResumableError
+            A query without its hash, or with a window a member without its details.
+        StoreUnavailableError
+            Redis unreachable after every retry.
+        """
+        client = connect(redis_url)
+        try:
+            reader = ResultReader(client, Keys(namespace), url=redis_url, chunk=chunk)
+            counts, members, dist = reader.result_columns(list(self.queries.ids))
+            details: dict[int, Any] = {}
+            if windowed:
+                ids = np.asarray(members, dtype=object)
+                starts = np.cumsum(counts) - counts
+                for w in np.unique(self.worker).tolist():
+                    mine = np.flatnonzero(self.worker == w)
+                    held = held_details(read_details(redis_url, namespace, w),
+                                        ids[runs(starts[mine], counts[mine])].tolist())
+                    if held is None:
+                        raise NotResumableError(f"worker {w}'s details hash lacks a member of its results")
+                    details[w] = held
+        finally:
+            client.close()
+        return StoredWorkers(self, KnnColumns(counts, members, dist), details, windowed)
+
+    def plan(self, model, config, radius: np.ndarray, counts: np.ndarray, objects: int, redis_url: str,
+             namespace: str) -> PlanResult:
+        """The plan that keeps every query where it is (module docstring, step 1): its sets as
+        ``knn:plan`` recorded them (a set that no longer has members is kept empty), the routing
+        table built over ``radius`` (``(m,)`` float64 meters) as
+        :func:`~knnmon.coordinator.planning.plan_workload` builds it, and each worker's
+        predicted load the sum of its queries' costs (``counts``: ``(m,)`` their stored results'
+        sizes, for the expected changes per object of the ``objects`` live ones; ``config``: the run's
+        :class:`~knnmon.coordinator.runtime.config.RunConfig`)."""
+        q = self.queries
+        if not len(q):
+            return empty_plan(model, config.workers, config.algorithm)
+        table = q.to_table()
+        costs = CostModel.named(config.cost_model, config.delivery_cost)
+        workload = Workload.build(model, table, radius, costs=costs,
+                                  change_rate=np.asarray(counts, dtype=np.float64) / max(objects, 1))
+        sets, set_worker = _recorded_sets(redis_url, namespace, self.set_of)
+        plan = Plan(config.algorithm, config.workers, self.worker.astype(np.int32),
+                    np.where(self.set_of < len(sets), self.set_of, -1).astype(np.int32), sets, set_worker)
+        routing = RoutingTable.build(workload, model, plan, max_entries=config.routing_entries)
+        return PlanResult(plan, workload, model, routing,
+                          summarize(plan, workload, model, routing, delivery_cost=costs.delivery))
+
+
+def _recorded_sets(redis_url: str, namespace: str, set_of: np.ndarray) -> tuple[list[QuerySet], np.ndarray]:
+    """The query sets ``knn:plan`` recorded, with their members from ``set_of`` (each query's
+    set, ``-1``: none); none if the record is missing or unreadable."""
+    client = connect(redis_url)
+    try:
+        fields = with_retries(lambda: client.hgetall(Keys(namespace).plan), "reading the plan", redis_url)
+    finally:
+        client.close()
+    sets, workers = [], []
+    try:
+        for i in range(sum(1 for f in fields if f.startswith("set:"))):
+            s = json.loads(fields[f"set:{i}"])
+            sets.append(QuerySet(np.flatnonzero(set_of == i), float(s["work"]), list(s["history"]),
+                                 tuple(float(x) for x in s["region"])))
+            workers.append(int(s["worker"]))
+    except (KeyError, ValueError, TypeError):
+        return [], np.empty(0, dtype=np.int32)
+    return sets, np.asarray(workers, dtype=np.int32)
+
+
+@dataclass
+class StoredWorkers:
+    """The stored results read for a start (:meth:`StoredStart.read`): ``lists`` aligned with
+    ``start.queries``, ``details`` per worker with a window (each one's members, as
+    :class:`~knnmon.batch.ObjectColumns`)."""
+
+    start: StoredStart
+    lists: KnnColumns
+    details: dict[int, Any]
+    first_k: bool
+
+    def radius(self) -> np.ndarray:
+        """``(m,)`` float64 meters: each stored result's ``k``-th distance, ``inf`` below ``k``
+        (the radius its worker loads it with)."""
+        k, counts = self.start.queries.k.astype(np.int64), self.lists.counts
+        out = np.full(len(k), np.inf)
+        full = counts >= k
+        starts = np.cumsum(counts) - counts
+        out[full] = self.lists.dist[starts[full] + k[full] - 1]
+        return out
+
+    def load(self, runtime: Runtime, chunk: int = CHUNK) -> float:
+        """Hand each worker its queries with their stored results (``write=False``: Redis holds
+        them), :data:`CHUNK` at a time, and note them in the registrar; returns seconds spent."""
+        t0 = time.perf_counter()
+        pool, registrar = runtime.pool, runtime.registrar
+        routing, q = registrar.plan.routing, self.start.queries
+        pending = []
+        for w in range(pool.size):
+            mine = np.flatnonzero(self.start.worker == w)
+            for s in range(0, len(mine), chunk):
+                part = mine[s:s + chunk]
+                queries = q.take(part)
+                codes = {x: routing.code(x) for kws in queries.keywords for x in kws}
+                pending.append(pool.load(w, queries, self.lists.take(part), self.details.get(w, {}), write=False,
+                                         vocabulary=codes, first_k=self.first_k, rebuild=s + chunk >= len(mine)))
+            registrar.query_worker.update(dict.fromkeys([q.ids[i] for i in mine.tolist()], w))
+        pool.gather(pending)
+        return time.perf_counter() - t0
+
+    def replay(self, runtime: Runtime) -> int:
+        """The replay batch (module docstring, step 3), collected; returns its objects."""
+        d, pool, table = runtime.dispatcher, runtime.pool, self.start.replay
+        t0 = time.perf_counter()
+        ids = np.asarray(table.column("id").to_pylist(), dtype=object)
+        replayed = set(ids.tolist())
+        window = d.window
+        cutoff = window.cutoff if window is not None else None
+        routed, pair_obj, pair_code, masks = d._route(table)
+        shared = pool.share(ObjectBatch(self.start.number, routed, pair_obj, pair_code))
+        held = np.asarray(self.lists.ids, dtype=object)
+        starts = np.cumsum(self.lists.counts) - self.lists.counts
+        if cutoff is not None:
+            needs = pool.gather([pool.expire(w, cutoff) for w in range(pool.size)])
+        calls, rows = [], {}
+        for w in range(pool.size):
+            mine = np.flatnonzero(self.start.worker == w)
+            holds = replayed.intersection(held[runs(starts[mine], self.lists.counts[mine])].tolist())
+            rows[w] = np.asarray([i for i, o in enumerate(ids.tolist()) if o not in holds], dtype=np.int64)
+            if cutoff is None:
+                calls.append(pool.process(w, shared, rows[w]))
+                continue
+            refills = d.refill_one(w, needs[w], frozenset(ids[rows[w]].tolist())) if len(needs[w].ids) else None
+            calls.append(pool.process(w, shared, rows[w], cutoff=cutoff, refills=refills))
+        batch = DispatchedBatch(self.start.number, len(ids), 0, sum(len(r) for r in rows.values()), calls, t0, 0.0,
+                                0.0, shared, rows, cutoff=cutoff)
+        d.collect(batch)
+        return len(ids)

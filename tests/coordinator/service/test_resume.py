@@ -1,0 +1,129 @@
+"""A restart that starts every worker from the results Redis holds (coordinator/service/resume.py,
+coordinator/runtime/stored_start.py): exact after a stop in the middle of a batch that some
+workers had written and others had not, with and without a window; a full recovery when the
+settings changed or Redis lacks a member's details. The service runs in this process with
+in-process workers, against the real Redis, checked against the brute-force oracle on real places.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import redis
+
+from knnmon.coordinator.runtime.config import ARRIVAL_EPOCH_MS, RunConfig
+from knnmon.coordinator.service.config import ServeConfig
+from knnmon.coordinator.service.loop import Service
+from knnmon.coordinator.service.resume import settings_of, why_not_resumable
+from knnmon.coordinator.testing import assert_applied_once, assert_exact, publish_objects, register_fields
+from knnmon.ingest.reading import read_objects, stream_order
+from knnmon.keys import Keys
+from knnmon.oracle import BruteForceKnn
+from knnmon.protocol import GROUP
+from knnmon.store import StoreConfig
+from knnmon.workers.batch_update import BatchUpdate
+
+WINDOW_MS = 1_200_000  # 1,200 places at one a second
+
+
+class _Crash(BaseException):
+    """The service dies here (not an error it handles: it leaves run() as SIGKILL would)."""
+
+
+def _config(redis_url: str, namespace: str, window: int | None, workers: int = 3) -> ServeConfig:
+    run = RunConfig(workers=workers, executor="inline", store=StoreConfig(url=redis_url, namespace=namespace),
+                    batch=200, window=window)
+    return ServeConfig(run=run, max_delay_ms=5, block_ms=50)
+
+
+def _places(places_slice, n: int) -> list[dict]:
+    places = stream_order(read_objects(str(places_slice)), None).slice(0, n)
+    t = ARRIVAL_EPOCH_MS + 1000 * pa.array(range(places.num_rows), pa.int64()).to_numpy()  # one a second
+    return places.set_column(places.column_names.index("t"), "t", pa.array(t)).to_pylist()
+
+
+def _crash_in_a_batch(monkeypatch, oid: str, worker: int) -> None:
+    """The stream batch holding object ``oid`` is written by the workers before ``worker``, then
+    the service dies."""
+    original = BatchUpdate.process_rows
+
+    def process_rows(self, batch, rows, **kw):
+        if self.worker_id == worker and oid in batch.table.column("id").to_pylist():
+            raise _Crash()
+        return original(self, batch, rows, **kw)
+
+    monkeypatch.setattr(BatchUpdate, "process_rows", process_rows)
+
+
+@pytest.mark.parametrize("window", [None, WINDOW_MS], ids=["append-only", "window"])
+def test_a_restart_mid_batch_resumes_exactly_from_the_stored_results(places_slice, slice_queries, redis_url,
+                                                                     namespace, monkeypatch, window):
+    r, keys = redis.Redis.from_url(redis_url, decode_responses=True), Keys(namespace)
+    places = _places(places_slice, 2400)
+    queries = pq.read_table(slice_queries).slice(0, 400).to_pylist()
+    for q in queries:
+        r.xadd(keys.ingest_queries, register_fields(q))
+    publish_objects(r, keys, places)
+    config = _config(redis_url, namespace, window)
+    _crash_in_a_batch(monkeypatch, places[1500]["id"], worker=2)
+    with Service(config) as svc, pytest.raises(_Crash):
+        svc.run(idle_exit_s=0.5, handle_signals=False)
+    monkeypatch.undo()
+    pending = {x["message_id"] for x in r.xpending_range(keys.ingest_objects, GROUP, "-", "+", 10_000)}
+    pending_ids = {f["id"] for eid, f in r.xrange(keys.ingest_objects) if eid in pending}
+    assert len(pending_ids) >= 200
+    # Worker 0 wrote the batch: some of its results hold objects the service never acknowledged.
+    on_0 = [q["id"] for q in queries if r.hget(keys.query(q["id"]), "worker") == "0"]
+    assert any(pending_ids.intersection(r.zrange(keys.result(qid), 0, -1)) for qid in on_0)
+    assert why_not_resumable(r, keys, settings_of(config, 0), frozenset()) is None
+    with Service(config) as svc:
+        assert svc.runtime.stored is not None and svc.runtime.timings["replayed"] >= 200  # no search, no reconcile
+        svc.run(idle_exit_s=0.5, handle_signals=False)
+    applied = pa.Table.from_pylist(places)
+    if window is not None:
+        applied = applied.filter(pa.array(applied.column("t").to_numpy() > places[-1]["t"] - WINDOW_MS))
+    assert assert_exact(redis_url, namespace, pa.Table.from_pylist(queries), BruteForceKnn(applied)) == 400
+    assert not r.xpending(keys.ingest_objects, GROUP)["pending"]
+    assert_applied_once(r, keys)
+
+
+def test_a_restart_recovers_in_full_when_the_settings_changed_or_details_are_missing(
+        places_slice, slice_queries, redis_url, namespace):
+    r, keys = redis.Redis.from_url(redis_url, decode_responses=True), Keys(namespace)
+    places = _places(places_slice, 1600)
+    queries = pq.read_table(slice_queries).slice(0, 300).to_pylist()
+    for q in queries:
+        r.xadd(keys.ingest_queries, register_fields(q))
+    publish_objects(r, keys, places[:800])
+    with Service(_config(redis_url, namespace, WINDOW_MS)) as svc:
+        svc.run(idle_exit_s=0.5, handle_signals=False)
+    config = _config(redis_url, namespace, WINDOW_MS, workers=2)
+    assert why_not_resumable(r, keys, settings_of(config, 0), frozenset()) == "the settings changed (workers)"
+    with Service(config) as svc:  # two workers now: every query placed anew
+        assert svc.runtime.stored is None
+    # Redis lost a member's details: the start from the stored results gives up before loading.
+    details = keys.objects(0)
+    r.hdel(details, next(iter(r.hkeys(details))))
+    publish_objects(r, keys, places[800:])
+    with Service(config) as svc:
+        assert svc.runtime.stored is None
+        svc.run(idle_exit_s=0.5, handle_signals=False)
+    with Service(config) as svc:  # and the next start resumes again
+        assert svc.runtime.stored is not None
+    live = pa.Table.from_pylist(places)
+    live = live.filter(pa.array(live.column("t").to_numpy() > places[-1]["t"] - WINDOW_MS))
+    assert assert_exact(redis_url, namespace, pa.Table.from_pylist(queries), BruteForceKnn(live)) == 300
+
+
+def test_why_not_resumable_names_each_reason(redis_url, namespace):
+    r, keys = redis.Redis.from_url(redis_url, decode_responses=True), Keys(namespace)
+    config = _config(redis_url, namespace, WINDOW_MS, workers=2)
+    settings = settings_of(config, 0)
+    assert why_not_resumable(r, keys, settings, frozenset()) == "no settings recorded"
+    r.hset(keys.serve_settings, mapping=settings)
+    assert why_not_resumable(r, keys, settings, frozenset()) is None
+    assert why_not_resumable(r, keys, settings, frozenset({"1-0"})) == "entries are being isolated"
+    assert why_not_resumable(r, keys, {**settings, "reserve": "9"}, frozenset()) == "the settings changed (reserve)"
+    r.set(keys.worker_batch(1), "abc:7/2")
+    assert why_not_resumable(r, keys, settings, frozenset()) == "worker 1's last write was a part of a batch"
