@@ -80,13 +80,14 @@ def latencies(r: redis.Redis, keys: Keys, first_id: str) -> tuple[np.ndarray, fl
     return np.concatenate(lat) if lat else np.zeros(0), first_ms or 0.0, last_ms, n
 
 
-def start_serve(url: str, a: argparse.Namespace, r: redis.Redis, keys: Keys) -> subprocess.Popen:
-    """``knnmon serve`` in a child process; returns once it has published its status."""
+def start_serve(url: str, a: argparse.Namespace, r: redis.Redis, keys: Keys, *extra: str) -> subprocess.Popen:
+    """``knnmon serve`` in a child process (``extra``: more flags); returns once it has
+    published its status."""
     r.delete(keys.serve_status)
     proc = subprocess.Popen([sys.executable, "-m", "knnmon.coordinator.cli", "serve", "--redis", url,
                              "--namespace", "load", "--objects", a.objects, "--initial", str(a.initial),
                              "--workers", str(a.workers), "--batch", str(a.batch), "--max-delay-ms", str(a.max_delay_ms),
-                             "--batching", a.batching])
+                             "--batching", a.batching, *extra])
     while not r.exists(keys.serve_status):
         if proc.poll() is not None:
             raise SystemExit(f"serve exited with {proc.returncode}")
@@ -137,7 +138,7 @@ def main(argv=None) -> int:
                 proc.terminate()
                 proc.wait(timeout=300)
                 t2 = time.perf_counter()
-                proc = start_serve(server.url, a, r, keys)
+                proc = start_serve(server.url, a, r, keys, "--replan")
                 restart_s = time.perf_counter() - t2
                 print(f"restarted (recovery and plan of {queries.num_rows:,} queries) in {restart_s:.1f} s", flush=True)
             first = r.xadd(keys.ingest_objects, object_fields(stream[0]))

@@ -27,7 +27,7 @@ def _serve(a: argparse.Namespace) -> int:
                     release_groups=a.release_groups, redis_wait_s=a.redis_wait)
     config = ServeConfig(run=run, objects_dir=a.objects, initial=a.initial, max_delay_ms=a.max_delay_ms,
                          checkpoint_interval_s=a.checkpoint_interval, batching=a.batching,
-                         latency_target_ms=a.latency_target_ms, sjf=a.sjf)
+                         latency_target_ms=a.latency_target_ms, sjf=a.sjf, replan=a.replan)
     with Service(config) as svc:
         print(f"knnmon serve: {config.run.workers} workers ({config.run.algorithm}), Redis {redact(svc.redis_url)}, namespace "
               f"{config.run.store.namespace!r}; XADD to {svc.keys.ingest_queries} / {svc.keys.ingest_objects}", flush=True)
@@ -71,6 +71,10 @@ def add_serve_command(sub: Any) -> None:
     s.add_argument("--checkpoint-interval", type=float, default=60.0, metavar="S",
                    help="with --window: seconds between checkpoints, which trim the objects stream to what "
                         "the window still needs (default 60)")
+    s.add_argument("--replan", action="store_true",
+                   help="at start, search every registered query's kNN again and plan the assignment anew (a full "
+                        "recovery) instead of starting the workers from the results Redis holds, where each query "
+                        "stays on its worker")
     s.add_argument("--max-batches", type=int, metavar="N", help="stop after N object batches (benchmarks, tests)")
     s.add_argument("--idle-exit-s", type=float, metavar="S", help="stop after S seconds with nothing to do")
     add_store_options(s)

@@ -165,6 +165,7 @@ class Runtime:
             t0 = time.perf_counter()
             self.timings["replayed"] = stored.replay(self)
             self.timings["replay_s"] = time.perf_counter() - t0
+            self.stored = None  # (the timings say it started so)
         return self
 
     def _plan(self, p: Prepared) -> StoredWorkers | None:

@@ -53,6 +53,9 @@ class ServeConfig:
     batching, latency_target_ms, sjf
         How batches form (``--batching``, ``--latency-target-ms``, ``--sjf``):
         :class:`~knnmon.coordinator.service.batching.BatchPolicy`.
+    replan
+        The first start recovers in full and plans every query anew (``--replan``), instead of
+        starting the workers from the results Redis holds (:mod:`~knnmon.coordinator.service.resume`).
 
     Raises
     ------
@@ -72,6 +75,7 @@ class ServeConfig:
     batching: str = "adaptive"
     latency_target_ms: float = 50.0
     sjf: bool = False
+    replan: bool = False
 
     def __post_init__(self) -> None:
         from knnmon.coordinator.service.batching import BatchPolicy

@@ -75,6 +75,7 @@ class Lifecycle:
         self._preload: pa.Table | None = None
         self._status_at = 0.0
         self._handle_signals = False
+        self._replan = config.replan  # the next start recovers in full
         self._revived_seen = 0  # the runtime's workers_revived when the worker list was taken
         self._backlog = False  # the last read came back full
         self._applying = False  # entries read are being applied: state ahead of what is acknowledged
@@ -125,7 +126,8 @@ class Lifecycle:
         self.reader = StreamReader(self.client, self.config.consumer)
         settings = settings_of(self.config, self._preload.num_rows)
         try:
-            r, pool_s, started_s = self._start_runtime(skip, settings)
+            replan, self._replan = self._replan, False  # (--replan: the first start only)
+            r, pool_s, started_s = self._start_runtime(skip, None if replan else settings)
         except NotResumableError as ex:
             log.warning("starting the workers from the results Redis holds failed (%s): recovering in full", ex)
             r, pool_s, started_s = self._start_runtime(skip, None)

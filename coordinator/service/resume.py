@@ -4,7 +4,8 @@ recovery (:mod:`~knnmon.coordinator.runtime.stored_start` says how; recovery,
 
 The stored results are exact for the settings they were computed under, so each start records
 them in ``knn:serve:settings`` (:func:`record_settings`: the workers, the window, the allowed
-lateness, the reserve, the entry limits and the preloaded objects), and a full recovery deletes
+lateness, the reserve, the entry limits, the preloaded objects, and the assignment's algorithm and
+parameters: a start with another one plans anew), and a full recovery deletes
 them first (:func:`forget_settings`): a recovery cut short leaves none, and the next start
 recovers in full again. A start may resume from the stored results (:func:`why_not_resumable`)
 when
@@ -42,9 +43,11 @@ def settings_of(config, preload_rows: int) -> dict[str, str]:
     """What the stored results depend on, of a
     :class:`~knnmon.coordinator.service.config.ServeConfig`, as ``knn:serve:settings`` holds it."""
     run = config.run
+    plan = {k: getattr(run, k) for k in ("algorithm", "beta", "sets_per_worker", "cost_model", "delivery_cost",
+                                         "seed", "routing_entries")}
     return {"workers": str(run.workers), "window": str(run.window), "allowed_lateness": str(run.allowed_lateness),
             "reserve": str(run.places_reserved), "limits": json.dumps(asdict(run.limits), sort_keys=True),
-            "preload": f"{config.objects_dir}:{config.initial}:{preload_rows}"}
+            "preload": f"{config.objects_dir}:{config.initial}:{preload_rows}", "plan": json.dumps(plan, sort_keys=True)}
 
 
 def forget_settings(client: redis.Redis, keys: Keys, url: str | None = None) -> None:
