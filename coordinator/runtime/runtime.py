@@ -38,7 +38,7 @@ from knnmon.coordinator.runtime.registration import Registrar
 from knnmon.coordinator.runtime.revival import Revival, revive
 from knnmon.coordinator.runtime.routing_upkeep import RoutingUpkeep
 from knnmon.coordinator.runtime.runtime_status import RuntimeStatus
-from knnmon.coordinator.runtime.stored_start import StoredStart, StoredWorkers
+from knnmon.coordinator.runtime.stored_start import StoredStart
 from knnmon.coordinator.runtime.worker_pool import RayPool, WorkerPool, make_pool
 from knnmon.errors import WorkerLostError
 from knnmon.heap import give_back
@@ -122,28 +122,19 @@ class Runtime:
         self.prepared = p
         self.timings.update(p.timings)
         self.stream_table = p.stream
-        self.objects = self._exit.enter_context(ObjectStore(p.initial, p.index))
-        if p.index is not None:
-            p.index.drop_trees()  # built for the initial kNN; a registration builds its own
         t0 = time.perf_counter()
         try:
             self.store = self._exit.enter_context(open_store(c.store))
-            stored = self._plan(p)
             if not self.resume:
                 clear_namespace(self.store)
             if self.pool is None:
                 self.pool = make_pool(c, self.store.url, {})  # each load brings its queries' keyword codes
                 self._exit.callback(self.pool.close)
             self.timings["start_workers_s"] = time.perf_counter() - t0
-            self.registrar = Registrar(self.pool, self.plan, self.objects, c.places_reserved)
-            self.registrar.revive_worker = self.revive_idle
-            if stored is not None:
-                self.timings["load_s"] = stored.load(self)
+            if self.stored is not None:
+                self.stored.start(self, p)
             else:
-                self.timings["load_s"] = self.registrar.load(p, resume=self.resume, redis_url=self.store.url,
-                                                             namespace=c.store.namespace)
-                give_back()  # the load's payloads
-                record_plan(self.store.url, c.store.namespace, self.plan)
+                self._plan_and_load(p)
         except BaseException:
             self.close()
             raise
@@ -161,24 +152,16 @@ class Runtime:
             set_of = dict(zip(ids, self.plan.plan.set_of.tolist())) if len(self.plan.plan.set_of) == len(ids) else {}
             self.rebalancer = Rebalancer(self.pool, self.registrar, self.upkeep, set_of, c.rebalance,
                                          redis_url=self.store.url, namespace=c.store.namespace, revive=in_place)
-        if stored is not None:
-            t0 = time.perf_counter()
-            self.timings["replayed"] = stored.replay(self)
-            self.timings["replay_s"] = time.perf_counter() - t0
+        if self.stored is not None:
+            self.upkeep.request()  # the regions' table, built in the background (stored_start.coarse_routing)
+            self.stored.replay_into(self)
             self.stored = None  # (the timings say it started so)
         return self
 
-    def _plan(self, p: Prepared) -> StoredWorkers | None:
-        """Plan (``plan_s``): over the initial kNN radii, or with :attr:`stored` the placements
-        over the stored results' radii (read here, ``read_s``: returned for the load)."""
+    def _plan_and_load(self, p: Prepared) -> None:
+        """Plan over the initial kNN radii (``plan_s``), then load every worker (``load_s``)."""
         c, t0 = self.config, time.perf_counter()
-        stored = None
-        if self.stored is not None:
-            stored = self.stored.read(self.store.url, c.store.namespace, c.window is not None)
-            self.timings["stored_read_s"] = time.perf_counter() - t0
-            self.plan = self.stored.plan(p.model, c, stored.radius(), stored.lists.counts, p.initial.num_rows,
-                                         self.store.url, c.store.namespace)
-        elif p.queries.num_rows:
+        if p.queries.num_rows:
             self.plan = plan_workload(p.model, p.queries, p.initial.select(["id", "lon", "lat", "keywords"]), p.radius,
                                       c.workers, c.algorithm, beta=c.beta, sets_per_worker=c.sets_per_worker,
                                       delivery_cost=c.delivery_cost, cost_model=c.cost_model, counts=p.counts,
@@ -187,7 +170,19 @@ class Runtime:
             self.plan = empty_plan(p.model, c.workers, c.algorithm)
         give_back()  # the plan's transients (GBs at millions of queries)
         self.timings["plan_s"] = time.perf_counter() - t0
-        return stored
+        self.hold_objects(p)
+        self.timings["load_s"] = self.registrar.load(p, resume=self.resume, redis_url=self.store.url,
+                                                     namespace=c.store.namespace)
+        give_back()  # the load's payloads
+        record_plan(self.store.url, c.store.namespace, self.plan)
+
+    def hold_objects(self, p: Prepared) -> None:
+        """The object store over ``p.initial`` and the registrar (once :attr:`plan` is made)."""
+        self.objects = self._exit.enter_context(ObjectStore(p.initial, p.index))
+        if p.index is not None:
+            p.index.drop_trees()  # built for the initial kNN; a registration builds its own
+        self.registrar = Registrar(self.pool, self.plan, self.objects, self.config.places_reserved)
+        self.registrar.revive_worker = self.revive_idle
 
     # -- the stream ------------------------------------------------------------------------------
     def process(self, batch: pa.Table) -> BatchReport:

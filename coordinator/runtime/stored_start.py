@@ -9,8 +9,10 @@ lost worker's revival is (:mod:`~knnmon.coordinator.runtime.revival`), instead o
 every query's kNN again and comparing it with Redis (:mod:`~knnmon.coordinator.service.recovery`):
 
 1. **the plan is the placements**: each query stays on its worker and in its set (as ``knn:plan``
-   recorded them), its region the one of its stored result's kNN radius (the ``k``-th distance,
-   ``inf`` below ``k``), which is the radius the worker loads it with;
+   recorded them), its load from its stored result's kNN radius (the ``k``-th distance, ``inf``
+   below ``k``: the radius the worker loads it with). The routing table starts coarse (each
+   keyword to every worker holding a query with it, :func:`coarse_routing`), and the routing
+   upkeep builds the one of the queries' regions in the background, from the loaded workers;
 2. **each worker loads its stored results** (with a window each list is its first ``k``, the
    members' times from the worker's details hash; the reserve comes back with the query's next
    refill); nothing is written;
@@ -33,11 +35,13 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from concurrent.futures import Future
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from knnmon.assignment import Plan, Workload
 from knnmon.assignment.base import QuerySet
@@ -59,7 +63,7 @@ from knnmon.results import ResultReader
 if TYPE_CHECKING:
     from knnmon.coordinator.runtime.runtime import Runtime
 
-__all__ = ["CHUNK", "NotResumableError", "StoredStart", "StoredWorkers"]
+__all__ = ["CHUNK", "NotResumableError", "StoredStart", "StoredWorkers", "coarse_routing"]
 
 #: Queries per worker per load call (as a revival's: :data:`~knnmon.coordinator.runtime.revival.CHUNK`).
 CHUNK = 10_000
@@ -83,9 +87,12 @@ class StoredStart:
         ``(m,)`` int32: each query's worker, as its hash holds it.
     set_of
         ``(m,)`` int32: each query's set in ``knn:plan`` (``-1``: none recorded).
-    replay
-        The objects delivered but not acknowledged that are live (``id``, ``lon``, ``lat``,
-        ``t``, ``keywords``), in stream order; the live objects include them.
+    log
+        What the objects stream holds (the service's
+        :class:`~knnmon.coordinator.service.recovery.ObjectLog`: ``objects``, the live objects,
+        ``id``, ``lon``, ``lat``, ``t``, ``keywords`` in stream order; ``pending_ids``, the
+        objects delivered but not acknowledged), or a future of it (read while the workers load;
+        :meth:`objects` waits for it).
     number
         The replay batch's number: after every batch applied (its change feed version is one
         more); the stream's batches go on after it.
@@ -94,8 +101,53 @@ class StoredStart:
     queries: QueryColumns
     worker: np.ndarray
     set_of: np.ndarray
-    replay: pa.Table
+    log: Any
     number: int
+    _stored: StoredWorkers | None = field(default=None, repr=False)
+
+    def objects(self) -> Any:
+        """:attr:`log`, waited for."""
+        return self.log.result() if isinstance(self.log, Future) else self.log
+
+    def replay(self) -> pa.Table:
+        """The live objects delivered but not acknowledged, in stream order (:meth:`objects`)."""
+        log = self.objects()
+        pending = log.pending_ids
+        if not pending:
+            return log.objects.slice(0, 0)
+        return log.objects.filter(pc.is_in(log.objects.column("id"), pa.array(sorted(pending), pa.string())))
+
+    def start(self, runtime: Runtime, p: Any) -> None:
+        """Plan, load the workers and take the live objects (module docstring, steps 1-2) into
+        ``runtime`` (the store and the workers started), its ``prepared`` ``p`` getting them as
+        its initial objects; the replay is :meth:`replay_into`.
+
+        Raises
+        ------
+        NotResumableError
+            As :meth:`read`, before any worker has loaded.
+        """
+        c, tm, t0 = runtime.config, runtime.timings, time.perf_counter()
+        url, namespace = runtime.store.url, c.store.namespace
+        self._stored = stored = self.read(url, namespace, c.window is not None)
+        tm["stored_read_s"] = time.perf_counter() - t0
+        runtime.plan = self.plan(p.model, c, stored.radius(), stored.lists.counts, stored.objects, url, namespace)
+        tm["plan_s"] = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        loads = stored.send(runtime.pool, runtime.plan.routing)
+        p.initial = self.objects().objects  # (read meanwhile, in the recovery's thread)
+        tm["objects_wait_s"] = time.perf_counter() - t1
+        runtime.hold_objects(p)
+        runtime.registrar.query_worker.update(zip(self.queries.ids, self.worker.tolist()))
+        runtime.pool.gather(loads)
+        tm["load_s"] = time.perf_counter() - t1
+
+    def replay_into(self, runtime: Runtime) -> None:
+        """The replay (module docstring, step 3) into the started ``runtime``, timed."""
+        t0 = time.perf_counter()
+        runtime.timings["replayed"] = self._stored.replay(runtime)
+        runtime.timings["replay_s"] = time.perf_counter() - t0
+        self._stored = None
 
     def read(self, redis_url: str, namespace: str, windowed: bool, chunk: int = CHUNK) -> StoredWorkers:
         """Every query's stored result (and with a window, its members' details from its
@@ -112,6 +164,7 @@ class StoredStart:
         try:
             reader = ResultReader(client, Keys(namespace), url=redis_url, chunk=chunk)
             counts, members, dist = reader.result_columns(list(self.queries.ids))
+            entries = client.xlen(Keys(namespace).ingest_objects)
             details: dict[int, Any] = {}
             if windowed:
                 ids = np.asarray(members, dtype=object)
@@ -125,15 +178,14 @@ class StoredStart:
                     details[w] = held
         finally:
             client.close()
-        return StoredWorkers(self, KnnColumns(counts, members, dist), details, windowed)
+        return StoredWorkers(self, KnnColumns(counts, members, dist), details, windowed, entries)
 
     def plan(self, model, config, radius: np.ndarray, counts: np.ndarray, objects: int, redis_url: str,
              namespace: str) -> PlanResult:
         """The plan that keeps every query where it is (module docstring, step 1): its sets as
-        ``knn:plan`` recorded them (a set that no longer has members is kept empty), the routing
-        table built over ``radius`` (``(m,)`` float64 meters) as
-        :func:`~knnmon.coordinator.planning.plan_workload` builds it, and each worker's
-        predicted load the sum of its queries' costs (``counts``: ``(m,)`` their stored results'
+        ``knn:plan`` recorded them (a set that no longer has members is kept empty), the coarse
+        routing table (:func:`coarse_routing`), and each worker's predicted load the sum of its
+        queries' costs over ``radius`` (``(m,)`` float64 meters) (``counts``: ``(m,)`` their stored results'
         sizes, for the expected changes per object of the ``objects`` live ones; ``config``: the run's
         :class:`~knnmon.coordinator.runtime.config.RunConfig`)."""
         q = self.queries
@@ -146,9 +198,19 @@ class StoredStart:
         sets, set_worker = _recorded_sets(redis_url, namespace, self.set_of)
         plan = Plan(config.algorithm, config.workers, self.worker.astype(np.int32),
                     np.where(self.set_of < len(sets), self.set_of, -1).astype(np.int32), sets, set_worker)
-        routing = RoutingTable.build(workload, model, plan, max_entries=config.routing_entries)
+        routing = coarse_routing(workload, model, plan.worker)
         return PlanResult(plan, workload, model, routing,
                           summarize(plan, workload, model, routing, delivery_cost=costs.delivery))
+
+def coarse_routing(workload: Workload, model, worker: np.ndarray) -> RoutingTable:
+    """A routing table without cells: each keyword goes everywhere to every worker holding a
+    query with it (``worker``: ``(m,)`` each query's). A superset of what the queries need, made
+    in one pass; the runtime's routing upkeep builds the table of their regions in the background
+    and swaps it in (:class:`~knnmon.coordinator.runtime.routing_upkeep.RoutingUpkeep`)."""
+    always = np.zeros(len(workload.vocabulary), dtype=np.uint64)
+    np.bitwise_or.at(always, workload.code, np.left_shift(np.uint64(1), worker[workload.owner].astype(np.uint64)))
+    return RoutingTable(model.grid, list(workload.vocabulary), always, np.empty(0, dtype=np.int64),
+                        np.empty(0, dtype=np.uint64))
 
 
 def _recorded_sets(redis_url: str, namespace: str, set_of: np.ndarray) -> tuple[list[QuerySet], np.ndarray]:
@@ -175,12 +237,14 @@ def _recorded_sets(redis_url: str, namespace: str, set_of: np.ndarray) -> tuple[
 class StoredWorkers:
     """The stored results read for a start (:meth:`StoredStart.read`): ``lists`` aligned with
     ``start.queries``, ``details`` per worker with a window (each one's members, as
-    :class:`~knnmon.batch.ObjectColumns`)."""
+    :class:`~knnmon.batch.ObjectColumns`), and the objects stream's length (``objects``, about
+    the objects the results are over: the plan's expected changes per object)."""
 
     start: StoredStart
     lists: KnnColumns
     details: dict[int, Any]
     first_k: bool
+    objects: int = 0
 
     def radius(self) -> np.ndarray:
         """``(m,)`` float64 meters: each stored result's ``k``-th distance, ``inf`` below ``k``
@@ -192,13 +256,11 @@ class StoredWorkers:
         out[full] = self.lists.dist[starts[full] + k[full] - 1]
         return out
 
-    def load(self, runtime: Runtime, chunk: int = CHUNK) -> float:
+    def send(self, pool, routing: RoutingTable, chunk: int = CHUNK) -> list:
         """Hand each worker its queries with their stored results (``write=False``: Redis holds
-        them), :data:`CHUNK` at a time, and note them in the registrar; returns seconds spent."""
-        t0 = time.perf_counter()
-        pool, registrar = runtime.pool, runtime.registrar
-        routing, q = registrar.plan.routing, self.start.queries
-        pending = []
+        them), :data:`CHUNK` at a time, with their keywords' codes in ``routing``; returns the
+        calls, not waited for."""
+        q, pending = self.start.queries, []
         for w in range(pool.size):
             mine = np.flatnonzero(self.start.worker == w)
             for s in range(0, len(mine), chunk):
@@ -207,13 +269,11 @@ class StoredWorkers:
                 codes = {x: routing.code(x) for kws in queries.keywords for x in kws}
                 pending.append(pool.load(w, queries, self.lists.take(part), self.details.get(w, {}), write=False,
                                          vocabulary=codes, first_k=self.first_k, rebuild=s + chunk >= len(mine)))
-            registrar.query_worker.update(dict.fromkeys([q.ids[i] for i in mine.tolist()], w))
-        pool.gather(pending)
-        return time.perf_counter() - t0
+        return pending
 
     def replay(self, runtime: Runtime) -> int:
         """The replay batch (module docstring, step 3), collected; returns its objects."""
-        d, pool, table = runtime.dispatcher, runtime.pool, self.start.replay
+        d, pool, table = runtime.dispatcher, runtime.pool, self.start.replay()
         t0 = time.perf_counter()
         ids = np.asarray(table.column("id").to_pylist(), dtype=object)
         replayed = set(ids.tolist())

@@ -145,8 +145,9 @@ class Lifecycle:
         ledger.busy_ms = np.zeros(self.config.run.workers)
         self._take_worker_list()
         tm = self.runtime.timings
-        how = (f"from the stored results: read {tm.get('stored_read_s', 0.0):.1f} s, replay {tm.get('replay_s', 0.0):.1f}"
-               f" s of {tm.get('replayed', 0)} objects" if r.stored is not None else
+        how = (f"from the stored results: read {tm.get('stored_read_s', 0.0):.1f} s, objects read meanwhile "
+               f"{r.objects_log.seconds:.1f} s (waited {tm.get('objects_wait_s', 0.0):.1f} s), replay "
+               f"{tm.get('replay_s', 0.0):.1f} s of {tm.get('replayed', 0)} objects" if r.stored is not None else
                f"{self.runtime.registrar.placements_written} placements rewritten")
         log.info("recovered %d queries over %d objects (%d entries re-acknowledged) in %.1f s (%s, workers started "
                  "and loaded %.1f s: plan %.1f s, actors %.1f s, load %.1f s; %s)",
@@ -172,11 +173,11 @@ class Lifecycle:
                             self._model, processes=processes, limits=self.config.run.limits, skip=skip,
                             window=self.config.run.window, reserve=run_config.places_reserved,
                             allowed_lateness=self.config.run.allowed_lateness, settings=settings)
-                self.counters["objects_entries_read"] = r.objects_entries_read
-                self.counters["queries_entries_read"] = r.queries_entries_read
                 t_start = time.perf_counter()
                 runtime.prepared, runtime.stored = r.prepared, r.stored
                 self.runtime = runtime.start()
+                self.counters["objects_entries_read"] = r.objects_entries_read  # (the objects read meanwhile)
+                self.counters["queries_entries_read"] = r.queries_entries_read
                 return r, pool_s, time.perf_counter() - t_start
         except BaseException:
             runtime.close()

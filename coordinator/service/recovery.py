@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import logging
 import time
+import multiprocessing
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -27,6 +29,7 @@ import redis
 from knnmon.arrays import runs, segment_sums
 from knnmon.batch import BatchChanges
 from knnmon.bulk_parse import parse_objects
+from knnmon.connection import connect
 from knnmon.coordinator.runtime.object_store import ObjectStore
 from knnmon.coordinator.runtime.preparation import Prepared, live_initial, prepare_tables
 from knnmon.coordinator.runtime.stored_start import StoredStart
@@ -60,36 +63,100 @@ class Recovered:
         already), and the stream batches applied before (``first_batch``, from the change feed).
     queries
         The registered queries, by id.
-    pending
-        Delivered but unacknowledged entries of ``ingest:objects`` (stream order), and the
-        rejects among them, for the service to acknowledge.
-    objects_entries_read, queries_entries_read
-        Entries of each ingest stream delivered to the group so far.
+    log
+        The objects stream's :class:`ObjectLog`; with :attr:`stored`, the future of it (read in
+        a child process while the workers load), which the runtime waits for
+        (:attr:`objects_log`).
+    queries_entries_read
+        Entries of the queries stream delivered to the group so far.
     repaired
         Stored results that differed and were repaired.
-    spans
-        ``(first entry id, last entry id, largest t)`` of the stream's entries read, in chunks
-        (the checkpoints' record of what the live objects need).
     seconds
         Its steps' wall time: ``objects`` (the objects stream read and parsed), ``queries``
         (their hashes), ``search`` (the exact kNN and the plan), ``reconcile`` (the stored
         results compared and repaired).
     stored
         Set when the workers start from the results Redis holds
-        (:mod:`~knnmon.coordinator.service.resume`): then ``prepared`` holds the queries and the
-        live objects without their kNN, and nothing was searched or repaired.
+        (:mod:`~knnmon.coordinator.service.resume`): then ``prepared`` holds the queries, and the
+        live objects once the runtime has them, without their kNN; nothing is searched or repaired.
     """
 
     prepared: Prepared
     queries: dict[str, Query]
-    pending: list[str]
-    rejects: list[tuple[str, dict, Rejected]]
-    objects_entries_read: int
+    log: ObjectLog | Future
     queries_entries_read: int
     repaired: int
-    spans: list[tuple[str, str, int | None]]
     seconds: dict[str, float] = field(default_factory=dict)
     stored: StoredStart | None = None
+
+    @property
+    def objects_log(self) -> ObjectLog:
+        """:attr:`log`, waited for."""
+        return self.log.result() if isinstance(self.log, Future) else self.log
+
+    @property
+    def pending(self) -> list[str]:
+        """Delivered but unacknowledged entries of ``ingest:objects`` (stream order), for the
+        service to acknowledge with :attr:`rejects`, the rejects among them."""
+        return self.objects_log.pending
+
+    @property
+    def rejects(self) -> list[tuple[str, dict, Rejected]]:
+        return self.objects_log.rejects
+
+    @property
+    def objects_entries_read(self) -> int:
+        """Entries of the objects stream delivered to the group so far."""
+        return self.objects_log.read
+
+    @property
+    def spans(self) -> list[tuple[str, str, int | None]]:
+        """``(first entry id, last entry id, largest t)`` of the stream's entries read, in chunks
+        (the checkpoints' record of what the live objects need)."""
+        return self.objects_log.spans
+
+
+@dataclass
+class ObjectLog:
+    """What the objects stream holds for a start (:func:`read_objects`): ``objects`` (the
+    preload and every entry delivered, with a window only the live ones at the watermark of all
+    of them), the ``pending`` entry ids (delivered, not acknowledged) with the ``rejects`` among
+    them, the entries ``read``, the ``spans`` (:attr:`Recovered.spans`) and ``unacked`` (the
+    pending entries parsed: ``(entry id, fields, t, object id)``)."""
+
+    objects: pa.Table
+    pending: list[str]
+    rejects: list[tuple[str, dict, Rejected]]
+    read: int
+    spans: list[tuple[str, str, int | None]]
+    unacked: list[tuple[str, dict, int, str]]
+    seconds: float = 0.0
+
+    @property
+    def pending_ids(self) -> set[str]:
+        """The object ids of the pending entries that parsed."""
+        return {oid for *_, oid in self.unacked}
+
+
+def read_objects(client: redis.Redis, keys: Keys, preload: pa.Table, limits: Limits, skip: frozenset[str],
+                 window: int | None, allowed_lateness: int) -> ObjectLog:
+    """:func:`read_object_log`, and with a window only the live objects: a pending entry whose
+    object is already expired at the watermark of everything delivered is late, rejected as the
+    service would have.
+
+    Raises
+    ------
+    StoreUnavailableError, PoisonedWatermarkError
+        As :func:`recover`.
+    """
+    t0 = time.perf_counter()
+    objects, pending, rejects, read, spans, unacked = read_object_log(client, keys, preload, limits, skip)
+    if window is not None and objects.num_rows:
+        cutoff = Window(window, int(objects.column("t").to_numpy().max()), allowed_lateness).cutoff
+        rejects += [(eid, fields, Rejected("late", f"t={t} <= {cutoff} (the watermark minus the window)"))
+                    for eid, fields, t, _ in unacked if t <= cutoff]
+        objects = live_initial(objects, window, allowed_lateness)
+    return ObjectLog(objects, pending, rejects, read, spans, unacked, time.perf_counter() - t0)
 
 
 def objects_table(objects: list) -> pa.Table:
@@ -360,14 +427,11 @@ def recover(client: redis.Redis, url: str, namespace: str, preload: pa.Table, mo
     create_groups(client, keys)
     why = why_not_resumable(client, keys, settings, skip) if settings is not None else None
     t0 = time.perf_counter()
-    objects, pending, rejects, read, spans, unacked = read_object_log(client, keys, preload, limits, skip)
-    if window is not None and objects.num_rows:
-        # An entry delivered but never acknowledged whose object is already expired at the
-        # watermark of everything delivered is late: rejected as the service would have.
-        cutoff = Window(window, int(objects.column("t").to_numpy().max()), allowed_lateness).cutoff
-        rejects += [(eid, fields, Rejected("late", f"t={t} <= {cutoff} (the watermark minus the window)"))
-                    for eid, fields, t, _ in unacked if t <= cutoff]
-        objects = live_initial(objects, window, allowed_lateness)
+    got: ObjectLog | Future
+    if settings is not None and why is None:  # read while the workers load (stored_start)
+        got = _read_elsewhere(url, namespace, preload, limits, skip, window, allowed_lateness)
+    else:
+        got = read_objects(client, keys, preload, limits, skip, window, allowed_lateness)
     t1 = time.perf_counter()
     placed: dict[str, tuple] = {}
     queries = read_queries(client, keys, limits=limits, placed=placed)
@@ -378,20 +442,20 @@ def recover(client: redis.Redis, url: str, namespace: str, preload: pa.Table, mo
     if why is None and settings is not None and client.scard(keys.queries) != len(queries):
         why = "a registered query's hash is unreadable"
     if settings is not None and why is None:
-        stored, why = stored_start(queries, placed, int(settings["workers"]), objects,
-                                   {oid for *_, oid in unacked}, feed_version(client, keys) + 1)
+        stored, why = stored_start(queries, placed, int(settings["workers"]), got, feed_version(client, keys) + 1)
     if stored is not None:
-        log.info("recovery: every worker starts from the results Redis holds, %d objects replayed",
-                 stored.replay.num_rows)
-        prepared = Prepared(model, stored.queries.to_table(), objects, OBJECT_SCHEMA.empty_table(), None,
-                            np.empty(0, np.int64), np.zeros(len(queries), np.int64), np.empty(0),
+        log.info("recovery: every worker starts from the results Redis holds")
+        prepared = Prepared(model, stored.queries.to_table(), OBJECT_SCHEMA.empty_table(), OBJECT_SCHEMA.empty_table(),
+                            None, np.empty(0, np.int64), np.zeros(len(queries), np.int64), np.empty(0),
                             np.full(len(queries), np.inf), {}, first_batch=stored.number + 1)
-        return Recovered(prepared, {q.id: q for q in queries}, pending, rejects, read, queries_read, 0, spans,
-                         seconds, stored)
+        return Recovered(prepared, {q.id: q for q in queries}, got, queries_read, 0, seconds, stored)
     if settings is not None:
         log.info("recovery: every result searched again and compared with Redis (%s)", why)
     forget_settings(client, keys, url)  # (until the results are exact again: resume's docstring)
-    prepared = prepare_tables(model, QueryColumns.of(queries).to_table(), objects, OBJECT_SCHEMA.empty_table(),
+    if isinstance(got, Future):
+        got = got.result()
+    seconds["objects"] = got.seconds
+    prepared = prepare_tables(model, QueryColumns.of(queries).to_table(), got.objects, OBJECT_SCHEMA.empty_table(),
                               processes=processes, reserve=reserve)
     t3 = time.perf_counter()
     # The repairs take the version after the largest written (a batch cut short by the stop may
@@ -404,5 +468,29 @@ def recover(client: redis.Redis, url: str, namespace: str, preload: pa.Table, mo
         log.warning("recovery: %d stored results differed from the exact kNN over the delivered objects (work in "
                     "flight when the service stopped) and were repaired, one change feed line each", repaired)
     seconds.update(search=t3 - t2, reconcile=time.perf_counter() - t3)
-    return Recovered(prepared, {q.id: q for q in queries}, pending, rejects, read, queries_read, repaired, spans,
-                     seconds)
+    return Recovered(prepared, {q.id: q for q in queries}, got, queries_read, repaired, seconds)
+
+
+def _read_in_child(url: str, namespace: str, preload: pa.Table, limits: Limits, skip: frozenset[str],
+                   window: int | None, allowed_lateness: int) -> ObjectLog:
+    """:func:`read_objects` in a child process (:func:`_read_elsewhere`)."""
+    from knnmon.heap import bulk_build
+
+    client = connect(url)
+    try:
+        with bulk_build():
+            return read_objects(client, Keys(namespace), preload, limits, skip, window, allowed_lateness)
+    finally:
+        client.close()
+
+
+def _read_elsewhere(url: str, namespace: str, *args) -> Future:
+    """The future of :func:`read_objects` (``args``: its arguments after the keys), read in a
+    child process while this one reads the queries and loads the workers: the read is
+    Python-bound, and a thread here would take turns with them. Spawned, not forked (Ray's
+    threads may run here)."""
+    executor = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+    try:
+        return executor.submit(_read_in_child, url, namespace, *args)
+    finally:
+        executor.shutdown(wait=False)

@@ -25,8 +25,6 @@ import json
 from dataclasses import asdict
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 import redis
 
 from knnmon.connection import with_retries
@@ -88,12 +86,13 @@ def why_not_resumable(client: redis.Redis, keys: Keys, settings: dict[str, str],
     return None
 
 
-def stored_start(queries: list[Query], placed: dict[str, tuple], workers: int, objects: pa.Table,
-                 pending_ids: set[str], number: int) -> tuple[StoredStart | None, str | None]:
+def stored_start(queries: list[Query], placed: dict[str, tuple], workers: int, log, number: int
+                 ) -> tuple[StoredStart | None, str | None]:
     """The :class:`StoredStart` of ``queries`` (as read, with their hashes' placements
-    ``placed``: :func:`~knnmon.workers.placements.placement_of`) over the live ``objects``, of
-    which those in ``pending_ids`` (delivered, not acknowledged) are replayed at batch
-    ``number``; or ``None`` and why not (a query without a valid worker, or with a move noted)."""
+    ``placed``: :func:`~knnmon.workers.placements.placement_of`), with ``log`` (the objects
+    stream's :class:`~knnmon.coordinator.service.recovery.ObjectLog`, or its future), the replay
+    at batch ``number``; or ``None`` and why not (a query without a valid worker, or with a move
+    noted)."""
     worker = np.empty(len(queries), dtype=np.int32)
     set_of = np.full(len(queries), -1, dtype=np.int32)
     for i, q in enumerate(queries):
@@ -107,9 +106,7 @@ def stored_start(queries: list[Query], placed: dict[str, tuple], workers: int, o
             return None, f"query {q.id[:64]} has no readable worker"
         if not 0 <= worker[i] < workers:
             return None, f"query {q.id[:64]} is on worker {worker[i]}, not one of {workers}"
-    replay = objects.filter(pc.is_in(objects.column("id"), pa.array(sorted(pending_ids), pa.string()))) \
-        if pending_ids else objects.slice(0, 0)
     q = QueryColumns.of(queries)
     columns = QueryColumns(q.ids, np.asarray(q.lon, dtype=np.float64), np.asarray(q.lat, dtype=np.float64), q.keywords,
                            np.asarray(q.k, dtype=np.int64))
-    return StoredStart(columns, worker, set_of, replay, number), None
+    return StoredStart(columns, worker, set_of, log, number), None
