@@ -92,3 +92,7 @@ class Rejected(KnnmonError, ValueError):
     def __init__(self, reason: str, detail: str = "") -> None:
         super().__init__(f"{reason}: {detail or REJECT_REASONS[reason]}")
         self.reason, self.detail = reason, detail
+
+    def __reduce__(self):
+        """Pickled as its reason and detail (recovery reads the objects stream in a child process)."""
+        return type(self), (self.reason, self.detail)

@@ -75,3 +75,14 @@ def test_a_reject_holds_no_traceback_that_would_keep_its_batch_alive():
     got = parse_objects(batch)
     assert [r.reason for r in got.rejects.values()] == ["not_utf8", "non_numeric_coordinates"]
     assert all(r.__traceback__ is None and r.__context__ is None for r in got.rejects.values())
+
+
+def test_a_reject_survives_pickling_with_its_reason_and_detail():
+    """Recovery reads the objects stream in a child process: its rejects come back pickled."""
+    import pickle
+
+    from knnmon.errors import Rejected
+
+    r = pickle.loads(pickle.dumps(Rejected("late", "t=1 <= 2")))
+    assert (type(r), r.reason, r.detail, str(r)) == (Rejected, "late", "t=1 <= 2", "late: t=1 <= 2")
+    assert pickle.loads(pickle.dumps(Rejected("null_island"))).detail == ""
