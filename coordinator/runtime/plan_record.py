@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 
-from knnmon.connection import connect, with_retries
+from knnmon.connection import connect, replace_hash
 from knnmon.coordinator.planning import PlanResult
 from knnmon.keys import Keys
 
@@ -37,11 +37,6 @@ def record_plan(redis_url: str, namespace: str, plan: PlanResult) -> None:
                                          "history": list(s.history[:MAX_HISTORY])})
     client = connect(redis_url)
     try:
-        def write() -> None:
-            pipe = client.pipeline(transaction=False)
-            pipe.delete(keys.plan)
-            pipe.hset(keys.plan, mapping=fields)
-            pipe.execute()
-        with_retries(write, "recording the plan", redis_url)
+        replace_hash(client, keys.plan, fields, "recording the plan", redis_url)
     finally:
         client.close()

@@ -27,7 +27,7 @@ from dataclasses import asdict
 import numpy as np
 import redis
 
-from knnmon.connection import with_retries
+from knnmon.connection import replace_hash, with_retries
 from knnmon.coordinator.runtime.revival import applied_state
 from knnmon.coordinator.runtime.stored_start import StoredStart
 from knnmon.errors import WorkerLostError
@@ -55,13 +55,7 @@ def forget_settings(client: redis.Redis, keys: Keys, url: str | None = None) -> 
 
 def record_settings(client: redis.Redis, keys: Keys, settings: dict[str, str], url: str | None = None) -> None:
     """Write ``knn:serve:settings``: Redis holds exact results for these settings."""
-    def write() -> None:
-        pipe = client.pipeline(transaction=True)
-        pipe.delete(keys.serve_settings)
-        pipe.hset(keys.serve_settings, mapping=settings)
-        pipe.execute()
-
-    with_retries(write, "recording the settings", url)
+    replace_hash(client, keys.serve_settings, settings, "recording the settings", url)
 
 
 def why_not_resumable(client: redis.Redis, keys: Keys, settings: dict[str, str], skip: frozenset[str]) -> str | None:

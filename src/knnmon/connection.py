@@ -14,7 +14,7 @@ from redis.retry import Retry
 
 from knnmon.errors import StoreUnavailableError
 
-__all__ = ["connect", "redact", "set_retry_window", "with_retries", "redis_url_from_env", "ENV_REDIS_URL"]
+__all__ = ["connect", "redact", "replace_hash", "set_retry_window", "with_retries", "redis_url_from_env", "ENV_REDIS_URL"]
 
 ENV_REDIS_URL = "KNNMON_REDIS_URL"
 log = logging.getLogger("knnmon.redis")
@@ -143,3 +143,22 @@ def with_retries(op: Callable[[], T], what: str, url: str, *, attempts: int | No
                                             f"(gave up after {attempt} attempts): {ex}") from ex
             log.warning("Redis at %s: %s while %s; retrying in %.1f s", redact(url), ex, what, delay)
             time.sleep(delay)
+
+
+def replace_hash(client: redis.Redis, key: str, fields: dict[str, str], what: str, url: str | None) -> None:
+    """Replace hash ``key`` by ``fields`` in one MULTI (retried as :func:`with_retries` when
+    ``url`` is given: ``what`` names it in the log).
+
+    Raises
+    ------
+    StoreUnavailableError
+        Redis unreachable after every retry.
+    """
+    def write() -> None:
+        pipe = client.pipeline(transaction=True)
+        pipe.delete(key)
+        if fields:
+            pipe.hset(key, mapping=fields)
+        pipe.execute()
+
+    with_retries(write, what, url) if url is not None else write()
