@@ -34,7 +34,8 @@ from knnmon.assignment.summary import summarize
 from knnmon.errors import InvalidArgumentError
 from knnmon.ingest.reading import initial_objects, load_queries
 
-__all__ = ["DEFAULT_INITIAL", "PlanResult", "empty_plan", "explain", "make_plan", "plan_workload", "write_plan"]
+__all__ = ["DEFAULT_INITIAL", "PlanResult", "empty_plan", "explain", "make_plan", "plan_prepared", "plan_workload",
+           "write_plan"]
 
 #: The paper's number of objects seen before the stream starts.
 DEFAULT_INITIAL = 1_000_000
@@ -102,6 +103,17 @@ def plan_workload(model: LoadModel, queries: pa.Table, objects: pa.Table, radius
         "timings_s": {key: round(v, 3) for key, v in timings.items()},
     })
     return PlanResult(plan, workload, model, routing, summary)
+
+
+def plan_prepared(p, c) -> PlanResult:
+    """The plan of a prepared run ``p`` (:class:`~knnmon.coordinator.runtime.preparation.Prepared`)
+    with the parameters of its :class:`~knnmon.coordinator.runtime.config.RunConfig` ``c``:
+    :func:`plan_workload` over the initial kNN radii, or :func:`empty_plan` without queries."""
+    if not p.queries.num_rows:
+        return empty_plan(p.model, c.workers, c.algorithm)
+    return plan_workload(p.model, p.queries, p.initial.select(["id", "lon", "lat", "keywords"]), p.radius, c.workers,
+                         c.algorithm, beta=c.beta, sets_per_worker=c.sets_per_worker, delivery_cost=c.delivery_cost,
+                         cost_model=c.cost_model, counts=p.counts, routing_entries=c.routing_entries, seed=c.seed)
 
 
 def empty_plan(model: LoadModel, workers: int, algorithm: str) -> PlanResult:

@@ -20,13 +20,13 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from knnmon.coordinator.planning import PlanResult, empty_plan, plan_workload
+from knnmon.coordinator.planning import PlanResult, plan_prepared
 from knnmon.coordinator.rebalance.rebalancer import Rebalancer
 from knnmon.coordinator.runtime.config import RunConfig
 from knnmon.coordinator.runtime.dispatch import Admission, DispatchedBatch, Dispatcher
@@ -35,12 +35,11 @@ from knnmon.coordinator.runtime.object_store import ObjectStore
 from knnmon.coordinator.runtime.plan_record import record_plan
 from knnmon.coordinator.runtime.preparation import Prepared, prepare
 from knnmon.coordinator.runtime.registration import Registrar
-from knnmon.coordinator.runtime.revival import Revival, revive
+from knnmon.coordinator.runtime.revivals import MAX_REVIVALS, Revivals
 from knnmon.coordinator.runtime.routing_upkeep import RoutingUpkeep
 from knnmon.coordinator.runtime.runtime_status import RuntimeStatus
 from knnmon.coordinator.runtime.stored_start import StoredStart
-from knnmon.coordinator.runtime.worker_pool import RayPool, WorkerPool, make_pool
-from knnmon.errors import WorkerLostError
+from knnmon.coordinator.runtime.worker_pool import WorkerPool, make_pool
 from knnmon.heap import give_back
 from knnmon.query import Query
 from knnmon.store import Store, clear_namespace, open_store
@@ -48,11 +47,7 @@ from knnmon.window import Window
 
 __all__ = ["MAX_REVIVALS", "Runtime"]
 
-#: Lost workers a run revives before it gives up (a worker that dies again and again is a bug).
-MAX_REVIVALS = 8
-
-
-class Runtime:
+class Runtime(Revivals):
     """One run of knnmon (module docstring). Use as a context manager, or call :meth:`close`.
 
     Parameters
@@ -161,13 +156,7 @@ class Runtime:
     def _plan_and_load(self, p: Prepared) -> None:
         """Plan over the initial kNN radii (``plan_s``), then load every worker (``load_s``)."""
         c, t0 = self.config, time.perf_counter()
-        if p.queries.num_rows:
-            self.plan = plan_workload(p.model, p.queries, p.initial.select(["id", "lon", "lat", "keywords"]), p.radius,
-                                      c.workers, c.algorithm, beta=c.beta, sets_per_worker=c.sets_per_worker,
-                                      delivery_cost=c.delivery_cost, cost_model=c.cost_model, counts=p.counts,
-                                      routing_entries=c.routing_entries, seed=c.seed)
-        else:
-            self.plan = empty_plan(p.model, c.workers, c.algorithm)
+        self.plan = plan_prepared(p, c)
         give_back()  # the plan's transients (GBs at millions of queries)
         self.timings["plan_s"] = time.perf_counter() - t0
         self.hold_objects(p)
@@ -249,77 +238,9 @@ class Runtime:
         (:meth:`KnnWorker.last_write`), for a check that Redis kept every write."""
         return self._reviving(lambda: self.pool.gather([self.pool.last_write(w) for w in range(self.pool.size)]))
 
-    def _reviving(self, call: Callable[[], Any]) -> Any:
-        """``call()``, between batches; a worker it finds lost is revived in place and the call
-        made again (:meth:`revive_idle`), or the loss raised if it cannot be.
-
-        Raises
-        ------
-        WorkerLostError
-            The lost worker cannot be revived in place (:meth:`_can_revive`).
-        """
-        while True:
-            try:
-                return call()
-            except WorkerLostError as ex:
-                if self.revive_idle(ex.worker) is None:
-                    raise
-
     def status(self) -> RuntimeStatus:
         """What the service's status reports of the runtime (:meth:`RuntimeStatus.of`)."""
         return RuntimeStatus.of(self)
-
-    def _collect(self, d: DispatchedBatch, later: deque[DispatchedBatch]) -> BatchReport:
-        """:meth:`Dispatcher.collect` of ``d``; a Ray worker lost meanwhile is revived
-        (:func:`~knnmon.coordinator.runtime.revival.revive`), with ``d`` and the batches
-        dispatched after it (``later``, updated in place) sent to it again, at most
-        :data:`MAX_REVIVALS` times a run.
-
-        With a window ``d`` is replayed on the worker loaded from Redis, or the worker rebuilt
-        over the live objects (:mod:`~knnmon.coordinator.runtime.revival`); not while later
-        batches are in flight too (the live objects have moved past ``d``): then ``knnmon run``
-        stops with the error (``knnmon serve`` has one batch in flight).
-
-        Raises
-        ------
-        WorkerLostError
-            In process (nothing to revive), with a window and later batches in flight, or after
-            :data:`MAX_REVIVALS` revivals.
-        """
-        while True:
-            try:
-                return self.dispatcher.collect(d)
-            except WorkerLostError as ex:
-                if not self._can_revive(between_batches=not later):
-                    raise
-                revived = self._revive(ex.worker, [d, *later]).batches
-                d = revived[0]
-                later.clear()
-                later.extend(revived[1:])
-
-    def _can_revive(self, *, between_batches: bool = False) -> bool:
-        """Whether a lost worker is revived in place: a Ray worker, fewer than
-        :data:`MAX_REVIVALS` revivals so far, and no window unless at most one batch is in
-        flight (``between_batches``; see :meth:`_collect`)."""
-        return (isinstance(self.pool, RayPool) and self.workers_revived < MAX_REVIVALS
-                and (self.config.window is None or between_batches))
-
-    def revive_idle(self, worker: int, also: Sequence[str] = ()) -> Revival | None:
-        """Revive worker ``worker``, lost with no batch in flight (found by a registration, an
-        unregister, the next batch's expiry, ...): from Redis (:func:`revive`, which says what
-        a window changes). ``None`` if it cannot be (:meth:`_can_revive`)."""
-        return self._revive(worker, also=also) if self._can_revive(between_batches=True) else None
-
-    def _revive(self, worker: int, batches: Sequence[DispatchedBatch] = (), also: Sequence[str] = ()) -> Revival:
-        """:func:`revive` (a window: the live objects, the feed version, the replay's refills);
-        counted, its steps' times kept in :attr:`revivals`."""
-        d = self.dispatcher
-        revived = revive(self.pool, self.registrar, self.store.url, self.config.store.namespace, worker, batches,
-                         also=also, live=self.objects if self.config.window is not None else None,
-                         version=d.next_batch if d else 0, refill=d.refill_one if d else None)
-        self.workers_revived += 1
-        self.revivals.append(revived.seconds)
-        return revived
 
     def batches(self) -> Iterator[pa.Table]:
         """The stream's batches, in order."""

@@ -18,7 +18,7 @@ import redis
 from redis.cluster import RedisCluster
 
 from knnmon.coordinator.runtime.runtime import Runtime
-from knnmon.coordinator.service.recovery import objects_table
+from knnmon.coordinator.service.object_log import objects_table
 from knnmon.errors import Rejected
 from knnmon.limits import Limits
 from knnmon.protocol import GROUP, entry_order, parse_object, redis_clock_ms

@@ -16,7 +16,7 @@ from knnmon.connection import connect, redact
 from knnmon.coordinator.runtime.preparation import check_objects_not_future
 from knnmon.coordinator.service import status as service_status
 from knnmon.coordinator.service.config import ServeConfig
-from knnmon.coordinator.service.recovery import OBJECT_SCHEMA
+from knnmon.coordinator.service.object_log import OBJECT_SCHEMA
 from knnmon.errors import KnnmonError, StoreUnavailableError, WorkerLostError
 from knnmon.keys import Keys
 

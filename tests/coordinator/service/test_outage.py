@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from knnmon.connection import connect
 from knnmon.coordinator.service.outage import kept_every_write, server_ids
-from knnmon.coordinator.service.recovery import create_groups
+from knnmon.coordinator.service.object_log import create_groups
 from knnmon.keys import Keys
 from knnmon.protocol import GROUP
 from knnmon.results import ResultReader

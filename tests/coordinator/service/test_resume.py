@@ -7,6 +7,8 @@ in-process workers, against the real Redis, checked against the brute-force orac
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -111,6 +113,8 @@ def test_a_restart_recovers_in_full_when_the_settings_changed_or_details_are_mis
         svc.run(idle_exit_s=0.5, handle_signals=False)
     with Service(config) as svc:  # and the next start resumes again
         assert "replayed" in svc.runtime.timings
+    with Service(replace(config, replan=True)) as svc:  # serve --replan: planned anew
+        assert "replayed" not in svc.runtime.timings
     live = pa.Table.from_pylist(places)
     live = live.filter(pa.array(live.column("t").to_numpy() > places[-1]["t"] - WINDOW_MS))
     assert assert_exact(redis_url, namespace, pa.Table.from_pylist(queries), BruteForceKnn(live)) == 300

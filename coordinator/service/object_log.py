@@ -1,0 +1,243 @@
+"""The objects stream read back at a start: the preload plus every entry the consumer group has
+delivered (acknowledged or not), parsed in columns (:mod:`knnmon.bulk_parse`), with a window
+only the live ones; the pending entries and their rejects; and the check that refuses state from
+the future (:func:`check_event_time`). A resumed start reads it in a child process
+(:func:`read_elsewhere`) while the workers load.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import redis
+
+from knnmon.bulk_parse import parse_objects
+from knnmon.connection import connect
+from knnmon.coordinator.runtime.preparation import live_initial
+from knnmon.errors import PoisonedWatermarkError, Rejected, StoreUnavailableError
+from knnmon.keys import Keys
+from knnmon.limits import DEFAULT_LIMITS, Limits
+from knnmon.protocol import GROUP, group_info, redis_clock_ms, entry_order
+from knnmon.window import Window
+
+__all__ = ["OBJECT_SCHEMA", "ObjectLog", "check_event_time", "checkpoint_watermark", "create_groups", "objects_table",
+           "read_elsewhere", "read_object_log", "read_objects", "undelivered"]
+
+#: Objects as the service holds them.
+OBJECT_SCHEMA = pa.schema([("id", pa.string()), ("lon", pa.float64()), ("lat", pa.float64()), ("t", pa.int64()),
+                           ("keywords", pa.list_(pa.string()))])
+
+
+@dataclass
+class ObjectLog:
+    """What the objects stream holds for a start (:func:`read_objects`): ``objects`` (the
+    preload and every entry delivered, with a window only the live ones at the watermark of all
+    of them), the ``pending`` entry ids (delivered, not acknowledged) with the ``rejects`` among
+    them, the entries ``read``, the ``spans`` (:attr:`Recovered.spans`) and ``unacked`` (the
+    pending entries parsed: ``(entry id, fields, t, object id)``)."""
+
+    objects: pa.Table
+    pending: list[str]
+    rejects: list[tuple[str, dict, Rejected]]
+    read: int
+    spans: list[tuple[str, str, int | None]]
+    unacked: list[tuple[str, dict, int, str]]
+    seconds: float = 0.0
+
+    @property
+    def pending_ids(self) -> set[str]:
+        """The object ids of the pending entries that parsed."""
+        return {oid for *_, oid in self.unacked}
+
+
+def read_objects(client: redis.Redis, keys: Keys, preload: pa.Table, limits: Limits, skip: frozenset[str],
+                 window: int | None, allowed_lateness: int) -> ObjectLog:
+    """:func:`read_object_log`, and with a window only the live objects: a pending entry whose
+    object is already expired at the watermark of everything delivered is late, rejected as the
+    service would have.
+
+    Raises
+    ------
+    StoreUnavailableError, PoisonedWatermarkError
+        As :func:`recover`.
+    """
+    t0 = time.perf_counter()
+    objects, pending, rejects, read, spans, unacked = read_object_log(client, keys, preload, limits, skip)
+    if window is not None and objects.num_rows:
+        cutoff = Window(window, int(objects.column("t").to_numpy().max()), allowed_lateness).cutoff
+        rejects += [(eid, fields, Rejected("late", f"t={t} <= {cutoff} (the watermark minus the window)"))
+                    for eid, fields, t, _ in unacked if t <= cutoff]
+        objects = live_initial(objects, window, allowed_lateness)
+    return ObjectLog(objects, pending, rejects, read, spans, unacked, time.perf_counter() - t0)
+
+
+def objects_table(objects: list) -> pa.Table:
+    """Parsed :class:`~knnmon.protocol.ObjectEntry` s as a table of
+    :data:`OBJECT_SCHEMA`."""
+    return pa.table({"id": [o.id for o in objects], "lon": [o.lon for o in objects], "lat": [o.lat for o in objects],
+                     "t": [o.t for o in objects], "keywords": [list(o.keywords) for o in objects]},
+                    schema=OBJECT_SCHEMA)
+
+
+def create_groups(client: redis.Redis, keys: Keys) -> None:
+    """Create the consumer group on both ingest streams (and the streams) if missing."""
+    for key in (keys.ingest_objects, keys.ingest_queries):
+        try:
+            client.xgroup_create(key, GROUP, id="0", mkstream=True)
+        except redis.ResponseError as ex:
+            if "BUSYGROUP" not in str(ex):
+                raise
+
+
+def _group(client: redis.Redis, key: str) -> dict:
+    g = group_info(client, key)
+    if g is None:
+        raise StoreUnavailableError(f"consumer group {GROUP!r} vanished from {key}")
+    return g
+
+
+def undelivered(client: redis.Redis, key: str) -> int:
+    last = _group(client, key)["last-delivered-id"]
+    return len(client.xrange(key, min="(" + last if last != "0-0" else "-", max="+"))
+
+
+def read_object_log(client: redis.Redis, keys: Keys, preload: pa.Table, limits: Limits = DEFAULT_LIMITS,
+                    skip: frozenset[str] = frozenset(), chunk: int = 10_000
+                    ) -> tuple[pa.Table, list[str], list[tuple[str, dict, Rejected]], int, list, list]:
+    """Preloaded objects plus every delivered entry of the objects stream but those in
+    ``skip``; the ids of the delivered but unacknowledged entries (not in ``skip``), the
+    rejects among those, the entries read, :attr:`Recovered.spans`, and the unacknowledged
+    entries parsed: ``(entry id, fields, t, object id)`` (with a window the late ones are rejected).
+
+    Raises
+    ------
+    PoisonedWatermarkError
+        An acknowledged entry fails with ``future`` now: an earlier knnmon (or one with a laxer
+        ``--max-future``) applied it, since this one deletes the ``future`` entries it rejects
+        (:func:`check_event_time`).
+    """
+    key = keys.ingest_objects
+    clock = redis_clock_ms(client) if limits.max_future_ms is not None else None
+    poisoned: list[tuple[str, Rejected]] = []
+    last = _group(client, key)["last-delivered-id"]
+    pending = set()
+    if last != "0-0":
+        summary = client.xpending(key, GROUP)
+        if summary["pending"]:
+            rows = client.xpending_range(key, GROUP, min="-", max="+", count=summary["pending"])
+            pending = {r["message_id"] for r in rows} - skip
+    seen = set(preload.column("id").to_pylist())
+    rejects, spans, unacked = [], [], []
+    ids, keywords, lon, lat, t = [], [], [], [], []
+    start, read = "-", 0
+    while last != "0-0":
+        entries = client.xrange(key, min=start, max=last, count=chunk)
+        read += len(entries)
+        kept = [e for e in entries if e[0] not in skip] if skip else entries
+        cols = parse_objects(kept, limits, clock_ms=clock)
+        take = []
+        for i, ((eid, fields), ok) in enumerate(zip(kept, cols.ok.tolist())):
+            if ok:
+                oid = cols.ids[i]
+                if oid not in seen:
+                    seen.add(oid)
+                    take.append(i)
+                    if eid in pending:
+                        unacked.append((eid, fields, int(cols.t[i]), oid))
+                    continue
+                r = Rejected("duplicate_id", f"id={oid}")
+            else:
+                r = cols.rejects[i]
+            if eid in pending:
+                rejects.append((eid, fields, r))
+            elif r.reason == "future" and str(fields.get("id", "")).strip() not in seen:
+                poisoned.append((eid, r))
+        rows = np.asarray(take, dtype=np.int64)
+        ids += [cols.ids[i] for i in take]
+        keywords += [cols.keywords[i] for i in take]
+        lon.append(cols.lon[rows]), lat.append(cols.lat[rows]), t.append(cols.t[rows])
+        if entries:
+            spans.append((entries[0][0], entries[-1][0], int(t[-1].max()) if take else None))
+        if len(entries) < chunk:
+            break
+        start = "(" + entries[-1][0]
+    check_event_time(client, keys, limits, poisoned, clock)
+    if ids:
+        parsed = pa.table({"id": pa.array(ids, pa.string()), "lon": np.concatenate(lon), "lat": np.concatenate(lat),
+                           "t": np.concatenate(t), "keywords": pa.array(keywords, pa.list_(pa.string()))},
+                          schema=OBJECT_SCHEMA)
+        table = pa.concat_tables([preload, parsed])
+    else:
+        table = preload
+    return table, sorted(pending, key=entry_order), rejects, read, spans, unacked
+
+
+def check_event_time(client: redis.Redis, keys: Keys, limits: Limits, poisoned: list[tuple[str, Rejected]],
+                     clock: int | None) -> None:
+    """Refuse to start on state from the future (:class:`PoisonedWatermarkError`): acknowledged
+    object entries (``poisoned``: entry id, why) that the bound ``limits.max_future_ms`` rejects
+    now, or a checkpoint's watermark ahead of Redis's clock ``clock`` by more than twice the
+    bound (an entry id may lead the clock by the bound, and its ``t`` the entry id by as much)."""
+    if clock is None:
+        return
+    bound = limits.max_future_ms
+    _, watermark = checkpoint_watermark(client.hgetall(keys.serve_checkpoint))
+    ahead = watermark is not None and watermark - clock > 2 * bound
+    if not poisoned and not ahead:
+        return
+    what = []
+    if poisoned:
+        eid, r = poisoned[0]
+        what.append(f"{len(poisoned):,} acknowledged entries of {keys.ingest_objects} are from the future by "
+                    f"today's bound (--max-future {bound:,} ms), e.g. entry {eid}: {r.detail}")
+    if ahead:
+        what.append(f"the last checkpoint's watermark {watermark} is {watermark - clock:,} ms ahead of Redis's clock")
+    raise PoisonedWatermarkError(
+        "refusing to start: " + "; ".join(what) + ". An earlier knnmon (or one with --max-future off) applied them, "
+        "so a window expired every object before them and rejected newer ones as late. Starting without them would "
+        "change the results silently. Stop here and run `knnmon repair --watermark` (same --redis/--namespace): it "
+        "rejects those entries as `future`, and the next start recomputes every result exactly, the objects "
+        "rejected as late because of them included; or start with --max-future off to keep them")
+
+
+def checkpoint_watermark(checkpoint: dict[str, str]) -> tuple[str | None, int | None]:
+    """The ``watermark`` field of a ``knn:serve:checkpoint`` hash: as stored (``None``: none),
+    and as a number (``None``: none, or not a number; nothing reads it back but the start-up
+    check and the repair)."""
+    raw = checkpoint.get("watermark")
+    if raw in (None, ""):
+        return None, None
+    try:
+        return raw, int(raw)
+    except ValueError:
+        return raw, None
+
+
+def _read_in_child(url: str, namespace: str, preload: pa.Table, limits: Limits, skip: frozenset[str],
+                   window: int | None, allowed_lateness: int) -> ObjectLog:
+    """:func:`read_objects` in a child process (:func:`read_elsewhere`)."""
+    from knnmon.heap import bulk_build
+
+    client = connect(url)
+    try:
+        with bulk_build():
+            return read_objects(client, Keys(namespace), preload, limits, skip, window, allowed_lateness)
+    finally:
+        client.close()
+
+
+def read_elsewhere(url: str, namespace: str, *args) -> Future:
+    """The future of :func:`read_objects` (``args``: its arguments after the keys), read in a
+    child process while this one reads the queries and loads the workers: the read is
+    Python-bound, and a thread here would take turns with them. Spawned, not forked (Ray's
+    threads may run here)."""
+    executor = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+    try:
+        return executor.submit(_read_in_child, url, namespace, *args)
+    finally:
+        executor.shutdown(wait=False)
