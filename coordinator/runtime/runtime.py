@@ -126,10 +126,7 @@ class Runtime(Revivals):
                 self.pool = make_pool(c, self.store.url, {})  # each load brings its queries' keyword codes
                 self._exit.callback(self.pool.close)
             self.timings["start_workers_s"] = time.perf_counter() - t0
-            if self.stored is not None:
-                self.stored.start(self, p)
-            else:
-                self._plan_and_load(p)
+            resumed = self.stored.start(self, p) if self.stored is not None else self._plan_and_load(p)
         except BaseException:
             self.close()
             raise
@@ -147,9 +144,11 @@ class Runtime(Revivals):
             set_of = dict(zip(ids, self.plan.plan.set_of.tolist())) if len(self.plan.plan.set_of) == len(ids) else {}
             self.rebalancer = Rebalancer(self.pool, self.registrar, self.upkeep, set_of, c.rebalance,
                                          redis_url=self.store.url, namespace=c.store.namespace, revive=in_place)
-        if self.stored is not None:
+        if resumed is not None:
             self.upkeep.request()  # the regions' table, built in the background (stored_start.coarse_routing)
-            self.stored.replay_into(self)
+            t0 = time.perf_counter()
+            self.timings["replayed"] = resumed.replay(self)
+            self.timings["replay_s"] = time.perf_counter() - t0
             self.stored = None  # (the timings say it started so)
         return self
 

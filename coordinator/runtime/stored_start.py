@@ -17,7 +17,7 @@ every query's kNN again and comparing it with Redis (:mod:`~knnmon.coordinator.s
    members' times from the worker's details hash; the reserve comes back with the query's next
    refill); nothing is written;
 3. **one replay batch** finishes what the service was doing when it stopped: the objects
-   delivered but not acknowledged (:attr:`StoredStart.replay`; at most one batch of them may
+   delivered but not acknowledged (:meth:`StoredStart.replay`; at most one batch of them may
    have reached some workers' results). Each worker gets those that are not members of its
    results: with a window after an expiry at the watermark of every object delivered, and the
    refills that expiry needs, searched over the live objects but the ones it gets. A worker that
@@ -36,7 +36,7 @@ from __future__ import annotations
 import json
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -47,7 +47,6 @@ from knnmon.assignment import Plan, Workload
 from knnmon.assignment.base import QuerySet
 from knnmon.assignment.routing import RoutingTable
 from knnmon.assignment.summary import summarize
-from knnmon.arrays import runs
 from knnmon.batch import KnnColumns, ObjectBatch
 from knnmon.connection import connect, with_retries
 from knnmon.coordinator.planning import PlanResult, empty_plan
@@ -89,10 +88,10 @@ class StoredStart:
         ``(m,)`` int32: each query's set in ``knn:plan`` (``-1``: none recorded).
     log
         What the objects stream holds (the service's
-        :class:`~knnmon.coordinator.service.recovery.ObjectLog`: ``objects``, the live objects,
+        :class:`~knnmon.coordinator.service.object_log.ObjectLog`: ``objects``, the live objects,
         ``id``, ``lon``, ``lat``, ``t``, ``keywords`` in stream order; ``pending_ids``, the
-        objects delivered but not acknowledged), or a future of it (read while the workers load;
-        :meth:`objects` waits for it).
+        objects delivered but not acknowledged), or a future of it (read in a child process while
+        the workers load; :meth:`objects` waits for it).
     number
         The replay batch's number: after every batch applied (its change feed version is one
         more); the stream's batches go on after it.
@@ -103,7 +102,6 @@ class StoredStart:
     set_of: np.ndarray
     log: Any
     number: int
-    _stored: StoredWorkers | None = field(default=None, repr=False)
 
     def objects(self) -> Any:
         """:attr:`log`, waited for."""
@@ -117,10 +115,10 @@ class StoredStart:
             return log.objects.slice(0, 0)
         return log.objects.filter(pc.is_in(log.objects.column("id"), pa.array(sorted(pending), pa.string())))
 
-    def start(self, runtime: Runtime, p: Any) -> None:
+    def start(self, runtime: Runtime, p: Any) -> StoredWorkers:
         """Plan, load the workers and take the live objects (module docstring, steps 1-2) into
         ``runtime`` (the store and the workers started), its ``prepared`` ``p`` getting them as
-        its initial objects; the replay is :meth:`replay_into`.
+        its initial objects; returns what was read, whose :meth:`StoredWorkers.replay` is step 3.
 
         Raises
         ------
@@ -129,29 +127,24 @@ class StoredStart:
         """
         c, tm, t0 = runtime.config, runtime.timings, time.perf_counter()
         url, namespace = runtime.store.url, c.store.namespace
-        self._stored = stored = self.read(url, namespace, c.window is not None)
+        stored = self.read(url, namespace, c.window is not None)
         tm["stored_read_s"] = time.perf_counter() - t0
-        runtime.plan = self.plan(p.model, c, stored.radius(), stored.lists.counts, stored.objects, url, namespace)
+        runtime.plan = self.plan(p.model, c, stored.lists.kth(self.queries.k), stored.lists.counts, stored.entries,
+                                 url, namespace)
         tm["plan_s"] = time.perf_counter() - t0
         t1 = time.perf_counter()
         loads = stored.send(runtime.pool, runtime.plan.routing)
-        p.initial = self.objects().objects  # (read meanwhile, in the recovery's thread)
+        p.initial = self.objects().objects  # (read meanwhile, in the recovery's child process)
         tm["objects_wait_s"] = time.perf_counter() - t1
         runtime.hold_objects(p)
         runtime.registrar.query_worker.update(zip(self.queries.ids, self.worker.tolist()))
         runtime.pool.gather(loads)
         tm["load_s"] = time.perf_counter() - t1
-
-    def replay_into(self, runtime: Runtime) -> None:
-        """The replay (module docstring, step 3) into the started ``runtime``, timed."""
-        t0 = time.perf_counter()
-        runtime.timings["replayed"] = self._stored.replay(runtime)
-        runtime.timings["replay_s"] = time.perf_counter() - t0
-        self._stored = None
+        return stored
 
     def read(self, redis_url: str, namespace: str, windowed: bool, chunk: int = CHUNK) -> StoredWorkers:
         """Every query's stored result (and with a window, its members' details from its
-        worker's details hash), for :meth:`StoredWorkers.load`.
+        worker's details hash), for :meth:`StoredWorkers.send`.
 
         Raises
         ------
@@ -163,31 +156,30 @@ class StoredStart:
         client = connect(redis_url)
         try:
             reader = ResultReader(client, Keys(namespace), url=redis_url, chunk=chunk)
-            counts, members, dist = reader.result_columns(list(self.queries.ids))
+            lists = KnnColumns(*reader.result_columns(list(self.queries.ids)))
             entries = client.xlen(Keys(namespace).ingest_objects)
-            details: dict[int, Any] = {}
-            if windowed:
-                ids = np.asarray(members, dtype=object)
-                starts = np.cumsum(counts) - counts
-                for w in np.unique(self.worker).tolist():
-                    mine = np.flatnonzero(self.worker == w)
-                    held = held_details(read_details(redis_url, namespace, w),
-                                        ids[runs(starts[mine], counts[mine])].tolist())
-                    if held is None:
-                        raise NotResumableError(f"worker {w}'s details hash lacks a member of its results")
-                    details[w] = held
         finally:
             client.close()
-        return StoredWorkers(self, KnnColumns(counts, members, dist), details, windowed, entries)
+        details: dict[int, Any] = {}
+        for w in np.unique(self.worker).tolist() if windowed else []:
+            held = held_details(read_details(redis_url, namespace, w), lists.take(self.rows_of(w)).ids)
+            if held is None:
+                raise NotResumableError(f"worker {w}'s details hash lacks a member of its results")
+            details[w] = held
+        return StoredWorkers(self, lists, details, windowed, entries)
+
+    def rows_of(self, worker: int) -> np.ndarray:
+        """``(q,)`` int64: the rows of :attr:`queries` on ``worker``."""
+        return np.flatnonzero(self.worker == worker)
 
     def plan(self, model, config, radius: np.ndarray, counts: np.ndarray, objects: int, redis_url: str,
              namespace: str) -> PlanResult:
         """The plan that keeps every query where it is (module docstring, step 1): its sets as
         ``knn:plan`` recorded them (a set that no longer has members is kept empty), the coarse
         routing table (:func:`coarse_routing`), and each worker's predicted load the sum of its
-        queries' costs over ``radius`` (``(m,)`` float64 meters) (``counts``: ``(m,)`` their stored results'
-        sizes, for the expected changes per object of the ``objects`` live ones; ``config``: the run's
-        :class:`~knnmon.coordinator.runtime.config.RunConfig`)."""
+        queries' costs over ``radius`` (``(m,)`` float64 meters; ``counts``: ``(m,)`` their stored
+        results' sizes, for the expected changes per object of about ``objects``; ``config``: the
+        run's :class:`~knnmon.coordinator.runtime.config.RunConfig`)."""
         q = self.queries
         if not len(q):
             return empty_plan(model, config.workers, config.algorithm)
@@ -195,12 +187,13 @@ class StoredStart:
         costs = CostModel.named(config.cost_model, config.delivery_cost)
         workload = Workload.build(model, table, radius, costs=costs,
                                   change_rate=np.asarray(counts, dtype=np.float64) / max(objects, 1))
-        sets, set_worker = _recorded_sets(redis_url, namespace, self.set_of)
+        sets, set_worker = _recorded_sets(redis_url, namespace, self.set_of, config.workers)
         plan = Plan(config.algorithm, config.workers, self.worker.astype(np.int32),
                     np.where(self.set_of < len(sets), self.set_of, -1).astype(np.int32), sets, set_worker)
         routing = coarse_routing(workload, model, plan.worker)
         return PlanResult(plan, workload, model, routing,
                           summarize(plan, workload, model, routing, delivery_cost=costs.delivery))
+
 
 def coarse_routing(workload: Workload, model, worker: np.ndarray) -> RoutingTable:
     """A routing table without cells: each keyword goes everywhere to every worker holding a
@@ -213,48 +206,42 @@ def coarse_routing(workload: Workload, model, worker: np.ndarray) -> RoutingTabl
                         np.empty(0, dtype=np.uint64))
 
 
-def _recorded_sets(redis_url: str, namespace: str, set_of: np.ndarray) -> tuple[list[QuerySet], np.ndarray]:
+def _recorded_sets(redis_url: str, namespace: str, set_of: np.ndarray, workers: int
+                   ) -> tuple[list[QuerySet], np.ndarray]:
     """The query sets ``knn:plan`` recorded, with their members from ``set_of`` (each query's
-    set, ``-1``: none); none if the record is missing or unreadable."""
+    set, ``-1``: none); none if the record is missing, unreadable, or names a region that is not
+    four numbers or a worker outside ``-1 .. workers - 1``."""
     client = connect(redis_url)
     try:
         fields = with_retries(lambda: client.hgetall(Keys(namespace).plan), "reading the plan", redis_url)
     finally:
         client.close()
-    sets, workers = [], []
+    sets, on = [], []
     try:
         for i in range(sum(1 for f in fields if f.startswith("set:"))):
             s = json.loads(fields[f"set:{i}"])
-            sets.append(QuerySet(np.flatnonzero(set_of == i), float(s["work"]), list(s["history"]),
-                                 tuple(float(x) for x in s["region"])))
-            workers.append(int(s["worker"]))
-    except (KeyError, ValueError, TypeError):
+            region, worker = tuple(float(x) for x in s["region"]), int(s["worker"])
+            if len(region) != 4 or not -1 <= worker < workers:  # (any client may have written the record)
+                raise ValueError(f"set {i}: region {region[:8]}, worker {worker}")
+            sets.append(QuerySet(np.flatnonzero(set_of == i), float(s["work"]), list(s["history"]), region))
+            on.append(worker)
+    except (KeyError, ValueError, TypeError, OverflowError):
         return [], np.empty(0, dtype=np.int32)
-    return sets, np.asarray(workers, dtype=np.int32)
+    return sets, np.asarray(on, dtype=np.int32)
 
 
 @dataclass
 class StoredWorkers:
     """The stored results read for a start (:meth:`StoredStart.read`): ``lists`` aligned with
     ``start.queries``, ``details`` per worker with a window (each one's members, as
-    :class:`~knnmon.batch.ObjectColumns`), and the objects stream's length (``objects``, about
+    :class:`~knnmon.batch.ObjectColumns`), and the objects stream's length (``entries``, about
     the objects the results are over: the plan's expected changes per object)."""
 
     start: StoredStart
     lists: KnnColumns
     details: dict[int, Any]
     first_k: bool
-    objects: int = 0
-
-    def radius(self) -> np.ndarray:
-        """``(m,)`` float64 meters: each stored result's ``k``-th distance, ``inf`` below ``k``
-        (the radius its worker loads it with)."""
-        k, counts = self.start.queries.k.astype(np.int64), self.lists.counts
-        out = np.full(len(k), np.inf)
-        full = counts >= k
-        starts = np.cumsum(counts) - counts
-        out[full] = self.lists.dist[starts[full] + k[full] - 1]
-        return out
+    entries: int = 0
 
     def send(self, pool, routing: RoutingTable, chunk: int = CHUNK) -> list:
         """Hand each worker its queries with their stored results (``write=False``: Redis holds
@@ -262,7 +249,7 @@ class StoredWorkers:
         calls, not waited for."""
         q, pending = self.start.queries, []
         for w in range(pool.size):
-            mine = np.flatnonzero(self.start.worker == w)
+            mine = self.start.rows_of(w)
             for s in range(0, len(mine), chunk):
                 part = mine[s:s + chunk]
                 queries = q.take(part)
@@ -279,16 +266,13 @@ class StoredWorkers:
         replayed = set(ids.tolist())
         window = d.window
         cutoff = window.cutoff if window is not None else None
-        routed, pair_obj, pair_code, masks = d._route(table)
+        routed, pair_obj, pair_code, _ = d._route(table)
         shared = pool.share(ObjectBatch(self.start.number, routed, pair_obj, pair_code))
-        held = np.asarray(self.lists.ids, dtype=object)
-        starts = np.cumsum(self.lists.counts) - self.lists.counts
         if cutoff is not None:
             needs = pool.gather([pool.expire(w, cutoff) for w in range(pool.size)])
         calls, rows = [], {}
         for w in range(pool.size):
-            mine = np.flatnonzero(self.start.worker == w)
-            holds = replayed.intersection(held[runs(starts[mine], self.lists.counts[mine])].tolist())
+            holds = replayed.intersection(self.lists.take(self.start.rows_of(w)).ids)
             rows[w] = np.asarray([i for i, o in enumerate(ids.tolist()) if o not in holds], dtype=np.int64)
             if cutoff is None:
                 calls.append(pool.process(w, shared, rows[w]))

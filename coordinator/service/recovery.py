@@ -83,7 +83,7 @@ class Recovered:
     @property
     def objects_log(self) -> ObjectLog:
         """:attr:`log`, waited for."""
-        return self.log.result() if isinstance(self.log, Future) else self.log
+        return self.stored.objects() if self.stored is not None else self.log
 
     @property
     def pending(self) -> list[str]:
@@ -227,14 +227,14 @@ def recover(client: redis.Redis, url: str, namespace: str, preload: pa.Table, mo
     StoreUnavailableError
         Redis unreachable, or the consumer group vanished.
     PoisonedWatermarkError
-        Objects from the future that an earlier version applied (:func:`check_event_time`).
+        Objects from the future that an earlier version applied
+        (:func:`~knnmon.coordinator.service.object_log.check_event_time`).
     """
     keys = Keys(namespace)
     create_groups(client, keys)
-    why = why_not_resumable(client, keys, settings, skip) if settings is not None else None
-    t0 = time.perf_counter()
+    why = why_not_resumable(client, keys, settings, skip) if settings is not None else "asked to recover in full"
     got: ObjectLog | Future
-    if settings is not None and why is None:  # read while the workers load (stored_start)
+    if why is None:  # read while the workers load (stored_start)
         got = read_elsewhere(url, namespace, preload, limits, skip, window, allowed_lateness)
     else:
         got = read_objects(client, keys, preload, limits, skip, window, allowed_lateness)
@@ -243,11 +243,11 @@ def recover(client: redis.Redis, url: str, namespace: str, preload: pa.Table, mo
     queries = read_queries(client, keys, limits=limits, placed=placed)
     queries_read = client.xlen(keys.ingest_queries) - undelivered(client, keys.ingest_queries)
     t2 = time.perf_counter()
-    seconds = {"objects": t1 - t0, "queries": t2 - t1}
-    stored = None
-    if why is None and settings is not None and client.scard(keys.queries) != len(queries):
+    seconds = {"queries": t2 - t1}
+    if why is None and client.scard(keys.queries) != len(queries):
         why = "a registered query's hash is unreadable"
-    if settings is not None and why is None:
+    stored = None
+    if why is None:
         stored, why = stored_start(queries, placed, int(settings["workers"]), got, feed_version(client, keys) + 1)
     if stored is not None:
         log.info("recovery: every worker starts from the results Redis holds")
@@ -255,12 +255,11 @@ def recover(client: redis.Redis, url: str, namespace: str, preload: pa.Table, mo
                             None, np.empty(0, np.int64), np.zeros(len(queries), np.int64), np.empty(0),
                             np.full(len(queries), np.inf), {}, first_batch=stored.number + 1)
         return Recovered(prepared, {q.id: q for q in queries}, got, queries_read, 0, seconds, stored)
-    if settings is not None:
-        log.info("recovery: every result searched again and compared with Redis (%s)", why)
+    log.info("recovery: every result searched again and compared with Redis (%s)", why)
     forget_settings(client, keys, url)  # (until the results are exact again: resume's docstring)
     if isinstance(got, Future):
         got = got.result()
-    seconds["objects"] = got.seconds
+    seconds = {"objects": got.seconds, **seconds}
     prepared = prepare_tables(model, QueryColumns.of(queries).to_table(), got.objects, OBJECT_SCHEMA.empty_table(),
                               processes=processes, reserve=reserve)
     t3 = time.perf_counter()

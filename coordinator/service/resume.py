@@ -45,7 +45,8 @@ def settings_of(config, preload_rows: int) -> dict[str, str]:
                                          "seed", "routing_entries")}
     return {"workers": str(run.workers), "window": str(run.window), "allowed_lateness": str(run.allowed_lateness),
             "reserve": str(run.places_reserved), "limits": json.dumps(asdict(run.limits), sort_keys=True),
-            "preload": f"{config.objects_dir}:{config.initial}:{preload_rows}", "plan": json.dumps(plan, sort_keys=True)}
+            "preload": f"{config.objects_dir}:{config.initial}:{preload_rows}",
+            "plan": json.dumps(plan, sort_keys=True)}
 
 
 def forget_settings(client: redis.Redis, keys: Keys, url: str | None = None) -> None:
@@ -93,14 +94,18 @@ def stored_start(queries: list[Query], placed: dict[str, tuple], workers: int, l
         w, _, s, moved = placed.get(q.id, (None, None, None, False))
         if moved:
             return None, f"query {q.id[:64]} has a re-balancing move noted"
-        try:
-            worker[i] = int(w)
-            set_of[i] = int(s) if s not in (None, "") else -1
-        except (TypeError, ValueError):
-            return None, f"query {q.id[:64]} has no readable worker"
-        if not 0 <= worker[i] < workers:
-            return None, f"query {q.id[:64]} is on worker {worker[i]}, not one of {workers}"
+        on, in_set = _count(w), _count(s)
+        if on is None or on >= workers:
+            return None, f"query {q.id[:64]} has no worker among the {workers}: {str(w)[:32]!r}"
+        worker[i], set_of[i] = on, in_set if in_set is not None and in_set < 2 ** 31 else -1
     q = QueryColumns.of(queries)
     columns = QueryColumns(q.ids, np.asarray(q.lon, dtype=np.float64), np.asarray(q.lat, dtype=np.float64), q.keywords,
                            np.asarray(q.k, dtype=np.int64))
     return StoredStart(columns, worker, set_of, log, number), None
+
+
+def _count(field: str | None) -> int | None:
+    """A hash field read as a number >= 0 (a worker, a set); ``None`` if it is not one. The
+    fields come from Redis, where any client may have written anything."""
+    text = (field or "").strip()
+    return int(text) if text.isascii() and text.isdigit() and len(text) < 19 else None

@@ -14,7 +14,8 @@ from redis.retry import Retry
 
 from knnmon.errors import StoreUnavailableError
 
-__all__ = ["connect", "redact", "replace_hash", "set_retry_window", "with_retries", "redis_url_from_env", "ENV_REDIS_URL"]
+__all__ = ["connect", "redact", "replace_hash", "set_retry_window", "with_retries", "redis_url_from_env",
+           "ENV_REDIS_URL"]
 
 ENV_REDIS_URL = "KNNMON_REDIS_URL"
 log = logging.getLogger("knnmon.redis")

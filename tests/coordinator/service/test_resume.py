@@ -131,3 +131,38 @@ def test_why_not_resumable_names_each_reason(redis_url, namespace):
     assert why_not_resumable(r, keys, {**settings, "reserve": "9"}, frozenset()) == "the settings changed (reserve)"
     r.set(keys.worker_batch(1), "abc:7/2")
     assert why_not_resumable(r, keys, settings, frozenset()) == "worker 1's last write was a part of a batch"
+
+
+def test_a_placement_a_client_wrote_into_a_query_hash_means_a_full_recovery_never_a_crash():
+    """The ``worker`` and ``set`` fields come from Redis: any value a client wrote there."""
+    from knnmon.coordinator.service.resume import stored_start
+    from knnmon.query import Query
+
+    q = Query("q1", 7.0, 45.0, ("cafe",), 3)
+    for worker in ("9" * 30, "-1", "2", "", "x", "١", None):
+        stored, why = stored_start([q], {"q1": (worker, None, None, False)}, 2, None, 5)
+        assert stored is None and "no worker among the 2" in why, worker
+    stored, why = stored_start([q], {"q1": ("1", None, "9" * 30, False)}, 2, None, 5)
+    assert why is None and stored.worker.tolist() == [1] and stored.set_of.tolist() == [-1]  # an unknown set
+    stored, why = stored_start([q], {"q1": ("1", None, None, True)}, 2, None, 5)
+    assert stored is None and "move noted" in why
+
+
+def test_a_plan_record_a_client_wrote_is_dropped_not_trusted(redis_url, namespace):
+    """``knn:plan``'s sets place new registrations: a record naming no real worker or region is
+    left out (the start places by load alone), never indexed with."""
+    import json
+
+    import numpy as np
+
+    from knnmon.coordinator.runtime.stored_start import _recorded_sets
+
+    r, keys = redis.Redis.from_url(redis_url, decode_responses=True), Keys(namespace)
+    good = {"worker": 1, "queries": 1, "work": 2.0, "region": [0, 0, 1, 1], "history": ["split by x"]}
+    r.hset(keys.plan, "set:0", json.dumps(good))
+    sets, on = _recorded_sets(redis_url, namespace, np.array([0, -1]), 2)
+    assert on.tolist() == [1] and sets[0].members.tolist() == [0] and sets[0].region == (0.0, 0.0, 1.0, 1.0)
+    for bad in ({**good, "worker": 2}, {**good, "worker": -2}, {**good, "worker": 10 ** 30}, {**good, "region": [1]},
+                {**good, "work": "x"}, {"worker": 1}, [1, 2], "not json"):
+        r.hset(keys.plan, "set:0", bad if isinstance(bad, str) else json.dumps(bad))
+        assert _recorded_sets(redis_url, namespace, np.array([0, -1]), 2)[0] == [], bad
