@@ -78,7 +78,8 @@ def load_preload(config: ServeConfig):
 
 
 def connect_when_up(url: str, stopping: Callable[[], bool]) -> redis.Redis:
-    """A client once Redis answers; waits with capped exponential backoff, logging each miss.
+    """A client once Redis answers; waits with exponential backoff capped at 1 s (a restarted
+    Redis is used within a second of answering), logging each miss.
 
     Raises
     ------
@@ -96,7 +97,7 @@ def connect_when_up(url: str, stopping: Callable[[], bool]) -> redis.Redis:
                 raise StoreUnavailableError(f"Redis at {redact(url)} unreachable while stopping") from ex
             log.warning("Redis at %s unreachable (%s); retrying in %.1f s", redact(url), ex, delay)
             time.sleep(delay)
-            delay = min(delay * 2, 10.0)
+            delay = min(delay * 2, 1.0)
 
 
 def ray_running() -> bool:

@@ -118,7 +118,7 @@ def with_retries(op: Callable[[], T], what: str, url: str, *, attempts: int | No
     attempts
         Give up after this many attempts (delays ``backoff_s * 2**i``); default: keep trying
         for the process's retry window (:func:`set_retry_window`; 6.2 s unless set), the delay
-        doubling from ``backoff_s`` up to 2 s.
+        doubling from ``backoff_s`` up to 1 s.
     before_retry
         Called before each retry; returning ``True`` means the failed attempt did take effect
         (e.g. its idempotency marker is in Redis), so ``op`` is not run again.
@@ -137,7 +137,7 @@ def with_retries(op: Callable[[], T], what: str, url: str, *, attempts: int | No
             return op()
         except (redis.ConnectionError, redis.TimeoutError) as ex:
             attempt += 1
-            delay = backoff_s * 2 ** (attempt - 1) if attempts is not None else min(backoff_s * 2 ** (attempt - 1), 2.0)
+            delay = backoff_s * 2 ** (attempt - 1) if attempts is not None else min(backoff_s * 2 ** (attempt - 1), 1.0)
             if attempts is not None and attempt >= attempts or deadline is not None and \
                     time.monotonic() + delay > deadline + 1e-9:
                 raise StoreUnavailableError(f"Redis at {redact(url)} unreachable while {what} "

@@ -16,6 +16,8 @@ import time
 from urllib.parse import quote
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from knnmon.errors import KnnmonError
 
@@ -167,7 +169,10 @@ class EmbeddedRedis:
         return f"redis://{auth}127.0.0.1:{self.port}/0"
 
     def _client(self, **options) -> redis.Redis:
-        return redis.Redis(host="127.0.0.1", port=self.port, password=self.password, **options)
+        # No automatic retry: redis-py's default (10 retries, exponential backoff) made a
+        # SHUTDOWN wait seconds on the closed connection, and each PING of a loading server too.
+        return redis.Redis(host="127.0.0.1", port=self.port, password=self.password, retry=Retry(NoBackoff(), 0),
+                           **options)
 
     def start(self) -> EmbeddedRedis:
         """Start the server and wait until it answers PING.
@@ -232,6 +237,7 @@ class EmbeddedRedis:
                 pid, port = (int(x) for x in fh.read().split())
             os.kill(pid, 0)
             client = redis.Redis(host="127.0.0.1", port=port, password=password, socket_timeout=1.0,
+                                 retry=Retry(NoBackoff(), 0),
                                  decode_responses=True)
             alive = client.ping() and client.config_get("dir").get("dir") == data_dir
             client.close()
