@@ -16,6 +16,7 @@ from collections import deque
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import redis
 
 from knnmon.coordinator.runtime.metrics import BatchReport
@@ -71,10 +72,12 @@ class Ledger:
         self.counters["future"] += len(gone)
 
     def finish(self, ids: list[str], rejects: list[Reject], report: BatchReport | None, parse_ms: float,
-               update_ms: float, top_t: int | None, refill_parts_ms: dict[str, float], window: Window | None) -> None:
+               update_ms: float, top_t: int | None, refill_parts_ms: dict[str, float], window: Window | None,
+               objects: pa.Table | None = None) -> None:
         """Acknowledge one minibatch's objects' entries ``ids`` (and ``rejects``: the read's
         rejected entries go with its first minibatch), with its batch record; then checkpoint
-        when due, and count. ``top_t``: the largest time of its objects (``None``: none)."""
+        when due, and count. ``top_t``: the largest time of its objects (``None``: none);
+        ``objects``: the objects it applied (for the checkpoint's chunk)."""
         n_objects = len(ids)
         now_ms = time.time() * 1000
         acked = sorted(ids + [e for e, _, _ in rejects], key=entry_order)
@@ -94,7 +97,7 @@ class Ledger:
                           **{f"refill_{k}_ms": f"{v:.2f}" for k, v in refill_parts_ms.items()})
         self.ack(self.keys.ingest_objects, acked, rejects, record)
         if self.checkpointer is not None:
-            self.checkpointer.add(acked[0], acked[-1], top_t)
+            self.checkpointer.add(acked[0], acked[-1], top_t, objects)
             if self.checkpointer.due():
                 self.counters["entries_trimmed"] += self.checkpointer.checkpoint(window.watermark, window.cutoff)
                 self.counters["checkpoints"] += 1

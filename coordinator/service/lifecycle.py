@@ -138,7 +138,7 @@ class Lifecycle:
         ledger.client, ledger.url, ledger.checkpointer = self.client, self.redis_url, None
         if self.config.run.window is not None:
             ledger.checkpointer = Checkpointer(self.client, self.redis_url, self.keys,
-                                               self.config.checkpoint_interval_s)
+                                               self.config.checkpoint_interval_s, self.config.run.limits)
             for first, last, top in r.spans:
                 ledger.checkpointer.add(first, last, top)
         ledger.ack(self.keys.ingest_objects, r.pending, r.rejects)

@@ -283,26 +283,27 @@ class Service(Lifecycle):
         parts = self.batching.cut(rt.estimate(table) if sjf else np.zeros(table.num_rows, np.int64), sjf=sjf,
                                   backlog=self._backlog)
         if not parts:
-            self._finish([], read.rejects, None, parse_ms, 0.0, None)
+            self._finish([], read.rejects, None, parse_ms, 0.0, None, table)
         times = table.column("t").to_numpy()
         i, n_done, seconds = 0, 0, 0.0
         while i < len(parts):
             part = parts[i]
             t1 = time.perf_counter()
-            report = rt.process(table.take(pa.array(part)))
+            objects = table.take(pa.array(part))
+            report = rt.process(objects)
             update_ms = (time.perf_counter() - t1) * 1e3
             self._finish([read.entry_ids[j] for j in part.tolist()], read.rejects if i == 0 else [], report,
-                         parse_ms if i == 0 else 0.0, update_ms, int(times[part].max()))
+                         parse_ms if i == 0 else 0.0, update_ms, int(times[part].max()), objects)
             took = time.perf_counter() - t1
             self.batching.observe(len(part), took)
             i, n_done, seconds = i + 1, n_done + len(part), seconds + took
             parts = self.batching.regroup(parts, i, n_done, seconds)  # too slow for the stream: the rest at once
 
     def _finish(self, ids: list[str], rejects: list, report, parse_ms: float, update_ms: float,
-                top_t: int | None) -> None:
-        """Acknowledge and log one minibatch (:meth:`Ledger.finish`); a revived worker's process
-        changed, so the worker list is taken again."""
+                top_t: int | None, objects: pa.Table) -> None:
+        """Acknowledge and log one minibatch of ``objects`` (:meth:`Ledger.finish`); a revived
+        worker's process changed, so the worker list is taken again."""
         rt = self.runtime
-        self.ledger.finish(ids, rejects, report, parse_ms, update_ms, top_t, rt.refill_parts_ms, rt.window)
+        self.ledger.finish(ids, rejects, report, parse_ms, update_ms, top_t, rt.refill_parts_ms, rt.window, objects)
         if rt.workers_revived != self._revived_seen:
             self._take_worker_list()

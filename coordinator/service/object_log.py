@@ -19,6 +19,7 @@ import redis
 from knnmon.bulk_parse import parse_objects
 from knnmon.connection import connect
 from knnmon.coordinator.runtime.preparation import live_initial
+from knnmon.coordinator.service.object_snapshot import read_chunks
 from knnmon.errors import PoisonedWatermarkError, Rejected, StoreUnavailableError
 from knnmon.keys import Keys
 from knnmon.limits import DEFAULT_LIMITS, Limits
@@ -114,6 +115,10 @@ def read_object_log(client: redis.Redis, keys: Keys, preload: pa.Table, limits: 
     rejects among those, the entries read, :attr:`Recovered.spans`, and the unacknowledged
     entries parsed: ``(entry id, fields, t, object id)`` (with a window the late ones are rejected).
 
+    The ranges the checkpoints wrote in columns are taken from their chunks
+    (:mod:`~knnmon.coordinator.service.object_snapshot`), the rest parsed, ``chunk`` entries at
+    a time.
+
     Raises
     ------
     PoisonedWatermarkError
@@ -123,7 +128,6 @@ def read_object_log(client: redis.Redis, keys: Keys, preload: pa.Table, limits: 
     """
     key = keys.ingest_objects
     clock = redis_clock_ms(client) if limits.max_future_ms is not None else None
-    poisoned: list[tuple[str, Rejected]] = []
     last = _group(client, key)["last-delivered-id"]
     pending = set()
     if last != "0-0":
@@ -131,50 +135,91 @@ def read_object_log(client: redis.Redis, keys: Keys, preload: pa.Table, limits: 
         if summary["pending"]:
             rows = client.xpending_range(key, GROUP, min="-", max="+", count=summary["pending"])
             pending = {r["message_id"] for r in rows} - skip
-    seen = set(preload.column("id").to_pylist())
-    rejects, spans, unacked = [], [], []
-    ids, keywords, lon, lat, t = [], [], [], [], []
-    start, read = "-", 0
-    while last != "0-0":
-        entries = client.xrange(key, min=start, max=last, count=chunk)
-        read += len(entries)
-        kept = [e for e in entries if e[0] not in skip] if skip else entries
-        cols = parse_objects(kept, limits, clock_ms=clock)
-        take = []
-        for i, ((eid, fields), ok) in enumerate(zip(kept, cols.ok.tolist())):
-            if ok:
-                oid = cols.ids[i]
-                if oid not in seen:
-                    seen.add(oid)
-                    take.append(i)
-                    if eid in pending:
-                        unacked.append((eid, fields, int(cols.t[i]), oid))
-                    continue
-                r = Rejected("duplicate_id", f"id={oid}")
-            else:
-                r = cols.rejects[i]
-            if eid in pending:
-                rejects.append((eid, fields, r))
-            elif r.reason == "future" and str(fields.get("id", "")).strip() not in seen:
-                poisoned.append((eid, r))
-        rows = np.asarray(take, dtype=np.int64)
-        ids += [cols.ids[i] for i in take]
-        keywords += [cols.keywords[i] for i in take]
-        lon.append(cols.lon[rows]), lat.append(cols.lat[rows]), t.append(cols.t[rows])
-        if entries:
-            spans.append((entries[0][0], entries[-1][0], int(t[-1].max()) if take else None))
-        if len(entries) < chunk:
-            break
-        start = "(" + entries[-1][0]
-    check_event_time(client, keys, limits, poisoned, clock)
-    if ids:
-        parsed = pa.table({"id": pa.array(ids, pa.string()), "lon": np.concatenate(lon), "lat": np.concatenate(lat),
-                           "t": np.concatenate(t), "keywords": pa.array(keywords, pa.list_(pa.string()))},
-                          schema=OBJECT_SCHEMA)
-        table = pa.concat_tables([preload, parsed])
-    else:
-        table = preload
-    return table, sorted(pending, key=entry_order), rejects, read, spans, unacked
+    log = _LogReader(client, key, limits, clock, pending, skip, set(preload.column("id").to_pylist()))
+    if last != "0-0":
+        at = "-"
+        for c in read_chunks(client, keys, OBJECT_SCHEMA, limits, last, sorted(pending | skip), clock):
+            log.parse(at, "(" + c.first, chunk)
+            log.take(c)
+            at = "(" + c.last
+        log.parse(at, last, chunk)
+        if log.chunks:
+            log.read = _entries_up_to(client, key, last)
+    check_event_time(client, keys, limits, log.poisoned, clock)
+    table = pa.concat_tables([preload, *log.tables]) if log.tables else preload
+    return table, sorted(pending, key=entry_order), log.rejects, log.read, log.spans, log.unacked
+
+
+class _LogReader:
+    """:func:`read_object_log`'s reading: the stream's ranges parsed, the chunks taken, the ids
+    seen so far (the first of an id is the object; a repeat is a ``duplicate_id``)."""
+
+    def __init__(self, client: redis.Redis, key: str, limits: Limits, clock: int | None, pending: set[str],
+                 skip: frozenset[str], seen: set[str]) -> None:
+        self.client, self.key, self.limits, self.clock = client, key, limits, clock
+        self.pending, self.skip, self.seen = pending, skip, seen
+        self.tables: list[pa.Table] = []
+        self.rejects: list[tuple[str, dict, Rejected]] = []
+        self.spans: list[tuple[str, str, int | None]] = []
+        self.unacked: list[tuple[str, dict, int, str]] = []
+        self.poisoned: list[tuple[str, Rejected]] = []
+        self.read = 0  # (entries parsed; with chunks taken, counted in Redis at the end)
+        self.chunks = 0
+
+    def take(self, c) -> None:
+        """A chunk's objects (:class:`~knnmon.coordinator.service.object_snapshot.Chunk`), but
+        ids seen before; its spans."""
+        seen, new = self.seen, []
+        for oid in c.objects.column("id").to_pylist():
+            new.append(oid not in seen)
+            seen.add(oid)
+        new = np.asarray(new, dtype=bool)
+        self.tables.append(c.objects if new.all() else c.objects.filter(pa.array(new)))
+        self.spans += [(a, b, None if t == -(1 << 63) else t) for a, b, t in c.spans]
+        self.chunks += 1
+
+    def parse(self, start: str, end: str, chunk: int) -> None:
+        """Parse the entries ``start``..``end`` (XRANGE bounds)."""
+        pending, seen, skip = self.pending, self.seen, self.skip
+        while True:
+            entries = self.client.xrange(self.key, min=start, max=end, count=chunk)
+            self.read += len(entries)
+            kept = [e for e in entries if e[0] not in skip] if skip else entries
+            cols = parse_objects(kept, self.limits, clock_ms=self.clock)
+            take = []
+            for i, ((eid, fields), ok) in enumerate(zip(kept, cols.ok.tolist())):
+                if ok:
+                    oid = cols.ids[i]
+                    if oid not in seen:
+                        seen.add(oid)
+                        take.append(i)
+                        if eid in pending:
+                            self.unacked.append((eid, fields, int(cols.t[i]), oid))
+                        continue
+                    r = Rejected("duplicate_id", f"id={oid}")
+                else:
+                    r = cols.rejects[i]
+                if eid in pending:
+                    self.rejects.append((eid, fields, r))
+                elif r.reason == "future" and str(fields.get("id", "")).strip() not in seen:
+                    self.poisoned.append((eid, r))
+            rows = np.asarray(take, dtype=np.int64)
+            if take:
+                self.tables.append(pa.table({"id": pa.array([cols.ids[i] for i in take], pa.string()),
+                                             "lon": cols.lon[rows], "lat": cols.lat[rows], "t": cols.t[rows],
+                                             "keywords": pa.array([cols.keywords[i] for i in take],
+                                                                  pa.list_(pa.string()))}, schema=OBJECT_SCHEMA))
+            if entries:
+                self.spans.append((entries[0][0], entries[-1][0], int(cols.t[rows].max()) if take else None))
+            if len(entries) < chunk:
+                return
+            start = "(" + entries[-1][0]
+
+
+def _entries_up_to(client: redis.Redis, key: str, last: str) -> int:
+    """Entries of stream ``key`` up to ``last`` (inclusive), counted in Redis in one step."""
+    return int(client.eval("return redis.call('XLEN', KEYS[1]) - #redis.call('XRANGE', KEYS[1], '(' .. ARGV[1], '+')",
+                           1, key, last))
 
 
 def check_event_time(client: redis.Redis, keys: Keys, limits: Limits, poisoned: list[tuple[str, Rejected]],

@@ -155,6 +155,7 @@ def repair_watermark(client: redis.Redis, keys: Keys, limits: Limits = DEFAULT_L
         return report
     now = int(time.time() * 1000)
     client.delete(keys.serve_settings)  # the stored results held those entries: the next start searches anew
+    client.delete(keys.serve_snapshot)  # and the checkpoints' chunks: the next start parses the stream
     for eid, fields, r in poisoned:
         pipe = client.pipeline(transaction=True)
         pipe.xadd(keys.ingest_rejects, reject_record(fields, "future", f"{r} (knnmon repair --watermark)", key, eid),

@@ -49,6 +49,7 @@ def test_window_across_sigkill_and_trims(redis_url, namespace, places_slice, sli
         proc.kill()  # SIGKILL after a trim, mid-stream
         proc.wait()
         assert r.xlen(keys.ingest_objects) < published  # trimmed below what the window needs
+        assert r.hlen(keys.serve_snapshot)  # the restart takes the checkpoints' chunks (object_snapshot)
         proc = start_serve(redis_url, namespace, tmp_path)
         wait_processed(r, keys, proc, timeout_s=300)
         time.sleep(0.5)  # one more checkpoint after the last batch
