@@ -1,12 +1,36 @@
-"""The worker as a Ray actor: :class:`~knnmon.workers.worker.KnnWorker` wrapped at the edge."""
+"""The worker as a Ray actor: :class:`~knnmon.workers.worker.KnnWorker` wrapped at the edge.
+
+A service's workers (``knnmon serve`` on a Ray cluster) are **detached** named actors, so that a
+restarted service takes the processes of the one before instead of starting new ones: a new
+actor process costs ~2.5 s of CPU (Ray's worker start, the imports, the compiled kernels), four
+of them ~10 s on the cores a restart needs. A taken actor starts empty (:meth:`WorkerHost.reset`);
+only its process is kept. An actor whose service is gone for good (its heartbeat
+``knn:serve:alive`` older than :data:`ORPHAN_S` at two reads in a row) exits on its own
+(:func:`_watch`).
+"""
 
 from __future__ import annotations
 
-__all__ = ["WorkerActor"]
+import logging
+import os
+import threading
+import time
+from typing import Any
+
+from knnmon.workers.worker import KnnWorker
+
+__all__ = ["ORPHAN_S", "RAY_NAMESPACE", "WorkerActor", "WorkerHost"]
+
+log = logging.getLogger("knnmon.worker")
+
+#: The Ray namespace of the detached worker actors.
+RAY_NAMESPACE = "knnmon"
+#: A detached worker exits when its service's status is older than this, seconds.
+ORPHAN_S = 300.0
 
 
 def WorkerActor(num_cpus: float = 0.5, **options):  # noqa: N802 - reads as a class at call sites
-    """``ray.remote(KnnWorker)`` with actor options (``num_cpus`` defaults to 0.5, so that more
+    """``ray.remote(WorkerHost)`` with actor options (``num_cpus`` defaults to 0.5, so that more
     workers than cores can be placed, as on the 2-core reference machine).
 
     Its calls record no Ray task events (``enable_task_events=False`` unless ``options`` say
@@ -16,6 +40,69 @@ def WorkerActor(num_cpus: float = 0.5, **options):  # noqa: N802 - reads as a cl
     dashboard's task list then shows the actors but not their calls."""
     import ray
 
-    from knnmon.workers.worker import KnnWorker
+    return ray.remote(WorkerHost).options(num_cpus=num_cpus, **{"enable_task_events": False, **options})
 
-    return ray.remote(KnnWorker).options(num_cpus=num_cpus, **{"enable_task_events": False, **options})
+
+class WorkerHost(KnnWorker):
+    """A :class:`KnnWorker` whose process a restarted service may take (module docstring).
+
+    ``orphan_s``: with a number, watch the service's heartbeat and exit once it is older than
+    that many seconds (detached actors); ``None``: no watch."""
+
+    def __init__(self, worker_id: int, redis_url: str | None, *args: Any, orphan_s: float | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(worker_id, redis_url, *args, **kwargs)
+        if orphan_s is not None and redis_url:
+            _start_watch(redis_url, kwargs.get("namespace", args[0] if args else "knn"), orphan_s)
+
+    def reset(self, worker_id: int, redis_url: str | None, *args: Any, **kwargs: Any) -> int:
+        """Become a new, empty worker ``worker_id`` (the arguments as :class:`WorkerHost`
+        takes them), after the queued writes of the one before; returns this process's id."""
+        if getattr(self, "queue", None) is not None:
+            self.queue.close()
+        self.__dict__.clear()
+        WorkerHost.__init__(self, worker_id, redis_url, *args, **kwargs)
+        return os.getpid()
+
+
+_watched: dict[str, Any] = {}
+
+
+def _start_watch(redis_url: str | None, namespace: str, orphan_s: float) -> None:
+    """Watch ``namespace``'s service status (one watcher per process; a reset re-aims it)."""
+    if not redis_url:
+        return
+    _watched.update(url=redis_url, namespace=namespace, orphan_s=float(orphan_s))
+    if "thread" not in _watched:
+        _watched["thread"] = threading.Thread(target=_watch, name="knnmon-orphan-watch", daemon=True)
+        _watched["thread"].start()
+
+
+def _watch() -> None:
+    """Exit this process once the service is gone for good: its heartbeat
+    (``knn:serve:alive``, refreshed every few seconds while it runs) missing or older than
+    ``orphan_s`` at two reads in a row, a tenth of that apart. A Redis that does not answer
+    decides nothing."""
+    from knnmon.connection import connect
+    from knnmon.keys import Keys
+
+    strikes = 0
+    while True:
+        time.sleep(max(_watched["orphan_s"] / 10, 0.05))
+        try:
+            client = connect(_watched["url"], socket_timeout_s=5.0)
+            try:
+                raw = client.get(Keys(_watched["namespace"]).serve_alive)
+            finally:
+                client.close()
+        except Exception:  # noqa: BLE001 - Redis away or unreachable: no decision
+            continue
+        try:
+            age_s = time.time() - float(raw) / 1000
+        except (TypeError, ValueError):
+            age_s = float("inf")
+        strikes = strikes + 1 if age_s > _watched["orphan_s"] else 0
+        if strikes >= 2:
+            log.warning("the service of namespace %r is gone (heartbeat %.0f s old); this worker exits",
+                        _watched["namespace"], age_s)
+            os._exit(0)

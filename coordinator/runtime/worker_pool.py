@@ -184,23 +184,75 @@ class RayPool(WorkerPool):
     resources on a random node unless its node affinity is hard.
     """
 
-    def __init__(self, size: int, worker_args: Mapping[str, Any], ray_address: str | None = None) -> None:
+    def __init__(self, size: int, worker_args: Mapping[str, Any], ray_address: str | None = None,
+                 detach_as: str | None = None) -> None:
         super().__init__(size)
         import ray
 
         self._ray, self._args = ray, dict(worker_args)
         self._started_ray = init_ray(ray_address)
+        self._detach_as = detach_as
+        if detach_as is not None:
+            from knnmon.workers.actor import ORPHAN_S
+
+            self._args.setdefault("orphan_s", ORPHAN_S)
         nodes = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"])
-        log.info("starting %d workers on %d alive Ray nodes: %s", size, len(nodes), ", ".join(n[:8] for n in nodes))
-        self.actors = [self._new_actor(w, nodes) for w in range(size)]
+        taken = self._take_spares(size) if detach_as is not None else {}
+        log.info("starting %d workers on %d alive Ray nodes: %s%s", size, len(nodes), ", ".join(n[:8] for n in nodes),
+                 f" ({len(taken)} taken from the service before)" if taken else "")
+        self.actors = [taken[w] if w in taken else self._new_actor(w, nodes) for w in range(size)]
+        self.taken = len(taken)
 
     def _new_actor(self, worker: int, nodes: Sequence[str], **overrides: Any) -> Any:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        from knnmon.workers.actor import WorkerActor
+        from knnmon.workers.actor import RAY_NAMESPACE, WorkerActor
 
+        options: dict[str, Any] = {}
+        if self._detach_as is not None:
+            import uuid
+
+            options = {"name": f"{self._detach_as}:{worker}:{uuid.uuid4().hex[:8]}", "namespace": RAY_NAMESPACE,
+                       "lifetime": "detached"}
         return WorkerActor(num_cpus=WORKER_CPUS, scheduling_strategy=NodeAffinitySchedulingStrategy(
-            nodes[worker % len(nodes)], soft=True)).remote(worker, **{**self._args, **overrides})
+            nodes[worker % len(nodes)], soft=True), **options).remote(worker, **{**self._args, **overrides})
+
+    def _take_spares(self, size: int, timeout_s: float = 30.0) -> dict[int, Any]:
+        """The detached actors a service before this one left under :attr:`_detach_as` (a
+        SIGKILLed service's), reset to empty workers: one per worker number below ``size``
+        that answers within ``timeout_s``; every other one is killed. Their queued writes end
+        before this returns, so Redis is read after them."""
+        from ray.util import list_named_actors
+
+        from knnmon.workers.actor import RAY_NAMESPACE
+
+        ray, prefix = self._ray, f"{self._detach_as}:"
+        found: dict[int, list[Any]] = {}
+        for entry in list_named_actors(all_namespaces=True):
+            name = entry.get("name", "") if isinstance(entry, dict) else str(entry)
+            if (isinstance(entry, dict) and entry.get("namespace") != RAY_NAMESPACE) or not name.startswith(prefix):
+                continue
+            with contextlib.suppress(ValueError):  # (gone meanwhile)
+                number = name[len(prefix):].split(":", 1)[0]
+                found.setdefault(int(number) if number.isdigit() else -1, []).append(
+                    ray.get_actor(name, namespace=RAY_NAMESPACE))
+        keep = {w: handles[0] for w, handles in found.items() if 0 <= w < size}
+        for w, handles in found.items():
+            for h in handles[1:] if w in keep else handles:
+                with contextlib.suppress(Exception):
+                    ray.kill(h)
+        resets = {w: h.reset.remote(w, **self._args) for w, h in keep.items()}
+        taken = {}
+        for w, ref in resets.items():
+            try:
+                ray.get(ref, timeout=timeout_s)
+                taken[w] = keep[w]
+            except Exception as ex:  # noqa: BLE001 - dead, or busy past the timeout: a new one
+                log.warning("worker %d's actor of the service before did not reset (%s); starting a new one", w,
+                            type(ex).__name__)
+                with contextlib.suppress(Exception):
+                    ray.kill(keep[w])
+        return taken
 
     def replace(self, worker: int, **overrides: Any) -> None:
         """Start worker ``worker`` anew on an alive node: an empty worker with the same settings
@@ -275,11 +327,16 @@ def init_ray(address: str | None = None) -> bool:
     return True
 
 
-def make_pool(config: RunConfig, redis_url: str | None, vocabulary: Mapping[str, int]) -> WorkerPool:
+def make_pool(config: RunConfig, redis_url: str | None, vocabulary: Mapping[str, int], *,
+              detach: bool = False) -> WorkerPool:
     """``config.workers`` workers writing to ``redis_url`` under ``config.store.namespace``, in
     process or as Ray actors (``config.executor``); ``vocabulary``: keyword codes of the routing
     table the workers know from the start (the runtime gives none: each load, registration and
-    hand-over brings the codes of its queries' keywords, so a worker holds only its own)."""
+    hand-over brings the codes of its queries' keywords, so a worker holds only its own).
+
+    ``detach``: on a Ray cluster that outlives this process (``ray_address`` or ``RAY_ADDRESS``
+    given), start the actors detached and take those a service before left in this namespace
+    of this Redis (:mod:`knnmon.workers.actor`; ``knnmon serve``, whose heartbeat they watch)."""
     from knnmon.workers.worker import KnnWorker
 
     args = {"redis_url": redis_url, "namespace": config.store.namespace, "vocabulary": vocabulary,
@@ -288,4 +345,12 @@ def make_pool(config: RunConfig, redis_url: str | None, vocabulary: Mapping[str,
             "redis_wait_s": config.redis_wait_s}
     if config.executor == "inline":
         return InlinePool([KnnWorker(w, **args) for w in range(config.workers)])
-    return RayPool(config.workers, args, config.ray_address)
+    detach_as = None
+    if detach and redis_url and (config.ray_address or os.environ.get("RAY_ADDRESS")):
+        import hashlib
+
+        from knnmon.connection import redact
+
+        where = f"{redact(redis_url)}|{config.store.namespace}".encode("utf-8", "surrogateescape")
+        detach_as = f"knnmon-{hashlib.sha1(where).hexdigest()[:12]}"
+    return RayPool(config.workers, args, config.ray_address, detach_as)

@@ -73,11 +73,16 @@ class Ledger:
 
     def finish(self, ids: list[str], rejects: list[Reject], report: BatchReport | None, parse_ms: float,
                update_ms: float, top_t: int | None, refill_parts_ms: dict[str, float], window: Window | None,
-               objects: pa.Table | None = None) -> None:
+               objects: pa.Table | None = None, read_done: bool = True) -> None:
         """Acknowledge one minibatch's objects' entries ``ids`` (and ``rejects``: the read's
         rejected entries go with its first minibatch), with its batch record; then checkpoint
-        when due, and count. ``top_t``: the largest time of its objects (``None``: none);
-        ``objects``: the objects it applied (for the checkpoint's chunk)."""
+        when due and ``read_done`` (the read's last minibatch), and count. ``top_t``: the largest
+        time of its objects (``None``: none); ``objects``: the objects it applied (for the
+        checkpoint's chunk).
+
+        A checkpoint waits for the read's end: the first minibatch's span reaches over the read's
+        rejects, so a chunk cut inside a read would claim entries whose objects come in the
+        next minibatches (:mod:`~knnmon.coordinator.service.object_snapshot`)."""
         n_objects = len(ids)
         now_ms = time.time() * 1000
         acked = sorted(ids + [e for e, _, _ in rejects], key=entry_order)
@@ -98,7 +103,7 @@ class Ledger:
         self.ack(self.keys.ingest_objects, acked, rejects, record)
         if self.checkpointer is not None:
             self.checkpointer.add(acked[0], acked[-1], top_t, objects)
-            if self.checkpointer.due():
+            if read_done and self.checkpointer.due():
                 self.counters["entries_trimmed"] += self.checkpointer.checkpoint(window.watermark, window.cutoff)
                 self.counters["checkpoints"] += 1
         if ids:

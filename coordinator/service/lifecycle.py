@@ -106,6 +106,7 @@ class Lifecycle:
         refuse_a_second_service(self.config, self.keys)  # before opening the store: a refused start touches nothing
         try:
             self.store = self._exit.enter_context(open_store(self.config.run.store))
+            self._exit.callback(service_status.Heartbeat(self.store.url, self.keys).stop)
             self._model, self._preload = load_preload(self.config)
             self._recover()
         except BaseException:
@@ -162,7 +163,7 @@ class Lifecycle:
         run_config = self.config.run_config(self.redis_url)
         # The workers' processes start (imports, compiled kernels) while this one reads Redis.
         t_pool = time.perf_counter()
-        runtime = Runtime(None, None, run_config, resume=True, pool=make_pool(run_config, self.redis_url, {}))
+        runtime = Runtime(None, None, run_config, resume=True, pool=make_pool(run_config, self.redis_url, {}, detach=True))
         pool_s = time.perf_counter() - t_pool
         # The initial kNN forks helper processes, which is unsafe once Ray's threads run here:
         # then it searches in this process only.

@@ -283,7 +283,7 @@ class Service(Lifecycle):
         parts = self.batching.cut(rt.estimate(table) if sjf else np.zeros(table.num_rows, np.int64), sjf=sjf,
                                   backlog=self._backlog)
         if not parts:
-            self._finish([], read.rejects, None, parse_ms, 0.0, None, table)
+            self._finish([], read.rejects, None, parse_ms, 0.0, None, table, True)
         times = table.column("t").to_numpy()
         i, n_done, seconds = 0, 0, 0.0
         while i < len(parts):
@@ -293,17 +293,18 @@ class Service(Lifecycle):
             report = rt.process(objects)
             update_ms = (time.perf_counter() - t1) * 1e3
             self._finish([read.entry_ids[j] for j in part.tolist()], read.rejects if i == 0 else [], report,
-                         parse_ms if i == 0 else 0.0, update_ms, int(times[part].max()), objects)
+                         parse_ms if i == 0 else 0.0, update_ms, int(times[part].max()), objects, i + 1 == len(parts))
             took = time.perf_counter() - t1
             self.batching.observe(len(part), took)
             i, n_done, seconds = i + 1, n_done + len(part), seconds + took
             parts = self.batching.regroup(parts, i, n_done, seconds)  # too slow for the stream: the rest at once
 
     def _finish(self, ids: list[str], rejects: list, report, parse_ms: float, update_ms: float,
-                top_t: int | None, objects: pa.Table) -> None:
-        """Acknowledge and log one minibatch of ``objects`` (:meth:`Ledger.finish`); a revived
-        worker's process changed, so the worker list is taken again."""
+                top_t: int | None, objects: pa.Table, read_done: bool) -> None:
+        """Acknowledge and log one minibatch of ``objects`` (:meth:`Ledger.finish`; ``read_done``:
+        the read's last); a revived worker's process changed, so the worker list is taken again."""
         rt = self.runtime
-        self.ledger.finish(ids, rejects, report, parse_ms, update_ms, top_t, rt.refill_parts_ms, rt.window, objects)
+        self.ledger.finish(ids, rejects, report, parse_ms, update_ms, top_t, rt.refill_parts_ms, rt.window, objects,
+                           read_done)
         if rt.workers_revived != self._revived_seen:
             self._take_worker_list()

@@ -140,13 +140,14 @@ class ChunkWriter:
     def add(self, first: str, last: str, top_t: int, objects: pa.Table) -> None:
         """An acknowledged batch of entries ``first``..``last`` and the objects it applied
         (the columns of ``schema``; rows with a ``t`` at or below the window's cutoff are left
-        for the restart's own filter)."""
+        for the restart's own filter). :meth:`write` is called at a read's end only (the
+        ledger's checkpoint), so a chunk holds every object of the entries it spans."""
         self._tables.append(objects.select(self.schema.names))
         self._spans.append((first, last, top_t))
 
     def write(self) -> bool:
-        """Write the chunk of the batches added since the last write (if every one's objects
-        are known); ``True`` if one was written.
+        """Write the chunk of the batches added since the last write, named by their last
+        entry; ``True`` if one was written.
 
         Raises
         ------
@@ -158,9 +159,11 @@ class ChunkWriter:
         if not spans:
             return False
         objects = pa.concat_tables([t.cast(self.schema) for t in tables])
-        value = encode(Chunk(spans[0][0], spans[-1][1], spans, objects), self.limits)
-        with_retries(lambda: self.client.hset(self.keys.serve_snapshot, spans[-1][1], value),
-                     "writing the objects' chunk", self.url)
+        first = min((a for a, _, _ in spans), key=entry_order)
+        last = max((b for _, b, _ in spans), key=entry_order)
+        value = encode(Chunk(first, last, spans, objects), self.limits)
+        with_retries(lambda: self.client.hset(self.keys.serve_snapshot, last, value), "writing the objects' chunk",
+                     self.url)
         return True
 
 
@@ -182,7 +185,8 @@ def drop_chunks(client: redis.Redis, url: str | None, keys: Keys, below: str) ->
 
 def read_chunks(client: redis.Redis, keys: Keys, schema: pa.Schema, limits: Limits, last_delivered: str,
                 avoid: list[str], clock_ms: int | None) -> list[Chunk]:
-    """The usable chunks (module docstring), in entry order, none overlapping: each within the
+    """The usable chunks (module docstring), in entry order, none overlapping (two that do are
+    both left out): each within the
     entries delivered up to ``last_delivered``, none holding an entry of ``avoid`` (pending or
     isolated ids), none whose last entry id leads ``clock_ms`` by more than
     ``limits.max_future_ms``. Unusable ones are logged and left (their range is parsed)."""
@@ -212,11 +216,16 @@ def read_chunks(client: redis.Redis, keys: Keys, schema: pa.Schema, limits: Limi
             chunks.append(chunk)
     chunks.sort(key=lambda c: entry_order(c.first))
     kept: list[Chunk] = []
+    reach = None  # the largest last entry of the chunks so far, kept or not
     for c in chunks:
-        if kept and entry_order(c.first) <= entry_order(kept[-1].last):
-            skipped.append(f"{c.last}: overlaps {kept[-1].last}")
+        if reach is not None and entry_order(c.first) <= reach:
+            # Overlapping chunks: neither one's claim to hold every object of its range holds.
+            if kept and entry_order(kept[-1].last) >= entry_order(c.first):
+                skipped.append(f"{kept.pop().last}: overlapped")
+            skipped.append(f"{c.last}: overlaps an earlier chunk")
         else:
             kept.append(c)
+        reach = entry_order(c.last) if reach is None else max(reach, entry_order(c.last))
     if skipped:
         log.warning("%d of the objects' chunks left out, their entries parsed from the stream: %s", len(skipped),
                     "; ".join(skipped[:3]))

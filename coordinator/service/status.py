@@ -25,7 +25,7 @@ from knnmon.keys import DEFAULT_NAMESPACE, Keys
 if TYPE_CHECKING:
     from knnmon.coordinator.service.lifecycle import Lifecycle
 
-__all__ = ["STALE_S", "format_status", "publish", "read_status", "snapshot"]
+__all__ = ["STALE_S", "Heartbeat", "format_status", "publish", "read_status", "snapshot"]
 
 log = logging.getLogger("knnmon.serve")
 
@@ -203,3 +203,43 @@ def format_status(s: dict[str, Any]) -> str:
         lines.append(f"{name.replace('_', ' ')}: {st['length']:,} entries, {und} not yet read, "
                      f"{st['pending']:,} in flight; oldest waiting entry {lag}")
     return "\n".join(lines)
+
+
+class Heartbeat:
+    """``knn:serve:alive`` (epoch ms) refreshed every ``every_s`` on a thread of its own while
+    the service lives, from before its workers start (a recovery may take minutes); the service's
+    detached worker actors exit when it is gone for good (:mod:`knnmon.workers.actor`). A Redis
+    that does not answer is tried again at the next beat. :meth:`stop` deletes the key."""
+
+    def __init__(self, url: str, keys: Keys, every_s: float = 5.0) -> None:
+        import threading
+
+        self.url, self.keys, self.every_s = url, keys, every_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="knnmon-heartbeat", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        client = connect(self.url, socket_timeout_s=5.0)
+        try:
+            while True:
+                try:
+                    client.set(self.keys.serve_alive, str(int(time.time() * 1000)))
+                except (redis.ConnectionError, redis.TimeoutError):
+                    pass
+                if self._stop.wait(self.every_s):
+                    return
+        finally:
+            client.close()
+
+    def stop(self) -> None:
+        """Stop beating and delete the key (idempotent; a Redis away leaves it to age)."""
+        self._stop.set()
+        self._thread.join(timeout=10)
+        client = connect(self.url, socket_timeout_s=5.0)
+        try:
+            client.delete(self.keys.serve_alive)
+        except (redis.ConnectionError, redis.TimeoutError):
+            pass
+        finally:
+            client.close()

@@ -32,6 +32,8 @@ class Keys:
     - ``serve_status``: hash the running service refreshes (``knnmon status``);
       ``serve_batches``: stream, one entry per processed batch (latency measurements);
       ``serve_checkpoint``: hash, the service's last checkpoint with a window (watermark, trim point);
+      ``serve_alive``: string, the running service's heartbeat (epoch ms, every few seconds;
+      its detached worker actors exit when it stops: :mod:`knnmon.workers.actor`);
       ``serve_snapshot``: hash, the live objects in columns, one field per checkpoint (its last
       entry id; :mod:`knnmon.coordinator.service.object_snapshot`);
       ``serve_settings``: hash, the settings the stored results are exact for (a restart with
@@ -104,6 +106,10 @@ class Keys:
     @property
     def serve_checkpoint(self) -> str:
         return f"{self.namespace}:serve:checkpoint"
+
+    @property
+    def serve_alive(self) -> str:
+        return f"{self.namespace}:serve:alive"
 
     @property
     def serve_snapshot(self) -> str:

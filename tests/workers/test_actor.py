@@ -25,9 +25,9 @@ def test_a_workers_calls_leave_no_task_events_in_the_gcs(ray_instance):
     for _ in range(5):
         ray.get([quiet.stats.remote(), loud.stats.remote()])
     deadline = time.monotonic() + 30
-    while "KnnWorker.stats" not in _task_names(loud) and time.monotonic() < deadline:
+    while "WorkerHost.stats" not in _task_names(loud) and time.monotonic() < deadline:
         time.sleep(0.5)  # (events reach the GCS about once a second)
-    assert "KnnWorker.stats" in _task_names(loud)
+    assert "WorkerHost.stats" in _task_names(loud)
     assert _task_names(quiet) == []
     for a in (quiet, loud):
         ray.kill(a)

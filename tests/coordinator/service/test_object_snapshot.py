@@ -40,9 +40,12 @@ def _same(a, b) -> None:
     assert sorted(a.unacked, key=lambda u: u[0]) == sorted(b.unacked, key=lambda u: u[0])
 
 
-@pytest.fixture(scope="module")
-def stopped_service(places_slice, slice_queries, redis_url, tmp_path_factory):
-    """A service with a window killed mid-stream after some checkpoints: its Redis namespace."""
+@pytest.fixture(scope="module", params=["0.2", "0.001"], ids=["checkpoints-0.2s", "checkpoint-every-read"])
+def stopped_service(request, places_slice, slice_queries, redis_url, tmp_path_factory):
+    """A service with a window killed mid-stream after some checkpoints: its Redis namespace.
+    With checkpoints due all the time and reads of several minibatches (``--sjf``: a read of
+    ``SJF_HORIZON x --batch`` entries; its first minibatch carries the read's rejects, so its
+    span reaches over the others) a chunk is written per read."""
     namespace = f"snap{time.monotonic_ns() % 10**9}"
     tmp = tmp_path_factory.mktemp("snapshot")
     r = redis.Redis.from_url(redis_url, decode_responses=True)
@@ -55,7 +58,8 @@ def stopped_service(places_slice, slice_queries, redis_url, tmp_path_factory):
     bad = [{**places[i], "lon": 500.0} for i in range(0, 3000, 97)]  # rejected in the chunks' ranges
     entries = [x for i, p in enumerate(places) for x in ([p, bad[i // 97]] if i % 97 == 0 else [p])]
     proc = serve_process(redis_url, namespace, tmp / "serve.log", "--batch", "100", "--window", f"{WINDOW_MS // 1000}s",
-                         "--checkpoint-interval", "0.2", workers=2)
+                         "--checkpoint-interval", request.param,
+                         *(["--sjf"] if request.param != "0.2" else []), workers=2)
     try:
         for s in range(0, len(entries), 250):  # in pieces: checkpoints (and chunks) between them
             publish_objects(r, keys, entries[s:s + 250])

@@ -1,0 +1,85 @@
+"""A service's detached worker actors (``workers/actor.py``, ``RayPool(detach_as=...)``): a
+restarted service takes the processes the one before left, empty; extra ones are killed; an
+actor whose service's heartbeat stops exits on its own."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import numpy as np
+import pytest
+import redis
+
+from knnmon.coordinator.runtime.worker_pool import RayPool
+from knnmon.coordinator.service.status import Heartbeat
+from knnmon.keys import Keys
+from knnmon.query import QueryColumns
+from knnmon.workers.actor import RAY_NAMESPACE
+
+
+def _named(prefix: str) -> list[str]:
+    from ray.util import list_named_actors
+
+    return sorted(e["name"] for e in list_named_actors(all_namespaces=True)
+                  if e["namespace"] == RAY_NAMESPACE and e["name"].startswith(prefix + ":"))
+
+
+def _wait_for(predicate, timeout_s: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not predicate() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return predicate()
+
+
+def _stats(pool: RayPool) -> list[dict]:
+    return pool.gather([pool.stats(w) for w in range(pool.size)])
+
+
+def test_a_restarted_service_takes_the_workers_processes_empty(ray_instance, redis_url, namespace):
+    prefix = f"knnmon-test-{uuid.uuid4().hex[:8]}"
+    args = {"redis_url": redis_url, "namespace": namespace, "orphan_s": None}
+    first = RayPool(2, args, detach_as=prefix)
+    assert first.taken == 0 and len(_named(prefix)) == 2
+    q = QueryColumns(np.array(["q1"], dtype=object), np.array([-71.0]), np.array([43.0]), [("cafe",)],
+                     np.array([3], dtype=np.int64))
+    first.gather([first.load(0, q, [[]], {}, write=False, vocabulary={"cafe": 0})])
+    before = _stats(first)
+    assert before[0].queries == 1
+    # The service "dies": its pool is dropped without close (a SIGKILL kills nothing detached).
+    second = RayPool(2, args, detach_as=prefix)
+    after = _stats(second)
+    assert second.taken == 2
+    assert [s.pid for s in after] == [s.pid for s in before]  # the same processes
+    assert [s.queries for s in after] == [0, 0]  # empty
+    # A service with fewer workers takes what it needs and kills the rest.
+    third = RayPool(1, args, detach_as=prefix)
+    assert third.taken == 1 and _stats(third)[0].pid == before[0].pid
+    assert _wait_for(lambda: len(_named(prefix)) == 1)
+    third.close()
+    assert _wait_for(lambda: not _named(prefix))
+
+
+@pytest.mark.parametrize("beating", [True, False], ids=["heartbeat", "no-heartbeat"])
+def test_a_detached_worker_exits_when_its_services_heartbeat_stops(ray_instance, redis_url, namespace, beating):
+    from ray.exceptions import RayActorError
+
+    prefix = f"knnmon-test-{uuid.uuid4().hex[:8]}"
+    heart = Heartbeat(redis_url, Keys(namespace), every_s=0.1)
+    try:
+        pool = RayPool(1, {"redis_url": redis_url, "namespace": namespace, "orphan_s": 0.5}, detach_as=prefix)
+        pid = _stats(pool)[0].pid
+        time.sleep(1.5)  # three times the orphan age, beating: alive
+        assert _stats(pool)[0].pid == pid
+        if beating:
+            return
+        heart.stop()
+        assert not redis.Redis.from_url(redis_url).exists(Keys(namespace).serve_alive)
+        time.sleep(1.5)  # two reads 0.05 s apart once the key is gone: exited
+        with pytest.raises(RayActorError):
+            pool._ray.get(pool.actors[0].stats.remote(), timeout=20)
+        assert _wait_for(lambda: not _named(prefix))
+    finally:
+        heart.stop()
+        if beating:
+            pool.close()
