@@ -46,14 +46,15 @@ def WorkerActor(num_cpus: float = 0.5, **options):  # noqa: N802 - reads as a cl
 class WorkerHost(KnnWorker):
     """A :class:`KnnWorker` whose process a restarted service may take (module docstring).
 
-    ``orphan_s``: with a number, watch the service's heartbeat and exit once it is older than
-    that many seconds (detached actors); ``None``: no watch."""
+    ``orphan_s``: with a number, watch the service's heartbeat (at ``watch_url``, else
+    ``redis_url``) and exit once it is older than that many seconds (detached actors); ``None``:
+    no watch."""
 
     def __init__(self, worker_id: int, redis_url: str | None, *args: Any, orphan_s: float | None = None,
-                 **kwargs: Any) -> None:
+                 watch_url: str | None = None, **kwargs: Any) -> None:
         super().__init__(worker_id, redis_url, *args, **kwargs)
-        if orphan_s is not None and redis_url:
-            _start_watch(redis_url, kwargs.get("namespace", args[0] if args else "knn"), orphan_s)
+        if orphan_s is not None and (watch_url or redis_url):
+            _start_watch(watch_url or redis_url, kwargs.get("namespace", args[0] if args else "knn"), orphan_s)
 
     def reset(self, worker_id: int, redis_url: str | None, *args: Any, **kwargs: Any) -> int:
         """Become a new, empty worker ``worker_id`` (the arguments as :class:`WorkerHost`

@@ -185,7 +185,7 @@ class RayPool(WorkerPool):
     """
 
     def __init__(self, size: int, worker_args: Mapping[str, Any], ray_address: str | None = None,
-                 detach_as: str | None = None) -> None:
+                 detach_as: str | None = None, spare: bool = False) -> None:
         super().__init__(size)
         import ray
 
@@ -197,13 +197,15 @@ class RayPool(WorkerPool):
 
             self._args.setdefault("orphan_s", ORPHAN_S)
         nodes = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"])
-        taken = self._take_spares(size) if detach_as is not None else {}
+        taken = self._take_left(size) if detach_as is not None else {}
         log.info("starting %d workers on %d alive Ray nodes: %s%s", size, len(nodes), ", ".join(n[:8] for n in nodes),
                  f" ({len(taken)} taken from the service before)" if taken else "")
         self.actors = [taken[w] if w in taken else self._new_actor(w, nodes) for w in range(size)]
         self.taken = len(taken)
+        self.spare = self._new_spare(nodes) if spare else None
+        self._spares = spare
 
-    def _new_actor(self, worker: int, nodes: Sequence[str], **overrides: Any) -> Any:
+    def _new_actor(self, worker: int, nodes: Sequence[str], *, name: str | None = None, **overrides: Any) -> Any:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         from knnmon.workers.actor import RAY_NAMESPACE, WorkerActor
@@ -212,12 +214,17 @@ class RayPool(WorkerPool):
         if self._detach_as is not None:
             import uuid
 
-            options = {"name": f"{self._detach_as}:{worker}:{uuid.uuid4().hex[:8]}", "namespace": RAY_NAMESPACE,
-                       "lifetime": "detached"}
+            options = {"name": f"{self._detach_as}:{name or worker}:{uuid.uuid4().hex[:8]}",
+                       "namespace": RAY_NAMESPACE, "lifetime": "detached"}
         return WorkerActor(num_cpus=WORKER_CPUS, scheduling_strategy=NodeAffinitySchedulingStrategy(
             nodes[worker % len(nodes)], soft=True), **options).remote(worker, **{**self._args, **overrides})
 
-    def _take_spares(self, size: int, timeout_s: float = 30.0) -> dict[int, Any]:
+    def _new_spare(self, nodes: Sequence[str]) -> Any:
+        """A started, empty actor for the next :meth:`replace` (no Redis writer: the reset that
+        makes it a worker gives it one); it watches the heartbeat as the workers do."""
+        return self._new_actor(self.size, nodes, name="spare", redis_url=None, watch_url=self._args.get("redis_url"))
+
+    def _take_left(self, size: int, timeout_s: float = 30.0) -> dict[int, Any]:
         """The detached actors a service before this one left under :attr:`_detach_as` (a
         SIGKILLed service's), reset to empty workers: one per worker number below ``size``
         that answers within ``timeout_s``; every other one is killed. Their queued writes end
@@ -257,11 +264,19 @@ class RayPool(WorkerPool):
     def replace(self, worker: int, **overrides: Any) -> None:
         """Start worker ``worker`` anew on an alive node: an empty worker with the same settings
         but ``overrides`` (e.g. the keyword ``vocabulary`` as it has grown); the caller loads its
-        queries."""
+        queries. With a spare (``spare=True``), the spare becomes the worker (a reset, queued
+        before the caller's calls: no process to start) and a new spare starts; a spare that
+        died with its node fails those calls, and the revival after that starts a new actor."""
         with contextlib.suppress(Exception):
             self._ray.kill(self.actors[worker])
         nodes = sorted(n["NodeID"] for n in self._ray.nodes() if n["Alive"])
-        self.actors[worker] = self._new_actor(worker, nodes, **overrides)
+        if self.spare is not None:
+            self.actors[worker], self.spare = self.spare, None
+            self.actors[worker].reset.remote(worker, **{**self._args, **overrides})
+        else:
+            self.actors[worker] = self._new_actor(worker, nodes, **overrides)
+        if self._spares:
+            self.spare = self._new_spare(nodes)
 
     def call(self, worker: int, method: str, *args: Any, **kwargs: Any) -> Pending:
         return Pending(worker, getattr(self.actors[worker], method).remote(*args, **kwargs))
@@ -303,10 +318,10 @@ class RayPool(WorkerPool):
         self._ray.kill(self.actors[worker])
 
     def close(self) -> None:
-        for a in self.actors:
+        for a in [*self.actors, *([self.spare] if self.spare is not None else [])]:
             with contextlib.suppress(Exception):
                 self._ray.kill(a)
-        self.actors = []
+        self.actors, self.spare = [], None
         if self._started_ray:
             self._ray.shutdown()
 
@@ -336,7 +351,8 @@ def make_pool(config: RunConfig, redis_url: str | None, vocabulary: Mapping[str,
 
     ``detach``: on a Ray cluster that outlives this process (``ray_address`` or ``RAY_ADDRESS``
     given), start the actors detached and take those a service before left in this namespace
-    of this Redis (:mod:`knnmon.workers.actor`; ``knnmon serve``, whose heartbeat they watch)."""
+    of this Redis (:mod:`knnmon.workers.actor`; ``knnmon serve``, whose heartbeat they watch),
+    and keep a spare actor started for revivals (:meth:`RayPool.replace`)."""
     from knnmon.workers.worker import KnnWorker
 
     args = {"redis_url": redis_url, "namespace": config.store.namespace, "vocabulary": vocabulary,
@@ -353,4 +369,4 @@ def make_pool(config: RunConfig, redis_url: str | None, vocabulary: Mapping[str,
 
         where = f"{redact(redis_url)}|{config.store.namespace}".encode("utf-8", "surrogateescape")
         detach_as = f"knnmon-{hashlib.sha1(where).hexdigest()[:12]}"
-    return RayPool(config.workers, args, config.ray_address, detach_as)
+    return RayPool(config.workers, args, config.ray_address, detach_as, spare=detach_as is not None)

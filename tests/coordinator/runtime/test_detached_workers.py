@@ -83,3 +83,23 @@ def test_a_detached_worker_exits_when_its_services_heartbeat_stops(ray_instance,
         heart.stop()
         if beating:
             pool.close()
+
+
+def test_a_lost_worker_becomes_the_started_spare(ray_instance, redis_url, namespace):
+    """With a spare, a replaced worker is the spare's process, reset to the worker (no process to
+    start), and a new spare starts; without one, a new process."""
+    prefix = f"knnmon-test-{uuid.uuid4().hex[:8]}"
+    pool = RayPool(2, {"redis_url": redis_url, "namespace": namespace, "orphan_s": None}, detach_as=prefix, spare=True)
+    try:
+        spare_pid = pool._ray.get(pool.spare.stats.remote(), timeout=60).pid
+        before = _stats(pool)
+        assert spare_pid not in {s.pid for s in before}
+        pool.kill(1)
+        pool.replace(1, vocabulary={})
+        after = _stats(pool)
+        assert after[1].pid == spare_pid and after[1].worker == 1 and after[0].pid == before[0].pid
+        assert pool._ray.get(pool.spare.stats.remote(), timeout=60).pid not in {s.pid for s in after}
+        assert len(_named(prefix)) == 3  # two workers and the new spare
+    finally:
+        pool.close()
+    assert _wait_for(lambda: not _named(prefix))
