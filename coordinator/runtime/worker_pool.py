@@ -227,7 +227,8 @@ class RayPool(WorkerPool):
     def _take_left(self, size: int, timeout_s: float = 30.0) -> dict[int, Any]:
         """The detached actors a service before this one left under :attr:`_detach_as` (a
         SIGKILLed service's), reset to empty workers: one per worker number below ``size``
-        that answers within ``timeout_s``; every other one is killed. Their queued writes end
+        that answers within ``timeout_s`` (the one named for it if alive, else any other); every
+        other one is killed. Their queued writes end
         before this returns, so Redis is read after them."""
         from ray.util import list_named_actors
 
@@ -243,11 +244,16 @@ class RayPool(WorkerPool):
                 number = name[len(prefix):].split(":", 1)[0]
                 found.setdefault(int(number) if number.isdigit() else -1, []).append(
                     ray.get_actor(name, namespace=RAY_NAMESPACE))
+        # Worker w takes the actor named for w; the others (a spare that became a revived
+        # worker keeps its spare's name, the spare itself, numbers beyond size) fill the gaps.
         keep = {w: handles[0] for w, handles in found.items() if 0 <= w < size}
-        for w, handles in found.items():
-            for h in handles[1:] if w in keep else handles:
-                with contextlib.suppress(Exception):
-                    ray.kill(h)
+        rest = [h for w, handles in sorted(found.items()) for h in (handles[1:] if w in keep else handles)]
+        for w in range(size):
+            if w not in keep and rest:
+                keep[w] = rest.pop(0)
+        for h in rest:
+            with contextlib.suppress(Exception):
+                ray.kill(h)
         resets = {w: h.reset.remote(w, **self._args) for w, h in keep.items()}
         taken = {}
         for w, ref in resets.items():

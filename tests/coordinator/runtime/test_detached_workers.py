@@ -98,8 +98,13 @@ def test_a_lost_worker_becomes_the_started_spare(ray_instance, redis_url, namesp
         pool.replace(1, vocabulary={})
         after = _stats(pool)
         assert after[1].pid == spare_pid and after[1].worker == 1 and after[0].pid == before[0].pid
-        assert pool._ray.get(pool.spare.stats.remote(), timeout=60).pid not in {s.pid for s in after}
+        new_spare = pool._ray.get(pool.spare.stats.remote(), timeout=60).pid
+        assert new_spare not in {s.pid for s in after}
         assert len(_named(prefix)) == 3  # two workers and the new spare
+        # A restart takes the revived worker too (it keeps its spare's name), and the spare.
+        again = RayPool(3, {"redis_url": redis_url, "namespace": namespace, "orphan_s": None}, detach_as=prefix)
+        assert again.taken == 3
+        assert sorted(s.pid for s in _stats(again)) == sorted([after[0].pid, after[1].pid, new_spare])
     finally:
         pool.close()
     assert _wait_for(lambda: not _named(prefix))
