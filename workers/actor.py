@@ -25,7 +25,7 @@ log = logging.getLogger("knnmon.worker")
 
 #: The Ray namespace of the detached worker actors.
 RAY_NAMESPACE = "knnmon"
-#: A detached worker exits when its service's status is older than this, seconds.
+#: A detached worker exits when its service's heartbeat is older than this, seconds.
 ORPHAN_S = 300.0
 
 
@@ -70,7 +70,7 @@ _watched: dict[str, Any] = {}
 
 
 def _start_watch(redis_url: str | None, namespace: str, orphan_s: float) -> None:
-    """Watch ``namespace``'s service status (one watcher per process; a reset re-aims it)."""
+    """Watch ``namespace``'s service heartbeat (one watcher per process; a reset re-aims it)."""
     if not redis_url:
         return
     _watched.update(url=redis_url, namespace=namespace, orphan_s=float(orphan_s))

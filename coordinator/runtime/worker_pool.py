@@ -202,8 +202,8 @@ class RayPool(WorkerPool):
                  f" ({len(taken)} taken from the service before)" if taken else "")
         self.actors = [taken[w] if w in taken else self._new_actor(w, nodes) for w in range(size)]
         self.taken = len(taken)
+        self._keep_spare = spare
         self.spare = self._new_spare(nodes) if spare else None
-        self._spares = spare
 
     def _new_actor(self, worker: int, nodes: Sequence[str], *, name: str | None = None, **overrides: Any) -> Any:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -228,17 +228,17 @@ class RayPool(WorkerPool):
         """The detached actors a service before this one left under :attr:`_detach_as` (a
         SIGKILLed service's), reset to empty workers: one per worker number below ``size``
         that answers within ``timeout_s`` (the one named for it if alive, else any other); every
-        other one is killed. Their queued writes end
-        before this returns, so Redis is read after them."""
+        other one is killed. Their queued writes end before this returns, so Redis is read
+        after them."""
         from ray.util import list_named_actors
 
         from knnmon.workers.actor import RAY_NAMESPACE
 
         ray, prefix = self._ray, f"{self._detach_as}:"
         found: dict[int, list[Any]] = {}
-        for entry in list_named_actors(all_namespaces=True):
-            name = entry.get("name", "") if isinstance(entry, dict) else str(entry)
-            if (isinstance(entry, dict) and entry.get("namespace") != RAY_NAMESPACE) or not name.startswith(prefix):
+        for entry in list_named_actors(all_namespaces=True):  # ({"name", "namespace"} each)
+            name = entry["name"]
+            if entry["namespace"] != RAY_NAMESPACE or not name.startswith(prefix):
                 continue
             with contextlib.suppress(ValueError):  # (gone meanwhile)
                 number = name[len(prefix):].split(":", 1)[0]
@@ -281,7 +281,7 @@ class RayPool(WorkerPool):
             self.actors[worker].reset.remote(worker, **{**self._args, **overrides})
         else:
             self.actors[worker] = self._new_actor(worker, nodes, **overrides)
-        if self._spares:
+        if self._keep_spare:
             self.spare = self._new_spare(nodes)
 
     def call(self, worker: int, method: str, *args: Any, **kwargs: Any) -> Pending:

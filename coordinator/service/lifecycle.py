@@ -163,7 +163,8 @@ class Lifecycle:
         run_config = self.config.run_config(self.redis_url)
         # The workers' processes start (imports, compiled kernels) while this one reads Redis.
         t_pool = time.perf_counter()
-        runtime = Runtime(None, None, run_config, resume=True, pool=make_pool(run_config, self.redis_url, {}, detach=True))
+        pool = make_pool(run_config, self.redis_url, {}, detach=True)  # (takes its predecessor's actors)
+        runtime = Runtime(None, None, run_config, resume=True, pool=pool)
         pool_s = time.perf_counter() - t_pool
         # The initial kNN forks helper processes, which is unsafe once Ray's threads run here:
         # then it searches in this process only.

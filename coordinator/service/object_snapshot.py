@@ -7,7 +7,8 @@ means parsing every entry again: ~13 us an entry, 7 s for the 500,000 of a 10-mi
 writes, at each checkpoint (:class:`~knnmon.coordinator.service.checkpoint.Checkpointer`), the
 objects it applied from the entries acknowledged since the last one as one **chunk**: a field of
 the hash ``knn:serve:snapshot`` named by the chunk's last entry id, whose value is an Arrow IPC
-stream (zstd, base64; :data:`~knnmon.coordinator.service.object_log.OBJECT_SCHEMA`) with its
+stream (:data:`~knnmon.coordinator.service.object_log.OBJECT_SCHEMA`; its size, then the stream
+packed with zstd, in base64) with its
 entries' range, batch spans and the entry limits in the schema's metadata. A chunk leaves with
 the trim that removes its last entry.
 
@@ -43,6 +44,9 @@ __all__ = ["Chunk", "ChunkWriter", "drop_chunks", "read_chunks"]
 
 log = logging.getLogger("knnmon.serve")
 
+#: A chunk's Arrow stream may claim at most this many times its stored bytes (zstd packs the
+#: service's chunks ~2x): the decompression allocates the claimed size, nothing more.
+MAX_EXPANSION = 16
 #: The ids' and keywords' longest plausible text, characters (an entry's field is bounded by
 #: the entry limits far below this; a chunk beyond it is not one the service wrote).
 _MAX_TEXT = 1 << 16
@@ -70,9 +74,11 @@ def encode(chunk: Chunk, limits: Limits) -> str:
             "limits": _limits_text(limits)}
     table = chunk.objects.replace_schema_metadata(meta)
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema, options=pa.ipc.IpcWriteOptions(compression="zstd")) as writer:
+    with pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)
-    return base64.b64encode(sink.getvalue().to_pybytes()).decode("ascii")
+    raw = sink.getvalue()
+    packed = pa.compress(raw, codec="zstd", asbytes=True)
+    return base64.b64encode(raw.size.to_bytes(8, "little") + packed).decode("ascii")
 
 
 def decode(value: str, schema: pa.Schema, limits: Limits) -> Chunk:
@@ -84,9 +90,14 @@ def decode(value: str, schema: pa.Schema, limits: Limits) -> Chunk:
         Not a chunk this service would write with ``limits`` (module docstring).
     """
     try:
-        table = pa.ipc.open_stream(base64.b64decode(value.encode("ascii"), validate=True)).read_all()
+        data = base64.b64decode(value.encode("ascii"), validate=True)
+        size = int.from_bytes(data[:8], "little")
+        if len(data) < 8 or size > MAX_EXPANSION * len(data):  # (a zstd bomb: the allocation is bounded)
+            raise ValueError(f"a stream of {size:,} bytes claimed from {len(data):,}")
+        raw = pa.decompress(data[8:], decompressed_size=size, codec="zstd")
+        table = pa.ipc.open_stream(raw).read_all()
     except (pa.ArrowException, UnicodeEncodeError, ValueError) as ex:
-        raise ValueError(f"not an Arrow stream ({type(ex).__name__})") from None
+        raise ValueError(f"not an Arrow stream ({type(ex).__name__}: {str(ex)[:80]})") from None
     meta = {k.decode("utf-8", "replace"): v.decode("utf-8", "replace")
             for k, v in (table.schema.metadata or {}).items()}
     if meta.get("limits") != _limits_text(limits):

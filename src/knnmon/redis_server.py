@@ -237,8 +237,7 @@ class EmbeddedRedis:
                 pid, port = (int(x) for x in fh.read().split())
             os.kill(pid, 0)
             client = redis.Redis(host="127.0.0.1", port=port, password=password, socket_timeout=1.0,
-                                 retry=Retry(NoBackoff(), 0),
-                                 decode_responses=True)
+                                 retry=Retry(NoBackoff(), 0), decode_responses=True)
             alive = client.ping() and client.config_get("dir").get("dir") == data_dir
             client.close()
         except (OSError, ValueError, redis.RedisError):

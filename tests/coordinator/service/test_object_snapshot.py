@@ -4,6 +4,7 @@ client tampered with is left out (its range parsed), and the trim drops them wit
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 
@@ -106,6 +107,8 @@ def test_a_chunk_a_client_tampered_with_is_left_out(stopped_service):
         "garbage": "not base64 at all!",
         "point out of range": encode(type(c)(c.first, c.last, c.spans, bad_lon), DEFAULT_LIMITS),
         "other limits": encode(c, Limits(max_keywords=8)),
+        # A zstd bomb: a stream claimed 2**40 bytes long is refused before any allocation.
+        "bomb": base64.b64encode((1 << 40).to_bytes(8, "little") + base64.b64decode(value)[8:]).decode(),
     }
     parsed = None
     try:
@@ -118,7 +121,8 @@ def test_a_chunk_a_client_tampered_with_is_left_out(stopped_service):
         _same(_read(r, keys), parsed)
         # A chunk misnamed (claiming a later range than its rows) is not taken either.
         r.delete(keys.serve_snapshot)
-        r.hset(keys.serve_snapshot, mapping={**{k: v for k, v in chunks.items() if k != name}, "9999999999999-0": value})
+        others = {k: v for k, v in chunks.items() if k != name}
+        r.hset(keys.serve_snapshot, mapping={**others, "9999999999999-0": value})
         _same(_read(r, keys), parsed)
     finally:
         r.delete(keys.serve_snapshot)
