@@ -3,8 +3,9 @@
 A service's workers (``knnmon serve`` on a Ray cluster) are **detached** named actors, so that a
 restarted service takes the processes of the one before instead of starting new ones: a new
 actor process costs ~2.5 s of CPU (Ray's worker start, the imports, the compiled kernels), four
-of them ~10 s on the cores a restart needs. A taken actor starts empty (:meth:`WorkerHost.reset`);
-only its process is kept. An actor whose service is gone for good (its heartbeat
+of them ~10 s on the cores a restart needs. A taken actor keeps its state when that equals what
+Redis holds (:mod:`~knnmon.workers.kept_state`, :meth:`WorkerHost.kept_for`); else it starts
+empty (:meth:`WorkerHost.reset`) and only its process is kept. An actor whose service is gone for good (its heartbeat
 ``knn:serve:alive`` older than :data:`ORPHAN_S` at two reads in a row) exits on its own
 (:func:`_watch`).
 """
@@ -53,6 +54,7 @@ class WorkerHost(KnnWorker):
     def __init__(self, worker_id: int, redis_url: str | None, *args: Any, orphan_s: float | None = None,
                  watch_url: str | None = None, **kwargs: Any) -> None:
         super().__init__(worker_id, redis_url, *args, **kwargs)
+        self._made_with = (worker_id, redis_url, args, _settings(kwargs))
         if orphan_s is not None and (watch_url or redis_url):
             _start_watch(watch_url or redis_url, kwargs.get("namespace", args[0] if args else "knn"), orphan_s)
 
@@ -64,6 +66,26 @@ class WorkerHost(KnnWorker):
         self.__dict__.clear()
         WorkerHost.__init__(self, worker_id, redis_url, *args, **kwargs)
         return os.getpid()
+
+
+    def kept_for(self, worker_id: int, redis_url: str | None, *args: Any, orphan_s: float | None = None,
+                 watch_url: str | None = None, **kwargs: Any) -> dict[str, Any]:
+        """Whether this worker, as it is, may be worker ``worker_id`` of a service that would
+        start it with these arguments (:class:`WorkerHost`'s): its
+        :meth:`~knnmon.workers.kept_state.KeptState.kept_state`, whose ``why`` also says if it
+        was another worker or made with other settings. Waits for its queued writes."""
+        state = self.kept_state()
+        if state["why"] is None and self._made_with[0] != worker_id:
+            state["why"] = f"it was worker {self._made_with[0]}"
+        elif state["why"] is None and self._made_with[1:] != (redis_url, args, _settings(kwargs)):
+            state["why"] = "it was made with other settings"
+        return state
+
+
+def _settings(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """A worker's keyword arguments but its starting ``vocabulary`` (a revived worker gets the
+    codes as they have grown; a kept one keeps its own)."""
+    return {k: v for k, v in kwargs.items() if k != "vocabulary"}
 
 
 _watched: dict[str, Any] = {}

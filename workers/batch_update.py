@@ -153,6 +153,7 @@ class BatchUpdate:
             self.expire(cutoff)
         if refills is not None:
             self._refill(refills)
+        self._needs = np.empty(0, dtype=np.int64)  # (refilled now, or never asked for)
         n_refilled = len(refills.qids) if refills is not None else 0
         if self.release_groups > 1 and len(ids) > 1 and self.queue is None:
             rows = np.arange(len(ids), dtype=np.int64) if rows is None else np.asarray(rows, dtype=np.int64)

@@ -272,6 +272,7 @@ class Registration:
         renumbered), their top-k places, and the handles of objects no result holds; then
         rebuild the query index. O(sum of k + index entries)."""
         keep = np.flatnonzero(self.queries.alive)
+        self._needs = np.searchsorted(keep, self._needs[np.isin(self._needs, keep)])  # (renumbered as the slots)
         self.lists.compact(keep, self.queries.cap[keep])
         self.queries.compact(keep)
         self.load.keep(keep)

@@ -32,6 +32,7 @@ class WindowLists:
     _details: HeldTexts | None
     _refilled: dict[str, str]
     _before: tuple[np.ndarray, np.ndarray] | None
+    _needs: np.ndarray
     _cutoff: int
     expired: int
     refills: int
@@ -47,15 +48,17 @@ class WindowLists:
         objects (:meth:`process_batch`'s ``refills``). A list with ``r_q = inf`` held every
         matching live object and just shrinks. The results as they were are kept until the
         batch's write, which sends each changed result's whole difference (``left`` and
-        ``entered``). Calling it again with a cutoff not larger does nothing. O(sum of k +
-        reserve) per call.
+        ``entered``). The queries to refill are kept until the batch's refills come, and
+        returned again by every call before that (a call with a cutoff not larger changes
+        nothing else): a service that died between the two calls leaves them for the next one
+        (:mod:`~knnmon.workers.kept_state`). O(sum of k + reserve) per call.
 
         Returns
         -------
         QueryColumns
             The queries to refill, ``k`` holding the neighbours to search (``k + reserve``).
         """
-        none = QueryColumns([], np.empty(0), np.empty(0), [], np.empty(0, dtype=np.int64))
+        none = self.queries.columns(self._needs, self.queries.cap)
         if cutoff <= self._cutoff:
             return none
         before, self._cutoff = self._cutoff, int(cutoff)
@@ -107,7 +110,8 @@ class WindowLists:
         r = q.radius[s_keep]
         below = np.bincount(np.searchsorted(slots, s_keep[d_keep < r]), minlength=len(slots))
         need = slots[np.isfinite(q.radius[slots]) & (below < q.k[slots])]
-        return q.columns(need, q.cap)
+        self._needs = np.union1d(self._needs, need)
+        return q.columns(self._needs, q.cap)
 
     def _sort_lists(self, slots: np.ndarray) -> None:
         """Order the held entries of ``slots`` by (distance, object id) in place."""

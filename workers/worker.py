@@ -27,6 +27,7 @@ from knnmon.workers.batch_update import BatchUpdate, Merge
 from knnmon.workers.handover import Handover
 from knnmon.workers.held_texts import HeldTexts
 from knnmon.workers.holders import Details, Texts
+from knnmon.workers.kept_state import KeptState
 from knnmon.workers.keyword_lists import KeywordLists
 from knnmon.workers.object_handles import NO_TIME, ObjectHandles
 from knnmon.workers.query_index import QueryIndex
@@ -64,7 +65,7 @@ def _warm_up() -> None:
     t.take(np.array([0])).column("keywords").to_pylist()
 
 
-class KnnWorker(Registration, BatchUpdate, WindowLists, ReleaseInParts, Handover):
+class KnnWorker(Registration, BatchUpdate, WindowLists, ReleaseInParts, Handover, KeptState):
     """Exact kNN maintenance for a set of queries: a front over the worker's rooms.
 
     State: the queries as columns (:class:`~knnmon.workers.query_table.QueryTable`, ``queries``),
@@ -75,7 +76,8 @@ class KnnWorker(Registration, BatchUpdate, WindowLists, ReleaseInParts, Handover
     (``index``). Behaviour: registration (:mod:`~knnmon.workers.registration`), a batch
     (:mod:`~knnmon.workers.batch_update`, its hot steps compiled in
     :mod:`~knnmon.workers.kernels`), the window (:mod:`~knnmon.workers.window_lists`), release in
-    parts (:mod:`~knnmon.workers.release_parts`) and re-balancing (:mod:`~knnmon.workers.handover`).
+    parts (:mod:`~knnmon.workers.release_parts`), re-balancing (:mod:`~knnmon.workers.handover`) and
+    a kept start (:mod:`~knnmon.workers.kept_state`).
     Unregistered queries' places, and handles no result holds any more, are released by
     :meth:`compact` once they are half of what is held.
 
@@ -149,6 +151,7 @@ class KnnWorker(Registration, BatchUpdate, WindowLists, ReleaseInParts, Handover
         self.track_load = track_load
         self._before: tuple[np.ndarray, np.ndarray] | None = None  # (slot, handle) results before an expiry
         self._cutoff = np.iinfo(np.int64).min  # the last expiry's cutoff
+        self._needs = np.empty(0, dtype=np.int64)  # slots an expiry asked to refill, until the refills come
         self._refilled: dict[str, str] = {}  # details (text) of the objects a refill brought in
         self._details = HeldTexts(self.handles) if reserve else None  # details (text) of every object held
         self.expired = self.refills = 0

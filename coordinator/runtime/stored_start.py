@@ -129,8 +129,8 @@ class StoredStart:
         url, namespace = runtime.store.url, c.store.namespace
         stored = self.read(url, namespace, c.window is not None)
         tm["stored_read_s"] = time.perf_counter() - t0
-        runtime.plan = self.plan(p.model, c, stored.lists.kth(self.queries.k), stored.lists.counts, stored.entries,
-                                 url, namespace)
+        radius, counts = self.results_of(stored)
+        runtime.plan = self.plan(p.model, c, radius, counts, stored.entries, url, namespace)
         tm["plan_s"] = time.perf_counter() - t0
         t1 = time.perf_counter()
         loads = stored.send(runtime.pool, runtime.plan.routing)
@@ -140,7 +140,14 @@ class StoredStart:
         runtime.registrar.query_worker.update(zip(self.queries.ids, self.worker.tolist()))
         runtime.pool.gather(loads)
         tm["load_s"] = time.perf_counter() - t1
+        if getattr(stored, "kept", 0):
+            tm["workers_kept"] = stored.kept
         return stored
+
+    def results_of(self, stored: StoredWorkers) -> tuple[np.ndarray, np.ndarray]:
+        """Each query's kNN radius (``(m,)`` float64 meters: its stored result's ``k``-th
+        distance, ``inf`` below ``k``) and result size (``(m,)`` int64)."""
+        return stored.lists.kth(self.queries.k), stored.lists.counts
 
     def read(self, redis_url: str, namespace: str, windowed: bool, chunk: int = CHUNK) -> StoredWorkers:
         """Every query's stored result (and with a window, its members' details from its
@@ -258,12 +265,16 @@ class StoredWorkers:
                                          vocabulary=codes, first_k=self.first_k, rebuild=s + chunk >= len(mine)))
         return pending
 
+    def holds(self, pool, ids: list[str]) -> dict[int, set[str]]:
+        """Of the objects ``ids``, those each worker's results hold (as Redis stores them)."""
+        return {w: set(ids).intersection(self.lists.take(self.start.rows_of(w)).ids) for w in range(pool.size)}
+
     def replay(self, runtime: Runtime) -> int:
         """The replay batch (module docstring, step 3), collected; returns its objects."""
         d, pool, table = runtime.dispatcher, runtime.pool, self.start.replay()
         t0 = time.perf_counter()
         ids = np.asarray(table.column("id").to_pylist(), dtype=object)
-        replayed = set(ids.tolist())
+        held = self.holds(pool, ids.tolist())  # (before the expiry, as Redis holds the results)
         window = d.window
         cutoff = window.cutoff if window is not None else None
         routed, pair_obj, pair_code, _ = d._route(table)
@@ -272,7 +283,7 @@ class StoredWorkers:
             needs = pool.gather([pool.expire(w, cutoff) for w in range(pool.size)])
         calls, rows = [], {}
         for w in range(pool.size):
-            holds = replayed.intersection(self.lists.take(self.start.rows_of(w)).ids)
+            holds = held[w]
             rows[w] = np.asarray([i for i, o in enumerate(ids.tolist()) if o not in holds], dtype=np.int64)
             if cutoff is None:
                 calls.append(pool.process(w, shared, rows[w]))

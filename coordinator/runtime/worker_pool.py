@@ -52,6 +52,7 @@ class WorkerPool(ABC):
 
     def __init__(self, size: int) -> None:
         self.size = size
+        self.kept: dict[int, dict[str, Any]] = {}  # (RayPool: the actors taken from the service before)
 
     @abstractmethod
     def call(self, worker: int, method: str, *args: Any, **kwargs: Any) -> Pending:
@@ -143,6 +144,23 @@ class WorkerPool(ABC):
         """:meth:`KnnWorker.release_handed`."""
         return self._send(worker, WorkerApi.release_handed)
 
+    def kept_queries(self, worker: int) -> Pending:
+        """:meth:`KnnWorker.kept_queries`: its queries, radii, result sizes and keyword codes."""
+        return self._send(worker, WorkerApi.kept_queries)
+
+    def holds_among(self, worker: int, oids: Sequence[str]) -> Pending:
+        """:meth:`KnnWorker.holds_among`: the ids among ``oids`` its lists hold."""
+        return self._send(worker, WorkerApi.holds_among, oids)
+
+    def keep_for(self, worker: int) -> Pending:
+        """:meth:`KnnWorker.keep_for`: a kept worker becomes this service's."""
+        return self._send(worker, WorkerApi.keep_for)
+
+    def reset_taken(self) -> None:
+        """Make the workers taken from the service before empty (:attr:`kept`; none but in a
+        :class:`RayPool` with ``detach_as``)."""
+        self.kept = {}
+
     def share(self, obj: Any) -> Any:
         """``obj`` as the workers receive it without one copy each (Ray's object store)."""
         return obj
@@ -197,6 +215,8 @@ class RayPool(WorkerPool):
 
             self._args.setdefault("orphan_s", ORPHAN_S)
         nodes = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"])
+        # self.kept: what each actor taken from the service before said of its state
+        # (WorkerHost.kept_for), until kept or reset.
         taken = self._take_left(size) if detach_as is not None else {}
         log.info("starting %d workers on %d alive Ray nodes: %s%s", size, len(nodes), ", ".join(n[:8] for n in nodes),
                  f" ({len(taken)} taken from the service before)" if taken else "")
@@ -226,10 +246,11 @@ class RayPool(WorkerPool):
 
     def _take_left(self, size: int, timeout_s: float = 30.0) -> dict[int, Any]:
         """The detached actors a service before this one left under :attr:`_detach_as` (a
-        SIGKILLed service's), reset to empty workers: one per worker number below ``size``
-        that answers within ``timeout_s`` (the one named for it if alive, else any other); every
-        other one is killed. Their queued writes end before this returns, so Redis is read
-        after them."""
+        SIGKILLed service's), as they are: one per worker number below ``size`` that answers
+        within ``timeout_s`` (the one named for it if alive, else any other), what each said of
+        its state in :attr:`kept`; every other one is killed. Their queued writes end before
+        this returns, so Redis is read after them. The caller keeps them
+        (:mod:`~knnmon.coordinator.runtime.kept_start`) or resets them (:meth:`reset_taken`)."""
         from ray.util import list_named_actors
 
         from knnmon.workers.actor import RAY_NAMESPACE
@@ -254,18 +275,36 @@ class RayPool(WorkerPool):
         for h in rest:
             with contextlib.suppress(Exception):
                 ray.kill(h)
-        resets = {w: h.reset.remote(w, **self._args) for w, h in keep.items()}
+        asked = {w: h.kept_for.remote(w, **self._args) for w, h in keep.items()}
         taken = {}
-        for w, ref in resets.items():
+        for w, ref in asked.items():
             try:
-                ray.get(ref, timeout=timeout_s)
+                self.kept[w] = ray.get(ref, timeout=timeout_s)
                 taken[w] = keep[w]
             except Exception as ex:  # noqa: BLE001 - dead, or busy past the timeout: a new one
-                log.warning("worker %d's actor of the service before did not reset (%s); starting a new one", w,
+                log.warning("worker %d's actor of the service before did not answer (%s); starting a new one", w,
                             type(ex).__name__)
                 with contextlib.suppress(Exception):
                     ray.kill(keep[w])
         return taken
+
+    def reset_taken(self, timeout_s: float = 30.0) -> None:
+        """Make every actor taken from the service before an empty worker (their state is not
+        kept: :mod:`~knnmon.coordinator.runtime.kept_start`); one that does not reset within
+        ``timeout_s`` is replaced by a new actor."""
+        resets = {w: self.actors[w].reset.remote(w, **self._args) for w in self.kept}
+        self.kept = {}
+        nodes = sorted(n["NodeID"] for n in self._ray.nodes() if n["Alive"])
+        for w, ref in resets.items():
+            try:
+                self._ray.get(ref, timeout=timeout_s)
+            except Exception as ex:  # noqa: BLE001 - dead, or busy past the timeout: a new one
+                log.warning("worker %d's actor of the service before did not reset (%s); starting a new one", w,
+                            type(ex).__name__)
+                with contextlib.suppress(Exception):
+                    self._ray.kill(self.actors[w])
+                self.actors[w] = self._new_actor(w, nodes)
+                self.taken -= 1
 
     def replace(self, worker: int, **overrides: Any) -> None:
         """Start worker ``worker`` anew on an alive node: an empty worker with the same settings

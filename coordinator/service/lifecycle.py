@@ -15,6 +15,7 @@ import redis
 
 from knnmon.coordinator.runtime.runtime import Runtime
 from knnmon.coordinator.runtime.stored_start import NotResumableError
+from knnmon.coordinator.runtime.kept_start import KeptStart
 from knnmon.coordinator.runtime.worker_pool import make_pool
 from knnmon.coordinator.service import status as service_status
 from knnmon.coordinator.service.batching import BatchPolicy
@@ -146,7 +147,8 @@ class Lifecycle:
         ledger.busy_ms = np.zeros(self.config.run.workers)
         self._take_worker_list()
         tm = self.runtime.timings
-        how = (f"from the stored results: read {tm.get('stored_read_s', 0.0):.1f} s, objects read meanwhile "
+        kept = "workers kept as they were; " if isinstance(r.stored, KeptStart) else ""
+        how = (f"{kept}from the stored results: read {tm.get('stored_read_s', 0.0):.1f} s, objects read meanwhile "
                f"{r.objects_log.seconds:.1f} s (waited {tm.get('objects_wait_s', 0.0):.1f} s), replay "
                f"{tm.get('replay_s', 0.0):.1f} s of {tm.get('replayed', 0)} objects" if r.stored is not None else
                f"{self.runtime.registrar.placements_written} placements rewritten")
@@ -174,7 +176,7 @@ class Lifecycle:
                 r = recover(self.client, self.redis_url, self.config.run.store.namespace, self._preload,
                             self._model, processes=processes, limits=self.config.run.limits, skip=skip,
                             window=self.config.run.window, reserve=run_config.places_reserved,
-                            allowed_lateness=self.config.run.allowed_lateness, settings=settings)
+                            allowed_lateness=self.config.run.allowed_lateness, settings=settings, pool=pool)
                 t_start = time.perf_counter()
                 runtime.prepared, runtime.stored = r.prepared, r.stored
                 self.runtime = runtime.start()

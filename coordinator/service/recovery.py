@@ -27,6 +27,7 @@ import redis
 
 from knnmon.arrays import runs, segment_sums
 from knnmon.batch import BatchChanges
+from knnmon.coordinator.runtime.kept_start import kept_start, queries_of
 from knnmon.coordinator.runtime.object_store import ObjectStore
 from knnmon.coordinator.runtime.preparation import Prepared, prepare_tables
 from knnmon.coordinator.runtime.stored_start import StoredStart
@@ -70,6 +71,8 @@ class Recovered:
         Set when the workers start from the results Redis holds
         (:mod:`~knnmon.coordinator.service.resume`): then ``prepared`` holds the queries, and the
         live objects once the runtime has them, without their kNN; nothing is searched or repaired.
+        A :class:`~knnmon.coordinator.runtime.kept_start.KeptStart` when the workers taken from
+        the service before are kept as they are (nothing is loaded either).
     """
 
     prepared: Prepared
@@ -105,6 +108,26 @@ class Recovered:
         """``(first entry id, last entry id, largest t)`` of the stream's entries read, in chunks
         (the checkpoints' record of what the live objects need)."""
         return self.objects_log.spans
+
+
+def _in_thread(read, url: str, *args) -> Future:
+    """The future of ``read(client, *args)`` run on a thread with a client of its own."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from knnmon.connection import connect
+
+    def run():
+        client = connect(url)
+        try:
+            return read(client, *args)
+        finally:
+            client.close()
+
+    executor = ThreadPoolExecutor(1, thread_name_prefix="knnmon-objects")
+    try:
+        return executor.submit(run)
+    finally:
+        executor.shutdown(wait=False)
 
 
 def read_queries(client: redis.Redis, keys: Keys, chunk: int = 10_000, limits: Limits = DEFAULT_LIMITS,
@@ -197,7 +220,8 @@ def reconcile(url: str, namespace: str, client: redis.Redis, prepared: Prepared,
 
 def recover(client: redis.Redis, url: str, namespace: str, preload: pa.Table, model, *, processes: int = 2,
             limits: Limits = DEFAULT_LIMITS, skip: frozenset[str] = frozenset(), window: int | None = None,
-            reserve: int = 0, allowed_lateness: int = 0, settings: dict[str, str] | None = None) -> Recovered:
+            reserve: int = 0, allowed_lateness: int = 0, settings: dict[str, str] | None = None,
+            pool=None) -> Recovered:
     """Rebuild the service's state (module docstring), or with ``settings`` (what the service
     runs with, :func:`~knnmon.coordinator.service.resume.settings_of`) read what a start from the
     stored results needs when :mod:`~knnmon.coordinator.service.resume` allows it
@@ -221,6 +245,10 @@ def recover(client: redis.Redis, url: str, namespace: str, preload: pa.Table, mo
         With a window: the watermark trails the largest ``t`` by this much, ms.
     reserve
         Neighbours each query keeps beyond ``k`` (:class:`~knnmon.workers.worker.KnnWorker`).
+    pool
+        The service's workers; those it took from the service before (``pool.kept``) are kept as
+        they are when :mod:`~knnmon.coordinator.runtime.kept_start` allows (:attr:`Recovered.stored`
+        a :class:`~knnmon.coordinator.runtime.kept_start.KeptStart`), else reset here.
 
     Raises
     ------
@@ -230,13 +258,30 @@ def recover(client: redis.Redis, url: str, namespace: str, preload: pa.Table, mo
         Objects from the future that an earlier version applied
         (:func:`~knnmon.coordinator.service.object_log.check_event_time`).
     """
-    keys = Keys(namespace)
+    keys, t0 = Keys(namespace), time.perf_counter()
     create_groups(client, keys)
     why = why_not_resumable(client, keys, settings, skip) if settings is not None else "asked to recover in full"
     got: ObjectLog | Future
-    if why is None:  # read while the workers load (stored_start)
+    keeping = why is None and pool is not None and bool(pool.kept)
+    if keeping:  # read in a thread while the workers say what they hold (the checkpoints' chunks: ~1 s)
+        got = _in_thread(read_objects, url, keys, preload, limits, skip, window, allowed_lateness)
+        kept, why_kept = kept_start(pool, client, keys, int(settings["workers"]), got, feed_version(client, keys) + 1)
+        if kept is not None:
+            log.info("recovery: every worker is kept as it is (its state equals what Redis holds)")
+            queries = queries_of(kept)
+            seconds = {"workers": time.perf_counter() - t0}
+            prepared = Prepared(model, kept.queries.to_table(), OBJECT_SCHEMA.empty_table(),
+                                OBJECT_SCHEMA.empty_table(), None, np.empty(0, np.int64),
+                                np.zeros(len(queries), np.int64), np.empty(0), np.full(len(queries), np.inf), {},
+                                first_batch=kept.number + 1)
+            queries_read = client.xlen(keys.ingest_queries) - undelivered(client, keys.ingest_queries)
+            return Recovered(prepared, {q.id: q for q in queries}, got, queries_read, 0, seconds, kept)
+        log.info("recovery: the workers taken from the service before are not kept: %s", why_kept)
+    if pool is not None and pool.kept:
+        pool.reset_taken()  # (before any worker loads)
+    if not keeping and why is None:  # read while the workers load (stored_start)
         got = read_elsewhere(url, namespace, preload, limits, skip, window, allowed_lateness)
-    else:
+    elif not keeping:
         got = read_objects(client, keys, preload, limits, skip, window, allowed_lateness)
     t1 = time.perf_counter()
     placed: dict[str, tuple] = {}

@@ -1,5 +1,6 @@
 """A service's detached worker actors (``workers/actor.py``, ``RayPool(detach_as=...)``): a
-restarted service takes the processes the one before left, empty; extra ones are killed; an
+restarted service takes the processes the one before left as they are (and resets them to empty
+workers when it does not keep them); extra ones are killed; an
 actor whose service's heartbeat stops exits on its own."""
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def _stats(pool: RayPool) -> list[dict]:
     return pool.gather([pool.stats(w) for w in range(pool.size)])
 
 
-def test_a_restarted_service_takes_the_workers_processes_empty(ray_instance, redis_url, namespace):
+def test_a_restarted_service_takes_the_workers_processes_and_can_empty_them(ray_instance, redis_url, namespace):
     prefix = f"knnmon-test-{uuid.uuid4().hex[:8]}"
     args = {"redis_url": redis_url, "namespace": namespace, "orphan_s": None}
     first = RayPool(2, args, detach_as=prefix)
@@ -48,8 +49,9 @@ def test_a_restarted_service_takes_the_workers_processes_empty(ray_instance, red
     assert before[0].queries == 1
     # The service "dies": its pool is dropped without close (a SIGKILL kills nothing detached).
     second = RayPool(2, args, detach_as=prefix)
+    assert second.taken == 2 and [second.kept[w]["queries"] for w in (0, 1)] == [1, 0]  # as they were
+    second.reset_taken()  # (the service does not keep them: kept_start)
     after = _stats(second)
-    assert second.taken == 2
     assert [s.pid for s in after] == [s.pid for s in before]  # the same processes
     assert [s.queries for s in after] == [0, 0]  # empty
     # A service with fewer workers takes what it needs and kills the rest.

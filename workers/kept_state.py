@@ -1,0 +1,95 @@
+"""What a worker process that outlived its service can tell the next one, so that the next
+service keeps the worker's state instead of loading it again from Redis.
+
+A service on a Ray cluster runs its workers as detached actors (:mod:`knnmon.workers.actor`);
+when the service dies (SIGKILL), each worker finishes the calls it was sent and waits, its
+queries, top-k lists, object handles and keyword codes intact. Its state equals what Redis holds
+for its queries when (:meth:`KeptState.kept_state`):
+
+- Redis's marker of the worker (``knn:worker:{w}:batch``) is the value its own last write left
+  (``<session>:<tag>``, :meth:`~knnmon.workers.result_writer.ResultWriter.last_write`): each write
+  is one script that sets the results, the query hashes, the ``queries`` set, the details hash and
+  the marker together, so no other write reached this worker's keys after it;
+- no write failed after it, every queued write is done (the call waits for them);
+- no query is handed over and not yet released (a re-balancing move cut short).
+
+What it applied beyond that write (a batch that changed none of its results) is a set of
+delivered objects that did not enter, which the next service's replay gives again or not
+(:mod:`~knnmon.coordinator.runtime.kept_start`): either way the lists stay exact. An expiry whose
+batch never came (the service died between the two calls) left shortened lists, the results as
+Redis holds them and the queries to refill
+(:meth:`~knnmon.workers.window_lists.WindowLists.expire`), which the replay's expiry returns again:
+its batch then refills them and writes the whole difference.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from knnmon.query import QueryColumns
+
+__all__ = ["KeptState"]
+
+
+class KeptState:
+    """The worker's side of a kept start (module docstring); mixed into
+    :class:`~knnmon.workers.worker.KnnWorker`."""
+
+    writer: Any
+    queue: Any
+    queries: Any
+    lists: Any
+    handles: Any
+    vocabulary: Any
+    worker_id: int
+    _handed: list
+
+    def kept_state(self) -> dict[str, Any]:
+        """After the queued writes: ``marker``, the value this worker's last successful write left
+        in Redis (``None``: none), ``why``, why its state may differ from Redis's even if the
+        marker matches (``None``: it does not), ``queries`` held, ``pid``."""
+        why = None
+        try:
+            marker, failed = self.last_write()  # type: ignore[attr-defined] # (KnnWorker's: waits for the write queue)
+        except Exception as ex:  # noqa: BLE001 - a queued write failed: Redis lacks it
+            marker, failed = None, True
+            why = f"a queued write failed ({type(ex).__name__})"
+        if why is None and failed:
+            why = "a write failed after its last one"
+        elif why is None and self.writer is None:
+            why = "it writes no results"
+        elif why is None and self._handed:
+            why = "queries handed over and not released"
+        return {"marker": marker, "why": why, "queries": int(self.queries.alive.sum()), "pid": os.getpid(),
+                "worker": self.worker_id}
+
+    def kept_queries(self) -> tuple[QueryColumns, np.ndarray, np.ndarray, dict[str, int]]:
+        """What the next service needs of the queries held here: their columns (``m`` queries,
+        ``k`` each one's own), ``(m,)`` float64 kNN radii ``r_q`` in meters (``inf`` below
+        ``k + reserve`` neighbours), ``(m,)`` int64 their results' sizes (at most ``k``), and the
+        keyword codes (keyword -> code) batches arrive encoded with."""
+        live = np.flatnonzero(self.queries.alive)
+        counts = np.minimum(self.lists.count[live], self.queries.k[live]).astype(np.int64)
+        return self.queries.columns(live), self.queries.radius[live].copy(), counts, dict(self.vocabulary.codes)
+
+    def holds_among(self, oids: Sequence[str]) -> list[str]:
+        """The ids among ``oids`` that a list here holds (within ``k`` or in the reserve)."""
+        h = self.handles.lookup(list(oids))
+        held = np.zeros(max(len(self.handles), 1), dtype=bool)
+        used = self.lists.h[self.lists.h >= 0]
+        held[used] = True
+        return [o for o, x in zip(oids, h.tolist()) if x >= 0 and held[x]]
+
+    def keep_for(self, vocabulary: dict[str, int] | None = None) -> int:
+        """Become the worker of the next service as it is: its writes carry a new session (a batch
+        number of the new service never matches a tag written before), ``vocabulary`` (keyword ->
+        code) added to its codes; returns the number of queries held."""
+        if self.writer is not None:
+            self.writer.session = uuid.uuid4().hex[:12]
+        self.vocabulary.learn(vocabulary)
+        return int(self.queries.alive.sum())
