@@ -68,14 +68,14 @@ class WorkerHost(KnnWorker):
         return os.getpid()
 
 
-    def kept_for(self, worker_id: int, redis_url: str | None, *args: Any, orphan_s: float | None = None,
+    def kept_for(self, worker_id: int | None, redis_url: str | None, *args: Any, orphan_s: float | None = None,
                  watch_url: str | None = None, **kwargs: Any) -> dict[str, Any]:
         """Whether this worker, as it is, may be worker ``worker_id`` of a service that would
-        start it with these arguments (:class:`WorkerHost`'s): its
+        start it with these arguments (:class:`WorkerHost`'s; ``None``: any worker): its
         :meth:`~knnmon.workers.kept_state.KeptState.kept_state`, whose ``why`` also says if it
         was another worker or made with other settings. Waits for its queued writes."""
         state = self.kept_state()
-        if state["why"] is None and self._made_with[0] != worker_id:
+        if state["why"] is None and worker_id is not None and self._made_with[0] != worker_id:
             state["why"] = f"it was worker {self._made_with[0]}"
         elif state["why"] is None and self._made_with[1:] != (redis_url, args, _settings(kwargs)):
             state["why"] = "it was made with other settings"

@@ -217,13 +217,16 @@ class RayPool(WorkerPool):
         nodes = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"])
         # self.kept: what each actor taken from the service before said of its state
         # (WorkerHost.kept_for), until kept or reset.
-        taken = self._take_left(size) if detach_as is not None else {}
+        self.spare = None
+        taken = self._take_left(size, spare) if detach_as is not None else {}
         log.info("starting %d workers on %d alive Ray nodes: %s%s", size, len(nodes), ", ".join(n[:8] for n in nodes),
-                 f" ({len(taken)} taken from the service before)" if taken else "")
+                 f" ({len(taken)} taken from the service before{', and its spare' if self.spare else ''})"
+                 if taken else "")
         self.actors = [taken[w] if w in taken else self._new_actor(w, nodes) for w in range(size)]
         self.taken = len(taken)
         self._keep_spare = spare
-        self.spare = self._new_spare(nodes) if spare else None
+        if spare and self.spare is None:
+            self.spare = self._new_spare(nodes)
 
     def _new_actor(self, worker: int, nodes: Sequence[str], *, name: str | None = None, **overrides: Any) -> Any:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -244,11 +247,12 @@ class RayPool(WorkerPool):
         makes it a worker gives it one); it watches the heartbeat as the workers do."""
         return self._new_actor(self.size, nodes, name="spare", redis_url=None, watch_url=self._args.get("redis_url"))
 
-    def _take_left(self, size: int, timeout_s: float = 30.0) -> dict[int, Any]:
+    def _take_left(self, size: int, spare: bool = False, timeout_s: float = 30.0) -> dict[int, Any]:
         """The detached actors a service before this one left under :attr:`_detach_as` (a
         SIGKILLed service's), as they are: one per worker number below ``size`` that answers
-        within ``timeout_s`` (the one named for it if alive, else any other), what each said of
-        its state in :attr:`kept`; every other one is killed. Their queued writes end before
+        within ``timeout_s`` (the one that was that worker if alive, else any other), what each
+        said of its state in :attr:`kept`; with ``spare``, an empty one left over as
+        :attr:`spare`; every other one is killed. Their queued writes end before
         this returns, so Redis is read after them. The caller keeps them
         (:mod:`~knnmon.coordinator.runtime.kept_start`) or resets them (:meth:`reset_taken`)."""
         from ray.util import list_named_actors
@@ -265,27 +269,37 @@ class RayPool(WorkerPool):
                 number = name[len(prefix):].split(":", 1)[0]
                 found.setdefault(int(number) if number.isdigit() else -1, []).append(
                     ray.get_actor(name, namespace=RAY_NAMESPACE))
-        # Worker w takes the actor named for w; the others (a spare that became a revived
-        # worker keeps its spare's name, the spare itself, numbers beyond size) fill the gaps.
-        keep = {w: handles[0] for w, handles in found.items() if 0 <= w < size}
-        rest = [h for w, handles in sorted(found.items()) for h in (handles[1:] if w in keep else handles)]
+        # Every actor says what it holds (a revived worker keeps the name of the spare it was);
+        # worker w takes the one that was worker w, the others fill the gaps (a spare first),
+        # and with spare=True one empty one left over stays the spare.
+        handles = [h for _, hs in sorted(found.items()) for h in hs]
+        asked = [h.kept_for.remote(None, **self._args) for h in handles]
+        answers: list[tuple[Any, dict[str, Any]]] = []
+        for h, ref in zip(handles, asked):
+            try:
+                answers.append((h, ray.get(ref, timeout=timeout_s)))
+            except Exception as ex:  # noqa: BLE001 - dead, or busy past the timeout: a new one
+                log.warning("an actor of the service before did not answer (%s); killed", type(ex).__name__)
+                with contextlib.suppress(Exception):
+                    ray.kill(h)
+        taken: dict[int, Any] = {}
+        rest = []
+        for h, state in answers:
+            w = state["worker"]
+            if 0 <= w < size and w not in taken and state["writes"]:
+                taken[w], self.kept[w] = h, state
+            else:
+                rest.append((h, state))
+        rest.sort(key=lambda x: x[1]["writes"])  # (empty spares first)
         for w in range(size):
-            if w not in keep and rest:
-                keep[w] = rest.pop(0)
-        for h in rest:
+            if w not in taken and rest:
+                h, state = rest.pop(0)
+                taken[w], self.kept[w] = h, {**state, "why": state["why"] or f"it was worker {state['worker']}"}
+        if spare and rest and not rest[0][1]["writes"]:
+            self.spare = rest.pop(0)[0]
+        for h, _ in rest:
             with contextlib.suppress(Exception):
                 ray.kill(h)
-        asked = {w: h.kept_for.remote(w, **self._args) for w, h in keep.items()}
-        taken = {}
-        for w, ref in asked.items():
-            try:
-                self.kept[w] = ray.get(ref, timeout=timeout_s)
-                taken[w] = keep[w]
-            except Exception as ex:  # noqa: BLE001 - dead, or busy past the timeout: a new one
-                log.warning("worker %d's actor of the service before did not answer (%s); starting a new one", w,
-                            type(ex).__name__)
-                with contextlib.suppress(Exception):
-                    ray.kill(keep[w])
         return taken
 
     def reset_taken(self, timeout_s: float = 30.0) -> None:

@@ -103,10 +103,13 @@ def test_a_lost_worker_becomes_the_started_spare(ray_instance, redis_url, namesp
         new_spare = pool._ray.get(pool.spare.stats.remote(), timeout=60).pid
         assert new_spare not in {s.pid for s in after}
         assert len(_named(prefix)) == 3  # two workers and the new spare
-        # A restart takes the revived worker too (it keeps its spare's name), and the spare.
-        again = RayPool(3, {"redis_url": redis_url, "namespace": namespace, "orphan_s": None}, detach_as=prefix)
-        assert again.taken == 3
-        assert sorted(s.pid for s in _stats(again)) == sorted([after[0].pid, after[1].pid, new_spare])
+        # A restart takes each worker as the worker it was (the revived one keeps its spare's
+        # name), and the spare as its spare: no process to start.
+        again = RayPool(2, {"redis_url": redis_url, "namespace": namespace, "orphan_s": None}, detach_as=prefix,
+                        spare=True)
+        assert again.taken == 2 and [again.kept[w]["worker"] for w in (0, 1)] == [0, 1]
+        assert [s.pid for s in _stats(again)] == [after[0].pid, after[1].pid]
+        assert again._ray.get(again.spare.stats.remote(), timeout=60).pid == new_spare
     finally:
         pool.close()
     assert _wait_for(lambda: not _named(prefix))
