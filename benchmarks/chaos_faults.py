@@ -39,6 +39,30 @@ def node_rss_mb(pid_file: Path) -> float | None:
         return None
 
 
+def processes_mb(pids: dict[str, int | None], pid_files: dict[str, Path]) -> dict[str, list]:
+    """RSS of each process, by pid: ``pid -> [role, MB]``, the roles of ``pids`` (the service,
+    Redis, each worker) and, for each Ray node's ``ray start`` process in ``pid_files``, it and
+    every process under it (role ``<node>:<process name>``; a worker found there keeps its role)."""
+    out: dict[str, list] = {}
+    for role, pid in pids.items():
+        mb = rss(pid)
+        if mb is not None:
+            out[str(pid)] = [role, round(mb, 1)]
+    for node, path in pid_files.items():
+        try:
+            p = psutil.Process(int(path.read_text()))
+            procs = [p, *p.children(recursive=True)]
+        except (OSError, ValueError, psutil.Error):
+            continue
+        for x in procs:
+            try:
+                if str(x.pid) not in out:
+                    out[str(x.pid)] = [f"{node}:{x.name()}", round(x.memory_info().rss / 2**20, 1)]
+            except psutil.Error:
+                pass
+    return out
+
+
 def rss(pid: int | None) -> float | None:
     try:
         return psutil.Process(pid).memory_info().rss / 2**20 if pid else None

@@ -53,7 +53,8 @@ import pyarrow.parquet as pq
 import redis
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from chaos_faults import NAMESPACE, Chaos, redis_pid, inject, node_rss_mb, rss, workers_of  # noqa: E402 - this soak's parts
+from chaos_faults import (NAMESPACE, Chaos, inject, node_rss_mb, processes_mb, redis_pid, rss,  # noqa: E402
+                          workers_of)
 from chaos_load import Publisher, publish_prefill  # noqa: E402
 from soak import caught_up  # noqa: E402 - the plain soak's helpers
 
@@ -327,6 +328,9 @@ def sample(chaos: Chaos, r: redis.Redis, keys: Keys, pub: Publisher, t_s: float)
                        **{f"worker{w['worker']}": rss(w.get("pid")) for w in workers_of(st)},
                        **{f"ray_{n}": node_rss_mb(chaos.dir / "cluster" / f"{n}.pid")
                           for n in ("head", "worker1", "worker2")}},
+            "processes_mb": processes_mb({"service": svc.get("pid"), "redis": redis_pid(chaos),
+                                          **{f"worker{w['worker']}": w.get("pid") for w in workers_of(st)}},
+                                         {n: chaos.dir / "cluster" / f"{n}.pid" for n in ("head", "worker1", "worker2")}),
             "live_objects": svc.get("objects_held"), "routing_entries": svc.get("routing_entries"),
             **{k: svc.get(k) for k in ("workers_revived", "recoveries", "worker_restarts", "redis_outages", "late")},
             "latency_ms_p99_status": svc.get("latency_ms_p99"), "gc_full_passes": svc.get("gc_full_passes")}
@@ -354,11 +358,34 @@ def summarize(rep: dict, window_ms: int) -> dict:
         a, b = at(540, 600), at(rep["config"]["duration_s"] - 60, rep["config"]["duration_s"])
         growth[name] = round(100 * (b - a) / a, 1) if a and b else None
     return {"lag_ms_p99": float(np.percentile(lags, 99)) if lags else None,
+            "rss_growth_pct_per_process": process_growth(rep),
             "minutes_p99_le_1s_outside_faults": f"{sum(lat_ok)}/{len(lat_ok)}",
             "revivals_s": rep["revivals_s"], "events": [(e["kind"], e.get("served_again_s")) for e in rep["events"]],
             "rss_growth_pct_min10_to_end": growth, "checks": [(c["label"], c["exact"], c.get("applied_once"))
                                                              for c in rep["checks"]],
             "hostile_ok": rep["hostile"]["all_rejected_with_their_reason"], "published": rep["published"]}
+
+
+def process_growth(rep: dict, first_s: float = 540.0, settle_s: float = 60.0, least_s: float = 600.0) -> dict:
+    """Each process's RSS growth, %: the median of its first minute from ``first_s`` on (or from
+    ``settle_s`` after it appeared, if later) to the median of its last minute, for every process
+    sampled over at least ``least_s`` of that span (``pid: [role, %, from s, to s]``, largest
+    first); a process that lived less (replaced by a fault) is left out."""
+    seen: dict[str, list] = {}
+    for s in rep["samples"]:
+        for pid, (role, mb) in (s.get("processes_mb") or {}).items():
+            seen.setdefault(pid, [role, []])[1].append((s["t_s"], mb))
+    out = {}
+    for pid, (role, pts) in seen.items():
+        start = max(first_s, pts[0][0] + (settle_s if pts[0][0] > first_s - settle_s else 0.0))
+        pts = [(t, mb) for t, mb in pts if t >= start]
+        if not pts or pts[-1][0] - pts[0][0] < least_s:
+            continue
+        a = float(np.median([mb for t, mb in pts if t < pts[0][0] + 60]))
+        b = float(np.median([mb for t, mb in pts if t > pts[-1][0] - 60]))
+        if a > 0:
+            out[pid] = [role, round(100 * (b - a) / a, 1), pts[0][0], pts[-1][0]]
+    return dict(sorted(out.items(), key=lambda x: -x[1][1]))
 
 
 def plot(rep: dict, path: str) -> None:
