@@ -161,8 +161,8 @@ class WindowLists:
             L.h[places] = np.fromiter((handle[o] for o in ids), dtype=np.int64, count=len(ids))
             by_row = None
         L.count[slots] = n
-        radii = np.full(len(slots), np.inf)
-        full = np.flatnonzero(n == cap)
+        radii = np.full(len(slots), np.inf)  # (the last entry's distance once k are held: _shrink)
+        full = np.flatnonzero((n >= q.k[slots]) & (n > 0))
         radii[full] = dists[np.cumsum(n)[full] - 1]
         q.set_radius(slots, radii)
         held = list(objects.ids)
