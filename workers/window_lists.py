@@ -41,7 +41,8 @@ class WindowLists:
         """Remove the objects with ``t <= cutoff`` (epoch ms) from every list held here.
 
         Every live matching object strictly within a query's ``r_q`` is in its list (``r_q`` is
-        the list's last distance when it was last full, ``inf`` if it never was). So a list that
+        the list's last distance when it last changed holding at least ``k``, ``inf`` if it never
+        did: :meth:`~knnmon.workers.batch_update.BatchUpdate._shrink`). So a list that
         lost objects still starts with the exact kNN if at least ``k`` of what is left lie
         strictly within ``r_q`` (objects tied at exactly ``r_q`` may be missing); otherwise the
         query is returned, to be refilled with its exact ``k + reserve`` nearest over the live
