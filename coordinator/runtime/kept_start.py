@@ -28,6 +28,7 @@ hold, the taken workers are reset and loaded from Redis as before.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -56,11 +57,13 @@ class KeptStart(StoredStart):
     """A :class:`~knnmon.coordinator.runtime.stored_start.StoredStart` whose workers are kept
     (module docstring): ``radius`` ``(m,)`` float64 meters and ``counts`` ``(m,)`` int64, each
     query's kNN radius and result size as its worker holds them; ``codes`` the workers' keyword
-    codes (keyword -> code)."""
+    codes (keyword -> code); ``seconds`` what :func:`kept_start` spent: the workers ``asked``,
+    the ``columns`` joined, the ``sets`` read."""
 
     radius: np.ndarray = field(default_factory=lambda: np.empty(0))
     counts: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
     codes: dict[str, int] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
 
     def read(self, redis_url: str, namespace: str, windowed: bool, chunk: int = 0) -> StoredWorkers:
         """Nothing to read: the workers hold it (the objects stream's length, for the plan)."""
@@ -137,7 +140,9 @@ def kept_start(pool: WorkerPool, client, keys: Keys, workers: int, log_of_object
             return None, f"worker {w}: {state['why']}"
         if state["marker"] is None or client.get(keys.worker_batch(w)) != state["marker"]:
             return None, f"worker {w}: Redis's marker is not its last write"
+    t0 = time.perf_counter()
     got = pool.gather([pool.kept_queries(w) for w in range(workers)])
+    t1 = time.perf_counter()
     codes: dict[str, int] = {}
     for _, _, _, theirs in got:
         for word, c in theirs.items():
@@ -153,10 +158,12 @@ def kept_start(pool: WorkerPool, client, keys: Keys, workers: int, log_of_object
                            np.concatenate([np.asarray(q.lat, np.float64) for q, _, _, _ in got]),
                            [tuple(kw) for q, _, _, _ in got for kw in q.keywords],
                            np.concatenate([np.asarray(q.k, np.int64) for q, _, _, _ in got]))
+    t2 = time.perf_counter()
     set_of = _sets(client, keys, ids)
     return KeptStart(columns, worker, set_of, log_of_objects, number,
                      radius=np.concatenate([r for _, r, _, _ in got]),
-                     counts=np.concatenate([c for _, _, c, _ in got]), codes=codes), None
+                     counts=np.concatenate([c for _, _, c, _ in got]), codes=codes,
+                     seconds={"asked": t1 - t0, "columns": t2 - t1, "sets": time.perf_counter() - t2}), None
 
 
 def queries_of(start: KeptStart) -> list[Query]:

@@ -269,7 +269,7 @@ def recover(client: redis.Redis, url: str, namespace: str, preload: pa.Table, mo
         if kept is not None:
             log.info("recovery: every worker is kept as it is (its state equals what Redis holds)")
             queries = queries_of(kept)
-            seconds = {"workers": time.perf_counter() - t0}
+            seconds = {"workers": time.perf_counter() - t0, **{f"workers {k}": v for k, v in kept.seconds.items()}}
             prepared = Prepared(model, kept.queries.to_table(), OBJECT_SCHEMA.empty_table(),
                                 OBJECT_SCHEMA.empty_table(), None, np.empty(0, np.int64),
                                 np.zeros(len(queries), np.int64), np.empty(0), np.full(len(queries), np.inf), {},
