@@ -339,19 +339,11 @@ class BatchUpdate:
             left=names(l_h), version=self._version, details=details)
 
     def _shrink(self, changed: np.ndarray, *, refresh: bool = True) -> np.ndarray:
-        """Shrink the kNN radius ``r_q`` of the ``changed`` slots whose list holds at least ``k``
-        to its last entry's distance; re-index them unless ``refresh=False``. Returns the shrunk
-        slots.
-
-        A list of ``k`` to ``k + reserve - 1`` entries holds every matching object delivered
-        within its ``r_q`` (none was dropped: it is not full), so every live one within its last
-        distance, and that distance is a valid ``r_q`` (the window's invariant,
-        :meth:`~knnmon.workers.window_lists.WindowLists.expire`): a query with few matches near
-        it takes the objects within it, not every object with its keywords anywhere (an
-        infinite ``r_q`` until its ``k + reserve`` places fill, before)."""
+        """Shrink the kNN radius ``r_q`` of the ``changed`` slots whose list is full to its
+        k-th (last kept) distance; re-index them unless ``refresh=False``. Returns the shrunk
+        slots."""
         q, L = self.queries, self.lists
-        c = L.count[changed]
-        kth = np.where(c >= q.k[changed], L.d[L.ptr[changed] + np.maximum(c, 1) - 1], np.inf)
+        kth = L.d[L.ptr[changed] + q.cap[changed] - 1]  # inf unless the list is full
         shrink = kth < q.radius[changed]
         slots = changed[shrink]
         if len(slots):

@@ -119,10 +119,9 @@ class Registration:
             top_d[start[q] + rank] = d
             top_h[start[q] + rank] = np.fromiter(map(handle.__getitem__, oids), dtype=np.int64, count=len(oids))
         count = np.bincount(q, minlength=n).astype(np.int64)
-        # r_q: the last entry's distance once a list holds k (fewer than k + reserve: every
-        # matching object seen, so every one within it; with first_k, the k-th), else inf
-        full = np.flatnonzero((count >= k) & (count > 0))
-        self.queries.set_radius(slots.start + full, top_d[start[full] + count[full] - 1])
+        last = k if first_k else cap
+        full = np.flatnonzero((count == last) & (last > 0))
+        self.queries.set_radius(slots.start + full, top_d[start[full] + last[full] - 1])
         self.lists.append(cap, top_d, top_h, count)
         if self._details is not None and len(q):  # (the kept objects' handles are known: no lookup)
             self._details.set(distinct, texts_of(objects)(distinct),

@@ -41,8 +41,7 @@ class WindowLists:
         """Remove the objects with ``t <= cutoff`` (epoch ms) from every list held here.
 
         Every live matching object strictly within a query's ``r_q`` is in its list (``r_q`` is
-        the list's last distance when it last changed holding at least ``k``, ``inf`` if it never
-        did: :meth:`~knnmon.workers.batch_update.BatchUpdate._shrink`). So a list that
+        the list's last distance when it was last full, ``inf`` if it never was). So a list that
         lost objects still starts with the exact kNN if at least ``k`` of what is left lie
         strictly within ``r_q`` (objects tied at exactly ``r_q`` may be missing); otherwise the
         query is returned, to be refilled with its exact ``k + reserve`` nearest over the live
@@ -162,8 +161,8 @@ class WindowLists:
             L.h[places] = np.fromiter((handle[o] for o in ids), dtype=np.int64, count=len(ids))
             by_row = None
         L.count[slots] = n
-        radii = np.full(len(slots), np.inf)  # (the last entry's distance once k are held: _shrink)
-        full = np.flatnonzero((n >= q.k[slots]) & (n > 0))
+        radii = np.full(len(slots), np.inf)
+        full = np.flatnonzero(n == cap)
         radii[full] = dists[np.cumsum(n)[full] - 1]
         q.set_radius(slots, radii)
         held = list(objects.ids)

@@ -110,7 +110,6 @@ class Dispatcher:
         self.pool, self.routing, self.objects = pool, routing, objects
         self.seen = SeenIds(seen, seen_times, windowed=window is not None)
         self.window, self.rects = window, rects
-        self.reserve = 0  # neighbours each query keeps beyond k (the runtime sets it): refills' regions
         self.next_batch = first_batch
         #: With a window, the last batch's refill step in parts (ms): ``expire`` (the store,
         #: the seen ids and the workers' expiry round trip), ``search`` (the refills' kNN),
@@ -161,7 +160,7 @@ class Dispatcher:
         t0 = time.perf_counter()
         topk, info = self.objects.knn_v(lon, lat, words, k, exclude=exclude)
         t1 = time.perf_counter()
-        rect = self.rects(lon, lat, topk.reach(np.maximum(k - self.reserve, 1), k))  # (k: each one's k + reserve)
+        rect = self.rects(lon, lat, topk.kth(k))
         self.routing.add_many(self.routing.codes_of(words), rect.x0, rect.y0, rect.x1, rect.y1, workers,
                               merge=route_now)
         self.refill_parts_ms.update(search=(t1 - t0) * 1e3, routing=(time.perf_counter() - t1) * 1e3)

@@ -29,8 +29,7 @@ class Prepared:
 
     ``initial`` and ``stream`` are tables in stream order; ``idx``, ``counts``, ``dist`` are the
     initial kNN as :meth:`ObjectIndex.knn_v` returns it (rows into ``initial``, per-query counts,
-    meters), ``radius`` each query's kNN radius as its worker keeps it (the last of its first ``k +
-    reserve`` once it has ``k``, ``inf`` below ``k`` matches: ``KnnWorker._shrink``), ``timings``
+    meters), ``radius`` each query's k-th distance (``inf`` below ``k`` matches), ``timings``
     seconds spent reading and searching; ``first_batch`` the stream batches applied before (a
     service resuming continues the change feed's versions from there; else 0); ``placed``: each
     query's placement as Redis held it (a service resuming,
@@ -158,8 +157,8 @@ def prepare_tables(model: Any, queries: pa.Table, initial: pa.Table, stream: pa.
     else:
         idx, counts, dist = np.empty(0, np.int64), np.zeros(len(lon), np.int64), np.empty(0)
     ends = np.cumsum(counts)
-    radius = np.full(len(lon), np.inf)  # (the workers' r_q: KnnWorker._shrink)
-    full = (counts >= k - int(reserve)) & (counts > 0)
+    radius = np.full(len(lon), np.inf)
+    full = counts >= k
     radius[full] = dist[ends[full] - 1]
     timings["initial_knn_s"] = time.perf_counter() - t0
     return Prepared(model, queries, initial, stream, index, idx, counts, dist, radius, timings)

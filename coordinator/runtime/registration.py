@@ -151,7 +151,7 @@ class Registrar:
         cap = [q.k + self.reserve for q in queries]  # with a reserve, the k + reserve nearest
         topk, info = self.objects.knn_v([q.lon for q in queries], [q.lat for q in queries],
                                         [q.keywords for q in queries], cap)
-        radius = topk.reach([q.k for q in queries], cap)  # (the worker's r_q: KnnWorker._shrink)
+        radius = topk.kth(cap)
         rect = self.plan.model.rects(np.array([q.lon for q in queries]), np.array([q.lat for q in queries]), radius)
         routing = self.plan.routing
         mean_load = self.worker_loads.sum() / max(int(self.worker_queries.sum()), 1)

@@ -265,7 +265,7 @@ def revive(pool: RayPool, registrar: Registrar, redis_url: str, namespace: str, 
         cap = k + registrar.reserve
         t1 = time.perf_counter()
         topk, details = live.knn_v(lon, lat, list(queries.keywords), cap)
-        rect = registrar.plan.model.rects(lon, lat, topk.reach(k, cap))
+        rect = registrar.plan.model.rects(lon, lat, topk.kth(cap))
         routing.add_many([[routing.code(x) for x in kws] for kws in queries.keywords], rect.x0, rect.y0, rect.x1,
                          rect.y1, np.full(len(queries), worker))
         t2 = time.perf_counter()

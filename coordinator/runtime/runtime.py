@@ -137,7 +137,6 @@ class Runtime(Revivals):
         self.dispatcher = Dispatcher(self.pool, self.plan.routing, self.objects, p.initial.column("id"),
                                      seen_times=t, window=window, rects=self.plan.model.rects,
                                      first_batch=p.first_batch)
-        self.dispatcher.reserve = c.places_reserved
         self.registrar.feed_version = lambda: self.dispatcher.next_batch
         self.dispatcher.revive = in_place = lambda w: self.revive_idle(w) is not None
         if c.rebalance is not None:

