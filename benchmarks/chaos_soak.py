@@ -369,12 +369,14 @@ def summarize(rep: dict, window_ms: int) -> dict:
 def process_growth(rep: dict, first_s: float = 540.0, settle_s: float = 60.0, least_s: float = 600.0) -> dict:
     """Each process's RSS growth, %: the median of its first minute from ``first_s`` on (or from
     ``settle_s`` after it appeared, if later) to the median of its last minute, for every process
-    sampled over at least ``least_s`` of that span (``pid: [role, %, from s, to s]``, largest
-    first); a process that lived less (replaced by a fault) is left out."""
+    sampled over at least ``least_s`` of that span (``"pid:role": [role, %, from s, to s]``,
+    largest first; a process that changes role counts anew from then); a process that lived less
+    (replaced by a fault) is left out."""
     seen: dict[str, list] = {}
     for s in rep["samples"]:
         for pid, (role, mb) in (s.get("processes_mb") or {}).items():
-            seen.setdefault(pid, [role, []])[1].append((s["t_s"], mb))
+            # (a process that changes role, e.g. the spare actor becoming a revived worker, counts anew)
+            seen.setdefault(f"{pid}:{role}", [role, []])[1].append((s["t_s"], mb))
     out = {}
     for pid, (role, pts) in seen.items():
         start = max(first_s, pts[0][0] + (settle_s if pts[0][0] > first_s - settle_s else 0.0))
