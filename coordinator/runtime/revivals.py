@@ -4,6 +4,7 @@ between batches) and whether (:meth:`Revivals._can_revive`); the work is
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -15,6 +16,8 @@ from knnmon.coordinator.runtime.worker_pool import RayPool
 from knnmon.errors import WorkerLostError
 
 __all__ = ["MAX_REVIVALS", "Revivals"]
+
+log = logging.getLogger("knnmon.runtime")
 
 #: Lost workers a run revives before it gives up (a worker that dies again and again is a bug).
 MAX_REVIVALS = 8
@@ -84,11 +87,27 @@ class Revivals:
 
     def _revive(self, worker: int, batches: Sequence[DispatchedBatch] = (), also: Sequence[str] = ()) -> Revival:
         """:func:`revive` (a window: the live objects, the feed version, the replay's refills);
-        counted, its steps' times kept in :attr:`revivals`."""
+        counted, its steps' times kept in :attr:`revivals`. If the new actor is lost during the
+        revival (the pool's spare died with the node that took the worker), the revival starts
+        over on another actor, counted as another revival.
+
+        Raises
+        ------
+        WorkerLostError
+            Another worker lost meanwhile, or :data:`MAX_REVIVALS` reached.
+        """
         d = self.dispatcher
-        revived = revive(self.pool, self.registrar, self.store.url, self.config.store.namespace, worker, batches,
-                         also=also, live=self.objects if self.config.window is not None else None,
-                         version=d.next_batch if d else 0, refill=d.refill_one if d else None)
+        while True:
+            try:
+                revived = revive(self.pool, self.registrar, self.store.url, self.config.store.namespace, worker,
+                                 batches, also=also, live=self.objects if self.config.window is not None else None,
+                                 version=d.next_batch if d else 0, refill=d.refill_one if d else None)
+                break
+            except WorkerLostError as ex:
+                self.workers_revived += 1
+                if ex.worker != worker or self.workers_revived >= MAX_REVIVALS:
+                    raise
+                log.warning("worker %d's new actor was lost during its revival (%s); reviving it again", worker, ex)
         self.workers_revived += 1
         self.revivals.append(revived.seconds)
         return revived

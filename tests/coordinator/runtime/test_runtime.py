@@ -317,3 +317,31 @@ def test_a_worker_found_lost_by_an_estimate_or_the_worker_list_is_revived(small,
         for b in batches[3:]:
             rt.process(b)
         assert_exact(redis_url, namespace, queries, BruteForceKnn(objects))
+
+
+def test_a_revival_whose_spare_is_dead_starts_over_on_a_new_actor(small, ray_instance, redis_url, namespace,
+                                                                  tmp_path):
+    """The spare died with the node that took the worker: the revival's calls to it fail, and the
+    worker is revived again on a new actor (not a rebuild of every worker), exact after."""
+    import uuid
+
+    from knnmon.coordinator.runtime.worker_pool import RayPool
+
+    objects_dir, queries, objects = small
+    config = RunConfig(workers=2, initial=4000, batch=500, store=StoreConfig(redis_url, namespace, str(tmp_path)))
+    pool = RayPool(2, {"redis_url": redis_url, "namespace": namespace, "vocabulary": {}, "orphan_s": None,
+                       "reserve": config.places_reserved},
+                   detach_as=f"knnmon-test-{uuid.uuid4().hex[:8]}", spare=True)
+    with Runtime(objects_dir, queries, config, pool=pool) as rt:
+        batches = list(rt.batches())
+        for b in batches[:3]:
+            rt.process(b)
+        dead_spare = pool.spare
+        pool._ray.kill(dead_spare)
+        victim = rt.registrar.stats()[1]["pid"]
+        _kill_process(victim)
+        for b in batches[3:]:
+            rt.process(b)
+        assert rt.workers_revived == 2  # the dead spare's attempt, then a new actor
+        assert pool.actors[1] is not dead_spare and victim not in [s["pid"] for s in rt.registrar.stats()]
+        assert_exact(redis_url, namespace, queries, BruteForceKnn(objects))
