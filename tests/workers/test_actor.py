@@ -23,7 +23,7 @@ def test_a_workers_calls_leave_no_task_events_in_the_gcs(ray_instance):
     ray = ray_instance
     quiet, loud = WorkerActor().remote(0, None), WorkerActor(enable_task_events=True).remote(1, None)
     for _ in range(5):
-        ray.get([quiet.stats.remote(), loud.stats.remote()])
+        ray.get([quiet.stats.remote(), loud.stats.remote()], timeout=120)  # (a stall fails, not hangs)
     deadline = time.monotonic() + 30
     while "WorkerHost.stats" not in _task_names(loud) and time.monotonic() < deadline:
         time.sleep(0.5)  # (events reach the GCS about once a second)
