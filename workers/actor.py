@@ -5,8 +5,8 @@ restarted service takes the processes of the one before instead of starting new 
 actor process costs ~2.5 s of CPU (Ray's worker start, the imports, the compiled kernels), four
 of them ~10 s on the cores a restart needs. A taken actor keeps its state when that equals what
 Redis holds (:mod:`~knnmon.workers.kept_state`, :meth:`WorkerHost.kept_for`); else it starts
-empty (:meth:`WorkerHost.reset`) and only its process is kept. An actor whose service is gone for good (its heartbeat
-``knn:serve:alive`` older than :data:`ORPHAN_S` at two reads in a row) exits on its own
+empty (:meth:`WorkerHost.reset`) and only its process is kept. An actor whose service is gone for
+good (its heartbeat ``knn:serve:alive`` older than :data:`ORPHAN_S` at two reads in a row) exits on its own
 (:func:`_watch`).
 """
 
@@ -66,7 +66,6 @@ class WorkerHost(KnnWorker):
         self.__dict__.clear()
         WorkerHost.__init__(self, worker_id, redis_url, *args, **kwargs)
         return os.getpid()
-
 
     def kept_for(self, worker_id: int | None, redis_url: str | None, *args: Any, orphan_s: float | None = None,
                  watch_url: str | None = None, **kwargs: Any) -> dict[str, Any]:

@@ -86,11 +86,10 @@ class KeptState:
         held[used] = True
         return [o for o, x in zip(oids, h.tolist()) if x >= 0 and held[x]]
 
-    def keep_for(self, vocabulary: dict[str, int] | None = None) -> int:
+    def keep_for(self) -> int:
         """Become the worker of the next service as it is: its writes carry a new session (a batch
-        number of the new service never matches a tag written before), ``vocabulary`` (keyword ->
-        code) added to its codes; returns the number of queries held."""
+        number of the new service never matches a tag written before); returns the number of
+        queries held."""
         if self.writer is not None:
             self.writer.session = uuid.uuid4().hex[:12]
-        self.vocabulary.learn(vocabulary)
         return int(self.queries.alive.sum())

@@ -15,7 +15,7 @@ from knnmon.connection import connect, with_retries
 from knnmon.keys import Keys
 from knnmon.workers.result_writer import details_key
 
-__all__ = ["clear_object_details", "placement_of", "record_placements"]
+__all__ = ["clear_object_details", "placement_number", "placement_of", "record_placements"]
 
 
 def clear_object_details(redis_url: str, namespace: str) -> None:
@@ -53,6 +53,13 @@ for i = 2, #ARGV, 4 do
 end
 return 0
 """ % ", ".join(f"'{f}'" for f in _MOVED)
+
+
+def placement_number(field: str | None) -> int | None:
+    """A placement field read as a number >= 0 (a worker, a set); ``None`` if it is not one. The
+    fields come from Redis, where any client may have written anything."""
+    text = (field or "").strip()
+    return int(text) if text.isascii() and text.isdigit() and len(text) < 19 else None
 
 
 def placement_of(fields: Mapping[str, str]) -> tuple[str | None, str | None, str | None, bool]:

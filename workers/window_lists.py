@@ -58,15 +58,15 @@ class WindowLists:
         QueryColumns
             The queries to refill, ``k`` holding the neighbours to search (``k + reserve``).
         """
-        none = self.queries.columns(self._needs, self.queries.cap)
+        pending = self.queries.columns(self._needs, self.queries.cap)  # (asked for before, not yet refilled)
         if cutoff <= self._cutoff:
-            return none
+            return pending
         before, self._cutoff = self._cutoff, int(cutoff)
         n = len(self.handles)
         t = self.handles.t[:n]
         dead = t <= cutoff
         if not n or not dead.any():
-            return none
+            return pending
         gone = np.flatnonzero(dead & (t > before))
         self.handles.forget(gone)
         if self._details is not None:
@@ -77,7 +77,7 @@ class WindowLists:
         hit[held] = dead[L.h[held]]
         places = np.flatnonzero(hit)
         if not len(places):
-            return none
+            return pending
         self.expired += len(places)
         of = np.searchsorted(L.ptr, places, side="right") - 1
         slots = np.unique(of)

@@ -5,7 +5,7 @@ On a Ray cluster that outlives the service, the workers are detached actors
 Redis allows a start from the stored results (:mod:`~knnmon.coordinator.service.resume`) and
 every taken worker's state equals what Redis holds for its queries
 (:mod:`knnmon.workers.kept_state`: Redis's marker is the value of the worker's own last write, no
-expiry waits for its batch, nothing is handed over), the service keeps them: instead of reading
+write failed since, nothing is handed over), the service keeps them: instead of reading
 every stored result and loading it (:mod:`~knnmon.coordinator.runtime.stored_start`), it asks
 each worker for its queries, their kNN radii and its keyword codes, and
 
@@ -38,6 +38,7 @@ from knnmon.assignment.routing import RoutingTable
 from knnmon.coordinator.runtime.stored_start import StoredStart, StoredWorkers
 from knnmon.keys import Keys
 from knnmon.query import Query, QueryColumns
+from knnmon.workers.placements import placement_number
 
 if TYPE_CHECKING:
     from knnmon.coordinator.planning import PlanResult
@@ -80,11 +81,9 @@ class KeptStart(StoredStart):
              namespace: str) -> PlanResult:
         """:meth:`StoredStart.plan`, its routing table in the workers' codes (module docstring)."""
         result = super().plan(model, config, radius, counts, objects, redis_url, namespace)
-        if result.workload is None:
-            result.routing = _in_codes(RoutingTable(model.grid, [], np.zeros(0, np.uint64), np.empty(0, np.int64),
-                                                    np.empty(0, np.uint64)), self.codes)
-            return result
-        result.routing = _in_codes(result.routing, self.codes)
+        coarse = result.routing if result.workload is not None else RoutingTable(  # (no queries: no keywords)
+            model.grid, [], np.zeros(0, np.uint64), np.empty(0, np.int64), np.empty(0, np.uint64))
+        result.routing = _in_codes(coarse, self.codes)
         return result
 
     def results_of(self, stored: StoredWorkers) -> tuple[np.ndarray, np.ndarray]:
@@ -151,8 +150,9 @@ def kept_start(pool: WorkerPool, client, keys: Keys, workers: int, log_of_object
     if len(set(codes.values())) != len(codes) or any(c < 0 for c in codes.values()):
         return None, "two keywords share a code"
     ids = [x for q, _, _, _ in got for x in q.ids]
-    if client.scard(keys.queries) != len(ids) or len(set(ids)) != len(ids):
-        return None, f"Redis registers {client.scard(keys.queries)} queries, the workers hold {len(ids)}"
+    registered = client.scard(keys.queries)
+    if registered != len(ids) or len(set(ids)) != len(ids):
+        return None, f"Redis registers {registered} queries, the workers hold {len(ids)}"
     worker = np.concatenate([np.full(len(q), w, dtype=np.int32) for w, (q, _, _, _) in enumerate(got)])
     columns = QueryColumns(ids, np.concatenate([np.asarray(q.lon, np.float64) for q, _, _, _ in got]),
                            np.concatenate([np.asarray(q.lat, np.float64) for q, _, _, _ in got]),
@@ -182,7 +182,6 @@ def _sets(client, keys: Keys, ids: list[str], chunk: int = 10_000) -> np.ndarray
         for qid in ids[s:s + chunk]:
             pipe.hget(keys.query(qid), "set")
         for j, v in enumerate(pipe.execute()):
-            text = (v or "").strip()
-            if text.isascii() and text.isdigit() and len(text) < 10:
-                out[s + j] = int(text)
+            n = placement_number(v)
+            out[s + j] = n if n is not None and n < 2 ** 31 else -1
     return out

@@ -52,7 +52,9 @@ class WorkerPool(ABC):
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self.kept: dict[int, dict[str, Any]] = {}  # (RayPool: the actors taken from the service before)
+        #: What each actor taken from the service before said of its state
+        #: (:meth:`~knnmon.workers.actor.WorkerHost.kept_for`), until kept or reset (a RayPool's).
+        self.kept: dict[int, dict[str, Any]] = {}
 
     @abstractmethod
     def call(self, worker: int, method: str, *args: Any, **kwargs: Any) -> Pending:
@@ -215,8 +217,6 @@ class RayPool(WorkerPool):
 
             self._args.setdefault("orphan_s", ORPHAN_S)
         nodes = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"])
-        # self.kept: what each actor taken from the service before said of its state
-        # (WorkerHost.kept_for), until kept or reset.
         self.spare = None
         taken = self._take_left(size, spare) if detach_as is not None else {}
         log.info("starting %d workers on %d alive Ray nodes: %s%s", size, len(nodes), ", ".join(n[:8] for n in nodes),

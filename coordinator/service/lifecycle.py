@@ -13,9 +13,9 @@ import numpy as np
 import pyarrow as pa
 import redis
 
+from knnmon.coordinator.runtime.kept_start import KeptStart
 from knnmon.coordinator.runtime.runtime import Runtime
 from knnmon.coordinator.runtime.stored_start import NotResumableError
-from knnmon.coordinator.runtime.kept_start import KeptStart
 from knnmon.coordinator.runtime.worker_pool import make_pool
 from knnmon.coordinator.service import status as service_status
 from knnmon.coordinator.service.batching import BatchPolicy

@@ -130,6 +130,22 @@ def _in_thread(read, url: str, *args) -> Future:
         executor.shutdown(wait=False)
 
 
+def _queries_read(client: redis.Redis, keys: Keys) -> int:
+    """Entries of the queries stream delivered to the group so far."""
+    return client.xlen(keys.ingest_queries) - undelivered(client, keys.ingest_queries)
+
+
+def _from_stored(model, stored: StoredStart, queries: list[Query], got, queries_read: int,
+                 seconds: dict[str, float]) -> Recovered:
+    """What a start from the stored results (or with the workers kept) recovered: the queries
+    and, once the runtime has them, the live objects, without their kNN; nothing searched or
+    repaired; the stream's batches after the replay's."""
+    prepared = Prepared(model, stored.queries.to_table(), OBJECT_SCHEMA.empty_table(), OBJECT_SCHEMA.empty_table(),
+                        None, np.empty(0, np.int64), np.zeros(len(queries), np.int64), np.empty(0),
+                        np.full(len(queries), np.inf), {}, first_batch=stored.number + 1)
+    return Recovered(prepared, {q.id: q for q in queries}, got, queries_read, 0, seconds, stored)
+
+
 def read_queries(client: redis.Redis, keys: Keys, chunk: int = 10_000, limits: Limits = DEFAULT_LIMITS,
                  placed: dict[str, tuple] | None = None) -> list[Query]:
     """The registered queries (``knn:queries`` and their hashes); a hash that does not make a
@@ -268,25 +284,18 @@ def recover(client: redis.Redis, url: str, namespace: str, preload: pa.Table, mo
         kept, why_kept = kept_start(pool, client, keys, int(settings["workers"]), got, feed_version(client, keys) + 1)
         if kept is not None:
             log.info("recovery: every worker is kept as it is (its state equals what Redis holds)")
-            queries = queries_of(kept)
             seconds = {"workers": time.perf_counter() - t0, **{f"workers {k}": v for k, v in kept.seconds.items()}}
-            prepared = Prepared(model, kept.queries.to_table(), OBJECT_SCHEMA.empty_table(),
-                                OBJECT_SCHEMA.empty_table(), None, np.empty(0, np.int64),
-                                np.zeros(len(queries), np.int64), np.empty(0), np.full(len(queries), np.inf), {},
-                                first_batch=kept.number + 1)
-            queries_read = client.xlen(keys.ingest_queries) - undelivered(client, keys.ingest_queries)
-            return Recovered(prepared, {q.id: q for q in queries}, got, queries_read, 0, seconds, kept)
+            return _from_stored(model, kept, queries_of(kept), got, _queries_read(client, keys), seconds)
         log.info("recovery: the workers taken from the service before are not kept: %s", why_kept)
     if pool is not None and pool.kept:
         pool.reset_taken()  # (before any worker loads)
-    if not keeping and why is None:  # read while the workers load (stored_start)
-        got = read_elsewhere(url, namespace, preload, limits, skip, window, allowed_lateness)
-    elif not keeping:
-        got = read_objects(client, keys, preload, limits, skip, window, allowed_lateness)
+    if not keeping:  # (keeping: read on the thread already; a start from the stored results: while the workers load)
+        got = (read_elsewhere(url, namespace, preload, limits, skip, window, allowed_lateness) if why is None
+               else read_objects(client, keys, preload, limits, skip, window, allowed_lateness))
     t1 = time.perf_counter()
     placed: dict[str, tuple] = {}
     queries = read_queries(client, keys, limits=limits, placed=placed)
-    queries_read = client.xlen(keys.ingest_queries) - undelivered(client, keys.ingest_queries)
+    queries_read = _queries_read(client, keys)
     t2 = time.perf_counter()
     seconds = {"queries": t2 - t1}
     if why is None and client.scard(keys.queries) != len(queries):
@@ -296,10 +305,7 @@ def recover(client: redis.Redis, url: str, namespace: str, preload: pa.Table, mo
         stored, why = stored_start(queries, placed, int(settings["workers"]), got, feed_version(client, keys) + 1)
     if stored is not None:
         log.info("recovery: every worker starts from the results Redis holds")
-        prepared = Prepared(model, stored.queries.to_table(), OBJECT_SCHEMA.empty_table(), OBJECT_SCHEMA.empty_table(),
-                            None, np.empty(0, np.int64), np.zeros(len(queries), np.int64), np.empty(0),
-                            np.full(len(queries), np.inf), {}, first_batch=stored.number + 1)
-        return Recovered(prepared, {q.id: q for q in queries}, got, queries_read, 0, seconds, stored)
+        return _from_stored(model, stored, queries, got, queries_read, seconds)
     log.info("recovery: every result searched again and compared with Redis (%s)", why)
     forget_settings(client, keys, url)  # (until the results are exact again: resume's docstring)
     if isinstance(got, Future):

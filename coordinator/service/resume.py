@@ -33,6 +33,7 @@ from knnmon.coordinator.runtime.stored_start import StoredStart
 from knnmon.errors import WorkerLostError
 from knnmon.keys import Keys
 from knnmon.query import Query, QueryColumns
+from knnmon.workers.placements import placement_number
 
 __all__ = ["forget_settings", "record_settings", "settings_of", "stored_start", "why_not_resumable"]
 
@@ -94,7 +95,7 @@ def stored_start(queries: list[Query], placed: dict[str, tuple], workers: int, l
         w, _, s, moved = placed.get(q.id, (None, None, None, False))
         if moved:
             return None, f"query {q.id[:64]} has a re-balancing move noted"
-        on, in_set = _count(w), _count(s)
+        on, in_set = placement_number(w), placement_number(s)
         if on is None or on >= workers:
             return None, f"query {q.id[:64]} has no worker among the {workers}: {str(w)[:32]!r}"
         worker[i], set_of[i] = on, in_set if in_set is not None and in_set < 2 ** 31 else -1
@@ -102,10 +103,3 @@ def stored_start(queries: list[Query], placed: dict[str, tuple], workers: int, l
     columns = QueryColumns(q.ids, np.asarray(q.lon, dtype=np.float64), np.asarray(q.lat, dtype=np.float64), q.keywords,
                            np.asarray(q.k, dtype=np.int64))
     return StoredStart(columns, worker, set_of, log, number), None
-
-
-def _count(field: str | None) -> int | None:
-    """A hash field read as a number >= 0 (a worker, a set); ``None`` if it is not one. The
-    fields come from Redis, where any client may have written anything."""
-    text = (field or "").strip()
-    return int(text) if text.isascii() and text.isdigit() and len(text) < 19 else None
