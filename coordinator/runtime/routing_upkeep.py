@@ -6,12 +6,17 @@ window every refill adds the refilled query's larger one (to a small delta,
 :class:`~knnmon.assignment.routing.RoutingTable`). Nothing shrinks it when radii shrink, and an
 unregistered query's entries stay. So once the table holds 1.5 times the entries of its last
 build (plus :data:`SLACK`), or :data:`UNREGISTERED_SHARE` of the queries were unregistered since,
-or it had additions and :data:`REBUILD_S` passed since its last build (radii shrink: a table built
+or it had additions and a period passed since its last build (radii shrink: a table built
 while results were short routes too widely), it is built again from every worker's queries and
 radii as they are now (the plan's :meth:`RoutingTable.build` over a
 :class:`~knnmon.assignment.workload.Workload` of them), keeping its keyword codes (the workers'
 batches are encoded with them). Its size then follows the registered queries' regions, not
-history.
+history. The period starts at :data:`REBUILD_S` and doubles, up to :data:`MAX_REBUILD_S`, after
+each build that only the period made due and that left the table at least
+:data:`STALE_KEPT` of its size (nothing to shrink: at 100 k queries a window's far-reaching
+regions kept 9 million entries through 8 such builds of 6-9 s each, each slowing the batches
+beside it); a build that shrinks it, or that growth or unregisters made due, resets it
+(:func:`next_period`).
 
 The build takes seconds at 100 k queries, so it runs in a background thread while batches go
 on (:meth:`RoutingUpkeep.poll`): the workers' regions are asked for in batch order (the call is
@@ -39,7 +44,7 @@ from knnmon.assignment.workload import Workload
 from knnmon.coordinator.runtime.worker_pool import Pending, WorkerPool
 from knnmon.errors import WorkerLostError
 
-__all__ = ["REBUILD_S", "RoutingUpkeep", "SLACK", "UNREGISTERED_SHARE"]
+__all__ = ["MAX_REBUILD_S", "REBUILD_S", "RoutingUpkeep", "SLACK", "STALE_KEPT", "UNREGISTERED_SHARE", "next_period"]
 
 log = logging.getLogger("knnmon.runtime")
 
@@ -47,10 +52,24 @@ log = logging.getLogger("knnmon.runtime")
 SLACK = 1 << 16
 #: Share of the queries unregistered since the last build that makes a rebuild due.
 UNREGISTERED_SHARE = 0.1
-#: Seconds after which a table that had additions since its last build is rebuilt.
+#: Seconds after which a table that had additions since its last build is rebuilt (at first).
 REBUILD_S = 120.0
+#: The longest period :func:`next_period` backs off to (seconds).
+MAX_REBUILD_S = 960.0
+#: A periodic build that leaves the table at least this share of its entries shrank nothing.
+STALE_KEPT = 0.9
 #: Seconds :meth:`RoutingUpkeep.close` waits for a build in flight.
 CLOSE_WAIT_S = 60.0
+
+
+def next_period(period: float, timed: bool, before: int, after: int) -> float:
+    """The period (seconds) after a build: doubled (at most :data:`MAX_REBUILD_S`) when the
+    build was due to the period alone (``timed``) and its table kept at least
+    :data:`STALE_KEPT` of the ``before`` entries (``after``: the fresh table's, before the
+    regions added meanwhile were replayed); else :data:`REBUILD_S`."""
+    if timed and after >= STALE_KEPT * before:
+        return min(2 * period, MAX_REBUILD_S)
+    return REBUILD_S
 
 
 class RoutingUpkeep:
@@ -81,6 +100,8 @@ class RoutingUpkeep:
         self._build: Future | None = None
         self._started_unregistered = 0
         self._requested = False
+        self.period = REBUILD_S  # seconds between periodic builds (next_period)
+        self._timed, self._before = False, 0
 
     def request(self) -> None:
         """Make a rebuild due now (queries moved between workers: the sources' entries go)."""
@@ -89,9 +110,13 @@ class RoutingUpkeep:
     def due(self, queries: int, unregistered: int) -> bool:
         """Whether the table grew or went stale enough to rebuild (``queries``: registered now;
         ``unregistered``: unregistered in all so far)."""
+        return (self._forced(queries, unregistered)
+                or (self.routing.additions > self._additions_at and time.monotonic() - self._built_at >= self.period))
+
+    def _forced(self, queries: int, unregistered: int) -> bool:
+        """Due for a reason other than the period: requested, grown, or many unregistered."""
         return (self._requested or self.routing.entries > 1.5 * self.baseline + SLACK
-                or unregistered - self._unregistered_at >= max(1.0, UNREGISTERED_SHARE * queries)
-                or (self.routing.additions > self._additions_at and time.monotonic() - self._built_at >= REBUILD_S))
+                or unregistered - self._unregistered_at >= max(1.0, UNREGISTERED_SHARE * queries))
 
     @property
     def building(self) -> bool:
@@ -104,6 +129,7 @@ class RoutingUpkeep:
             if self._build.done():
                 self._finish()
         elif self.due(queries, unregistered):
+            self._timed = not self._forced(queries, unregistered)
             self._start(unregistered)
 
     def rebuild(self, unregistered: int = 0) -> float:
@@ -113,6 +139,7 @@ class RoutingUpkeep:
         if self._build is not None:
             self._build.result()
             self._finish()
+        self._timed = False
         self._start(unregistered)
         self._build.result()
         self._finish()
@@ -136,6 +163,7 @@ class RoutingUpkeep:
 
     def _start(self, unregistered: int) -> None:
         pending = [self.pool.regions(w) for w in range(self.pool.size)]  # in batch order
+        self._before = self.routing.entries
         self._requested = False
         self.routing.journal(True)
         self.routing.code_index()  # made here, read by the build thread
@@ -186,6 +214,7 @@ class RoutingUpkeep:
         t0 = time.perf_counter()
         r = self.routing
         if fresh is None:
+            self.period = REBUILD_S
             r.replace_entries(np.zeros(len(r.vocabulary), dtype=np.uint64), np.empty(0, np.int64),
                               np.empty(0, np.uint64))
         else:
@@ -194,6 +223,7 @@ class RoutingUpkeep:
             known = code >= 0
             always[code[known]] = fresh_always[known]
             r.replace_entries(always, keys, masks)
+            self.period = next_period(self.period, self._timed, self._before, r.entries)
         for args in journal:
             r.add_many(*args)
         self.baseline, self._unregistered_at = r.entries, self._started_unregistered
@@ -204,4 +234,5 @@ class RoutingUpkeep:
         self.build_s += seconds
         self.swap_s += swap
         log.info("routing table rebuilt from %d queries' regions in %.2f s (background), swapped in %.3f s with %d "
-                 "regions added meanwhile replayed: %d entries", n_queries, seconds, swap, replayed, r.entries)
+                 "regions added meanwhile replayed: %d entries; next periodic build in %.0f s", n_queries, seconds, swap,
+                 replayed, r.entries, self.period)

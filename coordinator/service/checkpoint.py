@@ -81,6 +81,7 @@ class Checkpointer:
             Redis unreachable after every retry.
         """
         self._at = time.monotonic()
+        t0 = time.perf_counter()
         below = None
         while self.spans and cutoff is not None and self.spans[0][2] <= cutoff:
             below = next_id(self.spans.popleft()[1])
@@ -98,6 +99,6 @@ class Checkpointer:
             record["trimmed_below"] = below
         with_retries(lambda: self.client.hset(self.keys.serve_checkpoint, mapping=record), "writing the checkpoint",
                      self.url)
-        log.info("checkpoint: watermark %s, %d entries trimmed (below %s), %d batches live", watermark, n, below,
-                 len(self.spans))
+        log.info("checkpoint: watermark %s, %d entries trimmed (below %s), %d batches live, in %.3f s", watermark, n,
+                 below, len(self.spans), time.perf_counter() - t0)
         return n

@@ -98,7 +98,9 @@ class Ledger:
         if report is not None:  # what the batch cost: its deliveries, candidates, changes, refills
             record.update(deliveries=report.deliveries, candidates=report.candidates, changed=report.changed,
                           refilled=report.refilled, refill_ms=f"{report.refill_ms:.2f}",
-                          redis_ms=f"{report.redis_server_ms:.2f}",
+                          redis_ms=f"{report.redis_server_ms:.2f}", route_ms=f"{report.route_ms:.2f}",
+                          busy_max_ms=f"{max(report.busy_ms, default=0.0):.2f}",
+                          busy_wall_max_ms=f"{max(report.busy_wall_ms, default=0.0):.2f}",
                           **{f"refill_{k}_ms": f"{v:.2f}" for k, v in refill_parts_ms.items()})
         self.ack(self.keys.ingest_objects, acked, rejects, record)
         if self.checkpointer is not None:
