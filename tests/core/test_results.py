@@ -23,7 +23,7 @@ def stored(redis_url, namespace):
         client.zadd(keys.result(qid), {f"o{i}a": 10.0 * i, f"o{i}b": 10.0 * i + 0.5})
     client.hset(details, mapping={"o0a": ObjectInfo(10.0, 50.0, 1000, ("coffee",)).to_text(), "o0b": "not details"})
     yield client, keys
-    for key in client.scan_iter(f"{namespace}:*"):
+    for key in client.scan_iter(f"{namespace}:*", count=10_000):
         client.delete(key)
     client.close()
 

@@ -39,8 +39,9 @@ def _check(w: KnnWorker, client, details: dict[str, ObjectInfo]) -> None:
             members, key=lambda o: (dict(w._result(s))[o], o))
         want_hash.setdefault(w.writer.details_key(qid), set()).update(members)
         want_count.update(members)
-    prefix = w.writer.keys.objects(w.worker_id)
-    got = {k: set(client.hkeys(k)) for k in client.scan_iter(f"{prefix}*") if client.hlen(k)}
+    writer = w.writer  # every details hash the worker can write: one per master (one standalone)
+    hashes = [writer.bucket_key(b) for b in (writer.masters.names if writer.masters is not None else [""])]
+    got = {k: set(client.hkeys(k)) for k in hashes if client.hlen(k)}
     assert got == {k: v for k, v in want_hash.items() if v}
     for key, oids in got.items():
         for oid in oids:

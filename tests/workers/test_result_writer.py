@@ -33,7 +33,7 @@ def test_layout_feed_and_object_details(store_url, namespace):
         assert w.masters.master_of(d1) == w.masters.master_of(keys.result("q1"))
 
     def details() -> dict[str, set[str]]:
-        return {k: set(c.hkeys(k)) for k in c.scan_iter(keys.objects("*")) if c.hlen(k)}
+        return {k: set(c.hkeys(k)) for k in c.scan_iter(keys.objects("*"), count=10_000) if c.hlen(k)}
 
     assert details() == ({d1: {"o0", "o1"}} if d1 == d2 else {d1: {"o0", "o1"}, d2: {"o1"}})
     assert ObjectInfo.from_text(c.hget(d1, "o1")) == ObjectInfo(OBJ["o1"].lon, 41.0, 1_001, ["coffee", "shop"])
