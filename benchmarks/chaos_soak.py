@@ -272,7 +272,8 @@ def main(argv=None) -> int:
         report = {
             "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
                         "started": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started))},
-            "config": vars(a), "start_ms": start_ms, "setup_s": round(setup_s, 1), "setup_over_lead_s": round(max(late_s, 0.0), 1),
+            "config": vars(a), "start_ms": start_ms, "setup_s": round(setup_s, 1),
+            "setup_over_lead_s": round(max(late_s, 0.0), 1),
             "published": pub.sent, "hostile_sent": len(pub.hostile),
             "publisher_errors": pub.errors, "events": events, "checks": checks, "samples": samples,
             "minutes": per_minute(r, keys, start_ms), "revivals_s": revival_times(chaos.dir / "serve.log"),

@@ -24,6 +24,7 @@ import re
 import shutil
 import sys
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -96,7 +97,7 @@ def main() -> None:
     spans = log_spans(Path(a.log_dir) / "serve.log")
     soak = json.loads(Path(a.soak).read_text()) if a.soak else {}
     col = {k: np.array([float(f.get(k, 0) or 0) for f in rows])
-           for k in ("done_ms", "update_ms", "parse_ms", "refill_ms", "route_ms", "busy_max_ms", "busy_wall_max_ms")}
+           for k in ("done_ms", "update_ms", "parse_ms", "refill_ms", "busy_max_ms")}
     done, update = col["done_ms"], col["update_ms"]
     start = done - update - col["parse_ms"]
     order = np.argsort(start, kind="stable")
@@ -129,16 +130,15 @@ def main() -> None:
     steps = [("update", float(start[i]), float(done[i]), i) for i in np.flatnonzero(update > a.slow_ms)]
     steps += [("gap", float(gap_lo[j]), float(gap_hi[j]), int(order[j + 1])) for j in np.flatnonzero(gap > a.slow_ms)]
     steps.sort(key=lambda s: -(s[2] - s[1]))
+    over = [overlapping(lo, hi, spans) for _, lo, hi, _ in steps]
     longest = [{"kind": kind, "minute": round((lo - t0) / 60_000, 2), "ms": round(hi - lo),
-                "overlaps": overlapping(lo, hi, spans), "next_batch_latency_ms_max": round(float(top[i]))}
+                "overlaps": what, "next_batch_latency_ms_max": round(float(top[i]))}
                | {k: rows[i].get(k) for k in ("objects", "refilled", "refill_ms", "route_ms", "busy_max_ms",
                                               "busy_wall_max_ms", "redis_ms", "deliveries", "candidates")}
-               for kind, lo, hi, i in steps[:40]]
-    by_kind: dict[str, dict[str, int]] = {}
-    for kind, lo, hi, _ in steps:
-        label = "+".join(overlapping(lo, hi, spans)) or "none"
-        by_kind.setdefault(kind, {}).setdefault(label, 0)
-        by_kind[kind][label] += 1
+               for (kind, lo, hi, i), what in zip(steps[:40], over)]
+    by_kind: dict[str, Counter] = {}
+    for (kind, _, _, _), what in zip(steps, over):
+        by_kind.setdefault(kind, Counter())["+".join(what) or "none"] += 1
     report = {"log_dir": a.log_dir, "slow_ms": a.slow_ms, "batches": len(rows),
               "steps_over_slow_ms": by_kind, "rebuilds": len(spans["rebuild"]),
               "rebuild_entries": [e for _, _, e in spans["rebuild"]], "minutes": minutes, "longest": longest}

@@ -110,8 +110,11 @@ class RoutingUpkeep:
     def due(self, queries: int, unregistered: int) -> bool:
         """Whether the table grew or went stale enough to rebuild (``queries``: registered now;
         ``unregistered``: unregistered in all so far)."""
-        return (self._forced(queries, unregistered)
-                or (self.routing.additions > self._additions_at and time.monotonic() - self._built_at >= self.period))
+        return self._forced(queries, unregistered) or self._period_over()
+
+    def _period_over(self) -> bool:
+        """The table had additions and :attr:`period` passed since its last build."""
+        return self.routing.additions > self._additions_at and time.monotonic() - self._built_at >= self.period
 
     def _forced(self, queries: int, unregistered: int) -> bool:
         """Due for a reason other than the period: requested, grown, or many unregistered."""
@@ -128,9 +131,8 @@ class RoutingUpkeep:
         if self._build is not None:
             if self._build.done():
                 self._finish()
-        elif self.due(queries, unregistered):
-            self._timed = not self._forced(queries, unregistered)
-            self._start(unregistered)
+        elif (forced := self._forced(queries, unregistered)) or self._period_over():
+            self._start(unregistered, timed=not forced)
 
     def rebuild(self, unregistered: int = 0) -> float:
         """Rebuild now and wait for it (``unregistered`` as in :meth:`due`); returns seconds spent.
@@ -139,7 +141,6 @@ class RoutingUpkeep:
         if self._build is not None:
             self._build.result()
             self._finish()
-        self._timed = False
         self._start(unregistered)
         self._build.result()
         self._finish()
@@ -161,9 +162,10 @@ class RoutingUpkeep:
             self._executor.shutdown(wait=False, cancel_futures=True)
             self._executor = None
 
-    def _start(self, unregistered: int) -> None:
+    def _start(self, unregistered: int, timed: bool = False) -> None:
+        """Start a build (``timed``: due to the period alone, for :func:`next_period`)."""
         pending = [self.pool.regions(w) for w in range(self.pool.size)]  # in batch order
-        self._before = self.routing.entries
+        self._timed, self._before = timed, self.routing.entries
         self._requested = False
         self.routing.journal(True)
         self.routing.code_index()  # made here, read by the build thread
@@ -234,5 +236,5 @@ class RoutingUpkeep:
         self.build_s += seconds
         self.swap_s += swap
         log.info("routing table rebuilt from %d queries' regions in %.2f s (background), swapped in %.3f s with %d "
-                 "regions added meanwhile replayed: %d entries; next periodic build in %.0f s", n_queries, seconds, swap,
-                 replayed, r.entries, self.period)
+                 "regions added meanwhile replayed: %d entries; next periodic build in %.0f s", n_queries, seconds,
+                 swap, replayed, r.entries, self.period)
