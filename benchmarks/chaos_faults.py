@@ -40,26 +40,26 @@ def node_rss_mb(pid_file: Path) -> float | None:
 
 
 def processes_mb(pids: dict[str, int | None], pid_files: dict[str, Path]) -> dict[str, list]:
-    """RSS of each process, by pid: ``pid -> [role, MB]``, the roles of ``pids`` (the service,
-    Redis, each worker) and, for each Ray node's ``ray start`` process in ``pid_files``, it and
-    every process under it (role ``<node>:<process name>``; a worker found there keeps its role)."""
+    """Memory of each process, by pid: ``pid -> [role, RSS MB, private MB]`` (private: RSS less its
+    file-backed and shared pages, psutil's ``rss - shared``: what the process itself holds, not
+    the pages of Ray's object store it maps), the roles of ``pids`` (the service, Redis, each
+    worker) and, for each Ray node's ``ray start`` process in ``pid_files``, it and every process
+    under it (role ``<node>:<process name>``; a worker found there keeps its role)."""
     out: dict[str, list] = {}
-    for role, pid in pids.items():
-        mb = rss(pid)
-        if mb is not None:
-            out[str(pid)] = [role, round(mb, 1)]
+    procs = [(role, pid) for role, pid in pids.items() if pid]
     for node, path in pid_files.items():
         try:
             p = psutil.Process(int(path.read_text()))
-            procs = [p, *p.children(recursive=True)]
+            procs += [(f"{node}:{x.name()}", x.pid) for x in [p, *p.children(recursive=True)]]
         except (OSError, ValueError, psutil.Error):
             continue
-        for x in procs:
-            try:
-                if str(x.pid) not in out:
-                    out[str(x.pid)] = [f"{node}:{x.name()}", round(x.memory_info().rss / 2**20, 1)]
-            except psutil.Error:
-                pass
+    for role, pid in procs:
+        try:
+            if str(pid) not in out:
+                m = psutil.Process(pid).memory_info()
+                out[str(pid)] = [role, round(m.rss / 2**20, 1), round((m.rss - m.shared) / 2**20, 1)]
+        except psutil.Error:
+            pass
     return out
 
 

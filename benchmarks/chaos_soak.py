@@ -8,7 +8,8 @@ when the stream starts, ``--lead-s`` from now; then ``--queries-n`` queries (100
 registered (their exact kNN over the window); once the service has applied both (and the lead
 has passed), the clock starts and objects are published at ``--rate`` (1,000/s)
 without ``t`` (they take their entry's time) for ``--duration-s`` (30 minutes), all the places
-in stream order, again under new ids once they run out. Throughout: query registrations and unregisters (``--churn-per-s``), and
+in stream order, again under new ids once they run out. Throughout: query registrations and
+unregisters (``--churn-per-s``), and
 ``--hostile`` (1 %) of the entries hostile -- every reject reason an input can earn, far-future and
 far-past times, huge ``k``, oversize and non-UTF-8 fields -- each with the reason it must get.
 Faults, at the given seconds into publishing:
@@ -20,11 +21,14 @@ Faults, at the given seconds into publishing:
 - one restart of a worker node of the Ray cluster.
 
 After each fault has been absorbed, and at the end, publishing pauses until the service has
-caught up, and ``--check`` registered queries (sampled) are compared with the brute-force
-oracle over the live objects the service accepted; the change feed must replay to every result
-with no change applied twice, and every entry must be acknowledged. Every ``--sample-s`` it
-records throughput, the stream's lag (age of the oldest entry waiting), the RSS of every
-process (service, workers, Redis, each Ray node's processes) and latency; per minute it reports
+caught up and the sampled results are read (``chaos_check``: a few seconds; a pause moves the
+watermark by its length when the stream resumes), then ``--check`` registered queries are compared
+with the brute-force oracle over the live objects the service accepted; the change feed must
+show no change applied twice, and every entry must be acknowledged. Every ``--sample-s`` it
+records throughput, the stream's lag (age of the oldest entry waiting), the RSS and the private
+memory (RSS less its file-backed and shared pages: Ray's object store is shared memory its
+processes map) of every process (service, workers, Redis, each Ray node's processes) and
+latency; per minute it reports
 latency p50/p99 (XADD -> acknowledged, from the service's batch log) and objects/s. Writes a JSON
 report and a plot.
 
@@ -48,21 +52,20 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 import redis
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from chaos_faults import (NAMESPACE, Chaos, inject, node_rss_mb, processes_mb, redis_pid, rss,  # noqa: E402
                           workers_of)
+from chaos_check import AcceptedMirror, _queries_done, check  # noqa: E402
 from chaos_load import Publisher, publish_prefill  # noqa: E402
 from soak import caught_up  # noqa: E402 - the plain soak's helpers
 
 from knnmon.coordinator.service.status import read_status  # noqa: E402
-from knnmon.coordinator.testing import assert_applied_once, assert_exact, register_fields  # noqa: E402
+from knnmon.coordinator.testing import register_fields  # noqa: E402
 from knnmon.ingest.reading import read_objects, stream_order  # noqa: E402
 from knnmon.keys import Keys  # noqa: E402
-from knnmon.oracle import BruteForceKnn  # noqa: E402
 from knnmon.protocol import entry_time_ms  # noqa: E402
 from knnmon.window import parse_duration  # noqa: E402
 
@@ -89,85 +92,10 @@ def per_minute(r: redis.Redis, keys: Keys, start_ms: int) -> list[dict]:
     return out
 
 
-def check(chaos: Chaos, r: redis.Redis, keys: Keys, pub: Publisher, queries: pa.Table, window_ms: int,
-          label: str, timeout_s: float) -> dict:
-    """Pause publishing, wait until the service caught up, and check a sample of the registered
-    queries against the oracle over the live accepted objects, the feed and the acknowledgements."""
-    t0 = time.monotonic()
-    pub.pause()
-    last = pub.published[-1][0] if pub.published else "0-0"
-    while not (caught_up(r, keys, last) and _queries_done(chaos.url)) and time.monotonic() - t0 < timeout_s:
-        time.sleep(0.5)
-    waited = time.monotonic() - t0
-    out: dict = {"label": label, "caught_up_s": round(waited, 1), "exact": None}
-    try:
-        if not caught_up(r, keys, last):
-            out["error"] = "not caught up"
-            return out
-        # (by stream and entry: the two ingest streams hand out the same entry ids, and a rejected
-        # query's id hid an accepted object from the oracle in the 100 k soak)
-        rejected = {(f["_stream"], f["_entry"]) for _, f in r.xrange(keys.ingest_rejects)}
-        table = accepted_in_stream(r, keys, rejected)  # what the service accepted, from Redis
-        t = table.column("t").to_numpy()
-        table = table.filter(pa.array(t > t.max() - window_ms))
-        known = {e for e, _ in pub.published}
-        out["accepted_not_recorded"] = sum(1 for e in table.column("entry").to_pylist() if e not in known)
-        alive = pa.concat_tables([queries, pa.Table.from_pylist(pub.churn_alive, schema=queries.schema)]) \
-            if pub.churn_alive else queries
-        rng = np.random.default_rng(len(pub.published))
-        sample = alive.take(pa.array(np.sort(rng.choice(alive.num_rows, min(chaos.a.check, alive.num_rows),
-                                                         replace=False))))
-        try:
-            out["exact"] = assert_exact(chaos.url, NAMESPACE, sample, BruteForceKnn(table)) == sample.num_rows
-        except AssertionError as ex:
-            out["exact"], out["error"] = False, str(ex)[:2000]
-        try:
-            assert_applied_once(r, keys)
-            out["applied_once"] = True
-        except AssertionError as ex:
-            out["applied_once"], out["error_feed"] = False, str(ex)[:500]
-        out["live_objects"] = table.num_rows
-        out["check_s"] = round(time.monotonic() - t0 - waited, 1)
-        return out
-    finally:
-        pub.resume()
-        print(json.dumps(out), flush=True)
-
-
-def accepted_in_stream(r: redis.Redis, keys: Keys, rejected: set[tuple[str, str]], chunk: int = 20_000) -> pa.Table:
-    """The objects of the objects stream (trimmed by the checkpoints to what the live objects
-    need) that were not rejected (``rejected``: (stream, entry id) of the rejects), parsed as the
-    service parses them: the oracle's input, from
-    Redis rather than from what the publisher recorded (a pipeline whose reply was lost may
-    have published objects it did not record)."""
-    from knnmon.errors import Rejected
-    from knnmon.protocol import parse_object
-
-    rows, start = [], "-"
-    while True:
-        got = r.xrange(keys.ingest_objects, min=start, max="+", count=chunk)
-        for eid, fields in got:
-            if (keys.ingest_objects, eid) in rejected:
-                continue
-            try:
-                o = parse_object(eid, fields)
-            except Rejected:
-                continue
-            rows.append({"entry": eid, "id": o.id, "lon": o.lon, "lat": o.lat, "t": o.t, "keywords": list(o.keywords)})
-        if len(got) < chunk:
-            return pa.Table.from_pylist(rows)
-        start = "(" + got[-1][0]
-
-
-def _queries_done(url: str) -> bool:
-    """Every query operation published was applied and acknowledged."""
-    s = read_status(url, NAMESPACE)["queries_stream"]
-    return not s["pending"] and not s["undelivered"]
-
-
 def revival_times(log: Path) -> list[float]:
     """Seconds of each in-place revival, from the service's log."""
-    return [float(m.group(1)) for m in re.finditer(r"worker \d+ revived: .* in ([0-9.]+) s", log.read_text(errors="replace"))]
+    text = log.read_text(errors="replace")
+    return [float(m.group(1)) for m in re.finditer(r"worker \d+ revived: .* in ([0-9.]+) s", text)]
 
 
 def main(argv=None) -> int:
@@ -229,6 +157,8 @@ def main(argv=None) -> int:
         now = int(time.time() * 1000)
         stream_at_ms = now + lead_ms
         filled = publish_prefill(r, keys, rows[:prefill], stream_at_ms - window_ms, now, "p")
+        mirror = AcceptedMirror(chaos.url, keys, window_ms + 60_000)
+        mirror.start()
         used = prefill
         pipe = r.pipeline(transaction=False)
         for q in queries.to_pylist():
@@ -262,12 +192,13 @@ def main(argv=None) -> int:
                 checks_due.append((now + a.check_after_s, kind))
             if checks_due and now >= checks_due[0][0] and pub.is_alive():
                 _, kind = checks_due.pop(0)
-                checks.append(check(chaos, r, keys, pub, queries, window_ms, f"after {kind}", 600))
+                checks.append(check(chaos, r, keys, pub, mirror, queries, window_ms, f"after {kind}", 600))
             if chaos.service.poll() is not None:
                 raise SystemExit(f"serve exited with {chaos.service.returncode}")
             time.sleep(0.2)
         sampler.stop()
-        checks.append(check(chaos, r, keys, pub, queries, window_ms, "end", 900))
+        checks.append(check(chaos, r, keys, pub, mirror, queries, window_ms, "end", 900))
+        mirror.stop()
         hostile = verify_hostile(r, keys, pub)
         report = {
             "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
@@ -331,7 +262,8 @@ def sample(chaos: Chaos, r: redis.Redis, keys: Keys, pub: Publisher, t_s: float)
                           for n in ("head", "worker1", "worker2")}},
             "processes_mb": processes_mb({"service": svc.get("pid"), "redis": redis_pid(chaos),
                                           **{f"worker{w['worker']}": w.get("pid") for w in workers_of(st)}},
-                                         {n: chaos.dir / "cluster" / f"{n}.pid" for n in ("head", "worker1", "worker2")}),
+                                         {n: chaos.dir / "cluster" / f"{n}.pid"
+                                          for n in ("head", "worker1", "worker2")}),
             "live_objects": svc.get("objects_held"), "routing_entries": svc.get("routing_entries"),
             **{k: svc.get(k) for k in ("workers_revived", "recoveries", "worker_restarts", "redis_outages", "late")},
             "latency_ms_p99_status": svc.get("latency_ms_p99"), "gc_full_passes": svc.get("gc_full_passes")}
@@ -354,7 +286,8 @@ def summarize(rep: dict, window_ms: int) -> dict:
     growth = {}
     for name in {k for s in rep["samples"] for k in (s.get("rss_mb") or {})}:
         def at(lo, hi):
-            v = [s["rss_mb"].get(name) for s in rep["samples"] if lo <= s["t_s"] < hi and (s.get("rss_mb") or {}).get(name)]
+            v = [s["rss_mb"].get(name) for s in rep["samples"]
+                 if lo <= s["t_s"] < hi and (s.get("rss_mb") or {}).get(name)]
             return float(np.median(v)) if v else None
         a, b = at(540, 600), at(rep["config"]["duration_s"] - 60, rep["config"]["duration_s"])
         growth[name] = round(100 * (b - a) / a, 1) if a and b else None
@@ -368,27 +301,30 @@ def summarize(rep: dict, window_ms: int) -> dict:
 
 
 def process_growth(rep: dict, first_s: float = 540.0, settle_s: float = 60.0, least_s: float = 600.0) -> dict:
-    """Each process's RSS growth, %: the median of its first minute from ``first_s`` on (or from
-    ``settle_s`` after it appeared, if later) to the median of its last minute, for every process
-    sampled over at least ``least_s`` of that span (``"pid:role": [role, %, from s, to s]``,
-    largest first; a process that changes role counts anew from then); a process that lived less
-    (replaced by a fault) is left out."""
+    """Each process's growth of RSS and of private memory (:func:`chaos_faults.processes_mb`), %:
+    the median of its first minute from ``first_s`` on (or from ``settle_s`` after it appeared,
+    if later) to the median of its last minute, for every process sampled over at least
+    ``least_s`` of that span (``"pid:role": [role, RSS %, private %, from s, to s]``, largest
+    private growth first; a process that changes role counts anew from then); a process that
+    lived less (replaced by a fault) is left out."""
     seen: dict[str, list] = {}
     for s in rep["samples"]:
-        for pid, (role, mb) in (s.get("processes_mb") or {}).items():
+        for pid, (role, *mb) in (s.get("processes_mb") or {}).items():
             # (a process that changes role, e.g. the spare actor becoming a revived worker, counts anew)
-            seen.setdefault(f"{pid}:{role}", [role, []])[1].append((s["t_s"], mb))
+            # (a report from before private memory was sampled: RSS for both)
+            seen.setdefault(f"{pid}:{role}", [role, []])[1].append((s["t_s"], mb[0], mb[-1]))
     out = {}
     for pid, (role, pts) in seen.items():
         start = max(first_s, pts[0][0] + (settle_s if pts[0][0] > first_s - settle_s else 0.0))
-        pts = [(t, mb) for t, mb in pts if t >= start]
+        pts = [p for p in pts if p[0] >= start]
         if not pts or pts[-1][0] - pts[0][0] < least_s:
             continue
-        a = float(np.median([mb for t, mb in pts if t < pts[0][0] + 60]))
-        b = float(np.median([mb for t, mb in pts if t > pts[-1][0] - 60]))
-        if a > 0:
-            out[pid] = [role, round(100 * (b - a) / a, 1), pts[0][0], pts[-1][0]]
-    return dict(sorted(out.items(), key=lambda x: -x[1][1]))
+        a = np.median([p[1:3] for p in pts if p[0] < pts[0][0] + 60], axis=0)
+        b = np.median([p[1:3] for p in pts if p[0] > pts[-1][0] - 60], axis=0)
+        if (a > 0).all():
+            rss_pct, own_pct = (100 * (b - a) / a).round(1).tolist()
+            out[pid] = [role, rss_pct, own_pct, pts[0][0], pts[-1][0]]
+    return dict(sorted(out.items(), key=lambda x: -x[1][2]))
 
 
 def plot(rep: dict, path: str) -> None:

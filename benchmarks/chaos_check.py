@@ -1,0 +1,153 @@
+"""The chaos soak's checks (:mod:`chaos_soak`): a sample of the registered queries against the
+brute-force oracle over the live objects the service accepted, the change feed (nothing applied
+twice), and what the publisher recorded against what the service accepted.
+
+Publishing pauses only while the snapshot is taken: until the service caught up, then the rest
+of the objects stream is read (:class:`AcceptedMirror` read the rest as it arrived) and the
+sampled results are read. The oracle, the comparison and the feed's check run after publishing
+resumed. A pause is a stream that stops: with entries taking their arrival time, the first entry
+after it moves the watermark by the whole pause and expires as many seconds of objects at once
+(docs/window.md: a check that paused ~30 s gave the next minute a refill wave of ~30,000 objects).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import numpy as np
+import pyarrow as pa
+import redis
+
+from chaos_faults import NAMESPACE, Chaos
+from chaos_load import Publisher
+from soak import caught_up
+
+from knnmon.coordinator.service.status import read_status
+from knnmon.coordinator.testing import assert_applied_once, expected, redis_results
+from knnmon.errors import Rejected
+from knnmon.keys import Keys
+from knnmon.oracle import BruteForceKnn
+from knnmon.protocol import parse_object
+
+__all__ = ["AcceptedMirror", "check"]
+
+
+class AcceptedMirror(threading.Thread):
+    """The objects stream's well-formed entries, read every ``every_s`` as they arrive (before a
+    checkpoint trims them), those older than ``keep_ms`` behind the newest dropped.
+
+    Only entries that parse are kept; which of them the service rejected (duplicates, late,
+    future) is read from the rejects stream at the check (:meth:`live`)."""
+
+    def __init__(self, url: str, keys: Keys, keep_ms: int, every_s: float = 2.0) -> None:
+        super().__init__(daemon=True, name="accepted-mirror")
+        self.r = redis.Redis.from_url(url, decode_responses=True, encoding_errors="surrogateescape", socket_timeout=30)
+        self.keys, self.keep_ms, self.every_s = keys, keep_ms, every_s
+        self.rows: list[dict] = []
+        self.last = "-"
+        self._lock, self._stop_event = threading.Lock(), threading.Event()
+
+    def run(self) -> None:
+        while not self._stop_event.wait(self.every_s):
+            try:
+                self.read()
+            except (redis.RedisError, OSError):  # (Redis away during its restart: read on later)
+                pass
+
+    def read(self, chunk: int = 20_000) -> None:
+        """Read every entry after the last one read, then drop those older than ``keep_ms``."""
+        with self._lock:
+            while True:
+                got = self.r.xrange(self.keys.ingest_objects, min=self.last, max="+", count=chunk)
+                for eid, fields in got:
+                    try:
+                        o = parse_object(eid, fields)
+                    except Rejected:
+                        continue
+                    self.rows.append({"entry": eid, "id": o.id, "lon": o.lon, "lat": o.lat, "t": o.t,
+                                      "keywords": list(o.keywords)})
+                if got:
+                    self.last = "(" + got[-1][0]
+                if len(got) < chunk:
+                    break
+            if self.rows:
+                newest = max(x["t"] for x in self.rows[-chunk:])
+                self.rows = [x for x in self.rows if x["t"] > newest - self.keep_ms] \
+                    if self.rows[0]["t"] <= newest - 2 * self.keep_ms else self.rows
+
+    def live(self, rejected: set[tuple[str, str]], window_ms: int, upto: str) -> pa.Table:
+        """The accepted objects up to entry ``upto`` (not in ``rejected``: (stream, entry id)) and
+        live at the newest one's time."""
+        from knnmon.protocol import entry_order
+
+        with self._lock:
+            last = entry_order(upto)
+            rows = [x for x in self.rows if (self.keys.ingest_objects, x["entry"]) not in rejected
+                    and entry_order(x["entry"]) <= last]
+        table = pa.Table.from_pylist(rows)
+        t = table.column("t").to_numpy()
+        return table.filter(pa.array(t > t.max() - window_ms))
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join(timeout=60)
+
+
+def _queries_done(url: str) -> bool:
+    """Every query operation published was applied and acknowledged."""
+    s = read_status(url, NAMESPACE)["queries_stream"]
+    return not s["pending"] and not s["undelivered"]
+
+
+def check(chaos: Chaos, r: redis.Redis, keys: Keys, pub: Publisher, mirror: AcceptedMirror, queries: pa.Table,
+          window_ms: int, label: str, timeout_s: float) -> dict:
+    """Pause publishing until the service caught up, take the snapshot (module docstring),
+    resume, and check it: the sampled queries' results against the oracle over the live accepted
+    objects, the feed, and the accepted entries the publisher did not record."""
+    t0 = time.monotonic()
+    pub.pause()
+    last = pub.published[-1][0] if pub.published else "0-0"
+    out: dict = {"label": label, "exact": None}
+    try:
+        while not (caught_up(r, keys, last) and _queries_done(chaos.url)) and time.monotonic() - t0 < timeout_s:
+            time.sleep(0.5)
+        out["caught_up_s"] = round(time.monotonic() - t0, 1)
+        if not caught_up(r, keys, last):
+            out["error"] = "not caught up"
+            return out
+        mirror.read()
+        upto = r.xinfo_stream(keys.ingest_objects)["last-generated-id"]
+        alive = pa.concat_tables([queries, pa.Table.from_pylist(pub.churn_alive, schema=queries.schema)]) \
+            if pub.churn_alive else queries
+        rng = np.random.default_rng(len(pub.published))
+        sample = alive.take(pa.array(np.sort(rng.choice(alive.num_rows, min(chaos.a.check, alive.num_rows),
+                                                         replace=False))))
+        got = redis_results(chaos.url, NAMESPACE, sample.column("id").to_pylist())
+        known = {e for e, _ in pub.published}
+    finally:
+        out["paused_s"] = round(time.monotonic() - t0, 1)
+        pub.resume()
+    try:
+        # (by stream and entry: the two ingest streams hand out the same entry ids, and a rejected
+        # query's id hid an accepted object from the oracle in the 100 k soak)
+        rejected = {(f["_stream"], f["_entry"]) for _, f in r.xrange(keys.ingest_rejects)}
+        table = mirror.live(rejected, window_ms, upto)
+        out["accepted_not_recorded"] = sum(1 for e in table.column("entry").to_pylist() if e not in known)
+        out["live_objects"] = table.num_rows
+        out["exact"] = True
+        for qid, g, want in zip(sample.column("id").to_pylist(), got, expected(sample, BruteForceKnn(table))):
+            if [x[0] for x in g] != [x[0] for x in want] or not np.allclose([x[1] for x in g], [x[1] for x in want],
+                                                                             rtol=1e-6, atol=1e-9):
+                out["exact"], out["error"] = False, f"query {qid}: Redis held {g}, the oracle says {want}"[:2000]
+                break
+        try:
+            assert_applied_once(r, keys)
+            out["applied_once"] = True
+        except AssertionError as ex:
+            out["applied_once"], out["error_feed"] = False, str(ex)[:500]
+        out["check_s"] = round(time.monotonic() - t0 - out["paused_s"], 1)
+        return out
+    finally:
+        print(json.dumps(out), flush=True)
