@@ -58,7 +58,7 @@ import redis
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from chaos_faults import (NAMESPACE, Chaos, inject, node_rss_mb, processes_mb, redis_pid, rss,  # noqa: E402
                           workers_of)
-from chaos_check import AcceptedMirror, _queries_done, check  # noqa: E402
+from chaos_check import AcceptedMirror, _queries_done, check, verify  # noqa: E402
 from chaos_load import Publisher, publish_prefill  # noqa: E402
 from soak import caught_up  # noqa: E402 - the plain soak's helpers
 
@@ -192,13 +192,14 @@ def main(argv=None) -> int:
                 checks_due.append((now + a.check_after_s, kind))
             if checks_due and now >= checks_due[0][0] and pub.is_alive():
                 _, kind = checks_due.pop(0)
-                checks.append(check(chaos, r, keys, pub, mirror, queries, window_ms, f"after {kind}", 600))
+                checks.append(check(chaos, r, keys, pub, mirror, queries, f"after {kind}", 600))
             if chaos.service.poll() is not None:
                 raise SystemExit(f"serve exited with {chaos.service.returncode}")
             time.sleep(0.2)
         sampler.stop()
-        checks.append(check(chaos, r, keys, pub, mirror, queries, window_ms, "end", 900))
+        checks.append(check(chaos, r, keys, pub, mirror, queries, "end", 900))
         mirror.stop()
+        checks = [verify(c, keys, pub, window_ms) for c in checks]
         hostile = verify_hostile(r, keys, pub)
         report = {
             "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
