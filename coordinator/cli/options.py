@@ -159,6 +159,10 @@ def add_rebalance_options(p: argparse.ArgumentParser, *, flag: bool = True) -> N
     p.add_argument("--rebalance-min-gain", type=float, default=d.min_total_gain, metavar="SHARE",
                    help="move nothing unless the slowest worker's predicted busy time falls by this share "
                         f"(default {d.min_total_gain})")
+    p.add_argument("--rebalance-trigger", choices=("window", "smoothed"), default=d.trigger,
+                   help="re-plan on the slowest / mean busy time over the last --rebalance-window batches (window), "
+                        "or on busy times smoothed over a few batches, above their noise, when the move's "
+                        f"predicted gain exceeds its measured cost (smoothed); default {d.trigger}")
 
 
 def rebalance_config(a: argparse.Namespace, on: bool | None = None):
@@ -169,7 +173,8 @@ def rebalance_config(a: argparse.Namespace, on: bool | None = None):
     if not (a.rebalance if on is None else on):
         return None
     return RebalanceConfig(window=a.rebalance_window, threshold=a.rebalance_threshold, budget=a.rebalance_budget,
-                           min_total_gain=a.rebalance_min_gain, strategy=a.rebalance_strategy)
+                           min_total_gain=a.rebalance_min_gain, strategy=a.rebalance_strategy,
+                           trigger=a.rebalance_trigger)
 
 
 def runtime_settings(a: argparse.Namespace) -> dict[str, Any]:

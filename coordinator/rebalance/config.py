@@ -6,10 +6,12 @@ from dataclasses import dataclass
 
 from knnmon.errors import InvalidArgumentError
 
-__all__ = ["RebalanceConfig", "STRATEGIES"]
+__all__ = ["RebalanceConfig", "STRATEGIES", "TRIGGERS"]
 
 #: How a re-plan picks what moves (:func:`knnmon.coordinator.rebalance.planner.plan_moves`).
 STRATEGIES = ("sets", "spread")
+#: When a re-plan is due (:mod:`knnmon.coordinator.rebalance.monitor`).
+TRIGGERS = ("window", "smoothed")
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,16 @@ class RebalanceConfig:
     cooldown : int
         A query moved by one of the last ``cooldown`` re-plans does not move again (no
         ping-pong of a hot set between workers).
+    trigger : str
+        ``"window"`` (slowest / mean over the last ``window`` batches, at most one re-plan per
+        window) or ``"smoothed"`` (over busy times smoothed with ``half_life``, above their
+        noise, and only when the move's predicted gain over ``horizon`` batches exceeds its
+        measured cost): :mod:`~knnmon.coordinator.rebalance.monitor`.
+    half_life : float
+        With ``trigger="smoothed"``: batches after which a busy time counts half.
+    horizon : int
+        With ``trigger="smoothed"``: batches a move's predicted gain per batch is counted over,
+        against the move's cost (the last move's seconds per query moved).
 
     Raises
     ------
@@ -50,6 +62,9 @@ class RebalanceConfig:
     min_total_gain: float = 0.10
     cooldown: int = 2
     strategy: str = "spread"  # measured against "sets" on the places' time order: docs/rebalance.md
+    trigger: str = "window"
+    half_life: float = 4.0
+    horizon: int = 20
 
     def __post_init__(self) -> None:
         if self.window < 1:
@@ -63,6 +78,12 @@ class RebalanceConfig:
         if self.strategy not in STRATEGIES:
             raise InvalidArgumentError(f"Invalid re-balancing strategy: {self.strategy!r}.\nValid options are: "
                                        f"{STRATEGIES}")
+        if self.trigger not in TRIGGERS:
+            raise InvalidArgumentError(f"Invalid re-balancing trigger: {self.trigger!r}.\nValid options are: "
+                                       f"{TRIGGERS}")
+        if not self.half_life > 0 or self.horizon < 1:  # (NaN too)
+            raise InvalidArgumentError(f"the re-balancing half-life must be > 0 and the horizon >= 1 batch; got "
+                                       f"{self.half_life}, {self.horizon}")
         if self.cooldown < 0:
             raise InvalidArgumentError(f"the re-balancing cooldown must be >= 0; got {self.cooldown}")
         if not 0.0 <= self.min_gain < 1.0:

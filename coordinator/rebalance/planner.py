@@ -111,7 +111,11 @@ def plan_moves(busy_ms: Sequence[float], queries: Sequence[tuple[Sequence[str], 
         Moves stop once the slowest and the least busy worker are within this share of the
         slowest's time; a whole set moves only if it carries at least this share.
     max_moves
-        Moves at most (default ``4 W``).
+        Steps at most (a whole set, or a run of one set's queries spread until the slowest
+        worker changes); default: until the budget, the gap or the movable load runs out (each
+        step moves at least one query). A bound of ``4 W`` steps stopped a re-plan between two
+        equally hot workers after a few dozen queries: each step there ends as soon as the other
+        one is the slowest (the drift of docs/rebalance.md, "Two states").
     min_total_gain
         No moves at all unless together they lower the slowest worker's predicted time by this
         share of it.
@@ -147,7 +151,7 @@ def plan_moves(busy_ms: Sequence[float], queries: Sequence[tuple[Sequence[str], 
         if name not in names:
             names.append(name)
 
-    for _ in range(max_moves if max_moves is not None else 4 * W):
+    for _ in range(max_moves if max_moves is not None else int(budget) + 1):
         if left <= 0 or W < 2:
             break
         a, b = int(np.argmax(busy)), int(np.argmin(busy))

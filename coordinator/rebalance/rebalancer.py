@@ -5,7 +5,9 @@ run`` and ``knnmon serve`` alike), between two dispatches. A re-plan asks every 
 queries' measured loads, plans a bounded move (:func:`~.planner.plan_moves`), carries it out
 (:func:`~.migration.migrate`), asks for a routing-table rebuild (the sources' entries for moved
 queries go), and records itself: in :attr:`Rebalancer.replans` and, newest first, in Redis
-(``knn:replans``, :class:`~knnmon.keys.Keys`).
+(``knn:replans``, :class:`~knnmon.keys.Keys`). :data:`REALIZED_AFTER` batches later the record
+gains the **realised gain**: how much the slowest worker's busy time per batch fell, against the
+``predicted_gain`` the plan promised.
 """
 
 from __future__ import annotations
@@ -17,14 +19,22 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import numpy as np
+
 from knnmon.connection import connect, with_retries
 from knnmon.coordinator.rebalance.config import RebalanceConfig
 from knnmon.coordinator.rebalance.migration import gather_reviving, migrate
-from knnmon.coordinator.rebalance.monitor import LoadMonitor
+from knnmon.coordinator.rebalance.monitor import LoadMonitor, SmoothedMonitor
 from knnmon.coordinator.rebalance.planner import plan_moves
 from knnmon.keys import REPLANS_KEPT, Keys
 
-__all__ = ["Rebalancer"]
+__all__ = ["REALIZED_AFTER", "Rebalancer"]
+
+#: Batches after a re-plan over which its realised gain is measured.
+REALIZED_AFTER = 10
+#: With the smoothed trigger, the cost of a move per query moved (ms) assumed before any move
+#: was measured: none, so the first move is judged by its gain alone.
+FIRST_MS_PER_QUERY = 0.0
 
 log = logging.getLogger("knnmon.rebalance")
 
@@ -65,7 +75,11 @@ class Rebalancer:
         self.pool, self.registrar, self.upkeep, self.set_of = pool, registrar, upkeep, set_of
         self.config = config or RebalanceConfig()
         self.redis_url, self.keys = redis_url, Keys(namespace)
-        self.monitor = LoadMonitor(pool.size, self.config.window, self.config.threshold)
+        c = self.config
+        self.monitor = SmoothedMonitor(pool.size, c.half_life, c.threshold) if c.trigger == "smoothed" \
+            else LoadMonitor(pool.size, c.window, c.threshold)
+        self._ms_per_query = FIRST_MS_PER_QUERY  # the last move's stall per query moved
+        self._judged: tuple[dict[str, Any], list[np.ndarray]] | None = None  # a re-plan's realised gain, pending
         self.replans: list[dict[str, Any]] = []
         self.queries_moved = 0
         self._numbered = self._last_number()  # a resumed service's re-plans continue the count
@@ -77,13 +91,15 @@ class Rebalancer:
         the re-plan's record, if one ran. ``idle``: no batch is in flight (a lost worker is
         revived in place, :attr:`revive`)."""
         self.monitor.observe(busy_ms)
+        self._realized(busy_ms)
         if not self.monitor.due():
             return None
         return self.replan(batch, idle=idle)
 
-    def replan(self, batch: int, *, idle: bool = False) -> dict[str, Any]:
-        """Re-plan and move now (after batch ``batch``); returns the record. ``idle``: as in
-        :meth:`after_batch`."""
+    def replan(self, batch: int, *, idle: bool = False) -> dict[str, Any] | None:
+        """Re-plan and move now (after batch ``batch``); returns the record, or ``None`` when
+        the smoothed trigger finds the moves' predicted gain over ``horizon`` batches no larger
+        than their cost (nothing moves). ``idle``: as in :meth:`after_batch`."""
         t0 = time.perf_counter()
         trigger = self.monitor.ratio()
         busy = self.monitor.busy()
@@ -95,6 +111,13 @@ class Rebalancer:
         frozen = frozenset(q for moved in self._recent for q in moved)
         plan = plan_moves(busy, loads, self.set_of, budget, min_gain=self.config.min_gain,
                           min_total_gain=self.config.min_total_gain, frozen=frozen, strategy=self.config.strategy)
+        gain_ms = float(plan.busy_ms.max() - plan.predicted_ms.max()) * self.config.horizon if len(busy) else 0.0
+        cost_ms = self._ms_per_query * plan.queries_moved
+        if self.config.trigger == "smoothed" and plan.moves and gain_ms <= cost_ms:
+            self.monitor.reset()  # (judged again once the trigger is due again)
+            log.info("re-plan after batch %d skipped: predicted gain %.1f ms over %d batches <= its cost %.1f ms",
+                     batch, gain_ms, self.config.horizon, cost_ms)
+            return None
         self._numbered += 1
         number = self._numbered
         moved = 0
@@ -105,19 +128,47 @@ class Rebalancer:
         if self.config.cooldown:
             self._recent.append([q for m in plan.moves for q in m.qids])
         self.queries_moved += moved
-        self.monitor.reset()
+        self.monitor.reset(plan.predicted_ms if moved else None)
+        seconds = time.perf_counter() - t0
+        if moved:
+            self._ms_per_query = 1e3 * seconds / moved
         record = {"replan": number, "batch": batch, "trigger": round(trigger, 4),
                   "busy_ms": [round(float(x), 3) for x in plan.busy_ms],
                   "predicted_ms": [round(float(x), 3) for x in plan.predicted_ms],
                   "predicted_gain": round(plan.predicted_gain, 4), "queries_moved": moved, "budget": budget,
                   "moves": [{"source": m.source, "target": m.target, "queries": len(m.qids),
                              "predicted_ms": round(m.predicted_ms, 3), "unit": m.unit[:200]} for m in plan.moves],
-                  "seconds": round(time.perf_counter() - t0, 4)}
+                  "seconds": round(seconds, 4), "predicted_gain_ms": round(gain_ms, 3),
+                  "predicted_cost_ms": round(cost_ms, 3)}
         self.replans.append(record)
+        self._judge()  # (the re-plan before: over the batches since it)
+        self._judged = (record, []) if moved else None
         self._record(record)
         log.info("re-plan %d after batch %d: slowest/mean busy %.2f, %d queries moved, predicted gain %.1f %%, "
                  "%.2f s", number, batch, trigger, moved, 100 * plan.predicted_gain, record["seconds"])
         return record
+
+    def _realized(self, busy_ms) -> None:
+        """Add a batch's busy times to the last re-plan's; after :data:`REALIZED_AFTER` of them
+        (or fewer, at the next re-plan), :meth:`_judge` it."""
+        if self._judged is None:
+            return
+        self._judged[1].append(np.asarray(busy_ms, dtype=np.float64))
+        if len(self._judged[1]) >= REALIZED_AFTER:
+            self._judge()
+
+    def _judge(self) -> None:
+        """Record the pending re-plan's ``realized_gain``: the fall of the slowest worker's mean
+        busy time per batch over the batches since, from what the plan started from, as a share
+        of it (the ``predicted_gain``'s terms); ``realized_after_batches``: how many."""
+        if self._judged is None or not self._judged[1]:
+            return
+        record, after = self._judged
+        self._judged = None
+        top = max(record["busy_ms"])
+        record["realized_gain"] = round((top - float(np.mean(after, axis=0).max())) / top, 4) if top > 0 else 0.0
+        record["realized_after_batches"] = len(after)
+        self._record(record, update=True)
 
     def _last_number(self) -> int:
         """The number of the newest re-plan recorded in Redis (0: none, or unreadable)."""
@@ -133,12 +184,19 @@ class Rebalancer:
         finally:
             client.close()
 
-    def _record(self, record: dict[str, Any]) -> None:
+    def _record(self, record: dict[str, Any], update: bool = False) -> None:
+        """Push ``record`` onto ``knn:replans``; ``update``: replace it there instead, if it is
+        still the newest."""
         if self.redis_url is None:
             return
         client = connect(self.redis_url)
         try:
             def write():
+                if update:
+                    head = client.lindex(self.keys.replans, 0)
+                    if head and json.loads(head).get("replan") == record["replan"]:
+                        client.lset(self.keys.replans, 0, json.dumps(record))
+                    return
                 client.lpush(self.keys.replans, json.dumps(record))
                 client.ltrim(self.keys.replans, 0, REPLANS_KEPT - 1)
             with_retries(write, "recording a re-plan", self.redis_url)

@@ -5,6 +5,7 @@ the brute-force oracle after every batch, on real places, real Redis (and Ray)."
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pyarrow as pa
@@ -13,6 +14,7 @@ import pytest
 from knnmon.assignment import LoadModel
 from knnmon.connection import connect
 from knnmon.coordinator.rebalance.config import RebalanceConfig
+from knnmon.coordinator.rebalance.monitor import SmoothedMonitor
 from knnmon.coordinator.rebalance.planner import plan_moves
 from knnmon.coordinator.runtime.config import RunConfig
 from knnmon.coordinator.runtime.runtime import Runtime
@@ -70,14 +72,16 @@ def _moved_fields_agree(url: str, namespace: str, rt: Runtime) -> int:
     return moved
 
 
-@pytest.mark.parametrize("reserve", [0, 2])
-def test_drift_moves_queries_exact_after_every_batch(drifting, redis_url, namespace, tmp_path, reserve):
+@pytest.mark.parametrize("reserve, trigger", [(0, "window"), (2, "window"), (0, "smoothed")])
+def test_drift_moves_queries_exact_after_every_batch(drifting, redis_url, namespace, tmp_path, reserve, trigger):
     """Inline workers, one batch at a time: the oracle agrees after every batch while queries
-    move (with and without a reserve); the moved queries' Redis fields, the feed and the
-    details hashes agree with where they are."""
+    move (with and without a reserve, by either trigger); the moved queries' Redis fields, the
+    feed and the details hashes agree with where they are; each re-plan is judged by its
+    realised gain."""
     objects_dir, queries, initial, rest = drifting
+    rebalance = EAGER if trigger == "window" else replace(EAGER, trigger=trigger, half_life=2.0)
     config = RunConfig(workers=3, algorithm="space", batch=250, executor="inline", reserve=reserve,
-                       rebalance=EAGER, store=StoreConfig(redis_url, namespace, str(tmp_path)))
+                       rebalance=rebalance, store=StoreConfig(redis_url, namespace, str(tmp_path)))
     with Runtime(None, None, config, prepared=_prepared(drifting, reserve)) as rt:
         seen = initial
         for batch in rt.batches():
@@ -95,6 +99,13 @@ def test_drift_moves_queries_exact_after_every_batch(drifting, redis_url, namesp
     assert replans and rt.rebalancer.queries_moved > 0
     assert moved > 0
     assert all(x["queries_moved"] <= int(EAGER.budget * len(queries)) for x in replans)
+    # every re-plan that moved, but one with no batch after it, is judged: its realised gain
+    judged = [x for x in replans if x["queries_moved"] and x is not replans[-1]]
+    assert judged and all(isinstance(x["realized_gain"], float) and x["realized_after_batches"] >= 1 for x in judged)
+    r = connect(redis_url)
+    stored = {x["replan"]: x for x in map(json.loads, r.lrange(Keys(namespace).replans, 0, -1))}
+    r.close()
+    assert all(stored[x["replan"]].get("realized_gain") == x["realized_gain"] for x in judged)
 
 
 def test_migration_with_batches_in_flight_on_ray(drifting, ray_instance, redis_url, namespace, tmp_path):
@@ -143,6 +154,41 @@ def test_rebalance_settings_are_checked():
         RebalanceConfig(threshold=float("nan"))
     with pytest.raises(InvalidArgumentError, match="strategy"):
         RebalanceConfig(strategy="fastest")
+    with pytest.raises(InvalidArgumentError, match="trigger"):
+        RebalanceConfig(trigger="sometimes")
+    with pytest.raises(InvalidArgumentError, match="half-life"):
+        RebalanceConfig(trigger="smoothed", half_life=float("nan"))
+
+
+def test_the_smoothed_trigger_follows_a_drift_within_a_few_batches_and_not_one_noisy_batch():
+    """Four workers with noisy, even busy times: never due. One batch of a worker at 3x: not
+    due (within the noise the smoothing has seen). Worker 0 at 2x from then on: due within a
+    few batches, far sooner than a 20-batch window would be. After a reset to the move's
+    predicted times, not due for ``least`` batches."""
+    rng = np.random.default_rng(0)
+    m = SmoothedMonitor(4, half_life=4.0, threshold=1.2)
+
+    def even():
+        return 10.0 + rng.normal(0.0, 1.5, 4)
+
+    for _ in range(30):
+        m.observe(even())
+        assert not m.due()
+    m.observe(even() * np.array([3.0, 1, 1, 1]))
+    assert not m.due()
+    for _ in range(4):
+        m.observe(even())
+    assert not m.due()
+    for after in range(1, 21):
+        m.observe(even() * np.array([2.0, 1, 1, 1]))
+        if m.due():
+            break
+    assert after <= 6 and m.ratio() > 1.2
+    m.reset([13.0, 13.0, 12.0, 12.0])
+    assert m.ratio() < 1.1
+    for _ in range(m.least - 1):
+        m.observe(even())
+        assert not m.due()
 
 
 def test_routing_follows_registration_radius_and_moves(drifting, redis_url, namespace, tmp_path):
@@ -196,3 +242,17 @@ def test_the_planner_keeps_recently_moved_queries_and_small_gains_still():
     assert plan.moves and not set(plan.moves[0].qids) & set(ids0[:10])
     small = plan_moves([12.0, 10.0], [(ids0, loads0), ([], np.zeros(0))], set_of, budget=10, min_total_gain=0.2)
     assert not small.moves and small.predicted_gain == 0.0
+
+
+def test_the_planner_relieves_two_equally_hot_workers():
+    """Two workers equally hot, two idle, 100 queries each in one set: the spread alternates
+    between the two hot ones until all four are near even (a bound of 4 W steps stopped it after
+    16 queries, 8 % gained, below the minimum gain: nothing moved)."""
+    hot = [[f"{w}q{i}" for i in range(100)] for w in range(2)]
+    set_of = {q: w for w in range(2) for q in hot[w]}
+    plan = plan_moves([40.0, 40.0, 1.25, 1.25], [(hot[0], np.ones(100)), (hot[1], np.ones(100)),
+                                                 ([], np.zeros(0)), ([], np.zeros(0))],
+                      set_of, budget=100, min_total_gain=0.1)
+    assert plan.moves and plan.queries_moved <= 100
+    assert plan.predicted_ms.max() < 0.6 * 40.0
+    assert {m.source for m in plan.moves} == {0, 1} and {m.target for m in plan.moves} <= {2, 3}
