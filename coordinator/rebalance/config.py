@@ -47,7 +47,8 @@ class RebalanceConfig:
         With ``trigger="smoothed"``: batches after which a busy time counts half.
     horizon : int
         With ``trigger="smoothed"``: batches a move's predicted gain per batch is counted over,
-        against the move's cost (the last move's seconds per query moved).
+        against the move's cost (the largest move's migration time so far, scaled by the queries
+        moved).
 
     Raises
     ------

@@ -75,8 +75,9 @@ def migrate(pool: WorkerPool, registrar: Registrar, moves: Sequence[Move], *, no
     """Carry out ``moves`` (module docstring); returns ``{"queries": moved, "seconds": ...}``.
 
     Each moved query's region is routed to its target at the radius its source held (as at
-    registration: its ``k + reserve``-th place's, while it has them). ``note``: fields written into each moved query's hash (when and
-    why it moved, for ``knnmon explain``), besides ``moved_from`` (its source worker).
+    registration: its ``k + reserve``-th place's, while it has them). ``note``: fields written into
+    each moved query's hash (when and why it moved, for ``knnmon explain``), besides ``moved_from``
+    (its source worker).
     ``revive``: revives a lost worker in place (module docstring), ``True`` if it did; only
     with no batch in flight.
 

@@ -32,9 +32,6 @@ __all__ = ["REALIZED_AFTER", "Rebalancer"]
 
 #: Batches after a re-plan over which its realised gain is measured.
 REALIZED_AFTER = 10
-#: With the smoothed trigger, the cost of a move per query moved (ms) assumed before any move
-#: was measured: none, so the first move is judged by its gain alone.
-FIRST_MS_PER_QUERY = 0.0
 
 log = logging.getLogger("knnmon.rebalance")
 
@@ -78,7 +75,14 @@ class Rebalancer:
         c = self.config
         self.monitor = SmoothedMonitor(pool.size, c.half_life, c.threshold) if c.trigger == "smoothed" \
             else LoadMonitor(pool.size, c.window, c.threshold)
-        self._ms_per_query = FIRST_MS_PER_QUERY  # the last move's stall per query moved
+        # The largest move so far: (queries, ms its migration took); a move's cost is scaled from
+        # it (a small move's fixed part would make a larger one look dear). None: the first move
+        # is judged by its gain alone.
+        self._largest_move: tuple[int, float] | None = None
+        # With the smoothed trigger: the most a re-plan could gain over the horizon (ms) must
+        # exceed this before the workers are asked for their loads again: what the last re-plan
+        # that moved nothing would have cost, or the imbalance it could not move (0 after a move).
+        self._floor_ms = 0.0
         self._judged: tuple[dict[str, Any], list[np.ndarray]] | None = None  # a re-plan's realised gain, pending
         self.replans: list[dict[str, Any]] = []
         self.queries_moved = 0
@@ -94,12 +98,22 @@ class Rebalancer:
         self._realized(busy_ms)
         if not self.monitor.due():
             return None
+        if self.config.trigger == "smoothed" and self._upper_bound_ms() <= self._floor_ms:
+            self.monitor.reset()  # (asking every worker for every query's load costs a round trip)
+            return None
         return self.replan(batch, idle=idle)
+
+    def _upper_bound_ms(self) -> float:
+        """The most a re-plan could gain over the horizon: the slowest worker's smoothed busy
+        time down to the mean, per batch, times ``horizon`` (ms)."""
+        b = self.monitor.busy()
+        return float(b.max() - b.mean()) * self.config.horizon if len(b) else 0.0
 
     def replan(self, batch: int, *, idle: bool = False) -> dict[str, Any] | None:
         """Re-plan and move now (after batch ``batch``); returns the record, or ``None`` when
-        the smoothed trigger finds the moves' predicted gain over ``horizon`` batches no larger
-        than their cost (nothing moves). ``idle``: as in :meth:`after_batch`."""
+        the smoothed trigger finds no move, or the moves' predicted gain over ``horizon`` batches
+        no larger than their cost (nothing moves, nothing is recorded). ``idle``: as in
+        :meth:`after_batch`."""
         t0 = time.perf_counter()
         trigger = self.monitor.ratio()
         busy = self.monitor.busy()
@@ -112,33 +126,39 @@ class Rebalancer:
         plan = plan_moves(busy, loads, self.set_of, budget, min_gain=self.config.min_gain,
                           min_total_gain=self.config.min_total_gain, frozen=frozen, strategy=self.config.strategy)
         gain_ms = float(plan.busy_ms.max() - plan.predicted_ms.max()) * self.config.horizon if len(busy) else 0.0
-        cost_ms = self._ms_per_query * plan.queries_moved
-        if self.config.trigger == "smoothed" and plan.moves and gain_ms <= cost_ms:
-            self.monitor.reset()  # (judged again once the trigger is due again)
-            log.info("re-plan after batch %d skipped: predicted gain %.1f ms over %d batches <= its cost %.1f ms",
-                     batch, gain_ms, self.config.horizon, cost_ms)
+        cost_ms = 0.0 if self._largest_move is None else \
+            self._largest_move[1] * plan.queries_moved / self._largest_move[0]
+        if self.config.trigger == "smoothed" and (not plan.moves or gain_ms <= cost_ms):
+            self.monitor.reset()  # (judged again once the trigger is due and the imbalance exceeds the floor)
+            self._floor_ms = cost_ms if plan.moves else self._upper_bound_ms()
+            log.info("re-plan after batch %d skipped: predicted gain %.1f ms over %d batches, cost %.1f ms, "
+                     "%d queries to move", batch, gain_ms, self.config.horizon, cost_ms, plan.queries_moved)
             return None
         self._numbered += 1
         number = self._numbered
-        moved = 0
+        moved, move_s = 0, 0.0
         if plan.moves:
             note = {"moved_batch": str(batch), "moved_replan": str(number)}
-            moved = migrate(self.pool, self.registrar, plan.moves, note=note, revive=revive)["queries"]
+            done = migrate(self.pool, self.registrar, plan.moves, note=note, revive=revive)
+            moved, move_s = done["queries"], done["seconds"]
             self.upkeep.request()
         if self.config.cooldown:
             self._recent.append([q for m in plan.moves for q in m.qids])
         self.queries_moved += moved
         self.monitor.reset(plan.predicted_ms if moved else None)
         seconds = time.perf_counter() - t0
+        if moved and (self._largest_move is None or moved >= self._largest_move[0]):
+            self._largest_move = (moved, 1e3 * move_s)
         if moved:
-            self._ms_per_query = 1e3 * seconds / moved
+            self._floor_ms = 0.0
         record = {"replan": number, "batch": batch, "trigger": round(trigger, 4),
                   "busy_ms": [round(float(x), 3) for x in plan.busy_ms],
                   "predicted_ms": [round(float(x), 3) for x in plan.predicted_ms],
                   "predicted_gain": round(plan.predicted_gain, 4), "queries_moved": moved, "budget": budget,
                   "moves": [{"source": m.source, "target": m.target, "queries": len(m.qids),
                              "predicted_ms": round(m.predicted_ms, 3), "unit": m.unit[:200]} for m in plan.moves],
-                  "seconds": round(seconds, 4), "predicted_gain_ms": round(gain_ms, 3),
+                  "seconds": round(seconds, 4), "move_seconds": round(move_s, 4),
+                  "predicted_gain_ms": round(gain_ms, 3),
                   "predicted_cost_ms": round(cost_ms, 3)}
         self.replans.append(record)
         self._judge()  # (the re-plan before: over the batches since it)
