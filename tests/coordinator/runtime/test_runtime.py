@@ -60,7 +60,7 @@ def test_every_result_is_exact_on_real_places(ct, ray_instance, redis_url, names
         assert assert_exact(redis_url, namespace, queries, want) == 10_000
 
 
-@pytest.mark.parametrize("executor", ["ray", "inline"])
+@pytest.mark.parametrize("executor", ["ray", pytest.param("inline", marks=pytest.mark.slow)])  # (inline: 14 s)
 def test_a_load_in_parts_gives_each_worker_only_its_keywords_and_stays_exact(ct, ray_instance, redis_url, namespace,
                                                                           executor, tmp_path, monkeypatch):
     from knnmon.coordinator.runtime import registration

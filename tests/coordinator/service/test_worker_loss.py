@@ -21,7 +21,8 @@ from knnmon.coordinator.runtime.preparation import with_arrival_times
 from knnmon.ingest.reading import read_objects, stream_order
 from knnmon.keys import Keys
 from knnmon.oracle import BruteForceKnn
-from knnmon.coordinator.testing import assert_exact, assert_feed_and_objects, knnmon_cli, publish_objects, register_fields, wait_processed
+from knnmon.coordinator.testing import (assert_exact, assert_feed_and_objects, knnmon_cli, publish_objects,
+                                       register_fields, wait_processed)
 
 
 def _status(url: str, namespace: str) -> dict:
@@ -30,7 +31,10 @@ def _status(url: str, namespace: str) -> dict:
     return json.loads(s.stdout)["service"]
 
 
-@pytest.mark.parametrize("window_s", [None, 1500], ids=["append-only", "window"])
+# (append-only: -m slow, 15 s; its revival in a run mid-stream is test_runtime's, and serve's
+# path to it is the window variant's)
+@pytest.mark.parametrize("window_s", [pytest.param(None, marks=pytest.mark.slow), 1500],
+                         ids=["append-only", "window"])
 def test_a_killed_worker_process_is_rebuilt_and_serve_stays_exact(redis_url, namespace, places_slice, slice_queries,
                                                                    tmp_path, window_s):
     r = redis.Redis.from_url(redis_url, decode_responses=True)
