@@ -99,9 +99,13 @@ def test_drift_moves_queries_exact_after_every_batch(drifting, redis_url, namesp
     assert replans and rt.rebalancer.queries_moved > 0
     assert moved > 0
     assert all(x["queries_moved"] <= int(EAGER.budget * len(queries)) for x in replans)
-    # every re-plan that moved, but one with no batch after it, is judged: its realised gain
-    judged = [x for x in replans if x["queries_moved"] and x is not replans[-1]]
-    assert judged and all(isinstance(x["realized_gain"], float) and x["realized_after_batches"] >= 1 for x in judged)
+    # every re-plan that moved is judged (its realised gain) at the next re-plan or 10 batches
+    # later: all but the last surely, the first here too (16 batches, the first move by batch 3)
+    moving = [x for x in replans if x["queries_moved"]]
+    judged = [x for x in moving if "realized_gain" in x]
+    assert moving[0]["batch"] > 4 or moving[0] in judged
+    assert all(x in judged for x in moving[:-1])
+    assert all(isinstance(x["realized_gain"], float) and x["realized_after_batches"] >= 1 for x in judged)
     r = connect(redis_url)
     stored = {x["replan"]: x for x in map(json.loads, r.lrange(Keys(namespace).replans, 0, -1))}
     r.close()
