@@ -58,7 +58,7 @@ import redis
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from chaos_faults import (NAMESPACE, Chaos, inject, node_rss_mb, processes_mb, redis_pid, rss,  # noqa: E402
                           workers_of)
-from chaos_check import AcceptedMirror, _queries_done, check, verify  # noqa: E402
+from chaos_check import AcceptedMirror, check, queries_done, verify  # noqa: E402
 from chaos_load import Publisher, publish_prefill  # noqa: E402
 from soak import caught_up  # noqa: E402 - the plain soak's helpers
 
@@ -165,7 +165,7 @@ def main(argv=None) -> int:
             pipe.xadd(keys.ingest_queries, register_fields(q))
         pipe.execute()
         last_prefilled = filled[-1][0] if filled else "0-0"
-        while not (_queries_done(chaos.url) and caught_up(r, keys, last_prefilled)):
+        while not (queries_done(chaos.url) and caught_up(r, keys, last_prefilled)):
             time.sleep(1)
         rows = rows[used:] + rows[:used]
         setup_s = time.perf_counter() - t0

@@ -19,9 +19,9 @@ from knnmon.keys import Keys
 from knnmon.oracle import BruteForceKnn
 from knnmon.results import ResultReader
 
-__all__ = ["assert_applied_once", "assert_exact", "assert_feed_and_objects", "client_round_trip", "dump_keys", "expected",
-           "free_port_base", "head_lines", "knnmon_cli", "object_fields", "redis_results", "register_fields", "run_exact",
-           "serve_process", "wait_processed"]
+__all__ = ["assert_applied_once", "assert_exact", "assert_feed_and_objects", "client_round_trip", "dump_keys",
+           "expected", "first_mismatch", "free_port_base", "head_lines", "knnmon_cli", "object_fields",
+           "redis_results", "register_fields", "run_exact", "serve_process", "wait_processed"]
 
 
 def head_lines(path: str | PathLike[str], n: int) -> list[str]:
@@ -59,15 +59,24 @@ def assert_exact(url: str, namespace: str, queries: pa.Table, oracle: BruteForce
     AssertionError
         Naming the first query whose result differs, with both results.
     """
-    rows = queries.to_pylist()
-    got = redis_results(url, namespace, [r["id"] for r in rows])
+    qids = queries.column("id").to_pylist()
     wants = expected(queries, oracle) if isinstance(oracle, BruteForceKnn) else oracle
-    for r, g, want in zip(rows, got, wants):
+    wrong = first_mismatch(qids, redis_results(url, namespace, qids), wants)
+    if wrong is not None:
+        raise AssertionError(wrong)
+    return len(qids)
+
+
+def first_mismatch(qids: Sequence[str], got: Sequence[list[tuple[str, float]]],
+                   wants: Sequence[list[tuple[str, float]]]) -> str | None:
+    """The first query whose result ``got`` differs from ``wants`` (ids in order; distances to
+    1e-6 relative), named with both results; ``None`` when all agree."""
+    for qid, g, want in zip(qids, got, wants):
         same = [x[0] for x in g] == [x[0] for x in want] and all(
             math.isclose(a[1], b[1], rel_tol=1e-6, abs_tol=1e-9) for a, b in zip(g, want))
         if not same:
-            raise AssertionError(f"query {r['id']}: Redis holds {g}, the oracle says {want}")
-    return len(rows)
+            return f"query {qid}: Redis holds {g}, the oracle says {want}"
+    return None
 
 
 def assert_applied_once(r: redis.Redis, keys: Keys) -> dict[str, set[str]]:
