@@ -140,7 +140,7 @@ def add_routing_entries_option(p: argparse.ArgumentParser) -> None:
 def add_rebalance_options(p: argparse.ArgumentParser, *, flag: bool = True) -> None:
     """``--rebalance`` and its knobs (:mod:`knnmon.coordinator.rebalance`); ``flag=False``
     leaves ``--rebalance`` itself to the caller (the bench sweeps it)."""
-    from knnmon.coordinator.rebalance.config import RebalanceConfig
+    from knnmon.coordinator.rebalance.config import STRATEGIES, TRIGGERS, RebalanceConfig
 
     d = RebalanceConfig()
     if flag:
@@ -153,13 +153,13 @@ def add_rebalance_options(p: argparse.ArgumentParser, *, flag: bool = True) -> N
                    help=f"over the last N batches, and at most once per N batches (default {d.window})")
     p.add_argument("--rebalance-budget", type=float, default=d.budget, metavar="SHARE",
                    help=f"share of all queries one re-plan may move (default {d.budget})")
-    p.add_argument("--rebalance-strategy", choices=("sets", "spread"), default=d.strategy,
+    p.add_argument("--rebalance-strategy", choices=STRATEGIES, default=d.strategy,
                    help="whole query sets first, spreading a set only when none fits (sets), or always spread the "
                         f"hottest set's heaviest queries over the least busy workers (spread); default {d.strategy}")
     p.add_argument("--rebalance-min-gain", type=float, default=d.min_total_gain, metavar="SHARE",
                    help="move nothing unless the slowest worker's predicted busy time falls by this share "
                         f"(default {d.min_total_gain})")
-    p.add_argument("--rebalance-trigger", choices=("window", "smoothed"), default=d.trigger,
+    p.add_argument("--rebalance-trigger", choices=TRIGGERS, default=d.trigger,
                    help="re-plan on the slowest / mean busy time over the last --rebalance-window batches (window), "
                         "or on busy times smoothed over a few batches, above their noise, when the move's "
                         f"predicted gain exceeds its measured cost (smoothed); default {d.trigger}")

@@ -20,6 +20,11 @@ import numpy as np
 __all__ = ["LoadMonitor", "SmoothedMonitor"]
 
 
+def _ratio(busy: np.ndarray) -> float:
+    """Slowest over mean of ``busy`` ``(W,)`` (1.0 when idle)."""
+    return float(busy.max() / busy.mean()) if busy.mean() > 0 else 1.0
+
+
 class LoadMonitor:
     """Sliding window of per-worker busy times (module docstring).
 
@@ -47,8 +52,7 @@ class LoadMonitor:
 
     def ratio(self) -> float:
         """Slowest over mean busy time over the window (1.0 when idle)."""
-        b = self.busy()
-        return float(b.max() / b.mean()) if b.mean() > 0 else 1.0
+        return _ratio(self.busy())
 
     def due(self) -> bool:
         """A full window since the last :meth:`reset`, uneven above the threshold."""
@@ -100,8 +104,12 @@ class SmoothedMonitor:
 
     def ratio(self) -> float:
         """Slowest over mean smoothed busy time (1.0 when idle)."""
+        return _ratio(self.busy())
+
+    def excess_ms(self) -> float:
+        """The slowest worker's smoothed busy time over the mean (ms per batch)."""
         b = self.busy()
-        return float(b.max() / b.mean()) if b.mean() > 0 else 1.0
+        return float(b.max() - b.mean())
 
     def noise(self) -> float:
         """The standard error of the slowest worker's smoothed busy time (ms)."""
@@ -114,8 +122,7 @@ class SmoothedMonitor:
         """Uneven above the threshold and above the noise, ``least`` batches after a reset."""
         if self.seen < self.least or self.workers < 2 or self._m is None:
             return False
-        b = self._m
-        return self.ratio() > self.threshold and float(b.max() - b.mean()) > self.z * self.noise()
+        return self.ratio() > self.threshold and self.excess_ms() > self.z * self.noise()
 
     def reset(self, predicted_ms: Sequence[float] | None = None) -> None:
         """Count anew (after a re-plan); ``predicted_ms`` ``(W,)``: the busy times the move

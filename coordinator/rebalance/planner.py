@@ -113,9 +113,8 @@ def plan_moves(busy_ms: Sequence[float], queries: Sequence[tuple[Sequence[str], 
     max_moves
         Steps at most (a whole set, or a run of one set's queries spread until the slowest
         worker changes); default: until the budget, the gap or the movable load runs out (each
-        step moves at least one query). A bound of ``4 W`` steps stopped a re-plan between two
-        equally hot workers after a few dozen queries: each step there ends as soon as the other
-        one is the slowest (the drift of docs/rebalance.md, "Two states").
+        step moves at least one query; between two equally hot workers each step is short, so a
+        bound in workers would stop a re-plan early: docs/rebalance.md, "A drift from two states").
     min_total_gain
         No moves at all unless together they lower the slowest worker's predicted time by this
         share of it.

@@ -106,8 +106,7 @@ class Rebalancer:
     def _upper_bound_ms(self) -> float:
         """The most a re-plan could gain over the horizon: the slowest worker's smoothed busy
         time down to the mean, per batch, times ``horizon`` (ms)."""
-        b = self.monitor.busy()
-        return float(b.max() - b.mean()) * self.config.horizon if len(b) else 0.0
+        return self.monitor.excess_ms() * self.config.horizon
 
     def replan(self, batch: int, *, idle: bool = False) -> dict[str, Any] | None:
         """Re-plan and move now (after batch ``batch``); returns the record, or ``None`` when
@@ -125,7 +124,7 @@ class Rebalancer:
         frozen = frozenset(q for moved in self._recent for q in moved)
         plan = plan_moves(busy, loads, self.set_of, budget, min_gain=self.config.min_gain,
                           min_total_gain=self.config.min_total_gain, frozen=frozen, strategy=self.config.strategy)
-        gain_ms = float(plan.busy_ms.max() - plan.predicted_ms.max()) * self.config.horizon if len(busy) else 0.0
+        gain_ms = float(plan.busy_ms.max() - plan.predicted_ms.max()) * self.config.horizon
         cost_ms = 0.0 if self._largest_move is None else \
             self._largest_move[1] * plan.queries_moved / self._largest_move[0]
         if self.config.trigger == "smoothed" and (not plan.moves or gain_ms <= cost_ms):
