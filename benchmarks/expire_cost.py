@@ -13,8 +13,8 @@ the refill search). Prints calls, mean, p50 and p90 ms of each after the first 2
 from __future__ import annotations
 
 import collections
+import os
 import sys
-import time
 
 import numpy as np
 
@@ -22,20 +22,15 @@ import knnmon.coordinator.runtime.dispatch as dispatch
 from knnmon.coordinator.cli import main as knnmon_main
 from knnmon.workers import window_lists, worker
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from refill_time import timed  # noqa: E402 - the same wrapper
+
 TIMES: dict[str, list[float]] = collections.defaultdict(list)
 
 
 def _timed(owner, name: str, key: str) -> None:
-    inner = getattr(owner, name)
-
-    def wrapper(*args, **kwargs):
-        t0 = time.perf_counter()
-        try:
-            return inner(*args, **kwargs)
-        finally:
-            TIMES[key].append((time.perf_counter() - t0) * 1e3)
-
-    setattr(owner, name, wrapper)
+    """Time every call of ``owner.name`` into ``TIMES[key]`` (ms)."""
+    timed(owner, name, lambda seconds: TIMES[key].append(seconds * 1e3))
 
 
 def main() -> None:

@@ -25,8 +25,8 @@ CALLS: collections.Counter = collections.Counter()
 _IN_REFILL = [False]
 
 
-def _timed(owner, name: str, key: str) -> None:
-    """Replace ``owner.name`` with a wrapper adding its time under ``key`` while a refill runs."""
+def timed(owner, name: str, record) -> None:
+    """Replace ``owner.name`` with a wrapper that hands ``record`` each call's seconds."""
     inner = getattr(owner, name)
 
     def wrapper(*args, **kwargs):
@@ -34,21 +34,29 @@ def _timed(owner, name: str, key: str) -> None:
         try:
             return inner(*args, **kwargs)
         finally:
-            if _IN_REFILL[0]:
-                SECONDS[key] += time.perf_counter() - t0
-                CALLS[key] += 1
+            record(time.perf_counter() - t0)
 
     setattr(owner, name, wrapper)
+
+
+def _timed(owner, name: str, key: str) -> None:
+    """Replace ``owner.name`` with a wrapper adding its time under ``key`` while a refill runs."""
+    def record(seconds: float) -> None:
+        if _IN_REFILL[0]:
+            SECONDS[key] += seconds
+            CALLS[key] += 1
+
+    timed(owner, name, record)
 
 
 def main() -> None:
     refill = dispatch.Dispatcher._refill
 
-    def timed_refill(self, needs):
+    def timed_refill(self, needs, *args, **kwargs):
         _IN_REFILL[0] = True
         t0 = time.perf_counter()
         try:
-            return refill(self, needs)
+            return refill(self, needs, *args, **kwargs)
         finally:
             _IN_REFILL[0] = False
             SECONDS["refill"] += time.perf_counter() - t0
