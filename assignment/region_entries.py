@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from knnmon.arrays import runs
 from knnmon.jit import jit
 
-__all__ = ["compile_region_entries", "region_entries"]
+__all__ = ["compile_region_entries", "merge_entries", "merge_sorted", "region_entries", "withdraw"]
 
 
 @jit
@@ -86,3 +87,93 @@ def compile_region_entries() -> None:
     """Compile (or load from numba's cache) the kernel before the first batch needs it."""
     one = np.zeros(1, dtype=np.int64)
     region_entries(one, one, one, one, one, np.ones(1, dtype=np.uint64), 1)
+
+
+def withdraw(keys: np.ndarray, masks: np.ndarray, codes: np.ndarray, bit: np.uint64, keep: np.ndarray,
+             n_cells: int) -> int:
+    """Clear ``bit`` from the entries of keyword ``codes`` whose key is not in ``keep``, in place.
+
+    Parameters
+    ----------
+    keys, masks
+        ``(p,)`` int64 sorted unique ``code * n_cells + cell`` keys and their ``(p,)`` uint64
+        worker bits (one of the routing table's sorted stores).
+    codes
+        ``(c,)`` int64 keyword codes, unique.
+    bit
+        The worker's bit.
+    keep
+        ``(e,)`` int64 sorted unique keys where the bit stays.
+
+    Returns
+    -------
+    How many entries lost the bit.
+    """
+    if not len(keys) or not len(codes):
+        return 0
+    codes = np.asarray(codes, dtype=np.int64)
+    lo = np.searchsorted(keys, codes * n_cells)
+    hi = np.searchsorted(keys, (codes + 1) * n_cells)
+    at = runs(lo, hi - lo)
+    if len(keep):
+        pos = np.minimum(np.searchsorted(keep, keys[at]), len(keep) - 1)
+        at = at[keep[pos] != keys[at]]
+    at = at[(masks[at] & bit) != 0]
+    masks[at] &= ~bit
+    return len(at)
+
+#: Keys below this leave 6 bits for a worker's number in one int64 (:func:`merge_entries`).
+_PACKABLE_KEY = 1 << 57
+#: Worker ``w``'s bit, by ``w``.
+_BITS = np.left_shift(np.uint64(1), np.arange(64, dtype=np.uint64))
+
+
+def merge_entries(key_parts: list, bit_parts: list) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted unique keys ``(p,)`` int64 and the OR of their bits ``(p,)`` uint64.
+
+    Each part's bits are one worker's bit (:func:`_append_entries`), so key and worker pack
+    into one int64 (``key << 6 | worker``) and one plain sort orders them (no argsort, no
+    scattered OR); other parts, or keys too large to pack, take ``np.unique``'s way."""
+    keys = np.concatenate(key_parts) if key_parts else np.empty(0, dtype=np.int64)
+    if not len(keys):
+        return keys, np.empty(0, dtype=np.uint64)
+    workers = []
+    for k, b in zip(key_parts, bit_parts):
+        w = int(b[0]).bit_length() - 1 if len(b) else 0
+        if len(b) and not (int(b[0]) == 1 << w and (b == b[0]).all()):
+            break  # not one worker's bit throughout
+        workers.append(np.full(len(k), w, dtype=np.int64))
+    else:
+        if int(keys.min()) >= 0 and int(keys.max()) < _PACKABLE_KEY:
+            packed = np.sort((keys << 6) | np.concatenate(workers))
+            key = packed >> 6
+            first = np.flatnonzero(np.concatenate([[True], key[1:] != key[:-1]]))
+            return key[first], np.bitwise_or.reduceat(_BITS[packed & 63], first)
+    keys, inv = np.unique(keys, return_inverse=True)
+    masks = np.zeros(len(keys), dtype=np.uint64)
+    np.bitwise_or.at(masks, inv, np.concatenate(bit_parts))
+    return keys, masks
+
+
+def merge_sorted(keys: np.ndarray, masks: np.ndarray, new_keys: np.ndarray,
+                  new_masks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Two sorted tables of unique keys ``(p,)`` int64 with their bits ``(p,)`` uint64 merged
+    into one (a key in both: its bits OR-ed), in O(p) copies and O(m log p) searches, where
+    sorting the two together (:func:`merge_entries`) costs O(p log p)."""
+    if not len(new_keys):
+        return keys, masks
+    pos = np.searchsorted(keys, new_keys)
+    held = np.flatnonzero(pos < len(keys))
+    held = held[keys[pos[held]] == new_keys[held]]
+    masks = masks.copy()
+    masks[pos[held]] |= new_masks[held]
+    fresh = np.ones(len(new_keys), dtype=bool)
+    fresh[held] = False
+    at = pos[fresh] + np.arange(int(fresh.sum()))  # where each fresh key lands in the merged table
+    mine = np.ones(len(keys) + len(at), dtype=bool)
+    mine[at] = False
+    out_k = np.empty(len(mine), dtype=np.int64)
+    out_m = np.empty(len(mine), dtype=np.uint64)
+    out_k[at], out_m[at] = new_keys[fresh], new_masks[fresh]
+    out_k[mine], out_m[mine] = keys, masks
+    return out_k, out_m

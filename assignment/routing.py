@@ -17,7 +17,8 @@ import pyarrow.compute as pc
 
 from knnmon.assignment.base import Plan
 from knnmon.assignment.loadmodel import LoadModel
-from knnmon.assignment.region_entries import compile_region_entries, region_entries
+from knnmon.assignment.region_entries import (compile_region_entries, merge_entries, merge_sorted, region_entries,
+                                             withdraw)
 from knnmon.assignment.workload import Workload
 from knnmon.encoding import keyword_codes
 from knnmon.errors import InvalidArgumentError
@@ -131,7 +132,7 @@ class RoutingTable:
                     keep = (always[codes] & bit) == 0
                     _append_entries(key_parts, bit_parts, model, bit, codes[keep], covered[keep],
                                     (window[0][keep], window[1][keep]))
-        keys, masks = _merge_entries(key_parts, bit_parts)
+        keys, masks = merge_entries(key_parts, bit_parts)
         table = cls(model.grid, list(workload.vocabulary), always, keys, masks)
         table.stats = {"routing_pairs_full": n_full, "routing_pairs": pairs.n,
                        "routing_pairs_promoted": pairs.promoted,
@@ -243,8 +244,8 @@ class RoutingTable:
         self.additions += len(counts)
         x0, y0, x1, y1, workers = (np.asarray(v, dtype=np.int64).reshape(-1) for v in (x0, y0, x1, y1, workers))
         if self._journal is not None:
-            self._journal.append(((counts.copy(), code.copy()), x0.copy(), y0.copy(), x1.copy(), y1.copy(),
-                                  workers.copy()))
+            self._journal.append(("add_many", ((counts.copy(), code.copy()), x0.copy(), y0.copy(), x1.copy(),
+                                               y1.copy(), workers.copy())))
         if not len(counts):
             return
         bit = np.left_shift(np.uint64(1), workers.astype(np.uint64))
@@ -266,18 +267,65 @@ class RoutingTable:
         table once it is an eighth of it)."""
         pending, self._pending = self._pending, []
         for new_keys, new_masks in pending:
-            self.delta_keys, self.delta_masks = _merge_sorted(self.delta_keys, self.delta_masks, new_keys, new_masks)
+            self.delta_keys, self.delta_masks = merge_sorted(self.delta_keys, self.delta_masks, new_keys, new_masks)
         if len(self.delta_keys) > max(1 << 16, len(self.keys) // 8):
-            self.keys, self.masks = _merge_sorted(self.keys, self.masks, self.delta_keys, self.delta_masks)
+            self.keys, self.masks = merge_sorted(self.keys, self.masks, self.delta_keys, self.delta_masks)
             self.delta_keys, self.delta_masks = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.uint64)
 
+    def narrow(self, worker: int, codes: np.ndarray, held: np.ndarray, keep: np.ndarray) -> int:
+        """Withdraw ``worker`` from keywords ``codes`` except where it still needs them: queries
+        left it (a move's source), and ``keep`` are the entries of its remaining queries with
+        these keywords (their regions at their current radii, :func:`region_entries`). Its bit
+        goes from every other entry of those codes, and from a code's ``always`` mask when no
+        query of it still has the code (``held`` false); a code it holds in ``always`` (a wide
+        region, or a pair the build promoted) keeps its entries. The table stays a superset of
+        what the worker's queries need, so results stay exact. Journaled like :meth:`add_many`.
+
+        Parameters
+        ----------
+        worker
+            The worker, ``0 <= worker < 64``.
+        codes
+            ``(c,)`` int64 keyword codes, unique.
+        held
+            ``(c,)`` bool: whether a query still on ``worker`` has ``codes[i]``.
+        keep
+            ``(e,)`` int64 sorted unique ``code * n_cells + cell`` keys.
+
+        Returns
+        -------
+        How many entries lost the worker's bit.
+        """
+        codes, held = np.asarray(codes, dtype=np.int64), np.asarray(held, dtype=bool)
+        if self._journal is not None:
+            self._journal.append(("narrow", (worker, codes.copy(), held.copy(), np.asarray(keep).copy())))
+        bit = np.uint64(1) << np.uint64(worker)
+        self.always[codes[~held]] &= ~bit
+        codes = codes[(self.always[codes] & bit) == 0]
+        n_cells = self.grid.n_cells
+        return sum(withdraw(keys, masks, codes, bit, keep, n_cells)
+                   for keys, masks in ((self.keys, self.masks), (self.delta_keys, self.delta_masks), *self._pending))
+
     def journal(self, on: bool) -> list[tuple]:
-        """Start (``on``) or stop journaling :meth:`add_many`'s arguments (copies); returns the
-        journal so far and, when stopping, drops it. A rebuild in the background replays the
-        regions added after its snapshot (:mod:`~knnmon.coordinator.runtime.routing_upkeep`)."""
+        """Start (``on``) or stop journaling :meth:`add_many`'s and :meth:`narrow`'s calls
+        (``(name, arguments)``, copies); returns the journal so far and, when stopping, drops it.
+        A rebuild in the background replays the calls made after its snapshot
+        (:meth:`replay`, :mod:`~knnmon.coordinator.runtime.routing_upkeep`)."""
         journal = self._journal if self._journal is not None else []
         self._journal = [] if on else None
         return journal
+
+    def replay(self, journal: list[tuple]) -> int:
+        """Make the calls of a :meth:`journal` again, in order; returns how many queries' regions
+        were added."""
+        added = 0
+        for name, args in journal:
+            if name == "add_many":
+                self.add_many(*args)
+                added += len(args[1])
+            else:
+                self.narrow(*args)
+        return added
 
     def replace_entries(self, always: np.ndarray, keys: np.ndarray, masks: np.ndarray) -> None:
         """Hold these entries instead (a rebuild; codes of this table's vocabulary, keys sorted).
@@ -317,63 +365,6 @@ def _append_entries(key_parts: list, bit_parts: list, model: LoadModel, bit: np.
     cell = (cy + wy0[j]) * model.grid.n + (cx + wx0[j])
     key_parts.append(codes[j].astype(np.int64) * model.grid.n_cells + cell)
     bit_parts.append(np.full(len(cell), bit, dtype=np.uint64))
-
-
-#: Keys below this leave 6 bits for a worker's number in one int64 (:func:`_merge_entries`).
-_PACKABLE_KEY = 1 << 57
-#: Worker ``w``'s bit, by ``w``.
-_BITS = np.left_shift(np.uint64(1), np.arange(64, dtype=np.uint64))
-
-
-def _merge_entries(key_parts: list, bit_parts: list) -> tuple[np.ndarray, np.ndarray]:
-    """Sorted unique keys ``(p,)`` int64 and the OR of their bits ``(p,)`` uint64.
-
-    Each part's bits are one worker's bit (:func:`_append_entries`), so key and worker pack
-    into one int64 (``key << 6 | worker``) and one plain sort orders them (no argsort, no
-    scattered OR); other parts, or keys too large to pack, take ``np.unique``'s way."""
-    keys = np.concatenate(key_parts) if key_parts else np.empty(0, dtype=np.int64)
-    if not len(keys):
-        return keys, np.empty(0, dtype=np.uint64)
-    workers = []
-    for k, b in zip(key_parts, bit_parts):
-        w = int(b[0]).bit_length() - 1 if len(b) else 0
-        if len(b) and not (int(b[0]) == 1 << w and (b == b[0]).all()):
-            break  # not one worker's bit throughout
-        workers.append(np.full(len(k), w, dtype=np.int64))
-    else:
-        if int(keys.min()) >= 0 and int(keys.max()) < _PACKABLE_KEY:
-            packed = np.sort((keys << 6) | np.concatenate(workers))
-            key = packed >> 6
-            first = np.flatnonzero(np.concatenate([[True], key[1:] != key[:-1]]))
-            return key[first], np.bitwise_or.reduceat(_BITS[packed & 63], first)
-    keys, inv = np.unique(keys, return_inverse=True)
-    masks = np.zeros(len(keys), dtype=np.uint64)
-    np.bitwise_or.at(masks, inv, np.concatenate(bit_parts))
-    return keys, masks
-
-
-def _merge_sorted(keys: np.ndarray, masks: np.ndarray, new_keys: np.ndarray,
-                  new_masks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Two sorted tables of unique keys ``(p,)`` int64 with their bits ``(p,)`` uint64 merged
-    into one (a key in both: its bits OR-ed), in O(p) copies and O(m log p) searches, where
-    sorting the two together (:func:`_merge_entries`) costs O(p log p)."""
-    if not len(new_keys):
-        return keys, masks
-    pos = np.searchsorted(keys, new_keys)
-    held = np.flatnonzero(pos < len(keys))
-    held = held[keys[pos[held]] == new_keys[held]]
-    masks = masks.copy()
-    masks[pos[held]] |= new_masks[held]
-    fresh = np.ones(len(new_keys), dtype=bool)
-    fresh[held] = False
-    at = pos[fresh] + np.arange(int(fresh.sum()))  # where each fresh key lands in the merged table
-    mine = np.ones(len(keys) + len(at), dtype=bool)
-    mine[at] = False
-    out_k = np.empty(len(mine), dtype=np.int64)
-    out_m = np.empty(len(mine), dtype=np.uint64)
-    out_k[at], out_m[at] = new_keys[fresh], new_masks[fresh]
-    out_k[mine], out_m[mine] = keys, masks
-    return out_k, out_m
 
 
 class _PairStats:

@@ -102,6 +102,30 @@ class Handover:
         self._refresh(np.arange(slots.start, slots.stop))
         return len(slots)
 
+    def regions_with(self, keywords: Sequence[str]) -> tuple[np.ndarray, ...]:
+        """The live queries holding any of ``keywords``, with their kNN radii: what the routing
+        table must still cover for this worker under those keywords once queries left it (a
+        move's source narrows its routing entries to these, :mod:`~knnmon.coordinator.rebalance.migration`).
+
+        Returns
+        -------
+        lon, lat : ``(m,)`` float64 degrees
+        radius : ``(m,)`` float64 meters (``inf`` below ``k`` + reserve places)
+        pair_query : ``(p,)`` int64, the row in ``m`` of each (query, keyword) pair
+        pair_keyword : ``(p,)`` int64, the pair's keyword as an index into ``keywords``
+        """
+        codes = self.vocabulary.codes
+        want = np.fromiter((codes.get(w, -1) for w in keywords), dtype=np.int64, count=len(keywords))
+        index = np.full(max(self.vocabulary.next_code, 1), -1, dtype=np.int64)
+        ok = want >= 0
+        index[want[ok]] = np.flatnonzero(ok)
+        slot, code = self.queries.entries(np.flatnonzero(self.queries.alive))
+        asked = index[code] if len(code) else np.empty(0, dtype=np.int64)
+        slot, asked = slot[asked >= 0], asked[asked >= 0]
+        rows, pair_query = np.unique(slot, return_inverse=True)
+        q = self.queries
+        return q.lon[rows].copy(), q.lat[rows].copy(), q.radius[rows].copy(), pair_query.astype(np.int64), asked
+
     def release_handed(self) -> int:
         """Let go, in this worker's details hash, of the objects only the queries handed over
         since the last call held; returns how many queries."""

@@ -9,10 +9,13 @@ order they were sent:
 2. every target's ``adopt_queries`` runs after the batches sent to it before, which were routed
    while the queries were still the source's (so the target, not holding them, ignored them for
    these queries), and before any batch sent after: from the next batch on, the target holds them;
-3. the routing table learns each moved query's region for its target (the source's entries stay
-   until the next rebuild, which is requested: more deliveries meanwhile, never a lost one), and
-   the registrar's query -> worker map switches, both before the next dispatch;
-4. every source's ``release_handed`` drops details only the moved queries held.
+3. the routing table learns each moved query's region for its target, and the registrar's
+   query -> worker map switches, both before the next dispatch;
+4. every source's ``release_handed`` drops details only the moved queries held, and its
+   ``regions_with`` reports the regions of the queries left to it that share a keyword with the
+   moved ones: the routing table withdraws the source from every other entry of those keywords
+   (:meth:`~knnmon.assignment.routing.RoutingTable.narrow`), so the moved queries' objects stop
+   reaching it at once, with no rebuild of the table.
 
 No batch is applied to a moved query twice or missed, and its result in Redis does not change.
 
@@ -38,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from knnmon.assignment.region_entries import region_entries
 from knnmon.coordinator.rebalance.planner import Move
 from knnmon.coordinator.runtime.registration import Registrar
 from knnmon.coordinator.runtime.worker_pool import Pending, WorkerPool
@@ -72,7 +76,8 @@ def gather_reviving(pool: WorkerPool, calls: Sequence[tuple[int, Callable[[], Pe
 
 def migrate(pool: WorkerPool, registrar: Registrar, moves: Sequence[Move], *, note: dict[str, str] | None = None,
             revive: Callable[[int], bool] | None = None) -> dict[str, float]:
-    """Carry out ``moves`` (module docstring); returns ``{"queries": moved, "seconds": ...}``.
+    """Carry out ``moves`` (module docstring); returns ``{"queries": moved, "seconds": ...,
+    "entries_narrowed": routing entries the sources were withdrawn from}``.
 
     Each moved query's region is routed to its target at the radius its source held (as at
     registration: its ``k + reserve``-th place's, while it has them). ``note``: fields written into
@@ -108,7 +113,7 @@ def migrate(pool: WorkerPool, registrar: Registrar, moves: Sequence[Move], *, no
                 m.target, part, vocabulary, {**(note or {}), "moved_from": str(m.source)})))
             parts.append((m, part))
     gather_reviving(pool, adopts, revive)
-    moved = 0
+    moved, moved_words = 0, {s: set() for s in sources}
     for m, part in parts:
         q = part.queries
         radius = np.asarray(part.radii, dtype=np.float64)  # the source's r_q (its region routed)
@@ -120,5 +125,27 @@ def migrate(pool: WorkerPool, registrar: Registrar, moves: Sequence[Move], *, no
         registrar.worker_queries[m.source] -= len(q.ids)
         registrar.worker_queries[m.target] += len(q.ids)
         moved += len(q.ids)
-    gather_reviving(pool, [(s, lambda s=s: pool.release_handed(s)) for s in sources], revive)
-    return {"queries": moved, "seconds": time.perf_counter() - t0}
+        moved_words[m.source].update(x for kws in q.keywords for x in kws)
+    words = {s: sorted(moved_words[s]) for s in sources}
+    calls = [c for s in sources for c in ((s, lambda s=s: pool.release_handed(s)),
+                                          (s, lambda s=s: pool.regions_with(s, words[s])))]
+    left = gather_reviving(pool, calls, revive)[1::2]
+    narrowed = sum(_narrow(routing, model, s, words[s], regions) for s, regions in zip(sources, left))
+    return {"queries": moved, "seconds": time.perf_counter() - t0, "entries_narrowed": narrowed}
+
+
+def _narrow(routing, model, source: int, words: list[str], regions) -> int:
+    """Withdraw ``source`` from the routing entries of ``words`` (its moved queries' keywords)
+    that none of its remaining queries needs (``regions``: :meth:`KnnWorker.regions_with` of
+    them, asked after the move); returns how many entries lost its bit."""
+    lon, lat, radius, pair_query, pair_word = regions
+    codes = np.array([routing.code(w) for w in words], dtype=np.int64)
+    held = np.zeros(len(words), dtype=bool)
+    held[pair_word] = True
+    keep = np.empty(0, dtype=np.int64)
+    if len(pair_query):
+        rect = model.rects(lon, lat, radius)
+        bit = np.full(len(pair_query), np.uint64(1) << np.uint64(source), dtype=np.uint64)
+        keep, _ = region_entries(codes[pair_word], rect.x0[pair_query], rect.y0[pair_query], rect.x1[pair_query],
+                                 rect.y1[pair_query], bit, model.grid.n)
+    return routing.narrow(source, codes, held, keep)

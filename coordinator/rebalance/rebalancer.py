@@ -3,8 +3,8 @@
 :meth:`Rebalancer.after_batch` is called by the runtime after each collected batch (``knnmon
 run`` and ``knnmon serve`` alike), between two dispatches. A re-plan asks every worker for its
 queries' measured loads, plans a bounded move (:func:`~.planner.plan_moves`), carries it out
-(:func:`~.migration.migrate`), asks for a routing-table rebuild (the sources' entries for moved
-queries go), and records itself: in :attr:`Rebalancer.replans` and, newest first, in Redis
+(:func:`~.migration.migrate`: the routing table follows the moved queries at once), and
+records itself: in :attr:`Rebalancer.replans` and, newest first, in Redis
 (``knn:replans``, :class:`~knnmon.keys.Keys`). :data:`REALIZED_AFTER` batches later the record
 gains the **realised gain**: how much the slowest worker's busy time per batch fell, against the
 ``predicted_gain`` the plan promised.
@@ -43,8 +43,6 @@ class Rebalancer:
     ----------
     pool, registrar
         The run's workers and who holds which query.
-    upkeep
-        The run's routing upkeep (a rebuild is requested after a move).
     set_of
         Query id -> its set in the plan (queries registered later have none).
     config
@@ -66,10 +64,10 @@ class Rebalancer:
         In all re-plans so far.
     """
 
-    def __init__(self, pool, registrar, upkeep, set_of: Mapping[str, int], config: RebalanceConfig | None = None, *,
+    def __init__(self, pool, registrar, set_of: Mapping[str, int], config: RebalanceConfig | None = None, *,
                  redis_url: str | None = None, namespace: str = "knn",
                  revive: Callable[[int], bool] | None = None) -> None:
-        self.pool, self.registrar, self.upkeep, self.set_of = pool, registrar, upkeep, set_of
+        self.pool, self.registrar, self.set_of = pool, registrar, set_of
         self.config = config or RebalanceConfig()
         self.redis_url, self.keys = redis_url, Keys(namespace)
         c = self.config
@@ -135,12 +133,11 @@ class Rebalancer:
             return None
         self._numbered += 1
         number = self._numbered
-        moved, move_s = 0, 0.0
+        moved, move_s, narrowed = 0, 0.0, 0
         if plan.moves:
             note = {"moved_batch": str(batch), "moved_replan": str(number)}
             done = migrate(self.pool, self.registrar, plan.moves, note=note, revive=revive)
-            moved, move_s = done["queries"], done["seconds"]
-            self.upkeep.request()
+            moved, move_s, narrowed = done["queries"], done["seconds"], done["entries_narrowed"]
         if self.config.cooldown:
             self._recent.append([q for m in plan.moves for q in m.qids])
         self.queries_moved += moved
@@ -156,7 +153,7 @@ class Rebalancer:
                   "predicted_gain": round(plan.predicted_gain, 4), "queries_moved": moved, "budget": budget,
                   "moves": [{"source": m.source, "target": m.target, "queries": len(m.qids),
                              "predicted_ms": round(m.predicted_ms, 3), "unit": m.unit[:200]} for m in plan.moves],
-                  "seconds": round(seconds, 4), "move_seconds": round(move_s, 4),
+                  "seconds": round(seconds, 4), "move_seconds": round(move_s, 4), "entries_narrowed": narrowed,
                   "predicted_gain_ms": round(gain_ms, 3),
                   "predicted_cost_ms": round(cost_ms, 3)}
         self.replans.append(record)

@@ -226,10 +226,8 @@ class RoutingUpkeep:
             always[code[known]] = fresh_always[known]
             r.replace_entries(always, keys, masks)
             self.period = next_period(self.period, self._timed, self._before, r.entries)
-        for args in journal:
-            r.add_many(*args)
+        replayed = r.replay(journal)
         self.baseline, self._unregistered_at = r.entries, self._started_unregistered
-        replayed = sum(len(a[1]) for a in journal)  # (the queries' x0)
         self._built_at, self._additions_at = time.monotonic(), r.additions - replayed
         self.rebuilds += 1
         swap = time.perf_counter() - t0

@@ -142,7 +142,7 @@ class Runtime(Revivals):
         if c.rebalance is not None:
             ids = p.queries.column("id").to_pylist()
             set_of = dict(zip(ids, self.plan.plan.set_of.tolist())) if len(self.plan.plan.set_of) == len(ids) else {}
-            self.rebalancer = Rebalancer(self.pool, self.registrar, self.upkeep, set_of, c.rebalance,
+            self.rebalancer = Rebalancer(self.pool, self.registrar, set_of, c.rebalance,
                                          redis_url=self.store.url, namespace=c.store.namespace, revive=in_place)
         if resumed is not None:
             self.upkeep.request()  # the regions' table, built in the background (stored_start.coarse_routing)

@@ -146,6 +146,10 @@ class WorkerPool(ABC):
         """:meth:`KnnWorker.release_handed`."""
         return self._send(worker, WorkerApi.release_handed)
 
+    def regions_with(self, worker: int, keywords: Sequence[str]) -> Pending:
+        """:meth:`KnnWorker.regions_with`: its queries holding any of ``keywords``, with their radii."""
+        return self._send(worker, WorkerApi.regions_with, list(keywords))
+
     def kept_queries(self, worker: int) -> Pending:
         """:meth:`KnnWorker.kept_queries`: its queries, radii, result sizes and keyword codes."""
         return self._send(worker, WorkerApi.kept_queries)

@@ -198,7 +198,8 @@ def test_the_smoothed_trigger_follows_a_drift_within_a_few_batches_and_not_one_n
 def test_routing_follows_registration_radius_and_moves(drifting, redis_url, namespace, tmp_path):
     """A query registered before any object matches it is routed everywhere; once it has k,
     the next rebuild routes its keyword near it only. Moved to another worker, its keyword
-    reaches the new worker, and after the rebuild the move requests, only that one."""
+    reaches only the new worker at once (the source withdrawn from its entries), and after a
+    rebuild still."""
     from knnmon.coordinator.rebalance.migration import migrate
     from knnmon.coordinator.rebalance.planner import Move
     from knnmon.query import Query
@@ -224,8 +225,9 @@ def test_routing_follows_registration_radius_and_moves(drifting, redis_url, name
         rt.upkeep.rebuild()
         assert route(*far) == 0 and route(at["lon"], at["lat"]) == 1 << w  # k results: near it only
         target = (w + 1) % 3
-        migrate(rt.pool, rt.registrar, [Move(["late"], w, target, 0.0, "test")])
-        assert route(at["lon"], at["lat"]) & (1 << target)
+        done = migrate(rt.pool, rt.registrar, [Move(["late"], w, target, 0.0, "test")])
+        assert route(at["lon"], at["lat"]) == 1 << target and route(*far) == 0  # the source withdrawn at once
+        assert done["entries_narrowed"] >= 1
         rt.upkeep.rebuild()
         assert route(at["lon"], at["lat"]) == 1 << target and route(*far) == 0
         assert sorted(o for o, _ in rt.registrar.result("late")) == ["n1", "n2"]  # the target holds its kNN
