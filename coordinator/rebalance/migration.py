@@ -51,18 +51,18 @@ __all__ = ["gather_reviving", "migrate"]
 
 
 def gather_reviving(pool: WorkerPool, calls: Sequence[tuple[int, Callable[[], Pending]]],
-                    revive: Callable[[int], bool] | None) -> list[Any]:
-    """The results of ``calls`` (``(worker, make the call)``, in order); a worker lost in any of
-    its calls is revived (``revive(worker)``: ``True`` once revived) and every call of its made
-    again, in order, on the new actor (a revived worker is in the state the coordinator knows,
-    without what its lost calls did).
+                    revive: Callable[[int], bool] | None, sent: Sequence[Pending] | None = None) -> list[Any]:
+    """The results of ``calls`` (``(worker, make the call)``, in order; ``sent``: made already);
+    a worker lost in any of its calls is revived (``revive(worker)``: ``True`` once revived) and
+    every call of its made again, in order, on the new actor (a revived worker is in the state
+    the coordinator knows, without what its lost calls did).
 
     Raises
     ------
     WorkerLostError
         A worker was lost and ``revive`` is ``None`` or cannot revive it, or it was lost again.
     """
-    out = pool.gather_each([call() for _, call in calls])
+    out = pool.gather_each(list(sent) if sent is not None else [call() for _, call in calls])
     lost = sorted({w for (w, _), x in zip(calls, out) if isinstance(x, WorkerLostError)})
     for w in lost:
         first = next(x for (v, _), x in zip(calls, out) if v == w and isinstance(x, WorkerLostError))
@@ -77,7 +77,10 @@ def gather_reviving(pool: WorkerPool, calls: Sequence[tuple[int, Callable[[], Pe
 def migrate(pool: WorkerPool, registrar: Registrar, moves: Sequence[Move], *, note: dict[str, str] | None = None,
             revive: Callable[[int], bool] | None = None) -> dict[str, float]:
     """Carry out ``moves`` (module docstring); returns ``{"queries": moved, "seconds": ...,
-    "entries_narrowed": routing entries the sources were withdrawn from}``.
+    "entries_narrowed": routing entries the sources were withdrawn from, "phases_ms": {"export",
+    "adopt", "release", "route"}}`` (the release's phase: the switch, the targets' regions added
+    to the routing table while the sources release and report ``regions_with``; the route's:
+    narrowing the sources' entries).
 
     Each moved query's region is routed to its target at the radius its source held (as at
     registration: its ``k + reserve``-th place's, while it has them). ``note``: fields written into
@@ -112,14 +115,12 @@ def migrate(pool: WorkerPool, registrar: Registrar, moves: Sequence[Move], *, no
             adopts.append((m.target, lambda m=m, part=part, vocabulary=vocabulary: pool.adopt(
                 m.target, part, vocabulary, {**(note or {}), "moved_from": str(m.source)})))
             parts.append((m, part))
+    t1 = time.perf_counter()
     gather_reviving(pool, adopts, revive)
+    t2 = time.perf_counter()
     moved, moved_words = 0, {s: set() for s in sources}
-    for m, part in parts:
+    for m, part in parts:  # the switch, then the sources' release while the routing table learns
         q = part.queries
-        radius = np.asarray(part.radii, dtype=np.float64)  # the source's r_q (its region routed)
-        rect = model.rects(np.asarray(q.lon, dtype=np.float64), np.asarray(q.lat, dtype=np.float64), radius)
-        routing.add_many([[routing.code(x) for x in kws] for kws in q.keywords], rect.x0, rect.y0, rect.x1, rect.y1,
-                         np.full(len(q.ids), m.target))
         for qid in q.ids:
             registrar.query_worker[qid] = m.target
         registrar.worker_queries[m.source] -= len(q.ids)
@@ -129,9 +130,21 @@ def migrate(pool: WorkerPool, registrar: Registrar, moves: Sequence[Move], *, no
     words = {s: sorted(moved_words[s]) for s in sources}
     calls = [c for s in sources for c in ((s, lambda s=s: pool.release_handed(s)),
                                           (s, lambda s=s: pool.regions_with(s, words[s])))]
-    left = gather_reviving(pool, calls, revive)[1::2]
+    sent = [call() for _, call in calls]
+    for m, part in parts:
+        q = part.queries
+        radius = np.asarray(part.radii, dtype=np.float64)  # the source's r_q (its region routed)
+        rect = model.rects(np.asarray(q.lon, dtype=np.float64), np.asarray(q.lat, dtype=np.float64), radius)
+        routing.add_many([[routing.code(x) for x in kws] for kws in q.keywords], rect.x0, rect.y0, rect.x1, rect.y1,
+                         np.full(len(q.ids), m.target))
+    t3 = time.perf_counter()
+    left = gather_reviving(pool, calls, revive, sent)[1::2]
+    t4 = time.perf_counter()
     narrowed = sum(_narrow(routing, model, s, words[s], regions) for s, regions in zip(sources, left))
-    return {"queries": moved, "seconds": time.perf_counter() - t0, "entries_narrowed": narrowed}
+    t5 = time.perf_counter()
+    phases = {"export": t1 - t0, "adopt": t2 - t1, "route": t5 - t4, "release": t4 - t2}
+    return {"queries": moved, "seconds": t5 - t0, "entries_narrowed": narrowed,
+            "phases_ms": {k: round(1e3 * v, 2) for k, v in phases.items()}}
 
 
 def _narrow(routing, model, source: int, words: list[str], regions) -> int:

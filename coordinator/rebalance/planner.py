@@ -66,11 +66,16 @@ class MovePlan:
         return (top - float(self.predicted_ms.max())) / top if top > 0 else 0.0
 
 
-@dataclass
+@dataclass(eq=False)  # (removed from a list by identity: comparing fields compares arrays)
 class _Unit:
     name: str
     qids: np.ndarray  # (n,) object: the queries' ids, heaviest first
     loads: np.ndarray  # (n,) float64 their loads
+    total: float = -1.0  # loads.sum(), kept (the spread looks for the hottest unit at every step)
+
+    def __post_init__(self) -> None:
+        if self.total < 0:
+            self.total = float(self.loads.sum())
 
 
 def _units(qids: Sequence[str], loads: np.ndarray, set_of: Mapping[str, int],
@@ -87,8 +92,9 @@ def _units(qids: Sequence[str], loads: np.ndarray, set_of: Mapping[str, int],
     ids = np.asarray(qids, dtype=object)[order]
     sets, loads = sets[order], loads[order]
     cut = np.flatnonzero(np.r_[True, sets[1:] != sets[:-1], True])
-    return [_Unit(f"set {sets[a]}" if sets[a] >= 0 else "registered at run time", ids[a:b], loads[a:b])
-            for a, b in zip(cut[:-1].tolist(), cut[1:].tolist())]
+    totals = np.add.reduceat(loads, cut[:-1])
+    return [_Unit(f"set {sets[a]}" if sets[a] >= 0 else "registered at run time", ids[a:b], loads[a:b], float(x))
+            for a, b, x in zip(cut[:-1].tolist(), cut[1:].tolist(), totals.tolist())]
 
 
 def plan_moves(busy_ms: Sequence[float], queries: Sequence[tuple[Sequence[str], np.ndarray]],
@@ -159,8 +165,8 @@ def plan_moves(busy_ms: Sequence[float], queries: Sequence[tuple[Sequence[str], 
             break
         # A whole set that fits the budget and does not overshoot (the least busy worker stays
         # below the slowest): the largest such.
-        whole = [(float(u.loads.sum() * rate[a]), i) for i, u in enumerate(units[a])
-                 if len(u.qids) <= left and strategy == "sets"]
+        whole = [(u.total * rate[a], i) for i, u in enumerate(units[a]) if len(u.qids) <= left] \
+            if strategy == "sets" else []
         whole = [(x, i) for x, i in whole if busy[a] * min_gain <= x <= gap / 2]
         if whole:
             x, i = max(whole)
@@ -173,7 +179,7 @@ def plan_moves(busy_ms: Sequence[float], queries: Sequence[tuple[Sequence[str], 
             continue
         # Else the hottest set is too hot to move whole (moving it moves the hot spot): spread its
         # heaviest queries, one by one, onto whichever worker is least busy, while that helps.
-        u = max(units[a], key=lambda v: float(v.loads.sum()))
+        u = max(units[a], key=lambda v: v.total)
         ms = u.loads * rate[a]
         taken = 0
         for j in range(min(len(u.qids), left)):
@@ -189,6 +195,7 @@ def plan_moves(busy_ms: Sequence[float], queries: Sequence[tuple[Sequence[str], 
         if not taken:
             break
         u.qids, u.loads = u.qids[taken:], u.loads[taken:]
+        u.total = float(u.loads.sum())
         if not len(u.qids):
             units[a].remove(u)
         left -= taken

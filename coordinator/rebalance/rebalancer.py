@@ -16,6 +16,7 @@ import json
 import logging
 import time
 from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -23,7 +24,7 @@ import numpy as np
 
 from knnmon.connection import connect, with_retries
 from knnmon.coordinator.rebalance.config import RebalanceConfig
-from knnmon.coordinator.rebalance.migration import gather_reviving, migrate
+from knnmon.coordinator.rebalance.migration import migrate
 from knnmon.coordinator.rebalance.monitor import LoadMonitor, SmoothedMonitor
 from knnmon.coordinator.rebalance.planner import plan_moves
 from knnmon.keys import REPLANS_KEPT, Keys
@@ -57,9 +58,13 @@ class Rebalancer:
     Attributes
     ----------
     replans : list of dict
-        Every re-plan: ``batch``, ``trigger`` (slowest / mean busy over the window),
-        ``busy_ms``, ``predicted_ms``, ``predicted_gain``, ``queries_moved``, ``moves``,
-        ``seconds``.
+        Every re-plan: ``batch`` (made after), ``asked_after_batch`` (its loads asked for
+        after), ``trigger`` (slowest / mean busy then), ``busy_ms``, ``predicted_ms``,
+        ``predicted_gain``, ``queries_moved``, ``moves``, ``seconds`` (the stall: how long the
+        dispatch waited at the boundary of the move), ``loads_seconds`` (waiting for the loads: at the boundary with
+        inline workers, in the planning thread with Ray actors), ``plan_seconds`` (planning,
+        likewise), ``move_seconds`` and ``move_phases_ms``
+        (the migration's part of it), ``entries_narrowed`` and, later, ``realized_gain``.
     queries_moved : int
         In all re-plans so far.
     """
@@ -87,19 +92,30 @@ class Rebalancer:
         self._numbered = self._last_number()  # a resumed service's re-plans continue the count
         self._recent: deque[list[str]] = deque(maxlen=max(self.config.cooldown, 1))  # moved lately
         self.revive = revive
+        # A re-plan under way: (batch its loads were asked for after, the slowest/mean busy then,
+        # the future of :meth:`_plan`). With Ray actors the loads are gathered and the plan made
+        # in the planning thread while batches go on; the move is made at the first batch
+        # boundary after it is done.
+        self._planning: tuple[int, float, Future] | None = None
+        self._executor: ThreadPoolExecutor | None = None
 
     def after_batch(self, batch: int, busy_ms, *, idle: bool = False) -> dict[str, Any] | None:
-        """Observe batch ``batch``'s per-worker busy times ``(W,)`` ms; re-plan if due. Returns
-        the re-plan's record, if one ran. ``idle``: no batch is in flight (a lost worker is
-        revived in place, :attr:`revive`)."""
+        """Observe batch ``batch``'s per-worker busy times ``(W,)`` ms; when a re-plan is due,
+        ask the workers for their queries' loads and plan (:meth:`_ask`), and move once the plan
+        is made (at this boundary with inline workers, at a later one with Ray actors: the
+        dispatch does not wait for the loads or the plan). Returns the re-plan's record, if one
+        ran. ``idle``: no batch is in flight (a lost worker is revived in place, :attr:`revive`)."""
         self.monitor.observe(busy_ms)
         self._realized(busy_ms)
+        if self._planning is not None:
+            return self._carry_out(batch, idle) if self._planning[-1].done() else None
         if not self.monitor.due():
             return None
         if self.config.trigger == "smoothed" and self._upper_bound_ms() <= self._floor_ms:
             self.monitor.reset()  # (asking every worker for every query's load costs a round trip)
             return None
-        return self.replan(batch, idle=idle)
+        self._ask(batch)
+        return self._carry_out(batch, idle) if self._planning[-1].done() else None
 
     def _upper_bound_ms(self) -> float:
         """The most a re-plan could gain over the horizon: the slowest worker's smoothed busy
@@ -107,21 +123,64 @@ class Rebalancer:
         return self.monitor.excess_ms() * self.config.horizon
 
     def replan(self, batch: int, *, idle: bool = False) -> dict[str, Any] | None:
-        """Re-plan and move now (after batch ``batch``); returns the record, or ``None`` when
-        the smoothed trigger finds no move, or the moves' predicted gain over ``horizon`` batches
-        no larger than their cost (nothing moves, nothing is recorded). ``idle``: as in
+        """Re-plan and move now (after batch ``batch``), waiting for the workers' loads and the
+        plan; returns the record, or ``None`` as :meth:`after_batch` would. ``idle``: as in
         :meth:`after_batch`."""
+        if self._planning is None:
+            self._ask(batch)
+        self._planning[-1].result()
+        return self._carry_out(batch, idle)
+
+    def close(self) -> None:
+        """Stop the planning thread, waiting for a re-plan in it (its workers answer, or are
+        lost: it makes no call after Ray is shut down); the re-plan is dropped."""
+        self._planning = None
+        if self._executor is not None:
+            self._executor.shutdown(wait=True, cancel_futures=True)
+            self._executor = None
+
+    def _ask(self, batch: int) -> None:
+        """Ask every worker for its queries' loads (queued behind the batches sent to it) and plan
+        from them: at once with inline workers, in the planning thread with Ray actors."""
+        pending = [self.pool.query_loads(w) for w in range(self.pool.size)]
+        busy, frozen = self.monitor.busy(), frozenset(q for moved in self._recent for q in moved)
+        if self.pool.inline:
+            planned: Future = Future()
+            planned.set_result(self._plan(pending, busy, frozen))
+        else:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(1, thread_name_prefix="knnmon-replan")
+            planned = self._executor.submit(self._plan, pending, busy, frozen)
+        self._planning = (batch, self.monitor.ratio(), planned)
+
+    def _plan(self, pending: list, busy: np.ndarray, frozen: frozenset[str]):
+        """The workers' loads (``pending``: their calls) and :func:`plan_moves` over them:
+        ``(plan, budget, seconds waiting for the loads, seconds planning)``; ``None`` when a
+        worker was lost meanwhile."""
         t0 = time.perf_counter()
-        trigger = self.monitor.ratio()
-        busy = self.monitor.busy()
-        revive = self.revive if idle else None
-        loads = gather_reviving(self.pool, [(w, lambda w=w: self.pool.query_loads(w)) for w in range(self.pool.size)],
-                                revive)
-        n_queries = sum(len(ids) for ids, _ in loads)
-        budget = int(self.config.budget * n_queries)
-        frozen = frozenset(q for moved in self._recent for q in moved)
+        loads = self.pool.gather_each(pending)
+        if any(isinstance(x, Exception) for x in loads):
+            return None
+        t1 = time.perf_counter()
+        budget = int(self.config.budget * sum(len(ids) for ids, _ in loads))
         plan = plan_moves(busy, loads, self.set_of, budget, min_gain=self.config.min_gain,
                           min_total_gain=self.config.min_total_gain, frozen=frozen, strategy=self.config.strategy)
+        return plan, budget, t1 - t0, time.perf_counter() - t1
+
+    def _carry_out(self, batch: int, idle: bool) -> dict[str, Any] | None:
+        """Move as planned; the record, or ``None`` when the smoothed trigger finds no move, or
+        the moves' predicted gain over ``horizon`` batches no larger than their cost (nothing
+        moves, nothing is recorded), or a worker was lost while it reported its loads (the batch
+        that finds it revives it; the trigger judges again)."""
+        t0 = time.perf_counter()
+        asked_at, trigger, planned = self._planning
+        self._planning = None
+        if planned.result() is None:
+            log.info("re-plan after batch %d dropped: a worker was lost while it reported its loads", batch)
+            self.monitor.reset()
+            return None
+        plan, budget, loads_s, plan_s = planned.result()
+        revive = self.revive if idle else None
         gain_ms = float(plan.busy_ms.max() - plan.predicted_ms.max()) * self.config.horizon
         cost_ms = 0.0 if self._largest_move is None else \
             self._largest_move[1] * plan.queries_moved / self._largest_move[0]
@@ -133,11 +192,12 @@ class Rebalancer:
             return None
         self._numbered += 1
         number = self._numbered
-        moved, move_s, narrowed = 0, 0.0, 0
+        moved, move_s, narrowed, phases = 0, 0.0, 0, {}
         if plan.moves:
             note = {"moved_batch": str(batch), "moved_replan": str(number)}
             done = migrate(self.pool, self.registrar, plan.moves, note=note, revive=revive)
-            moved, move_s, narrowed = done["queries"], done["seconds"], done["entries_narrowed"]
+            moved, move_s, narrowed, phases = done["queries"], done["seconds"], done["entries_narrowed"], \
+                done["phases_ms"]
         if self.config.cooldown:
             self._recent.append([q for m in plan.moves for q in m.qids])
         self.queries_moved += moved
@@ -147,13 +207,15 @@ class Rebalancer:
             self._largest_move = (moved, 1e3 * move_s)
         if moved:
             self._floor_ms = 0.0
-        record = {"replan": number, "batch": batch, "trigger": round(trigger, 4),
+        record = {"replan": number, "batch": batch, "asked_after_batch": asked_at, "trigger": round(trigger, 4),
                   "busy_ms": [round(float(x), 3) for x in plan.busy_ms],
                   "predicted_ms": [round(float(x), 3) for x in plan.predicted_ms],
                   "predicted_gain": round(plan.predicted_gain, 4), "queries_moved": moved, "budget": budget,
                   "moves": [{"source": m.source, "target": m.target, "queries": len(m.qids),
                              "predicted_ms": round(m.predicted_ms, 3), "unit": m.unit[:200]} for m in plan.moves],
-                  "seconds": round(seconds, 4), "move_seconds": round(move_s, 4), "entries_narrowed": narrowed,
+                  "seconds": round(seconds, 4), "loads_seconds": round(loads_s, 4),
+                  "plan_seconds": round(plan_s, 4), "move_seconds": round(move_s, 4), "move_phases_ms": phases,
+                  "entries_narrowed": narrowed,
                   "predicted_gain_ms": round(gain_ms, 3),
                   "predicted_cost_ms": round(cost_ms, 3)}
         self.replans.append(record)

@@ -144,6 +144,7 @@ class Runtime(Revivals):
             set_of = dict(zip(ids, self.plan.plan.set_of.tolist())) if len(self.plan.plan.set_of) == len(ids) else {}
             self.rebalancer = Rebalancer(self.pool, self.registrar, set_of, c.rebalance,
                                          redis_url=self.store.url, namespace=c.store.namespace, revive=in_place)
+            self._exit.callback(self.rebalancer.close)
         if resumed is not None:
             self.upkeep.request()  # the regions' table, built in the background (stored_start.coarse_routing)
             t0 = time.perf_counter()

@@ -75,6 +75,10 @@ class WorkerPool(ABC):
         raised): the others' results are kept."""
         return self.gather(pending)
 
+    def ready(self, pending: Sequence[Pending]) -> bool:
+        """Whether every call of ``pending`` returned (or failed): :meth:`gather` would not wait."""
+        return True
+
     def _send(self, worker: int, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Pending:
         return self.call(worker, method.__name__, *args, **kwargs)
 
@@ -350,6 +354,11 @@ class RayPool(WorkerPool):
         if lost is not None:
             raise lost
         return out
+
+    def ready(self, pending: Sequence[Pending]) -> bool:
+        refs = [p.value for p in pending]
+        done, _ = self._ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
+        return len(done) == len(refs)
 
     def gather_each(self, pending: Sequence[Pending]) -> list[Any]:
         from ray.exceptions import RayActorError

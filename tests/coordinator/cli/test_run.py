@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import threading
 
 import pyarrow.parquet as pq
+import pytest
 
 from knnmon.coordinator.cli import main
 from knnmon.ingest.reading import load_queries
@@ -84,3 +86,45 @@ def test_explain_survives_records_it_did_not_write(redis_url, namespace, capsys)
     assert main(["explain", "qx", "--json", "--redis", redis_url, "--namespace", namespace]) == 0
     assert json.loads(capsys.readouterr().out)["set"] == {"number": 3}
     r.close()
+
+
+def _calling_threads() -> list[str]:
+    """The live threads of a run that call its workers (the re-plan's planning thread, the
+    routing rebuild's); the object index's search helper calls none and lives with the process."""
+    return [t.name for t in threading.enumerate() if t.name.startswith(("knnmon-replan", "knnmon-routing"))]
+
+
+@pytest.mark.parametrize("executor", ["inline", "ray"])
+def test_rebalance_replanning_to_the_last_batch_ends_with_a_report(executor, places_slice, slice_queries,
+                                                                   ray_instance, redis_url, namespace, tmp_path,
+                                                                   capsys):
+    """A drift (the slice's New Hampshire places first, Vermont's after) re-planned after every
+    batch: ``knnmon run`` and ``knnmon bench`` end with status 0 and their reports, with re-plans
+    in the last batches, and none of their threads (the re-plan's planning thread, the routing
+    rebuild) outlives them: a Ray call from one after the run ended killed the process before
+    its summary (issue 36)."""
+    qfile = tmp_path / "q.parquet"
+    pq.write_table(load_queries(str(slice_queries)).slice(0, 400), qfile)
+    eager = ["--rebalance-window", "1", "--rebalance-threshold", "1", "--rebalance-min-gain", "0",
+             "--rebalance-budget", "0.2"]
+    report = tmp_path / "run.json"
+    rc = main(["run", "--objects", str(places_slice), "--queries", str(qfile), "--workers", "3",
+               "--executor", executor, "--initial", "5000", "--batch", "1000", "--batches", "5", "--redis", redis_url,
+               "--namespace", namespace, "--report", str(report), "--quiet", "--rebalance", *eager])
+    assert rc == 0
+    s = json.loads(report.read_text())
+    assert s["batches"] == 5 and s["queries_moved"] > 0
+    last = max(r["batch"] for r in s["replans"])
+    assert last >= 3 and len(s["replans"]) >= (4 if executor == "inline" else 2)  # (batches 0-4)
+    assert "re-balancing:" in capsys.readouterr().out
+    assert not _calling_threads()
+    if executor == "ray":  # (the bench runs Ray actors only)
+        bench = tmp_path / "bench.json"
+        rc = main(["bench", "--objects", str(places_slice), "--queries", "400", "--workers", "3", "--algorithms",
+                   "proposed", "--initial", "5000", "--batch", "1000", "--batches", "5", "--rebalance", "on", *eager,
+                   "--check-sample", "100", "--redis", redis_url, "--namespace", namespace + "b",
+                   "--report", str(bench), "--quiet"])
+        assert rc == 0
+        [row] = json.loads(bench.read_text())["rows"]
+        assert row["exact"] is True and row["replans"] >= 2 and row["batches"] == 5
+        assert not _calling_threads()
