@@ -15,7 +15,8 @@ order they were sent:
    ``regions_with`` reports the regions of the queries left to it that share a keyword with the
    moved ones: the routing table withdraws the source from every other entry of those keywords
    (:meth:`~knnmon.assignment.routing.RoutingTable.narrow`), so the moved queries' objects stop
-   reaching it at once, with no rebuild of the table.
+   reaching it, with no rebuild of the table. The re-balancer does not wait for this step: it
+   narrows at a later batch boundary, once the sources answered (:class:`Release`).
 
 No batch is applied to a moved query twice or missed, and its result in Redis does not change.
 
@@ -47,7 +48,7 @@ from knnmon.coordinator.runtime.registration import Registrar
 from knnmon.coordinator.runtime.worker_pool import Pending, WorkerPool
 from knnmon.errors import WorkerLostError
 
-__all__ = ["gather_reviving", "migrate"]
+__all__ = ["Release", "gather_reviving", "migrate"]
 
 
 def gather_reviving(pool: WorkerPool, calls: Sequence[tuple[int, Callable[[], Pending]]],
@@ -75,12 +76,14 @@ def gather_reviving(pool: WorkerPool, calls: Sequence[tuple[int, Callable[[], Pe
 
 
 def migrate(pool: WorkerPool, registrar: Registrar, moves: Sequence[Move], *, note: dict[str, str] | None = None,
-            revive: Callable[[int], bool] | None = None) -> dict[str, float]:
+            revive: Callable[[int], bool] | None = None, defer_release: bool = False) -> dict[str, Any]:
     """Carry out ``moves`` (module docstring); returns ``{"queries": moved, "seconds": ...,
-    "entries_narrowed": routing entries the sources were withdrawn from, "phases_ms": {"export",
-    "adopt", "release", "route"}}`` (the release's phase: the switch, the targets' regions added
-    to the routing table while the sources release and report ``regions_with``; the route's:
-    narrowing the sources' entries).
+    "entries_narrowed": routing entries the sources were withdrawn from (``None`` when deferred),
+    "release": the :class:`Release`, "phases_ms": {"export", "adopt", "route", "release"}}`` (the
+    route's phase: the switch and the targets' regions added to the routing table while the
+    sources release and report ``regions_with``; the release's: waiting for them and narrowing,
+    0 when deferred). ``defer_release``: do not wait for the sources' release; the caller
+    finishes it (:class:`Release`) at a later batch boundary.
 
     Each moved query's region is routed to its target at the radius its source held (as at
     registration: its ``k + reserve``-th place's, while it has them). ``note``: fields written into
@@ -137,14 +140,39 @@ def migrate(pool: WorkerPool, registrar: Registrar, moves: Sequence[Move], *, no
         rect = model.rects(np.asarray(q.lon, dtype=np.float64), np.asarray(q.lat, dtype=np.float64), radius)
         routing.add_many([[routing.code(x) for x in kws] for kws in q.keywords], rect.x0, rect.y0, rect.x1, rect.y1,
                          np.full(len(q.ids), m.target))
+    release = Release(sources, words, sent)
     t3 = time.perf_counter()
-    left = gather_reviving(pool, calls, revive, sent)[1::2]
+    narrowed = None
+    if not defer_release:
+        narrowed = release.finish(pool, registrar, lambda: gather_reviving(pool, calls, revive, sent))
     t4 = time.perf_counter()
-    narrowed = sum(_narrow(routing, model, s, words[s], regions) for s, regions in zip(sources, left))
-    t5 = time.perf_counter()
-    phases = {"export": t1 - t0, "adopt": t2 - t1, "route": t5 - t4, "release": t4 - t2}
-    return {"queries": moved, "seconds": t5 - t0, "entries_narrowed": narrowed,
+    phases = {"export": t1 - t0, "adopt": t2 - t1, "route": t3 - t2, "release": t4 - t3}
+    return {"queries": moved, "seconds": t4 - t0, "entries_narrowed": narrowed, "release": release,
             "phases_ms": {k: round(1e3 * v, 2) for k, v in phases.items()}}
+
+
+class Release:
+    """The sources' last step of a move (module docstring, 4): their ``release_handed`` and
+    ``regions_with`` calls, sent; :meth:`finish` narrows the routing table from their answers.
+    Deferred (``migrate(defer_release=True)``), it is finished at a later batch boundary, once
+    :meth:`ready`: until then the sources keep their entries (more deliveries, never a lost
+    one), and a source lost meanwhile is found, and revived, by the batch that reaches it."""
+
+    def __init__(self, sources: list[int], words: dict[int, list[str]], sent: list[Pending]) -> None:
+        self.sources, self.words, self.sent = sources, words, sent
+
+    def ready(self, pool: WorkerPool) -> bool:
+        """Whether the sources answered (:meth:`finish` would not wait)."""
+        return pool.ready(self.sent)
+
+    def finish(self, pool: WorkerPool, registrar: Registrar, gather: Callable[[], list[Any]] | None = None) -> int:
+        """Narrow the routing table from the sources' answers (``gather``: how to collect them,
+        by default each as it is, a lost source's skipped); returns how many entries lost a
+        source's bit."""
+        answers = (gather or (lambda: pool.gather_each(self.sent)))()[1::2]
+        routing, model = registrar.plan.routing, registrar.plan.model
+        return sum(_narrow(routing, model, s, self.words[s], regions) for s, regions in zip(self.sources, answers)
+                   if not isinstance(regions, Exception))
 
 
 def _narrow(routing, model, source: int, words: list[str], regions) -> int:

@@ -24,7 +24,7 @@ import numpy as np
 
 from knnmon.connection import connect, with_retries
 from knnmon.coordinator.rebalance.config import RebalanceConfig
-from knnmon.coordinator.rebalance.migration import migrate
+from knnmon.coordinator.rebalance.migration import Release, migrate
 from knnmon.coordinator.rebalance.monitor import LoadMonitor, SmoothedMonitor
 from knnmon.coordinator.rebalance.planner import plan_moves
 from knnmon.keys import REPLANS_KEPT, Keys
@@ -61,10 +61,12 @@ class Rebalancer:
         Every re-plan: ``batch`` (made after), ``asked_after_batch`` (its loads asked for
         after), ``trigger`` (slowest / mean busy then), ``busy_ms``, ``predicted_ms``,
         ``predicted_gain``, ``queries_moved``, ``moves``, ``seconds`` (the stall: how long the
-        dispatch waited at the boundary of the move), ``loads_seconds`` (waiting for the loads: at the boundary with
-        inline workers, in the planning thread with Ray actors), ``plan_seconds`` (planning,
-        likewise), ``move_seconds`` and ``move_phases_ms``
-        (the migration's part of it), ``entries_narrowed`` and, later, ``realized_gain``.
+        dispatch waited at the boundary of the move), ``loads_seconds`` (waiting for the loads:
+        at the boundary with inline workers, in the planning thread with Ray actors),
+        ``plan_seconds`` (planning, likewise), ``move_seconds`` and ``move_phases_ms`` (the
+        migration's part of the stall), ``entries_narrowed`` (with Ray actors: at a later
+        boundary, once the sources released; ``None`` until then) and, later,
+        ``realized_gain``.
     queries_moved : int
         In all re-plans so far.
     """
@@ -98,6 +100,8 @@ class Rebalancer:
         # boundary after it is done.
         self._planning: tuple[int, float, Future] | None = None
         self._executor: ThreadPoolExecutor | None = None
+        # The last move's release, not yet answered (Ray actors): (its record, the Release).
+        self._releasing: tuple[dict[str, Any], Release] | None = None
 
     def after_batch(self, batch: int, busy_ms, *, idle: bool = False) -> dict[str, Any] | None:
         """Observe batch ``batch``'s per-worker busy times ``(W,)`` ms; when a re-plan is due,
@@ -107,6 +111,10 @@ class Rebalancer:
         ran. ``idle``: no batch is in flight (a lost worker is revived in place, :attr:`revive`)."""
         self.monitor.observe(busy_ms)
         self._realized(busy_ms)
+        if self._releasing is not None:
+            if not self._releasing[1].ready(self.pool):
+                return None
+            self._finish_release()
         if self._planning is not None:
             return self._carry_out(batch, idle) if self._planning[-1].done() else None
         if not self.monitor.due():
@@ -131,10 +139,20 @@ class Rebalancer:
         self._planning[-1].result()
         return self._carry_out(batch, idle)
 
+    def _finish_release(self) -> None:
+        """Narrow the routing table from the last move's release (answered) and say so in its
+        record (``entries_narrowed``, in Redis too if it is still the newest)."""
+        record, release = self._releasing
+        self._releasing = None
+        record["entries_narrowed"] = release.finish(self.pool, self.registrar)
+        self._record(record, update=True)
+
     def close(self) -> None:
         """Stop the planning thread, waiting for a re-plan in it (its workers answer, or are
-        lost: it makes no call after Ray is shut down); the re-plan is dropped."""
+        lost: it makes no call after Ray is shut down); the re-plan is dropped, and a release
+        not yet answered is not waited for (the routing table is not used after)."""
         self._planning = None
+        self._releasing = None
         if self._executor is not None:
             self._executor.shutdown(wait=True, cancel_futures=True)
             self._executor = None
@@ -195,7 +213,8 @@ class Rebalancer:
         moved, move_s, narrowed, phases = 0, 0.0, 0, {}
         if plan.moves:
             note = {"moved_batch": str(batch), "moved_replan": str(number)}
-            done = migrate(self.pool, self.registrar, plan.moves, note=note, revive=revive)
+            done = migrate(self.pool, self.registrar, plan.moves, note=note, revive=revive,
+                           defer_release=not self.pool.inline)
             moved, move_s, narrowed, phases = done["queries"], done["seconds"], done["entries_narrowed"], \
                 done["phases_ms"]
         if self.config.cooldown:
@@ -219,6 +238,8 @@ class Rebalancer:
                   "predicted_gain_ms": round(gain_ms, 3),
                   "predicted_cost_ms": round(cost_ms, 3)}
         self.replans.append(record)
+        if moved and narrowed is None:
+            self._releasing = (record, done["release"])
         self._judge()  # (the re-plan before: over the batches since it)
         self._judged = (record, []) if moved else None
         self._record(record)
