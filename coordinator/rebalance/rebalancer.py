@@ -2,37 +2,34 @@
 
 :meth:`Rebalancer.after_batch` is called by the runtime after each collected batch (``knnmon
 run`` and ``knnmon serve`` alike), between two dispatches. A re-plan asks every worker for its
-queries' measured loads, plans a bounded move (:func:`~.planner.plan_moves`), carries it out
+queries' measured loads (or, with the predictive trigger, predicts them from the recent stream:
+:mod:`~.predictive`), plans a bounded move (:func:`~.planner.plan_moves`), carries it out
 (:func:`~.migration.migrate`: the routing table follows the moved queries at once), and
 records itself: in :attr:`Rebalancer.replans` and, newest first, in Redis
-(``knn:replans``, :class:`~knnmon.keys.Keys`). :data:`REALIZED_AFTER` batches later the record
+(``knn:replans``, :mod:`~.records`). :data:`~.records.REALIZED_AFTER` batches later the record
 gains the **realised gain**: how much the slowest worker's busy time per batch fell, against the
 ``predicted_gain`` the plan promised.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
-from knnmon.connection import connect, with_retries
 from knnmon.coordinator.rebalance.config import RebalanceConfig
 from knnmon.coordinator.rebalance.migration import Release, migrate
 from knnmon.coordinator.rebalance.monitor import LoadMonitor, SmoothedMonitor
-from knnmon.coordinator.rebalance.planner import plan_moves
-from knnmon.keys import REPLANS_KEPT, Keys
+from knnmon.coordinator.rebalance.planner import FIXED_MS, plan_moves
+from knnmon.coordinator.rebalance.predictive import RecentCounts, predicted_loads
+from knnmon.coordinator.rebalance.records import ReplanRecords
 
-__all__ = ["REALIZED_AFTER", "Rebalancer"]
-
-#: Batches after a re-plan over which its realised gain is measured.
-REALIZED_AFTER = 10
+__all__ = ["Rebalancer"]
 
 log = logging.getLogger("knnmon.rebalance")
 
@@ -76,10 +73,14 @@ class Rebalancer:
                  revive: Callable[[int], bool] | None = None) -> None:
         self.pool, self.registrar, self.set_of = pool, registrar, set_of
         self.config = config or RebalanceConfig()
-        self.redis_url, self.keys = redis_url, Keys(namespace)
         c = self.config
-        self.monitor = SmoothedMonitor(pool.size, c.half_life, c.threshold) if c.trigger == "smoothed" \
-            else LoadMonitor(pool.size, c.window, c.threshold)
+        self.monitor = LoadMonitor(pool.size, c.window, c.threshold) if c.trigger == "window" \
+            else SmoothedMonitor(pool.size, c.half_life, c.threshold)
+        # The predictive trigger's counts of the recent stream (the runtime reports each routed
+        # batch: observe_routed), and batches since it last predicted.
+        plan = getattr(registrar, "plan", None)
+        self.recent = RecentCounts(plan.routing.grid, c.window) if c.trigger == "predictive" else None
+        self._since_prediction = 0
         # The largest move so far: (queries, ms its migration took); a move's cost is scaled from
         # it (a small move's fixed part would make a larger one look dear). None: the first move
         # is judged by its gain alone.
@@ -88,17 +89,16 @@ class Rebalancer:
         # exceed this before the workers are asked for their loads again: what the last re-plan
         # that moved nothing would have cost, or the imbalance it could not move (0 after a move).
         self._floor_ms = 0.0
-        self._judged: tuple[dict[str, Any], list[np.ndarray]] | None = None  # a re-plan's realised gain, pending
         self.replans: list[dict[str, Any]] = []
         self.queries_moved = 0
-        self._numbered = self._last_number()  # a resumed service's re-plans continue the count
+        self.records = ReplanRecords(redis_url, namespace)
         self._recent: deque[list[str]] = deque(maxlen=max(self.config.cooldown, 1))  # moved lately
         self.revive = revive
-        # A re-plan under way: (batch its loads were asked for after, the slowest/mean busy then,
-        # the future of :meth:`_plan`). With Ray actors the loads are gathered and the plan made
-        # in the planning thread while batches go on; the move is made at the first batch
-        # boundary after it is done.
-        self._planning: tuple[int, float, Future] | None = None
+        # A re-plan under way: (batch its loads were asked for after, the slowest/mean busy and
+        # the smoothed busy times then, the future of :meth:`_plan`). With Ray actors the loads
+        # are gathered and the plan made in the planning thread while batches go on; the move
+        # is made at the first batch boundary after it is done.
+        self._planning: tuple[int, float, np.ndarray, Future] | None = None
         self._executor: ThreadPoolExecutor | None = None
         # The last move's release, not yet answered (Ray actors): (its record, the Release).
         self._releasing: tuple[dict[str, Any], Release] | None = None
@@ -110,12 +110,19 @@ class Rebalancer:
         dispatch does not wait for the loads or the plan). Returns the re-plan's record, if one
         ran. ``idle``: no batch is in flight (a lost worker is revived in place, :attr:`revive`)."""
         self.monitor.observe(busy_ms)
-        self._realized(busy_ms)
+        self.records.observe(busy_ms)
         if self._releasing is not None:
             if not self._releasing[1].ready(self.pool):
                 return None
             self._finish_release()
         if self._planning is not None:
+            return self._carry_out(batch, idle) if self._planning[-1].done() else None
+        if self.recent is not None:
+            self._since_prediction += 1
+            if self._since_prediction < self.monitor.least or self.registrar.plan.workload is None:
+                return None
+            self._since_prediction = 0
+            self._ask(batch, predict=True)
             return self._carry_out(batch, idle) if self._planning[-1].done() else None
         if not self.monitor.due():
             return None
@@ -124,6 +131,12 @@ class Rebalancer:
             return None
         self._ask(batch)
         return self._carry_out(batch, idle) if self._planning[-1].done() else None
+
+    def observe_routed(self, cells: np.ndarray, pair_obj: np.ndarray, pair_code: np.ndarray) -> None:
+        """A routed batch's objects (their cells, and (object, keyword code) pairs): counted for
+        the predictive trigger (:class:`~.predictive.RecentCounts`), ignored by the others."""
+        if self.recent is not None:
+            self.recent.observe(cells, pair_obj, pair_code)
 
     def _upper_bound_ms(self) -> float:
         """The most a re-plan could gain over the horizon: the slowest worker's smoothed busy
@@ -145,7 +158,7 @@ class Rebalancer:
         record, release = self._releasing
         self._releasing = None
         record["entries_narrowed"] = release.finish(self.pool, self.registrar)
-        self._record(record, update=True)
+        self.records.store(record, update=True)
 
     def close(self) -> None:
         """Stop the planning thread, waiting for a re-plan in it (its workers answer, or are
@@ -157,19 +170,50 @@ class Rebalancer:
             self._executor.shutdown(wait=True, cancel_futures=True)
             self._executor = None
 
-    def _ask(self, batch: int) -> None:
-        """Ask every worker for its queries' loads (queued behind the batches sent to it) and plan
-        from them: at once with inline workers, in the planning thread with Ray actors."""
-        pending = [self.pool.query_loads(w) for w in range(self.pool.size)]
+    def _ask(self, batch: int, predict: bool = False) -> None:
+        """Ask every worker for its queries' loads (queued behind the batches sent to it), or
+        (``predict``) predict them from the recent stream, and plan: at once with inline workers,
+        in the planning thread with Ray actors."""
         busy, frozen = self.monitor.busy(), frozenset(q for moved in self._recent for q in moved)
+        if predict:
+            job = (self._plan_predicted, self.recent.copy(), busy, frozen)
+        else:
+            job = (self._plan, [self.pool.query_loads(w) for w in range(self.pool.size)], busy, frozen)
         if self.pool.inline:
             planned: Future = Future()
-            planned.set_result(self._plan(pending, busy, frozen))
+            planned.set_result(job[0](*job[1:]))
         else:
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(1, thread_name_prefix="knnmon-replan")
-            planned = self._executor.submit(self._plan, pending, busy, frozen)
-        self._planning = (batch, self.monitor.ratio(), planned)
+            planned = self._executor.submit(*job)
+        self._planning = (batch, self.monitor.ratio(), busy, planned)
+
+    def _plan_predicted(self, recent: RecentCounts, busy: np.ndarray, frozen: frozenset[str]):
+        """:meth:`_plan` from loads predicted from the recent stream (:mod:`~.predictive`): the
+        measured busy time shared among the workers by predicted load; ``None`` unless the
+        predicted slowest / mean exceeds the threshold."""
+        t0 = time.perf_counter()
+        plan, routing = self.registrar.plan, self.registrar.plan.routing
+        model = recent.model(len(routing.vocabulary))
+        if model is None:
+            return None
+        load = predicted_loads(model, plan.workload)
+        where = self.registrar.query_worker
+        worker = np.fromiter((where.get(q, -1) for q in plan.workload.ids), dtype=np.int64, count=len(load))
+        W = self.pool.size
+        per_worker = np.bincount(worker[worker >= 0], weights=load[worker >= 0], minlength=W)[:W]
+        movable = float(np.maximum(busy - FIXED_MS, 0.0).sum())
+        predicted = FIXED_MS + movable * per_worker / max(float(per_worker.sum()), 1e-12)
+        t1 = time.perf_counter()
+        if not predicted.max() > self.config.threshold * predicted.mean():
+            log.info("predicted slowest / mean %.2f: no re-plan", predicted.max() / predicted.mean())
+            return None
+        ids = plan.workload.ids
+        loads = [(ids[worker == w].tolist(), load[worker == w]) for w in range(W)]
+        budget = int(self.config.budget * len(ids))
+        moves = plan_moves(predicted, loads, self.set_of, budget, min_gain=self.config.min_gain,
+                           min_total_gain=self.config.min_total_gain, frozen=frozen, strategy=self.config.strategy)
+        return moves, budget, t1 - t0, time.perf_counter() - t1
 
     def _plan(self, pending: list, busy: np.ndarray, frozen: frozenset[str]):
         """The workers' loads (``pending``: their calls) and :func:`plan_moves` over them:
@@ -191,7 +235,7 @@ class Rebalancer:
         moves, nothing is recorded), or a worker was lost while it reported its loads (the batch
         that finds it revives it; the trigger judges again)."""
         t0 = time.perf_counter()
-        asked_at, trigger, planned = self._planning
+        asked_at, trigger, measured, planned = self._planning
         self._planning = None
         if planned.result() is None:
             log.info("re-plan after batch %d dropped: a worker was lost while it reported its loads", batch)
@@ -202,14 +246,13 @@ class Rebalancer:
         gain_ms = float(plan.busy_ms.max() - plan.predicted_ms.max()) * self.config.horizon
         cost_ms = 0.0 if self._largest_move is None else \
             self._largest_move[1] * plan.queries_moved / self._largest_move[0]
-        if self.config.trigger == "smoothed" and (not plan.moves or gain_ms <= cost_ms):
+        if self.config.trigger != "window" and (not plan.moves or gain_ms <= cost_ms):
             self.monitor.reset()  # (judged again once the trigger is due and the imbalance exceeds the floor)
             self._floor_ms = cost_ms if plan.moves else self._upper_bound_ms()
             log.info("re-plan after batch %d skipped: predicted gain %.1f ms over %d batches, cost %.1f ms, "
                      "%d queries to move", batch, gain_ms, self.config.horizon, cost_ms, plan.queries_moved)
             return None
-        self._numbered += 1
-        number = self._numbered
+        number = self.records.next_number()
         moved, move_s, narrowed, phases = 0, 0.0, 0, {}
         if plan.moves:
             note = {"moved_batch": str(batch), "moved_replan": str(number)}
@@ -228,6 +271,7 @@ class Rebalancer:
             self._floor_ms = 0.0
         record = {"replan": number, "batch": batch, "asked_after_batch": asked_at, "trigger": round(trigger, 4),
                   "busy_ms": [round(float(x), 3) for x in plan.busy_ms],
+                  "measured_busy_ms": [round(float(x), 3) for x in measured],
                   "predicted_ms": [round(float(x), 3) for x in plan.predicted_ms],
                   "predicted_gain": round(plan.predicted_gain, 4), "queries_moved": moved, "budget": budget,
                   "moves": [{"source": m.source, "target": m.target, "queries": len(m.qids),
@@ -240,64 +284,7 @@ class Rebalancer:
         self.replans.append(record)
         if moved and narrowed is None:
             self._releasing = (record, done["release"])
-        self._judge()  # (the re-plan before: over the batches since it)
-        self._judged = (record, []) if moved else None
-        self._record(record)
+        self.records.add(record, bool(moved))
         log.info("re-plan %d after batch %d: slowest/mean busy %.2f, %d queries moved, predicted gain %.1f %%, "
                  "%.2f s", number, batch, trigger, moved, 100 * plan.predicted_gain, record["seconds"])
         return record
-
-    def _realized(self, busy_ms) -> None:
-        """Add a batch's busy times to the last re-plan's; after :data:`REALIZED_AFTER` of them
-        (or fewer, at the next re-plan), :meth:`_judge` it."""
-        if self._judged is None:
-            return
-        self._judged[1].append(np.asarray(busy_ms, dtype=np.float64))
-        if len(self._judged[1]) >= REALIZED_AFTER:
-            self._judge()
-
-    def _judge(self) -> None:
-        """Record the pending re-plan's ``realized_gain``: the fall of the slowest worker's mean
-        busy time per batch over the batches since, from what the plan started from, as a share
-        of it (the ``predicted_gain``'s terms); ``realized_after_batches``: how many."""
-        if self._judged is None or not self._judged[1]:
-            return
-        record, after = self._judged
-        self._judged = None
-        top = max(record["busy_ms"])
-        record["realized_gain"] = round((top - float(np.mean(after, axis=0).max())) / top, 4) if top > 0 else 0.0
-        record["realized_after_batches"] = len(after)
-        self._record(record, update=True)
-
-    def _last_number(self) -> int:
-        """The number of the newest re-plan recorded in Redis (0: none, or unreadable)."""
-        if self.redis_url is None:
-            return 0
-        client = connect(self.redis_url)
-        try:
-            head = with_retries(lambda: client.lindex(self.keys.replans, 0), "reading the re-plans", self.redis_url)
-            number = json.loads(head).get("replan", 0) if head else 0
-            return number if isinstance(number, int) and number >= 0 else 0
-        except (ValueError, AttributeError):
-            return 0
-        finally:
-            client.close()
-
-    def _record(self, record: dict[str, Any], update: bool = False) -> None:
-        """Push ``record`` onto ``knn:replans``; ``update``: replace it there instead, if it is
-        still the newest."""
-        if self.redis_url is None:
-            return
-        client = connect(self.redis_url)
-        try:
-            def write():
-                if update:
-                    head = client.lindex(self.keys.replans, 0)
-                    if head and json.loads(head).get("replan") == record["replan"]:
-                        client.lset(self.keys.replans, 0, json.dumps(record))
-                    return
-                client.lpush(self.keys.replans, json.dumps(record))
-                client.ltrim(self.keys.replans, 0, REPLANS_KEPT - 1)
-            with_retries(write, "recording a re-plan", self.redis_url)
-        finally:
-            client.close()
