@@ -68,7 +68,7 @@ class RebalanceConfig:
     min_total_gain: float = 0.10
     cooldown: int = 2
     strategy: str = "spread"  # measured against "sets" on the places' time order: docs/rebalance.md
-    trigger: str = "window"
+    trigger: str = "smoothed"  # measured against window and predictive: docs/rebalance.md
     half_life: float = 4.0
     horizon: int = 20
 

@@ -19,8 +19,8 @@ def test_run_and_results_commands(places_slice, slice_queries, ray_instance, red
     report = tmp_path / "run.json"
     rc = main(["run", "--objects", objects_dir, "--queries", str(qfile), "--workers", "2", "--algorithm", "space",
                "--initial", "5000", "--batch", "1000", "--batches", "3", "--redis", redis_url, "--namespace", namespace,
-               "--report", str(report), "--quiet", "--rebalance", "--rebalance-window", "1", "--rebalance-threshold", "1",
-               "--rebalance-min-gain", "0"])
+               "--report", str(report), "--quiet", "--rebalance", "--rebalance-trigger", "window",
+               "--rebalance-window", "1", "--rebalance-threshold", "1", "--rebalance-min-gain", "0"])
     assert rc == 0
     s = json.loads(report.read_text())
     for key in ("update_ms_mean", "update_ms_p50", "update_ms_p99", "imbalance_ms_mean", "objects_per_s",
@@ -105,7 +105,7 @@ def test_rebalance_replanning_to_the_last_batch_ends_with_a_report(executor, pla
     its summary (issue 36)."""
     qfile = tmp_path / "q.parquet"
     pq.write_table(load_queries(str(slice_queries)).slice(0, 400), qfile)
-    eager = ["--rebalance-window", "1", "--rebalance-threshold", "1", "--rebalance-min-gain", "0",
+    eager = ["--rebalance-trigger", "window", "--rebalance-window", "1", "--rebalance-threshold", "1", "--rebalance-min-gain", "0",
              "--rebalance-budget", "0.2"]
     report = tmp_path / "run.json"
     rc = main(["run", "--objects", str(places_slice), "--queries", str(qfile), "--workers", "3",

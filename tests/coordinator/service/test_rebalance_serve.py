@@ -51,8 +51,8 @@ def test_serve_moves_queries_under_drift_and_explains_them(redis_url, namespace,
         wait_processed(r, keys, proc)
         assert _stop(proc) == 0
         # Restarted: the queries found in Redis are planned by space, then the stream drifts.
-        proc = serve("--algorithm", "space", "--rebalance", "--rebalance-window", "3", "--rebalance-threshold",
-                     "1.05", "--rebalance-budget", "0.15", "--rebalance-min-gain", "0")
+        proc = serve("--algorithm", "space", "--rebalance", "--rebalance-trigger", "window", "--rebalance-window", "3",
+                     "--rebalance-threshold", "1.05", "--rebalance-budget", "0.15", "--rebalance-min-gain", "0")
         for o in rest.to_pylist():
             r.xadd(keys.ingest_objects, object_fields(o))
         wait_processed(r, keys, proc)
