@@ -35,8 +35,10 @@ def test_the_pool_sends_each_call_by_its_interface_method():
     pool = Recorder([KnnWorker(0, None)])
     pool.gather([pool.load(0, QueryColumns(["q"], [0.0], [0.0], [["cafe"]], [1]), [[]], {})])
     pool.gather([pool.regions(0), pool.stats(0), pool.query_loads(0), pool.result(0, "q"), pool.expire(0, 0),
-                 pool.written(0, 0), pool.last_write(0), pool.unregister(0, "q"), pool.release_handed(0)])
+                 pool.written(0, 0), pool.last_write(0), pool.regions_with(0, ["cafe"]), pool.unregister(0, "q"),
+                 pool.release_handed(0)])
     assert set(sent) <= _api() and {"load_queries", "regions", "unregister_query"} <= set(sent)
     typed = {n for n, f in inspect.getmembers(WorkerPool, inspect.isfunction)
-             if not n.startswith("_") and n not in ("call", "gather", "gather_each", "share", "close", "reset_taken")}
+             if not n.startswith("_")
+             and n not in ("call", "gather", "gather_each", "ready", "share", "close", "reset_taken")}
     assert len(typed) == len(_api())  # one typed sender per call of the interface
