@@ -105,8 +105,8 @@ def test_rebalance_replanning_to_the_last_batch_ends_with_a_report(executor, pla
     its summary (issue 36)."""
     qfile = tmp_path / "q.parquet"
     pq.write_table(load_queries(str(slice_queries)).slice(0, 400), qfile)
-    eager = ["--rebalance-trigger", "window", "--rebalance-window", "1", "--rebalance-threshold", "1", "--rebalance-min-gain", "0",
-             "--rebalance-budget", "0.2"]
+    eager = ["--rebalance-trigger", "window", "--rebalance-window", "1", "--rebalance-threshold", "1",
+             "--rebalance-min-gain", "0", "--rebalance-budget", "0.2"]
     report = tmp_path / "run.json"
     rc = main(["run", "--objects", str(places_slice), "--queries", str(qfile), "--workers", "3",
                "--executor", executor, "--initial", "5000", "--batch", "1000", "--batches", "5", "--redis", redis_url,
