@@ -60,8 +60,14 @@ def table(all_runs: list[dict]) -> str:
             f"{each(slowest_per_batch)} | {each(lambda r: r['slowest_over_mean_busy'], '{:.2f}')} | "
             f"{each(lambda r: r['replans'], '{:d}')} | {each(lambda r: r['queries_moved'], '{:,d}')} | "
             f"{each(lambda r: r['deliveries_per_object'], '{:.2f}')} | "
-            f"{f'{max(stalls):.0f}' if stalls else '-'} | {all(r.get('exact') is not False for r in rows)} |")
+            f"{f'{max(stalls):.0f}' if stalls else '-'} | {_exact(rows)} |")
     return "\n".join(lines)
+
+
+def _exact(rows: list[dict]) -> str:
+    """``yes`` when every run's sampled oracle agreed, ``NO`` when one did not, ``-`` unchecked."""
+    checked = [r.get("exact") for r in rows if r.get("exact") is not None]
+    return "-" if not checked else ("yes" if all(checked) else "NO")
 
 
 def balance_bound(all_runs: list[dict], cores: int) -> str:
