@@ -78,8 +78,7 @@ class Rebalancer:
             else SmoothedMonitor(pool.size, c.half_life, c.threshold)
         # The predictive trigger's counts of the recent stream (the runtime reports each routed
         # batch: observe_routed), and batches since it last predicted.
-        plan = getattr(registrar, "plan", None)
-        self.recent = RecentCounts(plan.routing.grid, c.window) if c.trigger == "predictive" else None
+        self.recent = RecentCounts(registrar.plan.routing.grid, c.window) if c.trigger == "predictive" else None
         self._since_prediction = 0
         # The largest move so far: (queries, ms its migration took); a move's cost is scaled from
         # it (a small move's fixed part would make a larger one look dear). None: the first move
@@ -115,22 +114,26 @@ class Rebalancer:
             if not self._releasing[1].ready(self.pool):
                 return None
             self._finish_release()
-        if self._planning is not None:
-            return self._carry_out(batch, idle) if self._planning[-1].done() else None
+        if self._planning is None and not self._start(batch):
+            return None
+        return self._carry_out(batch, idle) if self._planning[-1].done() else None
+
+    def _start(self, batch: int) -> bool:
+        """Start a re-plan after batch ``batch`` if one is due (:meth:`_ask`); whether it did."""
         if self.recent is not None:
             self._since_prediction += 1
             if self._since_prediction < self.monitor.least or self.registrar.plan.workload is None:
-                return None
+                return False
             self._since_prediction = 0
             self._ask(batch, predict=True)
-            return self._carry_out(batch, idle) if self._planning[-1].done() else None
+            return True
         if not self.monitor.due():
-            return None
+            return False
         if self.config.trigger == "smoothed" and self._upper_bound_ms() <= self._floor_ms:
             self.monitor.reset()  # (asking every worker for every query's load costs a round trip)
-            return None
+            return False
         self._ask(batch)
-        return self._carry_out(batch, idle) if self._planning[-1].done() else None
+        return True
 
     def observe_routed(self, cells: np.ndarray, pair_obj: np.ndarray, pair_code: np.ndarray) -> None:
         """A routed batch's objects (their cells, and (object, keyword code) pairs): counted for
@@ -142,15 +145,6 @@ class Rebalancer:
         """The most a re-plan could gain over the horizon: the slowest worker's smoothed busy
         time down to the mean, per batch, times ``horizon`` (ms)."""
         return self.monitor.excess_ms() * self.config.horizon
-
-    def replan(self, batch: int, *, idle: bool = False) -> dict[str, Any] | None:
-        """Re-plan and move now (after batch ``batch``), waiting for the workers' loads and the
-        plan; returns the record, or ``None`` as :meth:`after_batch` would. ``idle``: as in
-        :meth:`after_batch`."""
-        if self._planning is None:
-            self._ask(batch)
-        self._planning[-1].result()
-        return self._carry_out(batch, idle)
 
     def _finish_release(self) -> None:
         """Narrow the routing table from the last move's release (answered) and say so in its
@@ -209,39 +203,45 @@ class Rebalancer:
             log.info("predicted slowest / mean %.2f: no re-plan", predicted.max() / predicted.mean())
             return None
         ids = plan.workload.ids
-        loads = [(ids[worker == w].tolist(), load[worker == w]) for w in range(W)]
-        budget = int(self.config.budget * len(ids))
-        moves = plan_moves(predicted, loads, self.set_of, budget, min_gain=self.config.min_gain,
-                           min_total_gain=self.config.min_total_gain, frozen=frozen, strategy=self.config.strategy)
-        return moves, budget, t1 - t0, time.perf_counter() - t1
+        return (*self._moves(predicted, [(ids[worker == w].tolist(), load[worker == w]) for w in range(W)], frozen),
+                t1 - t0)
 
     def _plan(self, pending: list, busy: np.ndarray, frozen: frozenset[str]):
         """The workers' loads (``pending``: their calls) and :func:`plan_moves` over them:
-        ``(plan, budget, seconds waiting for the loads, seconds planning)``; ``None`` when a
+        ``(plan, budget, seconds planning, seconds waiting for the loads)``; ``None`` when a
         worker was lost meanwhile."""
         t0 = time.perf_counter()
         loads = self.pool.gather_each(pending)
         if any(isinstance(x, Exception) for x in loads):
             return None
-        t1 = time.perf_counter()
+        return (*self._moves(busy, loads, frozen), time.perf_counter() - t0)
+
+    def _moves(self, busy: np.ndarray, loads: list, frozen: frozenset[str]):
+        """:func:`plan_moves` of ``loads`` (per worker: ids, loads) with this run's settings, the
+        budget a share of the queries: ``(plan, budget, seconds planning)``."""
+        t0 = time.perf_counter()
         budget = int(self.config.budget * sum(len(ids) for ids, _ in loads))
-        plan = plan_moves(busy, loads, self.set_of, budget, min_gain=self.config.min_gain,
-                          min_total_gain=self.config.min_total_gain, frozen=frozen, strategy=self.config.strategy)
-        return plan, budget, t1 - t0, time.perf_counter() - t1
+        c = self.config
+        plan = plan_moves(busy, loads, self.set_of, budget, min_gain=c.min_gain, min_total_gain=c.min_total_gain,
+                          frozen=frozen, strategy=c.strategy)
+        return plan, budget, time.perf_counter() - t0
 
     def _carry_out(self, batch: int, idle: bool) -> dict[str, Any] | None:
         """Move as planned; the record, or ``None`` when the smoothed trigger finds no move, or
         the moves' predicted gain over ``horizon`` batches no larger than their cost (nothing
-        moves, nothing is recorded), or a worker was lost while it reported its loads (the batch
-        that finds it revives it; the trigger judges again)."""
+        moves, nothing is recorded), or nothing was planned: a worker was lost while it reported
+        its loads (the batch that finds it revives it; the trigger judges again), or the predicted
+        loads were even."""
         t0 = time.perf_counter()
         asked_at, trigger, measured, planned = self._planning
         self._planning = None
-        if planned.result() is None:
-            log.info("re-plan after batch %d dropped: a worker was lost while it reported its loads", batch)
+        made = planned.result()
+        if made is None:
+            log.info("re-plan after batch %d: nothing planned (a worker lost while it reported its loads, or the "
+                     "predicted loads even)", batch)
             self.monitor.reset()
             return None
-        plan, budget, loads_s, plan_s = planned.result()
+        plan, budget, plan_s, loads_s = made
         revive = self.revive if idle else None
         gain_ms = float(plan.busy_ms.max() - plan.predicted_ms.max()) * self.config.horizon
         cost_ms = 0.0 if self._largest_move is None else \

@@ -145,7 +145,8 @@ class Runtime(Revivals):
             self.rebalancer = Rebalancer(self.pool, self.registrar, set_of, c.rebalance,
                                          redis_url=self.store.url, namespace=c.store.namespace, revive=in_place)
             self._exit.callback(self.rebalancer.close)
-            self.dispatcher.on_routed = self.rebalancer.observe_routed
+            if self.rebalancer.recent is not None:  # (only the predictive trigger counts the stream)
+                self.dispatcher.on_routed = self.rebalancer.observe_routed
         if resumed is not None:
             self.upkeep.request()  # the regions' table, built in the background (stored_start.coarse_routing)
             t0 = time.perf_counter()
