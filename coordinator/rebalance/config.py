@@ -87,9 +87,9 @@ class RebalanceConfig:
         if self.trigger not in TRIGGERS:
             raise InvalidArgumentError(f"Invalid re-balancing trigger: {self.trigger!r}.\nValid options are: "
                                        f"{TRIGGERS}")
-        if not self.half_life > 0 or self.horizon < 1:  # (NaN too)
-            raise InvalidArgumentError(f"the re-balancing half-life must be > 0 and the horizon >= 1 batch; got "
-                                       f"{self.half_life}, {self.horizon}")
+        if not 0 < self.half_life < float("inf") or self.horizon < 1:  # (NaN too)
+            raise InvalidArgumentError(f"the re-balancing half-life must be finite and > 0 and the horizon >= 1 "
+                                       f"batch; got {self.half_life}, {self.horizon}")
         if self.cooldown < 0:
             raise InvalidArgumentError(f"the re-balancing cooldown must be >= 0; got {self.cooldown}")
         if not 0.0 <= self.min_gain < 1.0:

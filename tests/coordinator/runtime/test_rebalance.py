@@ -167,6 +167,8 @@ def test_rebalance_settings_are_checked():
         RebalanceConfig(trigger="sometimes")
     with pytest.raises(InvalidArgumentError, match="half-life"):
         RebalanceConfig(trigger="smoothed", half_life=float("nan"))
+    with pytest.raises(InvalidArgumentError, match="half-life"):
+        RebalanceConfig(trigger="smoothed", half_life=float("inf"))  # (its trigger's batches: round(inf))
 
 
 def test_the_smoothed_trigger_follows_a_drift_within_a_few_batches_and_not_one_noisy_batch():
