@@ -131,9 +131,10 @@ _BITS = np.left_shift(np.uint64(1), np.arange(64, dtype=np.uint64))
 def merge_entries(key_parts: list, bit_parts: list) -> tuple[np.ndarray, np.ndarray]:
     """Sorted unique keys ``(p,)`` int64 and the OR of their bits ``(p,)`` uint64.
 
-    Each part's bits are one worker's bit (:func:`_append_entries`), so key and worker pack
-    into one int64 (``key << 6 | worker``) and one plain sort orders them (no argsort, no
-    scattered OR); other parts, or keys too large to pack, take ``np.unique``'s way."""
+    Each part's bits are one worker's bit (the routing table's build:
+    :func:`~knnmon.assignment.routing._append_entries`), so key and worker pack into one int64
+    (``key << 6 | worker``) and one plain sort orders them (no argsort, no scattered OR); other
+    parts, or keys too large to pack, take ``np.unique``'s way."""
     keys = np.concatenate(key_parts) if key_parts else np.empty(0, dtype=np.int64)
     if not len(keys):
         return keys, np.empty(0, dtype=np.uint64)

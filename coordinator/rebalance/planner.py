@@ -71,11 +71,7 @@ class _Unit:
     name: str
     qids: np.ndarray  # (n,) object: the queries' ids, heaviest first
     loads: np.ndarray  # (n,) float64 their loads
-    total: float = -1.0  # loads.sum(), kept (the spread looks for the hottest unit at every step)
-
-    def __post_init__(self) -> None:
-        if self.total < 0:
-            self.total = float(self.loads.sum())
+    total: float  # loads.sum(), kept (the spread looks for the hottest unit at every step)
 
 
 def _units(qids: Sequence[str], loads: np.ndarray, set_of: Mapping[str, int],
@@ -171,7 +167,7 @@ def plan_moves(busy_ms: Sequence[float], queries: Sequence[tuple[Sequence[str], 
         if whole:
             x, i = max(whole)
             u = units[a].pop(i)
-            units[b].append(_Unit(u.name, u.qids, np.zeros(len(u.qids))))  # (not moved back this re-plan)
+            units[b].append(_Unit(u.name, u.qids, np.zeros(len(u.qids)), 0.0))  # (not moved back this re-plan)
             busy[a] -= x
             busy[b] += x
             left -= len(u.qids)
