@@ -78,6 +78,9 @@ class RoutingTable:
         self._pending: list[tuple[np.ndarray, np.ndarray]] = []
         self.additions = 0  # queries' regions added since the table was built (add_many)
         self._journal: list[tuple] | None = None  # add_many's arguments while a rebuild is in flight
+        #: ``(source, target)``: every object routed to ``source`` goes to ``target`` too
+        #: (:meth:`forward`: a move in flight).
+        self.forwards: list[tuple[int, int]] = []
         #: How :meth:`build` made the table (pairs, promotions); empty otherwise.
         self.stats: dict[str, int | float] = {}
         self._vocab = pa.array(vocabulary, type=pa.string())
@@ -166,7 +169,21 @@ class RoutingTable:
                 pos = np.minimum(searchsorted_batch(keys, key), len(keys) - 1)
                 hit = keys[pos] == key
                 np.bitwise_or.at(out, owner[hit], masks[pos[hit]])
+        for source, target in self.forwards:
+            out |= ((out >> np.uint64(source)) & np.uint64(1)) << np.uint64(target)
         return out
+
+    def forward(self, source: int, target: int) -> None:
+        """Route to ``target`` every object routed to ``source`` until :meth:`stop_forwarding`:
+        queries moved from ``source`` to ``target`` before their regions are known here (a move
+        in flight, :mod:`~knnmon.coordinator.rebalance.handover_flight`) are still covered by
+        ``source``'s entries, so ``target`` receives a superset of what they need."""
+        self.forwards.append((int(source), int(target)))
+
+    def stop_forwarding(self, pairs: list[tuple[int, int]]) -> None:
+        """Drop the :meth:`forward` of each ``(source, target)`` of ``pairs`` (once each)."""
+        for pair in pairs:
+            self.forwards.remove((int(pair[0]), int(pair[1])))
 
     def route_objects(self, lon: np.ndarray, lat: np.ndarray, keywords: pa.Array) -> np.ndarray:
         """Worker bitmasks of objects given as degrees and a list<string> keyword array."""

@@ -18,6 +18,7 @@ Results never lose details in between (the target's are written before the sourc
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -49,6 +50,7 @@ class Handover:
         QueryHandover
             Ids in ``qids``' order.
         """
+        t0 = time.perf_counter()
         found = self.queries.slots(qids)
         held = [q for q, s in zip(qids, found.tolist()) if s >= 0]
         slots = found[found >= 0]
@@ -69,23 +71,27 @@ class Handover:
         columns = self.queries.columns(slots)
         loads = self.load.us[slots].copy() if len(slots) else np.zeros(0)
         radii = self.queries.radius[slots].copy()
+        codes = self.vocabulary.codes
+        vocabulary = {w: codes[w] for kws in columns.keywords for w in kws if w in codes}
         self._drop(held)
         self._handed += list(zip(held, members))
-        return QueryHandover(columns, topk, objects, loads, radii)
+        return QueryHandover(columns, topk, objects, loads, radii, vocabulary, time.perf_counter() - t0)
 
     def adopt_queries(self, handover: QueryHandover, vocabulary: Mapping[str, int] | None = None,
-                      note: Mapping[str, str] | None = None) -> int:
+                      note: Mapping[str, str] | None = None) -> tuple[int, float]:
         """Take queries another worker handed over (:meth:`export_queries`); they are
         candidates from the next batch on. ``vocabulary``: their keywords' codes, as the
-        coordinator encodes batches; ``note``: more fields for their query hashes (why they
-        moved). Returns how many.
+        coordinator encodes batches (default: the handover's own, the source's codes); ``note``:
+        more fields for their query hashes (why they moved). Returns how many, and the seconds
+        it took.
 
         Raises
         ------
         InvalidQueryError
             An id this worker holds already.
         """
-        self.vocabulary.learn(vocabulary)
+        t0 = time.perf_counter()
+        self.vocabulary.learn(vocabulary if vocabulary is not None else handover.vocabulary)
         slots = self._append(handover.queries, handover.topk, handover.objects)
         self.load.us[slots.start:slots.stop] = np.asarray(handover.loads, dtype=np.float64)
         # The source's r_q, not one made from the list: with a window a list short of its
@@ -100,7 +106,7 @@ class Handover:
             self._write_now(self.writer.adopt_queries, self._next_tag(),
                             list(zip(handover.queries.ids, handover.members)), handover.objects, note, dets)
         self._refresh(np.arange(slots.start, slots.stop))
-        return len(slots)
+        return len(slots), time.perf_counter() - t0
 
     def regions_with(self, keywords: Sequence[str]) -> tuple[np.ndarray, ...]:
         """The live queries holding any of ``keywords``, with their kNN radii: what the routing

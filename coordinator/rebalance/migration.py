@@ -43,12 +43,13 @@ from typing import Any
 import numpy as np
 
 from knnmon.assignment.region_entries import region_entries
+from knnmon.batch import QueryHandover
 from knnmon.coordinator.rebalance.planner import Move
 from knnmon.coordinator.runtime.registration import Registrar
 from knnmon.coordinator.runtime.worker_pool import Pending, WorkerPool
 from knnmon.errors import WorkerLostError
 
-__all__ = ["Release", "gather_reviving", "migrate"]
+__all__ = ["Release", "gather_reviving", "migrate", "route_targets", "send_release"]
 
 
 def gather_reviving(pool: WorkerPool, calls: Sequence[tuple[int, Callable[[], Pending]]],
@@ -106,7 +107,7 @@ def migrate(pool: WorkerPool, registrar: Registrar, moves: Sequence[Move], *, no
     sources = sorted(by_source)
     exports = gather_reviving(pool, [(s, lambda s=s: pool.export(s, [q for m in by_source[s] for q in m.qids]))
                                      for s in sources], revive)
-    routing, model = registrar.plan.routing, registrar.plan.model
+    routing = registrar.plan.routing
     adopts, parts = [], []
     for s, h in zip(sources, exports):
         at = {q: i for i, q in enumerate(h.queries.ids)}
@@ -121,34 +122,48 @@ def migrate(pool: WorkerPool, registrar: Registrar, moves: Sequence[Move], *, no
     t1 = time.perf_counter()
     gather_reviving(pool, adopts, revive)
     t2 = time.perf_counter()
-    moved, moved_words = 0, {s: set() for s in sources}
+    moved = 0
     for m, part in parts:  # the switch, then the sources' release while the routing table learns
-        q = part.queries
-        for qid in q.ids:
+        for qid in part.queries.ids:
             registrar.query_worker[qid] = m.target
-        registrar.worker_queries[m.source] -= len(q.ids)
-        registrar.worker_queries[m.target] += len(q.ids)
-        moved += len(q.ids)
-        moved_words[m.source].update(x for kws in q.keywords for x in kws)
-    words = {s: sorted(moved_words[s]) for s in sources}
-    calls = [c for s in sources for c in ((s, lambda s=s: pool.release_handed(s)),
-                                          (s, lambda s=s: pool.regions_with(s, words[s])))]
-    sent = [call() for _, call in calls]
-    for m, part in parts:
-        q = part.queries
-        radius = np.asarray(part.radii, dtype=np.float64)  # the source's r_q (its region routed)
-        rect = model.rects(np.asarray(q.lon, dtype=np.float64), np.asarray(q.lat, dtype=np.float64), radius)
-        routing.add_many([[routing.code(x) for x in kws] for kws in q.keywords], rect.x0, rect.y0, rect.x1, rect.y1,
-                         np.full(len(q.ids), m.target))
-    release = Release(sources, words, sent)
+        registrar.worker_queries[m.source] -= len(part)
+        registrar.worker_queries[m.target] += len(part)
+        moved += len(part)
+    calls, release = send_release(pool, [(m.source, part) for m, part in parts])
+    route_targets(registrar, [(m.target, part) for m, part in parts])
     t3 = time.perf_counter()
     narrowed = None
     if not defer_release:
-        narrowed = release.finish(pool, registrar, lambda: gather_reviving(pool, calls, revive, sent))
+        narrowed = release.finish(pool, registrar, lambda: gather_reviving(pool, calls, revive, release.sent))
     t4 = time.perf_counter()
     phases = {"export": t1 - t0, "adopt": t2 - t1, "route": t3 - t2, "release": t4 - t3}
     return {"queries": moved, "seconds": t4 - t0, "entries_narrowed": narrowed, "release": release,
             "phases_ms": {k: round(1e3 * v, 2) for k, v in phases.items()}}
+
+
+def send_release(pool: WorkerPool, handed: Sequence[tuple[int, QueryHandover]]):
+    """Send each source of ``handed`` (``(source, what it exported)``) its ``release_handed``
+    and ``regions_with`` of the keywords of the queries that left it; returns ``(calls,
+    release)``: ``(worker, make the call)`` per call, and the :class:`Release` of the calls sent."""
+    moved_words: dict[int, set[str]] = {}
+    for source, part in handed:
+        moved_words.setdefault(source, set()).update(x for kws in part.queries.keywords for x in kws)
+    words = {s: sorted(ws) for s, ws in moved_words.items()}
+    calls = [c for s in sorted(words) for c in ((s, lambda s=s: pool.release_handed(s)),
+                                                (s, lambda s=s: pool.regions_with(s, words[s])))]
+    return calls, Release(sorted(words), words, [call() for _, call in calls])
+
+
+def route_targets(registrar: Registrar, adopted: Sequence[tuple[int, QueryHandover]]) -> None:
+    """Add each moved query's region to the routing table for the worker that adopted it
+    (``adopted``: ``(target, the handover)``), at the radius its source held."""
+    routing, model = registrar.plan.routing, registrar.plan.model
+    for target, part in adopted:
+        q = part.queries
+        radius = np.asarray(part.radii, dtype=np.float64)  # the source's r_q (its region routed)
+        rect = model.rects(np.asarray(q.lon, dtype=np.float64), np.asarray(q.lat, dtype=np.float64), radius)
+        routing.add_many([[routing.code(x) for x in kws] for kws in q.keywords], rect.x0, rect.y0, rect.x1, rect.y1,
+                         np.full(len(q.ids), target))
 
 
 class Release:

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from knnmon.coordinator.rebalance.config import RebalanceConfig
+from knnmon.coordinator.rebalance.handover_flight import MovesInFlight, send_moves
 from knnmon.coordinator.rebalance.migration import Release, migrate
 from knnmon.coordinator.rebalance.monitor import LoadMonitor, SmoothedMonitor
 from knnmon.coordinator.rebalance.planner import FIXED_MS, plan_moves
@@ -61,7 +62,9 @@ class Rebalancer:
         dispatch waited at the boundary of the move), ``loads_seconds`` (waiting for the loads:
         at the boundary with inline workers, in the planning thread with Ray actors),
         ``plan_seconds`` (planning, likewise), ``move_seconds`` and ``move_phases_ms`` (the
-        migration's part of the stall), ``entries_narrowed`` (with Ray actors: at a later
+        migration's part of the stall; with a hand-over in flight, :mod:`~.handover_flight`, the
+        sending only, then at its landing ``land_seconds``, the stall there, and the phases:
+        send, flight, the workers' export and adopt, land), ``entries_narrowed`` (with Ray actors: at a later
         boundary, once the sources released; ``None`` until then) and, later,
         ``realized_gain``.
     queries_moved : int
@@ -101,22 +104,30 @@ class Rebalancer:
         self._executor: ThreadPoolExecutor | None = None
         # The last move's release, not yet answered (Ray actors): (its record, the Release).
         self._releasing: tuple[dict[str, Any], Release] | None = None
+        # A move in flight, not landed (Ray actors with batches in flight): (its record, the moves).
+        self._flight: tuple[dict[str, Any], MovesInFlight] | None = None
 
-    def after_batch(self, batch: int, busy_ms, *, idle: bool = False) -> dict[str, Any] | None:
+    def after_batch(self, batch: int, busy_ms, *, idle: bool = False, wait_moves: bool = True) -> dict[str, Any] | None:
         """Observe batch ``batch``'s per-worker busy times ``(W,)`` ms; when a re-plan is due,
         ask the workers for their queries' loads and plan (:meth:`_ask`), and move once the plan
         is made (at this boundary with inline workers, at a later one with Ray actors: the
         dispatch does not wait for the loads or the plan). Returns the re-plan's record, if one
-        ran. ``idle``: no batch is in flight (a lost worker is revived in place, :attr:`revive`)."""
+        ran. ``idle``: no batch is in flight (a lost worker is revived in place, :attr:`revive`);
+        ``wait_moves=False`` (Ray actors): a move's hand-over is not waited for
+        (:mod:`~.handover_flight`; it lands at a later boundary)."""
         self.monitor.observe(busy_ms)
         self.records.observe(busy_ms)
+        if self._flight is not None:
+            if not self._flight[1].ready(self.pool):
+                return None
+            self._land()
         if self._releasing is not None:
             if not self._releasing[1].ready(self.pool):
                 return None
             self._finish_release()
         if self._planning is None and not self._start(batch):
             return None
-        return self._carry_out(batch, idle) if self._planning[-1].done() else None
+        return self._carry_out(batch, idle, wait_moves) if self._planning[-1].done() else None
 
     def _start(self, batch: int) -> bool:
         """Start a re-plan after batch ``batch`` if one is due (:meth:`_ask`); whether it did."""
@@ -154,12 +165,30 @@ class Rebalancer:
         record["entries_narrowed"] = release.finish(self.pool, self.registrar)
         self.records.store(record, update=True)
 
+    def _land(self) -> None:
+        """Land the move in flight (answered: :meth:`MovesInFlight.land`) and complete its record:
+        ``queries_moved`` as exported, ``land_seconds`` (the stall at this boundary),
+        ``move_phases_ms``; its release is finished at a later boundary."""
+        record, flight = self._flight
+        self._flight = None
+        done = flight.land(self.pool, self.registrar)
+        self.queries_moved += done["queries"] - record["queries_moved"]
+        record.update(queries_moved=done["queries"], land_seconds=round(done["land_seconds"], 4),
+                      move_phases_ms=done["phases_ms"])
+        phases = done["phases_ms"]
+        cost_ms = phases["send"] + phases["land"] + phases["export"] + phases["adopt"]
+        if done["queries"] and (self._largest_move is None or done["queries"] >= self._largest_move[0]):
+            self._largest_move = (done["queries"], cost_ms)
+        self._releasing = (record, done["release"])
+        self.records.store(record, update=True)
+
     def close(self) -> None:
         """Stop the planning thread, waiting for a re-plan in it (its workers answer, or are
         lost: it makes no call after Ray is shut down); the re-plan is dropped, and a release
         not yet answered is not waited for (the routing table is not used after)."""
         self._planning = None
         self._releasing = None
+        self._flight = None
         if self._executor is not None:
             self._executor.shutdown(wait=True, cancel_futures=True)
             self._executor = None
@@ -226,7 +255,7 @@ class Rebalancer:
                           frozen=frozen, strategy=c.strategy)
         return plan, budget, time.perf_counter() - t0
 
-    def _carry_out(self, batch: int, idle: bool) -> dict[str, Any] | None:
+    def _carry_out(self, batch: int, idle: bool, wait_moves: bool = True) -> dict[str, Any] | None:
         """Move as planned; the record, or ``None`` when the smoothed trigger finds no move, or
         the moves' predicted gain over ``horizon`` batches no larger than their cost (nothing
         moves, nothing is recorded), or nothing was planned: a worker was lost while it reported
@@ -253,20 +282,23 @@ class Rebalancer:
                      "%d queries to move", batch, gain_ms, self.config.horizon, cost_ms, plan.queries_moved)
             return None
         number = self.records.next_number()
-        moved, move_s, narrowed, phases = 0, 0.0, 0, {}
-        if plan.moves:
-            note = {"moved_batch": str(batch), "moved_replan": str(number)}
+        moved, move_s, narrowed, phases, flight = 0, 0.0, 0, {}, None
+        note = {"moved_batch": str(batch), "moved_replan": str(number)}
+        if plan.moves and (self.pool.inline or wait_moves):
             done = migrate(self.pool, self.registrar, plan.moves, note=note, revive=revive,
                            defer_release=not self.pool.inline)
             moved, move_s, narrowed, phases = done["queries"], done["seconds"], done["entries_narrowed"], \
                 done["phases_ms"]
+        elif plan.moves:  # batches in flight: the hand-over goes on beside them (handover_flight)
+            flight = send_moves(self.pool, self.registrar, plan.moves, note)
+            moved, move_s, narrowed = flight.queries, flight.send_seconds, None
         if self.config.cooldown:
             self._recent.append([q for m in plan.moves for q in m.qids])
         self.queries_moved += moved
         self.monitor.reset(plan.predicted_ms if moved else None)
         seconds = time.perf_counter() - t0
-        if moved and (self._largest_move is None or moved >= self._largest_move[0]):
-            self._largest_move = (moved, 1e3 * move_s)
+        if moved and flight is None and (self._largest_move is None or moved >= self._largest_move[0]):
+            self._largest_move = (moved, 1e3 * move_s)  # (a move in flight: when it lands, _land)
         if moved:
             self._floor_ms = 0.0
         record = {"replan": number, "batch": batch, "asked_after_batch": asked_at, "trigger": round(trigger, 4),
@@ -282,7 +314,9 @@ class Rebalancer:
                   "predicted_gain_ms": round(gain_ms, 3),
                   "predicted_cost_ms": round(cost_ms, 3)}
         self.replans.append(record)
-        if moved and narrowed is None:
+        if flight is not None and moved:
+            self._flight = (record, flight)
+        elif moved and narrowed is None:
             self._releasing = (record, done["release"])
         self.records.add(record, bool(moved))
         log.info("re-plan %d after batch %d: slowest/mean busy %.2f, %d queries moved, predicted gain %.1f %%, "

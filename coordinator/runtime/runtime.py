@@ -184,11 +184,14 @@ class Runtime(Revivals):
         self.rebalance(report, idle=True)
         return report
 
-    def rebalance(self, report: BatchReport, *, idle: bool = False) -> None:
+    def rebalance(self, report: BatchReport, *, idle: bool = False, wait_moves: bool = True) -> None:
         """With ``config.rebalance``: observe a collected batch, re-plan and move when due
-        (:mod:`knnmon.coordinator.rebalance`), between dispatches; ``idle``: none in flight."""
+        (:mod:`knnmon.coordinator.rebalance`), between dispatches; ``idle``: none in flight;
+        ``wait_moves=False``: a move's hand-over goes on beside the next batches
+        (:mod:`~knnmon.coordinator.rebalance.handover_flight`; a worker lost during it stops the
+        run) instead of being waited for (a lost worker revived in place when ``idle``)."""
         if self.rebalancer is not None:
-            self.rebalancer.after_batch(report.batch, report.busy_ms, idle=idle)
+            self.rebalancer.after_batch(report.batch, report.busy_ms, idle=idle, wait_moves=wait_moves)
 
     def upkeep_routing(self) -> None:
         """Swap in a finished routing-table rebuild, or start one in the background when due
@@ -264,7 +267,7 @@ class Runtime(Revivals):
                 while len(pending) >= self.config.in_flight:
                     reports.append(self._collect(pending.popleft(), pending))
                     self.upkeep_routing()
-                    self.rebalance(reports[-1], idle=not pending)
+                    self.rebalance(reports[-1], idle=not pending, wait_moves=False)
             while pending:
                 reports.append(self._collect(pending.popleft(), pending))
         return self.summary(time.perf_counter() - t0, with_stats=True)

@@ -146,6 +146,15 @@ class WorkerPool(ABC):
         """:meth:`KnnWorker.adopt_queries`."""
         return self._send(worker, WorkerApi.adopt_queries, handover, vocabulary, note)
 
+    def hand_over(self, source: int, qids: Sequence[str], target: int,
+                  note: Mapping[str, str] | None = None) -> tuple[Pending, Pending]:
+        """``source``'s :meth:`export` of ``qids`` handed straight to ``target``'s :meth:`adopt`
+        (with Ray actors the export's object ref is the adoption's argument: the target's call
+        waits for it in Ray, not in the caller, and runs in order with the target's other
+        calls); the two calls, sent."""
+        exported = self.export(source, qids)
+        return exported, self.adopt(target, exported.value, None, note)
+
     def release_handed(self, worker: int) -> Pending:
         """:meth:`KnnWorker.release_handed`."""
         return self._send(worker, WorkerApi.release_handed)

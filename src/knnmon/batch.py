@@ -383,6 +383,11 @@ class QueryHandover:
         object within it is in ``topk``; ``inf`` when ``topk`` holds every matching object. With
         a window a list can hold fewer than ``k + reserve`` places (expired) and still have a
         finite radius: the radius cannot be told from ``topk`` alone.
+    vocabulary : mapping str -> int
+        The codes of the queries' keywords, as the coordinator encodes batches (the source knew
+        them; a target handed the export directly, without the coordinator, learns them here).
+    seconds : float
+        How long the source took to export them.
     """
 
     queries: Any
@@ -390,6 +395,8 @@ class QueryHandover:
     objects: ObjectColumns
     loads: Any
     radii: Any
+    vocabulary: Mapping[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
 
     def __len__(self) -> int:
         return len(self.topk)
@@ -404,4 +411,4 @@ class QueryHandover:
         topk = self.topk.take(rows)
         rows = np.asarray(rows, dtype=np.int64)
         return QueryHandover(self.queries.take(rows), topk, self.objects.subset(topk.ids), np.asarray(self.loads)[rows],
-                             np.asarray(self.radii, dtype=np.float64)[rows])
+                             np.asarray(self.radii, dtype=np.float64)[rows], self.vocabulary, self.seconds)

@@ -5,6 +5,7 @@ the brute-force oracle after every batch, on real places, real Redis (and Ray)."
 from __future__ import annotations
 
 import json
+from collections import deque
 from dataclasses import replace
 
 import numpy as np
@@ -130,6 +131,33 @@ def test_migration_with_batches_in_flight_on_ray(drifting, ray_instance, redis_u
     moving = [x for x in summary.replans if x["queries_moved"]]
     assert all(x["entries_narrowed"] is not None for x in moving[:-1]) and any(x["entries_narrowed"] for x in moving)
     assert all(x["batch"] > x["asked_after_batch"] for x in summary.replans)  # planned while batches went on
+
+
+def test_moves_in_flight_on_ray_exact_after_every_batch(drifting, ray_instance, redis_url, namespace, tmp_path):
+    """Ray actors; a move is sent without waiting for the hand-over (as with batches in flight:
+    handover_flight), so the next batch is routed while the exports and adoptions are queued:
+    it is forwarded to the targets. The oracle agrees after every batch, before and after each
+    landing; every moved query lands (its target's entries route it) and the forwarding ends."""
+    objects_dir, queries, initial, rest = drifting
+    config = RunConfig(workers=3, algorithm="space", batch=250, executor="ray", rebalance=EAGER,
+                       store=StoreConfig(redis_url, namespace, str(tmp_path)))
+    forwarded = 0
+    with Runtime(None, None, config, prepared=_prepared(drifting)) as rt:
+        routing, seen = rt.registrar.plan.routing, initial
+        for batch in rt.batches():
+            forwarded += bool(routing.forwards)
+            report = rt._collect(rt.dispatcher.dispatch(batch), deque())
+            seen = pa.concat_tables([seen, batch.select(seen.column_names)])
+            assert_exact(redis_url, namespace, queries, BruteForceKnn(seen))
+            rt.rebalance(report, idle=False, wait_moves=False)
+        rt.pool.gather([rt.pool.stats(w) for w in range(3)])  # the last hand-over done
+        rt.rebalance(report, idle=False, wait_moves=False)
+        moving = [x for x in rt.rebalancer.replans if x["queries_moved"]]
+        assert moving and forwarded >= 1 and not routing.forwards
+        assert all("land_seconds" in x and x["move_phases_ms"]["adopt"] > 0 for x in moving)
+        assert_exact(redis_url, namespace, queries, BruteForceKnn(seen))
+        _moved_fields_agree(redis_url, namespace, rt)
+        assert sum(rt.registrar.worker_queries) == len(queries)
 
 
 def test_the_planner_moves_whole_sets_within_the_budget():
