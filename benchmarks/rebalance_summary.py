@@ -39,6 +39,12 @@ def slowest_per_batch(row: dict) -> float:
     return float(busy.max(axis=1).mean()) if busy.size else float("nan")
 
 
+def stall_ms(record: dict) -> float:
+    """A re-plan's stall (ms): the dispatch's wait at its move's boundary, and with a hand-over
+    in flight at its landing's too (``land_seconds``)."""
+    return 1e3 * (record["seconds"] + record.get("land_seconds", 0.0))
+
+
 def table(all_runs: list[dict]) -> str:
     """A markdown table: per stream, W and setting, each run's figures (``a / b``)."""
     groups: dict[tuple, list[dict]] = defaultdict(list)
@@ -53,7 +59,7 @@ def table(all_runs: list[dict]) -> str:
 
         def each(f, fmt="{:.1f}"):
             return " / ".join(fmt.format(f(r)) for r in rows)
-        stalls = [x["seconds"] * 1e3 for r in rows for x in r.get("replan_records", []) if x.get("queries_moved")]
+        stalls = [stall_ms(x) for r in rows for x in r.get("replan_records", []) if x.get("queries_moved")]
         lines.append(
             f"| {stream} | {w} | {setting} | {each(lambda r: r['objects_per_s'], '{:,.0f}')} | "
             f"{np.mean([r['objects_per_s'] for r in rows]) / off:.2f} | {each(lambda r: r['update_ms_sim_mean'])} | "

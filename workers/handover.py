@@ -34,12 +34,14 @@ class Handover:
 
     _handed: list[tuple[str, list[str]]]
 
-    def query_loads(self) -> tuple[list[str], np.ndarray]:
-        """The registered queries' ids and their recent measured loads ``(m,)`` float64
-        (microseconds of busy time, decayed: :mod:`knnmon.workers.query_load`)."""
+    def query_loads(self) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
+        """The registered queries' ids, their recent measured loads ``(m,)`` float64
+        (microseconds of busy time, decayed: :mod:`knnmon.workers.query_load`) and their
+        positions, lon and lat ``(m,)`` float64 degrees (a re-plan spreads a set in space order)."""
         live = np.flatnonzero(self.queries.alive)
         self.load.extend(len(self.queries))
-        return self.queries.ids.names(live), self.load.us[live].copy()
+        q = self.queries
+        return q.ids.names(live), self.load.us[live].copy(), q.lon[live].copy(), q.lat[live].copy()
 
     def export_queries(self, qids: Sequence[str]) -> QueryHandover:
         """Hand over the queries of ``qids`` this worker holds (others are skipped) and forget

@@ -12,9 +12,13 @@ deliveries over two workers. Greedy, like the plan's LPT (Algorithm 2), while th
 from the slowest worker, move to the least busy one the largest whole set that does not
 overshoot (at most half their gap); when none fits, the slowest worker's hottest set is too hot
 to move whole -- moving it would only move the hot spot, which is what a stream drifting in
-bursts from region to region does (docs/rebalance.md) -- so its heaviest queries are **spread**,
-one by one, onto whichever worker is least busy, while that helps. A set spread once stays
-spread: a later burst in its region lands on several workers. Queries registered at run time
+bursts from region to region does (docs/rebalance.md) -- so it is **spread**: in space order
+(Z-order of the queries' positions; heaviest first when they are not given), the least busy
+worker takes a run of it up to the mean busy time, then the next least busy, while that helps. A
+run in space order is a compact region, so its objects reach one more worker; queries picked by
+load alone lie all over the set's region, and every worker they went to received the region's
+objects (docs/rebalance.md, part 3). A set spread once stays spread: a later burst in its region
+lands on several workers. Queries registered at run time
 (no set) form one unit per worker. CoDD (Anand & Chawathe) bounds each re-organisation's cost
 the same way: a budget of moved queries per re-plan.
 """
@@ -26,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["FIXED_MS", "Move", "MovePlan", "plan_moves"]
+__all__ = ["FIXED_MS", "Move", "MovePlan", "plan_moves", "spatial_order"]
 
 #: A worker's busy time per batch that no query causes (ms): the measured cost model's
 #: per-batch term (:mod:`knnmon.costs`).
@@ -74,17 +78,37 @@ class _Unit:
     total: float  # loads.sum(), kept (the spread looks for the hottest unit at every step)
 
 
+def spatial_order(lon: np.ndarray, lat: np.ndarray) -> np.ndarray:
+    """A Z-order (Morton) key per position, ``(n,)`` uint64 (``lon``, ``lat``: ``(n,)`` float64
+    degrees, scaled to 16 bits over their own bounding box): positions near in the order are
+    near in space, so a run of it is a compact region."""
+    def scaled(v: np.ndarray) -> np.ndarray:
+        lo, hi = (float(v.min()), float(v.max())) if len(v) else (0.0, 0.0)
+        return np.floor((v - lo) / max(hi - lo, 1e-12) * 65535).astype(np.uint64)
+
+    def spread_bits(v: np.ndarray) -> np.ndarray:
+        for shift, mask in ((8, 0x00FF00FF), (4, 0x0F0F0F0F), (2, 0x33333333), (1, 0x55555555)):
+            v = (v | (v << np.uint64(shift))) & np.uint64(mask)
+        return v
+
+    x = scaled(np.nan_to_num(np.asarray(lon, dtype=np.float64)))
+    y = scaled(np.nan_to_num(np.asarray(lat, dtype=np.float64)))
+    return spread_bits(x) | (spread_bits(y) << np.uint64(1))
+
+
 def _units(qids: Sequence[str], loads: np.ndarray, set_of: Mapping[str, int],
-           frozen: frozenset[str] = frozenset()) -> list[_Unit]:
-    """A worker's queries grouped by their set, heaviest first within each (vectorised: a
-    worker may hold a million queries); ``frozen`` queries are left out."""
+           frozen: frozenset[str] = frozenset(), where: tuple[np.ndarray, np.ndarray] | None = None) -> list[_Unit]:
+    """A worker's queries grouped by their set (vectorised: a worker may hold a million
+    queries), in space order within each (``where``: their ``(lon, lat)``, :func:`spatial_order`)
+    or else heaviest first; ``frozen`` queries are left out."""
     if frozen:
         keep = [i for i, q in enumerate(qids) if q not in frozen]
         qids, loads = [qids[i] for i in keep], loads[keep]
+        where = None if where is None else (where[0][keep], where[1][keep])
     if not len(qids):
         return []
     sets = np.fromiter((set_of.get(q, -1) for q in qids), dtype=np.int64, count=len(qids))
-    order = np.lexsort((-loads, sets))
+    order = np.lexsort((-loads if where is None else spatial_order(*where), sets))
     ids = np.asarray(qids, dtype=object)[order]
     sets, loads = sets[order], loads[order]
     cut = np.flatnonzero(np.r_[True, sets[1:] != sets[:-1], True])
@@ -104,7 +128,9 @@ def plan_moves(busy_ms: Sequence[float], queries: Sequence[tuple[Sequence[str], 
     busy_ms
         ``(W,)`` each worker's measured busy time per batch (ms).
     queries
-        Per worker: its queries' ids ``(n_w,)`` and their measured loads ``(n_w,)`` float64.
+        Per worker: its queries' ids ``(n_w,)`` and their measured loads ``(n_w,)`` float64,
+        optionally followed by their ``lon``, ``lat`` ``(n_w,)`` float64 degrees (a set is then
+        spread in space order: each target takes a compact run of it, not scattered queries).
     set_of
         Query id -> its set in the plan (absent or ``-1``: none).
     budget
@@ -137,11 +163,12 @@ def plan_moves(busy_ms: Sequence[float], queries: Sequence[tuple[Sequence[str], 
     before = busy.copy()
     rate = np.zeros(W)  # ms of busy time per unit of measured load, per worker
     units: list[list[_Unit]] = []
-    for w, (ids, loads) in enumerate(queries):
+    for w, (ids, loads, *where) in enumerate(queries):
         loads = np.asarray(loads, dtype=np.float64)
         total = float(loads.sum())
         rate[w] = max(busy[w] - fixed_ms, 0.0) / total if total > 0 else 0.0
-        units.append(_units(list(ids), loads, set_of, frozen))
+        at = (np.asarray(where[0], dtype=np.float64), np.asarray(where[1], dtype=np.float64)) if where else None
+        units.append(_units(list(ids), loads, set_of, frozen, at))
     left = int(budget)
     merged: dict[tuple[int, int], tuple[list[str], list[float], list[str]]] = {}  # (a, b) -> ids, ms, units
 
@@ -173,14 +200,22 @@ def plan_moves(busy_ms: Sequence[float], queries: Sequence[tuple[Sequence[str], 
             left -= len(u.qids)
             record(u.qids.tolist(), a, b, x, u.name)
             continue
-        # Else the hottest set is too hot to move whole (moving it moves the hot spot): spread its
-        # heaviest queries, one by one, onto whichever worker is least busy, while that helps.
+        # Else the hottest set is too hot to move whole (moving it moves the hot spot): spread it,
+        # in its order, onto the least busy workers, each taking a run of it up to the mean
+        # (in space order a run is a compact region: its objects reach one more worker, not all).
         u = max(units[a], key=lambda v: v.total)
         ms = u.loads * rate[a]
-        taken = 0
-        for j in range(min(len(u.qids), left)):
-            c = int(np.argmin(busy))
-            if c == a or ms[j] <= 0 or busy[c] + ms[j] >= busy[a]:
+        level, c, taken, seen = float(busy.mean()), int(np.argmin(busy)), 0, 0
+        for j in range(len(u.qids)):
+            if taken >= left:
+                break
+            seen = j + 1
+            if ms[j] <= 0:
+                continue  # (no load: nothing to gain by moving it)
+            if busy[c] + ms[j] > level:
+                c = int(np.argmin(busy))
+            if c == a or busy[c] + ms[j] >= busy[a]:
+                seen = j
                 break
             busy[a] -= ms[j]
             busy[c] += ms[j]
@@ -190,7 +225,7 @@ def plan_moves(busy_ms: Sequence[float], queries: Sequence[tuple[Sequence[str], 
                 break
         if not taken:
             break
-        u.qids, u.loads = u.qids[taken:], u.loads[taken:]
+        u.qids, u.loads = u.qids[seen:], u.loads[seen:]
         u.total = float(u.loads.sum())
         if not len(u.qids):
             units[a].remove(u)

@@ -232,8 +232,9 @@ class Rebalancer:
             log.info("predicted slowest / mean %.2f: no re-plan", predicted.max() / predicted.mean())
             return None
         ids = plan.workload.ids
-        return (*self._moves(predicted, [(ids[worker == w].tolist(), load[worker == w]) for w in range(W)], frozen),
-                t1 - t0)
+        lon, lat = plan.workload.lon, plan.workload.lat
+        return (*self._moves(predicted, [(ids[worker == w].tolist(), load[worker == w], lon[worker == w],
+                                          lat[worker == w]) for w in range(W)], frozen), t1 - t0)
 
     def _plan(self, pending: list, busy: np.ndarray, frozen: frozenset[str]):
         """The workers' loads (``pending``: their calls) and :func:`plan_moves` over them:
@@ -249,7 +250,7 @@ class Rebalancer:
         """:func:`plan_moves` of ``loads`` (per worker: ids, loads) with this run's settings, the
         budget a share of the queries: ``(plan, budget, seconds planning)``."""
         t0 = time.perf_counter()
-        budget = int(self.config.budget * sum(len(ids) for ids, _ in loads))
+        budget = int(self.config.budget * sum(len(ids) for ids, *_ in loads))
         c = self.config
         plan = plan_moves(busy, loads, self.set_of, budget, min_gain=c.min_gain, min_total_gain=c.min_total_gain,
                           frozen=frozen, strategy=c.strategy)

@@ -335,3 +335,28 @@ def test_predicted_loads_count_the_recent_objects_in_each_region():
             want[q] += np.isin(pair_code[inside], code[ptr[q]:ptr[q + 1]]).sum()
     assert recent.objects == 80
     np.testing.assert_allclose(got, want / 80)
+
+
+def test_the_planner_spreads_a_hot_set_in_compact_runs_of_space():
+    """Given the queries' positions, a hot set is spread in space order: each target takes one
+    run of it, a compact region (few cells of a grid over the set: the cells whose objects it
+    now needs); by load alone (no positions) each target's queries lie all over the region."""
+    rng = np.random.default_rng(5)
+    n = 400
+    lon, lat = rng.uniform(-100, -90, n), rng.uniform(35, 40, n)
+    ids = [f"q{i}" for i in range(n)]
+    loads = rng.uniform(0.5, 1.5, n)
+    set_of = dict.fromkeys(ids, 0)
+    empty = ([], np.zeros(0), np.zeros(0), np.zeros(0))
+    cell = np.floor((lon + 100) / 10 * 8).clip(0, 7) * 8 + np.floor((lat - 35) / 5 * 8).clip(0, 7)
+
+    def cells_per_target(plan) -> list[int]:
+        at = {q: i for i, q in enumerate(ids)}
+        return [len(np.unique(cell[[at[q] for q in m.qids]])) for m in plan.moves]
+
+    spatial = plan_moves([100.0, 1.25, 1.25, 1.25], [(ids, loads, lon, lat), empty, empty, empty], set_of, n)
+    by_load = plan_moves([100.0, 1.25, 1.25, 1.25], [(ids, loads), empty[:2], empty[:2], empty[:2]], set_of, n)
+    assert len({m.target for m in spatial.moves}) == 3 == len(spatial.moves)  # one run per target
+    assert spatial.predicted_ms.max() < 0.3 * 100.0 and by_load.predicted_ms.max() < 0.3 * 100.0
+    assert min(cells_per_target(by_load)) > 36  # by load: each target over most of the 64 cells
+    assert sum(cells_per_target(spatial)) < 0.5 * sum(cells_per_target(by_load))

@@ -332,6 +332,6 @@ def test_a_worker_lost_during_a_move_is_revived_in_place(windowed, ray_instance,
             seen += b.num_rows
             assert_exact(redis_url, namespace, queries, BruteForceKnn(live(objects, seen, window)))
         held = rt.pool.gather([rt.pool.query_loads(w) for w in range(3)])
-        assert sorted(q for ids, _ in held for q in ids) == sorted(qids)  # every query on exactly one worker
+        assert sorted(q for ids, *_ in held for q in ids) == sorted(qids)  # every query on exactly one worker
         assert set(moving) <= set(held[1][0])
         assert_feed_and_objects(r, Keys(namespace), qids)
