@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 import numpy as np
 
@@ -78,6 +79,18 @@ class Handover:
         self._drop(held)
         self._handed += list(zip(held, members))
         return QueryHandover(columns, topk, objects, loads, radii, vocabulary, time.perf_counter() - t0)
+
+    def export_parts(self, parts: Sequence[Sequence[str]]) -> tuple[QueryHandover, ...]:
+        """:meth:`export_queries` of every part's queries at once (a move's queries for several
+        targets: one pass, not one per target); one handover per part, in order, each with its
+        share of the export's seconds."""
+        whole = self.export_queries([q for part in parts for q in part])
+        at = {q: i for i, q in enumerate(whole.queries.ids)}
+        out = []
+        for part in parts:
+            h = whole.take([at[q] for q in part if q in at])
+            out.append(replace(h, seconds=whole.seconds * len(h) / max(len(whole), 1)))
+        return tuple(out)
 
     def adopt_queries(self, handover: QueryHandover, vocabulary: Mapping[str, int] | None = None,
                       note: Mapping[str, str] | None = None) -> tuple[int, float]:

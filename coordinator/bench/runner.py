@@ -40,6 +40,7 @@ import pyarrow as pa
 
 from knnmon.assignment import ALGORITHMS
 from knnmon.costs import CostModel
+from knnmon.coordinator.bench.ideal import IDEAL, ideal_row
 from knnmon.coordinator.bench.oracle_check import mismatches
 from knnmon.coordinator.bench.speed_probe import speed_probe_ms
 from knnmon.coordinator.rebalance.config import RebalanceConfig
@@ -103,7 +104,7 @@ class BenchConfig:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        valid = (*ALGORITHMS, REFERENCE)
+        valid = (*ALGORITHMS, REFERENCE, IDEAL)
         bad = [a for a in self.algorithms if a not in valid]
         if bad or not self.algorithms:
             raise InvalidArgumentError(f"Invalid algorithm(s): {bad or '(none)'}.\nValid options are: {valid}")
@@ -161,7 +162,8 @@ def _row(rt: Runtime, summary: RunSummary, algorithm: str, kmax: int, repeat: in
     predicted = s.predicted_worker_loads
     return {
         "algorithm": algorithm, "rebalance": s.rebalance, "replans": len(s.replans),
-        "queries_moved": s.queries_moved, "replan_records": s.replans, "workers": rt.config.workers, "kmax": kmax, "queries": s.queries,
+        "queries_moved": s.queries_moved, "replan_records": s.replans, "workers": rt.config.workers, "kmax": kmax,
+        "queries": s.queries,
         "repeat": repeat, "batches": s.batches, "objects": s.objects,
         "update_ms_wall_mean": s.update_ms_mean, "update_ms_wall_p50": s.update_ms_p50,
         "update_ms_wall_p99": s.update_ms_p99, "update_ms_sim_mean": s.update_ms_sim_mean,
@@ -172,9 +174,10 @@ def _row(rt: Runtime, summary: RunSummary, algorithm: str, kmax: int, repeat: in
         "results_changed": s.results_changed, "candidates_per_change": s.candidates_per_change,
         "late_ignored": s.late_ignored, "results_refilled": s.results_refilled, "refill_ms_mean": s.refill_ms_mean,
         "refill_ms_per_result": s.refill_ms_per_result,
-        "route_cpu_ms_mean": s.route_cpu_ms_mean, "busy_ms_per_worker": total.tolist(),
+        "route_cpu_ms_mean": s.route_cpu_ms_mean, "route_cpu_ms_per_batch": [r.route_cpu_ms for r in rt.reports],
+        "busy_ms_per_worker": total.tolist(),
         "per_worker_totals": s.per_worker_totals, "predicted_worker_loads": predicted,
-        "spearman_predicted_vs_busy": spearman(predicted, total) if algorithm != REFERENCE else None,
+        "spearman_predicted_vs_busy": spearman(predicted, total) if algorithm not in (REFERENCE, IDEAL) else None,
         "worker_peak_rss_mb": [round(w["peak_rss_mb"], 1) for w in s.workers_stats],
         "startup_s": s.startup_s, "exact": None, "mismatched_queries": None, "checked_queries": None,
         "routing": {k: v for k, v in rt.plan.summary.items() if k.startswith("routing")},
@@ -184,14 +187,15 @@ def _row(rt: Runtime, summary: RunSummary, algorithm: str, kmax: int, repeat: in
 def _one_run(cfg: BenchConfig, prepared: Prepared, all_objects: pa.Table | None, algorithm: str, workers: int,
              kmax: int, repeat: int, redis_url: str, progress: bool, rebalance: bool = False) -> dict[str, Any]:
     reference = algorithm == REFERENCE
-    config = RunConfig(workers=1 if reference else workers, algorithm="random" if reference else algorithm,
+    one = reference or algorithm == IDEAL  # (the ideal's run: every query on one Ray worker, ideal.py)
+    config = RunConfig(workers=1 if one else workers, algorithm="random" if one else algorithm,
                        initial=cfg.initial, batch=cfg.batch, batches=cfg.batches, shuffle=cfg.shuffle,
                        window=cfg.window, allowed_lateness=cfg.allowed_lateness, limits=cfg.limits,
                        arrival_ms=cfg.arrival_ms, reserve=cfg.reserve, cost_model=cfg.cost_model,
                        store=StoreConfig(url=redis_url, namespace=cfg.namespace),
                        executor="inline" if reference else "ray",
                        index="keyword-lists" if reference else "grid", seed=cfg.seed,
-                       rebalance=cfg.rebalance_config if rebalance and not reference else None,
+                       rebalance=cfg.rebalance_config if rebalance and not one else None,
                        **{"in_flight": 1, **cfg.extra})  # the paper's update time: one batch at a time
     rt = Runtime(cfg.objects, prepared.queries, config, prepared=prepared)
     probe_before = speed_probe_ms()
@@ -272,19 +276,22 @@ def run_bench(cfg: BenchConfig, report: str | None = None, *, progress: bool = T
                 streamed = pa.concat_tables([prepared.initial, prepared.stream]) if cfg.check else None
                 if streamed is not None and cfg.window is not None:  # the oracle sees the live objects
                     streamed = live_initial(streamed, cfg.window, cfg.allowed_lateness)
-                combos = [(a, w, rb) for w in cfg.workers for a in cfg.algorithms if a != REFERENCE
+                combos = [(a, w, rb) for w in cfg.workers for a in cfg.algorithms if a not in (REFERENCE, IDEAL)
                           for rb in cfg.rebalance]
-                if REFERENCE in cfg.algorithms:
-                    combos.append((REFERENCE, 1, False))
+                combos += [(a, 1, False) for a in (IDEAL, REFERENCE) if a in cfg.algorithms]
                 for algorithm, w, rb in combos:
                     for rep in range(cfg.repeat):
                         log(f"bench: {algorithm} W={w} k_max={kmax} queries={n:,} rebalance={'on' if rb else 'off'} "
                             f"(repeat {rep + 1}/{cfg.repeat})")
                         row = _one_run(cfg, prepared, streamed, algorithm, w, kmax, rep, redis_url, progress, rb)
-                        out["rows"].append(row)
                         log(f"  sim update {row['update_ms_sim_mean']:.1f} ms, wall {row['update_ms_wall_mean']:.1f}"
                             f" ms, imbalance {row['imbalance_ms_mean']:.1f} ms, {row['objects_per_s']:,.0f} obj/s"
                             + (f", exact={row['exact']}" if row["exact"] is not None else ""))
+                        if algorithm == IDEAL:  # the bound at every W, from the one-worker run
+                            rows = [ideal_row(row, v, row["route_cpu_ms_per_batch"]) for v in cfg.workers]
+                            log("  ideal: sim update " + ", ".join(f"W={r['workers']} {r['update_ms_sim_mean']:.1f} ms"
+                                                                   for r in rows))
+                        out["rows"].extend(rows if algorithm == IDEAL else [row])
                         save()
     except (KeyboardInterrupt, _Interrupted) as ex:
         if isinstance(ex, _Interrupted):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from knnmon.assignment import ALGORITHMS
+from knnmon.coordinator.bench.ideal import IDEAL
 from knnmon.coordinator.bench.runner import BENCH_NAMESPACE, REFERENCE
 from knnmon.coordinator.cli.options import (add_verb, DEFAULT_WORKERS, add_batch_option, add_cost_model_option,
                                             add_rebalance_options, add_store_options, add_window_options,
@@ -29,6 +30,13 @@ def _switches(text: str) -> tuple[bool, ...]:
     return tuple(values[p] for p in parts)
 
 
+def _num(value: float | None, fmt: str) -> str:
+    """``value`` formatted, or ``-`` right-aligned to the width (a column the row does not have:
+    the ideal's wall time and throughput, a Spearman of fewer than 3 workers)."""
+    width = int(fmt.split(".")[0].replace(",", "") or 0)
+    return f"{'-':>{width}s}" if value is None else format(value, fmt)
+
+
 def _bench(a: Any) -> int:
     from knnmon.coordinator.bench.plots import plot_report
     from knnmon.coordinator.bench.runner import BenchConfig, run_bench
@@ -49,11 +57,11 @@ def _bench(a: Any) -> int:
     print(f"{'algorithm':10s} {'rebal':>5s} {'W':>3s} {'k_max':>5s} {'queries':>9s} {'sim ms':>8s} {'sim p99':>8s} "
           f"{'wall ms':>8s} {'imbal ms':>8s} {'obj/s':>8s} {'deliv':>6s} {'rho':>5s} exact")
     for r in out["rows"]:
-        rho = r["spearman_predicted_vs_busy"]
-        print(f"{r['algorithm']:10s} {'on' if r['rebalance'] else 'off':>5s} {r['workers']:3d} {r['kmax']:5d} {r['queries']:9,d} {r['update_ms_sim_mean']:8.1f} "
-              f"{r['update_ms_sim_p99']:8.1f} {r['update_ms_wall_mean']:8.1f} {r['imbalance_ms_mean']:8.1f} "
-              f"{r['objects_per_s']:8,.0f} {r['deliveries_per_object']:6.2f} "
-              f"{'-' if rho is None else f'{rho:.2f}':>5s} {r['exact']}")
+        print(f"{r['algorithm']:10s} {'on' if r['rebalance'] else 'off':>5s} {r['workers']:3d} {r['kmax']:5d} "
+              f"{r['queries']:9,d} {r['update_ms_sim_mean']:8.1f} {r['update_ms_sim_p99']:8.1f} "
+              f"{_num(r['update_ms_wall_mean'], '8.1f')} {r['imbalance_ms_mean']:8.1f} "
+              f"{_num(r['objects_per_s'], '8,.0f')} "
+              f"{r['deliveries_per_object']:6.2f} {_num(r['spearman_predicted_vs_busy'], '5.2f')} {r['exact']}")
     if a.report:
         print(f"report: {a.report}")
     return 130 if out["interrupted"] else 0
@@ -68,8 +76,8 @@ def add_bench_command(sub: Any) -> None:
     b.add_argument("--workers", default=str(DEFAULT_WORKERS), metavar="W[,W...]",
                    help=f"worker counts (default {DEFAULT_WORKERS})")
     b.add_argument("--algorithms", default="proposed,keyword,space,random", metavar="A[,A...]",
-                   help=f"of {', '.join((*ALGORITHMS, REFERENCE))} ({REFERENCE}: one process, keyword lists, no "
-                        f"assignment)")
+                   help=f"of {', '.join((*ALGORITHMS, REFERENCE, IDEAL))} ({REFERENCE}: one process, keyword lists, "
+                        f"no assignment; {IDEAL}: the bound, every query on one worker, its work shared evenly)")
     b.add_argument("--initial", type=int, default=1_000_000, metavar="N", help="objects seen before the stream")
     add_batch_option(b)
     b.add_argument("--batches", type=int, metavar="M", help="batches per run (default: all objects)")

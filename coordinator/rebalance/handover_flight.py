@@ -4,8 +4,9 @@
 then the targets' adoptions: two Ray round trips, each behind every batch already queued on
 those workers. Here the dispatch waits for neither:
 
-1. at the move's boundary, :func:`send_moves` sends each move's source ``export_queries`` and
-   its target ``adopt_queries`` of that export's object ref
+1. at the move's boundary, :func:`send_moves` sends each source one ``export_parts`` (one
+   export per source, one result per move) and each move's target ``adopt_queries`` of its
+   part's object ref
    (:meth:`~knnmon.coordinator.runtime.worker_pool.WorkerPool.hand_over`: Ray hands the export
    to the target, not through the coordinator). The registrar's query -> worker map switches at
    once, and the routing table forwards to the target every object it routes to the source
@@ -60,18 +61,22 @@ def send_moves(pool: WorkerPool, registrar: Registrar, moves: Sequence[Move],
     where, routing = registrar.query_worker, registrar.plan.routing
     sent: list[tuple[Move, Pending, Pending]] = []
     queries = 0
+    by_source: dict[int, list[tuple[Move, list[str]]]] = {}
     for m in moves:
         mine = [q for q in m.qids if where.get(q) == m.source]
-        if not mine:
-            continue
-        exported, adopted = pool.hand_over(m.source, mine, m.target, {**(note or {}), "moved_from": str(m.source)})
-        sent.append((m, exported, adopted))
-        routing.forward(m.source, m.target)
-        for q in mine:
-            where[q] = m.target
-        registrar.worker_queries[m.source] -= len(mine)
-        registrar.worker_queries[m.target] += len(mine)
-        queries += len(mine)
+        if mine:
+            by_source.setdefault(m.source, []).append((m, mine))
+    for source, parts in sorted(by_source.items()):  # one export per source, one adoption per move
+        calls = pool.hand_over(source, [(mine, m.target, {**(note or {}), "moved_from": str(source)})
+                                        for m, mine in parts])
+        for (m, mine), (exported, adopted) in zip(parts, calls):
+            sent.append((m, exported, adopted))
+            routing.forward(m.source, m.target)
+            for q in mine:
+                where[q] = m.target
+            registrar.worker_queries[m.source] -= len(mine)
+            registrar.worker_queries[m.target] += len(mine)
+            queries += len(mine)
     return MovesInFlight(sent, queries, time.perf_counter() - t0)
 
 

@@ -146,14 +146,26 @@ class WorkerPool(ABC):
         """:meth:`KnnWorker.adopt_queries`."""
         return self._send(worker, WorkerApi.adopt_queries, handover, vocabulary, note)
 
-    def hand_over(self, source: int, qids: Sequence[str], target: int,
-                  note: Mapping[str, str] | None = None) -> tuple[Pending, Pending]:
-        """``source``'s :meth:`export` of ``qids`` handed straight to ``target``'s :meth:`adopt`
-        (with Ray actors the export's object ref is the adoption's argument: the target's call
-        waits for it in Ray, not in the caller, and runs in order with the target's other
-        calls); the two calls, sent."""
-        exported = self.export(source, qids)
-        return exported, self.adopt(target, exported.value, None, note)
+    def export_parts(self, worker: int, parts: Sequence[Sequence[str]]) -> list[Pending]:
+        """:meth:`KnnWorker.export_parts`: one export of every part's queries, one result per
+        part (with Ray actors, one object ref each)."""
+        if len(parts) == 1:
+            return [self.export(worker, parts[0])]
+        return self._call_parts(worker, WorkerApi.export_parts.__name__, len(parts), [list(p) for p in parts])
+
+    def _call_parts(self, worker: int, method: str, n: int, *args: Any) -> list[Pending]:
+        """``method(*args)``, whose result is a tuple of ``n``, as ``n`` pending results."""
+        return [Pending(worker, v) for v in self.gather([self.call(worker, method, *args)])[0]]
+
+    def hand_over(self, source: int, parts: Sequence[tuple[Sequence[str], int, Mapping[str, str] | None]]
+                  ) -> list[tuple[Pending, Pending]]:
+        """``source``'s export of each part's queries (one :meth:`export_parts`) handed straight
+        to that part's target's :meth:`adopt` (``parts``: ``(qids, target, note)``). With Ray
+        actors the export's object ref is the adoption's argument: the target's call waits for
+        it in Ray, not in the caller, and runs in order with the target's other calls. The
+        ``(export, adoption)`` calls of each part, sent."""
+        exported = self.export_parts(source, [qids for qids, _, _ in parts])
+        return [(e, self.adopt(target, e.value, None, note)) for e, (_, target, note) in zip(exported, parts)]
 
     def release_handed(self, worker: int) -> Pending:
         """:meth:`KnnWorker.release_handed`."""
@@ -356,6 +368,10 @@ class RayPool(WorkerPool):
 
     def call(self, worker: int, method: str, *args: Any, **kwargs: Any) -> Pending:
         return Pending(worker, getattr(self.actors[worker], method).remote(*args, **kwargs))
+
+    def _call_parts(self, worker: int, method: str, n: int, *args: Any) -> list[Pending]:
+        refs = getattr(self.actors[worker], method).options(num_returns=n).remote(*args)
+        return [Pending(worker, r) for r in refs]
 
     def gather(self, pending: Sequence[Pending]) -> list[Any]:
         out = self.gather_each(pending)

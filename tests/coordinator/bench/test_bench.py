@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import pyarrow as pa
 
@@ -21,7 +22,7 @@ ROW_KEYS = {"algorithm", "workers", "kmax", "queries", "update_ms_wall_mean", "u
 def test_small_bench_is_exact_for_every_algorithm(places_slice, redis_url, ray_instance, tmp_path):
     report = tmp_path / "bench.json"
     cfg = BenchConfig(objects=str(places_slice), queries=(600,), kmax=(3, 6), workers=(3,),
-                      algorithms=("proposed", "keyword", "space", "random", "single"), initial=7000, batch=500,
+                      algorithms=("proposed", "keyword", "space", "random", "ideal", "single"), initial=7000, batch=500,
                       batches=4, check=True, redis_url=redis_url)
     out = run_bench(cfg, str(report), progress=False, log=lambda _: None)
     saved = json.loads(report.read_text())
@@ -29,16 +30,24 @@ def test_small_bench_is_exact_for_every_algorithm(places_slice, redis_url, ray_i
     assert saved["machine"]["cpus"] >= 1 and saved["machine"]["speed_probe_ms"] > 0 and not saved["interrupted"]
     rows = saved["rows"]
     assert [(r["algorithm"], r["kmax"]) for r in rows] == [
-        (a, k) for k in (3, 6) for a in ("proposed", "keyword", "space", "random", "single")]
+        (a, k) for k in (3, 6) for a in ("proposed", "keyword", "space", "random", "ideal", "single")]
     for r in rows:
         assert ROW_KEYS <= set(r)
         assert r["exact"] is True and r["mismatched_queries"] == 0 and r["checked_queries"] == 600, r["algorithm"]
         assert r["queries"] == 600 and r["objects"] == 2000 and r["batches"] == 4
-        assert r["update_ms_sim_mean"] > 0 and r["objects_per_s"] > 0
+        assert r["update_ms_sim_mean"] > 0 and (r["objects_per_s"] or 0) > 0 or r["algorithm"] == "ideal"
         assert len(r["speed_probe_ms"]) == 2 and min(r["speed_probe_ms"]) > 0
         assert len(r["busy_ms_per_worker"]) == (1 if r["algorithm"] == "single" else 3)
         assert r["routing"]["routing_table_bytes"] > 0 and r["routing"]["routing_pairs_promoted"] == 0
     assert all(r["workers"] == 1 and 0 < r["deliveries_per_object"] <= 1 for r in rows if r["algorithm"] == "single")
+    for r in (x for x in rows if x["algorithm"] == "ideal"):  # the bound: one worker's run, its work shared by 3
+        assert r["ideal_from"] == {"workers": 1, "batches": 4} and r["objects_per_s"] is None
+        assert 0 < r["deliveries_per_object"] <= 1 and r["slowest_over_mean_busy"] == 1.0
+        share = np.asarray(r["busy_ms_per_batch"])
+        assert share.shape == (4, 3) and (share == share[:, :1]).all() and (share >= 1.25).all()
+        assert r["update_ms_sim_mean"] == pytest.approx(np.mean(r["route_cpu_ms_per_batch"]) + share[:, 0].mean())
+        same_k = [x for x in rows if x["kmax"] == r["kmax"] and x["algorithm"] not in ("ideal", "single")]
+        assert r["deliveries_per_object"] <= min(x["deliveries_per_object"] for x in same_k)
     paths = plot_report(rows, str(tmp_path / "plots"))
     assert [p.rsplit("/", 1)[1] for p in paths] == ["update_vs_kmax.png"]
     assert (tmp_path / "plots" / "update_vs_kmax.png").stat().st_size > 10_000
