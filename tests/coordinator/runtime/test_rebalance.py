@@ -114,30 +114,14 @@ def test_drift_moves_queries_exact_after_every_batch(drifting, redis_url, namesp
     assert all(stored[x["replan"]].get("realized_gain") == x["realized_gain"] for x in judged)
 
 
-def test_migration_with_batches_in_flight_on_ray(drifting, ray_instance, redis_url, namespace, tmp_path):
-    """Ray actors with two batches in flight: a move happens while the next batch is already
-    routed and queued at both workers; the results are exact at the end and the summary says
-    what moved."""
-    objects_dir, queries, initial, rest = drifting
-    config = RunConfig(workers=3, algorithm="space", batch=250, executor="ray", in_flight=2, rebalance=EAGER,
-                       store=StoreConfig(redis_url, namespace, str(tmp_path)))
-    with Runtime(None, None, config, prepared=_prepared(drifting)) as rt:
-        summary = rt.run(progress=False)
-        assert_exact(redis_url, namespace, queries, BruteForceKnn(pa.concat_tables([initial, rest])))
-        _moved_fields_agree(redis_url, namespace, rt)
-    assert summary.rebalance and summary.replans and summary.queries_moved > 0
-    assert summary.queries_moved == sum(x["queries_moved"] for x in summary.replans)
-    # The sources' release answered at a later boundary: the routing table narrowed then.
-    moving = [x for x in summary.replans if x["queries_moved"]]
-    assert all(x["entries_narrowed"] is not None for x in moving[:-1]) and any(x["entries_narrowed"] for x in moving)
-    assert all(x["batch"] > x["asked_after_batch"] for x in summary.replans)  # planned while batches went on
-
-
 def test_moves_in_flight_on_ray_exact_after_every_batch(drifting, ray_instance, redis_url, namespace, tmp_path):
-    """Ray actors; a move is sent without waiting for the hand-over (as with batches in flight:
-    handover_flight), so the next batch is routed while the exports and adoptions are queued:
-    it is forwarded to the targets. The oracle agrees after every batch, before and after each
-    landing; every moved query lands (its target's entries route it) and the forwarding ends."""
+    """Ray actors; the loads are gathered and the plan made while batches go on, and a move is
+    sent without waiting for the hand-over (as ``knnmon run`` does: handover_flight), so the
+    next batch is routed while the exports and adoptions are queued: it is forwarded to the
+    targets. The oracle agrees after every batch, before and after each landing; every moved
+    query lands (its target's entries route it), the forwarding ends, the sources' release
+    narrows the routing table at a later boundary. (``knnmon run`` with two batches in flight
+    and re-plans takes this path too: tests/coordinator/cli/test_run.py.)"""
     objects_dir, queries, initial, rest = drifting
     config = RunConfig(workers=3, algorithm="space", batch=250, executor="ray", rebalance=EAGER,
                        store=StoreConfig(redis_url, namespace, str(tmp_path)))
@@ -155,6 +139,10 @@ def test_moves_in_flight_on_ray_exact_after_every_batch(drifting, ray_instance, 
         moving = [x for x in rt.rebalancer.replans if x["queries_moved"]]
         assert moving and forwarded >= 1 and not routing.forwards
         assert all("land_seconds" in x and x["move_phases_ms"]["adopt"] > 0 for x in moving)
+        # the sources' release answered at a later boundary: the routing table narrowed then
+        assert all(x["entries_narrowed"] is not None for x in moving[:-1]) and any(x["entries_narrowed"] for x in moving)
+        assert all(x["batch"] > x["asked_after_batch"] for x in rt.rebalancer.replans)  # planned while batches went on
+        assert rt.rebalancer.queries_moved == sum(x["queries_moved"] for x in rt.rebalancer.replans)
         assert_exact(redis_url, namespace, queries, BruteForceKnn(seen))
         _moved_fields_agree(redis_url, namespace, rt)
         assert sum(rt.registrar.worker_queries) == len(queries)
