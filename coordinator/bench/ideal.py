@@ -14,9 +14,13 @@ the per-batch fixed cost::
     busy_ideal(b, W) = fixed + (busy_1(b) - fixed) / W
     sim_ideal(b, W) = route_cpu_1(b) + busy_ideal(b, W)
 
-with ``fixed`` the measured cost model's per-batch term (:data:`FIXED_MS`, docs/benchmarks.md,
-"Where a worker's time goes"). Its row carries the bench's columns, ``update_ms_sim_mean`` the
-bound; the columns it cannot have (wall time, throughput: no ``W``-worker run happened) are
+with ``fixed`` a worker's busy time per batch that no object causes, fitted by least squares
+over every (worker, batch) of the plans' runs at the same ``W`` (:func:`fixed_ms_fit`: busy time
+on objects delivered, candidates and changed results, with an intercept); without such runs,
+the measured cost model's :data:`FIXED_MS` (docs/benchmarks.md, "Where a worker's time goes").
+The fixed cost is what makes more workers cost more in all (docs/benchmarks.md, "The ideal").
+Its row carries the bench's columns, ``update_ms_sim_mean`` the bound, ``fixed_ms`` the fixed cost
+used; the columns it cannot have (wall time, throughput: no ``W``-worker run happened) are
 ``None``, ``exact`` is the one-worker run's, and ``ideal_from`` says which run it came from.
 """
 
@@ -27,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["FIXED_MS", "IDEAL", "ideal_row"]
+__all__ = ["FIXED_MS", "IDEAL", "fixed_ms_fit", "ideal_row"]
 
 #: The algorithm name of the bound in ``--algorithms`` and in report rows.
 IDEAL = "ideal"
@@ -38,6 +42,22 @@ FIXED_MS = 1.25
 #: Columns of the one-worker run that a ``W``-worker ideal cannot have measured.
 _NOT_MEASURED = ("update_ms_wall_mean", "update_ms_wall_p50", "update_ms_wall_p99", "objects_per_s",
                  "spearman_predicted_vs_busy", "worker_peak_rss_mb", "predicted_worker_loads")
+
+
+def fixed_ms_fit(rows: Sequence[dict[str, Any]]) -> float | None:
+    """The intercept (ms) of ``busy = fixed + a * objects + b * candidates + c * changed`` fitted
+    over every (worker, batch) of ``rows`` (bench rows with ``busy_ms_per_batch`` and
+    ``per_worker_per_batch``), clipped at 0; ``None`` with fewer than 8 samples."""
+    busy, counts = [], []
+    for r in rows:
+        for b, (objects, candidates, changed) in zip(r["busy_ms_per_batch"], r["per_worker_per_batch"]):
+            busy.extend(b)
+            counts.extend(zip(objects, candidates, changed))
+    if len(busy) < 8:
+        return None
+    x = np.column_stack([np.ones(len(busy)), np.asarray(counts, dtype=np.float64)])
+    coef, *_ = np.linalg.lstsq(x, np.asarray(busy, dtype=np.float64), rcond=None)
+    return max(float(coef[0]), 0.0)
 
 
 def ideal_row(one: dict[str, Any], workers: int, route_cpu_ms: Sequence[float], fixed_ms: float = FIXED_MS
@@ -59,7 +79,7 @@ def ideal_row(one: dict[str, Any], workers: int, route_cpu_ms: Sequence[float], 
     share = fixed_ms + np.maximum(busy1 - fixed_ms, 0.0) / workers  # (b,) ms, every worker alike
     sim = route + share
     row = {**one, **dict.fromkeys(_NOT_MEASURED)}
-    row.update(algorithm=IDEAL, workers=workers, ideal_from={"workers": 1, "batches": len(busy1)},
+    row.update(algorithm=IDEAL, workers=workers, ideal_from={"workers": 1, "batches": len(busy1)}, fixed_ms=fixed_ms,
                busy_ms_per_batch=[[float(x)] * workers for x in share],
                busy_ms_per_worker=[float(share.sum())] * workers,
                update_ms_sim_mean=float(sim.mean()) if len(sim) else 0.0,

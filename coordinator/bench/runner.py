@@ -40,7 +40,7 @@ import pyarrow as pa
 
 from knnmon.assignment import ALGORITHMS
 from knnmon.costs import CostModel
-from knnmon.coordinator.bench.ideal import IDEAL, ideal_row
+from knnmon.coordinator.bench.ideal import FIXED_MS, IDEAL, fixed_ms_fit, ideal_row
 from knnmon.coordinator.bench.oracle_check import mismatches
 from knnmon.coordinator.bench.speed_probe import speed_probe_ms
 from knnmon.coordinator.rebalance.config import RebalanceConfig
@@ -175,6 +175,7 @@ def _row(rt: Runtime, summary: RunSummary, algorithm: str, kmax: int, repeat: in
         "late_ignored": s.late_ignored, "results_refilled": s.results_refilled, "refill_ms_mean": s.refill_ms_mean,
         "refill_ms_per_result": s.refill_ms_per_result,
         "route_cpu_ms_mean": s.route_cpu_ms_mean, "route_cpu_ms_per_batch": [r.route_cpu_ms for r in rt.reports],
+        "per_worker_per_batch": [r.per_worker for r in rt.reports],
         "busy_ms_per_worker": total.tolist(),
         "per_worker_totals": s.per_worker_totals, "predicted_worker_loads": predicted,
         "spearman_predicted_vs_busy": spearman(predicted, total) if algorithm not in (REFERENCE, IDEAL) else None,
@@ -288,7 +289,8 @@ def run_bench(cfg: BenchConfig, report: str | None = None, *, progress: bool = T
                             f" ms, imbalance {row['imbalance_ms_mean']:.1f} ms, {row['objects_per_s']:,.0f} obj/s"
                             + (f", exact={row['exact']}" if row["exact"] is not None else ""))
                         if algorithm == IDEAL:  # the bound at every W, from the one-worker run
-                            rows = [ideal_row(row, v, row["route_cpu_ms_per_batch"]) for v in cfg.workers]
+                            rows = [ideal_row(row, v, row["route_cpu_ms_per_batch"], _fixed_at(out["rows"], n, kmax, v))
+                                    for v in cfg.workers]
                             log("  ideal: sim update " + ", ".join(f"W={r['workers']} {r['update_ms_sim_mean']:.1f} ms"
                                                                    for r in rows))
                         out["rows"].extend(rows if algorithm == IDEAL else [row])
@@ -308,6 +310,15 @@ def run_bench(cfg: BenchConfig, report: str | None = None, *, progress: bool = T
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
     return out
+
+
+def _fixed_at(rows: list[dict[str, Any]], queries: int, kmax: int, workers: int) -> float:
+    """A worker's fixed busy time per batch (ms) in the plans' runs of ``queries``, ``kmax`` and
+    ``workers`` (:func:`~knnmon.coordinator.bench.ideal.fixed_ms_fit`), else :data:`FIXED_MS`."""
+    same = [r for r in rows if (r["queries"], r["kmax"], r["workers"]) == (queries, kmax, workers)
+            and r["algorithm"] not in (REFERENCE, IDEAL) and not r.get("interrupted")]
+    fit = fixed_ms_fit(same)
+    return FIXED_MS if fit is None else fit
 
 
 def _main_thread() -> bool:

@@ -44,7 +44,7 @@ def test_small_bench_is_exact_for_every_algorithm(places_slice, redis_url, ray_i
         assert r["ideal_from"] == {"workers": 1, "batches": 4} and r["objects_per_s"] is None
         assert 0 < r["deliveries_per_object"] <= 1 and r["slowest_over_mean_busy"] == 1.0
         share = np.asarray(r["busy_ms_per_batch"])
-        assert share.shape == (4, 3) and (share == share[:, :1]).all() and (share >= 1.25).all()
+        assert share.shape == (4, 3) and (share == share[:, :1]).all() and (share >= r["fixed_ms"] >= 0).all()
         assert r["update_ms_sim_mean"] == pytest.approx(np.mean(r["route_cpu_ms_per_batch"]) + share[:, 0].mean())
         same_k = [x for x in rows if x["kmax"] == r["kmax"] and x["algorithm"] not in ("ideal", "single")]
         assert r["deliveries_per_object"] <= min(x["deliveries_per_object"] for x in same_k)
@@ -85,3 +85,19 @@ def test_bad_input_fails_before_any_work(places_slice, tmp_path, capsys):
     assert "Invalid algorithm" in capsys.readouterr().err
     assert main(["bench", "--objects", str(places_slice), "--queries", "ten"]) == 2
     assert "comma-separated integers" in capsys.readouterr().err
+
+
+def test_the_fixed_cost_fit_recovers_a_known_intercept():
+    """fixed_ms_fit: busy times made from known per-batch, per-object, per-candidate and
+    per-change costs give back the per-batch one; too few samples give None."""
+    from knnmon.coordinator.bench.ideal import fixed_ms_fit
+
+    rng = np.random.default_rng(0)
+    rows = []
+    for _ in range(2):
+        objects, candidates, changed = (rng.integers(0, n, size=(20, 4)) for n in (500, 5000, 100))
+        busy = 2.7 + 0.004 * objects + 0.00004 * candidates + 0.03 * changed
+        rows.append({"busy_ms_per_batch": busy.tolist(),
+                     "per_worker_per_batch": np.stack([objects, candidates, changed], axis=1).tolist()})
+    assert fixed_ms_fit(rows) == pytest.approx(2.7)
+    assert fixed_ms_fit([{"busy_ms_per_batch": [[1.0]], "per_worker_per_batch": [[[1], [1], [1]]]}]) is None
