@@ -12,7 +12,8 @@ shares that worker's busy time per batch evenly among ``W`` workers, each of whi
 the per-batch fixed cost::
 
     busy_ideal(b, W) = fixed + (busy_1(b) - fixed) / W
-    sim_ideal(b, W) = route_cpu_1(b) + busy_ideal(b, W)
+    sim_ideal(b, W) = route_cpu_1(b) + max(0, least mean route_cpu of the plans at W - mean route_cpu_1)
+                      + busy_ideal(b, W)
 
 with ``fixed`` a worker's busy time per batch that no object causes, fitted by least squares
 over every (worker, batch) of the plans' runs at the same ``W`` (:func:`fixed_ms_fit`: busy time
@@ -60,11 +61,13 @@ def fixed_ms_fit(rows: Sequence[dict[str, Any]]) -> float | None:
     return max(float(coef[0]), 0.0)
 
 
-def ideal_row(one: dict[str, Any], workers: int, route_cpu_ms: Sequence[float], fixed_ms: float = FIXED_MS
-              ) -> dict[str, Any]:
+def ideal_row(one: dict[str, Any], workers: int, route_cpu_ms: Sequence[float], fixed_ms: float = FIXED_MS,
+              route_floor_ms: float = 0.0) -> dict[str, Any]:
     """The ideal row for ``workers`` workers (module docstring) from ``one``, the bench row of
     the same stream with every query on one worker, and that run's routing CPU time per batch
-    ``route_cpu_ms`` ``(b,)`` ms.
+    ``route_cpu_ms`` ``(b,)`` ms, raised by ``route_floor_ms`` less its mean when that is more:
+    routing to ``W`` workers costs a call to each per batch, which the one-worker run did not pay
+    (the bench passes the least mean routing time of the plans' runs at ``W``).
 
     Raises
     ------
@@ -77,9 +80,11 @@ def ideal_row(one: dict[str, Any], workers: int, route_cpu_ms: Sequence[float], 
         raise ValueError(f"an ideal row needs a one-worker run with its routing time per batch; got "
                          f"{one['workers']} workers, {len(busy1)} batches, {len(route)} routing times")
     share = fixed_ms + np.maximum(busy1 - fixed_ms, 0.0) / workers  # (b,) ms, every worker alike
+    route = route + max(route_floor_ms - float(route.mean()), 0.0) if len(route) else route
     sim = route + share
     row = {**one, **dict.fromkeys(_NOT_MEASURED)}
     row.update(algorithm=IDEAL, workers=workers, ideal_from={"workers": 1, "batches": len(busy1)}, fixed_ms=fixed_ms,
+               route_cpu_ms_per_batch=route.tolist(), route_cpu_ms_mean=float(route.mean()) if len(route) else 0.0,
                busy_ms_per_batch=[[float(x)] * workers for x in share],
                busy_ms_per_worker=[float(share.sum())] * workers,
                update_ms_sim_mean=float(sim.mean()) if len(sim) else 0.0,

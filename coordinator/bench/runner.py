@@ -289,8 +289,8 @@ def run_bench(cfg: BenchConfig, report: str | None = None, *, progress: bool = T
                             f" ms, imbalance {row['imbalance_ms_mean']:.1f} ms, {row['objects_per_s']:,.0f} obj/s"
                             + (f", exact={row['exact']}" if row["exact"] is not None else ""))
                         if algorithm == IDEAL:  # the bound at every W, from the one-worker run
-                            rows = [ideal_row(row, v, row["route_cpu_ms_per_batch"], _fixed_at(out["rows"], n, kmax, v))
-                                    for v in cfg.workers]
+                            rows = [ideal_row(row, v, row["route_cpu_ms_per_batch"],
+                                              *_costs_at(out["rows"], n, kmax, v)) for v in cfg.workers]
                             log("  ideal: sim update " + ", ".join(f"W={r['workers']} {r['update_ms_sim_mean']:.1f} ms"
                                                                    for r in rows))
                         out["rows"].extend(rows if algorithm == IDEAL else [row])
@@ -312,13 +312,15 @@ def run_bench(cfg: BenchConfig, report: str | None = None, *, progress: bool = T
     return out
 
 
-def _fixed_at(rows: list[dict[str, Any]], queries: int, kmax: int, workers: int) -> float:
-    """A worker's fixed busy time per batch (ms) in the plans' runs of ``queries``, ``kmax`` and
-    ``workers`` (:func:`~knnmon.coordinator.bench.ideal.fixed_ms_fit`), else :data:`FIXED_MS`."""
+def _costs_at(rows: list[dict[str, Any]], queries: int, kmax: int, workers: int) -> tuple[float, float]:
+    """What every plan pays at ``workers`` workers, from the plans' runs of ``queries`` and
+    ``kmax`` (:mod:`~knnmon.coordinator.bench.ideal`): a worker's fixed busy time per batch
+    (:func:`~knnmon.coordinator.bench.ideal.fixed_ms_fit`, else :data:`FIXED_MS`) and the least
+    mean routing CPU time per batch (0 without such runs), ms."""
     same = [r for r in rows if (r["queries"], r["kmax"], r["workers"]) == (queries, kmax, workers)
             and r["algorithm"] not in (REFERENCE, IDEAL) and not r.get("interrupted")]
     fit = fixed_ms_fit(same)
-    return FIXED_MS if fit is None else fit
+    return (FIXED_MS if fit is None else fit), min((r["route_cpu_ms_mean"] for r in same), default=0.0)
 
 
 def _main_thread() -> bool:
