@@ -40,7 +40,7 @@ import pyarrow as pa
 
 from knnmon.assignment import ALGORITHMS
 from knnmon.costs import CostModel
-from knnmon.coordinator.bench.ideal import FIXED_MS, IDEAL, fixed_ms_fit, ideal_row
+from knnmon.coordinator.bench.ideal import IDEAL, cost_fit, ideal_row
 from knnmon.coordinator.bench.oracle_check import mismatches
 from knnmon.coordinator.bench.speed_probe import speed_probe_ms
 from knnmon.coordinator.rebalance.config import RebalanceConfig
@@ -312,15 +312,14 @@ def run_bench(cfg: BenchConfig, report: str | None = None, *, progress: bool = T
     return out
 
 
-def _costs_at(rows: list[dict[str, Any]], queries: int, kmax: int, workers: int) -> tuple[float, float]:
+def _costs_at(rows: list[dict[str, Any]], queries: int, kmax: int, workers: int) -> tuple[Any, float]:
     """What every plan pays at ``workers`` workers, from the plans' runs of ``queries`` and
-    ``kmax`` (:mod:`~knnmon.coordinator.bench.ideal`): a worker's fixed busy time per batch
-    (:func:`~knnmon.coordinator.bench.ideal.fixed_ms_fit`, else :data:`FIXED_MS`) and the least
+    ``kmax`` (:mod:`~knnmon.coordinator.bench.ideal`): their fitted costs
+    (:func:`~knnmon.coordinator.bench.ideal.cost_fit`, ``None`` without such runs) and the least
     mean routing CPU time per batch (0 without such runs), ms."""
     same = [r for r in rows if (r["queries"], r["kmax"], r["workers"]) == (queries, kmax, workers)
             and r["algorithm"] not in (REFERENCE, IDEAL) and not r.get("interrupted")]
-    fit = fixed_ms_fit(same)
-    return (FIXED_MS if fit is None else fit), min((r["route_cpu_ms_mean"] for r in same), default=0.0)
+    return cost_fit(same), min((r["route_cpu_ms_mean"] for r in same), default=0.0)
 
 
 def _main_thread() -> bool:
