@@ -25,7 +25,12 @@ role's peak RSS (``coordinator``, ``worker``, ``redis``, ``ray``), the machine's
 initial kNN, plan, start-up), objects/s, update time (ms per batch), Redis's own ``used_memory``
 (and per query), the coordinator's RSS after the stream, each worker's RSS after the stream and
 its bytes per query over an idle worker's (:func:`per_query_in_workers`), and the oracle check.
-The report is rewritten after every run.
+Each row also carries the per-worker figures issue 37 compares: the plan's predicted load and
+the measured busy time per worker (``predicted_worker_loads``, ``busy_ms_per_worker``), per
+batch the busy times, routing CPU and per-worker counts; ``ideal`` in ``--algorithms`` runs every
+query on one worker once per ``n`` and adds, for each ``W``, the bound no assignment beats
+(:mod:`knnmon.coordinator.bench.ideal`, priced from the other algorithms' rows at that ``n``
+and ``W``). The report is rewritten after every run.
 """
 
 from __future__ import annotations
@@ -157,7 +162,9 @@ def run_child(a: argparse.Namespace) -> None:
 
     t0 = time.perf_counter()
     queries = load_queries(a.queries).slice(0, a.n)
-    config = RunConfig(workers=a.workers[0], algorithm=a.algorithms[0], initial=a.initial, batch=a.batch,
+    one = a.algorithms[0] == "ideal"  # (every query on one worker: the ideal's counts)
+    config = RunConfig(workers=1 if one else a.workers[0], algorithm="random" if one else a.algorithms[0],
+                       initial=a.initial, batch=a.batch,
                        batches=a.batches, in_flight=1, seed=a.seed,
                        store=StoreConfig(namespace="scale", data_dir=None))
     out: dict[str, Any] = {}
@@ -172,6 +179,11 @@ def run_child(a: argparse.Namespace) -> None:
                     "initial_objects": s.initial_objects, "timings_s": {k: round(v, 1) for k, v in s.startup_s.items()},
                     "plan": {k: v for k, v in rt.plan.summary.items() if not isinstance(v, list | dict)},
                     "worker_peak_rss_mb_self": [round(w["peak_rss_mb"], 1) for w in s.workers_stats],
+                    "workers": rt.config.workers, "route_cpu_ms_mean": s.route_cpu_ms_mean,
+                    "predicted_worker_loads": s.predicted_worker_loads, "busy_ms_per_worker": s.busy_ms_per_worker,
+                    "busy_ms_per_batch": [r.busy_ms for r in rt.reports],
+                    "route_cpu_ms_per_batch": [r.route_cpu_ms for r in rt.reports],
+                    "per_worker_per_batch": [r.per_worker for r in rt.reports],
                     "redis_used_memory_gb": round(info["used_memory"] / 2**30, 2),
                     "redis_used_memory_peak_gb": round(info["used_memory_peak"] / 2**30, 2),
                     "redis_bytes_per_query": round(info["used_memory"] / max(queries.num_rows, 1)),
@@ -215,27 +227,42 @@ def main() -> None:
     report: dict[str, Any] = {"machine": machine, "args": {k: v for k, v in vars(a).items() if k != "child_report"},
                               "rows": []}
     for n in [int(x) for x in a.n.split(",")]:
-        for w in a.workers:
-            for algo in a.algorithms:
-                with tempfile.TemporaryDirectory() as tmp:
-                    child_report = os.path.join(tmp, "run.json")
-                    cmd = [sys.executable, os.path.abspath(__file__), "--objects", a.objects, "--queries", a.queries,
-                           "--n", str(n), "--workers", str(w), "--algorithms", algo, "--initial", str(a.initial),
-                           "--batch", str(a.batch), "--batches", str(a.batches), "--check-sample",
-                           str(a.check_sample), "--seed", str(a.seed), "--child-report", child_report]
-                    print(f"paper_scale: n={n:,} W={w} {algo}", file=sys.stderr, flush=True)
-                    child = subprocess.Popen(cmd)
-                    mem = watch(child, a.timeout)
-                    row: dict[str, Any] = {"n": n, "workers": w, "algorithm": algo, "exit": child.returncode, **mem}
-                    if os.path.exists(child_report):
-                        with open(child_report, encoding="utf-8") as fh:
-                            row.update(json.load(fh))
-                report["rows"].append(row)
-                print(f"  exit {row['exit']}, {row['wall_s']} s, peak PSS {row['peak_pss_sum_gb']} GB, "
-                      f"{row.get('objects_per_s', 0):,.0f} obj/s, exact={row.get('exact')}", file=sys.stderr, flush=True)
-                if a.report:
-                    with open(a.report, "w", encoding="utf-8") as fh:
-                        json.dump(report, fh, indent=1)
+        runs = [(w, algo) for w in a.workers for algo in a.algorithms if algo != "ideal"]
+        for w, algo in runs + ([(1, "ideal")] if "ideal" in a.algorithms else []):
+            with tempfile.TemporaryDirectory() as tmp:
+                child_report = os.path.join(tmp, "run.json")
+                cmd = [sys.executable, os.path.abspath(__file__), "--objects", a.objects, "--queries", a.queries,
+                       "--n", str(n), "--workers", str(w), "--algorithms", algo, "--initial", str(a.initial),
+                       "--batch", str(a.batch), "--batches", str(a.batches), "--check-sample",
+                       str(a.check_sample), "--seed", str(a.seed), "--child-report", child_report]
+                print(f"paper_scale: n={n:,} W={w} {algo}", file=sys.stderr, flush=True)
+                child = subprocess.Popen(cmd)
+                mem = watch(child, a.timeout)
+                row: dict[str, Any] = {"n": n, "workers": w, "algorithm": algo, "exit": child.returncode, **mem}
+                if os.path.exists(child_report):
+                    with open(child_report, encoding="utf-8") as fh:
+                        row.update(json.load(fh))
+            if algo == "ideal" and row.get("per_worker_per_batch"):
+                row = {**row, "algorithm": "ideal-one-worker"}
+                report["rows"] += [ideal_at(row, n, v, report["rows"]) for v in a.workers]
+            report["rows"].append(row)
+            print(f"  exit {row['exit']}, {row['wall_s']} s, peak PSS {row['peak_pss_sum_gb']} GB, "
+                  f"{row.get('objects_per_s', 0):,.0f} obj/s, exact={row.get('exact')}", file=sys.stderr, flush=True)
+            if a.report:
+                with open(a.report, "w", encoding="utf-8") as fh:
+                    json.dump(report, fh, indent=1)
+
+
+def ideal_at(one: dict[str, Any], n: int, workers: int, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The ideal row at ``workers`` from the one-worker run ``one``, priced from the rows of ``n``
+    queries at ``workers`` (:func:`knnmon.coordinator.bench.ideal.ideal_row`)."""
+    from knnmon.coordinator.bench.ideal import cost_fit, ideal_row
+
+    same = [r for r in rows if r["n"] == n and r["workers"] == workers and r.get("per_worker_per_batch")
+            and not r["algorithm"].startswith("ideal")]
+    row = ideal_row({**one, "workers": 1}, workers, one["route_cpu_ms_per_batch"], cost_fit(same),
+                    min((r["route_cpu_ms_mean"] for r in same), default=0.0))
+    return {**row, "n": n, "algorithm": "ideal"}
 
 
 if __name__ == "__main__":

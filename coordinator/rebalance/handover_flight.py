@@ -7,8 +7,8 @@ those workers. Here the dispatch waits for neither:
 1. at the move's boundary, :func:`send_moves` sends each source one ``export_parts`` (one
    export per source, one result per move) and each move's target ``adopt_queries`` of its
    part's object ref
-   (:meth:`~knnmon.coordinator.runtime.worker_pool.WorkerPool.hand_over`: Ray hands the export
-   to the target, not through the coordinator). The registrar's query -> worker map switches at
+   (with Ray actors the object ref is the adoption's argument: Ray hands the export to the
+   target, not through the coordinator). The registrar's query -> worker map switches at
    once, and the routing table forwards to the target every object it routes to the source
    (:meth:`~knnmon.assignment.routing.RoutingTable.forward`);
 2. at a later boundary, once every export and adoption answered (:meth:`MovesInFlight.ready`),
@@ -67,8 +67,11 @@ def send_moves(pool: WorkerPool, registrar: Registrar, moves: Sequence[Move],
         if mine:
             by_source.setdefault(m.source, []).append((m, mine))
     for source, parts in sorted(by_source.items()):  # one export per source, one adoption per move
-        calls = pool.hand_over(source, [(mine, m.target, {**(note or {}), "moved_from": str(source)})
-                                        for m, mine in parts])
+        exported = pool.export_parts(source, [mine for _, mine in parts])
+        # (with Ray actors the export's object ref is the adoption's argument: the target's call
+        # waits for it in Ray, not here, and runs in order with the target's other calls)
+        calls = [(e, pool.adopt(m.target, e.value, None, {**(note or {}), "moved_from": str(source)}))
+                 for e, (m, _) in zip(exported, parts)]
         for (m, mine), (exported, adopted) in zip(parts, calls):
             sent.append((m, exported, adopted))
             routing.forward(m.source, m.target)

@@ -23,6 +23,7 @@ import numpy as np
 
 from knnmon.batch import ObjectBatch, ObjectInfo, QueryHandover, Refills
 from knnmon.coordinator.runtime.config import RunConfig
+from knnmon.coordinator.runtime.ray_start import init_ray
 from knnmon.errors import WorkerLostError
 from knnmon.query import QueryColumns
 from knnmon.workers.interface import WorkerApi
@@ -147,8 +148,7 @@ class WorkerPool(ABC):
         return self._send(worker, WorkerApi.adopt_queries, handover, vocabulary, note)
 
     def export_parts(self, worker: int, parts: Sequence[Sequence[str]]) -> list[Pending]:
-        """:meth:`KnnWorker.export_parts`: one export of every part's queries, one result per
-        part (with Ray actors, one object ref each)."""
+        """:meth:`KnnWorker.export_parts`: one export, one result per part (Ray: an object ref each)."""
         if len(parts) == 1:
             return [self.export(worker, parts[0])]
         return self._call_parts(worker, WorkerApi.export_parts.__name__, len(parts), [list(p) for p in parts])
@@ -156,16 +156,6 @@ class WorkerPool(ABC):
     def _call_parts(self, worker: int, method: str, n: int, *args: Any) -> list[Pending]:
         """``method(*args)``, whose result is a tuple of ``n``, as ``n`` pending results."""
         return [Pending(worker, v) for v in self.gather([self.call(worker, method, *args)])[0]]
-
-    def hand_over(self, source: int, parts: Sequence[tuple[Sequence[str], int, Mapping[str, str] | None]]
-                  ) -> list[tuple[Pending, Pending]]:
-        """``source``'s export of each part's queries (one :meth:`export_parts`) handed straight
-        to that part's target's :meth:`adopt` (``parts``: ``(qids, target, note)``). With Ray
-        actors the export's object ref is the adoption's argument: the target's call waits for
-        it in Ray, not in the caller, and runs in order with the target's other calls. The
-        ``(export, adoption)`` calls of each part, sent."""
-        exported = self.export_parts(source, [qids for qids, _, _ in parts])
-        return [(e, self.adopt(target, e.value, None, note)) for e, (_, target, note) in zip(exported, parts)]
 
     def release_handed(self, worker: int) -> Pending:
         """:meth:`KnnWorker.release_handed`."""
@@ -421,22 +411,6 @@ class RayPool(WorkerPool):
         self.actors, self.spare = [], None
         if self._started_ray:
             self._ray.shutdown()
-
-
-def init_ray(address: str | None = None) -> bool:
-    """Join the Ray cluster at ``address`` (or ``RAY_ADDRESS``), else start a local instance
-    (all cores, no dashboard, 512 MiB object store); returns ``True`` if it started Ray."""
-    import ray
-
-    if ray.is_initialized():
-        return False
-    address = address or os.environ.get("RAY_ADDRESS")
-    if address:
-        ray.init(address=address, log_to_driver=False)
-    else:
-        ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False,
-                 object_store_memory=512 * 1024 * 1024, log_to_driver=False)
-    return True
 
 
 def make_pool(config: RunConfig, redis_url: str | None, vocabulary: Mapping[str, int], *,

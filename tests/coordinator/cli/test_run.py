@@ -109,13 +109,15 @@ def test_rebalance_replanning_to_the_last_batch_ends_with_a_report(executor, pla
              "--rebalance-min-gain", "0", "--rebalance-budget", "0.2"]
     report = tmp_path / "run.json"
     rc = main(["run", "--objects", str(places_slice), "--queries", str(qfile), "--workers", "3",
-               "--executor", executor, "--initial", "5000", "--batch", "1000", "--batches", "5", "--redis", redis_url,
+               "--executor", executor, "--initial", "5000", "--batch", "500", "--batches", "10", "--redis", redis_url,
                "--namespace", namespace, "--report", str(report), "--quiet", "--rebalance", *eager])
     assert rc == 0
     s = json.loads(report.read_text())
-    assert s["batches"] == 5 and s["queries_moved"] > 0
+    assert s["batches"] == 10 and s["queries_moved"] > 0
+    # (with Ray a move's hand-over lands, and its release narrows, at later boundaries before
+    # the next re-plan: one re-plan in 3-4 batches)
     last = max(r["batch"] for r in s["replans"])
-    assert last >= 3 and len(s["replans"]) >= (4 if executor == "inline" else 2)  # (batches 0-4)
+    assert last >= 6 and len(s["replans"]) >= (8 if executor == "inline" else 2)  # (batches 0-9)
     assert "re-balancing:" in capsys.readouterr().out
     assert not _calling_threads()
     if executor == "ray":  # (the bench runs Ray actors only)

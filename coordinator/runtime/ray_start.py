@@ -1,0 +1,23 @@
+"""Joining or starting Ray for a run (:func:`init_ray`; the worker pool and the bench use it)."""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["init_ray"]
+
+
+def init_ray(address: str | None = None) -> bool:
+    """Join the Ray cluster at ``address`` (or ``RAY_ADDRESS``), else start a local instance
+    (all cores, no dashboard, 512 MiB object store); returns ``True`` if it started Ray."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    address = address or os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address, log_to_driver=False)
+    else:
+        ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False,
+                 object_store_memory=512 * 1024 * 1024, log_to_driver=False)
+    return True
