@@ -256,12 +256,11 @@ def main() -> None:
 def ideal_at(one: dict[str, Any], n: int, workers: int, rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The ideal row at ``workers`` from the one-worker run ``one``, priced from the rows of ``n``
     queries at ``workers`` (:func:`knnmon.coordinator.bench.ideal.ideal_row`)."""
-    from knnmon.coordinator.bench.ideal import cost_fit, ideal_row
+    from knnmon.coordinator.bench.ideal import ideal_row
 
     same = [r for r in rows if r["n"] == n and r["workers"] == workers and r.get("per_worker_per_batch")
             and not r["algorithm"].startswith("ideal")]
-    row = ideal_row({**one, "workers": 1}, workers, one["route_cpu_ms_per_batch"], cost_fit(same),
-                    min((r["route_cpu_ms_mean"] for r in same), default=0.0))
+    row = ideal_row({**one, "workers": 1}, workers, same)
     return {**row, "n": n, "algorithm": "ideal"}
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 
 import numpy as np
 
@@ -84,13 +83,7 @@ class Handover:
         """:meth:`export_queries` of every part's queries at once (a move's queries for several
         targets: one pass, not one per target); one handover per part, in order, each with its
         share of the export's seconds."""
-        whole = self.export_queries([q for part in parts for q in part])
-        at = {q: i for i, q in enumerate(whole.queries.ids)}
-        out = []
-        for part in parts:
-            h = whole.take([at[q] for q in part if q in at])
-            out.append(replace(h, seconds=whole.seconds * len(h) / max(len(whole), 1)))
-        return tuple(out)
+        return tuple(self.export_queries([q for part in parts for q in part]).split(parts))
 
     def adopt_queries(self, handover: QueryHandover, vocabulary: Mapping[str, int] | None = None,
                       note: Mapping[str, str] | None = None) -> tuple[int, float]:

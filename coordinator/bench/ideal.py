@@ -77,24 +77,24 @@ def cost_fit(rows: Sequence[dict[str, Any]]) -> np.ndarray | None:
     return out
 
 
-def ideal_row(one: dict[str, Any], workers: int, route_cpu_ms: Sequence[float], costs: np.ndarray | None = None,
-              route_floor_ms: float = 0.0) -> dict[str, Any]:
+def ideal_row(one: dict[str, Any], workers: int, plans: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
     """The ideal row for ``workers`` workers (module docstring) from ``one``, the bench row of
-    the same stream with every query on one worker (its ``per_worker_per_batch`` counts), that
-    run's routing CPU time per batch ``route_cpu_ms`` ``(b,)`` ms, ``costs`` (:func:`cost_fit`
-    of the plans at ``workers``; ``None``: ``one``'s busy time shared, with :data:`FIXED_MS`), and
-    ``route_floor_ms``: the least mean routing time of the plans at ``workers``, which the
-    ideal's routing takes (routing to ``W`` workers costs a call to each per batch, which the
-    one-worker run did not pay; the routing does not depend on the plan otherwise); 0: the
-    one-worker run's.
+    the same stream with every query on one worker (its ``per_worker_per_batch`` counts and
+    ``route_cpu_ms_per_batch``), priced from ``plans``: the rows of the plans' runs of the same
+    stream at ``workers`` (:func:`cost_fit`; their least mean routing time is the ideal's:
+    routing to ``W`` workers costs a call to each per batch, which the one-worker run did not
+    pay, and does not depend on the plan otherwise). Without ``plans``: ``one``'s busy time
+    shared, with :data:`FIXED_MS`, and its routing.
 
     Raises
     ------
     ValueError
-        ``one`` is not a one-worker row, or ``route_cpu_ms`` is not one value per batch.
+        ``one`` is not a one-worker row, or its routing times are not one per batch.
     """
+    costs = cost_fit(plans)
+    route_floor_ms = min((r["route_cpu_ms_mean"] for r in plans), default=0.0)
     busy1 = np.asarray(one["busy_ms_per_batch"], dtype=np.float64).reshape(-1)
-    route = np.asarray(route_cpu_ms, dtype=np.float64)
+    route = np.asarray(one["route_cpu_ms_per_batch"], dtype=np.float64)
     if one["workers"] != 1 or len(route) != len(busy1):
         raise ValueError(f"an ideal row needs a one-worker run with its routing time per batch; got "
                          f"{one['workers']} workers, {len(busy1)} batches, {len(route)} routing times")

@@ -40,7 +40,7 @@ import pyarrow as pa
 
 from knnmon.assignment import ALGORITHMS
 from knnmon.costs import CostModel
-from knnmon.coordinator.bench.ideal import IDEAL, cost_fit, ideal_row
+from knnmon.coordinator.bench.ideal import IDEAL, ideal_row
 from knnmon.coordinator.bench.oracle_check import mismatches
 from knnmon.coordinator.bench.speed_probe import speed_probe_ms
 from knnmon.coordinator.rebalance.config import RebalanceConfig
@@ -289,8 +289,7 @@ def run_bench(cfg: BenchConfig, report: str | None = None, *, progress: bool = T
                             f" ms, imbalance {row['imbalance_ms_mean']:.1f} ms, {row['objects_per_s']:,.0f} obj/s"
                             + (f", exact={row['exact']}" if row["exact"] is not None else ""))
                         if algorithm == IDEAL:  # the bound at every W, from the one-worker run
-                            rows = [ideal_row(row, v, row["route_cpu_ms_per_batch"],
-                                              *_costs_at(out["rows"], n, kmax, v)) for v in cfg.workers]
+                            rows = [ideal_row(row, v, _plans_at(out["rows"], n, kmax, v)) for v in cfg.workers]
                             log("  ideal: sim update " + ", ".join(f"W={r['workers']} {r['update_ms_sim_mean']:.1f} ms"
                                                                    for r in rows))
                         out["rows"].extend(rows if algorithm == IDEAL else [row])
@@ -312,14 +311,12 @@ def run_bench(cfg: BenchConfig, report: str | None = None, *, progress: bool = T
     return out
 
 
-def _costs_at(rows: list[dict[str, Any]], queries: int, kmax: int, workers: int) -> tuple[Any, float]:
-    """What every plan pays at ``workers`` workers, from the plans' runs of ``queries`` and
-    ``kmax`` (:mod:`~knnmon.coordinator.bench.ideal`): their fitted costs
-    (:func:`~knnmon.coordinator.bench.ideal.cost_fit`, ``None`` without such runs) and the least
-    mean routing CPU time per batch (0 without such runs), ms."""
-    same = [r for r in rows if (r["queries"], r["kmax"], r["workers"]) == (queries, kmax, workers)
+def _plans_at(rows: list[dict[str, Any]], queries: int, kmax: int, workers: int) -> list[dict[str, Any]]:
+    """The plans' rows (not the reference's or the ideal's) of ``queries``, ``kmax`` and
+    ``workers``, that ran to the end: what the ideal is priced from
+    (:func:`~knnmon.coordinator.bench.ideal.ideal_row`)."""
+    return [r for r in rows if (r["queries"], r["kmax"], r["workers"]) == (queries, kmax, workers)
             and r["algorithm"] not in (REFERENCE, IDEAL) and not r.get("interrupted")]
-    return cost_fit(same), min((r["route_cpu_ms_mean"] for r in same), default=0.0)
 
 
 def _main_thread() -> bool:

@@ -96,11 +96,12 @@ class MovesInFlight:
 
     def __init__(self, sent: list[tuple[Move, Pending, Pending]], queries: int, send_seconds: float) -> None:
         self.sent, self.queries, self.send_seconds = sent, queries, send_seconds
+        self.pending = [p for _, e, a in sent for p in (e, a)]  # (export, adoption) per move
         self.started = time.perf_counter()
 
     def ready(self, pool: WorkerPool) -> bool:
         """Whether every export and adoption answered (:meth:`land` would not wait)."""
-        return pool.ready([p for _, e, a in self.sent for p in (e, a)])
+        return pool.ready(self.pending)
 
     def land(self, pool: WorkerPool, registrar: Registrar) -> dict[str, Any]:
         """Route the moved queries to their targets, stop forwarding, send the sources' release
@@ -114,7 +115,7 @@ class MovesInFlight:
             A source or target died before it answered.
         """
         t0 = time.perf_counter()
-        out = pool.gather_each([p for _, e, a in self.sent for p in (e, a)])
+        out = pool.gather_each(self.pending)
         lost = next((x for x in out if isinstance(x, Exception)), None)
         if lost is not None:  # (the moved queries' state cannot be told: stop, as a loss with batches in flight)
             m = self.sent[out.index(lost) // 2][0]

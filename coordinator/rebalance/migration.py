@@ -110,9 +110,7 @@ def migrate(pool: WorkerPool, registrar: Registrar, moves: Sequence[Move], *, no
     routing = registrar.plan.routing
     adopts, parts = [], []
     for s, h in zip(sources, exports):
-        at = {q: i for i, q in enumerate(h.queries.ids)}
-        for m in by_source[s]:
-            part = h.take([at[q] for q in m.qids if q in at])
+        for m, part in zip(by_source[s], h.split([m.qids for m in by_source[s]])):
             if not len(part):
                 continue
             vocabulary = {x: routing.code(x) for kws in part.queries.keywords for x in kws}

@@ -176,11 +176,15 @@ class Rebalancer:
         record.update(queries_moved=done["queries"], land_seconds=round(done["land_seconds"], 4),
                       move_phases_ms=done["phases_ms"])
         phases = done["phases_ms"]
-        cost_ms = phases["send"] + phases["land"] + phases["export"] + phases["adopt"]
-        if done["queries"] and (self._largest_move is None or done["queries"] >= self._largest_move[0]):
-            self._largest_move = (done["queries"], cost_ms)
+        self._note_cost(done["queries"], phases["send"] + phases["land"] + phases["export"] + phases["adopt"])
         self._releasing = (record, done["release"])
         self.records.store(record, update=True)
+
+    def _note_cost(self, moved: int, ms: float) -> None:
+        """Keep a move of ``moved`` queries that cost ``ms`` as the one later moves' costs are
+        scaled from, if it is the largest so far (:attr:`_largest_move`)."""
+        if moved and (self._largest_move is None or moved >= self._largest_move[0]):
+            self._largest_move = (moved, ms)
 
     def close(self) -> None:
         """Stop the planning thread, waiting for a re-plan in it (its workers answer, or are
@@ -298,8 +302,8 @@ class Rebalancer:
         self.queries_moved += moved
         self.monitor.reset(plan.predicted_ms if moved else None)
         seconds = time.perf_counter() - t0
-        if moved and flight is None and (self._largest_move is None or moved >= self._largest_move[0]):
-            self._largest_move = (moved, 1e3 * move_s)  # (a move in flight: when it lands, _land)
+        if flight is None:  # (a move in flight: when it lands, _land)
+            self._note_cost(moved, 1e3 * move_s)
         if moved:
             self._floor_ms = 0.0
         record = {"replan": number, "batch": batch, "asked_after_batch": asked_at, "trigger": round(trigger, 4),

@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -405,6 +405,16 @@ class QueryHandover:
     def members(self) -> list[list[str]]:
         """Each query's result as written: the ids of its first ``k`` kept places."""
         return self.topk.firsts(np.asarray(self.queries.k, dtype=np.int64))
+
+    def split(self, parts: Sequence[Sequence[str]]) -> list[QueryHandover]:
+        """One handover per part of query ids, in order; an id not handed over here is skipped
+        (each part's ``seconds``: its share of this export's, by queries)."""
+        at = {q: i for i, q in enumerate(self.queries.ids)}
+        out = []
+        for part in parts:
+            h = self.take([at[q] for q in part if q in at])
+            out.append(replace(h, seconds=self.seconds * len(h) / max(len(self), 1)))
+        return out
 
     def take(self, rows: Sequence[int]) -> QueryHandover:
         """The queries ``rows`` (indices, in that order) with their places and objects."""
