@@ -19,6 +19,7 @@ from knnmon.assignment.base import Plan
 from knnmon.assignment.loadmodel import LoadModel
 from knnmon.assignment.region_entries import (compile_region_entries, merge_entries, merge_sorted, region_entries,
                                              withdraw)
+from knnmon.assignment.routing_changes import RunTimeChanges
 from knnmon.assignment.workload import Workload
 from knnmon.encoding import keyword_codes
 from knnmon.errors import InvalidArgumentError
@@ -54,7 +55,7 @@ def popcount(masks: np.ndarray) -> np.ndarray:
     return np.unpackbits(m.view(np.uint8).reshape(-1, 8), axis=1).sum(axis=1).astype(np.int64)
 
 
-class RoutingTable:
+class RoutingTable(RunTimeChanges):
     """``(cell, keyword) -> workers`` as uint64 bitmasks (see the module docstring).
 
     Attributes
@@ -172,18 +173,6 @@ class RoutingTable:
         for source, target in self.forwards:
             out |= ((out >> np.uint64(source)) & np.uint64(1)) << np.uint64(target)
         return out
-
-    def forward(self, source: int, target: int) -> None:
-        """Route to ``target`` every object routed to ``source`` until :meth:`stop_forwarding`:
-        queries moved from ``source`` to ``target`` before their regions are known here (a move
-        in flight, :mod:`~knnmon.coordinator.rebalance.handover_flight`) are still covered by
-        ``source``'s entries, so ``target`` receives a superset of what they need."""
-        self.forwards.append((int(source), int(target)))
-
-    def stop_forwarding(self, pairs: list[tuple[int, int]]) -> None:
-        """Drop the :meth:`forward` of each ``(source, target)`` of ``pairs`` (once each)."""
-        for pair in pairs:
-            self.forwards.remove((int(pair[0]), int(pair[1])))
 
     def route_objects(self, lon: np.ndarray, lat: np.ndarray, keywords: pa.Array) -> np.ndarray:
         """Worker bitmasks of objects given as degrees and a list<string> keyword array."""
@@ -322,27 +311,6 @@ class RoutingTable:
         n_cells = self.grid.n_cells
         return sum(withdraw(keys, masks, codes, bit, keep, n_cells)
                    for keys, masks in ((self.keys, self.masks), (self.delta_keys, self.delta_masks), *self._pending))
-
-    def journal(self, on: bool) -> list[tuple]:
-        """Start (``on``) or stop journaling :meth:`add_many`'s and :meth:`narrow`'s calls
-        (``(name, arguments)``, copies); returns the journal so far and, when stopping, drops it.
-        A rebuild in the background replays the calls made after its snapshot
-        (:meth:`replay`, :mod:`~knnmon.coordinator.runtime.routing_upkeep`)."""
-        journal = self._journal if self._journal is not None else []
-        self._journal = [] if on else None
-        return journal
-
-    def replay(self, journal: list[tuple]) -> int:
-        """Make the calls of a :meth:`journal` again, in order; returns how many queries' regions
-        were added."""
-        added = 0
-        for name, args in journal:
-            if name == "add_many":
-                self.add_many(*args)
-                added += len(args[1])
-            else:
-                self.narrow(*args)
-        return added
 
     def replace_entries(self, always: np.ndarray, keys: np.ndarray, masks: np.ndarray) -> None:
         """Hold these entries instead (a rebuild; codes of this table's vocabulary, keys sorted).
