@@ -4,9 +4,11 @@ An object in cell ``c`` carrying keyword ``key`` must reach every worker holding
 with ``key in q.keywords`` and ``c in R_q``: only such queries can have the object in their kNN
 (``SPEC.md``: it must share a keyword and lie within ``r_q``; ``R_q`` holds the whole kNN circle,
 see :mod:`knnmon.assignment.loadmodel`). The table stores, per keyword, the bitmask of workers
-that need the keyword **everywhere** (a rectangle spanning the grid, e.g. ``r_q = inf``), and,
-sparsely, ``(keyword, cell) -> bitmask`` for the rest. The table is complete by construction: it
-is the exact union of the rectangles per worker and keyword. Bitmasks are uint64, so ``W <= 64``.
+that need the keyword **everywhere** (a rectangle spanning the grid, e.g. ``r_q = inf``),
+sparsely, ``(keyword, cell) -> bitmask`` for the rest, and, for the pairs the entry bound leaves
+out of the cells, a few rectangles per pair (:mod:`knnmon.assignment.routing_regions`). The table
+is complete by construction: per worker and keyword it holds the exact union of the queries'
+rectangles, or a superset of it. Bitmasks are uint64, so ``W <= 64``.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from knnmon.assignment.loadmodel import LoadModel
 from knnmon.assignment.region_entries import (compile_region_entries, merge_entries, merge_sorted, region_entries,
                                              withdraw)
 from knnmon.assignment.routing_changes import RunTimeChanges
+from knnmon.assignment.routing_regions import DEFAULT_TILES, KeywordRegions, compile_regions
 from knnmon.assignment.workload import Workload
 from knnmon.encoding import keyword_codes
 from knnmon.errors import InvalidArgumentError
@@ -65,12 +68,14 @@ class RoutingTable(RunTimeChanges):
     always : ``(K,)`` uint64, workers needing keyword ``code`` in every cell
     keys : ``(p,)`` int64 sorted, ``code * n_cells + cell``
     masks : ``(p,)`` uint64, workers for ``keys``
+    regions : :class:`KeywordRegions`, the pairs held as rectangles (the build's promoted pairs)
     """
 
     def __init__(self, grid: Grid, vocabulary: list[str], always: np.ndarray, keys: np.ndarray,
-                 masks: np.ndarray) -> None:
+                 masks: np.ndarray, regions: KeywordRegions | None = None) -> None:
         self.grid, self.vocabulary = grid, vocabulary
         self.always, self.keys, self.masks = always, keys, masks
+        self.regions = regions if regions is not None else KeywordRegions()
         # Entries added at run time (registrations, a window's refills) go to a small sorted
         # delta, folded into keys/masks once it is an eighth of them: an addition costs
         # O(delta), not O(table).
@@ -86,20 +91,23 @@ class RoutingTable(RunTimeChanges):
         self.stats: dict[str, int | float] = {}
         self._vocab = pa.array(vocabulary, type=pa.string())
         compile_region_entries()  # (from numba's cache after the first time: no batch pays for it)
+        compile_regions()
 
     @classmethod
     def build(cls, workload: Workload, model: LoadModel, plan: Plan,
-              max_entries: int = MAX_ENTRIES) -> RoutingTable:
+              max_entries: int = MAX_ENTRIES, tiles: int = DEFAULT_TILES) -> RoutingTable:
         """The table of ``plan`` (every worker's queries, rectangles and keywords).
 
         A (worker, keyword) pair whose rectangles cover every cell goes to ``always`` (no loss).
         If the other pairs' cells exceed ``max_entries`` (counted per worker, before merging
-        workers), the pairs that save the most cells per extra expected delivery go to
-        ``always`` too, until the rest fit: a pair sent everywhere adds ``P(key) - P(Cov, key)``
-        deliveries per object (:meth:`LoadModel.covered_probability`). Keywords absent from the
-        statistics go last (the model cannot price them). Either way the table stays a superset
-        of what the queries need, so results stay exact; only deliveries grow. :attr:`stats`
-        has the counts.
+        workers), the pairs that save the most cells per extra expected delivery are
+        **promoted** until the rest fit: each is held as its queries' bounding rectangles per
+        tile (:meth:`KeywordRegions.of_queries`, ``tiles`` per side; ``tiles=0``: sent
+        everywhere instead, as before). Sent everywhere, a pair would add ``P(key) - P(Cov,
+        key)`` deliveries per object (:meth:`LoadModel.covered_probability`), the ranking's
+        price and the bound of what its rectangles add. Keywords absent from the statistics go
+        last (the model cannot price them). Either way the table stays a superset of what the
+        queries need, so results stay exact; only deliveries grow. :attr:`stats` has the counts.
 
         Raises
         ------
@@ -127,18 +135,22 @@ class RoutingTable(RunTimeChanges):
             total += int(cells.sum())
             if total <= max_entries:
                 _append_entries(key_parts, bit_parts, model, bit, codes, covered, window)
+        regions = KeywordRegions()
         if total > max_entries:  # promote pairs, then collect the others' cells again
-            promote = pairs.cheapest_to_drop(total - max_entries)
-            always |= pairs.masks(promote, len(always))
+            promoted = pairs.masks(pairs.cheapest_to_drop(total - max_entries), len(always))
+            if tiles:
+                regions = _promoted_regions(workload, plan, promoted & ~always, model.grid.n, tiles)
+            else:
+                always |= promoted
             key_parts, bit_parts = [], []
             for w, bit, codes, covered, window in _coverages(workload, model, plan):
                 if covered is not None:
-                    keep = (always[codes] & bit) == 0
+                    keep = ((always[codes] | promoted[codes]) & bit) == 0
                     _append_entries(key_parts, bit_parts, model, bit, codes[keep], covered[keep],
                                     (window[0][keep], window[1][keep]))
         keys, masks = merge_entries(key_parts, bit_parts)
-        table = cls(model.grid, list(workload.vocabulary), always, keys, masks)
-        table.stats = {"routing_pairs_full": n_full, "routing_pairs": pairs.n,
+        table = cls(model.grid, list(workload.vocabulary), always, keys, masks, regions)
+        table.stats = {"routing_pairs_full": n_full, "routing_pairs": pairs.n, "routing_region_rects": len(regions),
                        "routing_pairs_promoted": pairs.promoted,
                        "routing_promoted_extra_deliveries": pairs.promoted_extra,
                        "routing_pair_cells": total, "routing_entries": len(keys),
@@ -164,7 +176,9 @@ class RoutingTable(RunTimeChanges):
         ok = codes >= 0
         owner, codes = owner[ok], codes[ok]
         np.bitwise_or.at(out, owner, self.always[codes])
-        key = codes * self.grid.n_cells + np.asarray(cells, dtype=np.int64)[owner]
+        pair_cells = np.asarray(cells, dtype=np.int64)[owner]
+        self.regions.or_into(out, owner, codes, pair_cells % self.grid.n, pair_cells // self.grid.n)
+        key = codes * self.grid.n_cells + pair_cells
         for keys, masks in ((self.keys, self.masks), (self.delta_keys, self.delta_masks), *self._pending):
             if len(keys):
                 pos = np.minimum(searchsorted_batch(keys, key), len(keys) - 1)
@@ -283,9 +297,10 @@ class RoutingTable(RunTimeChanges):
         left it (a move's source), and ``keep`` are the entries of its remaining queries with
         these keywords (their regions at their current radii, :func:`region_entries`). Its bit
         goes from every other entry of those codes, and from a code's ``always`` mask when no
-        query of it still has the code (``held`` false); a code it holds in ``always`` (a wide
-        region, or a pair the build promoted) keeps its entries. The table stays a superset of
-        what the worker's queries need, so results stay exact. Journaled like :meth:`add_many`.
+        query of it still has the code (``held`` false), and so from its rectangles
+        (:attr:`regions`); a code it holds in ``always`` (a wide region) keeps its entries. The
+        table stays a superset of what the worker's queries need, so results stay exact.
+        Journaled like :meth:`add_many`.
 
         Parameters
         ----------
@@ -307,15 +322,18 @@ class RoutingTable(RunTimeChanges):
             self._journal.append(("narrow", (worker, codes.copy(), held.copy(), np.asarray(keep).copy())))
         bit = np.uint64(1) << np.uint64(worker)
         self.always[codes[~held]] &= ~bit
+        self.regions.withdraw(codes[~held], bit)
         codes = codes[(self.always[codes] & bit) == 0]
         n_cells = self.grid.n_cells
         return sum(withdraw(keys, masks, codes, bit, keep, n_cells)
                    for keys, masks in ((self.keys, self.masks), (self.delta_keys, self.delta_masks), *self._pending))
 
-    def replace_entries(self, always: np.ndarray, keys: np.ndarray, masks: np.ndarray) -> None:
+    def replace_entries(self, always: np.ndarray, keys: np.ndarray, masks: np.ndarray,
+                        regions: KeywordRegions | None = None) -> None:
         """Hold these entries instead (a rebuild; codes of this table's vocabulary, keys sorted).
         Regions not yet merged are dropped: the journal the rebuild replays holds them."""
         self.always, self.keys, self.masks = always, keys, masks
+        self.regions = regions if regions is not None else KeywordRegions()
         self.delta_keys, self.delta_masks = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.uint64)
         self._pending = []
 
@@ -328,7 +346,7 @@ class RoutingTable(RunTimeChanges):
     def nbytes(self) -> int:
         """Memory of the table's arrays in bytes."""
         return int(self.always.nbytes + self.keys.nbytes + self.masks.nbytes + self.delta_keys.nbytes
-                   + self.delta_masks.nbytes)
+                   + self.delta_masks.nbytes + self.regions.nbytes)
 
 
 def _coverages(workload: Workload, model: LoadModel, plan: Plan):
@@ -340,6 +358,17 @@ def _coverages(workload: Workload, model: LoadModel, plan: Plan):
         bit = np.uint64(1) << np.uint64(w)
         for codes, covered, window in model.coverage(owner[e], workload.code[e], workload.rects):
             yield w, bit, codes, covered, window
+
+
+def _promoted_regions(workload: Workload, plan: Plan, promoted: np.ndarray, n: int, tiles: int) -> KeywordRegions:
+    """The rectangles of the promoted pairs (``promoted[code]``: their workers' bits) from their
+    queries' regions."""
+    owner, code = workload.owner, workload.code
+    worker = plan.worker[owner].astype(np.int64)
+    pick = (promoted[code] >> worker.astype(np.uint64)) & np.uint64(1) == 1
+    q = owner[pick]
+    r = workload.rects
+    return KeywordRegions.of_queries(code[pick], worker[pick], r.x0[q], r.y0[q], r.x1[q], r.y1[q], n, tiles)
 
 
 def _append_entries(key_parts: list, bit_parts: list, model: LoadModel, bit: np.uint64, codes: np.ndarray,

@@ -200,7 +200,7 @@ def write_plan(result: PlanResult, out_dir: str) -> None:
         json.dump(result.summary, fh, indent=2)
         fh.write("\n")
     r = result.routing
-    np.savez_compressed(os.path.join(out_dir, "routing.npz"), always=r.always, keys=r.keys, masks=r.masks,
+    np.savez_compressed(os.path.join(out_dir, "routing.npz"), always=r.always, keys=r.keys, masks=r.masks, **r.regions.arrays(),
                         vocabulary=np.array(r.vocabulary, dtype=object), grid=json.dumps(r.grid.to_dict()))
 
 

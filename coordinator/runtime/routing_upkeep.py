@@ -194,11 +194,11 @@ class RoutingUpkeep:
         code = np.fromiter((index.get(w, -1) for w in fresh.vocabulary), dtype=np.int64, count=len(fresh.vocabulary))
         n = self.routing.grid.n_cells
         key_code = code[fresh.keys // n]
-        if (key_code < 0).any() or (code[fresh.always != 0] < 0).any():
+        if (key_code < 0).any() or (code[fresh.always != 0] < 0).any() or (code[fresh.regions.code] < 0).any():
             raise RuntimeError("a routed keyword has no code in the run's table")  # registration gives every one
         keys = key_code * n + fresh.keys % n
         order = np.argsort(keys, kind="stable")
-        entries = (code, fresh.always, keys[order], fresh.masks[order])
+        entries = (code, fresh.always, keys[order], fresh.masks[order], fresh.regions.recoded(code))
         return entries, time.perf_counter() - t0, len(workers)
 
     def _finish(self) -> None:
@@ -220,11 +220,11 @@ class RoutingUpkeep:
             r.replace_entries(np.zeros(len(r.vocabulary), dtype=np.uint64), np.empty(0, np.int64),
                               np.empty(0, np.uint64))
         else:
-            code, fresh_always, keys, masks = fresh
+            code, fresh_always, keys, masks, regions = fresh
             always = np.zeros(len(r.vocabulary), dtype=np.uint64)
             known = code >= 0
             always[code[known]] = fresh_always[known]
-            r.replace_entries(always, keys, masks)
+            r.replace_entries(always, keys, masks, regions)
             self.period = next_period(self.period, self._timed, self._before, r.entries)
         replayed = r.replay(journal)
         self.baseline, self._unregistered_at = r.entries, self._started_unregistered

@@ -40,10 +40,11 @@ def test_unbounded_table_holds_every_pair_as_cells(planned):
 @pytest.mark.parametrize("share", [0.5, 0.1, 0.0])
 def test_bounded_table_stays_complete_and_costs_what_the_model_says(planned, share,
                                                                     assert_routes_every_affected_worker):
+    """``tiles=0``: the promoted pairs go everywhere, and cost exactly the model's price."""
     model, wl, stream, plan, unbounded = planned
     budget = int(unbounded.stats["routing_pair_cells"] * share)
-    table = RoutingTable.build(wl, model, plan, max_entries=budget)
-    assert len(table.keys) <= budget
+    table = RoutingTable.build(wl, model, plan, max_entries=budget, tiles=0)
+    assert len(table.keys) <= budget and len(table.regions) == 0
     assert table.stats["routing_pairs_promoted"] > 0
     if budget == 0:
         assert table.stats["routing_pairs_promoted"] == unbounded.stats["routing_pairs"]
@@ -51,6 +52,28 @@ def test_bounded_table_stays_complete_and_costs_what_the_model_says(planned, sha
     # Sending a pair everywhere adds P(key) - P(Cov, key) per object to its worker, as reported.
     added = worker_deliveries(table, model, WORKERS).sum() - worker_deliveries(unbounded, model, WORKERS).sum()
     assert added == pytest.approx(table.stats["routing_promoted_extra_deliveries"], rel=1e-6, abs=1e-12)
+
+
+@pytest.mark.parametrize("share", [0.5, 0.0])
+def test_promoted_pairs_held_as_rectangles_stay_complete_and_cost_less(planned, share,
+                                                                       assert_routes_every_affected_worker):
+    """By default the promoted pairs are held as their queries' rectangles per tile: complete,
+    within the bound, and fewer deliveries than sending them everywhere (the model's price)."""
+    model, wl, stream, plan, unbounded = planned
+    budget = int(unbounded.stats["routing_pair_cells"] * share)
+    table = RoutingTable.build(wl, model, plan, max_entries=budget)
+    assert len(table.keys) <= budget
+    assert 0 < table.stats["routing_region_rects"] == len(table.regions)
+    assert_routes_every_affected_worker(wl, plan, table, stream.slice(0, 3000))
+    added = worker_deliveries(table, model, WORKERS).sum() - worker_deliveries(unbounded, model, WORKERS).sum()
+    assert -1e-9 <= added < 0.5 * table.stats["routing_promoted_extra_deliveries"]
+    # Each rectangle bounds regions of one worker's queries with its keyword.
+    w_of = plan.worker[wl.owner]
+    for i in np.random.default_rng(0).choice(len(table.regions), min(50, len(table.regions)), replace=False):
+        r = table.regions
+        mine = (wl.code == r.code[i]) & ((r.mask[i] >> w_of.astype(np.uint64)) & np.uint64(1) == 1)
+        q = wl.owner[mine]
+        assert len(q) and (wl.rects.x0[q] >= r.x0[i]).any() and (wl.rects.x1[q] <= r.x1[i]).any()
 
 
 def test_the_pairs_with_fewest_extra_deliveries_per_cell_go_first():

@@ -87,6 +87,26 @@ def small(places_slice, slice_queries):
     return str(places_slice), load_queries(str(slice_queries)).slice(0, 1500), objects
 
 
+def test_a_bounded_routing_table_holds_pairs_as_rectangles_through_a_rebuild(small, redis_url, namespace, tmp_path):
+    """A table bounded far below its pairs' cells holds the rest as rectangles (issue 37), at the
+    plan and after a run-time rebuild (the rectangles recoded into the run's keyword codes): the
+    results stay exact."""
+    objects_dir, queries, objects = small
+    config = RunConfig(workers=3, initial=4000, batch=500, routing_entries=2000, executor="inline",
+                       store=StoreConfig(redis_url, namespace, str(tmp_path)))
+    with Runtime(objects_dir, queries, config) as rt:
+        routing = rt.dispatcher.routing
+        assert len(routing.keys) <= 2000 and len(routing.regions) > 0
+        for _, b in zip(range(4), rt.batches()):
+            rt.process(b)
+        rt.upkeep.rebuild()
+        assert len(routing.regions) > 0
+        words = {routing.vocabulary[c] for c in routing.regions.code.tolist()}
+        assert words <= {w for kws in queries.column("keywords").to_pylist() for w in kws}
+        rt.run(progress=False)
+        assert_exact(redis_url, namespace, queries, BruteForceKnn(objects))
+
+
 @pytest.mark.parametrize("overlap", [True, False], ids=["writes-overlapped", "sync-writes"])
 def test_one_inline_worker(small, redis_url, namespace, tmp_path, overlap):
     objects_dir, queries, objects = small
