@@ -165,14 +165,15 @@ def run_child(a: argparse.Namespace) -> None:
     one = a.algorithms[0] == "ideal"  # (every query on one worker: the ideal's counts)
     config = RunConfig(workers=1 if one else a.workers[0], algorithm="random" if one else a.algorithms[0],
                        initial=a.initial, batch=a.batch,
-                       batches=a.batches, in_flight=1, seed=a.seed,
+                       batches=a.batches, in_flight=1, seed=a.seed, sets_per_worker=a.sets_per_worker,
                        store=StoreConfig(namespace="scale", data_dir=None))
     out: dict[str, Any] = {}
     with Runtime(a.objects, queries, config) as rt:
         out["startup_wall_s"] = round(time.perf_counter() - t0, 1)
         s = rt.run(progress=False)
         info = connect(rt.store.url).info("memory")
-        out.update({"objects_per_s": s.objects_per_s, "update_ms_mean": s.update_ms_mean,
+        out.update({"kmax": int(queries.column("k").to_numpy().max()), "objects_per_s": s.objects_per_s,
+                    "update_ms_mean": s.update_ms_mean,
                     "update_ms_p50": s.update_ms_p50, "update_ms_p99": s.update_ms_p99,
                     "update_ms_sim_mean": s.update_ms_sim_mean, "deliveries_per_object": s.deliveries_per_object,
                     "batches": s.batches, "objects": s.objects, "queries": s.queries,
@@ -212,6 +213,7 @@ def main() -> None:
     p.add_argument("--batches", type=int, default=100, help="streamed batches per run (bounded)")
     p.add_argument("--check-sample", type=int, default=2000, help="queries checked against the oracle")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--sets-per-worker", type=int, default=8, help="the proposed plan's sets per worker")
     p.add_argument("--timeout", type=float, default=3600, help="seconds before a run is killed")
     p.add_argument("--report", help="JSON report path")
     p.add_argument("--child-report", help=argparse.SUPPRESS)
@@ -234,7 +236,8 @@ def main() -> None:
                 cmd = [sys.executable, os.path.abspath(__file__), "--objects", a.objects, "--queries", a.queries,
                        "--n", str(n), "--workers", str(w), "--algorithms", algo, "--initial", str(a.initial),
                        "--batch", str(a.batch), "--batches", str(a.batches), "--check-sample",
-                       str(a.check_sample), "--seed", str(a.seed), "--child-report", child_report]
+                       str(a.check_sample), "--seed", str(a.seed), "--sets-per-worker", str(a.sets_per_worker),
+                       "--child-report", child_report]
                 print(f"paper_scale: n={n:,} W={w} {algo}", file=sys.stderr, flush=True)
                 child = subprocess.Popen(cmd)
                 mem = watch(child, a.timeout)

@@ -1,0 +1,55 @@
+"""The paper's Figs. 9-11 from ``benchmarks/paper_scale.py`` reports (issue 37, item 3): simulated
+parallel update time and load imbalance against workers, ``k_max`` and queries, one line per
+plan (proposed, random, ideal), drawn by :func:`knnmon.coordinator.bench.plots.plot_report`.
+
+    python benchmarks/sweep_plots.py docs/bench/sweep_*.json --out docs/plots --prefix scale_
+
+Load imbalance is the paper's: per batch, the slowest worker's busy time minus the fastest's,
+averaged over the batches (0 for the ideal, which is balanced by construction). Rows that did not
+finish (no ``update_ms_sim_mean``) are left out and listed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+import numpy as np
+
+from knnmon.coordinator.bench.plots import plot_report
+
+
+def plot_rows(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows :func:`plot_report` takes (``workers``, ``kmax``, ``queries``, ``algorithm``,
+    ``update_ms_sim_mean``, ``imbalance_ms_mean``) from paper_scale reports' rows."""
+    out = []
+    for report in reports:
+        kmax = {r["n"]: r["kmax"] for r in report["rows"] if r.get("kmax")}
+        for r in report["rows"]:
+            if r["algorithm"] == "ideal-one-worker":
+                continue
+            if r.get("update_ms_sim_mean") is None:
+                print(f"left out (unfinished): n={r['n']:,} W={r['workers']} {r['algorithm']}", file=sys.stderr)
+                continue
+            busy = np.asarray(r.get("busy_ms_per_batch") or [[0.0]], dtype=np.float64)
+            out.append({"workers": r["workers"], "kmax": r.get("kmax", kmax.get(r["n"])), "queries": r["n"],
+                        "algorithm": r["algorithm"], "update_ms_sim_mean": r["update_ms_sim_mean"],
+                        "imbalance_ms_mean": float((busy.max(axis=1) - busy.min(axis=1)).mean())})
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("reports", nargs="+", help="paper_scale.py reports (JSON)")
+    p.add_argument("--out", default="docs/plots", help="directory of the PNGs")
+    p.add_argument("--prefix", default="scale_")
+    a = p.parse_args()
+    reports = [json.load(open(path, encoding="utf-8")) for path in a.reports]
+    for path in plot_report(plot_rows(reports), a.out, prefix=a.prefix):
+        print(path)
+
+
+if __name__ == "__main__":
+    main()
