@@ -36,10 +36,14 @@ DEFAULT_TILES = 4
 
 @jit
 def _or_masks(r_code, x0, y0, x1, y1, mask, owner, code, cx, cy, out) -> None:
-    """``out[owner[i]] |= mask[j]`` for every rectangle ``j`` of ``code[i]`` holding ``(cx[i], cy[i])``."""
+    """``out[owner[i]] |= mask[j]`` for every rectangle ``j`` of ``code[i]`` holding ``(cx[i], cy[i])``
+    (a run of equal codes, such as the load model's pairs sorted by keyword, is searched once)."""
     n = len(r_code)
+    last, first = -1, 0
     for i in range(len(code)):
-        j = np.searchsorted(r_code, code[i])
+        if code[i] != last:
+            last, first = code[i], np.searchsorted(r_code, code[i])
+        j = first
         x, y = cx[i], cy[i]
         while j < n and r_code[j] == code[i]:
             if x0[j] <= x <= x1[j] and y0[j] <= y <= y1[j]:

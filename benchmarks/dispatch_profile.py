@@ -1,0 +1,65 @@
+"""Profile the coordinator's routing of each batch (``Dispatcher.dispatch``) in a run shaped like
+``benchmarks/paper_scale.py``'s (``W`` Ray workers, ``in_flight = 1``, an embedded Redis):
+cProfile is on only inside ``dispatch``, and the top functions by own and cumulative time are
+printed (issue 37: routing is about half of the simulated update time at 1 M queries).
+
+    python benchmarks/dispatch_profile.py --objects /tmp/synth20m --queries /tmp/sq1m.parquet \\
+        --n 1000000 --workers 12 --algorithm proposed > docs/bench/profiles/dispatch_1m_proposed.txt
+
+The profiler's own cost per call inflates the many small calls (a dict lookup per distinct
+keyword, each Ray call's Python); compare the shares between plans, not the times with
+unprofiled runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--objects", required=True)
+    p.add_argument("--queries", required=True)
+    p.add_argument("--n", type=int, default=1_000_000)
+    p.add_argument("--workers", type=int, default=12)
+    p.add_argument("--algorithm", default="proposed")
+    p.add_argument("--initial", type=int, default=1_000_000)
+    p.add_argument("--batches", type=int, default=20)
+    p.add_argument("--top", type=int, default=25)
+    a = p.parse_args()
+
+    from knnmon.coordinator.runtime import dispatch
+    from knnmon.coordinator.runtime.config import RunConfig
+    from knnmon.coordinator.runtime.runtime import Runtime
+    from knnmon.ingest.reading import load_queries
+    from knnmon.store import StoreConfig
+
+    queries = load_queries(a.queries).slice(0, a.n)
+    config = RunConfig(workers=a.workers, algorithm=a.algorithm, initial=a.initial, batch=1000, batches=a.batches,
+                       in_flight=1, store=StoreConfig(namespace="profile", data_dir=None))
+    prof = cProfile.Profile()
+    plain = dispatch.Dispatcher.dispatch
+
+    def profiled(self, batch):
+        prof.enable()
+        try:
+            return plain(self, batch)
+        finally:
+            prof.disable()
+
+    dispatch.Dispatcher.dispatch = profiled
+    with Runtime(a.objects, queries, config) as rt:
+        s = rt.run(progress=False)
+    print(f"{a.algorithm} n={a.n:,} W={a.workers}: route_cpu_ms_mean {s.route_cpu_ms_mean:.1f}, "
+          f"sim {s.update_ms_sim_mean:.1f} ms (profiled)")
+    for key in ("tottime", "cumulative"):
+        out = io.StringIO()
+        pstats.Stats(prof, stream=out).sort_stats(key).print_stats(a.top)
+        print(out.getvalue())
+
+
+if __name__ == "__main__":
+    main()
