@@ -29,26 +29,35 @@ def share_error(predicted, busy) -> float | None:
 
 
 def table(path: Path) -> str:
-    """A markdown table of one report."""
+    """A markdown table of one report; repeats of a (W, plan) (``knnmon bench --repeat``) are
+    averaged, and the table says how many there were."""
     rows = json.loads(path.read_text())["rows"]
     lines = [f"`{path.name}`", "",
-             "| W | plan | sim ms | routing ms | slowest busy ms | mean busy ms | deliveries / object | "
+             "| W | plan | runs | sim ms | routing ms | slowest busy ms | mean busy ms | deliveries / object | "
              "fixed ms per worker | gain over random reached | predicted vs busy, MAE of shares |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for w in sorted({r["workers"] for r in rows}):
-        at = {r["algorithm"]: r for r in rows if r["workers"] == w}
-        random, ideal = at.get("random"), at.get("ideal")
-        for name, r in at.items():
-            busy = np.asarray(r["busy_ms_per_batch"], dtype=np.float64)
+        at: dict[str, list] = {}
+        for r in rows:
+            if r["workers"] == w:
+                at.setdefault(r["algorithm"], []).append(r)
+        sim = {name: float(np.mean([r["update_ms_sim_mean"] for r in rs])) for name, rs in at.items()}
+        for name, rs in at.items():
+            busy = [np.asarray(r["busy_ms_per_batch"], dtype=np.float64) for r in rs]
             reached = "-"
-            if random and ideal and name not in ("random", "ideal"):
-                full = random["update_ms_sim_mean"] - ideal["update_ms_sim_mean"]
-                reached = f"{(random['update_ms_sim_mean'] - r['update_ms_sim_mean']) / full:.0%}" if full > 0 else "-"
-            fixed = f"{r['fixed_ms']:.2f}" if r.get("fixed_ms") is not None else "-"
-            mae = share_error(r.get("predicted_worker_loads"), r.get("busy_ms_per_worker"))
-            lines.append(f"| {w} | {name} | {r['update_ms_sim_mean']:.1f} | {r['route_cpu_ms_mean']:.1f} | "
-                         f"{busy.max(axis=1).mean():.1f} | {busy.mean():.1f} | {r['deliveries_per_object']:.2f} | "
-                         f"{fixed} | {reached} | {'-' if mae is None else f'{mae:.1%}'} |")
+            if "random" in sim and "ideal" in sim and name not in ("random", "ideal"):
+                full = sim["random"] - sim["ideal"]
+                reached = f"{(sim['random'] - sim[name]) / full:.0%}" if full > 0 else "-"
+            fixed = [r["fixed_ms"] for r in rs if r.get("fixed_ms") is not None]
+            mae = [e for e in (share_error(r.get("predicted_worker_loads"), r.get("busy_ms_per_worker")) for r in rs)
+                   if e is not None]
+            lines.append(f"| {w} | {name} | {len(rs)} | {sim[name]:.1f} | "
+                         f"{np.mean([r['route_cpu_ms_mean'] for r in rs]):.1f} | "
+                         f"{np.mean([b.max(axis=1).mean() for b in busy]):.1f} | "
+                         f"{np.mean([b.mean() for b in busy]):.1f} | "
+                         f"{np.mean([r['deliveries_per_object'] for r in rs]):.2f} | "
+                         f"{f'{np.mean(fixed):.2f}' if fixed else '-'} | {reached} | "
+                         f"{f'{np.mean(mae):.1%}' if mae else '-'} |")
     return "\n".join(lines)
 
 
