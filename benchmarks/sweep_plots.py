@@ -45,9 +45,12 @@ def main() -> None:
     p.add_argument("reports", nargs="+", help="paper_scale.py reports (JSON)")
     p.add_argument("--out", default="docs/plots", help="directory of the PNGs")
     p.add_argument("--prefix", default="scale_")
+    p.add_argument("--base", default="workers=12,kmax=10,queries=1000000",
+                   help="the values held while another parameter varies")
     a = p.parse_args()
+    base = {k: int(v) for k, v in (item.split("=") for item in a.base.split(","))}
     reports = [json.load(open(path, encoding="utf-8")) for path in a.reports]
-    for path in plot_report(plot_rows(reports), a.out, prefix=a.prefix):
+    for path in plot_report(plot_rows(reports), a.out, prefix=a.prefix, base=base):
         print(path)
 
 

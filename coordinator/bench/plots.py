@@ -19,10 +19,13 @@ __all__ = ["SWEEPS", "plot_report"]
 SWEEPS = {"workers": "workers", "kmax": "k_max", "queries": "queries"}
 
 
-def plot_report(rows: Sequence[dict[str, Any]], out_dir: str, *, prefix: str = "") -> list[str]:
+def plot_report(rows: Sequence[dict[str, Any]], out_dir: str, *, prefix: str = "",
+                base: dict[str, Any] | None = None) -> list[str]:
     """Write ``{prefix}update_vs_{param}.png`` for each parameter with 2+ values; returns the paths.
 
-    When several parameters vary, each figure holds the others at their smallest value.
+    When several parameters vary, each figure holds the others at ``base`` (parameter -> value,
+    e.g. the paper's ``{"workers": 12, "kmax": 10, "queries": 1_000_000}``), or, for a parameter
+    ``base`` does not name, at its smallest value.
     """
     import matplotlib
 
@@ -39,7 +42,7 @@ def plot_report(rows: Sequence[dict[str, Any]], out_dir: str, *, prefix: str = "
     for param, label in SWEEPS.items():
         if runs.empty or runs[param].nunique() < 2:
             continue
-        fixed = {p: runs[p].min() for p in SWEEPS if p != param}
+        fixed = {p: (base or {}).get(p, runs[p].min()) for p in SWEEPS if p != param}
         sel = runs[(runs[list(fixed)] == pd.Series(fixed)).all(axis=1)]
         fig, (ax_u, ax_i) = plt.subplots(1, 2, figsize=(10, 4))
         for algorithm, g in sel.groupby("algorithm"):
