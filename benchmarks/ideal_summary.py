@@ -45,8 +45,8 @@ def table(path: Path) -> str:
     averaged, and the table says how many there were."""
     rows = json.loads(path.read_text())["rows"]
     lines = [f"`{path.name}`", "",
-             "| W | plan | runs | sim ms | sim ms, batch 2 on | routing ms | slowest busy ms | mean busy ms | deliveries / object | "
-             "fixed ms per worker | gain over random reached | slowest worker's gain reached | "
+             "| W | plan | runs | sim ms | sim ms, batch 2 on | routing ms | slowest busy ms | mean busy ms | "
+             "deliveries / object | fixed ms per worker | gain over random reached | slowest worker's gain reached | "
              "predicted vs busy, MAE of shares |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for w in sorted({r["workers"] for r in rows}):
