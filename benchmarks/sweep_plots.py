@@ -6,19 +6,23 @@ plan (proposed, random, ideal), drawn by :func:`knnmon.coordinator.bench.plots.p
 
 Load imbalance is the paper's: per batch, the slowest worker's busy time minus the fastest's,
 averaged over the batches (0 for the ideal, which is balanced by construction). Rows that did not
-finish (no ``update_ms_sim_mean``) are left out and listed.
+finish (no ``update_ms_sim_mean``) are left out and listed. Also prints the sweep's table, one
+row per (queries, W, k_max), for docs/benchmarks.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
 import numpy as np
 
 from knnmon.coordinator.bench.plots import plot_report
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # (ideal_summary, beside this script)
 
 
 def plot_rows(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -40,6 +44,38 @@ def plot_rows(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def sweep_table(reports: list[dict[str, Any]]) -> str:
+    """Markdown rows, one per (queries, W, k_max): proposed, random and ideal ``sim``, the ratios
+    in ``sim`` and in the slowest worker's busy time, deliveries per object, the share of the
+    ideal's gain reached (in ``sim`` / in the slowest worker) and proposed's MAE of shares."""
+    from ideal_summary import share_error
+
+    groups: dict[tuple, dict[str, dict]] = {}
+    for report in reports:
+        kmax = {r["n"]: r["kmax"] for r in report["rows"] if r.get("kmax")}
+        for r in report["rows"]:
+            if r.get("update_ms_sim_mean") is not None:
+                groups.setdefault((r["n"], r["workers"], kmax.get(r["n"])), {})[r["algorithm"]] = r
+    lines = []
+    for (n, w, k), at in sorted(groups.items(), key=lambda g: (g[0][0], g[0][1], g[0][2] or 0)):
+        p, rnd, ideal = at.get("proposed"), at.get("random"), at.get("ideal")
+        if not (p and rnd and ideal):
+            continue
+        slow = {name: float(np.asarray(r["busy_ms_per_batch"], dtype=np.float64).max(axis=1).mean())
+                for name, r in (("p", p), ("r", rnd), ("i", ideal))}
+        sim = {"p": p["update_ms_sim_mean"], "r": rnd["update_ms_sim_mean"], "i": ideal["update_ms_sim_mean"]}
+
+        def reached(x: dict[str, float]) -> str:
+            return f"{(x['r'] - x['p']) / (x['r'] - x['i']):.0%}" if x["r"] > x["i"] else "-"
+
+        mae = share_error(p.get("predicted_worker_loads"), p.get("busy_ms_per_worker"))
+        lines.append(f"| {n:,} | {w} | {k} | {sim['p']:.1f} | {sim['r']:.1f} | {sim['i']:.1f} | "
+                     f"{sim['p'] / sim['r']:.2f} | {slow['p'] / slow['r']:.2f} | "
+                     f"{p['deliveries_per_object']:.2f} / {rnd['deliveries_per_object']:.2f} | "
+                     f"{reached(sim)} / {reached(slow)} | {'-' if mae is None else f'{mae:.1%}'} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("reports", nargs="+", help="paper_scale.py reports (JSON)")
@@ -52,6 +88,7 @@ def main() -> None:
     reports = [json.load(open(path, encoding="utf-8")) for path in a.reports]
     for path in plot_report(plot_rows(reports), a.out, prefix=a.prefix, base=base):
         print(path)
+    print(sweep_table(reports))
 
 
 if __name__ == "__main__":
