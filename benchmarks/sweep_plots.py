@@ -45,10 +45,11 @@ def plot_rows(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def sweep_table(reports: list[dict[str, Any]]) -> str:
-    """Markdown rows, one per (queries, W, k_max): proposed, random and ideal ``sim``, the ratios
-    in ``sim``, in the median batch's ``sim`` (a worker's occasional 100-190 ms batch, seen at 3 M
-    in every plan, moves a 20-batch mean by several ms) and in the slowest worker's busy time, deliveries per object, the share of the
-    ideal's gain reached (in ``sim`` / in the slowest worker) and proposed's MAE of shares."""
+    """Markdown rows, one per (queries, W, k_max): proposed, random and ideal ``sim``; the
+    ratios in ``sim``, in the median batch's ``sim`` (a worker's occasional 100-190 ms batch,
+    seen at 3 M in every plan, moves a 20-batch mean by several ms) and in the slowest worker's
+    busy time; deliveries per object; the share of the ideal's gain reached (in ``sim`` / in
+    the slowest worker); proposed's MAE of shares."""
     from ideal_summary import share_error
 
     groups: dict[tuple, dict[str, dict]] = {}
