@@ -112,9 +112,11 @@ class RoutingTable(RunTimeChanges):
         Raises
         ------
         InvalidArgumentError
-            ``max_entries < 0``.
+            ``max_entries < 0`` or ``tiles < 0``.
         """
         check_max_entries(max_entries)
+        if tiles < 0:
+            raise InvalidArgumentError(f"tiles (of the routing table's rectangles) must be >= 0; got {tiles}")
         always = np.zeros(len(workload.vocabulary), dtype=np.uint64)
         pairs = _PairStats()
         key_parts, bit_parts, total, n_full = [], [], 0, 0

@@ -114,3 +114,5 @@ def test_a_negative_bound_is_rejected(planned):
     model, wl, _, plan, _ = planned
     with pytest.raises(InvalidArgumentError, match="max_entries"):
         RoutingTable.build(wl, model, plan, max_entries=-1)
+    with pytest.raises(InvalidArgumentError, match="tiles"):
+        RoutingTable.build(wl, model, plan, max_entries=0, tiles=-1)
