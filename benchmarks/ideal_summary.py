@@ -31,6 +31,12 @@ def share_error(predicted, busy) -> float | None:
     return float(np.mean(np.abs(p / p.sum() - b / b.sum()) / (b / b.sum())))
 
 
+def gain_reached(random: float, plan: float, ideal: float) -> str:
+    """The share of the ideal's gain over random that ``plan`` reaches (lower is better, any
+    unit), as a percentage; ``-`` when the ideal is not below random."""
+    return f"{(random - plan) / (random - ideal):.0%}" if random > ideal else "-"
+
+
 def warm_sim(row, busy: np.ndarray) -> float:
     """The simulated update time without the run's first batch (its routing pays the first
     calls' set-up, 1.5-5x the later batches'): mean over the later batches of routing plus the
@@ -61,10 +67,8 @@ def table(path: Path) -> str:
             busy = [np.asarray(r["busy_ms_per_batch"], dtype=np.float64) for r in rs]
             reached = workers_reached = "-"
             if "random" in sim and "ideal" in sim and name not in ("random", "ideal"):
-                full = sim["random"] - sim["ideal"]
-                reached = f"{(sim['random'] - sim[name]) / full:.0%}" if full > 0 else "-"
-                full = slowest["random"] - slowest["ideal"]
-                workers_reached = f"{(slowest['random'] - slowest[name]) / full:.0%}" if full > 0 else "-"
+                reached = gain_reached(sim["random"], sim[name], sim["ideal"])
+                workers_reached = gain_reached(slowest["random"], slowest[name], slowest["ideal"])
             fixed = [r["fixed_ms"] for r in rs if r.get("fixed_ms") is not None]
             mae = [e for e in (share_error(r.get("predicted_worker_loads"), r.get("busy_ms_per_worker")) for r in rs)
                    if e is not None]

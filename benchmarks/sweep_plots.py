@@ -50,7 +50,7 @@ def sweep_table(reports: list[dict[str, Any]]) -> str:
     seen at 3 M in every plan, moves a 20-batch mean by several ms) and in the slowest worker's
     busy time; deliveries per object; the share of the ideal's gain reached (in ``sim`` / in
     the slowest worker); proposed's MAE of shares."""
-    from ideal_summary import share_error
+    from ideal_summary import gain_reached, share_error
 
     groups: dict[tuple, dict[str, dict]] = {}
     for report in reports:
@@ -70,14 +70,12 @@ def sweep_table(reports: list[dict[str, Any]]) -> str:
                                      + np.asarray(r["busy_ms_per_batch"], dtype=np.float64).max(axis=1)))
                for name, r in (("p", p), ("r", rnd))}
 
-        def reached(x: dict[str, float]) -> str:
-            return f"{(x['r'] - x['p']) / (x['r'] - x['i']):.0%}" if x["r"] > x["i"] else "-"
-
         mae = share_error(p.get("predicted_worker_loads"), p.get("busy_ms_per_worker"))
         lines.append(f"| {n:,} | {w} | {k} | {sim['p']:.1f} | {sim['r']:.1f} | {sim['i']:.1f} | "
                      f"{sim['p'] / sim['r']:.2f} | {med['p'] / med['r']:.2f} | {slow['p'] / slow['r']:.2f} | "
                      f"{p['deliveries_per_object']:.2f} / {rnd['deliveries_per_object']:.2f} | "
-                     f"{reached(sim)} / {reached(slow)} | {'-' if mae is None else f'{mae:.1%}'} |")
+                     f"{gain_reached(sim['r'], sim['p'], sim['i'])} / "
+                     f"{gain_reached(slow['r'], slow['p'], slow['i'])} | {'-' if mae is None else f'{mae:.1%}'} |")
     return "\n".join(lines)
 
 
