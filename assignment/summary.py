@@ -21,19 +21,12 @@ def worker_deliveries(routing: RoutingTable, model: LoadModel, workers: int) -> 
     The sum of ``P(c, key)`` over every statistics cell and keyword routed to ``w``: the same
     union-of-rectangles definition as ``D(S)`` in :mod:`knnmon.assignment.loadmodel`, for the
     set of all of ``w``'s queries (with the table's pairs held as rectangles or everywhere,
-    what the table routes rather than what the queries need).
+    what the table routes rather than what the queries need), by :meth:`RoutingTable.route_v`.
     """
     K = len(model.keywords)
     code = np.repeat(np.arange(K, dtype=np.int64), np.diff(model.ptr))
-    masks = routing.always[code].copy()
-    if len(routing.keys):
-        key = code * model.grid.n_cells + model.cells
-        pos = np.minimum(np.searchsorted(routing.keys, key), len(routing.keys) - 1)
-        hit = routing.keys[pos] == key
-        masks[hit] |= routing.masks[pos[hit]]
-    n = model.grid.n
-    cells = model.cells.astype(np.int64)
-    routing.regions.or_into(masks, np.arange(len(code)), code, cells % n, cells // n)
+    # (each statistics pair routed as an object of its own: every part of the table, as a batch is)
+    masks = routing.route_v(model.cells, np.arange(len(code), dtype=np.int64), code)
     p = model.counts / model.n_objects
     return np.array([p[(masks >> np.uint64(w)) & np.uint64(1) == 1].sum() for w in range(workers)])
 
