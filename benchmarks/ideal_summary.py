@@ -37,6 +37,11 @@ def gain_reached(random: float, plan: float, ideal: float) -> str:
     return f"{(random - plan) / (random - ideal):.0%}" if random > ideal else "-"
 
 
+def slowest_ms(row) -> float:
+    """The slowest worker's busy time per batch, averaged over the batches (ms)."""
+    return float(np.asarray(row["busy_ms_per_batch"], dtype=np.float64).max(axis=1).mean())
+
+
 def warm_sim(row, busy: np.ndarray) -> float:
     """The simulated update time without the run's first batch (its routing pays the first
     calls' set-up, 1.5-5x the later batches'): mean over the later batches of routing plus the
@@ -61,8 +66,7 @@ def table(path: Path) -> str:
             if r["workers"] == w:
                 at.setdefault(r["algorithm"], []).append(r)
         sim = {name: float(np.mean([r["update_ms_sim_mean"] for r in rs])) for name, rs in at.items()}
-        slowest = {name: float(np.mean([np.asarray(r["busy_ms_per_batch"], dtype=np.float64).max(axis=1).mean()
-                                        for r in rs])) for name, rs in at.items()}
+        slowest = {name: float(np.mean([slowest_ms(r) for r in rs])) for name, rs in at.items()}
         for name, rs in at.items():
             busy = [np.asarray(r["busy_ms_per_batch"], dtype=np.float64) for r in rs]
             reached = workers_reached = "-"
@@ -75,7 +79,7 @@ def table(path: Path) -> str:
             later = np.mean([warm_sim(r, b) for r, b in zip(rs, busy)])
             lines.append(f"| {w} | {name} | {len(rs)} | {sim[name]:.1f} | {later:.1f} | "
                          f"{np.mean([r['route_cpu_ms_mean'] for r in rs]):.1f} | "
-                         f"{np.mean([b.max(axis=1).mean() for b in busy]):.1f} | "
+                         f"{slowest[name]:.1f} | "
                          f"{np.mean([b.mean() for b in busy]):.1f} | "
                          f"{np.mean([r['deliveries_per_object'] for r in rs]):.2f} | "
                          f"{f'{np.mean(fixed):.2f}' if fixed else '-'} | {reached} | {workers_reached} | "

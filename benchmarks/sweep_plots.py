@@ -50,7 +50,7 @@ def sweep_table(reports: list[dict[str, Any]]) -> str:
     seen at 3 M in every plan, moves a 20-batch mean by several ms) and in the slowest worker's
     busy time; deliveries per object; the share of the ideal's gain reached (in ``sim`` / in
     the slowest worker); proposed's MAE of shares."""
-    from ideal_summary import gain_reached, share_error
+    from ideal_summary import gain_reached, share_error, slowest_ms
 
     groups: dict[tuple, dict[str, dict]] = {}
     for report in reports:
@@ -63,8 +63,7 @@ def sweep_table(reports: list[dict[str, Any]]) -> str:
         p, rnd, ideal = at.get("proposed"), at.get("random"), at.get("ideal")
         if not (p and rnd and ideal):
             continue
-        slow = {name: float(np.asarray(r["busy_ms_per_batch"], dtype=np.float64).max(axis=1).mean())
-                for name, r in (("p", p), ("r", rnd), ("i", ideal))}
+        slow = {name: slowest_ms(r) for name, r in (("p", p), ("r", rnd), ("i", ideal))}
         sim = {"p": p["update_ms_sim_mean"], "r": rnd["update_ms_sim_mean"], "i": ideal["update_ms_sim_mean"]}
         med = {name: float(np.median(np.asarray(r["route_cpu_ms_per_batch"], dtype=np.float64)
                                      + np.asarray(r["busy_ms_per_batch"], dtype=np.float64).max(axis=1)))
