@@ -27,6 +27,7 @@ def main() -> None:
     p.add_argument("--tiles", default="0,1,4,16")
     p.add_argument("--initial", type=int, default=1_000_000)
     p.add_argument("--sample", type=int, default=20_000)
+    p.add_argument("--max-entries", type=int, default=16_000_000, help="the table's bound (--routing-entries)")
     a = p.parse_args()
 
     from knnmon.assignment import LoadModel
@@ -48,7 +49,7 @@ def main() -> None:
     for algorithm in a.algorithms.split(","):
         res = plan_workload(model, queries, objects, radius, a.workers, algorithm, sample_size=1)
         for tiles in (int(t) for t in a.tiles.split(",")):
-            table = RoutingTable.build(res.workload, model, res.plan, tiles=tiles)
+            table = RoutingTable.build(res.workload, model, res.plan, max_entries=a.max_entries, tiles=tiles)
             reached = popcount(table.route_objects(lon, lat, keywords)).mean()
             print(f"| {algorithm} | {tiles} | {reached:.2f} | {len(table.regions):,} | {len(table.keys):,} |",
                   flush=True)
