@@ -53,6 +53,10 @@ def main() -> None:
           f"index refresh {m[:, 2].mean() * 1e3:.1f} + candidates and top-k "
           f"{(m[:, 0] - m[:, 1] - m[:, 2]).mean() * 1e3:.1f} ms; candidates {m[:, 3].mean():,.0f}, "
           f"changed results {m[:, 4].mean():,.0f}")
+    busy, index = m[:, 0] * 1e3, m[:, 2] * 1e3
+    print(f"busy per batch: median {np.median(busy):.1f}, p90 {np.percentile(busy, 90):.1f}, max {busy.max():.1f} ms "
+          f"(batch {int(busy.argmax())}); index refresh max {index.max():.1f} ms; "
+          f"query index compactions {getattr(w.index, 'compactions', 0)}")
     print(f"speed probe (coordinator/bench/speed_probe.py): {speed_probe_ms():.0f} ms")
     if evalsha:
         print(f"Redis server time per batch script: {evalsha['usec_per_call'] / 1e3:.1f} ms (INFO commandstats)")

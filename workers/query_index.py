@@ -24,13 +24,11 @@ Candidates are then checked exactly against the current ``r_q`` by the worker.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from functools import cached_property
-
 import numpy as np
 from knnmon.arrays import with_capacity
 from knnmon.geo import cap_bbox
 from knnmon.workers import kernels
+from knnmon.workers.grid_runs import GridRun, merge_current
 
 __all__ = ["FINEST", "LEVELS", "QueryIndex", "zorder"]
 
@@ -80,59 +78,20 @@ def _key(level, code, cell) -> np.ndarray:
             | (np.asarray(code, dtype=np.int64) << _CELL_BITS) | cell)
 
 
-@dataclass
-class _Run:
-    """Grid entries sorted by key: ``keys`` (int64), ``slots`` (int64) and ``gens`` (int32, the
-    generation of the slot's entries each one belongs to), all ``(e,)``."""
-
-    keys: np.ndarray
-    slots: np.ndarray
-    gens: np.ndarray
-
-    @cached_property
-    def distinct(self) -> tuple[np.ndarray, np.ndarray]:
-        """The distinct keys ``(u,)`` and where each one's entries start ``(u + 1,)`` (int64);
-        computed on the first probe, so runs merged away unprobed (a refresh's new entries, a
-        merge's inputs) never pay for it. A probe is one binary search among the distinct keys,
-        not two among all entries (:func:`~knnmon.workers.kernels.grid_hits`)."""
-        first = np.flatnonzero(np.r_[True, self.keys[1:] != self.keys[:-1]]) if len(self.keys) else self.keys
-        return self.keys[first], np.r_[first, len(self.keys)]
-
-    @classmethod
-    def empty(cls) -> _Run:
-        return cls(np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int32))
-
-    def __len__(self) -> int:
-        return len(self.keys)
-
-    def merged(self, other: _Run) -> _Run:
-        """This run with ``other``'s entries inserted in key order: O(entries), no re-sort."""
-        if not len(other):
-            return self
-        at = np.searchsorted(self.keys, other.keys) + np.arange(len(other))  # other's places in the result
-        mine = np.ones(len(self) + len(other), dtype=bool)
-        mine[at] = False
-        out = []
-        for a, b in zip((self.keys, self.slots, self.gens), (other.keys, other.slots, other.gens)):
-            c = np.empty(len(mine), dtype=a.dtype)
-            c[at], c[mine] = b, a
-            out.append(c)
-        return _Run(*out)
-
-
 class QueryIndex:
     """Grid lists over query regions (module docstring); slots are ints the worker owns.
 
-    The grid lists are sorted runs of aligned arrays (:class:`_Run`): a large **base**, a
-    **middle** run and a small **delta** (a three-level log-structured merge). Re-indexing a
-    query (:meth:`refresh`) bumps its generation and inserts its new entries into the delta
-    only; its older entries stay in place, superseded, and :meth:`candidates` skips entries
-    whose generation is not their slot's current one. When the delta reaches ``DELTA_MIN``
-    entries, its current ones move into the middle run; when the middle run reaches
-    ``max(DELTA_MIN, base / DELTA_SHARE)``, all three are merged and the superseded entries
-    dropped. A refresh thus costs O(delta), not O(all entries), and a large base (a million
-    queries) does not make every refresh copy a large delta (docs/runtime.md measures both).
-    Keyword codes must be below ``2**24``.
+    The grid lists are sorted runs of aligned arrays (:class:`~knnmon.workers.grid_runs.GridRun`):
+    a large **base**, a **middle** run and a small **delta** (a three-level log-structured merge).
+    Re-indexing a query (:meth:`refresh`) bumps its generation and merges its new entries into
+    the delta only; its older entries stay in place, superseded, and :meth:`candidates` skips
+    entries whose generation is not their slot's current one. When the delta reaches
+    ``DELTA_MIN`` entries it moves into the middle run; when the middle run reaches
+    ``max(DELTA_MIN, base / DELTA_SHARE)``, all three are merged. Every merge is one compiled
+    pass that drops the superseded entries it meets
+    (:func:`~knnmon.workers.grid_runs.merge_current`). A refresh thus costs O(delta), not O(all
+    entries), and a large base (a million queries) does not make every refresh copy a large
+    delta (docs/runtime.md measures both). Keyword codes must be below ``2**24``.
     """
 
     #: The delta moves into the middle run at ``DELTA_MIN`` entries; the middle run is merged into
@@ -141,9 +100,9 @@ class QueryIndex:
     DELTA_MIN = 1 << 16
 
     def __init__(self) -> None:
-        self._base = _Run.empty()
-        self._mid = _Run.empty()
-        self._delta = _Run.empty()
+        self._base = GridRun.empty()
+        self._mid = GridRun.empty()
+        self._delta = GridRun.empty()
         self._gen = np.zeros(0, dtype=np.int32)  # per slot: the generation of its current entries
         self._levels = np.zeros((0, LEVELS), dtype=np.int32)  # grid entries per (keyword code, level)
         self.compactions = 0
@@ -187,17 +146,16 @@ class QueryIndex:
         self._levels = with_capacity(self._levels, int(code.max()) + 1)
         self._levels[code, level] += sign * n.astype(np.int32)
 
-    def _current(self, run: _Run) -> _Run:
-        """``run`` without its superseded entries (uncounted from the level table)."""
-        current = run.gens == self._gen[run.slots]
-        self._count_levels(run.keys[~current], -1)
-        return _Run(run.keys[current], run.slots[current], run.gens[current])
+    def _merged(self, a: GridRun, b: GridRun) -> GridRun:
+        """``a`` and ``b`` merged without their superseded entries (uncounted from the level
+        table): :func:`~knnmon.workers.grid_runs.merge_current`."""
+        return merge_current(a, b, self._gen, self._levels, _CELL_BITS, _CODE_BITS)
 
     def _compact(self) -> None:
         """Merge the middle run and the delta into the base, dropping superseded entries (and
         their level counts)."""
-        base, mid, delta = (self._current(r) for r in (self._base, self._mid, self._delta))
-        self._base, self._mid, self._delta = base.merged(mid.merged(delta)), _Run.empty(), _Run.empty()
+        self._base = self._merged(self._base, self._merged(self._mid, self._delta))
+        self._mid, self._delta = GridRun.empty(), GridRun.empty()
         self.compactions += 1
 
     def rebuild(self, slot: np.ndarray, code: np.ndarray, lon: np.ndarray, lat: np.ndarray,
@@ -215,8 +173,8 @@ class QueryIndex:
         order = np.argsort(keys, kind="stable")
         self._gen = with_capacity(self._gen, int(slots.max(initial=-1)) + 1)
         self._gen[:] = 0
-        self._base = _Run(keys[order], slots[order], np.zeros(len(keys), np.int32))
-        self._mid, self._delta = _Run.empty(), _Run.empty()
+        self._base = GridRun(keys[order], slots[order], np.zeros(len(keys), np.int32))
+        self._mid, self._delta = GridRun.empty(), GridRun.empty()
         self._levels[:] = 0
         self._count_levels(self._base.keys, 1)
 
@@ -231,9 +189,9 @@ class QueryIndex:
         keys, slots = self._grid_entries(slot, code, lon, lat, radius_m)
         self._count_levels(keys, 1)
         order = np.argsort(keys, kind="stable")
-        self._delta = self._delta.merged(_Run(keys[order], slots[order], self._gen[slots[order]]))
+        self._delta = self._merged(self._delta, GridRun(keys[order], slots[order], self._gen[slots[order]]))
         if len(self._delta) >= self.DELTA_MIN:
-            self._mid, self._delta = self._mid.merged(self._current(self._delta)), _Run.empty()
+            self._mid, self._delta = self._merged(self._mid, self._delta), GridRun.empty()
             if len(self._mid) >= max(self.DELTA_MIN, len(self._base) // self.DELTA_SHARE):
                 self._compact()
 

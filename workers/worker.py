@@ -22,7 +22,7 @@ from knnmon.errors import InvalidArgumentError
 from knnmon.heap import resident_bytes
 from knnmon.query import QueryColumns
 from knnmon.reports import WorkerStats, WriteFigures
-from knnmon.workers import kernels
+from knnmon.workers import grid_runs, kernels
 from knnmon.workers.batch_update import BatchUpdate, Merge
 from knnmon.workers.handover import Handover
 from knnmon.workers.held_texts import HeldTexts
@@ -61,6 +61,7 @@ def _warm_up() -> None:
     import pyarrow as pa
 
     kernels.compile_kernels()
+    grid_runs.compile_kernels()
     t = pa.table({"id": ["a"], "keywords": [["b"]]})
     t.take(np.array([0])).column("keywords").to_pylist()
 
