@@ -5,7 +5,8 @@ deliveries, the share of the ideal's gain over random it reaches (in ``sim``, an
 slowest worker's busy time alone: routing is the same code for every plan, and its run-to-run
 spread of up to 5 ms per batch is larger than the plans' differences), and how well the
 plan's predicted load per worker matched the measured busy time (mean absolute error of each
-worker's share, issue 37's target <= 15 %). Takes ``knnmon bench`` and
+worker's share, issue 37's target <= 15 %), and how many batches one worker stalled
+(:func:`stalls`). Takes ``knnmon bench`` and
 ``benchmarks/paper_scale.py`` reports.
 
     python benchmarks/ideal_summary.py docs/bench/ideal_100k_shuffled.json docs/bench/ideal_100k_time_order.json
@@ -42,6 +43,13 @@ def slowest_ms(row) -> float:
     return float(np.asarray(row["busy_ms_per_batch"], dtype=np.float64).max(axis=1).mean())
 
 
+def stalls(busy: np.ndarray, floor_ms: float = 40.0) -> int:
+    """Batches (rows of ``busy``, ``(batches, W)`` ms) whose slowest worker took over twice the
+    run's median busy time and over ``floor_ms``: a worker's one-off step (a merge of its query
+    index), not its share of the stream."""
+    return int(((busy.max(axis=1) > 2 * np.median(busy)) & (busy.max(axis=1) > floor_ms)).sum())
+
+
 def warm_sim(row, busy: np.ndarray) -> float:
     """The simulated update time without the run's first batch (its routing pays the first
     calls' set-up, 1.5-5x the later batches'): mean over the later batches of routing plus the
@@ -58,8 +66,8 @@ def table(path: Path) -> str:
     lines = [f"`{path.name}`", "",
              "| W | plan | runs | sim ms | sim ms, batch 2 on | routing ms | slowest busy ms | mean busy ms | "
              "deliveries / object | fixed ms per worker | gain over random reached | slowest worker's gain reached | "
-             "predicted vs busy, MAE of shares |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "predicted vs busy, MAE of shares | stalled batches |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for w in sorted({r["workers"] for r in rows}):
         at: dict[str, list] = {}
         for r in rows:
@@ -83,7 +91,8 @@ def table(path: Path) -> str:
                          f"{np.mean([b.mean() for b in busy]):.1f} | "
                          f"{np.mean([r['deliveries_per_object'] for r in rs]):.2f} | "
                          f"{f'{np.mean(fixed):.2f}' if fixed else '-'} | {reached} | {workers_reached} | "
-                         f"{f'{np.mean(mae):.1%}' if mae else '-'} |")
+                         f"{f'{np.mean(mae):.1%}' if mae else '-'} | "
+                         f"{', '.join(f'{stalls(b)}/{len(b)}' for b in busy)} |")
     return "\n".join(lines)
 
 

@@ -143,6 +143,7 @@ class BatchUpdate:
             (``release_groups > 1``), ``released`` holds each row's release time.
         """
         t0, c0 = time.perf_counter(), time.thread_time()
+        merges0, handles0 = getattr(self.index, "compactions", 0), self.handle_compactions
         lon = np.asarray(lon, dtype=np.float64)
         lat = np.asarray(lat, dtype=np.float64)
         t = np.asarray(t, dtype=np.int64)
@@ -158,8 +159,18 @@ class BatchUpdate:
         if self.release_groups > 1 and len(ids) > 1 and self.queue is None:
             rows = np.arange(len(ids), dtype=np.int64) if rows is None else np.asarray(rows, dtype=np.int64)
             report = self._process_in_parts(batch, ids, lon, lat, t, keywords, pairs, rows)
-            return replace(report, busy_s=time.perf_counter() - t0,
-                           cpu_s=time.thread_time() - c0 + report.redis_server_s, refilled=n_refilled)
+            report = replace(report, busy_s=time.perf_counter() - t0,
+                             cpu_s=time.thread_time() - c0 + report.redis_server_s, refilled=n_refilled)
+        else:
+            report = self._process_whole(batch, ids, lon, lat, t, keywords, pairs, rows, t0, c0, n_refilled)
+        return replace(report, index_merges=getattr(self.index, "compactions", 0) - merges0,
+                       handle_compactions=self.handle_compactions - handles0)
+
+    def _process_whole(self, batch: int, ids: Sequence[str], lon: np.ndarray, lat: np.ndarray, t: np.ndarray,
+                       keywords: Sequence[Sequence[str]], pairs: tuple[np.ndarray, np.ndarray] | None,
+                       rows: np.ndarray | None, t0: float, c0: float, n_refilled: int) -> WorkerReport:
+        """:meth:`process_batch` with its changes written at once (``t0``, ``c0``: its start's
+        wall and thread CPU time)."""
         obj = slot = np.empty(0, dtype=np.int64)
         if len(ids):
             po, pc_ = pairs if pairs is not None else self.vocabulary.encode(keywords)

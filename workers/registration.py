@@ -282,6 +282,7 @@ class Registration:
     def _compact_handles(self) -> None:
         """Drop the handles of objects no list holds and no written result holds (renumbering
         the others). O(sum of k + handles)."""
+        self.handle_compactions += 1
         mark = np.zeros(len(self.handles), dtype=bool)  # (a mark per handle: no sort, no hash)
         mark[self.lists.h[self.lists.h >= 0]] = True
         if self.holders is not None:  # (a query handed over holds its objects until it is released)

@@ -160,6 +160,7 @@ class KnnWorker(Registration, BatchUpdate, WindowLists, ReleaseInParts, Handover
         self._tag = 0
         self._version = 0  # the change feed version of the batch being processed
         self.refreshed = 0
+        self.handle_compactions = 0  # (counted by :meth:`_compact_handles`)
         _warm_up()
 
     # -- the query index -------------------------------------------------------------------------

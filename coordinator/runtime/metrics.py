@@ -37,6 +37,8 @@ class BatchReport:
     index_ms : list of float, ``(W,)``
         Per worker: of ``busy_wall_ms``, the time re-indexing shrunk queries and compacting the
         query index and the object handles (ms).
+    index_merges, handle_compactions : list of int, ``(W,)``
+        Per worker: its query index's full merges and its handles' compactions in the batch.
     imbalance_ms, sim_update_ms : float
         Of ``busy_ms``; ``route_cpu_ms + max(busy_ms)``.
     per_worker : list of 3 lists ``(W,)``
@@ -77,6 +79,8 @@ class BatchReport:
     refill_ms: float = 0.0
     released_ms: np.ndarray | None = field(default=None, repr=False, compare=False)
     index_ms: list[float] = field(default_factory=list)
+    index_merges: list[int] = field(default_factory=list)
+    handle_compactions: list[int] = field(default_factory=list)
 
     @classmethod
     def of(cls, batch: int, objects: int, duplicates: int, deliveries: int, workers: int, update_ms: float,
@@ -84,11 +88,13 @@ class BatchReport:
            refill_ms: float = 0.0) -> BatchReport:
         """A batch's figures from its workers' reports (workers sent nothing count as idle)."""
         busy, busy_wall, index = np.zeros(workers), np.zeros(workers), np.zeros(workers)
+        merges, handles = [0] * workers, [0] * workers
         per_worker = np.zeros((3, workers))
         for r in reports:
             busy[r.worker] = r.cpu_s * 1e3
             busy_wall[r.worker] = r.busy_s * 1e3
             index[r.worker] = r.index_s * 1e3
+            merges[r.worker], handles[r.worker] = r.index_merges, r.handle_compactions
             per_worker[:, r.worker] = (r.objects, r.candidates, r.changed)
         return cls(batch=batch, objects=objects, duplicates=duplicates, update_ms=update_ms, route_ms=route_ms,
                    route_cpu_ms=route_cpu_ms, busy_ms=busy.tolist(), busy_wall_ms=busy_wall.tolist(),
@@ -98,7 +104,8 @@ class BatchReport:
                    changed=sum(r.changed for r in reports),
                    redis_server_ms=sum(r.redis_server_s for r in reports) * 1e3, late=late,
                    refilled=sum(r.refilled for r in reports), refill_ms=refill_ms,
-                   released_ms=_released(objects, reports), index_ms=index.tolist())
+                   released_ms=_released(objects, reports), index_ms=index.tolist(),
+                   index_merges=merges, handle_compactions=handles)
 
 
 def _released(objects: int, reports: Sequence[WorkerReport]) -> np.ndarray | None:

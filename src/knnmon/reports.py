@@ -93,6 +93,9 @@ class WorkerReport:
         here and come with :meth:`with_write`.
     refilled : int
         Results refilled after a window's expiry (:class:`~knnmon.batch.Refills`).
+    index_merges, handle_compactions : int
+        The query index's full merges (its ``compactions``) and the object handles'
+        compactions during the batch: a worker's one-off steps, within ``index_s``.
     released : tuple of two arrays, or None
         A batch released in parts (the worker's ``release_groups``): its objects' rows in the
         shared batch, ``(n,)`` int64, and when each one's changes were written (or found to be
@@ -112,6 +115,8 @@ class WorkerReport:
     index_s: float = 0.0
     write_queued: bool = False
     refilled: int = 0
+    index_merges: int = 0
+    handle_compactions: int = 0
     released: tuple[np.ndarray, np.ndarray] | None = None
 
     def with_write(self, w: WriteFigures) -> WorkerReport:
