@@ -20,7 +20,7 @@ import numpy as np
 
 from knnmon.jit import jit as _jit
 
-__all__ = ["GridRun", "compile_kernels", "merge_current"]
+__all__ = ["GridRun", "PartedBase", "compile_kernels", "merge_current"]
 
 
 @_jit
@@ -127,3 +127,51 @@ def compile_kernels() -> None:
     """Compile (or load from the cache) the kernels for the dtypes the query index passes."""
     e = GridRun.empty()
     merge_current(e, e, np.zeros(0, np.int32), np.zeros((0, 1), np.int32), 0, 0)
+
+
+class PartedBase:
+    """The index's base run, cut by key into parts of about ``part_entries`` entries, so that
+    folding the middle run into it is one step per part (:meth:`fold`), each of them as cheap as
+    a part, rather than one merge as long as the whole base. Part ``i`` holds the keys in
+    ``[lows[i], lows[i + 1])``; equal keys are never split between parts.
+
+    A worker's base of 500 k entries took 30-60 ms of a batch to merge in one go (every such
+    batch made its worker the slowest by 3-5x: docs/scale.md).
+    """
+
+    def __init__(self, run: GridRun, part_entries: int) -> None:
+        self.part_entries = max(int(part_entries), 1)
+        self.parts: list[GridRun] = []
+        self.lows: list[int] = []
+        for low, part in self._cut(run, np.iinfo(np.int64).min):
+            self.parts.append(part)
+            self.lows.append(low)
+
+    def __len__(self) -> int:
+        return sum(len(p) for p in self.parts)
+
+    def _cut(self, run: GridRun, low: int) -> list[tuple[int, GridRun]]:
+        """``run`` (whose keys are ``>= low``) cut into ``(lowest key covered, part)`` pieces of
+        about ``part_entries`` entries, at key changes (views, no copies)."""
+        n, size = len(run), self.part_entries
+        at = [0] + sorted({int(np.searchsorted(run.keys, run.keys[p], "left")) for p in range(size, n, size)} - {0})
+        out = []
+        for i, a in enumerate(at):
+            b = at[i + 1] if i + 1 < len(at) else n
+            out.append((low if i == 0 else int(run.keys[a]),
+                        GridRun(run.keys[a:b], run.slots[a:b], run.gens[a:b])))
+        return out
+
+    def high(self, i: int) -> int:
+        """The first key above part ``i``'s range (``2**63 - 1`` for the last part)."""
+        return self.lows[i + 1] if i + 1 < len(self.parts) else np.iinfo(np.int64).max
+
+    def fold(self, i: int, entries: GridRun, merge) -> int:
+        """Replace part ``i`` with ``merge(part, entries)`` (``entries``: keys within its
+        range), cut again if it grew past twice ``part_entries``. Returns the number of parts
+        it now is."""
+        merged = merge(self.parts[i], entries)
+        pieces = self._cut(merged, self.lows[i]) if len(merged) > 2 * self.part_entries else [(self.lows[i], merged)]
+        self.parts[i:i + 1] = [p for _, p in pieces]
+        self.lows[i:i + 1] = [low for low, _ in pieces]
+        return len(pieces)

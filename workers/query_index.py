@@ -28,7 +28,7 @@ import numpy as np
 from knnmon.arrays import with_capacity
 from knnmon.geo import cap_bbox
 from knnmon.workers import kernels
-from knnmon.workers.grid_runs import GridRun, merge_current
+from knnmon.workers.grid_runs import GridRun, PartedBase, merge_current
 
 __all__ = ["FINEST", "LEVELS", "QueryIndex", "zorder"]
 
@@ -94,13 +94,16 @@ class QueryIndex:
     delta (docs/runtime.md measures both). Keyword codes must be below ``2**24``.
     """
 
-    #: The delta moves into the middle run at ``DELTA_MIN`` entries; the middle run is merged into
-    #: the base when it holds at least ``max(DELTA_MIN, len(base) // DELTA_SHARE)``.
+    #: The delta moves into the middle run at ``DELTA_MIN`` entries; the middle run is folded into
+    #: the base when it holds at least ``max(DELTA_MIN, len(base) // DELTA_SHARE)``, one base part
+    #: of about ``PART_ENTRIES`` entries per refresh.
     DELTA_SHARE = 16
     DELTA_MIN = 1 << 16
+    PART_ENTRIES = 1 << 16
 
     def __init__(self) -> None:
-        self._base = GridRun.empty()
+        self._base = PartedBase(GridRun.empty(), self.PART_ENTRIES)
+        self._folding = -1  # the next base part to fold the middle run into; -1: no fold under way
         self._mid = GridRun.empty()
         self._delta = GridRun.empty()
         self._gen = np.zeros(0, dtype=np.int32)  # per slot: the generation of its current entries
@@ -151,12 +154,15 @@ class QueryIndex:
         table): :func:`~knnmon.workers.grid_runs.merge_current`."""
         return merge_current(a, b, self._gen, self._levels, _CELL_BITS, _CODE_BITS)
 
-    def _compact(self) -> None:
-        """Merge the middle run and the delta into the base, dropping superseded entries (and
-        their level counts)."""
-        self._base = self._merged(self._base, self._merged(self._mid, self._delta))
-        self._mid, self._delta = GridRun.empty(), GridRun.empty()
-        self.compactions += 1
+    def _fold_step(self) -> None:
+        """Fold the middle run's entries of the next base part into it (dropping superseded
+        entries); after the last part, the middle run is empty and a merge is counted."""
+        i, base, mid = self._folding, self._base, self._mid
+        lo, hi = np.searchsorted(mid.keys, [base.lows[i], base.high(i)], "left")
+        self._folding += base.fold(i, GridRun(mid.keys[lo:hi], mid.slots[lo:hi], mid.gens[lo:hi]), self._merged)
+        if self._folding >= len(base.parts):
+            self._mid, self._folding = GridRun.empty(), -1
+            self.compactions += 1
 
     def rebuild(self, slot: np.ndarray, code: np.ndarray, lon: np.ndarray, lat: np.ndarray,
                 radius_m: np.ndarray) -> None:
@@ -173,10 +179,11 @@ class QueryIndex:
         order = np.argsort(keys, kind="stable")
         self._gen = with_capacity(self._gen, int(slots.max(initial=-1)) + 1)
         self._gen[:] = 0
-        self._base = GridRun(keys[order], slots[order], np.zeros(len(keys), np.int32))
-        self._mid, self._delta = GridRun.empty(), GridRun.empty()
+        self._base = PartedBase(GridRun(keys[order], slots[order], np.zeros(len(keys), np.int32)),
+                                self.PART_ENTRIES)
+        self._mid, self._delta, self._folding = GridRun.empty(), GridRun.empty(), -1
         self._levels[:] = 0
-        self._count_levels(self._base.keys, 1)
+        self._count_levels(keys, 1)
 
     def refresh(self, changed: np.ndarray, slot: np.ndarray, code: np.ndarray, lon: np.ndarray, lat: np.ndarray,
                 radius_m: np.ndarray) -> None:
@@ -190,20 +197,36 @@ class QueryIndex:
         self._count_levels(keys, 1)
         order = np.argsort(keys, kind="stable")
         self._delta = self._merged(self._delta, GridRun(keys[order], slots[order], self._gen[slots[order]]))
-        if len(self._delta) >= self.DELTA_MIN:
+        if self._folding < 0 and len(self._delta) >= self.DELTA_MIN:
             self._mid, self._delta = self._merged(self._mid, self._delta), GridRun.empty()
             if len(self._mid) >= max(self.DELTA_MIN, len(self._base) // self.DELTA_SHARE):
-                self._compact()
+                self._folding = 0
+        steps = 0
+        while self._folding >= 0 and (steps == 0 or len(self._delta) >= 4 * self.DELTA_MIN):
+            self._fold_step()  # (more than one if the delta has grown large meanwhile)
+            steps += 1
 
     def _grid_hits(self, probe: np.ndarray, owner: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(owner, slot)`` ``(h,)`` int64 for every current grid entry whose key equals a probe
-        (``probe``, ``owner``: ``(m,)`` int64 keys, sorted, and the object each belongs to)."""
+        (``probe``, ``owner``: ``(m,)`` int64 keys, sorted or not, and the object each belongs to)."""
         objs, slots = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
-        for run in (self._base, self._mid, self._delta):
-            if not len(run):
-                continue
+        if len(probe) > 1 and (probe[1:] < probe[:-1]).any():  # (each part takes the probes in its range)
+            order = np.argsort(probe, kind="stable")
+            probe, owner = probe[order], owner[order]
+        base = self._base
+        cuts = np.r_[0, np.searchsorted(probe, base.lows[1:], "left"), len(probe)]
+        # (run, its probes from, to, the key below which it is skipped: the middle run folded so far)
+        runs = [(p, cuts[i], cuts[i + 1], None) for i, p in enumerate(base.parts) if len(p) and cuts[i + 1] > cuts[i]]
+        for run in (self._mid, self._delta):
+            if len(run):
+                skip = base.lows[self._folding] if run is self._mid and self._folding > 0 else None
+                runs.append((run, 0, len(probe), skip))
+        for run, a, b, skip in runs:
             ukeys, ustart = run.distinct
-            o, s = kernels.grid_hits(probe, owner, ukeys, ustart, run.slots, run.gens, self._gen)
+            if skip is not None:
+                u0 = int(np.searchsorted(ukeys, skip, "left"))
+                ukeys, ustart = ukeys[u0:], ustart[u0:]
+            o, s = kernels.grid_hits(probe[a:b], owner[a:b], ukeys, ustart, run.slots, run.gens, self._gen)
             objs.append(o)
             slots.append(s)
         return np.concatenate(objs), np.concatenate(slots)

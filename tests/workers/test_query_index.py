@@ -46,13 +46,15 @@ class _State:
 @settings(max_examples=30, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 60),
        steps=st.lists(st.sampled_from(["shrink", "add", "remove"]), min_size=1, max_size=12),
-       delta_min=st.sampled_from([1, 8, 1 << 16]), share=st.sampled_from([1, 16, 1 << 40]))
-def test_refresh_equals_rebuild(seed, n, steps, delta_min, share):
+       delta_min=st.sampled_from([1, 8, 1 << 16]), share=st.sampled_from([1, 16, 1 << 40]),
+       part=st.sampled_from([1, 16, 1 << 16]))
+def test_refresh_equals_rebuild(seed, n, steps, delta_min, share, part):
     rng = np.random.default_rng(seed)
     state = _State(rng, n)
     index = QueryIndex()
     index.DELTA_MIN = delta_min  # 1: the delta moves to the middle run at every refresh; 1 << 16: never here
     index.DELTA_SHARE = share  # 1: the middle run waits for the base's size; 1 << 40: merged at once
+    index.PART_ENTRIES = part  # 1: a fold is under way over many refreshes; 1 << 16: one part, folded at once
     index.rebuild(*state.entries(np.arange(n)))
     for step in steps:
         live = np.flatnonzero(state.alive)
@@ -99,8 +101,18 @@ def test_merge_drops_superseded_entries():
     index.refresh(shrunk, *state.entries(shrunk))
     assert index.compactions == 0 and index.entries > before  # new entries in the delta, old ones kept
     index.DELTA_MIN = 1
+    index.PART_ENTRIES = 8  # (takes effect at the rebuild below: the base in parts of about 8 entries)
+    index.rebuild(*state.entries(np.arange(50)))
+    index.refresh(shrunk, *state.entries(shrunk))
+    parts = len(index._base.parts)
     state.radius[1] = 40.0
-    index.refresh(np.array([1]), *state.entries(np.array([1])))
+    index.refresh(np.array([1]), *state.entries(np.array([1])))  # a fold starts: one part per refresh
+    assert parts > 2 and index.compactions == 0
+    none = np.empty(0, np.int64)
+    for _ in range(parts):
+        if index.compactions:
+            break
+        index.refresh(none, none, none, np.empty(0), np.empty(0), np.empty(0))
     fresh = QueryIndex()
     fresh.rebuild(*state.entries(np.arange(50)))
     assert index.compactions == 1 and index.entries == fresh.entries
