@@ -8,7 +8,11 @@ printed (issue 37: routing is about half of the simulated update time at 1 M que
 
 The profiler's own cost per call inflates the many small calls (a dict lookup per distinct
 keyword, each Ray call's Python); compare the shares between plans, not the times with
-unprofiled runs.
+unprofiled runs. ``--sections`` instead times the dispatch's parts by thread CPU, with no
+profiler (a wrapper per part, about a microsecond each), and prints ms per batch::
+
+    python benchmarks/dispatch_profile.py --objects /tmp/synth20m --queries /tmp/sq1m.parquet \
+        --n 1000000 --workers 12 --sections
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ import argparse
 import cProfile
 import io
 import pstats
+import time
+from collections import defaultdict
 
 
 def main() -> None:
@@ -29,6 +35,7 @@ def main() -> None:
     p.add_argument("--initial", type=int, default=1_000_000)
     p.add_argument("--batches", type=int, default=20)
     p.add_argument("--top", type=int, default=25)
+    p.add_argument("--sections", action="store_true", help="time the dispatch's parts (thread CPU), no profiler")
     a = p.parse_args()
 
     from knnmon.coordinator.runtime import dispatch
@@ -40,6 +47,8 @@ def main() -> None:
     queries = load_queries(a.queries).slice(0, a.n)
     config = RunConfig(workers=a.workers, algorithm=a.algorithm, initial=a.initial, batch=1000, batches=a.batches,
                        in_flight=1, store=StoreConfig(namespace="profile", data_dir=None))
+    if a.sections:
+        return _sections(a, queries, config)
     prof = cProfile.Profile()
     plain = dispatch.Dispatcher.dispatch
 
@@ -59,6 +68,51 @@ def main() -> None:
         out = io.StringIO()
         pstats.Stats(prof, stream=out).sort_stats(key).print_stats(a.top)
         print(out.getvalue())
+
+
+def _sections(a, queries, config) -> None:
+    """Run with the dispatch's parts wrapped in thread-CPU timers; print ms per batch of each."""
+    from knnmon.assignment.routing import RoutingTable
+    from knnmon.coordinator.runtime import dispatch
+    from knnmon.coordinator.runtime.runtime import Runtime
+    from knnmon.coordinator.runtime.worker_pool import RayPool
+
+    spent: dict[str, float] = defaultdict(float)
+    inside = [False]  # only the calls within a dispatch count (the plan and the load route too)
+
+    def timed(owner, name: str, label: str) -> None:
+        plain = getattr(owner, name)
+        outer = label.startswith("dispatch")
+
+        def wrapper(*args, **kwargs):
+            if not (inside[0] or outer):
+                return plain(*args, **kwargs)
+            inside[0] = True
+            c0 = time.thread_time()
+            try:
+                return plain(*args, **kwargs)
+            finally:
+                spent[label] += time.thread_time() - c0
+                inside[0] = inside[0] and not outer
+
+        setattr(owner, name, wrapper)
+
+    for owner, name, label in ((dispatch.Dispatcher, "dispatch", "dispatch (all)"),
+                               (dispatch.Dispatcher, "drop_seen", "drop duplicates"),
+                               (RoutingTable, "encode", "keyword codes"),
+                               (RoutingTable, "route_v", "worker bitmasks"),
+                               (dispatch.Dispatcher, "_route", "routing (codes, cells, bitmasks, table)"),
+                               (RayPool, "share", "ray.put of the batch"),
+                               (RayPool, "process", "worker calls"),
+                               (dispatch, "_rows_of", "rows per worker")):
+        timed(owner, name, label)
+    with Runtime(a.objects, queries, config) as rt:
+        s = rt.run(progress=False)
+        batches = len(rt.reports)
+    print(f"{a.algorithm} n={a.n:,} W={a.workers}: route_cpu_ms_mean {s.route_cpu_ms_mean:.1f}, "
+          f"sim {s.update_ms_sim_mean:.1f} ms; thread CPU ms per batch:")
+    for label, sec in spent.items():
+        print(f"  {label:24s} {sec / max(batches, 1) * 1e3:7.2f}")
 
 
 if __name__ == "__main__":
