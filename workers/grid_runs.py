@@ -2,13 +2,15 @@
 
 A run (:class:`GridRun`) holds grid entries sorted by key: ``keys`` (int64), ``slots`` (int64,
 the query slot) and ``gens`` (int32, the generation of the slot's entries each one belongs to).
-The query index (:class:`~knnmon.workers.query_index.QueryIndex`) keeps three of them, a large
-base, a middle run and a small delta, and merges them as they fill (a log-structured merge).
+The query index (:class:`~knnmon.workers.query_index.QueryIndex`) keeps a large base, a middle
+run and a small delta, and merges them as they fill (a log-structured merge).
 
-:func:`merge_current` merges two runs in one compiled pass, drops the superseded entries (those
-whose generation is no longer their slot's) and takes them off the index's per (keyword code,
-level) counts in the same pass. Merging the base of a worker's 500 k entries was a batch's
-longest step when it ran as numpy passes; docs/scale.md measures both.
+- :func:`merge_current` merges two runs in one compiled pass, drops the superseded entries
+  (those whose generation is no longer their slot's) and takes them off the index's per
+  (keyword code, level) counts in the same pass.
+- :class:`PartedBase` holds the base cut by key into parts, so that the middle run is folded
+  into it one part per batch: a merge of the whole base in one batch made its worker that
+  batch's slowest by far (docs/scale.md, "the stalls were the query index's merge").
 """
 
 from __future__ import annotations
@@ -133,10 +135,7 @@ class PartedBase:
     """The index's base run, cut by key into parts of about ``part_entries`` entries, so that
     folding the middle run into it is one step per part (:meth:`fold`), each of them as cheap as
     a part, rather than one merge as long as the whole base. Part ``i`` holds the keys in
-    ``[lows[i], lows[i + 1])``; equal keys are never split between parts.
-
-    A worker's base of 500 k entries took 30-60 ms of a batch to merge in one go (every such
-    batch made its worker the slowest by 3-5x: docs/scale.md).
+    ``[lows[i], lows[i + 1])``; equal keys are never split between parts (module docstring).
     """
 
     def __init__(self, run: GridRun, part_entries: int) -> None:
