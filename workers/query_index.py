@@ -87,11 +87,13 @@ class QueryIndex:
     the delta only; its older entries stay in place, superseded, and :meth:`candidates` skips
     entries whose generation is not their slot's current one. When the delta reaches
     ``DELTA_MIN`` entries it moves into the middle run; when the middle run reaches
-    ``max(DELTA_MIN, base / DELTA_SHARE)``, all three are merged. Every merge is one compiled
-    pass that drops the superseded entries it meets
-    (:func:`~knnmon.workers.grid_runs.merge_current`). A refresh thus costs O(delta), not O(all
-    entries), and a large base (a million queries) does not make every refresh copy a large
-    delta (docs/runtime.md measures both). Keyword codes must be below ``2**24``.
+    ``max(DELTA_MIN, base / DELTA_SHARE)``, it is folded into the base one key-range part per
+    refresh (:class:`~knnmon.workers.grid_runs.PartedBase`), and until the fold ends the probes
+    skip its entries already folded. Every merge is one compiled pass that drops the superseded
+    entries it meets (:func:`~knnmon.workers.grid_runs.merge_current`). A refresh thus costs
+    O(delta + one part), not O(all entries), and a large base (a million queries) does not make
+    every refresh copy a large delta (docs/runtime.md and docs/scale.md measure them). Keyword
+    codes must be below ``2**24``.
     """
 
     #: The delta moves into the middle run at ``DELTA_MIN`` entries; the middle run is folded into
