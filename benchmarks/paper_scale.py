@@ -101,7 +101,8 @@ def watch(child: subprocess.Popen, timeout_s: float, interval_s: float = 1.0) ->
                 continue
             pss += m.pss
             rss += m.rss
-            role = role_of(p, child.pid, root_cmdline)  # again each time: a Ray worker names itself once it hosts an actor
+            # (again each time: a Ray worker names itself once it hosts an actor)
+            role = role_of(p, child.pid, root_cmdline)
             if role == "ray" and per_pid.get(p.pid, ("ray",))[0] != "ray":
                 role = per_pid[p.pid][0]  # an actor's process keeps its role while it exits
             per_pid[p.pid] = (role, max(m.rss, per_pid.get(p.pid, (role, 0))[1]))
