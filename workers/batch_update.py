@@ -143,7 +143,7 @@ class BatchUpdate:
             (``release_groups > 1``), ``released`` holds each row's release time.
         """
         t0, c0 = time.perf_counter(), time.thread_time()
-        merges0, handles0 = getattr(self.index, "compactions", 0), self.handle_compactions
+        merges0, handles0 = self.index.compactions, self.handle_compactions
         lon = np.asarray(lon, dtype=np.float64)
         lat = np.asarray(lat, dtype=np.float64)
         t = np.asarray(t, dtype=np.int64)
@@ -163,7 +163,7 @@ class BatchUpdate:
                              cpu_s=time.thread_time() - c0 + report.redis_server_s, refilled=n_refilled)
         else:
             report = self._process_whole(batch, ids, lon, lat, t, keywords, pairs, rows, t0, c0, n_refilled)
-        return replace(report, index_merges=getattr(self.index, "compactions", 0) - merges0,
+        return replace(report, index_merges=self.index.compactions - merges0,
                        handle_compactions=self.handle_compactions - handles0)
 
     def _process_whole(self, batch: int, ids: Sequence[str], lon: np.ndarray, lat: np.ndarray, t: np.ndarray,

@@ -27,15 +27,17 @@ __all__ = ["GridRun", "PartedBase", "compile_kernels", "merge_current"]
 
 @_jit
 def _merge(ka: np.ndarray, sa: np.ndarray, ga: np.ndarray, kb: np.ndarray, sb: np.ndarray, gb: np.ndarray,
-           gen: np.ndarray, levels: np.ndarray, cell_bits: int, code_bits: int, ko: np.ndarray, so: np.ndarray,
-           go: np.ndarray, first: np.ndarray, ukeys: np.ndarray
+           gen: np.ndarray, levels: np.ndarray, cell_bits: int, code_bits: int
            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The kernel of :func:`merge_current` (same arguments, unpacked, then the output buffers:
-    ``ko``, ``so``, ``go``, ``ukeys`` of at least ``len(a) + len(b)`` entries, ``first`` of one
-    more): views of them holding the merged keys, slots and generations, then the distinct
-    keys and their starts (:attr:`GridRun.distinct`). An entry of ``a`` goes before an entry of
-    ``b`` with the same key."""
+    """The kernel of :func:`merge_current` (same arguments, unpacked): the merged keys, slots
+    and generations (views of arrays of ``len(a) + len(b)`` entries), then the distinct keys and
+    their starts (:attr:`GridRun.distinct`). An entry of ``a`` goes before an entry of ``b``
+    with the same key."""
     na, nb = len(ka), len(kb)
+    ko = np.empty(na + nb, dtype=np.int64)
+    so = np.empty(na + nb, dtype=np.int64)
+    go = np.empty(na + nb, dtype=np.int32)
+    first = np.empty(na + nb + 1, dtype=np.int64)
     code_mask = (1 << code_bits) - 1
     i = j = m = u = 0
     while i < na or j < nb:
@@ -54,9 +56,10 @@ def _merge(ka: np.ndarray, sa: np.ndarray, ga: np.ndarray, kb: np.ndarray, sb: n
         ko[m], so[m], go[m] = k, s, g
         m += 1
     first[u] = m
+    ukeys = np.empty(u, dtype=np.int64)
     for x in range(u):
         ukeys[x] = ko[first[x]]
-    return ko[:m], so[:m], go[:m], ukeys[:u], first[:u + 1]
+    return ko[:m], so[:m], go[:m], ukeys, first[:u + 1]
 
 
 def _distinct(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -113,10 +116,8 @@ def merge_current(a: GridRun, b: GridRun, gen: np.ndarray, levels: np.ndarray, c
         The merged run, a new one (``a``'s entries first among equal keys).
     """
     n = len(a) + len(b)
-    bufs = (np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int32), np.empty(n + 1, np.int64),
-            np.empty(n, np.int64))
     keys, slots, gens, ukeys, ustart = _merge(a.keys, a.slots, a.gens, b.keys, b.slots, b.gens, gen, levels,
-                                              cell_bits, code_bits, *bufs)
+                                              cell_bits, code_bits)
     # a view of under 3/4 of its buffer is copied (the rest would stay held as long as the run)
     keys, slots, gens, ukeys, ustart = (x.copy() if 4 * len(x) < 3 * n else x
                                         for x in (keys, slots, gens, ukeys, ustart))
