@@ -22,12 +22,12 @@ from knnmon.assignment.loadmodel import LoadModel
 from knnmon.assignment.region_entries import (compile_region_entries, merge_entries, merge_sorted, region_entries,
                                              withdraw)
 from knnmon.assignment.routing_changes import RunTimeChanges
+from knnmon.assignment.routing_lookup import CodeStarts, compile_lookup, or_entries, route_pairs
 from knnmon.assignment.routing_regions import DEFAULT_TILES, KeywordRegions, compile_regions
 from knnmon.assignment.workload import Workload
-from knnmon.encoding import keyword_codes
 from knnmon.errors import InvalidArgumentError
 from knnmon.grid import Grid
-from knnmon.sorted_search import searchsorted_batch
+from knnmon.vocabulary_table import VocabularyTable, compile_vocabulary_kernels
 
 __all__ = ["MAX_ENTRIES", "MAX_ENTRIES_PER_QUERY", "RoutingTable", "check_max_entries", "popcount"]
 
@@ -89,9 +89,12 @@ class RoutingTable(RunTimeChanges):
         self.forwards: list[tuple[int, int]] = []
         #: How :meth:`build` made the table (pairs, promotions); empty otherwise.
         self.stats: dict[str, int | float] = {}
-        self._vocab = pa.array(vocabulary, type=pa.string())
+        self._words: VocabularyTable | None = None
+        self._starts = CodeStarts()
         compile_region_entries()  # (from numba's cache after the first time: no batch pays for it)
         compile_regions()
+        compile_lookup()
+        compile_vocabulary_kernels()
 
     @classmethod
     def build(cls, workload: Workload, model: LoadModel, plan: Plan,
@@ -175,17 +178,12 @@ class RoutingTable(RunTimeChanges):
         ``(n,)`` uint64 bitmask of workers per object.
         """
         out = np.zeros(len(cells), dtype=np.uint64)
-        ok = codes >= 0
-        owner, codes = owner[ok], codes[ok]
-        np.bitwise_or.at(out, owner, self.always[codes])
-        pair_cells = np.asarray(cells, dtype=np.int64)[owner]
-        self.regions.or_into(out, owner, codes, pair_cells % self.grid.n, pair_cells // self.grid.n)
-        key = codes * self.grid.n_cells + pair_cells
-        for keys, masks in ((self.keys, self.masks), (self.delta_keys, self.delta_masks), *self._pending):
-            if len(keys):
-                pos = np.minimum(searchsorted_batch(keys, key), len(keys) - 1)
-                hit = keys[pos] == key
-                np.bitwise_or.at(out, owner[hit], masks[pos[hit]])
+        cells = np.ascontiguousarray(cells, dtype=np.int64)
+        owner, codes = np.ascontiguousarray(owner, dtype=np.int64), np.ascontiguousarray(codes, dtype=np.int64)
+        starts = self._starts.of(self.keys, self.regions.code, self.grid.n_cells, len(self.always))
+        route_pairs(out, cells, owner, codes, self.always, self.grid.n, self.keys, self.masks, starts, self.regions)
+        for keys, masks in ((self.delta_keys, self.delta_masks), *self._pending):
+            or_entries(out, cells, owner, codes, self.grid.n_cells, keys, masks)
         for source, target in self.forwards:
             out |= ((out >> np.uint64(source)) & np.uint64(1)) << np.uint64(target)
         return out
@@ -197,37 +195,27 @@ class RoutingTable(RunTimeChanges):
 
     def encode(self, keywords: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
         """``(object, keyword code)`` int64 arrays of a list<string> array; ``-1``: no query has it.
-
-        Fewer keywords than the vocabulary (a stream batch) are looked up in a dict, each
-        distinct keyword once: pyarrow's ``index_in`` would rebuild a hash set of the whole
-        vocabulary on every call, and a batch has far fewer distinct keywords than keywords
-        (docs/runtime.md has the timings)."""
+        The codes are looked up in :attr:`words` from the array's own buffers (no Python string
+        per keyword)."""
         if isinstance(keywords, pa.ChunkedArray):
             keywords = keywords.combine_chunks()
-        if len(keywords.values) >= len(self.vocabulary):
-            return keyword_codes(keywords, self._vocab)
-        index = self.code_index()
         owner = pc.list_parent_indices(keywords).to_numpy().astype(np.int64)
-        words = keywords.flatten().dictionary_encode()
-        distinct = np.fromiter((index.get(w, -1) for w in words.dictionary.to_pylist()), dtype=np.int64,
-                               count=len(words.dictionary))
-        return owner, distinct[words.indices.to_numpy(zero_copy_only=False)].astype(np.int64, copy=False)
+        return owner, self.words.codes(keywords.flatten())
 
-    def code_index(self) -> dict[str, int]:
-        """``keyword -> code`` of the vocabulary (live: :meth:`code` adds to it)."""
-        if not hasattr(self, "_code"):
-            self._code = {w: i for i, w in enumerate(self.vocabulary)}
-        return self._code
+    @property
+    def words(self) -> VocabularyTable:
+        """The vocabulary as a hash table (keyword -> code), built at its first use."""
+        if self._words is None:
+            self._words = VocabularyTable(self.vocabulary)
+        return self._words
 
     def code(self, keyword: str) -> int:
         """The code of ``keyword``, added to the vocabulary if new (a query registered at run time)."""
-        self.code_index()
-        c = self._code.get(keyword)
-        if c is None:
-            c = self._code[keyword] = len(self.vocabulary)
+        c = self.words.code(keyword)
+        if c < 0:
+            c = self.words.add(keyword)
             self.vocabulary.append(keyword)
             self.always = np.append(self.always, np.uint64(0))
-            self._vocab = pa.array(self.vocabulary, type=pa.string())
         return c
 
     def codes_of(self, keywords: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:

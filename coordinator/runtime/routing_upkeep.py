@@ -168,7 +168,7 @@ class RoutingUpkeep:
         self._timed, self._before = timed, self.routing.entries
         self._requested = False
         self.routing.journal(True)
-        self.routing.code_index()  # made here, read by the build thread
+        self.routing.words  # made here, read by the build thread
         self._started_unregistered = unregistered
         if self._executor is None:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="knnmon-routing-rebuild")
@@ -177,8 +177,8 @@ class RoutingUpkeep:
     def _fresh_entries(self, pending: list[Pending]):
         """In the build thread: the workers' regions -> a fresh table's entries in the run's
         keyword codes, sorted. Every keyword of a registered query has its code already (the
-        registration gave it one before the snapshot), so the codes are only read here (a dict
-        lookup, safe beside the caller's thread adding new keywords)."""
+        registration gave it one before the snapshot), so the codes are only read here
+        (:meth:`VocabularyTable.codes`, safe beside the caller's thread adding new keywords)."""
         t0 = time.perf_counter()
         parts = self.pool.gather(pending)
         workers = np.concatenate([np.full(len(c.ids), w, dtype=np.int32) for w, (c, _) in enumerate(parts)])
@@ -190,8 +190,7 @@ class RoutingUpkeep:
         plan = Plan("upkeep", self.pool.size, workers, np.zeros(len(workers), dtype=np.int32), [],
                     np.empty(0, dtype=np.int32))
         fresh = RoutingTable.build(workload, self.model, plan, self.max_entries)
-        index = self.routing.code_index()
-        code = np.fromiter((index.get(w, -1) for w in fresh.vocabulary), dtype=np.int64, count=len(fresh.vocabulary))
+        code = self.routing.words.codes(pa.array(fresh.vocabulary, type=pa.string()))
         n = self.routing.grid.n_cells
         key_code = code[fresh.keys // n]
         if (key_code < 0).any() or (code[fresh.always != 0] < 0).any() or (code[fresh.regions.code] < 0).any():
