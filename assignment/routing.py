@@ -209,6 +209,12 @@ class RoutingTable(RunTimeChanges):
             self._words = VocabularyTable(self.vocabulary)
         return self._words
 
+    def prepare(self) -> None:
+        """Build what the first batch's routing would otherwise build: :attr:`words` and each
+        keyword's starts in the sorted entries (a second or so at millions of keywords)."""
+        self.words  # noqa: B018  (built on first use)
+        self._starts.of(self.keys, self.regions.code, self.grid.n_cells, len(self.always))
+
     def code(self, keyword: str) -> int:
         """The code of ``keyword``, added to the vocabulary if new (a query registered at run time)."""
         c = self.words.code(keyword)

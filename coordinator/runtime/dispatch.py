@@ -108,6 +108,7 @@ class Dispatcher:
                  seen_times: np.ndarray | None = None, window: Window | None = None, rects=None,
                  first_batch: int = 0) -> None:
         self.pool, self.routing, self.objects = pool, routing, objects
+        routing.prepare()  # (not in the first batch's routing time)
         self.seen = SeenIds(seen, seen_times, windowed=window is not None)
         self.window, self.rects = window, rects
         self.next_batch = first_batch
