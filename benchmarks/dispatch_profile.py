@@ -73,6 +73,7 @@ def main() -> None:
 def _sections(a, queries, config) -> None:
     """Run with the dispatch's parts wrapped in thread-CPU timers; print ms per batch of each."""
     from knnmon.assignment.routing import RoutingTable
+    from knnmon.batch import ObjectBatch
     from knnmon.coordinator.runtime import dispatch
     from knnmon.coordinator.runtime.runtime import Runtime
     from knnmon.coordinator.runtime.worker_pool import RayPool
@@ -104,7 +105,7 @@ def _sections(a, queries, config) -> None:
                                (dispatch.Dispatcher, "_route", "routing (codes, cells, bitmasks, table)"),
                                (RayPool, "share", "ray.put of the batch"),
                                (RayPool, "process", "worker calls"),
-                               (dispatch, "_rows_of", "rows per worker")):
+                               (ObjectBatch, "rows_of", "rows per worker")):
         timed(owner, name, label)
     with Runtime(a.objects, queries, config) as rt:
         s = rt.run(progress=False)

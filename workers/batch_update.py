@@ -201,14 +201,16 @@ class BatchUpdate:
                             write_queued=self.queue is not None and bool(len(written)), refilled=n_refilled,
                             released=released)
 
-    def process_rows(self, batch: ObjectBatch, rows: np.ndarray, *, cutoff: int | None = None,
+    def process_rows(self, batch: ObjectBatch, rows: np.ndarray | None = None, *, cutoff: int | None = None,
                      refills: Refills | None = None) -> WorkerReport:
         """:meth:`process_batch` for the rows ``rows`` (``(m,)`` int64: this worker's objects)
         of a batch that every worker shares; selecting them is part of this worker's work.
-        ``cutoff`` and ``refills`` as in :meth:`process_batch`."""
+        ``rows=None``: the rows whose worker bitmask has this worker's bit
+        (:meth:`ObjectBatch.rows_of`; the call then carries no array). ``cutoff`` and
+        ``refills`` as in :meth:`process_batch`."""
         t0, c0 = time.perf_counter(), time.thread_time()
         table = batch.table
-        rows = np.asarray(rows, dtype=np.int64)
+        rows = batch.rows_of(self.worker_id) if rows is None else np.asarray(rows, dtype=np.int64)
         part = table.take(rows)
         args = (batch.number, part.column("id").to_pylist(), part.column("lon").to_numpy(),
                 part.column("lat").to_numpy(), part.column("t").to_numpy(), part.column("keywords").to_pylist(),

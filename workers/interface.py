@@ -24,7 +24,7 @@ __all__ = ["WorkerApi"]
 class WorkerApi(Protocol):
     """The calls a worker answers (each documented on :class:`~knnmon.workers.worker.KnnWorker`)."""
 
-    def process_rows(self, batch: ObjectBatch, rows: np.ndarray, *, cutoff: int | None = None,
+    def process_rows(self, batch: ObjectBatch, rows: np.ndarray | None = None, *, cutoff: int | None = None,
                      refills: Refills | None = None) -> WorkerReport: ...
 
     def estimate_rows(self, batch: ObjectBatch, rows: np.ndarray) -> np.ndarray: ...

@@ -244,10 +244,11 @@ class Dispatcher:
         table, pair_obj, pair_code, masks = self._route(batch)
         if source == "routing":
             return popcount(masks) * np.bincount(pair_obj, minlength=len(masks))
-        shared = self.pool.share(ObjectBatch(-1, table, pair_obj, pair_code))
+        routed = ObjectBatch(-1, table, pair_obj, pair_code, masks)
+        shared = self.pool.share(routed)
         pending, rows = [], []
         for w in range(self.pool.size):
-            mine = _rows_of(masks, w)
+            mine = routed.rows_of(w)
             if len(mine):
                 pending.append(self.pool.estimate(w, shared, mine))
                 rows.append(mine)
@@ -284,14 +285,17 @@ class Dispatcher:
         table, pair_obj, pair_code, masks = self._route(batch)
         number = self.next_batch
         self.next_batch += 1
-        shared = self.pool.share(ObjectBatch(number, table, pair_obj, pair_code))
+        # Each worker takes its rows from the masks in the shared batch: a call carrying its rows
+        # costs the dispatch about twice the CPU of one carrying the batch's reference alone.
+        routed = ObjectBatch(number, table, pair_obj, pair_code, masks)
+        shared = self.pool.share(routed)
         pending, sent, rows = [], 0, {}
         try:
             for w in range(self.pool.size):
-                mine = _rows_of(masks, w)
+                mine = routed.rows_of(w)
                 if len(mine) or cutoff is not None:
                     window = {"cutoff": cutoff, "refills": refills.get(w)} if cutoff is not None else {}
-                    pending.append(self.pool.process(w, shared, mine, **window))
+                    pending.append(self.pool.process(w, shared, None, **window))
                     sent += len(mine)
                     rows[w] = mine
         finally:
@@ -328,7 +332,3 @@ class Dispatcher:
         return BatchReport.of(d.number, d.objects, d.duplicates, d.deliveries, self.pool.size, update_ms, route_ms,
                               route_cpu_ms, reports, late=d.late, refill_ms=d.refill_ms)
 
-
-def _rows_of(masks: np.ndarray, worker: int) -> np.ndarray:
-    """The rows (``int64``) whose worker bitmask (``(n,)`` uint64) has ``worker``'s bit."""
-    return np.flatnonzero((masks >> np.uint64(worker)) & np.uint64(1))

@@ -85,9 +85,10 @@ class WorkerPool(ABC):
 
     # The worker's calls, typed (:class:`~knnmon.workers.interface.WorkerApi`; each returns a
     # :class:`Pending` for :meth:`gather`).
-    def process(self, worker: int, batch: ObjectBatch, rows: np.ndarray, *, cutoff: int | None = None,
+    def process(self, worker: int, batch: ObjectBatch, rows: np.ndarray | None, *, cutoff: int | None = None,
                 refills: Refills | None = None) -> Pending:
-        """:meth:`KnnWorker.process_rows`: a shared batch's rows for ``worker``."""
+        """:meth:`KnnWorker.process_rows`: a shared batch's rows for ``worker`` (``None``: those
+        its bitmasks give it, :meth:`ObjectBatch.rows_of`)."""
         return self._send(worker, WorkerApi.process_rows, batch, rows, cutoff=cutoff, refills=refills)
 
     def estimate(self, worker: int, batch: ObjectBatch, rows: np.ndarray) -> Pending:

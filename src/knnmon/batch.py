@@ -299,12 +299,28 @@ class ObjectBatch:
     pair_obj, pair_code : numpy.ndarray
         ``(p,)`` int64: the batch's (object row, keyword code) pairs, encoded with the routing
         table's vocabulary, which the workers share.
+    masks : numpy.ndarray or None
+        ``(n,)`` uint64: each object's workers as a bitmask (the routing table's); a worker
+        called without its rows takes the rows with its bit (``None``: rows are always given).
     """
 
     number: int
     table: Any
     pair_obj: Any
     pair_code: Any
+    masks: Any = None
+
+    def rows_of(self, worker: int) -> np.ndarray:
+        """``(m,)`` int64: the rows whose bitmask has ``worker``'s bit (:attr:`masks`).
+
+        Raises
+        ------
+        ValueError
+            The batch has no masks.
+        """
+        if self.masks is None:
+            raise ValueError(f"batch {self.number} carries no worker bitmasks: its rows must be given")
+        return np.flatnonzero((self.masks >> np.uint64(worker)) & np.uint64(1))
 
 
 @dataclass(frozen=True)

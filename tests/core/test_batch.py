@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
-
 from hypothesis import given, settings, strategies as st
 
-from knnmon.batch import BatchChanges, ObjectColumns, ObjectInfo
+from knnmon.batch import BatchChanges, ObjectBatch, ObjectColumns, ObjectInfo
 from knnmon.feed import parse_entry
 from knnmon.reports import WorkerReport, WriteFigures
 
@@ -68,3 +68,14 @@ def test_object_columns_parse_details_texts_as_from_text_does(infos):
 def test_object_columns_reject_a_text_that_is_not_details(text):
     with pytest.raises(ValueError):
         ObjectColumns.of_texts(["o", "p"], ["1.0 2.0 3 ok", text])
+
+
+@settings(max_examples=50, deadline=None)
+@given(masks=st.lists(st.integers(0, 2**64 - 1), max_size=30), worker=st.integers(0, 63))
+def test_a_worker_takes_the_rows_with_its_bit(masks, worker):
+    """``ObjectBatch.rows_of``: a worker called without rows takes those its bitmasks give it."""
+    m = np.array(masks, dtype=np.uint64)
+    batch = ObjectBatch(3, None, np.empty(0, np.int64), np.empty(0, np.int64), m)
+    assert batch.rows_of(worker).tolist() == [i for i, x in enumerate(masks) if x >> worker & 1]
+    with pytest.raises(ValueError, match="no worker bitmasks"):
+        ObjectBatch(3, None, np.empty(0, np.int64), np.empty(0, np.int64)).rows_of(worker)
