@@ -5,13 +5,14 @@ The routing table encodes every batch's keywords against the queries' vocabulary
 keywords at the paper's scale). A Python ``dict`` needs a Python string per keyword looked up
 and about 100 bytes per keyword held; pyarrow's ``index_in`` rebuilds a hash set of the whole
 vocabulary on every call. Here the vocabulary's bytes sit in one ``uint8`` buffer with ``int64``
-offsets, its hash table is an ``int32`` array of codes (linear probing, 64-bit FNV-1a, at most
-half full), and a lookup reads the Arrow array's own buffers: no Python object per keyword.
+offsets, its hash table is an ``int32`` array of codes (linear probing, 64-bit FNV-1a from a
+random basis per table, at most half full), and a lookup reads the Arrow array's own buffers: no Python object per keyword.
 A keyword's code is its position in the order added; codes are never reused.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 
 import numpy as np
@@ -22,12 +23,17 @@ from knnmon.jit import jit as _jit
 __all__ = ["VocabularyTable", "compile_vocabulary_kernels"]
 
 @_jit
-def _hash(data: np.ndarray, start: int, end: int) -> np.uint64:
-    """64-bit FNV-1a of ``data[start:end]`` (uint8)."""
-    h = np.uint64(0xCBF29CE484222325)
+def _hash(data: np.ndarray, start: int, end: int, seed: np.uint64) -> np.uint64:
+    """64-bit FNV-1a of ``data[start:end]`` (uint8) from the basis ``seed``, then MurmurHash3's
+    finaliser (the slot is the low bits: every byte must reach them)."""
+    h = seed
     for i in range(start, end):
         h = (h ^ np.uint64(data[i])) * np.uint64(0x100000001B3)
-    return h
+    h ^= h >> np.uint64(33)
+    h *= np.uint64(0xFF51AFD7ED558CCD)
+    h ^= h >> np.uint64(33)
+    h *= np.uint64(0xC4CEB9FE1A85EC53)
+    return h ^ (h >> np.uint64(33))
 
 
 @_jit
@@ -42,10 +48,11 @@ def _same(a: np.ndarray, a0: int, a1: int, b: np.ndarray, b0: int, b1: int) -> b
 
 
 @_jit
-def _find(slots: np.ndarray, offsets: np.ndarray, data: np.ndarray, q: np.ndarray, q0: int, q1: int) -> int:
+def _find(slots: np.ndarray, offsets: np.ndarray, data: np.ndarray, q: np.ndarray, q0: int, q1: int,
+          seed: np.uint64) -> int:
     """The code of ``q[q0:q1]`` in the table, or ``-1``."""
     mask = len(slots) - 1
-    s = np.int64(_hash(q, q0, q1) & np.uint64(mask))
+    s = np.int64(_hash(q, q0, q1, seed) & np.uint64(mask))
     while True:
         c = slots[s]
         if c < 0:
@@ -57,7 +64,7 @@ def _find(slots: np.ndarray, offsets: np.ndarray, data: np.ndarray, q: np.ndarra
 
 @_jit
 def _lookup(slots: np.ndarray, offsets: np.ndarray, data: np.ndarray, q_offsets: np.ndarray, q_data: np.ndarray,
-            out: np.ndarray) -> None:
+            out: np.ndarray, seed: np.uint64) -> None:
     """``out[i]``: the code of string ``i`` of an Arrow array given by its offsets (``(m + 1,)``,
     rebased to 0 or not) and bytes, ``-1`` if absent.
 
@@ -67,7 +74,7 @@ def _lookup(slots: np.ndarray, offsets: np.ndarray, data: np.ndarray, q_offsets:
     faster than one string after another."""
     m, mask = len(out), len(slots) - 1
     for i in range(m):
-        out[i] = np.int64(_hash(q_data, q_offsets[i], q_offsets[i + 1]) & np.uint64(mask))
+        out[i] = np.int64(_hash(q_data, q_offsets[i], q_offsets[i + 1], seed) & np.uint64(mask))
     for i in range(m):
         out[i] = slots[out[i]]
     start = np.zeros(m, dtype=np.int64)
@@ -77,15 +84,15 @@ def _lookup(slots: np.ndarray, offsets: np.ndarray, data: np.ndarray, q_offsets:
     for i in range(m):
         c, q0, q1 = out[i], q_offsets[i], q_offsets[i + 1]
         if c < 0 or not _same(data, start[i], offsets[c + 1], q_data, q0, q1):
-            out[i] = -1 if c < 0 else _find(slots, offsets, data, q_data, q0, q1)
+            out[i] = -1 if c < 0 else _find(slots, offsets, data, q_data, q0, q1, seed)
 
 
 @_jit
-def _place(slots: np.ndarray, offsets: np.ndarray, data: np.ndarray, first: int, last: int) -> None:
+def _place(slots: np.ndarray, offsets: np.ndarray, data: np.ndarray, first: int, last: int, seed: np.uint64) -> None:
     """Put codes ``first..last-1`` (absent from the table) into ``slots``."""
     mask = len(slots) - 1
     for c in range(first, last):
-        s = np.int64(_hash(data, offsets[c], offsets[c + 1]) & np.uint64(mask))
+        s = np.int64(_hash(data, offsets[c], offsets[c + 1], seed) & np.uint64(mask))
         while slots[s] >= 0:
             s = (s + 1) & mask
         slots[s] = c
@@ -129,7 +136,10 @@ class VocabularyTable:
         arr = words if isinstance(words, pa.Array) else pa.array(list(words), type=pa.string())
         offsets, data = _string_buffers(arr)
         self.size = len(arr)
-        self._arrays = _hashed(offsets - offsets[0], data[offsets[0]:offsets[-1]].copy(), self.size)
+        # A random basis per table: keywords come from users, who cannot then pick words that
+        # share a slot and make every lookup probe a long run.
+        self._seed = np.uint64(int.from_bytes(os.urandom(8), "little"))
+        self._arrays = _hashed(offsets - offsets[0], data[offsets[0]:offsets[-1]].copy(), self.size, self._seed)
         if self.size and int((self.codes(arr) != np.arange(self.size)).sum()):
             raise ValueError("the vocabulary's words must be distinct")
 
@@ -145,7 +155,7 @@ class VocabularyTable:
         if len(words):
             q_offsets, q_data = _string_buffers(words)
             slots, offsets, data = self._arrays
-            _lookup(slots, offsets, data, q_offsets, q_data, out)
+            _lookup(slots, offsets, data, q_offsets, q_data, out, self._seed)
         return out
 
     def code(self, word: str) -> int:
@@ -168,11 +178,11 @@ class VocabularyTable:
             offsets, data = _grown(offsets, self.size + 2), _grown(data, end + len(raw))
             data[end:end + len(raw)] = raw
             offsets[self.size + 1] = end + len(raw)
-            self._arrays = _hashed(offsets, data, self.size + 1)
+            self._arrays = _hashed(offsets, data, self.size + 1, self._seed)
         else:
             data[end:end + len(raw)] = raw
             offsets[self.size + 1] = end + len(raw)
-            _place(slots, offsets, data, self.size, self.size + 1)
+            _place(slots, offsets, data, self.size, self.size + 1, self._seed)
         self.size += 1
         return self.size - 1
 
@@ -182,10 +192,11 @@ class VocabularyTable:
         return int(sum(a.nbytes for a in self._arrays))
 
 
-def _hashed(offsets: np.ndarray, data: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _hashed(offsets: np.ndarray, data: np.ndarray, size: int,
+            seed: np.uint64) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(slots, offsets, data)`` with ``size`` words placed in fresh slots."""
     slots = np.full(_capacity(size), -1, dtype=np.int32)
-    _place(slots, offsets, data, 0, size)
+    _place(slots, offsets, data, 0, size, seed)
     return slots, offsets, data
 
 
