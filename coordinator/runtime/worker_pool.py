@@ -88,8 +88,10 @@ class WorkerPool(ABC):
     def process(self, worker: int, batch: ObjectBatch, rows: np.ndarray | None, *, cutoff: int | None = None,
                 refills: Refills | None = None) -> Pending:
         """:meth:`KnnWorker.process_rows`: a shared batch's rows for ``worker`` (``None``: those
-        its bitmasks give it, :meth:`ObjectBatch.rows_of`)."""
-        return self._send(worker, WorkerApi.process_rows, batch, rows, cutoff=cutoff, refills=refills)
+        its bitmasks give it, :meth:`ObjectBatch.rows_of`). Arguments left at their defaults are
+        not sent: each one adds to the call's cost in the dispatching thread."""
+        options = {k: v for k, v in (("cutoff", cutoff), ("refills", refills)) if v is not None}
+        return self._send(worker, WorkerApi.process_rows, batch, *(() if rows is None else (rows,)), **options)
 
     def estimate(self, worker: int, batch: ObjectBatch, rows: np.ndarray) -> Pending:
         """:meth:`KnnWorker.estimate_rows`: candidates per row, nothing changed."""
