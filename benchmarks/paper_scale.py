@@ -185,6 +185,7 @@ def run_child(a: argparse.Namespace) -> None:
                     "predicted_worker_loads": s.predicted_worker_loads, "busy_ms_per_worker": s.busy_ms_per_worker,
                     "busy_ms_per_batch": [r.busy_ms for r in rt.reports],
                     "index_ms_per_batch": [r.index_ms for r in rt.reports],
+                    "redis_server_ms_per_batch": [r.redis_server_ms for r in rt.reports],
                     "compactions_per_batch": [[r.index_merges, r.handle_compactions] for r in rt.reports],
                     "route_cpu_ms_per_batch": [r.route_cpu_ms for r in rt.reports],
                     "per_worker_per_batch": [r.per_worker for r in rt.reports],

@@ -12,7 +12,9 @@ time per batch (``E[max]``, the mean over batches of the largest busy time) is s
   One batch's objects fall unevenly on the workers' sets.
 - **noise**: measured ``E[max]`` minus fitted ``E[max]``. This is busy time that no count of work
   explains: the machine's bursts, a worker's one-off steps, CPU contention.
-  "Bursts" counts the batches in which at least half the workers ran 4 ms or more over their fit.
+  "Bursts" counts the batches in which at least half the workers ran 4 ms or more over their fit;
+  "Redis" is the correlation over batches of the workers' mean residual with the Redis server's
+  time on the batch's writes (reports with ``redis_server_ms_per_batch``).
 
 The costs are :func:`knnmon.coordinator.bench.ideal.cost_fit` over all rows at that ``W``, except
 ideal rows. Takes ``knnmon bench`` and ``benchmarks/paper_scale.py`` reports::
@@ -37,7 +39,10 @@ def parts(row: dict, costs: np.ndarray) -> dict[str, float]:
     counts = np.asarray(row["per_worker_per_batch"], dtype=np.float64)  # (batches, 3, W)
     fitted = costs[0] + np.einsum("bkw,k->bw", counts, costs[1:])
     over = (busy - fitted) > 4.0
-    return {"e_max": float(busy.max(axis=1).mean()), "mean": float(busy.mean()),
+    redis = np.asarray(row.get("redis_server_ms_per_batch") or [], dtype=np.float64)
+    batch_residual = (busy - fitted).mean(axis=1)
+    corr = float(np.corrcoef(batch_residual, redis)[0, 1]) if len(redis) == len(busy) and redis.std() > 0 else None
+    return {"redis_corr": corr, "e_max": float(busy.max(axis=1).mean()), "mean": float(busy.mean()),
             "static": float(fitted.mean(axis=0).max() - fitted.mean()),
             "per_batch": float(fitted.max(axis=1).mean() - fitted.mean(axis=0).max()),
             "noise": float(busy.max(axis=1).mean() - fitted.max(axis=1).mean()),
@@ -49,8 +54,8 @@ def table(path: Path) -> str:
     rows = [r for r in json.loads(path.read_text())["rows"] if r.get("per_worker_per_batch") and r["workers"] > 1]
     lines = [f"`{path.name}`", "",
              "| W | plan | E[max] busy ms | mean busy ms | static imbalance ms | per-batch imbalance ms | noise ms | "
-             "bursts | fitted costs (fixed ms, us per object, candidate, change) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "bursts | Redis | fitted costs (fixed ms, us per object, candidate, change) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for w in sorted({r["workers"] for r in rows}):
         at = [r for r in rows if r["workers"] == w]
         costs = cost_fit([r for r in at if r["algorithm"] != "ideal"])
@@ -60,11 +65,12 @@ def table(path: Path) -> str:
         for r in at:
             if r["algorithm"] == "ideal":
                 lines.append(f"| {w} | ideal | {r['update_ms_sim_mean'] - r['route_cpu_ms_mean']:.1f} | - | - | - | - | - "
-                             f"| - |")
+                             f"| - | - |")
                 continue
             p = parts(r, costs)
             lines.append(f"| {w} | {r['algorithm']} | {p['e_max']:.1f} | {p['mean']:.1f} | {p['static']:.1f} | "
-                         f"{p['per_batch']:.1f} | {p['noise']:.1f} | {p['bursts']}/{p['batches']} | {shown} |")
+                         f"{p['per_batch']:.1f} | {p['noise']:.1f} | {p['bursts']}/{p['batches']} | "
+                         f"{'-' if p['redis_corr'] is None else format(p['redis_corr'], '.2f')} | {shown} |")
     return "\n".join(lines)
 
 

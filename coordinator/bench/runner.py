@@ -171,6 +171,7 @@ def _row(rt: Runtime, summary: RunSummary, algorithm: str, kmax: int, repeat: in
         "slowest_over_mean_busy": s.slowest_over_mean_busy,
         "busy_ms_per_batch": [r.busy_ms for r in rt.reports],
         "index_ms_per_batch": [r.index_ms for r in rt.reports],
+        "redis_server_ms_per_batch": [r.redis_server_ms for r in rt.reports],
         "compactions_per_batch": [[r.index_merges, r.handle_compactions] for r in rt.reports],
         "objects_per_s": s.objects_per_s, "deliveries_per_object": s.deliveries_per_object,
         "results_changed": s.results_changed, "candidates_per_change": s.candidates_per_change,

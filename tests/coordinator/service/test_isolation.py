@@ -53,8 +53,9 @@ def test_an_entry_failing_at_any_stage_is_rejected_and_the_rest_is_applied(place
     _fail_when(monkeypatch, intake, "parse_object", lambda eid, fields, *a, **kw: fields.get("id") == "poison-parse")
     _fail_when(monkeypatch, ObjectStore, "knn_v", lambda self, lon, lat, kws, k: any("poisonknn" in w for w in kws))
     _fail_when(monkeypatch, Registrar, "place", lambda self, lon, lat: lon == 12.345)
-    _fail_when(monkeypatch, KnnWorker, "process_rows", lambda self, batch, rows, **kw:
-               "poison-worker" in batch.table.column("id").take(pa.array(rows)).to_pylist())
+    _fail_when(monkeypatch, KnnWorker, "process_rows", lambda self, batch, rows=None, **kw:
+               "poison-worker" in batch.table.column("id").take(
+                   pa.array(batch.rows_of(self.worker_id) if rows is None else rows)).to_pylist())
     _fail_when(monkeypatch, ResultWriter, "write_batch",
                lambda self, tag, changes: redis.ResponseError("ERR injected") if "poison-write" in changes.entered
                else None)

@@ -50,7 +50,7 @@ def _crash_in_a_batch(monkeypatch, oid: str, worker: int) -> None:
     the service dies."""
     original = BatchUpdate.process_rows
 
-    def process_rows(self, batch, rows, **kw):
+    def process_rows(self, batch, rows=None, **kw):
         if self.worker_id == worker and oid in batch.table.column("id").to_pylist():
             raise _Crash()
         return original(self, batch, rows, **kw)
