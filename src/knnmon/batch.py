@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from knnmon.arrays import runs
+from knnmon.arrow_ipc import ipc_of_table, table_of_ipc
 
 __all__ = ["BatchChanges", "KnnColumns", "ObjectBatch", "ObjectColumns", "ObjectInfo", "QueryHandover", "Refills"]
 
@@ -310,6 +311,10 @@ class ObjectBatch:
     pair_code: Any
     masks: Any = None
 
+    def __reduce__(self):
+        """Pickled with the table as one Arrow IPC stream (half the CPU of a ``ray.put``)."""
+        return _object_batch, (self.number, ipc_of_table(self.table), self.pair_obj, self.pair_code, self.masks)
+
     def rows_of(self, worker: int) -> np.ndarray:
         """``(m,)`` int64: the rows whose bitmask has ``worker``'s bit (:attr:`masks`).
 
@@ -321,6 +326,11 @@ class ObjectBatch:
         if self.masks is None:
             raise ValueError(f"batch {self.number} carries no worker bitmasks: its rows must be given")
         return np.flatnonzero((self.masks >> np.uint64(worker)) & np.uint64(1))
+
+
+def _object_batch(number: int, table: Any, pair_obj: Any, pair_code: Any, masks: Any) -> ObjectBatch:
+    """An :class:`ObjectBatch` unpickled (its table read back from IPC bytes)."""
+    return ObjectBatch(number, table_of_ipc(table), pair_obj, pair_code, masks)
 
 
 @dataclass(frozen=True)

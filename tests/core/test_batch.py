@@ -79,3 +79,16 @@ def test_a_worker_takes_the_rows_with_its_bit(masks, worker):
     assert batch.rows_of(worker).tolist() == [i for i, x in enumerate(masks) if x >> worker & 1]
     with pytest.raises(ValueError, match="no worker bitmasks"):
         ObjectBatch(3, None, np.empty(0, np.int64), np.empty(0, np.int64)).rows_of(worker)
+
+
+def test_a_batch_travels_with_its_table_as_one_ipc_stream():
+    """Pickled (as ``ray.put`` does): the same table, pairs and masks come back."""
+    import pickle
+
+    import pyarrow as pa
+
+    t = pa.table({"id": ["a", "b"], "lon": [1.0, 2.0], "lat": [3.0, 4.0], "t": [1, 2], "keywords": [["x"], ["y", "z"]]})
+    b = ObjectBatch(3, t, np.array([0, 1, 1]), np.array([5, 6, 7]), np.array([1, 2], dtype=np.uint64))
+    c = pickle.loads(pickle.dumps(b, protocol=5))
+    assert c.table.equals(t) and c.number == 3 and c.rows_of(1).tolist() == [1]
+    assert c.pair_obj.tolist() == [0, 1, 1] and c.pair_code.tolist() == [5, 6, 7]
