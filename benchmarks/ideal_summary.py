@@ -10,6 +10,10 @@ worker's share, issue 37's target <= 15 %), and how many batches one worker stal
 ``benchmarks/paper_scale.py`` reports.
 
     python benchmarks/ideal_summary.py docs/bench/ideal_100k_shuffled.json docs/bench/ideal_100k_time_order.json
+
+``--parts`` instead splits each run's slowest worker per batch (:func:`parts`)::
+
+    python benchmarks/ideal_summary.py --parts docs/bench/sweep2_1m_k10.json
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ import json
 from pathlib import Path
 
 import numpy as np
+
+from knnmon.coordinator.bench.ideal import cost_fit
 
 
 def share_error(predicted, busy) -> float | None:
@@ -96,11 +102,70 @@ def table(path: Path) -> str:
     return "\n".join(lines)
 
 
+def parts(row: dict, costs: np.ndarray) -> dict[str, float]:
+    """One run's slowest busy time per batch (``E[max]``, the mean over batches of the largest
+    busy time), split with ``costs`` (:func:`cost_fit` over every run at its ``W``, ideal rows
+    left out), in ms per batch. The ideal is one balanced worker with each needed object
+    delivered once; the split is:
+
+    - ``mean``: over workers and batches. It is above the ideal by the plan's extra deliveries
+      (every candidate and every result change is the same work whatever the plan).
+    - ``static``: the largest per-worker mean minus the mean, in fitted busy time (the plan's
+      load model missed).
+    - ``per_batch``: ``E[max]`` of the fitted busy time minus its largest per-worker mean (one
+      batch's objects falling unevenly on the workers' sets).
+    - ``noise``: measured ``E[max]`` minus fitted ``E[max]``: busy time no count of work
+      explains (the machine's bursts, a worker's one-off steps, CPU contention).
+    - ``bursts``: batches in which at least half the workers ran 4 ms or more over their fit.
+    - ``redis_corr``: the correlation over batches of the workers' mean residual with the Redis
+      server's time on the batch's writes (reports with ``redis_server_ms_per_batch``), or
+      ``None``.
+    """
+    busy = np.asarray(row["busy_ms_per_batch"], dtype=np.float64)  # (batches, W)
+    counts = np.asarray(row["per_worker_per_batch"], dtype=np.float64)  # (batches, 3, W)
+    fitted = costs[0] + np.einsum("bkw,k->bw", counts, costs[1:])
+    over = (busy - fitted) > 4.0
+    redis = np.asarray(row.get("redis_server_ms_per_batch") or [], dtype=np.float64)
+    batch_residual = (busy - fitted).mean(axis=1)
+    corr = float(np.corrcoef(batch_residual, redis)[0, 1]) if len(redis) == len(busy) and redis.std() > 0 else None
+    return {"redis_corr": corr, "e_max": float(busy.max(axis=1).mean()), "mean": float(busy.mean()),
+            "static": float(fitted.mean(axis=0).max() - fitted.mean()),
+            "per_batch": float(fitted.max(axis=1).mean() - fitted.mean(axis=0).max()),
+            "noise": float(busy.max(axis=1).mean() - fitted.max(axis=1).mean()),
+            "bursts": int((over.sum(axis=1) >= busy.shape[1] / 2).sum()), "batches": len(busy)}
+
+
+def parts_table(path: Path) -> str:
+    """:func:`parts` as a markdown table of one report, a line per run."""
+    rows = [r for r in json.loads(path.read_text())["rows"] if r.get("per_worker_per_batch") and r["workers"] > 1]
+    lines = [f"`{path.name}`", "",
+             "| W | plan | E[max] busy ms | mean busy ms | static imbalance ms | per-batch imbalance ms | noise ms | "
+             "bursts | Redis | fitted costs (fixed ms, us per object, candidate, change) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for w in sorted({r["workers"] for r in rows}):
+        at = [r for r in rows if r["workers"] == w]
+        costs = cost_fit([r for r in at if r["algorithm"] != "ideal"])
+        if costs is None:
+            continue
+        shown = f"{costs[0]:.2f}, " + ", ".join(f"{c * 1e3:.1f}" for c in costs[1:])
+        for r in at:
+            if r["algorithm"] == "ideal":
+                lines.append(f"| {w} | ideal | {r['update_ms_sim_mean'] - r['route_cpu_ms_mean']:.1f} | - | - | - | - | - "
+                             f"| - | - |")
+                continue
+            p = parts(r, costs)
+            lines.append(f"| {w} | {r['algorithm']} | {p['e_max']:.1f} | {p['mean']:.1f} | {p['static']:.1f} | "
+                         f"{p['per_batch']:.1f} | {p['noise']:.1f} | {p['bursts']}/{p['batches']} | "
+                         f"{'-' if p['redis_corr'] is None else format(p['redis_corr'], '.2f')} | {shown} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("reports", nargs="+", help="bench reports (JSON) with an ideal row")
+    p.add_argument("--parts", action="store_true", help="split each run's slowest worker per batch instead")
     a = p.parse_args()
-    print("\n\n".join(table(Path(x)) for x in a.reports))
+    print("\n\n".join((parts_table if a.parts else table)(Path(x)) for x in a.reports))
 
 
 if __name__ == "__main__":
