@@ -150,8 +150,8 @@ def parts_table(path: Path) -> str:
         shown = f"{costs[0]:.2f}, " + ", ".join(f"{c * 1e3:.1f}" for c in costs[1:])
         for r in at:
             if r["algorithm"] == "ideal":
-                lines.append(f"| {w} | ideal | {r['update_ms_sim_mean'] - r['route_cpu_ms_mean']:.1f} | - | - | - | - | - "
-                             f"| - | - |")
+                busy = r["update_ms_sim_mean"] - r["route_cpu_ms_mean"]
+                lines.append(f"| {w} | ideal | {busy:.1f} | - | - | - | - | - | - | - |")
                 continue
             p = parts(r, costs)
             lines.append(f"| {w} | {r['algorithm']} | {p['e_max']:.1f} | {p['mean']:.1f} | {p['static']:.1f} | "

@@ -6,7 +6,8 @@ keywords at the paper's scale). A Python ``dict`` needs a Python string per keyw
 and about 100 bytes per keyword held; pyarrow's ``index_in`` rebuilds a hash set of the whole
 vocabulary on every call. Here the vocabulary's bytes sit in one ``uint8`` buffer with ``int64``
 offsets, its hash table is an ``int32`` array of codes (linear probing, 64-bit FNV-1a from a
-random basis per table, at most half full), and a lookup reads the Arrow array's own buffers: no Python object per keyword.
+random basis per table, at most half full), and a lookup reads the Arrow array's own buffers:
+no Python object per keyword.
 A keyword's code is its position in the order added; codes are never reused.
 """
 
