@@ -23,7 +23,7 @@ from knnmon.assignment.region_entries import (compile_region_entries, merge_entr
                                              withdraw)
 from knnmon.assignment.routing_changes import RunTimeChanges
 from knnmon.assignment.routing_lookup import CodeStarts, compile_lookup, or_entries, route_pairs
-from knnmon.assignment.routing_regions import DEFAULT_TILES, KeywordRegions, compile_regions
+from knnmon.assignment.routing_regions import DEFAULT_TILES, KeywordRegions
 from knnmon.assignment.workload import Workload
 from knnmon.errors import InvalidArgumentError
 from knnmon.grid import Grid
@@ -92,7 +92,6 @@ class RoutingTable(RunTimeChanges):
         self._words: VocabularyTable | None = None
         self._starts = CodeStarts()
         compile_region_entries()  # (from numba's cache after the first time: no batch pays for it)
-        compile_regions()
         compile_lookup()
         compile_vocabulary_kernels()
 
@@ -217,9 +216,9 @@ class RoutingTable(RunTimeChanges):
 
     def code(self, keyword: str) -> int:
         """The code of ``keyword``, added to the vocabulary if new (a query registered at run time)."""
-        c = self.words.code(keyword)
-        if c < 0:
-            c = self.words.add(keyword)
+        known = len(self.words)
+        c = self.words.add(keyword)
+        if c >= known:
             self.vocabulary.append(keyword)
             self.always = np.append(self.always, np.uint64(0))
         return c

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from knnmon.assignment.routing_regions import KeywordRegions
 from knnmon.jit import jit
 
 __all__ = ["CodeStarts", "compile_lookup", "or_entries", "route_pairs"]
@@ -104,10 +105,9 @@ class CodeStarts:
 
 
 def route_pairs(out: np.ndarray, cells: np.ndarray, owner: np.ndarray, codes: np.ndarray, always: np.ndarray,
-                n: int, keys: np.ndarray, masks: np.ndarray, starts: CodeStarts, regions) -> None:
+                n: int, keys: np.ndarray, masks: np.ndarray, starts: CodeStarts, regions: KeywordRegions) -> None:
     """OR into ``out[owner[i]]`` the workers of pair ``i`` (module docstring) from ``always``,
-    the sorted entries ``keys``/``masks`` and the rectangles ``regions``
-    (:class:`~knnmon.assignment.routing_regions.KeywordRegions`).
+    the sorted entries ``keys``/``masks`` and the rectangles ``regions``.
 
     Parameters
     ----------
@@ -139,8 +139,6 @@ def or_entries(out: np.ndarray, cells: np.ndarray, owner: np.ndarray, codes: np.
 
 def compile_lookup() -> None:
     """Compile (or load from numba's cache) the kernels before the first batch needs them."""
-    from knnmon.assignment.routing_regions import KeywordRegions
-
     one, bit = np.zeros(1, dtype=np.int64), np.ones(1, dtype=np.uint64)
     out = np.zeros(1, dtype=np.uint64)
     regions = KeywordRegions(one, one.astype(np.int32), one.astype(np.int32), one.astype(np.int32),

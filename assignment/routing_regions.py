@@ -17,38 +17,20 @@ tight for a plan that splits by space (a set is a few tiles), and for a plan tha
 queries they widen toward the whole grid, which is what such a pair needs anyway [ours; issue 37
 names "per-set MBR lists" as one fix].
 
-The lookup of an object's (object, keyword) pairs scans the rectangles of each keyword in a
-compiled kernel (at most ``W * tiles**2`` per keyword).
+The lookup of a batch's (object, keyword) pairs scans the rectangles of each pair's keyword (at
+most ``W * tiles**2``) in the routing table's one compiled pass
+(:mod:`knnmon.assignment.routing_lookup`).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from knnmon.jit import jit
-
-__all__ = ["DEFAULT_TILES", "KeywordRegions", "compile_regions"]
+__all__ = ["DEFAULT_TILES", "KeywordRegions"]
 
 #: Tiles per side (so ``16`` tiles): on 1 M synthetic queries at W = 12 an object reached 2.95
 #: workers with 4, 4.37 with 1 and 2.94 with 16 (docs/scale.md).
 DEFAULT_TILES = 4
-
-
-@jit
-def _or_masks(r_code, x0, y0, x1, y1, mask, owner, code, cx, cy, out) -> None:
-    """``out[owner[i]] |= mask[j]`` for every rectangle ``j`` of ``code[i]`` holding ``(cx[i], cy[i])``
-    (a run of equal codes, such as the load model's pairs sorted by keyword, is searched once)."""
-    n = len(r_code)
-    last, first = -1, 0
-    for i in range(len(code)):
-        if code[i] != last:
-            last, first = code[i], np.searchsorted(r_code, code[i])
-        j = first
-        x, y = cx[i], cy[i]
-        while j < n and r_code[j] == code[i]:
-            if x0[j] <= x <= x1[j] and y0[j] <= y <= y1[j]:
-                out[owner[i]] |= mask[j]
-            j += 1
 
 
 class KeywordRegions:
@@ -106,14 +88,6 @@ class KeywordRegions:
         """Memory of the arrays in bytes."""
         return int(sum(a.nbytes for a in (self.code, self.x0, self.y0, self.x1, self.y1, self.mask)))
 
-    def or_into(self, out: np.ndarray, owner: np.ndarray, code: np.ndarray, cx: np.ndarray, cy: np.ndarray) -> None:
-        """OR into ``out[owner[i]]`` the workers of the rectangles of keyword ``code[i]`` holding
-        cell ``(cx[i], cy[i])``; ``out`` ``(n,)`` uint64, the rest ``(e,)`` int64."""
-        if len(self.code) and len(code):
-            _or_masks(self.code, self.x0, self.y0, self.x1, self.y1, self.mask, np.asarray(owner, dtype=np.int64),
-                      np.asarray(code, dtype=np.int64), np.asarray(cx, dtype=np.int64), np.asarray(cy, dtype=np.int64),
-                      out)
-
     def withdraw(self, codes: np.ndarray, bit: np.uint64) -> None:
         """Clear ``bit`` from the rectangles of keyword ``codes`` (``(c,)`` int64), in place."""
         if len(self.code) and len(codes):
@@ -132,9 +106,3 @@ class KeywordRegions:
         return {"region_code": self.code, "region_x0": self.x0, "region_y0": self.y0, "region_x1": self.x1,
                 "region_y1": self.y1, "region_mask": self.mask}
 
-
-def compile_regions() -> None:
-    """Compile (or load from numba's cache) the lookup kernel before the first batch needs it."""
-    one = np.zeros(1, dtype=np.int64)
-    KeywordRegions(one, one, one, one, one, np.ones(1, dtype=np.uint64)).or_into(
-        np.zeros(1, dtype=np.uint64), one, one, one, one)

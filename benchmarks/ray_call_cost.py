@@ -5,7 +5,8 @@ A batch costs the coordinator one actor call per worker. This times the submitti
 argument shapes the dispatch could use: the shared batch's reference with a row array
 (``--rows`` int64), with keyword options, or alone; and the CPU of one ``ray.put`` of a batch
 of ``--objects`` tweet-shaped objects (5 keywords each) as the dispatch shares it
-(:class:`~knnmon.batch.ObjectBatch`), or as one Arrow IPC stream::
+(:class:`~knnmon.batch.ObjectBatch`, its table as one Arrow IPC stream), or with the table
+pickled column by column as before::
 
     python benchmarks/ray_call_cost.py --calls 2000 --rows 250
 """
@@ -74,14 +75,8 @@ def _puts(n: int, reps: int) -> dict[str, float]:
     pair_obj = np.repeat(np.arange(n, dtype=np.int64), 5)
     pair_code, masks = rng.integers(0, 10**6, 5 * n), rng.integers(0, 2**12, n).astype(np.uint64)
 
-    def ipc() -> bytes:
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, table.schema) as writer:
-            writer.write_table(table)
-        return sink.getvalue().to_pybytes()
-
     forms = {"put ObjectBatch": lambda: ray.put(ObjectBatch(0, table, pair_obj, pair_code, masks)),
-             "put table as IPC + arrays": lambda: ray.put((ipc(), pair_obj, pair_code, masks))}
+             "put table pickled by column": lambda: ray.put((table, pair_obj, pair_code, masks))}
     out = {}
     for _ in range(2):
         for name, put in forms.items():

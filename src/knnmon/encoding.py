@@ -7,7 +7,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["id_hashes", "id_prefix_keys", "keyword_codes"]
+__all__ = ["id_hashes", "id_prefix_keys", "keyword_codes", "string_buffers"]
 
 
 def keyword_codes(keywords: pa.Array | pa.ChunkedArray, vocabulary: pa.Array) -> tuple[np.ndarray, np.ndarray]:
@@ -63,16 +63,40 @@ def _arrow_prefix_keys(ids: pa.Array) -> np.ndarray:
     n = len(ids)
     if not n:
         return np.empty(0, dtype=np.uint64)
-    wide = pa.types.is_large_string(ids.type)
-    offsets = np.frombuffer(ids.buffers()[1], dtype=np.int64 if wide else np.int32)[ids.offset:ids.offset + n + 1]
-    data = np.frombuffer(ids.buffers()[2], dtype=np.uint8)
-    start = offsets[:-1].astype(np.int64)
+    offsets, data = string_buffers(ids)
+    start = offsets[:-1]
     length = np.minimum(np.diff(offsets), 8)
     raw = np.zeros((n, 8), dtype=np.uint8)
     for j in range(8):
         has = length > j
         raw[has, j] = data[start[has] + j]
     return raw.reshape(-1).view(">u8").astype(np.uint64)
+
+
+def string_buffers(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """The ``(m + 1,)`` int64 offsets (from the array's own offset, not rebased) and the
+    ``uint8`` bytes of a string or large string array, read from its buffers; nulls read as
+    empty strings.
+
+    Raises
+    ------
+    TypeError
+        ``arr`` is not a string array.
+    """
+    if arr.null_count:
+        arr = arr.fill_null("")
+    if pa.types.is_large_string(arr.type):
+        width = np.int64
+    elif pa.types.is_string(arr.type):
+        width = np.int32
+    else:
+        raise TypeError(f"a string array is needed; got {arr.type}")
+    n = len(arr)
+    bufs = arr.buffers()
+    offsets = np.frombuffer(bufs[1], dtype=width)[arr.offset:arr.offset + n + 1].astype(np.int64, copy=False) \
+        if n else np.zeros(1, dtype=np.int64)
+    data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None else np.empty(0, dtype=np.uint8)
+    return offsets, data
 
 
 def id_hashes(ids) -> np.ndarray:

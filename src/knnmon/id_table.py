@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from knnmon.arrays import with_capacity
-from knnmon.encoding import id_hashes
+from knnmon.encoding import id_hashes, string_buffers
 
 __all__ = ["IdTable", "SEAL", "StringColumn"]
 
@@ -72,13 +72,12 @@ class StringColumn:
         m, first = len(arr), self._n
         if not m:
             return range(first, first)
-        off = np.frombuffer(arr.buffers()[1], dtype=np.int64, count=arr.offset + m + 1)[arr.offset:]
-        data = arr.buffers()[2]
+        off, data = string_buffers(arr)
         size = int(off[-1] - off[0])
         at = int(self._off[first])
         self._data = with_capacity(self._data, at + size, GROWTH)
         if size:
-            self._data[at:at + size] = np.frombuffer(data, dtype=np.uint8, count=int(off[-1]))[int(off[0]):]
+            self._data[at:at + size] = data[int(off[0]):int(off[-1])]
         self._off = with_capacity(self._off, first + m + 1, GROWTH)
         self._off[first + 1:first + m + 1] = off[1:] - off[0] + at
         self._n = first + m

@@ -19,9 +19,12 @@ from collections.abc import Iterable
 import numpy as np
 import pyarrow as pa
 
+from knnmon.arrays import with_capacity
+from knnmon.encoding import string_buffers
 from knnmon.jit import jit as _jit
 
 __all__ = ["VocabularyTable", "compile_vocabulary_kernels"]
+
 
 @_jit
 def _hash(data: np.ndarray, start: int, end: int, seed: np.uint64) -> np.uint64:
@@ -99,25 +102,6 @@ def _place(slots: np.ndarray, offsets: np.ndarray, data: np.ndarray, first: int,
         slots[s] = c
 
 
-def _string_buffers(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """``(m + 1,)`` int64 offsets and the ``uint8`` bytes of a string array (nulls as empty
-    strings; a large string array is read the same way)."""
-    if arr.null_count:
-        arr = arr.fill_null("")
-    if pa.types.is_large_string(arr.type):
-        width = np.int64
-    elif pa.types.is_string(arr.type):
-        width = np.int32
-    else:
-        raise TypeError(f"a string array is needed; got {arr.type}")
-    n = len(arr)
-    bufs = arr.buffers()
-    offsets = np.frombuffer(bufs[1], dtype=width)[arr.offset:arr.offset + n + 1].astype(np.int64) \
-        if n else np.zeros(1, dtype=np.int64)
-    data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None else np.empty(0, dtype=np.uint8)
-    return offsets, data
-
-
 class VocabularyTable:
     """Keyword -> code (module docstring).
 
@@ -135,7 +119,7 @@ class VocabularyTable:
 
     def __init__(self, words: Iterable[str] | pa.Array = ()) -> None:
         arr = words if isinstance(words, pa.Array) else pa.array(list(words), type=pa.string())
-        offsets, data = _string_buffers(arr)
+        offsets, data = string_buffers(arr)
         self.size = len(arr)
         # A random basis per table: keywords come from users, who cannot then pick words that
         # share a slot and make every lookup probe a long run.
@@ -154,7 +138,7 @@ class VocabularyTable:
             words = words.combine_chunks()
         out = np.empty(len(words), dtype=np.int64)
         if len(words):
-            q_offsets, q_data = _string_buffers(words)
+            q_offsets, q_data = string_buffers(words)
             slots, offsets, data = self._arrays
             _lookup(slots, offsets, data, q_offsets, q_data, out, self._seed)
         return out
@@ -166,9 +150,9 @@ class VocabularyTable:
     def add(self, word: str) -> int:
         """The code of ``word``, added with the next code if new (one thread adds at a time).
 
-        The word's bytes and end go past the held words first, and its slot last; when an array
-        must grow, all three are replaced at once by grown copies: a reader sees the word whole
-        or not at all."""
+        The word's bytes and end go past the held words first, and its slot last; when the bytes
+        or ends must grow, or the slots, all three are published at once with fresh slots: a
+        reader sees the word whole or not at all."""
         c = self.code(word)
         if c >= 0:
             return c
@@ -176,7 +160,7 @@ class VocabularyTable:
         slots, offsets, data = self._arrays
         end = int(offsets[self.size])
         if end + len(raw) > len(data) or self.size + 2 > len(offsets) or 2 * (self.size + 1) > len(slots):
-            offsets, data = _grown(offsets, self.size + 2), _grown(data, end + len(raw))
+            offsets, data = with_capacity(offsets, self.size + 2), with_capacity(data, end + len(raw))
             data[end:end + len(raw)] = raw
             offsets[self.size + 1] = end + len(raw)
             self._arrays = _hashed(offsets, data, self.size + 1, self._seed)
@@ -204,13 +188,6 @@ def _hashed(offsets: np.ndarray, data: np.ndarray, size: int,
 def _capacity(size: int) -> int:
     """Slots for ``size`` codes: a power of two, at least twice ``size``."""
     return 1 << max(4, int(2 * size).bit_length())
-
-
-def _grown(a: np.ndarray, need: int) -> np.ndarray:
-    """``a`` copied into an array of at least ``need`` entries (doubling)."""
-    out = np.zeros(max(need, 2 * len(a), 16), dtype=a.dtype)
-    out[:len(a)] = a
-    return out
 
 
 def compile_vocabulary_kernels() -> None:
