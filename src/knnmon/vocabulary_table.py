@@ -156,7 +156,7 @@ class VocabularyTable:
         c = self.code(word)
         if c >= 0:
             return c
-        raw = np.frombuffer(word.encode("utf-8", "surrogatepass"), dtype=np.uint8)
+        raw = np.frombuffer(word.encode("utf-8"), dtype=np.uint8)
         slots, offsets, data = self._arrays
         end = int(offsets[self.size])
         if end + len(raw) > len(data) or self.size + 2 > len(offsets) or 2 * (self.size + 1) > len(slots):
