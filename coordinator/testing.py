@@ -4,6 +4,7 @@ the results in Redis against the brute-force oracle."""
 from __future__ import annotations
 
 import gzip
+import json
 import math
 import subprocess
 import time
@@ -270,10 +271,25 @@ def run_exact(url: str, namespace: str, objects_dir: str, queries: pa.Table, wor
     from knnmon.ingest.reading import read_objects, stream_order
 
     qfile, report = os.path.join(workdir, "q.parquet"), os.path.join(workdir, "run.json")
+    scrape = os.path.join(workdir, "run.prom")
     pq.write_table(queries, qfile)
     run = knnmon_cli("run", "--objects", objects_dir, "--queries", qfile, "--workers", "2", "--initial", "5000",
-                     "--redis", url, "--namespace", namespace, "--report", report, "--quiet")
+                     "--redis", url, "--namespace", namespace, "--report", report, "--metrics-file", scrape, "--quiet")
     assert run.returncode == 0, run.stderr[-2000:]
     assert_exact(url, namespace, queries, BruteForceKnn(stream_order(read_objects(objects_dir), None)))
     with open(report, encoding="utf-8") as fh:
-        return run, fh.read()
+        text = fh.read()
+    with open(scrape, encoding="utf-8") as fh:
+        _assert_scrape_matches(fh.read(), json.loads(text))
+    return run, text
+
+
+def _assert_scrape_matches(scrape: str, summary: dict) -> None:
+    """A run's ``--metrics-file`` counts what its summary does (and parses as Prometheus's text format)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    samples = {s.name: s.value for f in text_string_to_metric_families(scrape) for s in f.samples if not s.labels}
+    applied = summary["objects"] - summary["duplicates_ignored"] - summary["late_ignored"]
+    assert samples["knnmon_objects_applied_total"] == applied > 0
+    assert samples["knnmon_result_changes_total"] == summary["results_changed"]
+    assert samples["knnmon_batch_update_seconds_count"] == summary["batches"]

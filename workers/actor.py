@@ -58,6 +58,10 @@ class WorkerHost(KnnWorker):
         if orphan_s is not None and (watch_url or redis_url):
             _start_watch(watch_url or redis_url, kwargs.get("namespace", args[0] if args else "knn"), orphan_s)
 
+    def alive(self) -> int:
+        """This process's id: the service's liveness check (:mod:`knnmon.coordinator.runtime.liveness`)."""
+        return os.getpid()
+
     def reset(self, worker_id: int, redis_url: str | None, *args: Any, **kwargs: Any) -> int:
         """Become a new, empty worker ``worker_id`` (the arguments as :class:`WorkerHost`
         takes them), after the queued writes of the one before; returns this process's id."""

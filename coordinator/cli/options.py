@@ -39,6 +39,15 @@ def add_verb(sub: Any, name: str, summary: str, description: str | None = None) 
     return sub.add_parser(name, help=summary, description=text, formatter_class=DefaultsFormatter)
 
 
+def add_log_format_option(p: argparse.ArgumentParser) -> None:
+    """``--log-format text|json`` (:func:`knnmon.logs.configure_logging`)."""
+    from knnmon.logs import FORMATS
+
+    p.add_argument("--log-format", choices=FORMATS, default="text",
+                   help="log lines as text, or as one JSON object per line (time, level, logger, event, batch, "
+                        "worker); passwords are masked either way")
+
+
 def add_store_options(p: argparse.ArgumentParser, *, data_dir: bool = True, namespace: str = DEFAULT_NAMESPACE) -> None:
     """``--redis``, ``--namespace`` and (with ``data_dir``) ``--data-dir``: where results live
     (:class:`~knnmon.store.StoreConfig`)."""

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 from typing import Any
 
 from knnmon.coordinator.cli.options import (add_verb, add_batch_option, add_cost_model_option, add_index_option, add_limit_options,
-                                            add_routing_entries_option, add_store_options, add_window_options,
-                                            add_rebalance_options, add_worker_options, runtime_settings,
-                                            store_config)
+                                            add_log_format_option, add_routing_entries_option, add_store_options,
+                                            add_window_options, add_rebalance_options, add_worker_options,
+                                            runtime_settings, store_config)
 
 __all__ = ["add_run_command", "format_run_summary"]
 
@@ -40,8 +41,11 @@ def format_run_summary(s: Any) -> str:
 
 def _run(a: argparse.Namespace) -> int:
     from knnmon.coordinator.runtime.config import RunConfig
+    from knnmon.coordinator.runtime.prometheus import run_metrics
     from knnmon.coordinator.runtime.runtime import Runtime
+    from knnmon.logs import configure_logging
 
+    configure_logging(a.log_format, logging.WARNING)
     config = RunConfig(**runtime_settings(a), initial=a.initial, batches=a.batches, shuffle=a.shuffle,
                        store=store_config(a), cost_model=a.cost_model, in_flight=a.in_flight,
                        routing_entries=a.routing_entries, overlap_writes=not a.sync_writes, arrival_ms=a.arrival_ms)
@@ -53,6 +57,8 @@ def _run(a: argparse.Namespace) -> int:
         if a.report:
             with open(a.report, "w", encoding="utf-8") as fh:
                 json.dump(summary.to_dict(), fh, indent=2)
+        if a.metrics_file:
+            run_metrics(summary, rt.reports).write(a.metrics_file)
     return 0
 
 
@@ -78,6 +84,10 @@ def add_run_command(sub: Any) -> None:
     add_window_options(r)
     add_rebalance_options(r)
     r.add_argument("--report", metavar="FILE.json", help="write the summary as JSON")
+    r.add_argument("--metrics-file", metavar="FILE.prom",
+                   help="write the run's Prometheus metrics at its end, in the text format a scrape returns (for "
+                        "benchmarks, or node_exporter's textfile collector)")
+    add_log_format_option(r)
     r.add_argument("--quiet", action="store_true", help="no progress bar")
     add_store_options(r)
     r.set_defaults(func=_run)

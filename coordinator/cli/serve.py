@@ -5,13 +5,16 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 from typing import Any
 
 from knnmon.connection import redact
-from knnmon.coordinator.cli.options import (add_batch_option, add_index_option, add_limit_options, add_rebalance_options,
-                                            add_store_options, add_verb, add_window_options, add_worker_options,
-                                            runtime_settings, store_config)
+from knnmon.coordinator.cli.options import (add_batch_option, add_index_option, add_limit_options, add_log_format_option,
+                                            add_rebalance_options, add_store_options, add_verb, add_window_options,
+                                            add_worker_options, runtime_settings, store_config)
 from knnmon.coordinator.service.batching import POLICIES
+from knnmon.coordinator.service.probes import DEFAULT_ADDRESS, parse_address
+from knnmon.coordinator.service.telemetry import DEFAULT_MAX_LAG
 
 __all__ = ["add_serve_command"]
 
@@ -20,19 +23,25 @@ def _serve(a: argparse.Namespace) -> int:
     from knnmon.coordinator.service.config import ServeConfig
     from knnmon.coordinator.service.loop import Service
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     from knnmon.coordinator.runtime.config import RunConfig
+    from knnmon.logs import configure_logging
+
+    configure_logging(a.log_format)
+    # In JSON, every line of the output is a log record.
+    say = logging.getLogger("knnmon.serve").info if a.log_format == "json" else (lambda m: print(m, flush=True))
 
     run = RunConfig(**runtime_settings(a), initial=0, store=store_config(a, durable=True), overlap_writes=False,
                     release_groups=a.release_groups, redis_wait_s=a.redis_wait)
     config = ServeConfig(run=run, objects_dir=a.objects, initial=a.initial, max_delay_ms=a.max_delay_ms,
                          checkpoint_interval_s=a.checkpoint_interval, batching=a.batching,
-                         latency_target_ms=a.latency_target_ms, sjf=a.sjf, replan=a.replan)
+                         latency_target_ms=a.latency_target_ms, sjf=a.sjf, replan=a.replan,
+                         metrics=parse_address(a.metrics), ready_max_lag=a.ready_max_lag)
     with Service(config) as svc:
-        print(f"knnmon serve: {config.run.workers} workers ({config.run.algorithm}), Redis {redact(svc.redis_url)}, namespace "
-              f"{config.run.store.namespace!r}; XADD to {svc.keys.ingest_queries} / {svc.keys.ingest_objects}", flush=True)
+        say(f"knnmon serve: {config.run.workers} workers ({config.run.algorithm}), Redis {redact(svc.redis_url)}, "
+            f"namespace {config.run.store.namespace!r}; XADD to {svc.keys.ingest_queries} / {svc.keys.ingest_objects}"
+            + (f"; metrics on http://{svc.probes.address}/metrics" if svc.probes is not None else ""))
         counters = svc.run(max_batches=a.max_batches, idle_exit_s=a.idle_exit_s)
-    print(f"knnmon serve: stopped; {json.dumps(counters)}", flush=True)
+    say(f"knnmon serve: stopped; {json.dumps(counters)}")
     return 0
 
 
@@ -75,6 +84,13 @@ def add_serve_command(sub: Any) -> None:
                    help="at start, search every registered query's kNN again and plan the assignment anew (a full "
                         "recovery) instead of starting the workers from the results Redis holds, where each query "
                         "stays on its worker")
+    s.add_argument("--metrics", default=os.environ.get("KNNMON_METRICS") or DEFAULT_ADDRESS, metavar="HOST:PORT",
+                   help="serve Prometheus metrics at /metrics, and the probes /healthz and /readyz, on HOST:PORT "
+                        "(port 0: any free one, shown by knnmon status); off: none (default $KNNMON_METRICS, "
+                        f"else {DEFAULT_ADDRESS})")
+    s.add_argument("--ready-max-lag", type=int, default=DEFAULT_MAX_LAG, metavar="N",
+                   help="/readyz fails while more than N entries wait in the ingest streams")
+    add_log_format_option(s)
     s.add_argument("--max-batches", type=int, metavar="N", help="stop after N object batches (benchmarks, tests)")
     s.add_argument("--idle-exit-s", type=float, metavar="S", help="stop after S seconds with nothing to do")
     add_store_options(s)

@@ -14,6 +14,7 @@ from knnmon.coordinator.runtime.metrics import BatchReport
 from knnmon.coordinator.runtime.revival import Revival, revive
 from knnmon.coordinator.runtime.worker_pool import RayPool
 from knnmon.errors import WorkerLostError
+from knnmon.logs import WORKER
 
 __all__ = ["MAX_REVIVALS", "Revivals"]
 
@@ -96,18 +97,25 @@ class Revivals:
         WorkerLostError
             Another worker lost meanwhile, or :data:`MAX_REVIVALS` reached.
         """
+        token = WORKER.set(worker)  # (its log records name it)
+        try:
+            revived = self._revive_once(worker, batches, also)
+        finally:
+            WORKER.reset(token)
+        self.workers_revived += 1
+        self.revivals.append(revived.seconds)
+        return revived
+
+    def _revive_once(self, worker: int, batches: Sequence[DispatchedBatch], also: Sequence[str]) -> Revival:
+        """:meth:`_revive`'s attempts, until one's actor lives through it."""
         d = self.dispatcher
         while True:
             try:
-                revived = revive(self.pool, self.registrar, self.store.url, self.config.store.namespace, worker,
-                                 batches, also=also, live=self.objects if self.config.window is not None else None,
-                                 version=d.next_batch if d else 0, refill=d.refill_one if d else None)
-                break
+                return revive(self.pool, self.registrar, self.store.url, self.config.store.namespace, worker,
+                              batches, also=also, live=self.objects if self.config.window is not None else None,
+                              version=d.next_batch if d else 0, refill=d.refill_one if d else None)
             except WorkerLostError as ex:
                 self.workers_revived += 1
                 if ex.worker != worker or self.workers_revived >= MAX_REVIVALS:
                     raise
                 log.warning("worker %d's new actor was lost during its revival (%s); reviving it again", worker, ex)
-        self.workers_revived += 1
-        self.revivals.append(revived.seconds)
-        return revived

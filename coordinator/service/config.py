@@ -56,11 +56,17 @@ class ServeConfig:
     replan
         The first start recovers in full and plans every query anew (``--replan``), instead of
         starting the workers from the results Redis holds (:mod:`~knnmon.coordinator.service.resume`).
+    metrics
+        ``(host, port)`` of ``/metrics``, ``/healthz`` and ``/readyz``
+        (:mod:`~knnmon.coordinator.service.probes`; port 0: any free one), or ``None`` (off:
+        the default here; ``knnmon serve``'s is ``127.0.0.1:9464``).
+    ready_max_lag
+        ``/readyz`` fails while more entries than this wait in the ingest streams.
 
     Raises
     ------
     InvalidArgumentError
-        a negative or infinite ``max_delay_ms``, a bad batching policy, ``initial < 0``,
+        a negative or infinite ``max_delay_ms``, a bad batching policy, ``initial < 0``, ``ready_max_lag < 0``,
         ``block_ms < 1``, a checkpoint interval not finite and > 0, a missing ``objects_dir``
         (and what :class:`RunConfig` itself rejects, when it is made).
     """
@@ -76,6 +82,8 @@ class ServeConfig:
     latency_target_ms: float = 50.0
     sjf: bool = False
     replan: bool = False
+    metrics: tuple[str, int] | None = None
+    ready_max_lag: int = 10_000
 
     def __post_init__(self) -> None:
         from knnmon.coordinator.service.batching import BatchPolicy
@@ -88,6 +96,8 @@ class ServeConfig:
             raise InvalidArgumentError(f"--initial must be >= 0; got {self.initial}")
         if not (math.isfinite(self.checkpoint_interval_s) and self.checkpoint_interval_s > 0):
             raise InvalidArgumentError(f"--checkpoint-interval must be a finite number > 0; got {self.checkpoint_interval_s}")
+        if self.ready_max_lag < 0:
+            raise InvalidArgumentError(f"--ready-max-lag must be >= 0; got {self.ready_max_lag}")
         if self.block_ms < 1:
             raise InvalidArgumentError(f"--block-ms must be >= 1; got {self.block_ms}")
         if self.objects_dir is not None and not os.path.isdir(self.objects_dir):

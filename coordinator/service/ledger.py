@@ -20,6 +20,7 @@ import pyarrow as pa
 import redis
 
 from knnmon.coordinator.runtime.metrics import BatchReport
+from knnmon.coordinator.runtime.prometheus import KnnMetrics
 from knnmon.coordinator.service import latency
 from knnmon.coordinator.service.acks import acknowledge
 from knnmon.coordinator.service.checkpoint import Checkpointer
@@ -41,12 +42,17 @@ class Ledger:
         The service's counters; ``rejects``, ``future``, ``objects_entries_read`` (less the
         ``future`` entries deleted), ``objects``, ``batches``, ``checkpoints`` and
         ``entries_trimmed`` are kept here.
-    rejects_by_reason : dict of str to int
-        Entries rejected since start, by reason (:data:`~knnmon.errors.REJECT_REASONS`).
+    rejected : dict of (str, str) to int
+        Entries rejected since start, by stream (``objects``, ``queries``) and reason
+        (:data:`~knnmon.errors.REJECT_REASONS`).
     latencies : deque of numpy.ndarray
         Per batch (the last 1,000): each object's time from XADD to acknowledged, ms.
     busy_ms : numpy.ndarray
-        ``(W,)`` float64: each worker's busy time since the workers started, ms.
+        ``(W,)`` float64: each worker's busy time since the workers started (:attr:`busy_since`,
+        ``time.monotonic()`` seconds), ms.
+    metrics : KnnMetrics or None
+        Observes each batch's update time, Redis server time and response times (``serve
+        --metrics``).
     """
 
     def __init__(self, keys: Keys, counters: dict[str, int], workers: int) -> None:
@@ -55,9 +61,23 @@ class Ledger:
         self.client: redis.Redis | None = None
         self.url: str | None = None
         self.checkpointer: Checkpointer | None = None
-        self.rejects_by_reason: dict[str, int] = {}
+        self.rejected: dict[tuple[str, str], int] = {}
         self.latencies: deque[np.ndarray] = deque(maxlen=1000)
+        self.metrics: KnnMetrics | None = None
+        self.reset_busy(workers)
+
+    def reset_busy(self, workers: int) -> None:
+        """Start counting the workers' busy time anew (the workers started)."""
         self.busy_ms = np.zeros(workers)
+        self.busy_since = time.monotonic()
+
+    @property
+    def rejects_by_reason(self) -> dict[str, int]:
+        """Entries rejected since start, by reason, over both streams."""
+        out: dict[str, int] = {}
+        for (_, reason), n in list(self.rejected.items()):
+            out[reason] = out.get(reason, 0) + n
+        return out
 
     def ack(self, key: str, ids: list[str], rejects: list[Reject], record: dict[str, Any] | None = None) -> None:
         """Acknowledge entries ``ids`` of stream ``key`` with their ``rejects`` (and log ``record``).
@@ -67,8 +87,9 @@ class Ledger:
         acknowledge(self.client, self.url, self.keys, key, ids, rejects, record, delete=gone)
         self.counters["rejects"] += len(rejects)
         self.counters["objects_entries_read"] -= len(gone)  # the stream's length no longer counts them
+        stream = "objects" if key == self.keys.ingest_objects else "queries"
         for _, _, r in rejects:
-            self.rejects_by_reason[r.reason] = self.rejects_by_reason.get(r.reason, 0) + 1
+            self.rejected[stream, r.reason] = self.rejected.get((stream, r.reason), 0) + 1
         self.counters["future"] += len(gone)
 
     def finish(self, ids: list[str], rejects: list[Reject], report: BatchReport | None, parse_ms: float,
@@ -110,7 +131,12 @@ class Ledger:
                 self.counters["checkpoints"] += 1
         if ids:
             self.latencies.append(time.time() * 1000 - published_ms)
+        if self.metrics is not None:
+            self.metrics.observe_batch(update_ms, report.redis_server_ms if report is not None else None,
+                                       done_ms - published_ms)
         self.counters["objects"] += n_objects
         self.counters["batches"] += 1
         if report is not None:
             self.busy_ms += np.asarray(report.busy_ms)
+            self.counters["result_changes"] += report.changed
+            self.counters["refilled"] += report.refilled

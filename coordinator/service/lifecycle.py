@@ -9,7 +9,6 @@ import logging
 import time
 from typing import Any, Self
 
-import numpy as np
 import pyarrow as pa
 import redis
 
@@ -27,6 +26,8 @@ from knnmon.coordinator.service.outage import server_ids
 from knnmon.coordinator.service.query_ops import QueryOps
 from knnmon.coordinator.service.recovery import Recovered, recover
 from knnmon.coordinator.service.resume import record_settings, settings_of
+from knnmon.coordinator.service.telemetry import ServiceTelemetry
+from knnmon.coordinator.service.probes import ProbeServer
 from knnmon.coordinator.service.startup import connect_when_up, load_preload, ray_running, refuse_a_second_service
 from knnmon.connection import set_retry_window
 from knnmon.heap import bulk_build, give_back
@@ -41,7 +42,7 @@ log = logging.getLogger("knnmon.serve")
 COUNTERS = ("objects", "batches", "rejects", "registered", "updated", "unchanged", "unregistered",
             "unregister_unknown", "recoveries", "worker_restarts", "isolations", "internal_errors",
             "objects_entries_read", "queries_entries_read", "late", "future", "checkpoints", "entries_trimmed",
-            "redis_outages")
+            "redis_outages", "result_changes", "refilled")
 
 
 class Lifecycle:
@@ -56,6 +57,10 @@ class Lifecycle:
         Acknowledgements and what they count (rejects by reason, response times, busy time).
     query_ops : QueryOps
         The registered queries (``query_ops.queries``) and the rule applied to each operation.
+    telemetry : ServiceTelemetry
+        Its metrics and readiness; served by :attr:`probes` (with ``config.metrics``).
+    serving : bool
+        The state is recovered and the workers started (``False`` while recovering).
     """
 
     def __init__(self, config: ServeConfig) -> None:
@@ -82,6 +87,10 @@ class Lifecycle:
         self._applying = False  # entries read are being applied: state ahead of what is acknowledged
         self._server_ids: frozenset[str] | None = None  # the Redis server(s) recovered from
         self._server_checked = 0.0  # when the loop last compared them (time.monotonic)
+        self.serving = False
+        self.telemetry = ServiceTelemetry(self, config.ready_max_lag)
+        self.ledger.metrics = self.telemetry.metrics
+        self.probes: ProbeServer | None = None
         self.batching = BatchPolicy(config.batching, batch=config.run.batch, max_delay_ms=config.max_delay_ms,
                                     latency_target_ms=config.latency_target_ms, sjf=config.sjf)
 
@@ -105,6 +114,11 @@ class Lifecycle:
             this host, its process lives).
         """
         refuse_a_second_service(self.config, self.keys)  # before opening the store: a refused start touches nothing
+        if self.config.metrics is not None:  # (a taken port fails the start before anything runs)
+            t = self.telemetry
+            self.probes = ProbeServer(self.config.metrics, t.metrics.registry, t.readiness).start()
+            self._exit.callback(self.probes.stop)
+            self._exit.callback(t.close)
         try:
             self.store = self._exit.enter_context(open_store(self.config.run.store))
             self._exit.callback(service_status.Heartbeat(self.store.url, self.keys).stop)
@@ -144,8 +158,10 @@ class Lifecycle:
             for first, last, top in r.spans:
                 ledger.checkpointer.add(first, last, top)
         ledger.ack(self.keys.ingest_objects, r.pending, r.rejects)
-        ledger.busy_ms = np.zeros(self.config.run.workers)
+        ledger.reset_busy(self.config.run.workers)
         self._take_worker_list()
+        self.telemetry.started()
+        self.serving = True
         tm = self.runtime.timings
         kept = "workers kept as they were; " if isinstance(r.stored, KeptStart) else ""
         how = (f"{kept}from the stored results: read {tm.get('stored_read_s', 0.0):.1f} s, objects read meanwhile "
@@ -199,12 +215,16 @@ class Lifecycle:
         if not force and now - self._status_at < 1.0:
             return
         self._status_at = now
+        if self.probes is not None and self.runtime is not None:
+            self.telemetry.refresh()
         service_status.publish(self)
 
     # -- stop --------------------------------------------------------------------------------
     def _drop_workers(self) -> None:
         """Stop the workers and close the Redis client (the embedded server stays up)."""
+        self.serving = False
         if self.runtime is not None:
+            self.telemetry.stopping_runtime()
             self.runtime.close()
             self.runtime = None
         if self.client is not None:

@@ -47,6 +47,7 @@ from knnmon.coordinator.service.lifecycle import COUNTERS, Lifecycle
 from knnmon.coordinator.service.outage import kept_every_write, server_ids
 from knnmon.coordinator.service.startup import caused_by, connect_when_up, is_infrastructure
 from knnmon.errors import Rejected, WorkerLostError
+from knnmon.logs import BATCH
 
 __all__ = ["COUNTERS", "Service"]
 
@@ -290,7 +291,11 @@ class Service(Lifecycle):
             part = parts[i]
             t1 = time.perf_counter()
             objects = table.take(pa.array(part))
-            report = rt.process(objects)
+            token = BATCH.set(self.counters["batches"] + 1)  # (log records name it)
+            try:
+                report = rt.process(objects)
+            finally:
+                BATCH.reset(token)
             update_ms = (time.perf_counter() - t1) * 1e3
             self._finish([read.entry_ids[j] for j in part.tolist()], read.rejects if i == 0 else [], report,
                          parse_ms if i == 0 else 0.0, update_ms, int(times[part].max()), objects, i + 1 == len(parts))

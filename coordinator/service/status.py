@@ -36,7 +36,7 @@ STALE_S = 10.0
 def snapshot(svc: Lifecycle) -> dict[str, Any]:
     """The status of a running :class:`~knnmon.coordinator.service.loop.Service`: process,
     heartbeat, settings (without the Redis URL), queries and predicted load per worker, measured
-    busy time per worker, the workers' nodes, latency XADD -> acknowledged (p50, p99 over the
+    busy time per worker, the workers' nodes, the address of ``/metrics`` (``None``: off), latency XADD -> acknowledged (p50, p99 over the
     last 1,000 batches, ms), the objects held (with a window: live), the routing table's entries,
     the watermark and the largest ``t`` applied (with a window), the rejects by reason since
     start, the batching policy's state
@@ -57,6 +57,7 @@ def snapshot(svc: Lifecycle) -> dict[str, Any]:
         "workers_revived": rt.workers_revived if rt else 0,
         "worker_nodes": [w.get("node") for w in svc.workers], "worker_processes": svc.workers,
         "redis": redact(svc.redis_url), "data_dir": svc.config.run.store.data_dir,
+        "metrics": svc.probes.address if svc.probes is not None else None,
         "latency_ms_p50": float(np.percentile(lat, 50)) if len(lat) else None,
         "latency_ms_p99": float(np.percentile(lat, 99)) if len(lat) else None,
         "objects_held": rt.objects_held if rt else None,

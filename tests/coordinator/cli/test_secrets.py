@@ -3,6 +3,7 @@ the workers work, and the password appears in no output, log, report or key."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -45,7 +46,7 @@ def test_run_results_and_status_with_a_password_never_show_it(locked_redis, plac
 def test_serve_and_the_client_as_an_acl_user(locked_redis, places_slice, namespace, tmp_path):
     url = locked_redis.url.replace("redis://:", "redis://knn:")
     places = stream_order(read_objects(str(places_slice)), None).slice(0, 2000).to_pylist()
-    proc = serve_process(url, namespace, tmp_path / "serve.log")
+    proc = serve_process(url, namespace, tmp_path / "serve.log", "--log-format", "json")
     try:
         got, want = client_round_trip(KnnClient(url, namespace), places, "s1", 5)
         assert got == want
@@ -56,6 +57,11 @@ def test_serve_and_the_client_as_an_acl_user(locked_redis, places_slice, namespa
     finally:
         proc.terminate()
         proc.wait(timeout=60)
-    assert SECRET not in (tmp_path / "serve.log").read_text()
+    log = (tmp_path / "serve.log").read_text()
+    assert SECRET not in log
+    records = [json.loads(line) for line in log.splitlines()]  # every line is one JSON object
+    assert records and all({"time", "level", "logger", "event", "batch", "worker"} <= r.keys() for r in records)
+    assert any(r["event"].startswith("knnmon serve: 2 workers") and "***" in r["event"] for r in records)
+    assert any(r["event"].startswith("knnmon serve: stopped") for r in records)
     keys = dump_keys(redis.Redis.from_url(url, decode_responses=True), f"{namespace}:*")
     assert f"{namespace}:serve:status" in keys and SECRET not in keys

@@ -31,6 +31,24 @@ def _status(url: str, namespace: str) -> dict:
     return json.loads(s.stdout)["service"]
 
 
+def _ready(url: str, want: bool, timeout_s: float = 60) -> dict:
+    """Poll ``/readyz`` until it answers ``want`` (200 or 503); its checks."""
+    import urllib.error
+    import urllib.request
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=10) as resp:
+                code, body = resp.status, resp.read()
+        except urllib.error.HTTPError as ex:
+            code, body = ex.code, ex.read()
+        if code == (200 if want else 503):
+            return json.loads(body)["checks"]
+        assert time.monotonic() < deadline, (code, body)
+        time.sleep(0.3)
+
+
 # (append-only: -m slow, 15 s; its revival in a run mid-stream is test_runtime's, and serve's
 # path to it is the window variant's)
 @pytest.mark.parametrize("window_s", [pytest.param(None, marks=pytest.mark.slow), 1500],
@@ -52,7 +70,7 @@ def test_a_killed_worker_process_is_rebuilt_and_serve_stays_exact(redis_url, nam
     with open(tmp_path / "serve.log", "w") as log:
         proc = subprocess.Popen([sys.executable, "-m", "knnmon.coordinator.cli", "serve", "--redis", redis_url,
                                  "--namespace", namespace, "--workers", "2", "--batch", "250", "--max-delay-ms", "5",
-                                 *extra],
+                                 "--metrics", "127.0.0.1:0", *extra],
                                 stdout=log, stderr=subprocess.STDOUT, env=env)
     try:
         publish_objects(r, keys, places[:4000])
@@ -62,9 +80,14 @@ def test_a_killed_worker_process_is_rebuilt_and_serve_stays_exact(redis_url, nam
             assert time.monotonic() < deadline
             time.sleep(0.5)
         victim = _status(redis_url, namespace)["worker_processes"][1]["pid"]
+        readyz = f"http://{_status(redis_url, namespace)['metrics']}/readyz"
+        assert _ready(readyz, True)
         os.kill(victim, signal.SIGKILL)  # the worker's Ray process dies
+        checks = _ready(readyz, False)  # /readyz notices before any batch needs the worker
+        assert checks["workers"] == "worker(s) 1 dead" and checks["redis"] == "ok", checks
         publish_objects(r, keys, places[4000:])
         wait_processed(r, keys, proc, timeout_s=300)
+        assert _ready(readyz, True)  # revived
         time.sleep(1.5)
         status = _status(redis_url, namespace)
         assert status["workers_revived"] >= 1 and status["worker_restarts"] == 0  # in place, no rebuild
