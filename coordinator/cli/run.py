@@ -7,10 +7,10 @@ import json
 import logging
 from typing import Any
 
-from knnmon.coordinator.cli.options import (add_verb, add_batch_option, add_cost_model_option, add_index_option, add_limit_options,
-                                            add_log_format_option, add_routing_entries_option, add_store_options,
-                                            add_window_options, add_rebalance_options, add_worker_options,
-                                            runtime_settings, store_config)
+from knnmon.coordinator.cli.options import (add_verb, add_batch_option, add_cost_model_option, add_index_option,
+                                            add_limit_options, add_log_format_option, add_routing_entries_option,
+                                            add_store_options, add_window_options, add_rebalance_options,
+                                            add_worker_options, runtime_settings, store_config)
 
 __all__ = ["add_run_command", "format_run_summary"]
 

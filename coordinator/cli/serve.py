@@ -9,9 +9,9 @@ import os
 from typing import Any
 
 from knnmon.connection import redact
-from knnmon.coordinator.cli.options import (add_batch_option, add_index_option, add_limit_options, add_log_format_option,
-                                            add_rebalance_options, add_store_options, add_verb, add_window_options,
-                                            add_worker_options, runtime_settings, store_config)
+from knnmon.coordinator.cli.options import (add_batch_option, add_index_option, add_limit_options,
+                                            add_log_format_option, add_rebalance_options, add_store_options, add_verb,
+                                            add_window_options, add_worker_options, runtime_settings, store_config)
 from knnmon.coordinator.service.batching import POLICIES
 from knnmon.coordinator.service.probes import DEFAULT_ADDRESS, parse_address
 from knnmon.coordinator.service.telemetry import DEFAULT_MAX_LAG
