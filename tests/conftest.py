@@ -15,9 +15,35 @@ os.environ.setdefault("KNNMON_METRICS", "off")
 SHARED_DATA = Path(os.environ.get("KNNMON_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 
 
+#: Slices of real places committed with the tests (tests/data/README.md): state -> (file, lines).
+PLACE_SLICES = {"nh": ("places-us-nh-head6000.geojson.gz", 6000), "vt": ("places-us-vt-head4000.geojson.gz", 4000),
+                "de": ("places-us-de-head3000.geojson.gz", 3000), "dc": ("places-us-dc.geojson.gz", 664)}
+
+
+@pytest.fixture(scope="session")
+def place_lines():
+    """``place_lines(state, n)``: the first ``n`` lines (GeoJSON Features) of a state's real places,
+    from the slices under ``tests/data`` (Rhode Island: all of the package's demo sample). The
+    default suite reads nothing else."""
+    from knnmon.coordinator.testing import head_lines
+
+    def lines(state: str, n: int) -> list[str]:
+        if state == "ri":
+            from importlib.resources import files
+
+            path, have = files("knnmon.data") / "places-sample-ri.geojson.gz", 54_975
+        else:
+            name, have = PLACE_SLICES[state]
+            path = Path(__file__).resolve().parent / "data" / name
+        assert n <= have, f"tests/data holds {have} lines of {state}; {n} asked (use shared_data, -m slow)"
+        return head_lines(path, n)
+
+    return lines
+
+
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
-    """``shared/data`` with ``places/`` and ``tweets/``; tests needing it skip without it."""
+    """``shared/data`` with ``places/`` and ``tweets/``, for ``-m slow`` tests; they skip without it."""
     if not (SHARED_DATA / "places").is_dir():
         pytest.skip(f"real data not found at {SHARED_DATA} (set KNNMON_SHARED_DATA)")
     return SHARED_DATA
@@ -35,14 +61,12 @@ def spark():
 
 
 @pytest.fixture(scope="session")
-def places_slice(spark, shared_data, tmp_path_factory) -> Path:
+def places_slice(spark, place_lines, tmp_path_factory) -> Path:
     """An ingest output of real places: the first 6,000 of New Hampshire and 4,000 of Vermont."""
     from knnmon.ingest.jobs import ingest_places
-    from knnmon.coordinator.testing import head_lines
 
     root = tmp_path_factory.mktemp("places_slice")
-    lines = head_lines(shared_data / "places" / "places-us-nh.geojson.gz", 6000)
-    lines += head_lines(shared_data / "places" / "places-us-vt.geojson.gz", 4000)
+    lines = place_lines("nh", 6000) + place_lines("vt", 4000)
     (root / "in.geojson").write_text("\n".join(lines) + "\n")
     ingest_places([str(root / "in.geojson")], str(root / "objects"), grid_n=32)
     return root / "objects"

@@ -55,6 +55,19 @@ class _Context(logging.Filter):
         return True
 
 
+class _Stderr(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is when a record comes (a command run inside another
+    program, such as a test, may replace and close it)."""
+
+    @property
+    def stream(self):  # type: ignore[override]
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value) -> None:
+        pass
+
+
 class _TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         return redact_text(super().format(record))
@@ -73,8 +86,8 @@ def _json_formatter() -> logging.Formatter:
 
 
 def configure_logging(fmt: str = "text", level: int = logging.INFO) -> None:
-    """Log records of ``level`` and above to standard error in format ``fmt`` (module
-    docstring), replacing the root logger's handlers.
+    """Log knnmon's records of ``level`` and above, and other libraries' warnings and errors, to
+    standard error in format ``fmt`` (module docstring), replacing the root logger's handlers.
 
     Raises
     ------
@@ -83,7 +96,7 @@ def configure_logging(fmt: str = "text", level: int = logging.INFO) -> None:
     """
     if fmt not in FORMATS:
         raise InvalidArgumentError(f"--log-format must be one of {', '.join(FORMATS)}; got {fmt!r}")
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _Stderr()
     handler.addFilter(_Context())
     handler.setFormatter(_json_formatter() if fmt == "json" else
                          _TextFormatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
@@ -91,5 +104,6 @@ def configure_logging(fmt: str = "text", level: int = logging.INFO) -> None:
     for h in list(root.handlers):
         root.removeHandler(h)
     root.addHandler(handler)
-    root.setLevel(level)
+    root.setLevel(max(level, logging.WARNING))  # other libraries: their warnings and errors
+    logging.getLogger("knnmon").setLevel(level)
     logging.captureWarnings(True)  # (Python's warnings as records too: in JSON, every line parses)

@@ -11,7 +11,6 @@ import pytest
 
 from knnmon.geo import EARTH_RADIUS_M, haversine_m
 from knnmon.oracle import BruteForceKnn
-from knnmon.coordinator.testing import head_lines
 
 
 def test_haversine_known_values():
@@ -46,11 +45,11 @@ def test_oracle_ties_fewer_than_k_and_antimeridian():
     assert o.knn(0.0, 0.0, ["zzz"], 3) == []
 
 
-def test_oracle_matches_textbook_on_real_places(shared_data):
+def test_oracle_matches_textbook_on_real_places(place_lines):
     from knnmon.keywords import normalize_keywords
 
     rows = []
-    for line in head_lines(shared_data / "places" / "places-us-de.geojson.gz", 3000):
+    for line in place_lines("de", 3000):
         d = json.loads(line)
         c = d["properties"].get("classifiers") or []
         kw = normalize_keywords([x for cl in c for x in (cl.get("type"), cl.get("category"), cl.get("subcategory"))]

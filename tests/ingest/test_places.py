@@ -16,7 +16,6 @@ from knnmon.grid import Grid
 from knnmon.ingest.jobs import ingest_places
 from knnmon.keywords import normalize_keywords
 from knnmon.ingest.records import REJECT_REASONS
-from knnmon.coordinator.testing import head_lines
 
 GOOD = {"type": "Feature", "id": "SG_good_1@1300000000",
         "geometry": {"type": "Point", "coordinates": [-71.4, 41.8]},
@@ -101,10 +100,9 @@ def reference(line: str):
 
 
 @pytest.fixture(scope="module")
-def places_run(spark, shared_data, tmp_path_factory):
+def places_run(spark, place_lines, tmp_path_factory):
     src = tmp_path_factory.mktemp("places_in")
-    lines = head_lines(shared_data / "places" / "places-us-ri.geojson.gz", 1500)
-    lines += head_lines(shared_data / "places" / "places-us-de.geojson.gz", 1500)
+    lines = place_lines("ri", 1500) + place_lines("de", 1500)
     (src / "real.geojson").write_text("\n".join(lines) + "\n")
     injected = [json.dumps(GOOD)] + [rec for rec, _ in INJECTED]
     (src / "injected.geojson").write_text("\n".join(injected[:3]) + "\n\n   \n" + "\n".join(injected[3:]) + "\n")

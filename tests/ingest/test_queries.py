@@ -15,12 +15,10 @@ from knnmon.ingest.reading import read_objects
 
 
 @pytest.fixture(scope="module")
-def objects_dir(spark, shared_data, tmp_path_factory):
+def objects_dir(spark, place_lines, tmp_path_factory):
     out = tmp_path_factory.mktemp("nh")
-    from knnmon.coordinator.testing import head_lines
-
     src = out / "nh.geojson"
-    src.write_text("\n".join(head_lines(shared_data / "places" / "places-us-nh.geojson.gz", 5000)) + "\n")
+    src.write_text("\n".join(place_lines("nh", 5000)) + "\n")
     ingest_places([str(src)], str(out / "objects"))
     return str(out / "objects")
 

@@ -1,4 +1,6 @@
-"""``ingest tweets`` on real tweets in both forms (CSV, API v1.1 JSON lines) plus injected bad records."""
+"""``ingest tweets`` in both forms (CSV, API v1.1 JSON lines) plus injected bad records: on tweets the
+test generates (the default suite; real tweets are never committed) and, with ``-m slow``, on the
+real ones in ``../shared/data``."""
 
 from __future__ import annotations
 
@@ -33,6 +35,49 @@ def api_json(row: dict, extended: bool) -> dict:
     if extended:
         d["extended_tweet"] = {"full_text": row["text"]}
     return d
+
+
+#: Points many tweets share, as Twitter's place centroids make them (lon, lat).
+CENTROIDS = [(-118.4119065, 34.0207895), (-95.44648649999999, 29.838495), (-73.9685415, 40.780709),
+             (-87.6244212, 41.8755546)]
+WORDS = ["coffee", "snow", "today", "game", "tonight", "pizza", "beach", "concert", "traffic", "sunset", "café",
+         "niño", "Brooklyn", "happy", "birthday", "weekend", "rain", "walking", "dog", "music"]
+NOISE = ["@bob", "@Some_One", "https://t.co/WoRX4uILXH", "🥰", "🔥🔥", "$TSLA", "&amp;", "…", "#NYC", "#GoBlue"]
+
+
+def generated_rows(n: int, seed: int, first: datetime) -> list[dict]:
+    """``n`` tweet-shaped rows (the real files' columns: ``id``, ``username``, ``created_at``,
+    ``lng``, ``lat``, ``text``), as the real ones are: 19-digit increasing ids, Twitter's time
+    format over ten minutes from ``first``, points in the US with a fifth on shared centroids and
+    a few at (0, 0), texts with commas, quotes, mentions, URLs, emoji and accents, some without
+    any keyword."""
+    import random
+    from datetime import timedelta
+
+    rng = random.Random(seed)
+    rows, tid = [], 1514074195759616002 + seed * 10**12
+    for i in range(n):
+        tid += rng.randrange(1, 10**9)
+        when = first + timedelta(seconds=600 * i / n)
+        u = rng.random()
+        if u < 0.01:
+            lon, lat = 0.0, 0.0
+        elif u < 0.2:
+            lon, lat = rng.choice(CENTROIDS)
+        else:
+            lon, lat = rng.uniform(-124.7, -67.0), rng.uniform(25.1, 49.3)
+        if rng.random() < 0.05:
+            text = " ".join(rng.sample(NOISE, 3))  # no keyword left after normalisation
+        else:
+            parts = rng.sample(WORDS, rng.randint(1, 6)) + rng.sample(NOISE, rng.randint(0, 2))
+            rng.shuffle(parts)
+            text = " ".join(parts)
+            if rng.random() < 0.3:
+                text = f'"{text}," she said, "{rng.choice(WORDS)}!"'
+        rows.append({"id": str(tid), "username": f"user_{rng.randrange(10**6)}",
+                     "created_at": when.strftime("%a %b %d %H:%M:%S +0000 %Y"), "lng": repr(lon), "lat": repr(lat),
+                     "text": text})
+    return rows
 
 
 def read_rows(path: Path, n: int) -> list[dict]:
@@ -73,11 +118,18 @@ CSV_INJECTED = [
 ]
 
 
-@pytest.fixture(scope="module")
-def tweets_run(spark, shared_data, tmp_path_factory):
+@pytest.fixture(scope="module", params=["generated", pytest.param("real", marks=pytest.mark.slow)])
+def tweets_run(request, spark, tmp_path_factory):
     src = tmp_path_factory.mktemp("tweets_in")
-    csv_rows = read_rows(shared_data / "tweets" / "geotweets01.csv", N_CSV)
-    json_rows = read_rows(shared_data / "tweets" / "geotweets02.csv", N_JSON)
+    if request.param == "real":
+        shared = request.getfixturevalue("shared_data")
+        csv_rows = read_rows(shared / "tweets" / "geotweets01.csv", N_CSV)
+        json_rows = read_rows(shared / "tweets" / "geotweets02.csv", N_JSON)
+    else:
+        from datetime import timezone
+
+        csv_rows = generated_rows(N_CSV, 1, datetime(2022, 4, 13, 2, 53, 13, tzinfo=timezone.utc))
+        json_rows = generated_rows(N_JSON, 2, datetime(2022, 4, 23, 17, 59, 0, tzinfo=timezone.utc))
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=["id", "username", "created_at", "lng", "lat", "text"], lineterminator="\n")
     w.writeheader()

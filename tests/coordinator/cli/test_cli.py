@@ -45,8 +45,9 @@ def test_usage_errors():
     assert p.returncode == 2 and "invalid choice" in p.stderr
 
 
-def test_ingest_and_generate_through_the_cli(spark, shared_data, tmp_path, capsys):
-    assert main(["ingest", "places", str(shared_data / "places" / "places-us-dc.geojson.gz"),
+def test_ingest_and_generate_through_the_cli(spark, place_lines, tmp_path, capsys):
+    (tmp_path / "dc.geojson").write_text("\n".join(place_lines("dc", 664)) + "\n")
+    assert main(["ingest", "places", str(tmp_path / "dc.geojson"),
                  "--out", str(tmp_path / "dc"), "--grid", "8"]) == 0
     out = capsys.readouterr().out
     assert "places: read" in out and "distinct keywords" in out
