@@ -178,6 +178,8 @@ def format_status(s: dict[str, Any]) -> str:
                          f"{b['minibatch']:,} objects at {b['arrival_per_s']:,.0f} objects/s arriving{cost}"
                          + (f"; {b['regrouped']:,} reads finished in one batch (their minibatches fell behind)"
                             if b.get("regrouped") else ""))
+        if svc.get("metrics"):
+            lines.append(f"  metrics http://{svc['metrics']}/metrics; probes /healthz, /readyz")
         by_reason = svc.get("rejects_by_reason") or {}
         if by_reason:
             lines.append("  rejected since start: " + ", ".join(f"{r} {n:,}" for r, n in by_reason.items()))
