@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+from knnmon.logs import adopt
+
 __all__ = ["init_ray"]
 
 
@@ -12,6 +14,7 @@ def init_ray(address: str | None = None) -> bool:
     (all cores, no dashboard, 512 MiB object store); returns ``True`` if it started Ray."""
     import ray
 
+    adopt("ray")  # (Ray set up its own logger when imported: in JSON, its records are lines like ours)
     if ray.is_initialized():
         return False
     address = address or os.environ.get("RAY_ADDRESS")

@@ -11,10 +11,17 @@ worker is revived); ``null`` outside them.
 Every line is redacted last (:func:`redact_text`): a password in a URL or a ``password=``
 argument shows as ``***``, wherever it came from (knnmon logs URLs through
 :func:`knnmon.connection.redact` already; this also covers messages of libraries and tracebacks).
+
+In ``json``, every line of the process's output is a JSON object: what is printed to
+``sys.stdout`` or ``sys.stderr`` (as Ray prints its raylet's error reports) becomes a record of
+logger ``stdout`` (INFO) or ``stderr`` (WARNING), one per line, colours removed, and a
+library's logger that writes on its own, such as Ray's, is made to pass its records on
+(:func:`adopt`).
 """
 
 from __future__ import annotations
 
+import io
 import logging
 import re
 import sys
@@ -22,7 +29,7 @@ from contextvars import ContextVar
 
 from knnmon.errors import InvalidArgumentError
 
-__all__ = ["BATCH", "FORMATS", "WORKER", "configure_logging", "redact_text"]
+__all__ = ["BATCH", "FORMATS", "WORKER", "adopt", "configure_logging", "redact_text"]
 
 #: The batch being applied (its number in the service, from 1), for log records.
 BATCH: ContextVar[int | None] = ContextVar("knnmon_batch", default=None)
@@ -32,6 +39,8 @@ FORMATS = ("text", "json")
 
 _URL_PASSWORD = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://[^:/@\s\"']*:)[^@\s\"']+@")
 _PASSWORD_ARG = re.compile(r"((?:password|passwd|token)=)[^&\s\"']+", re.IGNORECASE)
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_format: list[str] = []  # the format configured in this process, if any
 
 
 def redact_text(text: str) -> str:
@@ -55,13 +64,37 @@ class _Context(logging.Filter):
         return True
 
 
+class _LinesToRecords(io.TextIOBase):
+    """A text stream whose every line becomes a log record of ``logger`` at ``level``."""
+
+    def __init__(self, logger: str, level: int, original) -> None:
+        super().__init__()
+        self.logger, self.level, self.original = logging.getLogger(logger), level, original
+        self.logger.setLevel(level)
+        self._part = ""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        lines = (self._part + text).split("\n")
+        self._part = lines.pop()
+        for line in lines:
+            line = _ANSI.sub("", line).rstrip()
+            if line:
+                self.logger.log(self.level, line)
+        return len(text)
+
+
 class _Stderr(logging.StreamHandler):
     """Writes to whatever ``sys.stderr`` is when a record comes (a command run inside another
-    program, such as a test, may replace and close it)."""
+    program, such as a test, may replace and close it), or to the stream it stands for when it
+    turns lines into records."""
 
     @property
     def stream(self):  # type: ignore[override]
-        return sys.stderr
+        stream = sys.stderr
+        return stream.original if isinstance(stream, _LinesToRecords) else stream
 
     @stream.setter
     def stream(self, _value) -> None:
@@ -87,7 +120,8 @@ def _json_formatter() -> logging.Formatter:
 
 def configure_logging(fmt: str = "text", level: int = logging.INFO) -> None:
     """Log knnmon's records of ``level`` and above, and other libraries' warnings and errors, to
-    standard error in format ``fmt`` (module docstring), replacing the root logger's handlers.
+    standard error in format ``fmt`` (module docstring), replacing the root logger's handlers. In
+    ``json``, ``sys.stdout`` and ``sys.stderr`` are replaced by streams that log their lines.
 
     Raises
     ------
@@ -107,3 +141,22 @@ def configure_logging(fmt: str = "text", level: int = logging.INFO) -> None:
     root.setLevel(max(level, logging.WARNING))  # other libraries: their warnings and errors
     logging.getLogger("knnmon").setLevel(level)
     logging.captureWarnings(True)  # (Python's warnings as records too: in JSON, every line parses)
+    _format[:] = [fmt]
+    if fmt == "json":
+        if not isinstance(sys.stdout, _LinesToRecords):
+            sys.stdout = _LinesToRecords("stdout", logging.INFO, sys.stdout)
+        if not isinstance(sys.stderr, _LinesToRecords):
+            sys.stderr = _LinesToRecords("stderr", logging.WARNING, sys.stderr)
+        adopt("ray")
+
+
+def adopt(name: str) -> None:
+    """With ``json`` configured, make logger ``name`` (a library's that writes on its own, such
+    as Ray's ``ray``, set up when Ray is imported) pass its records to knnmon's handler instead;
+    otherwise nothing. Call it again after the library configured itself."""
+    if _format != ["json"]:
+        return
+    logger = logging.getLogger(name)
+    for h in list(logger.handlers):
+        logger.removeHandler(h)
+    logger.propagate = True

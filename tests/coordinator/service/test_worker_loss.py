@@ -70,7 +70,7 @@ def test_a_killed_worker_process_is_rebuilt_and_serve_stays_exact(redis_url, nam
     with open(tmp_path / "serve.log", "w") as log:
         proc = subprocess.Popen([sys.executable, "-m", "knnmon.coordinator.cli", "serve", "--redis", redis_url,
                                  "--namespace", namespace, "--workers", "2", "--batch", "250", "--max-delay-ms", "5",
-                                 "--metrics", "127.0.0.1:0", *extra],
+                                 "--metrics", "127.0.0.1:0", "--log-format", "json", *extra],
                                 stdout=log, stderr=subprocess.STDOUT, env=env)
     try:
         publish_objects(r, keys, places[:4000])
@@ -97,6 +97,9 @@ def test_a_killed_worker_process_is_rebuilt_and_serve_stays_exact(redis_url, nam
     finally:
         if proc.poll() is None:
             proc.kill()
+    records = [json.loads(line) for line in (tmp_path / "serve.log").read_text().splitlines()]
+    revived = [r for r in records if r["event"].startswith("worker 1 revived")]
+    assert revived and revived[0]["worker"] == 1 and revived[0]["batch"] >= 1, revived  # (the batch that found it lost)
     applied = places[-window_s:] if window_s else places
     assert assert_exact(redis_url, namespace, pa.Table.from_pylist(queries),
                         BruteForceKnn(pa.Table.from_pylist(applied))) == 300
