@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Build knnmon's container image from this checkout (deploy/Containerfile) and tag it
+# knnmon:<version>; prints the image id last.
+#
+#   deploy/build-image.sh            # FROM python:3.11-slim, pulled from a registry
+#   deploy/build-image.sh --base     # FROM a Debian bookworm base made here with mmdebstrap and
+#                                    # imported (localhost/knnmon-base:bookworm): no registry needed
+#
+# It builds with podman if present, else docker. With podman it uses runc and a containers.conf
+# without default ulimits (CONTAINERS_CONF, if unset, gets deploy/containers.conf), and the host
+# network. The CA bundle of $PIP_CERT (or --ca-bundle FILE) is mounted for pip when building
+# with podman (docker builds have no mounts: pip uses the image's bundle).
+# To run the image elsewhere, push it to your own registry:
+#   podman tag knnmon:0.1.0 registry.example.com/you/knnmon:0.1.0 && podman push registry.example.com/you/knnmon:0.1.0
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+die() { echo "build-image: $*" >&2; exit 1; }
+
+base="" ca="${PIP_CERT:-}"
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --base) base=debian ;;
+        --ca-bundle) ca="${2:?--ca-bundle needs a file}"; shift ;;
+        -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+        *) die "unknown argument: $1" ;;
+    esac
+    shift
+done
+
+if command -v podman >/dev/null 2>&1; then
+    engine=podman
+    export CONTAINERS_CONF="${CONTAINERS_CONF:-$PWD/deploy/containers.conf}"
+elif command -v docker >/dev/null 2>&1; then
+    engine=docker
+else
+    die "neither podman nor docker is installed"
+fi
+version="$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml | head -1)"
+[ -n "$version" ] || die "no version in pyproject.toml"
+
+args=(--network=host --tag "knnmon:$version" --file deploy/Containerfile)
+if [ "$base" = debian ]; then
+    [ "$engine" = podman ] || die "--base imports the Debian base with podman"
+    command -v mmdebstrap >/dev/null 2>&1 || die "--base needs mmdebstrap (apt-get install mmdebstrap)"
+    tar="$(mktemp --suffix=.tar)"
+    trap 'rm -f "$tar"' EXIT
+    echo "build-image: making a Debian bookworm base with mmdebstrap" >&2
+    mmdebstrap --quiet --variant=minbase --include=python3,python3-venv,ca-certificates bookworm "$tar" >&2
+    podman import --quiet "$tar" localhost/knnmon-base:bookworm >/dev/null
+    args+=(--build-arg BASE=localhost/knnmon-base:bookworm)
+fi
+if [ -n "$ca" ] && [ "$engine" = podman ]; then
+    [ -r "$ca" ] || die "cannot read the CA bundle $ca"
+    args+=(--volume "$ca:/run/host-ca.crt:ro" --build-arg PIP_CERT=/run/host-ca.crt)
+fi
+echo "build-image: $engine build knnmon:$version" >&2
+"$engine" build "${args[@]}" . >&2
+"$engine" image inspect --format '{{.Id}}' "knnmon:$version"
