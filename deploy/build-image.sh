@@ -28,20 +28,14 @@ while [ $# -gt 0 ]; do
     shift
 done
 
-if command -v podman >/dev/null 2>&1; then
-    engine=podman
-    export CONTAINERS_CONF="${CONTAINERS_CONF:-$PWD/deploy/containers.conf}"
-elif command -v docker >/dev/null 2>&1; then
-    engine=docker
-else
-    die "neither podman nor docker is installed"
-fi
+# shellcheck source=deploy/engine.sh
+. deploy/engine.sh
 version="$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml | head -1)"
 [ -n "$version" ] || die "no version in pyproject.toml"
 
 args=(--network=host --tag "knnmon:$version" --file deploy/Containerfile)
 if [ "$base" = debian ]; then
-    [ "$engine" = podman ] || die "--base imports the Debian base with podman"
+    [ "$ENGINE" = podman ] || die "--base imports the Debian base with podman"
     command -v mmdebstrap >/dev/null 2>&1 || die "--base needs mmdebstrap (apt-get install mmdebstrap)"
     tar="$(mktemp --suffix=.tar)"
     trap 'rm -f "$tar"' EXIT
@@ -50,10 +44,10 @@ if [ "$base" = debian ]; then
     podman import --quiet "$tar" localhost/knnmon-base:bookworm >/dev/null
     args+=(--build-arg BASE=localhost/knnmon-base:bookworm)
 fi
-if [ -n "$ca" ] && [ "$engine" = podman ]; then
+if [ -n "$ca" ] && [ "$ENGINE" = podman ]; then
     [ -r "$ca" ] || die "cannot read the CA bundle $ca"
     args+=(--volume "$ca:/run/host-ca.crt:ro" --build-arg PIP_CERT=/run/host-ca.crt)
 fi
-echo "build-image: $engine build knnmon:$version" >&2
-"$engine" build "${args[@]}" . >&2
-"$engine" image inspect --format '{{.Id}}' "knnmon:$version"
+echo "build-image: $ENGINE build knnmon:$version" >&2
+"$ENGINE" build "${args[@]}" . >&2
+"$ENGINE" image inspect --format '{{.Id}}' "knnmon:$version"

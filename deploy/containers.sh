@@ -49,14 +49,8 @@ die() {  # a failed start removes what it started (the logs of a container that 
     exit 1
 }
 
-if command -v podman >/dev/null 2>&1; then
-    ENGINE=podman
-    export CONTAINERS_CONF="${CONTAINERS_CONF:-$ROOT/deploy/containers.conf}"
-elif command -v docker >/dev/null 2>&1; then
-    ENGINE=docker
-else
-    die "neither podman nor docker is installed"
-fi
+# shellcheck source=deploy/engine.sh
+. "$ROOT/deploy/engine.sh"
 
 ray_ports() {  # ray_ports INDEX: every port a Ray node binds, its own (as deploy/local-cluster.sh)
     local base=$((PORT + 10 * ($1 + 1))) lo=$((PORT + 100 * ($1 + 1)))
