@@ -87,6 +87,7 @@ class Lifecycle:
         self._applying = False  # entries read are being applied: state ahead of what is acknowledged
         self._server_ids: frozenset[str] | None = None  # the Redis server(s) recovered from
         self._server_checked = 0.0  # when the loop last compared them (time.monotonic)
+        self._lost_checked = 0.0  # when the idle loop last looked for dead workers (time.monotonic)
         self.serving = False
         self.telemetry = ServiceTelemetry(self, config.ready_max_lag)
         self.ledger.metrics = self.telemetry.metrics

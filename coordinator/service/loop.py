@@ -80,6 +80,8 @@ class Service(Lifecycle):
             try:
                 did = self._step()
                 self._watch_server()
+                if not did:
+                    self._revive_lost()
                 failures = 0
             except Exception as ex:  # noqa: BLE001 - Redis or a worker gone: recover, or give up after 10
                 failures += 1
@@ -133,6 +135,28 @@ class Service(Lifecycle):
             log.warning("Redis restarted meanwhile (the retries waited for it) and kept every write: nothing rebuilt")
         else:
             self._restart()
+
+    def _revive_lost(self, every_s: float = 5.0) -> None:
+        """While idle, once every ``every_s``: a worker whose actor died
+        (:class:`~knnmon.coordinator.runtime.liveness.WorkerLiveness`) is revived in place now
+        (:meth:`Runtime.revive_idle`), not when the next batch or query operation needs it, so
+        that an idle service heals and ``/readyz`` turns ready again. A worker that cannot be
+        revived in place is left to the next batch, which rebuilds from Redis."""
+        now = time.monotonic()
+        if now - self._lost_checked < every_s:
+            return
+        self._lost_checked = now
+        try:
+            dead = self.telemetry.liveness.dead(wait_s=0.0)
+        except Exception as ex:  # noqa: BLE001 - Ray unreachable: the next batch finds out
+            log.debug("the workers' liveness could not be checked (%s: %s)", type(ex).__name__, ex)
+            return
+        for w in dead:
+            log.warning("worker %d's actor died while the service was idle: reviving it", w)
+            if self.runtime.revive_idle(w) is None:
+                return
+        if self.runtime.workers_revived != self._revived_seen:
+            self._take_worker_list()
 
     def _kept_every_write(self) -> bool:
         """Whether Redis, back after an outage or a restart, kept every write

@@ -85,9 +85,10 @@ def test_a_killed_worker_process_is_rebuilt_and_serve_stays_exact(redis_url, nam
         os.kill(victim, signal.SIGKILL)  # the worker's Ray process dies
         checks = _ready(readyz, False)  # /readyz notices before any batch needs the worker
         assert checks["workers"] == "worker(s) 1 dead" and checks["redis"] == "ok", checks
+        assert _ready(readyz, True)  # the idle service revives it (no batch asked for it)
+        assert _status(redis_url, namespace)["workers_revived"] >= 1
         publish_objects(r, keys, places[4000:])
         wait_processed(r, keys, proc, timeout_s=300)
-        assert _ready(readyz, True)  # revived
         time.sleep(1.5)
         status = _status(redis_url, namespace)
         assert status["workers_revived"] >= 1 and status["worker_restarts"] == 0  # in place, no rebuild
@@ -99,7 +100,7 @@ def test_a_killed_worker_process_is_rebuilt_and_serve_stays_exact(redis_url, nam
             proc.kill()
     records = [json.loads(line) for line in (tmp_path / "serve.log").read_text().splitlines()]
     revived = [r for r in records if r["event"].startswith("worker 1 revived")]
-    assert revived and revived[0]["worker"] == 1 and revived[0]["batch"] >= 1, revived  # (the batch that found it lost)
+    assert revived and revived[0]["worker"] == 1 and revived[0]["batch"] is None, revived  # (revived while idle)
     applied = places[-window_s:] if window_s else places
     assert assert_exact(redis_url, namespace, pa.Table.from_pylist(queries),
                         BruteForceKnn(pa.Table.from_pylist(applied))) == 300
