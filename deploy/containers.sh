@@ -21,7 +21,8 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 
-DIR="$(mkdir -p "${KNNMON_CONTAINERS_DIR:-knnmon-containers}" && cd "${KNNMON_CONTAINERS_DIR:-knnmon-containers}" && pwd)"
+DIR="${KNNMON_CONTAINERS_DIR:-knnmon-containers}"
+DIR="$(mkdir -p "$DIR" && cd "$DIR" && pwd)"
 VERSION="$(sed -n 's/^version = "\(.*\)"/\1/p' "$ROOT/pyproject.toml" | head -1)"
 IMAGE="${KNNMON_IMAGE:-knnmon:$VERSION}"
 REDIS_PORT="${KNNMON_REDIS_PORT:-6479}"
@@ -69,7 +70,11 @@ run() {  # run ROLE ARGS...: a detached container named $NAME-ROLE; its id recor
 
 id_of() { [ -s "$DIR/$1.id" ] && cat "$DIR/$1.id"; }
 
-running() { local id; id=$(id_of "$1") || return 1; [ "$("$ENGINE" inspect --format '{{.State.Running}}' "$id" 2>/dev/null)" = true ]; }
+running() {  # running ROLE: its container runs
+    local id
+    id=$(id_of "$1") || return 1
+    [ "$("$ENGINE" inspect --format '{{.State.Running}}' "$id" 2>/dev/null)" = true ]
+}
 
 wait_for() {  # wait_for WHAT SECONDS COMMAND...: until COMMAND succeeds
     local what=$1 seconds=$2 i; shift 2
