@@ -4,8 +4,9 @@
 A Ray actor runs one call at a time, so a check queues behind the batch the worker is on. The
 check therefore keeps at most one call outstanding per worker (:meth:`WorkerHost.alive`) and
 reads it without waiting for it: a worker is **dead** once that call failed because its actor
-died, and alive otherwise (answered, or still busy). An actor replaced since (a revival) is
-asked anew. In-process workers (``--executor inline``) live as long as the service.
+died, and alive otherwise (answered, or still busy). A dead actor stays dead for every caller
+until the pool replaces it (a revival); the new actor is asked anew. In-process workers
+(``--executor inline``) live as long as the service.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ class WorkerLiveness:
     def __init__(self) -> None:
         self.pool: WorkerPool | None = None
         self._asked: dict[int, tuple[Any, Any]] = {}  # worker -> (its actor, the outstanding call)
+        self._dead: dict[int, Any] = {}  # worker -> its actor, known dead
         self._lock = threading.Lock()
 
     def dead(self, wait_s: float = 0.5) -> list[int]:
@@ -43,15 +45,14 @@ class WorkerLiveness:
 
         with self._lock:
             actors = list(pool.actors)
+            self._dead = {w: a for w, a in self._dead.items() if w < len(actors) and actors[w] is a}
             for w, actor in enumerate(actors):
-                if w not in self._asked or self._asked[w][0] is not actor:
+                if w not in self._dead and (w not in self._asked or self._asked[w][0] is not actor):
                     self._asked[w] = (actor, actor.alive.remote())
-            for w in [w for w in self._asked if w >= len(actors)]:
+            for w in [w for w in self._asked if w >= len(actors) or w in self._dead]:
                 del self._asked[w]
             refs = [ref for _, ref in self._asked.values()]
-            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=wait_s)
-            ready = set(ready)
-            dead = []
+            ready = set(ray.wait(refs, num_returns=len(refs), timeout=wait_s)[0]) if refs else set()
             for w, (actor, ref) in list(self._asked.items()):
                 if ref not in ready:
                     continue  # busy on a batch, or still starting: alive as far as is known
@@ -59,5 +60,5 @@ class WorkerLiveness:
                 try:
                     ray.get(ref)
                 except ray.exceptions.RayActorError:
-                    dead.append(w)
-            return sorted(dead)
+                    self._dead[w] = actor
+            return sorted(self._dead)

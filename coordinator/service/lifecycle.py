@@ -88,6 +88,7 @@ class Lifecycle:
         self._server_ids: frozenset[str] | None = None  # the Redis server(s) recovered from
         self._server_checked = 0.0  # when the loop last compared them (time.monotonic)
         self._lost_checked = 0.0  # when the idle loop last looked for dead workers (time.monotonic)
+        self._dead_seen: set[int] = set()  # the workers it found dead then
         self.serving = False
         self.telemetry = ServiceTelemetry(self, config.ready_max_lag)
         self.ledger.metrics = self.telemetry.metrics

@@ -138,9 +138,10 @@ class Service(Lifecycle):
 
     def _revive_lost(self, every_s: float = 5.0) -> None:
         """While idle, once every ``every_s``: a worker whose actor died
-        (:class:`~knnmon.coordinator.runtime.liveness.WorkerLiveness`) is revived in place now
-        (:meth:`Runtime.revive_idle`), not when the next batch or query operation needs it, so
-        that an idle service heals and ``/readyz`` turns ready again. A worker that cannot be
+        (:class:`~knnmon.coordinator.runtime.liveness.WorkerLiveness`), found dead at two checks
+        in a row, is revived in place now (:meth:`Runtime.revive_idle`), not when the next batch
+        or query operation needs it, so that an idle service heals and ``/readyz`` turns ready
+        again (after reporting the loss for at least ``every_s``). A worker that cannot be
         revived in place is left to the next batch, which rebuilds from Redis."""
         now = time.monotonic()
         if now - self._lost_checked < every_s:
@@ -151,8 +152,10 @@ class Service(Lifecycle):
         except Exception as ex:  # noqa: BLE001 - Ray unreachable: the next batch finds out
             log.debug("the workers' liveness could not be checked (%s: %s)", type(ex).__name__, ex)
             return
-        for w in dead:
+        confirmed, self._dead_seen = [w for w in dead if w in self._dead_seen], set(dead)
+        for w in confirmed:
             log.warning("worker %d's actor died while the service was idle: reviving it", w)
+            self._dead_seen.discard(w)
             if self.runtime.revive_idle(w) is None:
                 return
         if self.runtime.workers_revived != self._revived_seen:
