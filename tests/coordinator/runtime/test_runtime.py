@@ -34,19 +34,21 @@ def executor(request):
 
 @pytest.fixture(scope="module", params=["ri", pytest.param("ct", marks=pytest.mark.slow)])
 def ct(request, spark, tmp_path_factory):
-    """Real places, 10,000 queries drawn from them, the oracle over all, and the objects seen
-    before the stream: all of Rhode Island's (the package's sample; 50,000 places, 25,000
-    initial), or with ``-m slow`` 110,000 of Connecticut's (``../shared/data``; 50,000 initial)."""
+    """Real places, queries drawn from them, the oracle over all, and the objects seen before the
+    stream: all of Rhode Island's (the package's sample; 50,000 places, 5,000 queries, 25,000
+    initial), or with ``-m slow`` 110,000 of Connecticut's (``../shared/data``; 10,000 queries,
+    50,000 initial)."""
     root = tmp_path_factory.mktemp(request.param)
     if request.param == "ri":
-        lines, least, initial = request.getfixturevalue("place_lines")("ri", 54_975), 50_000, 25_000
+        lines, least, initial, n = request.getfixturevalue("place_lines")("ri", 54_975), 50_000, 25_000, 5_000
     else:
         shared = request.getfixturevalue("shared_data")
-        lines, least, initial = head_lines(shared / "places" / "places-us-ct.geojson.gz", 110_500), 100_000, 50_000
+        lines, least, initial, n = (head_lines(shared / "places" / "places-us-ct.geojson.gz", 110_500), 100_000,
+                                    50_000, 10_000)
     (root / "in.geojson").write_text("\n".join(lines) + "\n")
     ingest_places([str(root / "in.geojson")], str(root / "objects"))
     objects = read_objects(str(root / "objects"))
-    queries = generate_queries(objects, QueryWorkload(n=10_000, k_max=10, seed=11))
+    queries = generate_queries(objects, QueryWorkload(n=n, k_max=10, seed=11))
     assert objects.num_rows >= least
     return str(root / "objects"), queries, expected(queries, BruteForceKnn(objects)), objects.num_rows, initial
 
@@ -66,7 +68,7 @@ def test_every_result_is_exact_on_real_places(ct, ray_instance, redis_url, names
         summary = rt.run(progress=False)
         assert summary.objects + summary.initial_objects == n_objects
         assert summary.results_changed > 1000 and summary.deliveries_per_object > 0
-        assert assert_exact(redis_url, namespace, queries, want) == 10_000
+        assert assert_exact(redis_url, namespace, queries, want) == queries.num_rows
 
 
 @pytest.mark.parametrize("executor", ["ray", pytest.param("inline", marks=pytest.mark.slow)])  # (inline: 14 s)
@@ -74,7 +76,7 @@ def test_a_load_in_parts_gives_each_worker_only_its_keywords_and_stays_exact(ct,
                                                                           executor, tmp_path, monkeypatch):
     from knnmon.coordinator.runtime import registration
 
-    monkeypatch.setattr(registration, "LOAD_CHUNK", 700)  # 10,000 queries on 4 workers: 4 parts each
+    monkeypatch.setattr(registration, "LOAD_CHUNK", 700)  # 5,000 or 10,000 queries on 4 workers: 2-4 parts each
     objects_dir, queries, want, _, initial = ct
     config = RunConfig(workers=4, algorithm="proposed", initial=initial, batch=1000, batches=20, executor=executor,
                        store=StoreConfig(redis_url, namespace, str(tmp_path)))
@@ -87,7 +89,7 @@ def test_a_load_in_parts_gives_each_worker_only_its_keywords_and_stays_exact(ct,
         assert [s["keywords"] for s in rt.registrar.stats()] == [len(w) for w in words]
         assert max(len(w) for w in words) < len(rt.plan.routing.vocabulary)
         seen = stream_order(read_objects(objects_dir), None).slice(0, initial + 20 * 1000)
-        assert assert_exact(redis_url, namespace, queries, BruteForceKnn(seen)) == 10_000
+        assert assert_exact(redis_url, namespace, queries, BruteForceKnn(seen)) == queries.num_rows
 
 
 @pytest.fixture(scope="module")
