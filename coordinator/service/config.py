@@ -66,7 +66,8 @@ class ServeConfig:
     Raises
     ------
     InvalidArgumentError
-        a negative or infinite ``max_delay_ms``, a bad batching policy, ``initial < 0``, ``ready_max_lag < 0``,
+        a negative or infinite ``max_delay_ms``, a bad batching policy, ``initial < 0``,
+        ``ready_max_lag < 0``, a ``metrics`` address whose host is empty or port outside 0..65535,
         ``block_ms < 1``, a checkpoint interval not finite and > 0, a missing ``objects_dir``
         (and what :class:`RunConfig` itself rejects, when it is made).
     """
@@ -98,6 +99,10 @@ class ServeConfig:
             raise InvalidArgumentError(f"--checkpoint-interval must be a finite number > 0; got {self.checkpoint_interval_s}")
         if self.ready_max_lag < 0:
             raise InvalidArgumentError(f"--ready-max-lag must be >= 0; got {self.ready_max_lag}")
+        if self.metrics is not None:
+            host, port = self.metrics
+            if not isinstance(host, str) or not host or not isinstance(port, int) or not 0 <= port <= 65535:
+                raise InvalidArgumentError(f"--metrics must be a host and a port in 0..65535; got {self.metrics!r}")
         if self.block_ms < 1:
             raise InvalidArgumentError(f"--block-ms must be >= 1; got {self.block_ms}")
         if self.objects_dir is not None and not os.path.isdir(self.objects_dir):

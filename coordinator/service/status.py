@@ -36,10 +36,10 @@ STALE_S = 10.0
 def snapshot(svc: Lifecycle) -> dict[str, Any]:
     """The status of a running :class:`~knnmon.coordinator.service.loop.Service`: process,
     heartbeat, settings (without the Redis URL), queries and predicted load per worker, measured
-    busy time per worker, the workers' nodes, the address of ``/metrics`` (``None``: off), latency XADD -> acknowledged (p50, p99 over the
-    last 1,000 batches, ms), the objects held (with a window: live), the routing table's entries,
-    the watermark and the largest ``t`` applied (with a window), the rejects by reason since
-    start, the batching policy's state
+    busy time per worker, the workers' nodes, the address of ``/metrics`` (``None``: off),
+    latency XADD -> acknowledged (p50, p99 over the last 1,000 batches, ms), the objects held
+    (with a window: live), the routing table's entries, the watermark and the largest ``t``
+    applied (with a window), the rejects by reason since start, the batching policy's state
     (:meth:`~knnmon.coordinator.service.batching.BatchPolicy.state`), the garbage collector's full
     passes (:func:`~knnmon.heap.full_gc_passes`), and the service's counters."""
     rt = svc.runtime.status() if svc.runtime is not None else None

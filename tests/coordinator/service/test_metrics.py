@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from knnmon.coordinator.runtime.prometheus import RESPONSE_BUCKETS_S, BulkHistogram
+from knnmon.coordinator.service.config import ServeConfig
 from knnmon.coordinator.service.probes import parse_address
 from knnmon.coordinator.testing import (free_port_base, knnmon_cli, publish_objects, register_fields, serve_process,
                                         wait_processed)
@@ -121,6 +122,9 @@ def test_addresses():
     for bad in ("9464", "host:", ":9464", "host:65536", "host:-1", "host:http"):
         with pytest.raises(InvalidArgumentError, match="--metrics"):
             parse_address(bad)
+    for bad in (("127.0.0.1", 70_000), ("127.0.0.1", -1), ("", 9464), ("127.0.0.1", "9464")):
+        with pytest.raises(InvalidArgumentError, match="--metrics"):  # the library's settings, not only the CLI
+            ServeConfig(metrics=bad)
 
 
 def test_a_taken_port_fails_the_start_with_a_reason(redis_url, namespace, tmp_path):
