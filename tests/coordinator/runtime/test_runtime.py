@@ -54,10 +54,11 @@ def ct(request, spark, tmp_path_factory):
 
 
 @pytest.mark.parametrize("algorithm, executor, index", [
-    # (keyword and space: -m slow; the default suite runs them exact through the small bench,
-    # test_bench.py, on Ray workers and real places)
+    # (keyword, space and random: -m slow; the default suite runs them exact through the small
+    # bench, test_bench.py, on Ray workers and real places)
     ("proposed", "ray", "grid"), pytest.param("keyword", "ray", "grid", marks=pytest.mark.slow),
-    pytest.param("space", "ray", "grid", marks=pytest.mark.slow), ("random", "ray", "grid"),
+    pytest.param("space", "ray", "grid", marks=pytest.mark.slow),
+    pytest.param("random", "ray", "grid", marks=pytest.mark.slow),
     ("proposed", "inline", "grid"), ("proposed", "ray", "rtree")])
 def test_every_result_is_exact_on_real_places(ct, ray_instance, redis_url, namespace, algorithm, executor, index,
                                               tmp_path):
