@@ -211,6 +211,13 @@ class Lifecycle:
         self.workers = self.runtime.worker_processes()
         self._revived_seen = self.runtime.workers_revived
 
+    def _follow_revivals(self) -> None:
+        """Take the worker list again if a worker was revived since it was taken (by a batch, a
+        query operation or the idle loop's check): the worker's process, and perhaps its node,
+        changed."""
+        if self.runtime is not None and self.runtime.workers_revived != self._revived_seen:
+            self._take_worker_list()
+
     # -- status ------------------------------------------------------------------------------
     def _publish_status(self, *, force: bool = False) -> None:
         now = time.monotonic()

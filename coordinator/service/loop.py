@@ -82,6 +82,7 @@ class Service(Lifecycle):
                 self._watch_server()
                 if not did:
                     self._revive_lost()
+                self._follow_revivals()
                 failures = 0
             except Exception as ex:  # noqa: BLE001 - Redis or a worker gone: recover, or give up after 10
                 failures += 1
@@ -158,8 +159,6 @@ class Service(Lifecycle):
             self._dead_seen.discard(w)
             if self.runtime.revive_idle(w) is None:
                 return
-        if self.runtime.workers_revived != self._revived_seen:
-            self._take_worker_list()
 
     def _kept_every_write(self) -> bool:
         """Whether Redis, back after an outage or a restart, kept every write
@@ -334,9 +333,7 @@ class Service(Lifecycle):
     def _finish(self, ids: list[str], rejects: list, report, parse_ms: float, update_ms: float,
                 top_t: int | None, objects: pa.Table, read_done: bool) -> None:
         """Acknowledge and log one minibatch of ``objects`` (:meth:`Ledger.finish`; ``read_done``:
-        the read's last); a revived worker's process changed, so the worker list is taken again."""
+        the read's last)."""
         rt = self.runtime
         self.ledger.finish(ids, rejects, report, parse_ms, update_ms, top_t, rt.refill_parts_ms, rt.window, objects,
                            read_done)
-        if rt.workers_revived != self._revived_seen:
-            self._take_worker_list()
