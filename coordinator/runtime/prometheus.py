@@ -29,7 +29,7 @@ from prometheus_client.utils import floatToGoString
 from knnmon.coordinator.runtime.metrics import BatchReport, RunSummary
 
 __all__ = ["BATCH_BUCKETS_S", "COUNTERS", "RESPONSE_BUCKETS_S", "BulkHistogram", "KnnMetrics", "Readings",
-           "run_metrics"]
+           "rss_bytes", "run_metrics"]
 
 #: Upper bounds (s) of the response-time histogram: publish (XADD) to the object's results written.
 RESPONSE_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -207,6 +207,12 @@ def _per_worker(name: str, doc: str, values: Sequence[float | None]) -> Iterator
     yield family
 
 
+def rss_bytes(stats: Sequence[Mapping]) -> list[float | None]:
+    """Each worker's resident memory in bytes (:attr:`Readings.worker_rss_bytes`) from its stats'
+    ``rss_mb`` (MiB; ``None``: unknown)."""
+    return [s["rss_mb"] * 2**20 if s.get("rss_mb") is not None else None for s in stats]
+
+
 def run_metrics(summary: RunSummary, reports: Sequence[BatchReport]) -> KnnMetrics:
     """The metrics of a finished ``knnmon run`` (``--metrics-file``), as a scrape at its end
     would read them: the counters from ``summary``, the per-batch histograms from ``reports``.
@@ -220,7 +226,7 @@ def run_metrics(summary: RunSummary, reports: Sequence[BatchReport]) -> KnnMetri
     wall_ms = max(summary.wall_s, 1e-6) * 1e3
     readings = Readings(counters=counters, worker_queries=[s["queries"] for s in stats],
                         worker_busy_ratio=[b / wall_ms for b in summary.busy_ms_per_worker],
-                        worker_rss_bytes=[s["rss_mb"] * 2**20 if s.get("rss_mb") is not None else None for s in stats])
+                        worker_rss_bytes=rss_bytes(stats))
     metrics = KnnMetrics(lambda: readings)
     for r in reports:
         metrics.observe_batch(r.update_ms, r.redis_server_ms)

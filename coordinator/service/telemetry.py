@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from knnmon.connection import connect
 from knnmon.coordinator.runtime.liveness import WorkerLiveness
-from knnmon.coordinator.runtime.prometheus import KnnMetrics, Readings
+from knnmon.coordinator.runtime.prometheus import KnnMetrics, Readings, rss_bytes
 from knnmon.protocol import group_info
 
 if TYPE_CHECKING:
@@ -87,7 +87,7 @@ class ServiceTelemetry:
         except Exception as ex:  # noqa: BLE001 - a lost worker: the loop's next batch revives it
             log.debug("the workers' stats could not be read (%s: %s)", type(ex).__name__, ex)
             return
-        self._rss = [s["rss_mb"] * 2**20 if s.get("rss_mb") is not None else None for s in stats]
+        self._rss = rss_bytes(stats)
 
     # -- the HTTP server's side --------------------------------------------------------------
     def readings(self) -> Readings:
