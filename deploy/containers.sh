@@ -53,13 +53,8 @@ die() {  # a failed start removes what it started (the logs of a container that 
 # shellcheck source=deploy/engine.sh
 . "$ROOT/deploy/engine.sh"
 
-ray_ports() {  # ray_ports INDEX: every port a Ray node binds, its own (as deploy/local-cluster.sh)
-    local base=$((PORT + 10 * ($1 + 1))) lo=$((PORT + 100 * ($1 + 1)))
-    echo "--node-ip-address 127.0.0.1 --disable-usage-stats --object-store-memory $((200 * 1024 * 1024))" \
-        "--node-manager-port $base --object-manager-port $((base + 1)) --metrics-export-port $((base + 2))" \
-        "--dashboard-agent-listen-port $((base + 3)) --dashboard-agent-grpc-port $((base + 4))" \
-        "--runtime-env-agent-port $((base + 5)) --min-worker-port $lo --max-worker-port $((lo + 99))"
-}
+# shellcheck source=deploy/ray-ports.sh
+. "$ROOT/deploy/ray-ports.sh"
 
 run() {  # run ROLE ARGS...: a detached container named $NAME-ROLE; its id recorded in $DIR/ROLE.id
     local role=$1; shift
@@ -91,7 +86,8 @@ sys.exit(0 if sum(n['Alive'] for n in ray.nodes()) >= $1 else 1)"
 }
 
 worker_node() {  # worker_node NAME INDEX
-    run "$1" --entrypoint ray "$IMAGE" start --block --address "127.0.0.1:$PORT" --num-cpus "$CPUS" $(ray_ports "$2")
+    run "$1" --entrypoint ray "$IMAGE" start --block --address "127.0.0.1:$PORT" --num-cpus "$CPUS" \
+        $(ray_ports "$PORT" "$2")
 }
 
 start() {
@@ -116,7 +112,7 @@ os.execv(b(), [b(), '--port', '$REDIS_PORT', '--bind', '127.0.0.1', '--save', ''
 
     # The head: Ray's GCS with no CPU for actors; once both worker nodes joined, `knnmon serve`.
     run head --entrypoint sh "$IMAGE" -c "ray start --head --port $PORT --num-cpus 0 --include-dashboard=false \
-        $(ray_ports 0) && python -c \"
+        $(ray_ports "$PORT" 0) && python -c \"
 import time, ray
 ray.init(address='127.0.0.1:$PORT', log_to_driver=False)
 while sum(n['Alive'] for n in ray.nodes()) < 3: time.sleep(1)

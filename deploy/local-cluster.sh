@@ -26,14 +26,13 @@ export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH="$DIR/auth_token" RAY_USAGE_STATS
 
 die() { echo "local-cluster: $*" >&2; exit 1; }
 
+# shellcheck source=deploy/ray-ports.sh
+. "$(dirname "$0")/ray-ports.sh"
+
 node() {  # node NAME INDEX EXTRA-ARGS... : one `ray start --block` in the background, PID recorded
-    # Every port a node binds is its own (PORT+10*(INDEX+1) ...), so three nodes share one machine.
-    local name=$1 base=$((PORT + 10 * ($2 + 1))) lo=$((PORT + 100 * ($2 + 1))); shift 2
-    nohup "$RAY" start --block --node-ip-address 127.0.0.1 --num-cpus "$CPUS" --disable-usage-stats \
-        --object-store-memory $((200 * 1024 * 1024)) --node-manager-port "$base" --object-manager-port $((base + 1)) \
-        --metrics-export-port $((base + 2)) --dashboard-agent-listen-port $((base + 3)) \
-        --dashboard-agent-grpc-port $((base + 4)) --runtime-env-agent-port $((base + 5)) \
-        --min-worker-port "$lo" --max-worker-port $((lo + 99)) "$@" >"$DIR/$name.log" 2>&1 &
+    # Every port a node binds is its own (ray_ports), so three nodes share one machine.
+    local name=$1 index=$2; shift 2
+    nohup "$RAY" start --block --num-cpus "$CPUS" $(ray_ports "$PORT" "$index") "$@" >"$DIR/$name.log" 2>&1 &
     echo $! >"$DIR/$name.pid"
 }
 
