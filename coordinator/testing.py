@@ -169,13 +169,13 @@ def object_fields(o: dict, use_text: bool = False) -> dict:
     return f
 
 
-def publish_objects(r: redis.Redis, keys: Keys, objects: Sequence[dict]) -> None:
+def publish_objects(r: redis.Redis, keys: Keys, objects: Sequence[dict]) -> list[str]:
     """XADD ``objects`` (dicts as :func:`object_fields` takes them) to the objects stream, in one
-    pipeline, in order."""
+    pipeline, in order; returns their entry ids."""
     pipe = r.pipeline(transaction=False)
     for o in objects:
         pipe.xadd(keys.ingest_objects, object_fields(o))
-    pipe.execute()
+    return pipe.execute()
 
 
 def register_fields(q: dict, k: int | None = None) -> dict:
