@@ -11,7 +11,9 @@ the text the keywords come from).
 else the first failing rule of :data:`REJECT_REASONS`, in that order, with a ``detail`` where the
 reason alone does not say enough (``future``: both times) -- and marks all but one record of each
 id as ``duplicate_id`` (the newest ``t`` is kept). Every record ends with exactly one outcome, so
-``kept + rejected == read``.
+``kept + rejected == read``. The bounds are those ``knnmon serve`` applies to a stream entry
+(:mod:`knnmon.limits`, its defaults): an object ingest keeps is never rejected by the service for
+its id, its keywords' number or their size.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from knnmon.errors import Rejected
 from knnmon.keywords import normalize_keywords
+from knnmon.limits import DEFAULT_LIMITS, MAX_FIELD_BYTES, Limits, parse_id
 
 __all__ = ["REJECT_REASONS", "validate", "keywords_udf", "candidate_columns"]
 
@@ -30,7 +34,9 @@ REJECT_REASONS: dict[str, str] = {
     "malformed_json": "not valid JSON, not a JSON object, or a field of the wrong JSON type",
     "malformed_csv": "a CSV row with the wrong number of fields or broken quoting",
     "not_a_point": "a place whose geometry is not a GeoJSON Point",
+    "field_too_large": "keywords longer than 64 KiB in all, space separated (the streams' bound on a field)",
     "missing_id": "no id (GeoJSON `id`; tweet `id_str`/`id`)",
+    "bad_id": "an id longer than 256 bytes, or holding whitespace, a control character or a lone surrogate",
     "missing_coordinates": "no longitude or latitude",
     "non_numeric_coordinates": "a coordinate that is not a finite number",
     "latitude_out_of_range": "latitude outside [-90, 90]",
@@ -39,6 +45,7 @@ REJECT_REASONS: dict[str, str] = {
     "bad_time": "no parseable time (places: version after '@' in the id; tweets: created_at)",
     "future": "a time ahead of the ingest run's clock by more than --max-future (default 1m)",
     "no_keywords": "no keyword left after normalisation",
+    "too_many_keywords": "more keywords than the service's default --max-keywords (32)",
     "duplicate_id": "an id seen before; the record with the newest time is kept",
 }
 
@@ -56,12 +63,25 @@ def keywords_udf(stem: bool):
     return keywords
 
 
+@F.pandas_udf(T.StringType())
+def _id_reason(ids: pd.Series) -> pd.Series:
+    """``bad_id`` where :func:`knnmon.limits.parse_id` rejects the id (the streams' rule), else null."""
+    def reason(oid: str | None) -> str | None:
+        try:
+            parse_id(oid)
+        except Rejected as r:
+            return r.reason if r.reason == "bad_id" else None
+        return None
+
+    return pd.Series([reason(x) for x in ids])
+
+
 def _not_finite(c: Column) -> Column:
     return c.isNull() | F.isnan(c) | (F.abs(c) == float("inf"))
 
 
 def validate(candidates: DataFrame, *, stem: bool = False, dedupe: bool = True, clock_ms: int | None = None,
-             max_future_ms: int | None = None) -> DataFrame:
+             max_future_ms: int | None = None, limits: Limits = DEFAULT_LIMITS) -> DataFrame:
     """Apply the reject rules to a candidate frame.
 
     Parameters
@@ -75,6 +95,8 @@ def validate(candidates: DataFrame, *, stem: bool = False, dedupe: bool = True, 
     clock_ms, max_future_ms
         The ingest run's clock (epoch ms) and how far a record's ``t`` may lead it (ms; either
         ``None``: no bound): a record further ahead is rejected as ``future``.
+    limits
+        The bounds on an object's keywords (``limits.max_keywords``), as the service's.
 
     Returns
     -------
@@ -92,7 +114,9 @@ def validate(candidates: DataFrame, *, stem: bool = False, dedupe: bool = True, 
     )
     reason = (
         F.when(F.col("pre_reason").isNotNull(), F.col("pre_reason"))
+        .when(F.octet_length(F.concat_ws(" ", "keywords")) > MAX_FIELD_BYTES, "field_too_large")
         .when(F.col("id").isNull() | (F.trim("id") == ""), "missing_id")
+        .when(_id_reason(F.col("id")).isNotNull(), "bad_id")
         .when(F.col("lon_s").isNull() | F.col("lat_s").isNull(), "missing_coordinates")
         .when(_not_finite(F.col("lon")) | _not_finite(F.col("lat")), "non_numeric_coordinates")
         .when((F.col("lat") < -90) | (F.col("lat") > 90), "latitude_out_of_range")
@@ -104,6 +128,7 @@ def validate(candidates: DataFrame, *, stem: bool = False, dedupe: bool = True, 
     if bounded:
         reason = reason.when(F.col("t") - F.lit(int(clock_ms)) > F.lit(int(max_future_ms)), "future")
     reason = reason.when(F.size("keywords") == 0, "no_keywords")
+    reason = reason.when(F.size("keywords") > limits.max_keywords, "too_many_keywords")
     df = df.withColumn("reason", reason)
     detail = F.lit(None).cast("string")
     if bounded:

@@ -5,8 +5,8 @@ A Ray actor runs one call at a time, so a check queues behind the batch the work
 check therefore keeps at most one call outstanding per worker (:meth:`WorkerHost.alive`) and
 reads it without waiting for it: a worker is **dead** once that call failed because its actor
 died, and alive otherwise (answered, or still busy). A dead actor stays dead for every caller
-until the pool replaces it (a revival); the new actor is asked anew. In-process workers
-(``--executor inline``) live as long as the service.
+until the pool replaces it (a revival); the new actor is asked anew. An in-process worker
+(``--executor inline``) is dead while its pool counts it lost (:class:`InlinePool`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from knnmon.coordinator.runtime.worker_pool import RayPool, WorkerPool
+from knnmon.coordinator.runtime.worker_pool import InlinePool, RayPool, WorkerPool
 
 __all__ = ["WorkerLiveness"]
 
@@ -30,7 +30,7 @@ class WorkerLiveness:
         self._lock = threading.Lock()
 
     def dead(self, wait_s: float = 0.5) -> list[int]:
-        """The workers whose actor has died (by number; ``[]`` with no Ray pool). Waits at most
+        """The workers whose actor has died (by number; ``[]`` with no pool). Waits at most
         ``wait_s`` seconds for the answers of calls sent now.
 
         Raises
@@ -39,6 +39,8 @@ class WorkerLiveness:
             Ray itself is gone (the service's Ray instance stopped).
         """
         pool = self.pool
+        if isinstance(pool, InlinePool):
+            return sorted(pool.lost)
         if not isinstance(pool, RayPool):
             return []
         import ray

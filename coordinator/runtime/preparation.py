@@ -12,15 +12,18 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from knnmon.coordinator.runtime.config import ARRIVAL_EPOCH_MS, RunConfig
 from knnmon.arrays import runs
 from knnmon.batch import KnnColumns
 from knnmon.coordinator.runtime.object_index import ObjectIndex
 from knnmon.ingest.reading import OBJECT_COLUMNS, load_queries, read_objects, stream_head, stream_order
+from knnmon.errors import InvalidArgumentError
+from knnmon.limits import Limits
 from knnmon.window import check_no_future, live_mask
 
-__all__ = ["Prepared", "check_objects_not_future", "live_initial", "prepare", "prepare_tables", "with_arrival_times"]
+__all__ = ["Prepared", "check_objects_in_bounds", "live_initial", "prepare", "prepare_tables", "with_arrival_times"]
 
 
 @dataclass
@@ -96,7 +99,7 @@ def prepare(objects_dir: str, queries: str | pa.Table, config: RunConfig) -> Pre
         objects = stream_order(read_objects(objects_dir, OBJECT_COLUMNS), c.shuffle)
     if c.arrival_ms is not None:
         objects = with_arrival_times(objects, c.arrival_ms)
-    check_objects_not_future(objects, c.limits.max_future_ms)
+    check_objects_in_bounds(objects, c.limits)
     initial = objects.slice(0, min(c.initial, objects.num_rows))
     rest = objects.slice(initial.num_rows)
     if c.window is not None:
@@ -125,21 +128,34 @@ def live_initial(initial: pa.Table, window_ms: int, lateness_ms: int = 0) -> pa.
     return initial.filter(pa.array(live_mask(initial.column("t").to_numpy(), window_ms, lateness_ms)))
 
 
-def check_objects_not_future(objects: pa.Table, max_future_ms: int | None, what: str = "the stream") -> None:
-    """Refuse a table of objects (``id``, ``t``) holding one whose ``t`` leads the wall clock
-    by more than ``max_future_ms`` (:func:`~knnmon.window.check_no_future`).
+def check_objects_in_bounds(objects: pa.Table, limits: Limits, what: str = "the stream") -> None:
+    """Refuse a table of objects (``id``, ``t``, ``keywords``) read from an ingest output that
+    holds one outside the bounds every entry point applies (:mod:`knnmon.limits`): more than
+    ``limits.max_keywords`` keywords, or a ``t`` that leads the wall clock by more than
+    ``limits.max_future_ms`` (:func:`~knnmon.window.check_no_future`). ``knnmon ingest`` keeps no
+    such object under the default bounds; tighter ones, or an older output, may hold some.
 
     Raises
     ------
     InvalidArgumentError
-        Naming the object.
+        Naming the first such object and the bound.
     """
-    if max_future_ms is None or not objects.num_rows:
+    if not objects.num_rows:
+        return
+    n_kw = pc.list_value_length(objects.column("keywords")).to_numpy(zero_copy_only=False)
+    over = np.flatnonzero(n_kw > limits.max_keywords)
+    if len(over):
+        i = int(over[0])
+        raise InvalidArgumentError(
+            f"{what}: {len(over):,} objects have more than {limits.max_keywords} keywords (too_many_keywords; "
+            f"the first, {objects.column('id')[i].as_py()!r}, has {int(n_kw[i])}): ingest them again with these "
+            "bounds, or raise --max-keywords")
+    if limits.max_future_ms is None:
         return
     t, now = objects.column("t").to_numpy(), int(time.time() * 1000)
-    if int(t.max()) - now <= max_future_ms:
+    if int(t.max()) - now <= limits.max_future_ms:
         return  # the common case: no id column read
-    check_no_future(objects.column("id").to_pylist(), t, now, max_future_ms, what)
+    check_no_future(objects.column("id").to_pylist(), t, now, limits.max_future_ms, what)
 
 
 def prepare_tables(model: Any, queries: pa.Table, initial: pa.Table, stream: pa.Table, *, processes: int = 2,

@@ -27,6 +27,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from knnmon.coordinator.runtime.metrics import BatchReport, RunSummary
+from knnmon.errors import REJECT_REASONS
 
 __all__ = ["BATCH_BUCKETS_S", "COUNTERS", "RESPONSE_BUCKETS_S", "BulkHistogram", "KnnMetrics", "Readings",
            "rss_bytes", "run_metrics"]
@@ -177,9 +178,8 @@ class KnnMetrics(Collector):
                 yield CounterMetricFamily(name, doc, value=r.counters[key])
         for stream, what in (("objects", "knnmon_objects_rejected"), ("queries", "knnmon_query_operations_rejected")):
             family = CounterMetricFamily(what, f"Entries of the {stream} stream rejected, by reason", labels=["reason"])
-            for (s, reason), n in sorted(r.rejected.items()):
-                if s == stream:
-                    family.add_metric([reason], n)
+            for reason in REJECT_REASONS:  # (each at 0 until its first reject: increase() sees that one too)
+                family.add_metric([reason], r.rejected.get((stream, reason), 0))
             yield family
         lag = GaugeMetricFamily("knnmon_stream_lag_entries", "Entries of an ingest stream waiting: not yet "
                                 "delivered to the service, or delivered and not yet acknowledged", labels=["stream"])

@@ -54,7 +54,7 @@ from knnmon.coordinator.runtime.dispatch import DispatchedBatch
 from knnmon.coordinator.runtime.object_store import ObjectStore
 from knnmon.coordinator.runtime.registration import Registrar
 from knnmon.coordinator.runtime.revival_repair import Repair, read_details, repair_worker
-from knnmon.coordinator.runtime.worker_pool import Pending, RayPool
+from knnmon.coordinator.runtime.worker_pool import Pending, WorkerPool
 from knnmon.errors import WorkerLostError
 from knnmon.keys import Keys
 from knnmon.query import QueryColumns
@@ -179,7 +179,7 @@ class Revival:
     seconds: dict[str, float] = field(default_factory=dict)
 
 
-def revive(pool: RayPool, registrar: Registrar, redis_url: str, namespace: str, worker: int,
+def revive(pool: WorkerPool, registrar: Registrar, redis_url: str, namespace: str, worker: int,
            uncollected: Sequence[DispatchedBatch], chunk: int | None = None, *, also: Sequence[str] = (),
            live: ObjectStore | None = None, version: int = 0,
            refill: Callable[[int, QueryColumns, frozenset[str]], Refills | None] | None = None) -> Revival:

@@ -12,7 +12,6 @@ from typing import Any
 from knnmon.coordinator.runtime.dispatch import DispatchedBatch
 from knnmon.coordinator.runtime.metrics import BatchReport
 from knnmon.coordinator.runtime.revival import Revival, revive
-from knnmon.coordinator.runtime.worker_pool import RayPool
 from knnmon.errors import WorkerLostError
 from knnmon.logs import WORKER
 
@@ -59,7 +58,7 @@ class Revivals:
         Raises
         ------
         WorkerLostError
-            In process (nothing to revive), with a window and later batches in flight, or after
+            A pool that cannot revive, with a window and later batches in flight, or after
             :data:`MAX_REVIVALS` revivals.
         """
         while True:
@@ -74,10 +73,10 @@ class Revivals:
                 later.extend(revived[1:])
 
     def _can_revive(self, *, between_batches: bool = False) -> bool:
-        """Whether a lost worker is revived in place: a Ray worker, fewer than
+        """Whether a lost worker is revived in place: a revivable pool's, fewer than
         :data:`MAX_REVIVALS` revivals so far, and no window unless at most one batch is in
         flight (``between_batches``; see :meth:`_collect`)."""
-        return (isinstance(self.pool, RayPool) and self.workers_revived < MAX_REVIVALS
+        return (self.pool.revivable and self.workers_revived < MAX_REVIVALS
                 and (self.config.window is None or between_batches))
 
     def revive_idle(self, worker: int, also: Sequence[str] = ()) -> Revival | None:
@@ -98,10 +97,12 @@ class Revivals:
             Another worker lost meanwhile, or :data:`MAX_REVIVALS` reached.
         """
         token = WORKER.set(worker)  # (its log records name it)
+        self.reviving = worker
         try:
             revived = self._revive_once(worker, batches, also)
         finally:
             WORKER.reset(token)
+            self.reviving = None
         self.workers_revived += 1
         self.revivals.append(revived.seconds)
         return revived

@@ -82,7 +82,9 @@ class Runtime(Revivals):
     reports : list of BatchReport
         The batches :meth:`run` measured so far.
     workers_revived : int
-        Lost Ray workers brought back so far (:mod:`~knnmon.coordinator.runtime.revival`).
+        Lost workers brought back so far (:mod:`~knnmon.coordinator.runtime.revival`).
+    reviving : int or None
+        The worker being revived now (read from another thread: ``/readyz``).
     revivals : list of dict
         Each revival's steps' seconds (:attr:`~knnmon.coordinator.runtime.revival.Revival.seconds`).
     """
@@ -107,6 +109,7 @@ class Runtime(Revivals):
         self.timings: dict[str, float] = {}
         self.reports: list[BatchReport] = []
         self.workers_revived = 0
+        self.reviving: int | None = None
         self.revivals: list[dict[str, float]] = []
 
     def start(self) -> Runtime:

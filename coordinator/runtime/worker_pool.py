@@ -50,6 +50,9 @@ class WorkerPool(ABC):
 
     #: The workers run in the caller's thread: a call returns once its work is done.
     inline: bool = False
+    #: A lost worker can be made anew (:meth:`replace`) and rebuilt in place
+    #: (:mod:`~knnmon.coordinator.runtime.revival`).
+    revivable: bool = True
 
     def __init__(self, size: int) -> None:
         self.size = size
@@ -190,24 +193,64 @@ class WorkerPool(ABC):
         return obj
 
     @abstractmethod
+    def replace(self, worker: int, **overrides: Any) -> None:
+        """Start worker ``worker`` anew, empty, with its settings but ``overrides``; the caller
+        loads its queries (a revival)."""
+
+    @abstractmethod
     def close(self) -> None:
         """Stop the workers."""
 
 
 class InlinePool(WorkerPool):
-    """Workers as plain objects in this process (``executor="inline"``)."""
+    """Workers as plain objects in this process (``executor="inline"``).
+
+    A worker is lost when one of its calls raises :class:`~knnmon.errors.WorkerLostError` or
+    :meth:`kill` is called (what tests use to lose a worker in process): its calls then fail as
+    a dead Ray actor's do, until :meth:`replace` makes it anew with ``make``.
+    """
 
     inline = True
 
-    def __init__(self, workers: Sequence[Any]) -> None:
+    def __init__(self, workers: Sequence[Any], make: Callable[..., Any] | None = None) -> None:
         super().__init__(len(workers))
         self.workers = list(workers)
+        self._make = make
+        #: The workers lost and not yet replaced.
+        self.lost: set[int] = set()
+
+    @property
+    def revivable(self) -> bool:
+        return self._make is not None
 
     def call(self, worker: int, method: str, *args: Any, **kwargs: Any) -> Pending:
-        return Pending(worker, getattr(self.workers[worker], method)(*args, **kwargs))
+        if worker in self.lost:
+            return Pending(worker, WorkerLostError(worker, "its in-process worker was lost"))
+        try:
+            return Pending(worker, getattr(self.workers[worker], method)(*args, **kwargs))
+        except WorkerLostError as ex:
+            self.lost.add(worker)
+            return Pending(worker, ex)
 
     def gather(self, pending: Sequence[Pending]) -> list[Any]:
+        out = self.gather_each(pending)
+        lost = next((x for x in out if isinstance(x, WorkerLostError)), None)  # the first, in call order
+        if lost is not None:
+            raise lost
+        return out
+
+    def gather_each(self, pending: Sequence[Pending]) -> list[Any]:
         return [p.value for p in pending]
+
+    def kill(self, worker: int) -> None:
+        """Lose worker ``worker``: its state is gone and its calls fail until :meth:`replace`."""
+        self.lost.add(worker)
+
+    def replace(self, worker: int, **overrides: Any) -> None:
+        """Make worker ``worker`` anew, empty, with its settings but ``overrides`` (as
+        :meth:`RayPool.replace`); the caller loads its queries."""
+        self.workers[worker] = self._make(worker, **overrides)
+        self.lost.discard(worker)
 
     def close(self) -> None:
         self.workers = []
@@ -434,7 +477,8 @@ def make_pool(config: RunConfig, redis_url: str | None, vocabulary: Mapping[str,
             "track_load": config.rebalance is not None, "release_groups": config.release_groups,
             "redis_wait_s": config.redis_wait_s}
     if config.executor == "inline":
-        return InlinePool([KnnWorker(w, **args) for w in range(config.workers)])
+        return InlinePool([KnnWorker(w, **args) for w in range(config.workers)],
+                          make=lambda w, **overrides: KnnWorker(w, **{**args, **overrides}))
     detach_as = None
     if detach and redis_url and (config.ray_address or os.environ.get("RAY_ADDRESS")):
         import hashlib

@@ -82,7 +82,9 @@ class Lifecycle:
         self._status_at = 0.0
         self._handle_signals = False
         self._replan = config.replan  # the next start recovers in full
-        self._revived_seen = 0  # the runtime's workers_revived when the worker list was taken
+        #: The runtime's ``workers_revived`` when the worker list was last taken and published
+        #: (``/readyz`` waits for it: a revival is over once the status shows it).
+        self.revivals_published = 0
         self._backlog = False  # the last read came back full
         self._applying = False  # entries read are being applied: state ahead of what is acknowledged
         self._server_ids: frozenset[str] | None = None  # the Redis server(s) recovered from
@@ -162,6 +164,7 @@ class Lifecycle:
         ledger.ack(self.keys.ingest_objects, r.pending, r.rejects)
         ledger.reset_busy(self.config.run.workers)
         self._take_worker_list()
+        self.revivals_published = self.runtime.workers_revived
         self.telemetry.started()
         self.serving = True
         tm = self.runtime.timings
@@ -209,14 +212,16 @@ class Lifecycle:
         """Each worker's number, node and process id, for the status (one call per worker: taken
         when the workers start or one is revived, not per status)."""
         self.workers = self.runtime.worker_processes()
-        self._revived_seen = self.runtime.workers_revived
 
     def _follow_revivals(self) -> None:
         """Take the worker list again if a worker was revived since it was taken (by a batch, a
         query operation or the idle loop's check): the worker's process, and perhaps its node,
-        changed."""
-        if self.runtime is not None and self.runtime.workers_revived != self._revived_seen:
+        changed. The status is published at once, before ``/readyz`` counts the revival over."""
+        if self.runtime is not None and self.runtime.workers_revived != self.revivals_published:
+            revived = self.runtime.workers_revived
             self._take_worker_list()
+            self._publish_status(force=True)
+            self.revivals_published = revived
 
     # -- status ------------------------------------------------------------------------------
     def _publish_status(self, *, force: bool = False) -> None:

@@ -67,20 +67,22 @@ class ProbeServer:
     def __init__(self, address: tuple[str, int], registry, readiness: Callable[[], tuple[bool, dict[str, str]]]
                  ) -> None:
         import uvicorn
-        from prometheus_client import make_asgi_app
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
         from starlette.applications import Starlette
-        from starlette.responses import JSONResponse, PlainTextResponse
-        from starlette.routing import Mount, Route
+        from starlette.responses import JSONResponse, PlainTextResponse, Response
+        from starlette.routing import Route
 
         def healthz(_request) -> PlainTextResponse:
             return PlainTextResponse("ok\n")
+
+        def metrics(_request) -> Response:  # (a Route, not a Mount: /metrics answers, no redirect to /metrics/)
+            return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
         def readyz(_request) -> JSONResponse:  # (a plain function: Starlette runs it in a thread pool)
             ok, checks = readiness()
             return JSONResponse({"ready": ok, "checks": checks}, status_code=200 if ok else 503)
 
-        app = Starlette(routes=[Route("/healthz", healthz), Route("/readyz", readyz),
-                                Mount("/metrics", make_asgi_app(registry))])
+        app = Starlette(routes=[Route("/healthz", healthz), Route("/readyz", readyz), Route("/metrics", metrics)])
         host, port = address
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._sock = socket.socket(family, socket.SOCK_STREAM)

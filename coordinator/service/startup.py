@@ -13,7 +13,7 @@ import pyarrow as pa
 import redis
 
 from knnmon.connection import connect, redact
-from knnmon.coordinator.runtime.preparation import check_objects_not_future
+from knnmon.coordinator.runtime.preparation import check_objects_in_bounds
 from knnmon.coordinator.service import status as service_status
 from knnmon.coordinator.service.config import ServeConfig
 from knnmon.coordinator.service.object_log import OBJECT_SCHEMA
@@ -62,7 +62,7 @@ def load_preload(config: ServeConfig):
     Raises
     ------
     KnnmonError
-        A preloaded object lies too far in the future (:func:`check_objects_not_future`).
+        A preloaded object is outside the entry bounds (:func:`check_objects_in_bounds`).
     """
     from knnmon.assignment import LoadModel
     from knnmon.ingest.reading import OBJECT_COLUMNS, read_objects, stream_order
@@ -73,7 +73,7 @@ def load_preload(config: ServeConfig):
     table = stream_order(read_objects(config.objects_dir, OBJECT_COLUMNS), None).cast(OBJECT_SCHEMA)
     n = table.num_rows if config.initial is None else min(config.initial, table.num_rows)
     preload: pa.Table = table.slice(0, n)
-    check_objects_not_future(preload, config.run.limits.max_future_ms, "the preloaded objects (--objects)")
+    check_objects_in_bounds(preload, config.run.limits, "the preloaded objects (--objects)")
     return model, preload
 
 

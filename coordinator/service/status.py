@@ -54,7 +54,7 @@ def snapshot(svc: Lifecycle) -> dict[str, Any]:
         "queries_per_worker": rt.queries_per_worker if rt else [],
         "predicted_load_per_worker": rt.predicted_load_per_worker if rt else [],
         "busy_ms_per_worker": ledger.busy_ms.round(1).tolist(),
-        "workers_revived": rt.workers_revived if rt else 0,
+        "workers_revived": svc.telemetry.totals()["workers_revived"],
         "worker_nodes": [w.get("node") for w in svc.workers], "worker_processes": svc.workers,
         "redis": redact(svc.redis_url), "data_dir": svc.config.run.store.data_dir,
         "metrics": svc.probes.address if svc.probes is not None else None,

@@ -6,7 +6,8 @@
   the service loop every :data:`WORKER_STATS_S` seconds (workers in other Ray processes report
   through the service). The stream lag is read from Redis at each scrape.
 - **Readiness** (:meth:`ServiceTelemetry.readiness`): Redis answers, every worker is alive
-  (:class:`~knnmon.coordinator.runtime.liveness.WorkerLiveness`), the state is recovered, and
+  (:class:`~knnmon.coordinator.runtime.liveness.WorkerLiveness`) and none is being revived (a
+  revival is over once the service's status shows it), the state is recovered, and
   the entries waiting in the ingest streams are at most ``max_lag``.
 
 Scrapes and probes run in the HTTP server's thread: they read the service's state and never
@@ -89,15 +90,18 @@ class ServiceTelemetry:
             return
         self._rss = rss_bytes(stats)
 
+    def totals(self) -> dict[str, int]:
+        """What the runtimes counted of :data:`RUNTIME_TOTALS` since the service started (the
+        current one's and those it replaced)."""
+        return {key: self.past[key] + n for key, n in _runtime_counts(self.svc.runtime).items()}
+
     # -- the HTTP server's side --------------------------------------------------------------
     def readings(self) -> Readings:
         """One scrape's values (:class:`~knnmon.coordinator.runtime.prometheus.Readings`)."""
         svc, ledger = self.svc, self.svc.ledger
-        counters: dict[str, int] = dict(svc.counters)
+        counters: dict[str, int] = {**svc.counters, **self.totals()}
         rt = svc.runtime
         now = time.monotonic()
-        for key, n in _runtime_counts(rt).items():
-            counters[key] = self.past[key] + n
         wall_ms = max(now - ledger.busy_since, 1e-3) * 1e3
         status = _runtime_status(rt)
         return Readings(
@@ -144,6 +148,11 @@ class ServiceTelemetry:
         return "ok" if self.svc.serving else "recovering the state from Redis"
 
     def _check_workers(self) -> str:
+        rt = self.svc.runtime
+        if rt is not None and rt.reviving is not None:
+            return f"worker {rt.reviving} being revived"
+        if rt is not None and rt.workers_revived != self.svc.revivals_published:
+            return "a revived worker's status not yet published"
         try:
             dead = self.liveness.dead()
         except Exception as ex:  # noqa: BLE001 - Ray itself unreachable

@@ -15,7 +15,9 @@ import pytest
 from knnmon.grid import Grid
 from knnmon.ingest.jobs import ingest_places
 from knnmon.keywords import normalize_keywords
+from knnmon.errors import Rejected
 from knnmon.ingest.records import REJECT_REASONS
+from knnmon.limits import DEFAULT_LIMITS, parse_id
 
 GOOD = {"type": "Feature", "id": "SG_good_1@1300000000",
         "geometry": {"type": "Point", "coordinates": [-71.4, 41.8]},
@@ -54,6 +56,11 @@ INJECTED = [
     (_with(id="SG_badversion@soon"), "bad_time"),
     (_with(id="SG_nokw@1", properties__classifiers=[], properties__tags=["the", "&", "42"]), "no_keywords"),
     (_with(id="SG_good_1@1200000000", geometry__coordinates=[-70.0, 40.0]), "duplicate_id"),  # older version
+    # The bounds knnmon serve applies to a stream entry hold here too (one set at every entry point).
+    (_with(id="SG bad\tid@1"), "bad_id"),
+    (_with(id="SG_" + "x" * 300 + "@1"), "bad_id"),
+    (_with(id="SG_manykw@1", properties__tags=[f"kw{chr(97 + i // 26)}{chr(97 + i % 26)}" for i in range(34)]),
+     "too_many_keywords"),
 ]
 
 
@@ -74,6 +81,10 @@ def reference(line: str):
     oid = sid.split("@")[0] if sid is not None else None
     if not oid or not oid.strip():
         return "missing_id", None
+    try:
+        parse_id(oid)
+    except Rejected as r:
+        return r.reason, None
     coords = geom.get("coordinates") or []
     if len(coords) < 2 or coords[0] is None or coords[1] is None:
         return "missing_coordinates", None
@@ -96,6 +107,8 @@ def reference(line: str):
     kw = normalize_keywords(texts + list(props.get("tags") or []))
     if not kw:
         return "no_keywords", None
+    if len(kw) > DEFAULT_LIMITS.max_keywords:
+        return "too_many_keywords", None
     return None, {"id": oid, "lon": lon, "lat": lat, "t": int(version) * 1000, "keywords": kw}
 
 

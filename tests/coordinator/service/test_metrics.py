@@ -4,6 +4,7 @@ endpoint's address parsing and the histogram fed in bulk, against the library's 
 
 from __future__ import annotations
 
+import http.client
 import json
 import shutil
 import subprocess
@@ -22,7 +23,7 @@ from knnmon.coordinator.service.config import ServeConfig
 from knnmon.coordinator.service.probes import parse_address
 from knnmon.coordinator.testing import (free_port_base, knnmon_cli, publish_objects, register_fields, serve_process,
                                         wait_processed)
-from knnmon.errors import InvalidArgumentError
+from knnmon.errors import REJECT_REASONS, InvalidArgumentError
 from knnmon.ingest.reading import read_objects, stream_order
 from knnmon.keys import Keys
 
@@ -95,8 +96,13 @@ def test_prometheus_scrapes_what_was_published(redis_url, namespace, places_slic
             time.sleep(0.5)
         assert applied == {"{}": len(places)}, (tmp_path / "prometheus.log").read_text()[-2000:]
         assert _prometheus_value(api, "knnmon_queries_registered_total") == {"{}": 3}
-        assert _prometheus_value(api, "knnmon_objects_rejected_total") == {'{"reason": "non_numeric_coordinates"}': 1}
-        assert _prometheus_value(api, "knnmon_query_operations_rejected_total") == {'{"reason": "bad_k"}': 1}
+        # Every reason of both streams has a sample from the start (at 0 until its first reject).
+        objects_rejected = _prometheus_value(api, "knnmon_objects_rejected_total")
+        queries_rejected = _prometheus_value(api, "knnmon_query_operations_rejected_total")
+        assert len(objects_rejected) == len(queries_rejected) == len(REJECT_REASONS)
+        assert {k: v for k, v in objects_rejected.items() if v} == {'{"reason": "non_numeric_coordinates"}': 1}
+        assert {k: v for k, v in queries_rejected.items() if v} == {'{"reason": "bad_k"}': 1}
+        assert queries_rejected['{"reason": "late"}'] == 0
         assert _prometheus_value(api, "knnmon_response_time_seconds_count") == {"{}": len(places)}
         inf = _prometheus_value(api, 'knnmon_response_time_seconds_bucket{le="+Inf"}')
         assert inf == {'{"le": "+Inf"}': len(places)}
@@ -107,6 +113,11 @@ def test_prometheus_scrapes_what_was_published(redis_url, namespace, places_slic
         status, ready = _get(f"http://{address}/readyz")
         assert status == 200 and json.loads(ready)["ready"] is True
         assert _get(f"http://{address}/healthz") == (200, "ok\n")
+        conn = http.client.HTTPConnection(*parse_address(address), timeout=10)  # (urllib would follow a redirect)
+        conn.request("GET", "/metrics")
+        resp = conn.getresponse()
+        assert resp.status == 200 and b"knnmon_objects_applied_total" in resp.read()
+        conn.close()
     finally:
         if prom is not None:
             prom.terminate()
