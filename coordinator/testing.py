@@ -140,7 +140,7 @@ def wait_processed(r: redis.Redis, keys: Keys, proc: subprocess.Popen | None = N
     AssertionError
         ``proc`` (the service's process, if given) exited, or ``timeout_s`` passed.
     """
-    from knnmon.protocol import group_info
+    from knnmon.protocol import entry_order, group_info
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -152,8 +152,8 @@ def wait_processed(r: redis.Redis, keys: Keys, proc: subprocess.Popen | None = N
             if not tail:
                 continue
             last = tail[0][0]
-            g = group_info(r, key)
-            if g is None or g["last-delivered-id"] != last or g["pending"]:
+            g = group_info(r, key)  # (past the stream's last entry: the entries after it were rejected, and left)
+            if g is None or entry_order(g["last-delivered-id"]) < entry_order(last) or g["pending"]:
                 done = False
         if done:
             return

@@ -71,9 +71,12 @@ def acknowledge(client: redis.Redis, url: str, keys: Keys, stream: str, ids: Seq
 
 
 def reject_record(fields: dict, reason: str, detail: str, stream: str, entry: str) -> dict[bytes, bytes]:
-    """The ``ingest:rejects`` record of a rejected entry: its fields as they were sent (a reply
-    decoded with ``surrogateescape`` turned back into its bytes: hiredis encodes strictly, so a
-    lone surrogate would fail the write) plus ``_reason``, ``_detail``, ``_stream``, ``_entry``.
+    """The ``ingest:rejects`` record of a rejected entry: its fields as they were sent, plus
+    ``_reason``, ``_detail``, ``_stream``, ``_entry``.
+
+    Always valid UTF-8, so that any client reads it (redis-py with ``decode_responses=True``
+    among them): a name or value that was not UTF-8 has each byte that does not decode written as
+    ``\\xNN``, and ``_escaped`` lists each such field as ``name:bytes sent``.
 
     Bounded whatever the entry: the first :data:`REJECT_FIELDS` fields (not ``_``-prefixed
     names the record uses itself), each name and value cut to :data:`REJECT_FIELD_BYTES` bytes at
@@ -81,38 +84,57 @@ def reject_record(fields: dict, reason: str, detail: str, stream: str, entry: st
     ``_fields_left_out`` counts the fields not kept.
     """
     out: dict[bytes, bytes] = {}
-    cut, left = [], 0
+    cut, escaped, left = [], [], 0
     for k, v in fields.items():
-        key, value = _sent(k), _sent(v)
+        (key, _, key_escaped), (value, value_sent, value_escaped) = _text(k), _text(v)
         if key in _OWN:
             key = b"_" + key  # (never overwrite the record's own fields)
         if len(out) >= REJECT_FIELDS or key in out:
             left += 1
             continue
         if len(key) > REJECT_FIELD_BYTES or len(value) > REJECT_FIELD_BYTES:
-            cut.append(_head(key, 64) + b":" + str(len(value)).encode())
+            cut.append(_head(key, 64) + b":" + str(value_sent).encode())
             key, value = _head(key, REJECT_FIELD_BYTES), _head(value, REJECT_FIELD_BYTES)
             if key in out:
                 left += 1
                 continue
+        if key_escaped or value_escaped:
+            escaped.append(_head(key, 64) + b":" + str(value_sent).encode())
         out[key] = value
-    out.update({b"_reason": _sent(reason), b"_detail": _head(_sent(detail), REJECT_FIELD_BYTES),
-                b"_stream": _sent(stream), b"_entry": _sent(entry)})
+    out.update({b"_reason": _text(reason)[0], b"_detail": _head(_text(detail)[0], REJECT_FIELD_BYTES),
+                b"_stream": _text(stream)[0], b"_entry": _text(entry)[0]})
     if cut:
         out[b"_truncated"] = b",".join(cut)
+    if escaped:
+        out[b"_escaped"] = b",".join(escaped)
     if left:
         out[b"_fields_left_out"] = str(left).encode()
     return out
 
 
-_OWN = (b"_reason", b"_detail", b"_stream", b"_entry", b"_truncated", b"_fields_left_out")
+_OWN = (b"_reason", b"_detail", b"_stream", b"_entry", b"_truncated", b"_escaped", b"_fields_left_out")
 
 
 def _sent(x) -> bytes:
-    """A field name or value as the bytes it was sent as."""
+    """A field name or value as the bytes it was sent as (a reply decoded with
+    ``surrogateescape`` turned back into its bytes; a lone surrogate as its UTF-8 form)."""
     if isinstance(x, bytes):
         return x
-    return str(x).encode("utf-8", "surrogateescape")
+    try:
+        return str(x).encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a lone surrogate not from surrogateescape (JSON's "\ud800")
+        return str(x).encode("utf-8", "surrogatepass")
+
+
+def _text(x) -> tuple[bytes, int, bool]:
+    """A field name or value as valid UTF-8 (bytes that do not decode as ``\\xNN``), the
+    number of bytes it was sent as, and whether any byte was escaped."""
+    raw = _sent(x)
+    try:
+        raw.decode("utf-8")
+        return raw, len(raw), False
+    except UnicodeDecodeError:
+        return raw.decode("utf-8", "backslashreplace").encode("utf-8"), len(raw), True
 
 
 def _head(b: bytes, n: int) -> bytes:

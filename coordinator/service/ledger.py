@@ -39,8 +39,8 @@ class Ledger:
     Attributes
     ----------
     counters : dict of str to int
-        The service's counters; ``rejects``, ``future``, ``objects_entries_read`` (less the
-        ``future`` entries deleted), ``objects``, ``batches``, ``checkpoints`` and
+        The service's counters; ``rejects``, ``future``, ``objects_entries_read`` and
+        ``queries_entries_read`` (less the rejected entries deleted), ``objects``, ``batches``, ``checkpoints`` and
         ``entries_trimmed`` are kept here.
     rejected : dict of (str, str) to int
         Entries rejected since start, by stream (``objects``, ``queries``) and reason
@@ -81,16 +81,18 @@ class Ledger:
 
     def ack(self, key: str, ids: list[str], rejects: list[Reject], record: dict[str, Any] | None = None) -> None:
         """Acknowledge entries ``ids`` of stream ``key`` with their ``rejects`` (and log ``record``).
-        A ``future`` entry leaves the objects stream with its acknowledgement: recovery re-reads
-        the stream, and Redis's clock will have caught up with an entry id from the future."""
-        gone = [eid for eid, _, r in rejects if r.reason == "future"] if key == self.keys.ingest_objects else []
+        One rule for every reject: the entry leaves its ingest stream with its acknowledgement,
+        its fields (bounded) kept in ``ingest:rejects``. A stream then holds only what was applied:
+        recovery never reads a reject again (Redis's clock will have caught up with an entry id
+        from the future), and a hostile entry (1 MB of text) is not kept for good."""
+        gone = [eid for eid, _, _ in rejects]
         acknowledge(self.client, self.url, self.keys, key, ids, rejects, record, delete=gone)
         self.counters["rejects"] += len(rejects)
-        self.counters["objects_entries_read"] -= len(gone)  # the stream's length no longer counts them
         stream = "objects" if key == self.keys.ingest_objects else "queries"
+        self.counters[f"{stream}_entries_read"] -= len(gone)  # the stream's length no longer counts them
         for _, _, r in rejects:
             self.rejected[stream, r.reason] = self.rejected.get((stream, r.reason), 0) + 1
-        self.counters["future"] += len(gone)
+        self.counters["future"] += sum(r.reason == "future" for _, _, r in rejects)
 
     def finish(self, ids: list[str], rejects: list[Reject], report: BatchReport | None, parse_ms: float,
                update_ms: float, top_t: int | None, refill_parts_ms: dict[str, float], window: Window | None,

@@ -72,6 +72,7 @@ class Lifecycle:
         self.runtime: Runtime | None = None
         self.reader: StreamReader | None = None
         self.stopping = False
+        self._stop_asked = False  # stop() was called (a signal): the next run() returns at once
         self.counters = dict.fromkeys(COUNTERS, 0)
         self.ledger = Ledger(self.keys, self.counters, config.run.workers)
         self.query_ops = QueryOps({}, config.run.limits, self.counters)

@@ -14,9 +14,9 @@ them as consumer ``serve`` of the consumer group ``knnmon``
   acknowledged, its results released, before the next one runs;
 - rejects malformed entries, an object whose id was seen before (``duplicate_id``: the first
   one counts), an object from the future (``future``: its ``t`` leads its entry id's time, or
-  that time leads Redis's clock, by more than ``--max-future``; it also leaves the objects
-  stream, so that recovery never reads it again) and, with a window, a late object, into
-  ``knn:ingest:rejects``;
+  that time leads Redis's clock, by more than ``--max-future``) and, with a window, a late
+  object, into ``knn:ingest:rejects``; a rejected entry leaves its ingest stream (recovery
+  never reads it again);
 - acknowledges entries only after their effect is in Redis, and logs each batch to
   ``knn:serve:batches`` (:mod:`~knnmon.coordinator.service.ledger`).
 
@@ -72,6 +72,7 @@ class Service(Lifecycle):
         self._handle_signals = handle_signals
         if handle_signals:
             self._install_signals()
+        self.stopping = self._stop_asked  # (a run that ended idle may be followed by another)
         self._apply_pending_query_ops()
         idle_since = time.monotonic()
         failures = 0
@@ -113,7 +114,7 @@ class Service(Lifecycle):
         """Ask the loop to finish the batch in flight and return."""
         if not self.stopping:
             log.info("stopping: finishing the batch in flight")
-        self.stopping = True
+        self.stopping = self._stop_asked = True
 
     def _install_signals(self) -> None:
         if threading.current_thread() is threading.main_thread():

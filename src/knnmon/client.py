@@ -6,7 +6,8 @@ could not do (the README shows the same with ``redis-cli``). It speaks the strea
 >>> c = KnnClient("redis://127.0.0.1:6379/0")                       # doctest: +SKIP
 >>> c.register("q1", -71.41, 41.82, ["coffee", "tea"], k=5)          # doctest: +SKIP
 >>> c.publish([{"id": "o1", "lon": -71.4, "lat": 41.8, "keywords": "coffee"}])  # doctest: +SKIP
->>> c.wait(c.last_entry)                                             # doctest: +SKIP
+>>> c.wait()                                                         # doctest: +SKIP
+[]
 >>> c.results("q1")                                                  # doctest: +SKIP
 [('o1', 2253.1...)]
 """
@@ -27,7 +28,7 @@ from knnmon.limits import DEFAULT_LIMITS, Limits, check_keywords, parse_k, parse
 from knnmon.query import invalid_query
 from knnmon.results import ResultReader
 
-__all__ = ["KnnClient", "ResultChange"]
+__all__ = ["KnnClient", "RejectedEntry", "ResultChange"]
 
 log = logging.getLogger("knnmon.client")
 
@@ -43,6 +44,17 @@ class ResultChange(NamedTuple):
     entered: list[str]
     left: list[str]
     version: int
+
+
+class RejectedEntry(NamedTuple):
+    """An entry the service rejected (:meth:`KnnClient.wait`): its ``entry_id`` in ``stream``
+    (``knn:ingest:objects`` or ``knn:ingest:queries``), ``reason`` (a key of
+    :data:`~knnmon.errors.REJECT_REASONS`) and ``detail``."""
+
+    entry_id: str
+    stream: str
+    reason: str
+    detail: str
 
 
 class KnnClient:
@@ -69,6 +81,12 @@ class KnnClient:
         self.limits = limits
         self.client = connect(url)
         self.last_entry: str | None = None
+        self._added: dict[str, str] = {}  # the entries added since the last wait: id -> stream
+
+    def _add(self, stream: str, ids: Sequence[str]) -> None:
+        self._added.update(dict.fromkeys(ids, stream))
+        if ids:
+            self.last_entry = ids[-1]
 
     def register(self, qid: str, lon: float, lat: float, keywords: Sequence[str] | str, k: int) -> str:
         """Register (or update) query ``qid``: the ``k`` nearest objects to ``(lon, lat)``
@@ -88,13 +106,13 @@ class KnnClient:
             if not isinstance(keywords, str):
                 check_keywords(list(keywords), self.limits)
         words = keywords if isinstance(keywords, str) else " ".join(keywords)
-        self.last_entry = self.client.xadd(self.keys.ingest_queries, {"op": "register", "id": qid, "lon": repr(lon),
-                                                                      "lat": repr(lat), "keywords": words, "k": k})
+        self._add(self.keys.ingest_queries, [self.client.xadd(self.keys.ingest_queries, {
+            "op": "register", "id": qid, "lon": repr(lon), "lat": repr(lat), "keywords": words, "k": k})])
         return self.last_entry
 
     def unregister(self, qid: str) -> str:
         """Unregister query ``qid`` (its keys are deleted); returns the stream entry id."""
-        self.last_entry = self.client.xadd(self.keys.ingest_queries, {"op": "unregister", "id": qid})
+        self._add(self.keys.ingest_queries, [self.client.xadd(self.keys.ingest_queries, {"op": "unregister", "id": qid})])
         return self.last_entry
 
     def publish(self, objects: Iterable[Mapping[str, Any]], *, chunk: int = 1000) -> list[str]:
@@ -119,8 +137,7 @@ class KnnClient:
                 flush()
         if batch:
             flush()
-        if ids:
-            self.last_entry = ids[-1]
+        self._add(self.keys.ingest_objects, ids)
         return ids
 
     def results(self, qid: str) -> list[tuple[str, float]]:
@@ -157,37 +174,64 @@ class KnnClient:
             start = "(" + rows[-1][0]
         return out
 
-    def rejects(self, count: int = 1000) -> list[tuple[str, dict[str, str]]]:
-        """Rejected entries with their original fields and ``_reason``, ``_detail``, ``_stream``, ``_entry``."""
+    def rejects(self, count: int = 1000, *, newest_first: bool = False) -> list[tuple[str, dict[str, str]]]:
+        """Up to ``count`` rejected entries with their original fields and ``_reason``,
+        ``_detail``, ``_stream``, ``_entry`` (``knn:ingest:rejects``, oldest first, or the newest
+        first with ``newest_first``)."""
+        if newest_first:
+            return self.client.xrevrange(self.keys.ingest_rejects, count=count)
         return self.client.xrange(self.keys.ingest_rejects, count=count)
 
     def processed(self, entry_id: str) -> bool:
-        """Whether the service has applied and acknowledged entry ``entry_id`` (of either stream)."""
+        """Whether the service has applied and acknowledged entry ``entry_id`` (of either
+        stream), or rejected it (a rejected entry leaves its stream).
+
+        Raises
+        ------
+        KnnmonError
+            No such entry in the ingest streams, and the service has not read past it.
+        """
+        passed = False
         for key in (self.keys.ingest_objects, self.keys.ingest_queries):
-            if not self.client.xrange(key, min=entry_id, max=entry_id):
-                continue
             g = group_info(self.client, key)
-            if g is None or entry_order(g["last-delivered-id"]) < entry_order(entry_id):
-                return False
-            return not self.client.xpending_range(key, GROUP, min=entry_id, max=entry_id, count=1)
+            read_past = g is not None and entry_order(g["last-delivered-id"]) >= entry_order(entry_id)
+            if self.client.xrange(key, min=entry_id, max=entry_id):
+                return read_past and not self.client.xpending_range(key, GROUP, min=entry_id, max=entry_id, count=1)
+            passed = passed or read_past
+        if passed:  # read and gone: rejected (or, with a window, trimmed once applied)
+            return True
         raise KnnmonError(f"no entry {entry_id} in the ingest streams")
 
-    def wait(self, entry_id: str | None = None, timeout_s: float = 60.0) -> None:
-        """Block until :meth:`processed` (default: this client's last entry).
+    def wait(self, entry_id: str | None = None, timeout_s: float = 60.0) -> list[RejectedEntry]:
+        """Block until the service has processed entry ``entry_id`` (:meth:`processed`), or by
+        default every entry this client added since its last wait; returns those of them it
+        rejected, with why (empty: all applied).
 
         Raises
         ------
         TimeoutError
             The service did not get there within ``timeout_s``.
         """
-        entry_id = entry_id or self.last_entry
-        if entry_id is None:
-            return
+        waited = {entry_id: None} if entry_id is not None else dict(self._added)
+        if not waited:
+            return []
+        last = {stream: eid for eid, stream in waited.items()}  # (the newest of each stream: read in order)
         deadline = time.monotonic() + timeout_s
-        while not self.processed(entry_id):
+        while not all(self.processed(eid) for eid in last.values()):
             if time.monotonic() > deadline:
-                raise TimeoutError(f"entry {entry_id} not processed within {timeout_s} s (is `knnmon serve` running?)")
+                raise TimeoutError(f"entries up to {max(waited, key=entry_order)} not processed within {timeout_s} s "
+                                   "(is `knnmon serve` running?)")
             time.sleep(0.02)
+        if entry_id is None:
+            self._added = {}
+        # A reject is written when its entry is read, so after it: read the rejects from the
+        # oldest waited entry's time on.
+        out, start = [], min(waited, key=entry_order)
+        while rows := self.client.xrange(self.keys.ingest_rejects, min=start, max="+", count=1000):
+            out += [RejectedEntry(f["_entry"], f.get("_stream", ""), f.get("_reason", ""), f.get("_detail", ""))
+                    for _, f in rows if f.get("_entry") in waited]
+            start = "(" + rows[-1][0]
+        return out
 
     def close(self) -> None:
         """Close the connection."""

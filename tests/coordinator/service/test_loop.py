@@ -42,8 +42,7 @@ def places(places_slice):
 
 def test_streams_from_a_plain_redis_client_are_exact_and_rejects_are_kept(redis_url, namespace, places,
                                                                           slice_queries, tmp_path):
-    # (surrogateescape: the rejects stream keeps the bytes of entries that are not UTF-8)
-    r = redis.Redis.from_url(redis_url, decode_responses=True, encoding_errors="surrogateescape")
+    r = redis.Redis.from_url(redis_url, decode_responses=True)  # (a plain client reads the rejects too)
     keys = Keys(namespace)
     queries = pq.read_table(slice_queries).slice(0, 300).to_pylist()
     # Before the service starts: 150 queries and 4,000 objects are waiting in the streams.
@@ -111,8 +110,12 @@ def test_streams_from_a_plain_redis_client_are_exact_and_rejects_are_kept(redis_
     rejects = r.xrange(keys.ingest_rejects)
     want = Counter(reason for _, reason in bad_objects + bad_ops)
     assert Counter(f["_reason"] for _, f in rejects) == want
-    bad = [f for _, f in rejects if f["_reason"] == "not_utf8"]
-    assert sorted(f["id"].encode(errors="surrogateescape") for f in bad) == [b"b10\xff", b"b11", b"z8\xc3"]
+    bad = [f for _, f in rejects if f["_reason"] == "not_utf8"]  # escaped, each such field named with its size
+    assert sorted((f["id"], f.get("keywords"), f["_escaped"]) for f in bad) == [
+        ("b10\\xff", "x", "id:4"), ("b11", "caf\\xe9", "keywords:4"), ("z8\\xc3", "x", "id:3")]
+    # Every rejected entry left its stream (one rule: a 70 kB field as a duplicate): what stays was applied.
+    assert r.xlen(keys.ingest_objects) == len(places)
+    assert r.xlen(keys.ingest_queries) == 300 + 3  # the registrations, the update, two unregisters
     dup = next(f for _, f in rejects if f["_reason"] == "duplicate_id")
     assert dup["lon"] == "1.5" and dup["_stream"] == keys.ingest_objects  # the original fields are kept
     big = next(f for _, f in rejects if f["_reason"] == "field_too_large")  # ... but not 64 KiB of them
@@ -136,7 +139,7 @@ def test_serve_killed_mid_stream_loses_nothing_and_duplicates_nothing(redis_url,
     for q in queries:
         r.xadd(keys.ingest_queries, register_fields(q))
     publish_objects(r, keys, places)
-    r.xadd(keys.ingest_objects, {"id": "bad", "lon": "x", "lat": "0", "keywords": "a"})
+    bad = r.xadd(keys.ingest_objects, {"id": "bad", "lon": "x", "lat": "0", "keywords": "a"})
     proc = start_serve(redis_url, namespace, tmp_path, "--batch", "100")
     kills = 0
     try:
@@ -157,7 +160,8 @@ def test_serve_killed_mid_stream_loses_nothing_and_duplicates_nothing(redis_url,
     oracle = BruteForceKnn(pa.Table.from_pylist(places))
     assert_exact(redis_url, namespace, pa.Table.from_pylist(queries), oracle)
     assert_feed_and_objects(r, keys, [q["id"] for q in queries])  # nothing duplicated or lost
-    assert [f["_entry"] for _, f in r.xrange(keys.ingest_rejects)] == [r.xrevrange(keys.ingest_objects, count=1)[0][0]]
+    assert [f["_entry"] for _, f in r.xrange(keys.ingest_rejects)] == [bad]  # once, and it left the stream
+    assert r.xlen(keys.ingest_objects) == len(places)
 
 
 def test_serve_rides_out_redis_going_away(places, slice_queries, tmp_path):
@@ -230,7 +234,15 @@ def test_python_client_round_trip_on_an_embedded_redis_that_survives_a_killed_se
         client.register("c1", q["lon"], q["lat"], q["keywords"][:1], k=4)
         client.publish({"id": o["id"], "lon": o["lon"], "lat": o["lat"], "t": o["t"], "keywords": o["keywords"]}
                        for o in places[:3000])
-        client.wait(timeout_s=120)
+        assert client.wait(timeout_s=120) == []
+        bad = client.publish([{"id": "c-bad", "lon": 10, "lat": 5, "keywords": "x", "t": 2**62},  # far future
+                              {"id": "c-ok", "lon": 10, "lat": 5, "keywords": "x"}])
+        bad += [client.register("c-k0", 10, 5, ["x"], k=1)]
+        client.client.xadd(client.keys.ingest_queries, {"op": "fly", "id": "c-k0"})  # (not this client's: unseen)
+        rejected = client.wait(timeout_s=120)  # says which of its entries were rejected, and why
+        assert [(e.entry_id, e.stream, e.reason) for e in rejected] == [(bad[0], client.keys.ingest_objects, "future")]
+        assert client.processed(bad[0]) and client.rejects(1, newest_first=True)[0][1]["_reason"] == "unknown_op"
+        client.unregister("c-k0")
         proc.kill()  # the service dies; its Redis keeps running
         proc.wait()
         proc = serve()

@@ -95,25 +95,30 @@ _VALUE = st.one_of(st.text(max_size=3000), st.binary(max_size=3000))
 def test_a_reject_record_keeps_what_fits_and_is_bounded_whatever_was_sent(fields):
     rec = reject_record(fields, "field_too_large", "why " * 1000, "s:objects", "1-1")
     assert rec[b"_reason"] == b"field_too_large" and rec[b"_stream"] == b"s:objects" and rec[b"_entry"] == b"1-1"
-    own = {b"_reason", b"_detail", b"_stream", b"_entry", b"_truncated", b"_fields_left_out"}
+    for k, v in rec.items():  # any client can read it: every name and value is UTF-8
+        k.decode(), v.decode()
+    own = {b"_reason", b"_detail", b"_stream", b"_entry", b"_truncated", b"_escaped", b"_fields_left_out"}
     kept = {k: v for k, v in rec.items() if k not in own}
     assert len(kept) <= REJECT_FIELDS
     assert all(len(k) <= REJECT_FIELD_BYTES and len(v) <= REJECT_FIELD_BYTES for k, v in rec.items()
-               if k != b"_truncated")
-    sent = {(k if isinstance(k, bytes) else k.encode("utf-8", "surrogateescape")):
-            (v if isinstance(v, bytes) else v.encode("utf-8", "surrogateescape")) for k, v in fields.items()}
-    cut = rec.get(b"_truncated", b"")
-    for k, v in sent.items():
+               if k not in (b"_truncated", b"_escaped"))
+
+    def as_text(x) -> tuple[bytes, int]:  # (what was sent as UTF-8, bad bytes as \xNN; its size as sent)
+        b = x if isinstance(x, bytes) else x.encode("utf-8", "surrogateescape")
+        return b.decode("utf-8", "backslashreplace").encode(), len(b)
+
+    sent = {as_text(k)[0]: as_text(v) for k, v in fields.items()}
+    cut, escaped = rec.get(b"_truncated", b""), rec.get(b"_escaped", b"")
+    for k, (v, size) in sent.items():
         name = b"_" + k if k in own else k
         if name in kept and len(v) <= REJECT_FIELD_BYTES and len(k) <= REJECT_FIELD_BYTES:
             assert kept[name] == v  # what fits is kept as sent
         elif name in kept:  # cut at a character boundary, named with its size
             assert v.startswith(kept[name]) and len(v) - len(kept[name]) < 4 + len(v) - REJECT_FIELD_BYTES
-            assert str(len(v)).encode() in cut
+            assert str(size).encode() in cut
+        if name in kept and len(v) != size:  # escaped, named with its size as sent
+            assert str(size).encode() in escaped
     assert len(kept) + int(rec.get(b"_fields_left_out", b"0")) == len(sent)
-    if all(isinstance(v, str) for v in fields.values()):
-        for v in kept.values():
-            v.decode()  # text stays UTF-8 when it is cut
 
 
 def test_an_entry_time_past_64_bits_is_a_bad_time_even_without_a_future_bound():
