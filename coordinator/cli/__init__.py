@@ -9,6 +9,7 @@ Ray, the runtime) when it runs, so ``knnmon --help`` stays fast.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -44,9 +45,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _terminated(signum: int, _frame) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``knnmon``; returns the exit status (0 ok, 2 bad input or usage)."""
+    """Run ``knnmon``; returns the exit status (0 ok, 2 bad input or usage). SIGTERM (what
+    systemd and Kubernetes send) unwinds a command as Ctrl-C does, so that what it started (an
+    embedded Redis) stops: the exit status is then 143 (``knnmon serve`` handles it itself: it
+    finishes its batch and exits 0)."""
     args = build_parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _terminated)
     try:
         return int(args.func(args) or 0)
     except KnnmonError as ex:

@@ -163,6 +163,7 @@ class Lifecycle:
             for first, last, top in r.spans:
                 ledger.checkpointer.add(first, last, top)
         ledger.ack(self.keys.ingest_objects, r.pending, r.rejects)
+        self.counters["objects"] += len(r.pending) - len(r.rejects)  # (delivered before, applied by the recovery)
         ledger.reset_busy(self.config.run.workers)
         self._take_worker_list()
         self.revivals_published = self.runtime.workers_revived

@@ -81,12 +81,14 @@ class KnnClient:
         self.limits = limits
         self.client = connect(url)
         self.last_entry: str | None = None
-        self._added: dict[str, str] = {}  # the entries added since the last wait: id -> stream
+        self._added: dict[str, set[str]] = {}  # the entries added since the last wait: stream -> ids
+        self._stream_of: dict[str, str] = {}  # the newest entry id of each stream -> its stream
 
     def _add(self, stream: str, ids: Sequence[str]) -> None:
-        self._added.update(dict.fromkeys(ids, stream))
+        self._added.setdefault(stream, set()).update(ids)
         if ids:
             self.last_entry = ids[-1]
+            self._stream_of[ids[-1]] = stream
 
     def register(self, qid: str, lon: float, lat: float, keywords: Sequence[str] | str, k: int) -> str:
         """Register (or update) query ``qid``: the ``k`` nearest objects to ``(lon, lat)``
@@ -182,9 +184,10 @@ class KnnClient:
             return self.client.xrevrange(self.keys.ingest_rejects, count=count)
         return self.client.xrange(self.keys.ingest_rejects, count=count)
 
-    def processed(self, entry_id: str) -> bool:
-        """Whether the service has applied and acknowledged entry ``entry_id`` (of either
-        stream), or rejected it (a rejected entry leaves its stream).
+    def processed(self, entry_id: str, stream: str | None = None) -> bool:
+        """Whether the service has applied and acknowledged entry ``entry_id`` of ``stream``
+        (default: of either ingest stream; the two streams number their entries alike), or
+        rejected it (a rejected entry leaves its stream).
 
         Raises
         ------
@@ -192,7 +195,7 @@ class KnnClient:
             No such entry in the ingest streams, and the service has not read past it.
         """
         passed = False
-        for key in (self.keys.ingest_objects, self.keys.ingest_queries):
+        for key in (stream,) if stream else (self.keys.ingest_objects, self.keys.ingest_queries):
             g = group_info(self.client, key)
             read_past = g is not None and entry_order(g["last-delivered-id"]) >= entry_order(entry_id)
             if self.client.xrange(key, min=entry_id, max=entry_id):
@@ -212,24 +215,29 @@ class KnnClient:
         TimeoutError
             The service did not get there within ``timeout_s``.
         """
-        waited = {entry_id: None} if entry_id is not None else dict(self._added)
+        if entry_id is not None:
+            stream = self._stream_of.get(entry_id)
+            waited = {stream: {entry_id}} if stream else {k: {entry_id} for k in (self.keys.ingest_objects,
+                                                                                   self.keys.ingest_queries)}
+        else:
+            waited, self._added, self._stream_of = self._added, {}, {}
         if not waited:
             return []
-        last = {stream: eid for eid, stream in waited.items()}  # (the newest of each stream: read in order)
+        newest = {key: max(ids, key=entry_order) for key, ids in waited.items()}  # (read in order)
         deadline = time.monotonic() + timeout_s
-        while not all(self.processed(eid) for eid in last.values()):
+        while not all(self.processed(eid, key if entry_id is None or len(waited) == 1 else None)
+                      for key, eid in newest.items()):
             if time.monotonic() > deadline:
-                raise TimeoutError(f"entries up to {max(waited, key=entry_order)} not processed within {timeout_s} s "
-                                   "(is `knnmon serve` running?)")
+                raise TimeoutError(f"entries up to {max(newest.values(), key=entry_order)} not processed within "
+                                   f"{timeout_s} s (is `knnmon serve` running?)")
             time.sleep(0.02)
-        if entry_id is None:
-            self._added = {}
         # A reject is written when its entry is read, so after it: read the rejects from the
         # oldest waited entry's time on.
-        out, start = [], min(waited, key=entry_order)
+        out = []
+        start = min((eid for ids in waited.values() for eid in ids), key=entry_order)
         while rows := self.client.xrange(self.keys.ingest_rejects, min=start, max="+", count=1000):
-            out += [RejectedEntry(f["_entry"], f.get("_stream", ""), f.get("_reason", ""), f.get("_detail", ""))
-                    for _, f in rows if f.get("_entry") in waited]
+            out += [RejectedEntry(f["_entry"], f["_stream"], f.get("_reason", ""), f.get("_detail", ""))
+                    for _, f in rows if f.get("_entry") in waited.get(f.get("_stream"), ())]
             start = "(" + rows[-1][0]
         return out
 

@@ -12,6 +12,7 @@ import time
 import urllib.request
 
 from knnmon.coordinator.cli.demo import run_demo, sample_places_path
+from knnmon.redis_server import EmbeddedRedis
 
 
 def test_sample_ships_with_the_package():
@@ -52,5 +53,7 @@ def test_demo_runs_on_the_bundled_sample(spark, ray_instance, tmp_path, capsys):
         got = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/api/results/{q['id']}", timeout=10))
         assert [o["id"] for o in got["result"]] == [o["id"] for o in knn]
     finally:
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signal.SIGTERM)  # (what systemd and Kubernetes send: it stops as on Ctrl-C)
         proc.wait(timeout=30)
+    assert proc.returncode == 143
+    assert EmbeddedRedis.running(str(tmp_path / "data" / "redis")) is None  # its embedded Redis stopped too

@@ -237,10 +237,11 @@ def test_python_client_round_trip_on_an_embedded_redis_that_survives_a_killed_se
         assert client.wait(timeout_s=120) == []
         bad = client.publish([{"id": "c-bad", "lon": 10, "lat": 5, "keywords": "x", "t": 2**62},  # far future
                               {"id": "c-ok", "lon": 10, "lat": 5, "keywords": "x"}])
-        bad += [client.register("c-k0", 10, 5, ["x"], k=1)]
+        bad += [client.register("c-k0", 10, 5, ["zzz"], k=1)]
         client.client.xadd(client.keys.ingest_queries, {"op": "fly", "id": "c-k0"})  # (not this client's: unseen)
         rejected = client.wait(timeout_s=120)  # says which of its entries were rejected, and why
-        assert [(e.entry_id, e.stream, e.reason) for e in rejected] == [(bad[0], client.keys.ingest_objects, "future")]
+        assert [(e.entry_id, e.stream, e.reason) for e in rejected] == [(bad[0], client.keys.ingest_objects, "future")], \
+            (bad, rejected)
         assert client.processed(bad[0]) and client.rejects(1, newest_first=True)[0][1]["_reason"] == "unknown_op"
         client.unregister("c-k0")
         proc.kill()  # the service dies; its Redis keeps running
