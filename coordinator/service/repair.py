@@ -18,11 +18,14 @@ service runs in the namespace:
    entries pending, up to just before the first of them, which it then reads again -- so that
    new entries get ids from Redis's clock again (not on a Redis Cluster: ``RENAME`` stays in one
    slot);
-3. counts the objects rejected as ``late`` after the first poisoned entry: their entries are
-   still in the objects stream (only a checkpoint trims it, and under the poisoned watermark it
-   kept everything after the poison), and recovery recomputes the results from every entry
-   there, so those live at the repaired watermark count again at the next start (their
-   ``late`` records stay in ``knn:ingest:rejects`` as the history of what happened);
+3. counts the objects rejected as ``late`` after the first poisoned entry whose entries are
+   still in the objects stream (an earlier knnmon left them there; only a checkpoint trims it,
+   and under the poisoned watermark it kept everything after the poison), and recovery
+   recomputes the results from every entry there, so those live at the repaired watermark count
+   again at the next start (their ``late`` records stay in ``knn:ingest:rejects`` as the history
+   of what happened). This version deletes every entry it rejects (kept, fields cut to 1 KiB,
+   in ``knn:ingest:rejects``): a service run with ``--max-future off`` that a poisoned
+   watermark made reject objects as late leaves them to be published again from their source;
 4. removes the checkpoint's poisoned ``watermark`` (the hash gets ``repaired_ms``).
 
 The next ``knnmon serve`` then recovers as after any restart: every result is recomputed over the

@@ -161,10 +161,19 @@ def test_an_entry_id_from_the_future_is_rejected_and_repaired(redis_url, namespa
     assert_exact(redis_url, namespace, queries, BruteForceKnn(live))
 
 
-def test_a_poisoned_watermark_is_refused_at_start_and_repaired(redis_url, namespace, timed):
-    """An earlier version (``--max-future off`` behaves as it did) applied ``t = 9e18``: every
-    object expired and the next ones were rejected as late. A start with the bound refuses, names
-    the repair; after it, the objects rejected as late count again and the results are exact."""
+def test_a_poisoned_watermark_is_refused_at_start_and_repaired(redis_url, namespace, timed, monkeypatch):
+    """An earlier version (``--max-future off`` behaves as it did, and its late entries stayed in
+    the objects stream) applied ``t = 9e18``: every object expired and the next ones were rejected
+    as late. A start with the bound refuses, names the repair; after it, the objects rejected as
+    late count again and the results are exact."""
+    import knnmon.coordinator.service.ledger as ledger
+
+    def acknowledge_as_before(*args, delete=(), **kwargs):  # (a late entry stayed in its stream)
+        late = {eid for eid, _, r in args[5] if r.reason == "late"}
+        return acknowledge(*args, delete=[eid for eid in delete if eid not in late], **kwargs)
+
+    acknowledge = ledger.acknowledge
+    monkeypatch.setattr(ledger, "acknowledge", acknowledge_as_before)
     objects, queries = timed
     rows = objects.to_pylist()
     r, keys = registered(redis_url, namespace, queries)
@@ -181,6 +190,7 @@ def test_a_poisoned_watermark_is_refused_at_start_and_repaired(redis_url, namesp
         drain(svc)
         assert svc.counters["late"] == 1500  # the damage the bound prevents
         assert "forged" not in svc.queries
+    monkeypatch.undo()
     r.hset(keys.serve_checkpoint, "watermark", FAR)  # as the earlier version's checkpoint wrote it
     with pytest.raises(PoisonedWatermarkError, match="knnmon repair --watermark"):
         serve(redis_url, namespace, window=window).start()
