@@ -92,6 +92,7 @@ class Service(Lifecycle):
                 if caused_by(ex, WorkerLostError):
                     self.counters["worker_restarts"] += 1
                 elif not self._applying and self._rode_out(ex):
+                    failures = 0  # (Redis came back with every write: progress, however often it restarts)
                     continue
                 log.warning("step failed (%s: %s); recovering from Redis (attempt %d)", type(ex).__name__, ex,
                             failures)

@@ -50,9 +50,12 @@ def test_serve_and_the_client_as_an_acl_user(locked_redis, places_slice, namespa
     try:
         got, want = client_round_trip(KnnClient(url, namespace), places, "s1", 5)
         assert got == want
-        time.sleep(1.5)  # its status is refreshed every second
-        status = knnmon_cli("status", "--json", "--redis", url, "--namespace", namespace)
-        assert status.returncode == 0 and '"running": true' in status.stdout
+        deadline = time.monotonic() + 60  # (its status is refreshed every second: waited for)
+        while '"running": true' not in (status := knnmon_cli("status", "--json", "--redis", url, "--namespace",
+                                                             namespace)).stdout:
+            assert time.monotonic() < deadline, status.stdout + status.stderr
+            time.sleep(0.2)
+        assert status.returncode == 0
         assert SECRET not in status.stdout + status.stderr
     finally:
         proc.terminate()

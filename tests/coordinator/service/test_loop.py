@@ -260,9 +260,11 @@ def test_python_client_round_trip_on_an_embedded_redis_that_survives_a_killed_se
         # Discovery: status and results with no --redis find the running service's server (and
         # start no second one); a second service on the same data directory is refused.
         data = ["--data-dir", str(tmp_path / "data")]
-        time.sleep(1.5)  # its status is refreshed every second
-        status = knnmon_cli("status", *data)
-        assert status.returncode == 0 and "service: running" in status.stdout, status.stdout + status.stderr
+        deadline = time.monotonic() + 60  # (its status is refreshed every second: waited for)
+        while "service: running" not in (status := knnmon_cli("status", *data)).stdout:
+            assert time.monotonic() < deadline, status.stdout + status.stderr
+            time.sleep(0.2)
+        assert status.returncode == 0
         found = knnmon_cli("results", "c1", "--json", *data)
         assert found.returncode == 0 and [o["id"] for o in json.loads(found.stdout)["knn"]] == [o for o, _ in got]
         assert server_url() == url

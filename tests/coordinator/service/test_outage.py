@@ -3,12 +3,15 @@ from one that came back without some (rebuild), on a real Redis."""
 
 from __future__ import annotations
 
+import time
+
 from knnmon.connection import connect
 from knnmon.coordinator.service.outage import kept_every_write, server_ids
 from knnmon.coordinator.service.object_log import create_groups
 from knnmon.keys import Keys
 from knnmon.protocol import GROUP
 from knnmon.results import ResultReader
+from knnmon.store import StoreConfig
 
 
 def _never():
@@ -75,3 +78,44 @@ def test_a_restart_the_retries_hid_is_checked_between_steps(redis_url, namespace
         svc._watch_server()
         assert (svc.counters["redis_outages"], svc.counters["recoveries"]) == (1, 1)
         assert [o for o, _ in ResultReader(r, keys).result("q")] == ["o0", "o1", "o2"]
+
+
+def test_a_redis_restarted_again_and_again_is_ridden_out_every_time(tmp_path, namespace):
+    """Redis restarted 12 times in a row, each time while the service waits in a read: each
+    outage is ridden out (every write kept), and the service goes on serving. (Found by the
+    model-based test's Ray variant: the service gave up after 10 outages with no batch between
+    them, and exited.)"""
+    import threading
+
+    from knnmon.coordinator.runtime.config import RunConfig
+    from knnmon.coordinator.service.config import ServeConfig
+    from knnmon.coordinator.service.loop import Service
+    from knnmon.coordinator.testing import register_fields, wait_processed
+    from knnmon.redis_server import EmbeddedRedis
+
+    server = EmbeddedRedis(str(tmp_path / "redis"), durable=True).start()
+    try:
+        r, keys = connect(server.url), Keys(namespace)
+        config = ServeConfig(run=RunConfig(workers=1, executor="inline",
+                                           store=StoreConfig(url=server.url, namespace=namespace)))
+        with Service(config) as svc:
+            loop = threading.Thread(target=svc.run, kwargs={"handle_signals": False}, daemon=True)
+            loop.start()
+            for i in range(12):
+                server.stop()
+                server.start()
+                deadline = time.monotonic() + 60
+                while svc.counters["redis_outages"] <= i:  # ridden out: the next restart hits its next read
+                    assert loop.is_alive() and time.monotonic() < deadline, svc.counters
+                    time.sleep(0.01)
+            r = connect(server.url)
+            r.xadd(keys.ingest_queries, register_fields({"id": "q", "lon": 10.0, "lat": 50.0, "keywords": ["cafe"],
+                                                         "k": 1}))
+            r.xadd(keys.ingest_objects, {"id": "o", "lon": "10.0", "lat": "50.0", "keywords": "cafe"})
+            wait_processed(r, keys, timeout_s=60)
+            assert [o for o, _ in ResultReader(r, keys).result("q")] == ["o"]
+            assert svc.counters["recoveries"] == 0 and loop.is_alive()
+            svc.stop()
+            loop.join(timeout=60)
+    finally:
+        server.stop()
