@@ -131,6 +131,9 @@ def test_streams_from_a_plain_redis_client_are_exact_and_rejects_are_kept(redis_
     assert "NOT running" in text and f"rejects: {len(rejects)}" in text
 
 
+# (-m slow: the model-based test drops the service in the middle of a batch in every default run,
+# and its Ray variant SIGKILLs it; this one kills a child process twice on 10,000 places)
+@pytest.mark.slow
 def test_serve_killed_mid_stream_loses_nothing_and_duplicates_nothing(redis_url, namespace, places, slice_queries,
                                                                        tmp_path):
     r = redis.Redis.from_url(redis_url, decode_responses=True)
