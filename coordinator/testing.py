@@ -140,6 +140,8 @@ def wait_processed(r: redis.Redis, keys: Keys, proc: subprocess.Popen | None = N
     AssertionError
         ``proc`` (the service's process, if given) exited, or ``timeout_s`` passed.
     """
+    from redis.client import NEVER_DECODE
+
     from knnmon.protocol import entry_order, group_info
 
     deadline = time.monotonic() + timeout_s
@@ -148,10 +150,11 @@ def wait_processed(r: redis.Redis, keys: Keys, proc: subprocess.Popen | None = N
             raise AssertionError(f"serve exited with {proc.returncode}")
         done = True
         for key in (keys.ingest_objects, keys.ingest_queries):
-            tail = r.xrevrange(key, count=1) if r.exists(key) else []
+            # (the newest entry's fields may not be UTF-8 yet: its id alone, undecoded)
+            tail = r.execute_command("XREVRANGE", key, "+", "-", "COUNT", "1", **{NEVER_DECODE: []})
             if not tail:
                 continue
-            last = tail[0][0]
+            last = tail[0][0].decode()
             g = group_info(r, key)  # (past the stream's last entry: the entries after it were rejected, and left)
             if g is None or entry_order(g["last-delivered-id"]) < entry_order(last) or g["pending"]:
                 done = False

@@ -14,7 +14,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from knnmon.coordinator.runtime.worker_pool import InlinePool, RayPool, WorkerPool
+from knnmon.coordinator.runtime.ray_pool import RayPool
+from knnmon.coordinator.runtime.worker_pool import InlinePool, WorkerPool
 
 __all__ = ["WorkerLiveness"]
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import redis
 
-from knnmon.coordinator.runtime.worker_pool import RayPool
+from knnmon.coordinator.runtime.ray_pool import RayPool
 from knnmon.coordinator.service.status import Heartbeat
 from knnmon.keys import Keys
 from knnmon.query import QueryColumns

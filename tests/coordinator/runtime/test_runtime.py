@@ -357,7 +357,7 @@ def test_a_revival_whose_spare_is_dead_starts_over_on_a_new_actor(small, ray_ins
     worker is revived again on a new actor (not a rebuild of every worker), exact after."""
     import uuid
 
-    from knnmon.coordinator.runtime.worker_pool import RayPool
+    from knnmon.coordinator.runtime.ray_pool import RayPool
 
     objects_dir, queries, objects = small
     config = RunConfig(workers=2, initial=4000, batch=500, store=StoreConfig(redis_url, namespace, str(tmp_path)))

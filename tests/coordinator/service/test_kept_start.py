@@ -13,7 +13,7 @@ import pytest
 import redis
 
 from knnmon.coordinator.runtime.config import ARRIVAL_EPOCH_MS, RunConfig
-from knnmon.coordinator.runtime.worker_pool import RayPool
+from knnmon.coordinator.runtime.ray_pool import RayPool
 from knnmon.coordinator.service.config import ServeConfig
 from knnmon.coordinator.service.loop import Service
 from knnmon.coordinator.testing import assert_applied_once, assert_exact, publish_objects, register_fields
