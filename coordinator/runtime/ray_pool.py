@@ -173,13 +173,6 @@ class RayPool(WorkerPool):
         refs = getattr(self.actors[worker], method).options(num_returns=n).remote(*args)
         return [Pending(worker, r) for r in refs]
 
-    def gather(self, pending: Sequence[Pending]) -> list[Any]:
-        out = self.gather_each(pending)
-        lost = next((x for x in out if isinstance(x, WorkerLostError)), None)  # the first, in call order
-        if lost is not None:
-            raise lost
-        return out
-
     def ready(self, pending: Sequence[Pending]) -> bool:
         refs = [p.value for p in pending]
         done, _ = self._ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)

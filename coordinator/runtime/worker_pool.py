@@ -60,20 +60,25 @@ class WorkerPool(ABC):
     def call(self, worker: int, method: str, *args: Any, **kwargs: Any) -> Pending:
         """Send ``method(*args, **kwargs)`` to worker ``worker`` (in order with its earlier calls)."""
 
-    @abstractmethod
     def gather(self, pending: Sequence[Pending]) -> list[Any]:
         """The results of ``pending``, in order.
 
         Raises
         ------
         WorkerLostError
-            A worker died (its actor process was killed, or its node was lost).
+            A worker died (its actor process was killed, or its node was lost): the first, in
+            call order.
         """
+        out = self.gather_each(pending)
+        lost = next((x for x in out if isinstance(x, WorkerLostError)), None)
+        if lost is not None:
+            raise lost
+        return out
 
+    @abstractmethod
     def gather_each(self, pending: Sequence[Pending]) -> list[Any]:
         """As :meth:`gather`, but a lost worker's result is its :class:`WorkerLostError` (not
         raised): the others' results are kept."""
-        return self.gather(pending)
 
     def ready(self, pending: Sequence[Pending]) -> bool:
         """Whether every call of ``pending`` returned (or failed): :meth:`gather` would not wait."""
@@ -227,13 +232,6 @@ class InlinePool(WorkerPool):
         except WorkerLostError as ex:
             self.lost.add(worker)
             return Pending(worker, ex)
-
-    def gather(self, pending: Sequence[Pending]) -> list[Any]:
-        out = self.gather_each(pending)
-        lost = next((x for x in out if isinstance(x, WorkerLostError)), None)  # the first, in call order
-        if lost is not None:
-            raise lost
-        return out
 
     def gather_each(self, pending: Sequence[Pending]) -> list[Any]:
         return [p.value for p in pending]
