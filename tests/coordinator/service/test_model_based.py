@@ -582,7 +582,7 @@ def _run(base: type[ServeMachine], mbt_data, tmp_path, examples: int, steps: int
 
 
 def test_the_service_is_exact_under_any_sequence(mbt_data, tmp_path):
-    _run(ServeMachine, mbt_data, tmp_path, examples=6, steps=15)
+    _run(ServeMachine, mbt_data, tmp_path, examples=5, steps=15)
 
 
 @pytest.mark.slow
