@@ -84,6 +84,15 @@ def test_prometheus_scrapes_what_was_published(redis_url, namespace, places_slic
                                      f"--storage.tsdb.path={tmp_path / 'tsdb'}",
                                      f"--web.listen-address=127.0.0.1:{base}"], stdout=log, stderr=subprocess.STDOUT)
         api = f"http://127.0.0.1:{base}"
+        deadline = time.monotonic() + 120
+        while True:  # Prometheus answers 503 until its storage is ready (slow on a loaded machine)
+            try:
+                if _get(f"{api}/-/ready")[0] == 200:
+                    break
+            except (urllib.error.URLError, ConnectionError):
+                pass
+            assert time.monotonic() < deadline, (tmp_path / "prometheus.log").read_text()[-2000:]
+            time.sleep(0.2)
         deadline = time.monotonic() + 60
         applied: dict[str, float] = {}
         while time.monotonic() < deadline:
