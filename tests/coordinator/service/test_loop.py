@@ -288,8 +288,13 @@ def test_python_client_round_trip_on_an_embedded_redis_that_survives_a_killed_se
         assert client.results("c1") == [] and client.query("c1") == {}
         assert stop(proc) == 0
     finally:
-        if proc.poll() is None:
+        if proc.poll() is None:  # (a failure above: the embedded server it leaves is stopped too)
             proc.kill()
+            proc.wait()
+            from knnmon.redis_server import EmbeddedRedis
+
+            if (left := EmbeddedRedis.running(str(tmp_path / "data" / "redis"))) is not None:
+                os.kill(left[0], signal.SIGKILL)
     # A clean stop also stopped the embedded server.
     with pytest.raises(redis.ConnectionError):
         redis.Redis.from_url(server_url()).ping()
