@@ -82,13 +82,11 @@ class KnnClient:
         self.client = connect(url)
         self.last_entry: str | None = None
         self._added: dict[str, set[str]] = {}  # the entries added since the last wait: stream -> ids
-        self._stream_of: dict[str, str] = {}  # the newest entry id of each stream -> its stream
 
     def _add(self, stream: str, ids: Sequence[str]) -> None:
         self._added.setdefault(stream, set()).update(ids)
         if ids:
             self.last_entry = ids[-1]
-            self._stream_of[ids[-1]] = stream
 
     def register(self, qid: str, lon: float, lat: float, keywords: Sequence[str] | str, k: int) -> str:
         """Register (or update) query ``qid``: the ``k`` nearest objects to ``(lon, lat)``
@@ -216,11 +214,11 @@ class KnnClient:
             The service did not get there within ``timeout_s``.
         """
         if entry_id is not None:
-            stream = self._stream_of.get(entry_id)
+            stream = next((key for key, ids in self._added.items() if entry_id in ids), None)
             waited = {stream: {entry_id}} if stream else {k: {entry_id} for k in (self.keys.ingest_objects,
                                                                                    self.keys.ingest_queries)}
         else:
-            waited, self._added, self._stream_of = self._added, {}, {}
+            waited, self._added = self._added, {}
         if not waited:
             return []
         newest = {key: max(ids, key=entry_order) for key, ids in waited.items()}  # (read in order)
