@@ -160,7 +160,7 @@ def wait_processed(r: redis.Redis, keys: Keys, proc: subprocess.Popen | None = N
                 done = False
         if done:
             return
-        time.sleep(0.1)
+        time.sleep(0.02)
     raise AssertionError("serve did not catch up in time")
 
 

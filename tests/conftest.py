@@ -125,3 +125,32 @@ def ray_instance():
              log_to_driver=False)
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def local_cluster(tmp_path_factory):
+    """``deploy/local-cluster.sh``'s cluster (head + 2 worker nodes, token auth), stopped by PID at
+    the end: ``(address, the drivers' environment, the script's environment)``."""
+    import shutil
+    import subprocess
+    import sys
+
+    from knnmon.coordinator.testing import free_port_base
+
+    ray_exe = shutil.which("ray", path=os.path.dirname(sys.executable)) or shutil.which("ray")
+    port = free_port_base((0, 10, 20, 30, 100, 300), step=500)  # (the script's block of 400 ports)
+    if ray_exe is None or port is None:
+        pytest.skip("no ray executable, or no free port block for a local Ray cluster")
+    script, root = Path(__file__).resolve().parents[1] / "deploy" / "local-cluster.sh", tmp_path_factory.mktemp("cluster")
+    env = {**os.environ, "KNNMON_CLUSTER_DIR": str(root), "KNNMON_RAY_PORT": str(port), "KNNMON_RAY": ray_exe}
+    started = subprocess.run([str(script), "start"], env=env, capture_output=True, text=True, timeout=300)
+    assert started.returncode == 0, started.stdout + started.stderr
+    driver_env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(root / "auth_token")}
+    driver_env.pop("RAY_ADDRESS", None)
+    try:
+        yield f"127.0.0.1:{port}", driver_env, env
+    finally:
+        stopped = subprocess.run([str(script), "stop"], env=env, capture_output=True, text=True, timeout=180)
+        assert stopped.returncode == 0, stopped.stderr
+        assert "running" not in subprocess.run([str(script), "status"], env=env, capture_output=True,
+                                               text=True).stdout.replace("NOT running", "")

@@ -81,7 +81,6 @@ class Lifecycle:
         self._model = None
         self._preload: pa.Table | None = None
         self._status_at = 0.0
-        self._handle_signals = False
         self._replan = config.replan  # the next start recovers in full
         #: The runtime's ``workers_revived`` when the worker list was last taken and published
         #: (``/readyz`` waits for it: a revival is over once the status shows it).

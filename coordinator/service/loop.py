@@ -46,7 +46,7 @@ from knnmon.coordinator.service.intake import Entry, read_objects
 from knnmon.coordinator.service.lifecycle import COUNTERS, Lifecycle
 from knnmon.coordinator.service.outage import kept_every_write, server_ids
 from knnmon.coordinator.service.startup import caused_by, connect_when_up, is_infrastructure
-from knnmon.errors import Rejected, WorkerLostError
+from knnmon.errors import Rejected, StoreUnavailableError, WorkerLostError
 from knnmon.logs import BATCH
 
 __all__ = ["COUNTERS", "Service"]
@@ -69,7 +69,6 @@ class Service(Lifecycle):
         worker lost: retried with backoff, logged, then the state is recovered from Redis
         (nothing acknowledged is lost).
         """
-        self._handle_signals = handle_signals
         if handle_signals:
             self._install_signals()
         self.stopping = self._stop_asked  # (a run that ended idle may be followed by another)
@@ -94,10 +93,19 @@ class Service(Lifecycle):
                 elif not self._applying and self._rode_out(ex):
                     failures = 0  # (Redis came back with every write: progress, however often it restarts)
                     continue
-                log.warning("step failed (%s: %s); recovering from Redis (attempt %d)", type(ex).__name__, ex,
-                            failures)
-                self._restart()
-                continue
+                if not self.stopping:
+                    log.warning("step failed (%s: %s); recovering from Redis (attempt %d)", type(ex).__name__, ex,
+                                failures)
+                    try:
+                        self._restart()
+                        continue
+                    except StoreUnavailableError:  # (Redis away once stopping: see below)
+                        if not self.stopping:
+                            raise
+                # Nothing rebuilt for a service that stops: what is pending stays so.
+                log.warning("stopped while Redis or a worker was away (%s: %s); the entries delivered and not "
+                            "acknowledged are applied by the next service", type(ex).__name__, ex)
+                break
             if did:
                 idle_since = time.monotonic()
                 stale = True
@@ -209,8 +217,6 @@ class Service(Lifecycle):
         self._drop_workers()
         time.sleep(0.5)
         self._recover(skip)
-        if self._handle_signals:
-            self._install_signals()  # a Ray instance started anew installs its own SIGTERM handler
         self._apply_pending_query_ops(skip)
 
     def _apply_pending_query_ops(self, skip: frozenset[str] = frozenset()) -> None:

@@ -5,8 +5,6 @@ of a worker node under a windowed service."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 import time
@@ -20,48 +18,18 @@ import redis
 from knnmon.ingest.reading import read_objects, stream_order
 from knnmon.keys import Keys
 from knnmon.oracle import BruteForceKnn
-from knnmon.coordinator.testing import assert_exact, free_port_base, knnmon_cli, publish_objects, register_fields, wait_processed
+from knnmon.coordinator.testing import assert_exact, knnmon_cli, publish_objects, register_fields, wait_processed
 
 SCRIPT = Path(__file__).resolve().parents[2] / "deploy" / "local-cluster.sh"
-
-
-def _free_block() -> int:
-    """A base port whose block of 400 (the script's ports) looks free."""
-    base = free_port_base((0, 10, 20, 30, 100, 300), step=500)
-    if base is None:
-        pytest.skip("no free port block for a local Ray cluster")
-    return base
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    """The script's cluster (head + 2 worker nodes), stopped by PID at the end."""
-    ray_exe = shutil.which("ray", path=os.path.dirname(sys.executable)) or shutil.which("ray")
-    if ray_exe is None:
-        pytest.skip("no ray executable")
-    root = tmp_path_factory.mktemp("cluster")
-    port = _free_block()
-    env = {**os.environ, "KNNMON_CLUSTER_DIR": str(root), "KNNMON_RAY_PORT": str(port), "KNNMON_RAY": ray_exe}
-    started = subprocess.run([str(SCRIPT), "start"], env=env, capture_output=True, text=True, timeout=300)
-    assert started.returncode == 0, started.stdout + started.stderr
-    driver_env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(root / "auth_token")}
-    driver_env.pop("RAY_ADDRESS", None)
-    try:
-        yield f"127.0.0.1:{port}", driver_env, env
-    finally:
-        stopped = subprocess.run([str(SCRIPT), "stop"], env=env, capture_output=True, text=True, timeout=180)
-        assert stopped.returncode == 0, stopped.stderr
-        assert "running" not in subprocess.run([str(SCRIPT), "status"], env=env, capture_output=True,
-                                               text=True).stdout.replace("NOT running", "")
 
 
 def knnmon(*args: str, env: dict, timeout: int = 600) -> subprocess.CompletedProcess:
     return knnmon_cli(*args, env=env, timeout=timeout)
 
 
-def test_run_on_the_local_cluster_spreads_workers_and_stays_exact(cluster, places_slice, slice_queries, redis_url,
+def test_run_on_the_local_cluster_spreads_workers_and_stays_exact(local_cluster, places_slice, slice_queries, redis_url,
                                                                   namespace, tmp_path):
-    address, env, _ = cluster
+    address, env, _ = local_cluster
     report = tmp_path / "run.json"
     out = knnmon("run", "--objects", str(places_slice), "--queries", str(slice_queries), "--workers", "3",
                  "--initial", "5000", "--ray-address", address, "--redis", redis_url, "--namespace", namespace,
@@ -74,9 +42,9 @@ def test_run_on_the_local_cluster_spreads_workers_and_stays_exact(cluster, place
     assert assert_exact(redis_url, namespace, pq.read_table(slice_queries), BruteForceKnn(objects)) == 4000
 
 
-def test_serve_on_the_local_cluster_spreads_workers_and_stays_exact(cluster, places_slice, slice_queries, redis_url,
+def test_serve_on_the_local_cluster_spreads_workers_and_stays_exact(local_cluster, places_slice, slice_queries, redis_url,
                                                                     namespace, tmp_path):
-    address, env, _ = cluster
+    address, env, _ = local_cluster
     r = redis.Redis.from_url(redis_url, decode_responses=True)
     keys = Keys(namespace)
     places = stream_order(read_objects(str(places_slice)), None).to_pylist()
@@ -108,14 +76,14 @@ def test_serve_on_the_local_cluster_spreads_workers_and_stays_exact(cluster, pla
 
 
 @pytest.mark.slow  # 34 s; the chaos soak restarts a node under load too (benchmarks/chaos_soak.py)
-def test_a_windowed_serve_rides_out_the_restart_of_a_worker_node(cluster, places_slice, slice_queries, redis_url,
+def test_a_windowed_serve_rides_out_the_restart_of_a_worker_node(local_cluster, places_slice, slice_queries, redis_url,
                                                                  namespace, tmp_path):
     """``local-cluster.sh restart worker1`` mid-stream: the workers it hosted die with it and are
     revived in place on the nodes alive (no rebuild of the others), the node joins again, and
     every result is exact over the live objects."""
     from knnmon.coordinator.runtime.preparation import with_arrival_times
 
-    address, env, script_env = cluster
+    address, env, script_env = local_cluster
     r = redis.Redis.from_url(redis_url, decode_responses=True)
     keys = Keys(namespace)
     places = with_arrival_times(stream_order(read_objects(str(places_slice)), None), 1000).to_pylist()

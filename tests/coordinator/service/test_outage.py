@@ -119,3 +119,41 @@ def test_a_redis_restarted_again_and_again_is_ridden_out_every_time(tmp_path, na
             loop.join(timeout=60)
     finally:
         server.stop()
+
+
+def test_a_service_stopped_while_redis_is_down_exits_at_once(tmp_path, namespace):
+    """SIGTERM while the service waits for Redis: it exits 0 at once, without rebuilding (it
+    used to try, and exit with an error), and the next service goes on from what Redis holds.
+    (Found by the model-based test's Ray variant.)"""
+    import signal
+
+    from knnmon.coordinator.runtime.config import RunConfig
+    from knnmon.coordinator.service.config import ServeConfig
+    from knnmon.coordinator.service.loop import Service
+    from knnmon.coordinator.testing import register_fields, serve_process, wait_processed
+    from knnmon.redis_server import EmbeddedRedis
+
+    server, log = EmbeddedRedis(str(tmp_path / "redis"), durable=True).start(), tmp_path / "serve.log"
+    try:
+        r, keys = connect(server.url), Keys(namespace)
+        r.xadd(keys.ingest_queries, register_fields({"id": "q", "lon": 10.0, "lat": 50.0, "keywords": ["cafe"],
+                                                     "k": 2}))
+        r.xadd(keys.ingest_objects, {"id": "o1", "lon": "10.0", "lat": "50.0", "keywords": "cafe"})
+        proc = serve_process(server.url, namespace, log, workers=1)
+        wait_processed(r, keys, proc, timeout_s=120)
+        server.stop()
+        deadline = time.monotonic() + 60
+        while "unreachable" not in log.read_text():  # the idle service waits for Redis
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0, log.read_text()
+        r = connect(server.start().url)
+        r.xadd(keys.ingest_objects, {"id": "o2", "lon": "10.001", "lat": "50.0", "keywords": "cafe"})
+        config = ServeConfig(run=RunConfig(workers=1, executor="inline",
+                                           store=StoreConfig(url=server.url, namespace=namespace)))
+        with Service(config) as svc:
+            svc.run(idle_exit_s=0.1, handle_signals=False)
+        assert [o for o, _ in ResultReader(r, keys).result("q")] == ["o1", "o2"]
+    finally:
+        server.stop()
