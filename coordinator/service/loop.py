@@ -46,7 +46,7 @@ from knnmon.coordinator.service.intake import Entry, read_objects
 from knnmon.coordinator.service.lifecycle import COUNTERS, Lifecycle
 from knnmon.coordinator.service.outage import kept_every_write, server_ids
 from knnmon.coordinator.service.startup import caused_by, connect_when_up, is_infrastructure
-from knnmon.errors import Rejected, StoreUnavailableError, WorkerLostError
+from knnmon.errors import Rejected, WorkerLostError
 from knnmon.logs import BATCH
 
 __all__ = ["COUNTERS", "Service"]
@@ -76,8 +76,12 @@ class Service(Lifecycle):
         idle_since = time.monotonic()
         failures = 0
         stale = False  # work done since the status was last published
+        rebuild = False  # a failure asked for a rebuild from Redis, not yet done
         while not self.stopping:
             try:
+                if rebuild:
+                    self._restart()  # (it may fail too, Redis going away again: retried as any step)
+                    rebuild = False
                 did = self._step()
                 self._watch_server()
                 if not did:
@@ -90,22 +94,16 @@ class Service(Lifecycle):
                     raise
                 if caused_by(ex, WorkerLostError):
                     self.counters["worker_restarts"] += 1
-                elif not self._applying and self._rode_out(ex):
+                elif not rebuild and not self._applying and self._rode_out(ex):
                     failures = 0  # (Redis came back with every write: progress, however often it restarts)
                     continue
-                if not self.stopping:
-                    log.warning("step failed (%s: %s); recovering from Redis (attempt %d)", type(ex).__name__, ex,
-                                failures)
-                    try:
-                        self._restart()
-                        continue
-                    except StoreUnavailableError:  # (Redis away once stopping: see below)
-                        if not self.stopping:
-                            raise
-                # Nothing rebuilt for a service that stops: what is pending stays so.
-                log.warning("stopped while Redis or a worker was away (%s: %s); the entries delivered and not "
-                            "acknowledged are applied by the next service", type(ex).__name__, ex)
-                break
+                if self.stopping:  # nothing rebuilt for a service that stops: what is pending stays so
+                    log.warning("stopped while Redis or a worker was away (%s: %s); the entries delivered and not "
+                                "acknowledged are applied by the next service", type(ex).__name__, ex)
+                    break
+                log.warning("step failed (%s: %s); recovering from Redis (attempt %d)", type(ex).__name__, ex, failures)
+                rebuild = True
+                continue
             if did:
                 idle_since = time.monotonic()
                 stale = True

@@ -455,7 +455,7 @@ class ServeMachine(RuleBasedStateMachine):
                     delta.pop("workers_revived", None)
                 assert +delta == +want, (+delta, +want)
                 return
-            except AssertionError:
+            except (AssertionError, OSError):  # (OSError: /metrics not answering)
                 if time.monotonic() > deadline:
                     raise
             time.sleep(0.02)
@@ -488,7 +488,8 @@ class RayServeMachine(ServeMachine):
             args += ["--window", f"{c.window}ms", "--allowed-lateness", f"{c.allowed_lateness}ms"]
         if replan:
             args.append("--replan")
-        log = open(os.path.join(self.log_dir, f"serve-{time.monotonic_ns()}.log"), "w")
+        self.log_path = os.path.join(self.log_dir, f"serve-{time.monotonic_ns()}.log")
+        log = open(self.log_path, "w")
         self.started_at = self.tally["steps"]
         self.proc = subprocess.Popen([sys.executable, "-m", "knnmon.coordinator.cli", *args], stdout=log,
                                      stderr=subprocess.STDOUT, env=self.ray_env)
@@ -522,7 +523,7 @@ class RayServeMachine(ServeMachine):
         if self.svc is not None:
             if self.proc.poll() is None:
                 self.proc.send_signal(signal.SIGTERM)
-                assert self.proc.wait(timeout=120) == 0
+                assert self.proc.wait(timeout=120) == 0, open(self.log_path).read()[-3000:]
             self.svc = None
 
     def _worker_pid(self, worker: int) -> int:

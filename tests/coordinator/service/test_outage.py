@@ -157,3 +157,47 @@ def test_a_service_stopped_while_redis_is_down_exits_at_once(tmp_path, namespace
         assert [o for o, _ in ResultReader(r, keys).result("q")] == ["o1", "o2"]
     finally:
         server.stop()
+
+
+def test_a_rebuild_that_fails_is_tried_again(tmp_path, namespace):
+    """A worker lost asks for a rebuild from Redis; Redis goes away in the middle of that
+    rebuild: the service tries it again, as any failed step, and serves on exact. (Found by the
+    model-based test's Ray variant: the second failure escaped the loop and the service died.)"""
+    import redis
+
+    from knnmon.coordinator.runtime.config import RunConfig
+    from knnmon.coordinator.service.config import ServeConfig
+    from knnmon.coordinator.service.loop import Service
+    from knnmon.coordinator.testing import register_fields, wait_processed
+    from knnmon.errors import WorkerLostError
+    from knnmon.redis_server import EmbeddedRedis
+
+    server = EmbeddedRedis(str(tmp_path / "redis"), durable=True).start()
+    try:
+        r, keys = connect(server.url), Keys(namespace)
+        config = ServeConfig(run=RunConfig(workers=1, executor="inline",
+                                           store=StoreConfig(url=server.url, namespace=namespace)))
+        r.xadd(keys.ingest_queries, register_fields({"id": "q", "lon": 10.0, "lat": 50.0, "keywords": ["cafe"],
+                                                     "k": 2}))
+        with Service(config) as svc:
+            faults = [WorkerLostError(0, "lost (test)"), redis.ConnectionError("Redis gone mid-rebuild (test)")]
+            step, start_runtime = svc._step, svc._start_runtime
+
+            def failing(original, kind):
+                def call(*args, **kwargs):
+                    if faults and isinstance(faults[0], kind):
+                        raise faults.pop(0)
+                    return original(*args, **kwargs)
+                return call
+
+            svc._step = failing(step, WorkerLostError)
+            svc._start_runtime = failing(start_runtime, redis.ConnectionError)
+            r.xadd(keys.ingest_objects, {"id": "o1", "lon": "10.0", "lat": "50.0", "keywords": "cafe"})
+            svc.run(idle_exit_s=0.2, handle_signals=False)
+            assert not faults and svc.counters["recoveries"] == 2
+            r.xadd(keys.ingest_objects, {"id": "o2", "lon": "10.001", "lat": "50.0", "keywords": "cafe"})
+            svc.run(idle_exit_s=0.2, handle_signals=False)
+            wait_processed(r, keys, timeout_s=10)
+        assert [o for o, _ in ResultReader(r, keys).result("q")] == ["o1", "o2"]
+    finally:
+        server.stop()
