@@ -474,7 +474,7 @@ class RayServeMachine(ServeMachine):
     ray_address: str = ""
     ray_env: dict[str, str] = {}
     status_wait_s = 30.0
-    steps_per_start = 25
+    steps_per_start = 30
 
     def _start(self, replan: bool = False) -> None:
         import subprocess
@@ -533,7 +533,16 @@ class RayServeMachine(ServeMachine):
         self._victim = self._worker_pid(worker)
         self._during = during
         if not during:
-            os.kill(self._victim, 9)
+            self._kill(self._victim)
+
+    @staticmethod
+    def _kill(pid: int) -> None:
+        """SIGKILL; a process already gone is a worker lost before and not yet revived (the
+        status names the process until the service finds the loss)."""
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
 
     def _lost(self) -> None:
         pass
@@ -542,7 +551,7 @@ class RayServeMachine(ServeMachine):
         super().publish(n, dups, late, jump, serve=False)
         if getattr(self, "_during", False):  # the batch just published is (about to be) in flight
             self._during = False
-            os.kill(self._victim, 9)
+            self._kill(self._victim)
         if serve:
             self._serve()
 
