@@ -2,7 +2,7 @@
 objects to apply and the entries to reject, each with its reason.
 
 Reads are ``XREADGROUP`` as consumer ``config.consumer`` of the group :data:`~knnmon.protocol.GROUP`;
-parsing and the field rejects are the stream protocol's (:func:`~knnmon.protocol.parse_object`);
+parsing and the field rejects are the stream protocol's, in bulk (:func:`~knnmon.bulk_parse.parse_objects`);
 which objects are duplicates or late is the runtime's one rule (:meth:`Runtime.admit
 <knnmon.coordinator.runtime.runtime.Runtime.admit>`), turned here into ``duplicate_id`` and
 ``late`` rejects.
@@ -18,10 +18,11 @@ import redis
 from redis.cluster import RedisCluster
 
 from knnmon.coordinator.runtime.runtime import Runtime
-from knnmon.coordinator.service.object_log import objects_table
+from knnmon.bulk_parse import parse_objects
+from knnmon.coordinator.service.object_log import OBJECT_SCHEMA
 from knnmon.errors import Rejected
 from knnmon.limits import Limits
-from knnmon.protocol import GROUP, entry_order, parse_object, redis_clock_ms
+from knnmon.protocol import GROUP, entry_order, redis_clock_ms
 
 __all__ = ["CLUSTER_BLOCK_MS", "Entry", "ObjectRead", "Reject", "StreamReader", "read_objects"]
 
@@ -89,25 +90,25 @@ class ObjectRead:
 
 
 def read_objects(entries: list[Entry], runtime: Runtime, limits: Limits, client: redis.Redis) -> ObjectRead:
-    """Parse a read's object entries; reject the malformed ones, those from the future (against
-    Redis's clock, read once), the duplicates and the late ones."""
+    """Parse a read's object entries in bulk (:func:`~knnmon.bulk_parse.parse_objects`, the
+    recovery's parser); reject the malformed ones, those from the future (against Redis's clock,
+    read once), the duplicates and the late ones."""
     clock = redis_clock_ms(client) if limits.max_future_ms is not None else None
-    parsed, at, rejects = [], [], []  # at: each parsed object's position in entries
-    for i, (eid, fields) in enumerate(entries):
-        try:
-            parsed.append(parse_object(eid, fields, limits, clock_ms=clock))
-            at.append(i)
-        except Rejected as r:
-            rejects.append((i, (eid, fields, r)))
-    admitted = runtime.admit([o.id for o in parsed], np.array([o.t for o in parsed], dtype=np.int64))
-    rejects += [(at[j], (*entries[at[j]], Rejected("duplicate_id", f"id={parsed[j].id}")))
+    cols = parse_objects(entries, limits, clock_ms=clock)
+    at = np.flatnonzero(cols.ok)  # each parsed object's position in entries
+    ids = [cols.ids[i] for i in at.tolist()]
+    admitted = runtime.admit(ids, cols.t[at])
+    rejects = [(i, (*entries[i], r)) for i, r in cols.rejects.items()]
+    rejects += [(int(at[j]), (*entries[at[j]], Rejected("duplicate_id", f"id={ids[j]}")))
                 for j in np.flatnonzero(admitted.duplicate).tolist()]
     rejects.sort(key=lambda r: r[0])
     late = []
     if admitted.late.any():
         why = " (watermark: the largest t - the allowed lateness)" if runtime.window.lateness_ms else ""
-        late = [(*entries[at[j]], Rejected("late", f"t={parsed[j].t} <= watermark - window = {admitted.cutoff}{why}"))
+        late = [(*entries[at[j]], Rejected("late", f"t={cols.t[at[j]]} <= watermark - window = {admitted.cutoff}{why}"))
                 for j in np.flatnonzero(admitted.late).tolist()]
-    keep = np.flatnonzero(~(admitted.duplicate | admitted.late)).tolist()
-    return ObjectRead(objects_table([parsed[j] for j in keep]), [entries[at[j]][0] for j in keep],
-                      [r for _, r in rejects] + late, len(late))
+    keep = at[~(admitted.duplicate | admitted.late)]
+    rows = keep.tolist()
+    table = pa.table({"id": [cols.ids[i] for i in rows], "lon": cols.lon[keep], "lat": cols.lat[keep],
+                      "t": cols.t[keep], "keywords": [list(cols.keywords[i]) for i in rows]}, schema=OBJECT_SCHEMA)
+    return ObjectRead(table, [entries[i][0] for i in rows], [r for _, r in rejects] + late, len(late))

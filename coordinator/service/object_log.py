@@ -26,7 +26,7 @@ from knnmon.limits import DEFAULT_LIMITS, Limits
 from knnmon.protocol import GROUP, group_info, redis_clock_ms, entry_order
 from knnmon.window import Window
 
-__all__ = ["OBJECT_SCHEMA", "ObjectLog", "check_event_time", "checkpoint_watermark", "create_groups", "objects_table",
+__all__ = ["OBJECT_SCHEMA", "ObjectLog", "check_event_time", "checkpoint_watermark", "create_groups",
            "read_elsewhere", "read_object_log", "read_objects", "undelivered"]
 
 #: Objects as the service holds them.
@@ -75,14 +75,6 @@ def read_objects(client: redis.Redis, keys: Keys, preload: pa.Table, limits: Lim
                     for eid, fields, t, _ in unacked if t <= cutoff]
         objects = live_initial(objects, window, allowed_lateness)
     return ObjectLog(objects, pending, rejects, read, spans, unacked, time.perf_counter() - t0)
-
-
-def objects_table(objects: list) -> pa.Table:
-    """Parsed :class:`~knnmon.protocol.ObjectEntry` s as a table of
-    :data:`OBJECT_SCHEMA`."""
-    return pa.table({"id": [o.id for o in objects], "lon": [o.lon for o in objects], "lat": [o.lat for o in objects],
-                     "t": [o.t for o in objects], "keywords": [list(o.keywords) for o in objects]},
-                    schema=OBJECT_SCHEMA)
 
 
 def create_groups(client: redis.Redis, keys: Keys) -> None:

@@ -50,7 +50,8 @@ def test_an_entry_failing_at_any_stage_is_rejected_and_the_rest_is_applied(place
                       {**q0, "id": "poison-place", "lon": 12.345, "lat": 1.0}]
     poison_objects = [{**places[5], "id": "poison-parse"}, {**places[6], "id": "poison-worker"},
                       {**places[7], "id": "poison-write", "lon": q0["lon"], "lat": q0["lat"], "keywords": q0["keywords"]}]
-    _fail_when(monkeypatch, intake, "parse_object", lambda eid, fields, *a, **kw: fields.get("id") == "poison-parse")
+    _fail_when(monkeypatch, intake, "parse_objects", lambda entries, *a, **kw: any(
+        f.get("id") == "poison-parse" for _, f in entries))
     _fail_when(monkeypatch, ObjectStore, "knn_v", lambda self, lon, lat, kws, k: any("poisonknn" in w for w in kws))
     _fail_when(monkeypatch, Registrar, "place", lambda self, lon, lat: lon == 12.345)
     _fail_when(monkeypatch, KnnWorker, "process_rows", lambda self, batch, rows=None, **kw:
