@@ -77,9 +77,14 @@ def test_a_detached_worker_exits_when_its_services_heartbeat_stops(ray_instance,
             return
         heart.stop()
         assert not redis.Redis.from_url(redis_url).exists(Keys(namespace).serve_alive)
-        time.sleep(1.5)  # two reads 0.05 s apart once the key is gone: exited
-        with pytest.raises(RayActorError):
-            pool._ray.get(pool.actors[0].stats.remote(), timeout=20)
+        def exited() -> bool:  # (two reads 0.05 s apart once the key is gone)
+            try:
+                pool._ray.get(pool.actors[0].stats.remote(), timeout=20)
+                return False
+            except RayActorError:
+                return True
+
+        assert _wait_for(exited)
         assert _wait_for(lambda: not _named(prefix))
     finally:
         heart.stop()

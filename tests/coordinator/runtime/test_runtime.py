@@ -256,7 +256,6 @@ def test_a_killed_ray_worker_process_is_revived_mid_stream_and_stays_exact(small
                                                                            tmp_path, written):
     import os
     import signal
-    import time
 
     _, queries, objects = small
     client, keys = connect(redis_url), Keys(namespace)
@@ -264,7 +263,7 @@ def test_a_killed_ray_worker_process_is_revived_mid_stream_and_stays_exact(small
         victim = rt.registrar.stats()[1]["pid"]
         pending = [rt.dispatcher.dispatch(b) for b in batches[3:5]]  # two batches in flight
         if written:  # the worker applies and writes both before it dies: none may be applied again
-            time.sleep(1.5)
+            rt.pool.gather([rt.pool.last_write(1)])  # (answered after the calls before it, and their writes)
         os.kill(victim, signal.SIGKILL)
         later = deque(pending[1:])
         rt._collect(pending[0], later)
