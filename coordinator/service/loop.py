@@ -89,7 +89,9 @@ class Service(Lifecycle):
                 self._follow_revivals()
                 failures = 0
             except Exception as ex:  # noqa: BLE001 - Redis or a worker gone: recover, or give up after 10
-                failures += 1
+                # (Redis going away is waited out however often: each rebuild waits for it. A
+                # worker lost 11 times in a row is not.)
+                failures += caused_by(ex, WorkerLostError) or not rebuild
                 if failures > 10 or not is_infrastructure(ex):
                     raise
                 if caused_by(ex, WorkerLostError):

@@ -161,8 +161,10 @@ def test_a_service_stopped_while_redis_is_down_exits_at_once(tmp_path, namespace
 
 def test_a_rebuild_that_fails_is_tried_again(tmp_path, namespace):
     """A worker lost asks for a rebuild from Redis; Redis goes away in the middle of that
-    rebuild: the service tries it again, as any failed step, and serves on exact. (Found by the
-    model-based test's Ray variant: the second failure escaped the loop and the service died.)"""
+    rebuild, 11 times in a row: the service tries it again each time and serves on exact.
+    (Found by the model-based test's Ray variant: the second failure escaped the loop and the
+    service died; then, Redis restarted again and again during a rebuild, the service gave up
+    after 11 failures.)"""
     import redis
 
     from knnmon.coordinator.runtime.config import RunConfig
@@ -180,7 +182,7 @@ def test_a_rebuild_that_fails_is_tried_again(tmp_path, namespace):
         r.xadd(keys.ingest_queries, register_fields({"id": "q", "lon": 10.0, "lat": 50.0, "keywords": ["cafe"],
                                                      "k": 2}))
         with Service(config) as svc:
-            faults = [WorkerLostError(0, "lost (test)"), redis.ConnectionError("Redis gone mid-rebuild (test)")]
+            faults = [WorkerLostError(0, "lost (test)"), *[redis.ConnectionError("Redis gone mid-rebuild (test)")] * 11]
             step, start_runtime = svc._step, svc._start_runtime
 
             def failing(original, kind):
@@ -194,7 +196,7 @@ def test_a_rebuild_that_fails_is_tried_again(tmp_path, namespace):
             svc._start_runtime = failing(start_runtime, redis.ConnectionError)
             r.xadd(keys.ingest_objects, {"id": "o1", "lon": "10.0", "lat": "50.0", "keywords": "cafe"})
             svc.run(idle_exit_s=0.2, handle_signals=False)
-            assert not faults and svc.counters["recoveries"] == 2
+            assert not faults and svc.counters["recoveries"] == 12
             r.xadd(keys.ingest_objects, {"id": "o2", "lon": "10.001", "lat": "50.0", "keywords": "cafe"})
             svc.run(idle_exit_s=0.2, handle_signals=False)
             wait_processed(r, keys, timeout_s=10)
