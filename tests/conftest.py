@@ -141,7 +141,8 @@ def local_cluster(tmp_path_factory):
     port = free_port_base((0, 10, 20, 30, 100, 300), step=500)  # (the script's block of 400 ports)
     if ray_exe is None or port is None:
         pytest.skip("no ray executable, or no free port block for a local Ray cluster")
-    script, root = Path(__file__).resolve().parents[1] / "deploy" / "local-cluster.sh", tmp_path_factory.mktemp("cluster")
+    script = Path(__file__).resolve().parents[1] / "deploy" / "local-cluster.sh"
+    root = tmp_path_factory.mktemp("cluster")
     env = {**os.environ, "KNNMON_CLUSTER_DIR": str(root), "KNNMON_RAY_PORT": str(port), "KNNMON_RAY": ray_exe}
     started = subprocess.run([str(script), "start"], env=env, capture_output=True, text=True, timeout=300)
     assert started.returncode == 0, started.stdout + started.stderr

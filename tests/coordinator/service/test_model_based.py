@@ -19,7 +19,8 @@ restarted; a re-plan. After every step it checks, against the model:
 - ``knnmon status`` and the Prometheus counters equal each other and the model's counts.
 
 Hypothesis shrinks a failing run to its shortest sequence. The default suite runs a fixed seed;
-``KNNMON_MBT_EXAMPLES``, ``KNNMON_MBT_STEPS`` and ``KNNMON_MBT_SEED`` make longer runs.
+``KNNMON_MBT_EXAMPLES``, ``KNNMON_MBT_STEPS`` and ``KNNMON_MBT_SEED`` make longer runs. The Ray
+variant is ``test_model_based_ray.py``.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from knnmon.oracle import BruteForceKnn
 from knnmon.protocol import GROUP
 from knnmon.redis_server import EmbeddedRedis
 from knnmon.store import StoreConfig
+from tests.coordinator.service.mbt_model import Model, hostile_objects, hostile_ops
 
 WORKERS = 3
 #: The window of the windowed runs, and the event time between two places of a batch (ms).
@@ -60,99 +62,6 @@ COUNTED = ("registered", "updated", "unchanged", "unregistered", "unregister_unk
 
 class _Crash(BaseException):
     """The service dies here: it leaves ``run()`` as SIGKILL would, with Redis as it was then."""
-
-
-def hostile_objects(valid: dict) -> list[tuple[dict, str]]:
-    """Object entries each rejected with its reason (fields built from a valid place)."""
-    f = object_fields(valid)
-    return [
-        ({k: v for k, v in f.items() if k != "id"}, "missing_id"),
-        ({**f, "id": "a b"}, "bad_id"),
-        ({**f, "id": "x" * 300}, "bad_id"),
-        ({k: v for k, v in f.items() if k != "lat"}, "missing_coordinates"),
-        ({**f, "lon": "east"}, "non_numeric_coordinates"),
-        ({**f, "lon": "inf"}, "non_numeric_coordinates"),
-        ({**f, "lon": "200"}, "longitude_out_of_range"),
-        ({**f, "lat": "-95"}, "latitude_out_of_range"),
-        ({**f, "lon": "0", "lat": "0"}, "null_island"),
-        ({**f, "t": "noon"}, "bad_time"),
-        ({**f, "t": "9" * 25}, "bad_time"),
-        ({**f, "t": str(int(time.time() * 1000) + 3_600_000)}, "future"),  # valid alone: would move the watermark
-        ({k: v for k, v in f.items() if k != "keywords"}, "no_keywords"),
-        ({**{k: v for k, v in f.items() if k != "keywords"}, "text": "the of and 42"}, "no_keywords"),  # (normalised)
-        ({**f, "keywords": " ".join(f"w{i}" for i in range(40))}, "too_many_keywords"),
-        ({**f, "keywords": "x " * 40_000}, "field_too_large"),
-        ({**f, "text": "t" * 1_000_000}, "field_too_large"),  # 1 MB: leaves the stream as any reject
-        ({**f, "keywords": b"caf\xe9"}, "not_utf8"),
-    ]
-
-
-def hostile_ops(q: dict) -> list[tuple[dict, str]]:
-    """Query operations each rejected with its reason (fields built from a valid query)."""
-    f = register_fields(q)
-    return [
-        ({**f, "op": "fly"}, "unknown_op"),
-        ({k: v for k, v in f.items() if k != "op"}, "unknown_op"),
-        ({**f, "k": "0"}, "bad_k"),
-        ({**f, "k": "two"}, "bad_k"),
-        ({**f, "k": "99999999999999999999"}, "k_too_large"),
-        ({k: v for k, v in f.items() if k != "lon"}, "missing_coordinates"),
-        ({**f, "lon": "0", "lat": "0"}, "null_island"),
-        ({**f, "id": "{tag}"}, "bad_id"),
-        ({**f, "id": ""}, "missing_id"),
-        ({**f, "keywords": "the of"}, "no_keywords"),
-        ({**f, "keywords": " ".join(f"w{i}" for i in range(40))}, "too_many_keywords"),
-        ({**f, "keywords": "k" * 70_000}, "field_too_large"),
-        ({**f, "id": b"q\xff"}, "not_utf8"),
-    ]
-
-
-class Model:
-    """What the service must hold and say (module docstring)."""
-
-    def __init__(self, window_ms: int | None, lateness_ms: int) -> None:
-        self.window_ms, self.lateness_ms = window_ms, lateness_ms
-        self.objects: dict[str, dict] = {}  # accepted (with a window: those still live, and maybe expired)
-        self.queries: dict[str, dict] = {}
-        self.top_t: int | None = None  # the largest t applied
-        self.accepted_entries = 0
-        self.counts: Counter = Counter()  # COUNTED and rejects (stream, reason), since the service started
-
-    def cutoff(self, top_t: int | None = None) -> int | None:
-        """Objects with ``t`` at or below this are expired (``None``: none is)."""
-        top = self.top_t if top_t is None else top_t
-        return None if self.window_ms is None or top is None else top - self.lateness_ms - self.window_ms
-
-    def live(self) -> list[dict]:
-        cut = self.cutoff()
-        return [o for o in self.objects.values() if cut is None or o["t"] > cut]
-
-    def register(self, q: dict) -> None:
-        old = self.queries.get(q["id"])
-        same = old is not None and (old["lon"], old["lat"], sorted(old["keywords"]), old["k"]) == (
-            q["lon"], q["lat"], sorted(q["keywords"]), q["k"])
-        if same:
-            self.counts["unchanged"] += 1
-            return
-        self.counts["registered"] += 1  # (an update is a registration too, that replaced one)
-        self.counts["updated"] += old is not None
-        self.queries[q["id"]] = q
-
-    def unregister(self, qid: str) -> None:
-        self.counts["unregister_unknown" if self.queries.pop(qid, None) is None else "unregistered"] += 1
-
-    def accept(self, objects: list[dict]) -> None:
-        for o in objects:
-            self.objects[o["id"]] = o
-            self.top_t = o["t"] if self.top_t is None else max(self.top_t, o["t"])
-        self.accepted_entries += len(objects)
-        self.counts["objects"] += len(objects)
-        cut = self.cutoff()
-        if cut is not None:  # (an expired id is forgotten by the model; the machine never re-publishes one)
-            self.objects = {i: o for i, o in self.objects.items() if o["t"] > cut}
-
-    def reject(self, stream: str, reason: str) -> None:
-        self.counts[stream, reason] += 1
 
 
 class ServeMachine(RuleBasedStateMachine):
@@ -461,109 +370,6 @@ class ServeMachine(RuleBasedStateMachine):
             time.sleep(0.02)
 
 
-class RayServeMachine(ServeMachine):
-    """The same machine over ``knnmon serve`` as a child process with Ray workers on the
-    cluster of ``deploy/local-cluster.sh`` (``-m slow``): a worker lost is its actor process
-    SIGKILLed (between batches, or right after a batch is published: during it, as the
-    machine's timing has it), the service dropped is SIGKILLed (its detached workers outlive
-    it: the next service keeps them or loads them anew), a stop is SIGTERM. Which losses were
-    revived in place is not known to the test."""
-
-    log_dir: str = ""
-    #: The cluster's address and the environment its drivers need (:func:`local_cluster`).
-    ray_address: str = ""
-    ray_env: dict[str, str] = {}
-    status_wait_s = 30.0
-    steps_per_start = 30
-
-    def _start(self, replan: bool = False) -> None:
-        import subprocess
-        import sys
-
-        c = self.config.run
-        args = ["serve", "--redis", self.url, "--namespace", self.keys.namespace, "--workers", str(c.workers),
-                "--batch", str(c.batch), "--max-delay-ms", "2", "--metrics", "127.0.0.1:0",
-                "--ray-address", self.ray_address]
-        if c.window is not None:
-            args += ["--window", f"{c.window}ms", "--allowed-lateness", f"{c.allowed_lateness}ms"]
-        if replan:
-            args.append("--replan")
-        self.log_path = os.path.join(self.log_dir, f"serve-{time.monotonic_ns()}.log")
-        log = open(self.log_path, "w")
-        self.started_at = self.tally["steps"]
-        self.proc = subprocess.Popen([sys.executable, "-m", "knnmon.coordinator.cli", *args], stdout=log,
-                                     stderr=subprocess.STDOUT, env=self.ray_env)
-        log.close()
-        self.svc = self.proc
-        deadline = time.monotonic() + 300
-        while True:  # its status: this process's, serving, with every worker's process
-            assert self.proc.poll() is None, f"serve exited with {self.proc.returncode}"
-            assert time.monotonic() < deadline, "serve did not start"
-            svc = read_status(self.url, self.keys.namespace)["service"] or {}
-            if svc.get("pid") == self.proc.pid and all(w.get("pid") for w in svc.get("worker_processes") or [{}]):
-                break
-            time.sleep(0.2)
-        self.model.counts = Counter()
-        self._serve()
-        self.model.counts = Counter()
-        done_ms = time.time() * 1000  # the baseline: a status published after the start's work (every second)
-        while (read_status(self.url, self.keys.namespace)["service"] or {}).get("heartbeat_ms", 0) <= done_ms:
-            assert time.monotonic() < deadline, "no status published after the start"
-            time.sleep(0.1)
-        self.baseline = self._counts()
-
-    def _serve(self) -> None:
-        from knnmon.coordinator.testing import wait_processed
-
-        wait_processed(self.r, self.keys, self.proc, timeout_s=300)
-
-    def _stop(self) -> None:
-        import signal
-
-        if self.svc is not None:
-            if self.proc.poll() is None:
-                self.proc.send_signal(signal.SIGTERM)
-                assert self.proc.wait(timeout=120) == 0, open(self.log_path).read()[-3000:]
-            self.svc = None
-
-    def _worker_pid(self, worker: int) -> int:
-        return read_status(self.url, self.keys.namespace)["service"]["worker_processes"][worker]["pid"]
-
-    def _lose(self, worker: int, during: bool, before: bool) -> None:
-        self._victim = self._worker_pid(worker)
-        self._during = during
-        if not during:
-            self._kill(self._victim)
-
-    @staticmethod
-    def _kill(pid: int) -> None:
-        """SIGKILL; a process already gone is a worker lost before and not yet revived (the
-        status names the process until the service finds the loss)."""
-        try:
-            os.kill(pid, 9)
-        except ProcessLookupError:
-            pass
-
-    def _lost(self) -> None:
-        pass
-
-    def publish(self, n, dups, late, jump, serve=True):
-        super().publish(n, dups, late, jump, serve=False)
-        if getattr(self, "_during", False):  # the batch just published is (about to be) in flight
-            self._during = False
-            self._kill(self._victim)
-        if serve:
-            self._serve()
-
-    def _crash(self, j: int, before: bool, n: int) -> None:
-        self.publish(n, 0, 0, 0, serve=False)
-        self.proc.kill()  # SIGKILL, in the middle of that batch as the timing has it
-        self.proc.wait()
-
-    def _revived(self) -> int | None:
-        return None
-
-
 def _scrape(url: str) -> dict[tuple[str, str], float]:
     """A scrape of ``/metrics`` by (metric, its reason label or "")."""
     from prometheus_client.parser import text_string_to_metric_families
@@ -601,10 +407,3 @@ def _run(base: type[ServeMachine], mbt_data, tmp_path, examples: int, steps: int
 
 def test_the_service_is_exact_under_any_sequence(mbt_data, tmp_path):
     _run(ServeMachine, mbt_data, tmp_path, examples=5, steps=15)
-
-
-@pytest.mark.slow
-def test_the_service_on_ray_is_exact_under_any_sequence(mbt_data, local_cluster, tmp_path):
-    """Real actor processes SIGKILLed, the service a child process SIGKILLed and restarted."""
-    address, env, _ = local_cluster
-    _run(RayServeMachine, mbt_data, tmp_path, examples=2, steps=12, ray_address=address, ray_env=env)

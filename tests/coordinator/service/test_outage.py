@@ -63,7 +63,8 @@ def test_a_restart_the_retries_hid_is_checked_between_steps(redis_url, namespace
     config = ServeConfig(run=RunConfig(workers=1, executor="inline",
                                        store=StoreConfig(url=redis_url, namespace=namespace)))
     with Service(config) as svc:
-        r.xadd(keys.ingest_queries, register_fields({"id": "q", "lon": 10.0, "lat": 50.0, "keywords": ["cafe"], "k": 3}))
+        r.xadd(keys.ingest_queries, register_fields({"id": "q", "lon": 10.0, "lat": 50.0, "keywords": ["cafe"],
+                                                     "k": 3}))
         for i in range(20):
             r.xadd(keys.ingest_objects, {"id": f"o{i}", "lon": str(10 + i / 100), "lat": "50.0", "keywords": "cafe"})
         svc.run(idle_exit_s=0.5, handle_signals=False)
