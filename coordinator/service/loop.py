@@ -89,12 +89,13 @@ class Service(Lifecycle):
                 self._follow_revivals()
                 failures = 0
             except Exception as ex:  # noqa: BLE001 - Redis or a worker gone: recover, or give up after 10
+                lost = caused_by(ex, WorkerLostError)
                 # (Redis going away is waited out however often: each rebuild waits for it. A
                 # worker lost 11 times in a row is not.)
-                failures += caused_by(ex, WorkerLostError) or not rebuild
+                failures += lost or not rebuild
                 if failures > 10 or not is_infrastructure(ex):
                     raise
-                if caused_by(ex, WorkerLostError):
+                if lost:
                     self.counters["worker_restarts"] += 1
                 elif not rebuild and not self._applying and self._rode_out(ex):
                     failures = 0  # (Redis came back with every write: progress, however often it restarts)

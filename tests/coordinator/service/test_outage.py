@@ -3,15 +3,35 @@ from one that came back without some (rebuild), on a real Redis."""
 
 from __future__ import annotations
 
+import signal
+import threading
 import time
 
+import redis
+
 from knnmon.connection import connect
-from knnmon.coordinator.service.outage import kept_every_write, server_ids
+from knnmon.coordinator.runtime.config import RunConfig
+from knnmon.coordinator.service.config import ServeConfig
+from knnmon.coordinator.service.loop import Service
 from knnmon.coordinator.service.object_log import create_groups
+from knnmon.coordinator.service.outage import kept_every_write, server_ids
+from knnmon.coordinator.testing import register_fields, serve_process, wait_processed
+from knnmon.errors import WorkerLostError
 from knnmon.keys import Keys
 from knnmon.protocol import GROUP
+from knnmon.redis_server import EmbeddedRedis
 from knnmon.results import ResultReader
 from knnmon.store import StoreConfig
+
+
+def _inline(url: str, namespace: str) -> ServeConfig:
+    """A service with one in-process worker over ``url``."""
+    return ServeConfig(run=RunConfig(workers=1, executor="inline", store=StoreConfig(url=url, namespace=namespace)))
+
+
+def _register_cafe(r, keys: Keys, k: int) -> None:
+    """Register query ``q`` (cafés near (10, 50), ``k`` of them)."""
+    r.xadd(keys.ingest_queries, register_fields({"id": "q", "lon": 10.0, "lat": 50.0, "keywords": ["cafe"], "k": k}))
 
 
 def _never():
@@ -52,19 +72,12 @@ def test_a_restart_the_retries_hid_is_checked_between_steps(redis_url, namespace
     acknowledgements' retries waited through): between steps the service checks it as after an
     outage -- every write kept: counted, nothing rebuilt; a worker's last write missing: rebuilt
     from Redis."""
-    from knnmon.coordinator.runtime.config import RunConfig
-    from knnmon.coordinator.service.config import ServeConfig
-    from knnmon.coordinator.service.loop import Service
-    from knnmon.coordinator.testing import register_fields
-    from knnmon.store import StoreConfig
 
     r = connect(redis_url)
     keys = Keys(namespace)
-    config = ServeConfig(run=RunConfig(workers=1, executor="inline",
-                                       store=StoreConfig(url=redis_url, namespace=namespace)))
+    config = _inline(redis_url, namespace)
     with Service(config) as svc:
-        r.xadd(keys.ingest_queries, register_fields({"id": "q", "lon": 10.0, "lat": 50.0, "keywords": ["cafe"],
-                                                     "k": 3}))
+        _register_cafe(r, keys, 3)
         for i in range(20):
             r.xadd(keys.ingest_objects, {"id": f"o{i}", "lon": str(10 + i / 100), "lat": "50.0", "keywords": "cafe"})
         svc.run(idle_exit_s=0.5, handle_signals=False)
@@ -86,19 +99,11 @@ def test_a_redis_restarted_again_and_again_is_ridden_out_every_time(tmp_path, na
     outage is ridden out (every write kept), and the service goes on serving. (Found by the
     model-based test's Ray variant: the service gave up after 10 outages with no batch between
     them, and exited.)"""
-    import threading
-
-    from knnmon.coordinator.runtime.config import RunConfig
-    from knnmon.coordinator.service.config import ServeConfig
-    from knnmon.coordinator.service.loop import Service
-    from knnmon.coordinator.testing import register_fields, wait_processed
-    from knnmon.redis_server import EmbeddedRedis
 
     server = EmbeddedRedis(str(tmp_path / "redis"), durable=True).start()
     try:
         r, keys = connect(server.url), Keys(namespace)
-        config = ServeConfig(run=RunConfig(workers=1, executor="inline",
-                                           store=StoreConfig(url=server.url, namespace=namespace)))
+        config = _inline(server.url, namespace)
         with Service(config) as svc:
             loop = threading.Thread(target=svc.run, kwargs={"handle_signals": False}, daemon=True)
             loop.start()
@@ -110,8 +115,7 @@ def test_a_redis_restarted_again_and_again_is_ridden_out_every_time(tmp_path, na
                     assert loop.is_alive() and time.monotonic() < deadline, svc.counters
                     time.sleep(0.01)
             r = connect(server.url)
-            r.xadd(keys.ingest_queries, register_fields({"id": "q", "lon": 10.0, "lat": 50.0, "keywords": ["cafe"],
-                                                         "k": 1}))
+            _register_cafe(r, keys, 1)
             r.xadd(keys.ingest_objects, {"id": "o", "lon": "10.0", "lat": "50.0", "keywords": "cafe"})
             wait_processed(r, keys, timeout_s=60)
             assert [o for o, _ in ResultReader(r, keys).result("q")] == ["o"]
@@ -126,19 +130,11 @@ def test_a_service_stopped_while_redis_is_down_exits_at_once(tmp_path, namespace
     """SIGTERM while the service waits for Redis: it exits 0 at once, without rebuilding (it
     used to try, and exit with an error), and the next service goes on from what Redis holds.
     (Found by the model-based test's Ray variant.)"""
-    import signal
-
-    from knnmon.coordinator.runtime.config import RunConfig
-    from knnmon.coordinator.service.config import ServeConfig
-    from knnmon.coordinator.service.loop import Service
-    from knnmon.coordinator.testing import register_fields, serve_process, wait_processed
-    from knnmon.redis_server import EmbeddedRedis
 
     server, log = EmbeddedRedis(str(tmp_path / "redis"), durable=True).start(), tmp_path / "serve.log"
     try:
         r, keys = connect(server.url), Keys(namespace)
-        r.xadd(keys.ingest_queries, register_fields({"id": "q", "lon": 10.0, "lat": 50.0, "keywords": ["cafe"],
-                                                     "k": 2}))
+        _register_cafe(r, keys, 2)
         r.xadd(keys.ingest_objects, {"id": "o1", "lon": "10.0", "lat": "50.0", "keywords": "cafe"})
         proc = serve_process(server.url, namespace, log, workers=1)
         wait_processed(r, keys, proc, timeout_s=120)
@@ -151,8 +147,7 @@ def test_a_service_stopped_while_redis_is_down_exits_at_once(tmp_path, namespace
         assert proc.wait(timeout=30) == 0, log.read_text()
         r = connect(server.start().url)
         r.xadd(keys.ingest_objects, {"id": "o2", "lon": "10.001", "lat": "50.0", "keywords": "cafe"})
-        config = ServeConfig(run=RunConfig(workers=1, executor="inline",
-                                           store=StoreConfig(url=server.url, namespace=namespace)))
+        config = _inline(server.url, namespace)
         with Service(config) as svc:
             svc.run(idle_exit_s=0.1, handle_signals=False)
         assert [o for o, _ in ResultReader(r, keys).result("q")] == ["o1", "o2"]
@@ -166,22 +161,12 @@ def test_a_rebuild_that_fails_is_tried_again(tmp_path, namespace):
     (Found by the model-based test's Ray variant: the second failure escaped the loop and the
     service died; then, Redis restarted again and again during a rebuild, the service gave up
     after 11 failures.)"""
-    import redis
-
-    from knnmon.coordinator.runtime.config import RunConfig
-    from knnmon.coordinator.service.config import ServeConfig
-    from knnmon.coordinator.service.loop import Service
-    from knnmon.coordinator.testing import register_fields, wait_processed
-    from knnmon.errors import WorkerLostError
-    from knnmon.redis_server import EmbeddedRedis
 
     server = EmbeddedRedis(str(tmp_path / "redis"), durable=True).start()
     try:
         r, keys = connect(server.url), Keys(namespace)
-        config = ServeConfig(run=RunConfig(workers=1, executor="inline",
-                                           store=StoreConfig(url=server.url, namespace=namespace)))
-        r.xadd(keys.ingest_queries, register_fields({"id": "q", "lon": 10.0, "lat": 50.0, "keywords": ["cafe"],
-                                                     "k": 2}))
+        config = _inline(server.url, namespace)
+        _register_cafe(r, keys, 2)
         with Service(config) as svc:
             faults = [WorkerLostError(0, "lost (test)"), *[redis.ConnectionError("Redis gone mid-rebuild (test)")] * 11]
             step, start_runtime = svc._step, svc._start_runtime
