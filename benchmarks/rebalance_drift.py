@@ -102,7 +102,7 @@ def main(argv=None) -> int:
     from knnmon.coordinator.bench.runner import BenchConfig, _one_run, machine_info
     from knnmon.coordinator.rebalance.config import RebalanceConfig
     from knnmon.coordinator.runtime.preparation import prepare_tables
-    from knnmon.coordinator.runtime.worker_pool import init_ray
+    from knnmon.coordinator.runtime.ray_start import init_ray
     from knnmon.ingest.queries import QueryWorkload, generate_queries
     from knnmon.store import StoreConfig, open_store
 

@@ -22,6 +22,7 @@ import sys
 import time
 
 import numpy as np
+import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 import redis
@@ -78,6 +79,32 @@ def latencies(r: redis.Redis, keys: Keys, first_id: str) -> tuple[np.ndarray, fl
         last_ms = max(last_ms, done)
         n += 1
     return np.concatenate(lat) if lat else np.zeros(0), first_ms or 0.0, last_ms, n
+
+
+def processes(proc: subprocess.Popen, server: EmbeddedRedis, status: dict) -> dict[str, list[psutil.Process]]:
+    """The processes whose CPU time an object costs, by role: the coordinator (the service's
+    process), its workers (their actor processes), the rest of its process tree (Ray's own
+    processes), the Redis server, and this publisher."""
+    worker_pids = {w["pid"] for w in status.get("worker_processes") or [] if w.get("pid")}
+    tree = psutil.Process(proc.pid).children(recursive=True)
+    return {"coordinator": [psutil.Process(proc.pid)], "workers": [psutil.Process(p) for p in worker_pids],
+            "ray (other)": [p for p in tree if p.pid not in worker_pids],
+            "redis": [psutil.Process(server.proc.pid)], "publisher": [psutil.Process()]}
+
+
+def cpu_s(groups: dict[str, list[psutil.Process]]) -> dict[str, float]:
+    """User + system CPU seconds so far per role (a process gone since counts 0)."""
+    out = {}
+    for role, procs in groups.items():
+        total = 0.0
+        for p in procs:
+            try:
+                t = p.cpu_times()
+                total += t.user + t.system
+            except psutil.NoSuchProcess:
+                pass
+        out[role] = total
+    return out
 
 
 def start_serve(url: str, a: argparse.Namespace, r: redis.Redis, keys: Keys, *extra: str) -> subprocess.Popen:
@@ -141,9 +168,13 @@ def main(argv=None) -> int:
                 proc = start_serve(server.url, a, r, keys, "--replan")
                 restart_s = time.perf_counter() - t2
                 print(f"restarted (recovery and plan of {queries.num_rows:,} queries) in {restart_s:.1f} s", flush=True)
+            time.sleep(1.2)  # the status names the worker processes (published every second)
+            groups = processes(proc, server, json.loads(r.get(keys.serve_status)))
+            cpu0 = cpu_s(groups)
             first = r.xadd(keys.ingest_objects, object_fields(stream[0]))
             sent, publish_s = publish(r, keys.ingest_objects, stream[1:], a.rate, a.duration_s)
             wait_processed(r, keys, proc, timeout_s=3600)
+            cpu1 = cpu_s(groups)
             lat, first_ms, last_ms, batches = latencies(r, keys, first)
             time.sleep(1.2)  # the service publishes its status every second
             status = json.loads(r.get(keys.serve_status))
@@ -166,7 +197,9 @@ def main(argv=None) -> int:
         "latency_ms_max": float(lat.max()), "batches": batches, "objects_per_batch": n / max(batches, 1),
         "busy_ms_per_worker": status["busy_ms_per_worker"], "queries_per_worker": status["queries_per_worker"],
         "exact": exact,
+        "cpu_us_per_object": {role: (cpu1[role] - cpu0[role]) / (sent + 1) * 1e6 for role in cpu0},
     }
+    row["cpu_us_per_object"]["all"] = sum(row["cpu_us_per_object"].values())
     print(json.dumps(row, indent=2))
     if a.report:
         with open(a.report, "w", encoding="utf-8") as fh:

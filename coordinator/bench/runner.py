@@ -48,7 +48,7 @@ from knnmon.coordinator.runtime.config import RunConfig
 from knnmon.coordinator.runtime.runtime import Runtime
 from knnmon.coordinator.runtime.metrics import RunSummary
 from knnmon.coordinator.runtime.preparation import Prepared, live_initial, prepare
-from knnmon.coordinator.runtime.worker_pool import init_ray
+from knnmon.coordinator.runtime.ray_start import init_ray, shutdown_ray
 from knnmon.connection import redact
 from knnmon.errors import InputPathError, InvalidArgumentError
 from knnmon.limits import DEFAULT_LIMITS, Limits
@@ -306,9 +306,7 @@ def run_bench(cfg: BenchConfig, report: str | None = None, *, progress: bool = T
         save()
         stack.close()
         if ray_started:
-            import ray
-
-            ray.shutdown()
+            shutdown_ray()
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
     return out

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import logging
 import os
+import signal
 from typing import Any
 
 from knnmon.connection import redact
@@ -27,6 +29,7 @@ def _serve(a: argparse.Namespace) -> int:
     from knnmon.logs import configure_logging
 
     configure_logging(a.log_format)
+    faulthandler.register(signal.SIGUSR1)  # `kill -USR1 PID`: every thread's stack to stderr (a hang)
     # In JSON, every line of the output is a log record.
     say = logging.getLogger("knnmon.serve").info if a.log_format == "json" else (lambda m: print(m, flush=True))
 

@@ -70,7 +70,7 @@ def send_moves(pool: WorkerPool, registrar: Registrar, moves: Sequence[Move],
         exported = pool.export_parts(source, [mine for _, mine in parts])
         # (with Ray actors the export's object ref is the adoption's argument: the target's call
         # waits for it in Ray, not here, and runs in order with the target's other calls)
-        calls = [(e, pool.adopt(m.target, e.value, None, {**(note or {}), "moved_from": str(source)}))
+        calls = [(e, pool.adopt(m.target, e.handle, None, {**(note or {}), "moved_from": str(source)}))
                  for e, (m, _) in zip(exported, parts)]
         for (m, mine), (exported, adopted) in zip(parts, calls):
             sent.append((m, exported, adopted))

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -51,9 +51,11 @@ from knnmon.errors import WorkerLostError
 
 __all__ = ["Release", "gather_reviving", "migrate", "route_targets", "send_release"]
 
+T = TypeVar("T")
 
-def gather_reviving(pool: WorkerPool, calls: Sequence[tuple[int, Callable[[], Pending]]],
-                    revive: Callable[[int], bool] | None, sent: Sequence[Pending] | None = None) -> list[Any]:
+
+def gather_reviving(pool: WorkerPool, calls: Sequence[tuple[int, Callable[[], Pending[T]]]],
+                    revive: Callable[[int], bool] | None, sent: Sequence[Pending[T]] | None = None) -> list[T]:
     """The results of ``calls`` (``(worker, make the call)``, in order; ``sent``: made already);
     a worker lost in any of its calls is revived (``revive(worker)``: ``True`` once revived) and
     every call of its made again, in order, on the new actor (a revived worker is in the state

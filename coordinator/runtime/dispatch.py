@@ -47,7 +47,7 @@ class DispatchedBatch:
     objects: int
     duplicates: int
     deliveries: int
-    pending: list[Pending]
+    pending: list[Pending[WorkerReport]]
     t0: float
     route_ms: float
     route_cpu_ms: float

@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
-from knnmon.coordinator.runtime.ray_start import init_ray
+from knnmon.coordinator.runtime.ray_start import init_ray, shutdown_ray
 from knnmon.coordinator.runtime.worker_pool import Pending, WorkerPool
 from knnmon.errors import WorkerLostError
 
 __all__ = ["SHARE_MIN_BYTES", "WORKER_CPUS", "RayPool"]
 
 log = logging.getLogger("knnmon.runtime")
+
+T = TypeVar("T")
 
 #: CPUs each worker actor reserves: a token share (1,000 workers per core), only so that Ray
 #: honours its soft node affinity (an actor that reserves nothing is placed on a random node).
@@ -166,28 +168,28 @@ class RayPool(WorkerPool):
         if self._keep_spare:
             self.spare = self._new_spare(nodes)
 
-    def call(self, worker: int, method: str, *args: Any, **kwargs: Any) -> Pending:
-        return Pending(worker, getattr(self.actors[worker], method).remote(*args, **kwargs))
+    def call(self, worker: int, method: Callable[..., T], *args: Any, **kwargs: Any) -> Pending[T]:
+        return Pending(worker, getattr(self.actors[worker], method.__name__).remote(*args, **kwargs))
 
-    def _call_parts(self, worker: int, method: str, n: int, *args: Any) -> list[Pending]:
-        refs = getattr(self.actors[worker], method).options(num_returns=n).remote(*args)
+    def _call_parts(self, worker: int, method: Callable[..., tuple[T, ...]], n: int, *args: Any) -> list[Pending[T]]:
+        refs = getattr(self.actors[worker], method.__name__).options(num_returns=n).remote(*args)
         return [Pending(worker, r) for r in refs]
 
-    def ready(self, pending: Sequence[Pending]) -> bool:
-        refs = [p.value for p in pending]
+    def ready(self, pending: Sequence[Pending[Any]]) -> bool:
+        refs = [p.handle for p in pending]
         done, _ = self._ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
         return len(done) == len(refs)
 
-    def gather_each(self, pending: Sequence[Pending]) -> list[Any]:
+    def gather_each(self, pending: Sequence[Pending[T]]) -> list[T | WorkerLostError]:
         from ray.exceptions import RayActorError
 
         try:
-            return self._ray.get([p.value for p in pending])  # one wait for all
+            return self._ray.get([p.handle for p in pending])  # one wait for all
         except RayActorError:
             out = []
             for p in pending:  # which workers: those whose calls fail so
                 try:
-                    out.append(self._ray.get(p.value))
+                    out.append(self._ray.get(p.handle))
                 except RayActorError as ex:
                     lost = WorkerLostError(p.worker, f"its Ray actor died ({type(ex).__name__})")
                     lost.__cause__ = ex
@@ -213,4 +215,4 @@ class RayPool(WorkerPool):
                 self._ray.kill(a)
         self.actors, self.spare = [], None
         if self._started_ray:
-            self._ray.shutdown()
+            shutdown_ray()

@@ -165,7 +165,7 @@ class Registrar:
             mine.setdefault(w, []).append(i)
         routing.add_many([[routing.code(x) for x in q.keywords] for q in queries], rect.x0, rect.y0, rect.x1, rect.y1,
                          workers)
-        def send(w: int, sel: list[int]) -> Pending:
+        def send(w: int, sel: list[int]) -> Pending[None]:
             part = topk.take(sel)
             return self.pool.register(
                 w, QueryColumns.of([queries[i] for i in sel]), part,

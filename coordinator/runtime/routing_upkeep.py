@@ -43,6 +43,7 @@ from knnmon.assignment.routing import RoutingTable
 from knnmon.assignment.workload import Workload
 from knnmon.coordinator.runtime.worker_pool import Pending, WorkerPool
 from knnmon.errors import WorkerLostError
+from knnmon.query import QueryColumns
 
 __all__ = ["MAX_REBUILD_S", "REBUILD_S", "RoutingUpkeep", "SLACK", "STALE_KEPT", "UNREGISTERED_SHARE", "next_period"]
 
@@ -174,7 +175,7 @@ class RoutingUpkeep:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="knnmon-routing-rebuild")
         self._build = self._executor.submit(self._fresh_entries, pending)
 
-    def _fresh_entries(self, pending: list[Pending]):
+    def _fresh_entries(self, pending: list[Pending[tuple[QueryColumns, np.ndarray]]]):
         """In the build thread: the workers' regions -> a fresh table's entries in the run's
         keyword codes, sorted. Every keyword of a registered query has its code already (the
         registration gave it one before the snapshot), so the codes are only read here

@@ -16,29 +16,33 @@ import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
 from knnmon.batch import ObjectBatch, ObjectInfo, QueryHandover, Refills
 from knnmon.coordinator.runtime.config import RunConfig
-from knnmon.coordinator.runtime.ray_start import init_ray
 from knnmon.errors import WorkerLostError
 from knnmon.query import QueryColumns
+from knnmon.reports import LoadResult, WorkerReport, WorkerStats, WriteFigures
 from knnmon.workers.interface import WorkerApi
 
-__all__ = ["InlinePool", "Pending", "WorkerPool", "init_ray", "make_pool"]
+__all__ = ["InlinePool", "Pending", "WorkerPool", "make_pool"]
 
 log = logging.getLogger("knnmon.runtime")
 
 
 
+T = TypeVar("T")
+
+
 @dataclass(frozen=True)
-class Pending:
-    """A call sent to worker ``worker``: its result (inline) or Ray object ref."""
+class Pending(Generic[T]):
+    """A call sent to worker ``worker`` whose result is a ``T`` (:meth:`WorkerPool.gather`
+    gives it): ``handle`` is the result itself (in process), or its Ray object ref."""
 
     worker: int
-    value: Any
+    handle: object
 
 
 class WorkerPool(ABC):
@@ -57,10 +61,11 @@ class WorkerPool(ABC):
         self.kept: dict[int, dict[str, Any]] = {}
 
     @abstractmethod
-    def call(self, worker: int, method: str, *args: Any, **kwargs: Any) -> Pending:
-        """Send ``method(*args, **kwargs)`` to worker ``worker`` (in order with its earlier calls)."""
+    def call(self, worker: int, method: Callable[..., T], *args: Any, **kwargs: Any) -> Pending[T]:
+        """Send ``method(*args, **kwargs)`` (a :class:`~knnmon.workers.interface.WorkerApi`
+        method) to worker ``worker``, in order with its earlier calls."""
 
-    def gather(self, pending: Sequence[Pending]) -> list[Any]:
+    def gather(self, pending: Sequence[Pending[T]]) -> list[T]:
         """The results of ``pending``, in order.
 
         Raises
@@ -76,113 +81,110 @@ class WorkerPool(ABC):
         return out
 
     @abstractmethod
-    def gather_each(self, pending: Sequence[Pending]) -> list[Any]:
+    def gather_each(self, pending: Sequence[Pending[T]]) -> list[T | WorkerLostError]:
         """As :meth:`gather`, but a lost worker's result is its :class:`WorkerLostError` (not
         raised): the others' results are kept."""
 
-    def ready(self, pending: Sequence[Pending]) -> bool:
+    def ready(self, pending: Sequence[Pending[Any]]) -> bool:
         """Whether every call of ``pending`` returned (or failed): :meth:`gather` would not wait."""
         return True
-
-    def _send(self, worker: int, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Pending:
-        return self.call(worker, method.__name__, *args, **kwargs)
 
     # The worker's calls, typed (:class:`~knnmon.workers.interface.WorkerApi`; each returns a
     # :class:`Pending` for :meth:`gather`).
     def process(self, worker: int, batch: ObjectBatch, rows: np.ndarray | None, *, cutoff: int | None = None,
-                refills: Refills | None = None) -> Pending:
+                refills: Refills | None = None) -> Pending[WorkerReport]:
         """:meth:`KnnWorker.process_rows`: a shared batch's rows for ``worker`` (``None``: those
         its bitmasks give it, :meth:`ObjectBatch.rows_of`). Arguments left at their defaults are
         not sent: each one adds to the call's cost in the dispatching thread."""
         options = {k: v for k, v in (("cutoff", cutoff), ("refills", refills)) if v is not None}
-        return self._send(worker, WorkerApi.process_rows, batch, *(() if rows is None else (rows,)), **options)
+        return self.call(worker, WorkerApi.process_rows, batch, *(() if rows is None else (rows,)), **options)
 
-    def estimate(self, worker: int, batch: ObjectBatch, rows: np.ndarray) -> Pending:
+    def estimate(self, worker: int, batch: ObjectBatch, rows: np.ndarray) -> Pending[np.ndarray]:
         """:meth:`KnnWorker.estimate_rows`: candidates per row, nothing changed."""
-        return self._send(worker, WorkerApi.estimate_rows, batch, rows)
+        return self.call(worker, WorkerApi.estimate_rows, batch, rows)
 
-    def written(self, worker: int, batch: int) -> Pending:
+    def written(self, worker: int, batch: int) -> Pending[WriteFigures]:
         """:meth:`KnnWorker.written`: the queued write of ``batch``."""
-        return self._send(worker, WorkerApi.written, batch)
+        return self.call(worker, WorkerApi.written, batch)
 
-    def last_write(self, worker: int) -> Pending:
+    def last_write(self, worker: int) -> Pending[tuple[str | None, bool]]:
         """:meth:`KnnWorker.last_write`: its last write's marker, and whether a write failed since."""
-        return self._send(worker, WorkerApi.last_write)
+        return self.call(worker, WorkerApi.last_write)
 
-    def expire(self, worker: int, cutoff: int) -> Pending:
+    def expire(self, worker: int, cutoff: int) -> Pending[QueryColumns]:
         """:meth:`KnnWorker.expire`: the queries to refill."""
-        return self._send(worker, WorkerApi.expire, cutoff)
+        return self.call(worker, WorkerApi.expire, cutoff)
 
     def load(self, worker: int, queries: QueryColumns, topk: Sequence[Sequence[tuple[str, float]]],
-             objects: Mapping[str, ObjectInfo], **options: Any) -> Pending:
+             objects: Mapping[str, ObjectInfo], **options: Any) -> Pending[LoadResult]:
         """:meth:`KnnWorker.load_queries` (its keyword options as given)."""
-        return self._send(worker, WorkerApi.load_queries, queries, topk, objects, **options)
+        return self.call(worker, WorkerApi.load_queries, queries, topk, objects, **options)
 
     def register(self, worker: int, queries: QueryColumns, topk: Sequence[Sequence[tuple[str, float]]],
                  objects: Mapping[str, ObjectInfo], *, vocabulary: Mapping[str, int] | None = None,
-                 version: int = 0) -> Pending:
+                 version: int = 0) -> Pending[None]:
         """:meth:`KnnWorker.register_queries`."""
-        return self._send(worker, WorkerApi.register_queries, queries, topk, objects, vocabulary=vocabulary,
+        return self.call(worker, WorkerApi.register_queries, queries, topk, objects, vocabulary=vocabulary,
                           version=version)
 
-    def unregister(self, worker: int, qid: str, version: int = 0) -> Pending:
+    def unregister(self, worker: int, qid: str, version: int = 0) -> Pending[bool]:
         """:meth:`KnnWorker.unregister_query`: ``True`` if ``worker`` held ``qid``."""
-        return self._send(worker, WorkerApi.unregister_query, qid, version)
+        return self.call(worker, WorkerApi.unregister_query, qid, version)
 
-    def result(self, worker: int, qid: str) -> Pending:
+    def result(self, worker: int, qid: str) -> Pending[list[tuple[str, float]]]:
         """:meth:`KnnWorker.result`."""
-        return self._send(worker, WorkerApi.result, qid)
+        return self.call(worker, WorkerApi.result, qid)
 
-    def regions(self, worker: int) -> Pending:
+    def regions(self, worker: int) -> Pending[tuple[QueryColumns, np.ndarray]]:
         """:meth:`KnnWorker.regions`: its queries and their kNN radii."""
-        return self._send(worker, WorkerApi.regions)
+        return self.call(worker, WorkerApi.regions)
 
-    def stats(self, worker: int) -> Pending:
+    def stats(self, worker: int) -> Pending[WorkerStats]:
         """:meth:`KnnWorker.stats`."""
-        return self._send(worker, WorkerApi.stats)
+        return self.call(worker, WorkerApi.stats)
 
-    def query_loads(self, worker: int) -> Pending:
+    def query_loads(self, worker: int) -> Pending[tuple[list[str], np.ndarray, np.ndarray, np.ndarray]]:
         """:meth:`KnnWorker.query_loads`: each query's recent measured load."""
-        return self._send(worker, WorkerApi.query_loads)
+        return self.call(worker, WorkerApi.query_loads)
 
-    def export(self, worker: int, qids: Sequence[str]) -> Pending:
+    def export(self, worker: int, qids: Sequence[str]) -> Pending[QueryHandover]:
         """:meth:`KnnWorker.export_queries`: hand queries over (the worker forgets them)."""
-        return self._send(worker, WorkerApi.export_queries, qids)
+        return self.call(worker, WorkerApi.export_queries, qids)
 
     def adopt(self, worker: int, handover: QueryHandover, vocabulary: Mapping[str, int] | None = None,
-              note: Mapping[str, str] | None = None) -> Pending:
+              note: Mapping[str, str] | None = None) -> Pending[tuple[int, float]]:
         """:meth:`KnnWorker.adopt_queries`."""
-        return self._send(worker, WorkerApi.adopt_queries, handover, vocabulary, note)
+        return self.call(worker, WorkerApi.adopt_queries, handover, vocabulary, note)
 
-    def export_parts(self, worker: int, parts: Sequence[Sequence[str]]) -> list[Pending]:
+    def export_parts(self, worker: int, parts: Sequence[Sequence[str]]) -> list[Pending[QueryHandover]]:
         """:meth:`KnnWorker.export_parts`: one export, one result per part (Ray: an object ref each)."""
         if len(parts) == 1:
             return [self.export(worker, parts[0])]
-        return self._call_parts(worker, WorkerApi.export_parts.__name__, len(parts), [list(p) for p in parts])
+        return self._call_parts(worker, WorkerApi.export_parts, len(parts), [list(p) for p in parts])
 
-    def _call_parts(self, worker: int, method: str, n: int, *args: Any) -> list[Pending]:
+    def _call_parts(self, worker: int, method: Callable[..., tuple[T, ...]], n: int, *args: Any) -> list[Pending[T]]:
         """``method(*args)``, whose result is a tuple of ``n``, as ``n`` pending results."""
         return [Pending(worker, v) for v in self.gather([self.call(worker, method, *args)])[0]]
 
-    def release_handed(self, worker: int) -> Pending:
+    def release_handed(self, worker: int) -> Pending[int]:
         """:meth:`KnnWorker.release_handed`."""
-        return self._send(worker, WorkerApi.release_handed)
+        return self.call(worker, WorkerApi.release_handed)
 
-    def regions_with(self, worker: int, keywords: Sequence[str]) -> Pending:
+    def regions_with(self, worker: int, keywords: Sequence[str]) -> Pending[tuple[np.ndarray, ...]]:
         """:meth:`KnnWorker.regions_with`: its queries holding any of ``keywords``, with their radii."""
-        return self._send(worker, WorkerApi.regions_with, list(keywords))
+        return self.call(worker, WorkerApi.regions_with, list(keywords))
 
-    def kept_queries(self, worker: int) -> Pending:
+    def kept_queries(self, worker: int) -> Pending[tuple[QueryColumns, np.ndarray, np.ndarray, dict[str, int]]]:
         """:meth:`KnnWorker.kept_queries`: its queries, radii, result sizes and keyword codes."""
-        return self._send(worker, WorkerApi.kept_queries)
+        return self.call(worker, WorkerApi.kept_queries)
 
-    def holds_among(self, worker: int, oids: Sequence[str]) -> Pending:
+    def holds_among(self, worker: int, oids: Sequence[str]) -> Pending[list[str]]:
         """:meth:`KnnWorker.holds_among`: the ids among ``oids`` its lists hold."""
-        return self._send(worker, WorkerApi.holds_among, oids)
+        return self.call(worker, WorkerApi.holds_among, oids)
 
-    def keep_for(self, worker: int) -> Pending:
+    def keep_for(self, worker: int) -> Pending[int]:
         """:meth:`KnnWorker.keep_for`: a kept worker becomes this service's."""
-        return self._send(worker, WorkerApi.keep_for)
+        return self.call(worker, WorkerApi.keep_for)
 
     def reset_taken(self) -> None:
         """Make the workers taken from the service before empty (:attr:`kept`; none but in a
@@ -224,17 +226,17 @@ class InlinePool(WorkerPool):
     def revivable(self) -> bool:
         return self._make is not None
 
-    def call(self, worker: int, method: str, *args: Any, **kwargs: Any) -> Pending:
+    def call(self, worker: int, method: Callable[..., T], *args: Any, **kwargs: Any) -> Pending[T]:
         if worker in self.lost:
             return Pending(worker, WorkerLostError(worker, "its in-process worker was lost"))
         try:
-            return Pending(worker, getattr(self.workers[worker], method)(*args, **kwargs))
+            return Pending(worker, getattr(self.workers[worker], method.__name__)(*args, **kwargs))
         except WorkerLostError as ex:
             self.lost.add(worker)
             return Pending(worker, ex)
 
-    def gather_each(self, pending: Sequence[Pending]) -> list[Any]:
-        return [p.value for p in pending]
+    def gather_each(self, pending: Sequence[Pending[T]]) -> list[T | WorkerLostError]:
+        return [p.handle for p in pending]  # type: ignore[misc]  (in process: the result itself)
 
     def kill(self, worker: int) -> None:
         """Lose worker ``worker``: its state is gone and its calls fail until :meth:`replace`."""

@@ -29,7 +29,7 @@ def test_the_pool_sends_each_call_by_its_interface_method():
 
     class Recorder(InlinePool):
         def call(self, worker, method, *args, **kwargs):
-            sent.append(method)
+            sent.append(method.__name__)
             return super().call(worker, method, *args, **kwargs)
 
     pool = Recorder([KnnWorker(0, None)])
@@ -42,3 +42,21 @@ def test_the_pool_sends_each_call_by_its_interface_method():
              if not n.startswith("_")
              and n not in ("call", "gather", "gather_each", "ready", "share", "close", "reset_taken", "replace")}
     assert len(typed) == len(_api())  # one typed sender per call of the interface
+
+
+def test_a_process_keeps_its_sigterm_handler_through_ray_start_and_shutdown():
+    """``ray.init`` installs a handler that exits 15, and Ray's shut-down core worker leaves
+    SIGTERM at its default action (status -15): the service's own handler must answer a SIGTERM
+    after both (a rebuild disconnects from Ray and joins it again)."""
+    import subprocess
+    import sys
+
+    code = ("import os, signal, sys\n"
+            "from knnmon.coordinator.runtime.ray_start import init_ray, shutdown_ray\n"
+            "signal.signal(signal.SIGTERM, lambda *_: sys.exit(7))\n"
+            "assert init_ray()\n"
+            "shutdown_ray()\n"
+            "os.kill(os.getpid(), signal.SIGTERM)\n"
+            "signal.pause()\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 7, done.stderr[-2000:]

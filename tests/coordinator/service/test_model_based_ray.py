@@ -71,11 +71,21 @@ class RayServeMachine(ServeMachine):
 
     def _stop(self) -> None:
         import signal
+        import subprocess
 
         if self.svc is not None:
             if self.proc.poll() is None:
                 self.proc.send_signal(signal.SIGTERM)
-                assert self.proc.wait(timeout=120) == 0, open(self.log_path).read()[-3000:]
+                try:
+                    self.proc.wait(timeout=120)
+                except subprocess.TimeoutExpired:  # a hang: where (every thread's stack, in its log)
+                    self.proc.send_signal(signal.SIGUSR1)
+                    deadline = time.monotonic() + 10
+                    while "most recent call first" not in open(self.log_path).read() and time.monotonic() < deadline:
+                        time.sleep(0.1)
+                    self.proc.kill()
+                    self.proc.wait()
+                assert self.proc.returncode == 0, open(self.log_path).read()[-6000:]
             self.svc = None
 
     def _worker_pid(self, worker: int) -> int:
