@@ -100,7 +100,7 @@ def main(argv=None) -> int:
 
     from knnmon.assignment import LoadModel
     from knnmon.coordinator.bench.runner import BenchConfig, _one_run, machine_info
-    from knnmon.coordinator.rebalance.config import RebalanceConfig
+    from knnmon.coordinator.runtime.rebalance_config import RebalanceConfig
     from knnmon.coordinator.runtime.preparation import prepare_tables
     from knnmon.coordinator.runtime.ray_start import init_ray
     from knnmon.ingest.queries import QueryWorkload, generate_queries

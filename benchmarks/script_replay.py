@@ -40,6 +40,7 @@ from knnmon.coordinator.bench.speed_probe import speed_probe_ms
 from knnmon.redis_server import EmbeddedRedis, resolve_binary, server_version
 from knnmon.workers.result_writer import _APPLY
 from knnmon.workers.worker import KnnWorker
+from knnmon.workers.settings import WorkerSettings
 
 #: The first layout's script (knnmon until 2026-11-23), for the side-by-side replay.
 FIRST_LAYOUT = """
@@ -110,7 +111,7 @@ def capture(work: Workload) -> tuple[list[bytes], list[bytes], int]:
     calls: list[bytes] = []
     changes = 0
     with EmbeddedRedis() as server:
-        w = KnnWorker(0, server.url)
+        w = KnnWorker(0, WorkerSettings(server.url))
         apply = w.writer._apply
 
         def record(args, **kw):

@@ -20,6 +20,7 @@ from knnmon.connection import connect
 from knnmon.coordinator.bench.speed_probe import speed_probe_ms
 from knnmon.redis_server import EmbeddedRedis
 from knnmon.workers.worker import KnnWorker
+from knnmon.workers.settings import WorkerSettings
 
 
 def main() -> None:
@@ -31,7 +32,7 @@ def main() -> None:
     a = p.parse_args()
     work = Workload.from_args(a)
     with EmbeddedRedis(binary=a.redis_server) as server:
-        w = KnnWorker(0, None if a.no_redis else server.url)
+        w = KnnWorker(0, WorkerSettings(None if a.no_redis else server.url))
         t0 = time.perf_counter()
         work.load(w)
         print(f"load {work.queries.num_rows:,} queries: {time.perf_counter() - t0:.1f} s")

@@ -28,6 +28,7 @@ from knnmon.heap import give_back, resident_bytes
 from knnmon.ingest.reading import OBJECT_COLUMNS, stream_head
 from knnmon.redis_server import EmbeddedRedis
 from knnmon.workers.worker import KnnWorker
+from knnmon.workers.settings import WorkerSettings
 
 
 def deep(obj, seen: set[int] | None = None) -> int:
@@ -81,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     out = {"machine": {"platform": platform.platform(), "python": platform.python_version()},
            "command": " ".join(sys.argv), "queries": q.num_rows, "places": sum(len(t) for t in topk)}
     with EmbeddedRedis() as server:
-        w = KnnWorker(0, server.url, "bench", index=a.index)
+        w = KnnWorker(0, WorkerSettings(server.url, "bench", index=a.index))
         w.load_queries(cols, topk, info)
         del topk, info
         gc.collect()

@@ -20,8 +20,8 @@ from knnmon.keys import Keys
 from knnmon.oracle import BruteForceKnn
 from knnmon.results import ResultReader
 
-__all__ = ["assert_applied_once", "assert_exact", "assert_feed_and_objects", "client_round_trip", "dump_keys",
-           "expected", "first_mismatch", "free_port_base", "head_lines", "knnmon_cli", "object_fields",
+__all__ = ["FeedMirror", "assert_applied_once", "assert_exact", "assert_feed_and_objects", "client_round_trip",
+           "dump_keys", "expected", "first_mismatch", "free_port_base", "head_lines", "knnmon_cli", "object_fields",
            "redis_results", "register_fields", "run_exact", "serve_process", "wait_processed"]
 
 
@@ -80,35 +80,64 @@ def first_mismatch(qids: Sequence[str], got: Sequence[list[tuple[str, float]]],
     return None
 
 
+class FeedMirror:
+    """Each query's members as ``knn:changes`` replays them, read as it grows: the service trims
+    the feed to its last minutes (:data:`~knnmon.workers.result_writer.CHANGES_KEEP_MS`), so a
+    reader that keeps up sees every change where a replay from the start, later, would not. Each
+    :meth:`read` also checks that no change was written twice (:func:`assert_applied_once`)."""
+
+    def __init__(self) -> None:
+        self.last = "0"  # the last entry read
+        self.members: dict[str, set[str]] = {}
+        self._versions: dict[str, tuple[int, bool]] = {}  # each query's last (version, entered anything)
+
+    def read(self, r: redis.Redis, keys: Keys) -> dict[str, set[str]]:
+        """The members after the entries written since the last read (``r``: a client with
+        ``decode_responses``).
+
+        Raises
+        ------
+        AssertionError
+            A query's versions do not increase (:func:`assert_applied_once`), or the feed was
+            trimmed past the last entry read (this reader fell behind).
+        """
+        from knnmon.feed import parse_entry
+
+        if self.last != "0":
+            assert r.xrange(keys.changes, min=self.last, max=self.last), \
+                f"the feed was trimmed past entry {self.last}, the last one read"
+        for eid, f in r.xrange(keys.changes, min="(" + self.last if self.last != "0" else "-"):
+            for qid, entered, left, version in parse_entry(f):
+                now = (version, bool(entered))
+                before = self._versions.get(qid)
+                assert before is None or before[0] < version or (before[0] == version and not (before[1] and now[1])), \
+                    (qid, before, now)
+                self._versions[qid] = now
+                self.members[qid] = (self.members.get(qid, set()) - set(left)) | set(entered)
+            self.last = eid
+        return self.members
+
+
 def assert_applied_once(r: redis.Redis, keys: Keys) -> dict[str, set[str]]:
     """Assert no change was written twice: each query's ``knn:changes`` versions never decrease,
     and two of its changes share a version only when one of them enters nothing (an unregister
     between batches carries the version of the batch before it, and shares it with the
     registration after it); a batch applied twice would repeat a change that enters something.
-    Returns each query's members as the feed replays them (``r``: a client with
-    ``decode_responses``).
+    Returns each query's members as the feed replays them from its start (:class:`FeedMirror`;
+    ``r``: a client with ``decode_responses``).
 
     Raises
     ------
     AssertionError
         Naming the first query whose versions do not increase.
     """
-    from knnmon.feed import parse_entry
-
-    history: dict[str, list[tuple[int, bool]]] = {}
-    mirror: dict[str, set[str]] = {}
-    for _, f in r.xrange(keys.changes):
-        for qid, entered, left, version in parse_entry(f):
-            history.setdefault(qid, []).append((version, bool(entered)))
-            mirror[qid] = (mirror.get(qid, set()) - set(left)) | set(entered)
-    for qid, h in history.items():
-        assert all(v1 < v2 or (v1 == v2 and not (e1 and e2)) for (v1, e1), (v2, e2) in zip(h, h[1:])), (qid, h)
-    return mirror
+    return FeedMirror().read(r, keys)
 
 
-def assert_feed_and_objects(r: redis.Redis, keys: Keys, qids: list[str]) -> None:
+def assert_feed_and_objects(r: redis.Redis, keys: Keys, qids: list[str], feed: FeedMirror | None = None) -> None:
     """Assert nothing was applied twice or lost in Redis: :func:`assert_applied_once`;
-    replaying the feed from the start gives each query's result members; and each details hash
+    replaying the feed gives each query's result members (from its start, or with ``feed``, a
+    reader that has kept up: :class:`FeedMirror`); and each details hash
     (``knn:objects:{worker}``, per master in a cluster: the query hash's ``objects``) holds
     exactly the objects in the results of its queries
     (``qids``: every registered query; ``r``: a client with ``decode_responses``).
@@ -118,7 +147,7 @@ def assert_feed_and_objects(r: redis.Redis, keys: Keys, qids: list[str]) -> None
     AssertionError
         Naming the first query (or the object hashes) that differ.
     """
-    mirror = assert_applied_once(r, keys)
+    mirror = (feed or FeedMirror()).read(r, keys)
     held: dict[str, set[str]] = {}
     for qid in qids:
         members = {o for o, _ in ResultReader(r, keys).result(qid)}

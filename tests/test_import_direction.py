@@ -153,6 +153,18 @@ def test_no_import_cycles():
     assert not found, f"modules that import each other in a circle: {found}"
 
 
+def test_no_two_coordinator_subpackages_import_each_other():
+    """The coordinator's rooms depend one way (runtime is driven by rebalance, not the reverse)."""
+    def room(module: str) -> str | None:
+        parts = module.split(".")
+        return parts[2] if parts[:2] == ["knnmon", "coordinator"] and len(parts) > 2 else None
+
+    edges = {(room(a), room(b)) for a, bs in load_graph(modules()).items() for b in bs}
+    rooms = {(a, b) for a, b in edges if a and b and a != b}
+    found = cycles({a: {b for x, b in rooms if x == a} for a in {r for pair in rooms for r in pair}})
+    assert not found, f"coordinator subpackages that import each other: {found}"
+
+
 def test_the_checks_catch_what_they_look_for(tmp_path):
     """The two checks on made-up modules: an upward import, and a circle through a package's
     ``__init__`` (the shape of the runtime <-> rebalance circle this test was written for)."""

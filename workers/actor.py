@@ -16,8 +16,11 @@ import logging
 import os
 import threading
 import time
+from dataclasses import replace
 from typing import Any
 
+from knnmon.reports import KeptReport
+from knnmon.workers.settings import WorkerSettings
 from knnmon.workers.worker import KnnWorker
 
 __all__ = ["ORPHAN_S", "RAY_NAMESPACE", "WorkerActor", "WorkerHost"]
@@ -47,48 +50,41 @@ def WorkerActor(num_cpus: float = 0.5, **options):  # noqa: N802 - reads as a cl
 class WorkerHost(KnnWorker):
     """A :class:`KnnWorker` whose process a restarted service may take (module docstring).
 
-    ``orphan_s``: with a number, watch the service's heartbeat (at ``watch_url``, else
-    ``redis_url``) and exit once it is older than that many seconds (detached actors); ``None``:
-    no watch."""
+    ``orphan_s``: with a number, watch the service's heartbeat (at ``watch_url``, else the
+    settings' ``redis_url``) and exit once it is older than that many seconds (detached actors);
+    ``None``: no watch."""
 
-    def __init__(self, worker_id: int, redis_url: str | None, *args: Any, orphan_s: float | None = None,
-                 watch_url: str | None = None, **kwargs: Any) -> None:
-        super().__init__(worker_id, redis_url, *args, **kwargs)
-        self._made_with = (worker_id, redis_url, args, _settings(kwargs))
-        if orphan_s is not None and (watch_url or redis_url):
-            _start_watch(watch_url or redis_url, kwargs.get("namespace", args[0] if args else "knn"), orphan_s)
+    def __init__(self, worker_id: int, settings: WorkerSettings, *, orphan_s: float | None = None,
+                 watch_url: str | None = None) -> None:
+        super().__init__(worker_id, settings)
+        if orphan_s is not None and (watch_url or settings.redis_url):
+            _start_watch(watch_url or settings.redis_url, settings.namespace, orphan_s)
 
     def alive(self) -> int:
         """This process's id: the service's liveness check (:mod:`knnmon.coordinator.runtime.liveness`)."""
         return os.getpid()
 
-    def reset(self, worker_id: int, redis_url: str | None, *args: Any, **kwargs: Any) -> int:
+    def reset(self, worker_id: int, settings: WorkerSettings, *, orphan_s: float | None = None,
+              watch_url: str | None = None) -> int:
         """Become a new, empty worker ``worker_id`` (the arguments as :class:`WorkerHost`
         takes them), after the queued writes of the one before; returns this process's id."""
         if getattr(self, "queue", None) is not None:
             self.queue.close()
         self.__dict__.clear()
-        WorkerHost.__init__(self, worker_id, redis_url, *args, **kwargs)
+        WorkerHost.__init__(self, worker_id, settings, orphan_s=orphan_s, watch_url=watch_url)
         return os.getpid()
 
-    def kept_for(self, worker_id: int | None, redis_url: str | None, *args: Any, orphan_s: float | None = None,
-                 watch_url: str | None = None, **kwargs: Any) -> dict[str, Any]:
+    def kept_for(self, worker_id: int | None, settings: WorkerSettings) -> KeptReport:
         """Whether this worker, as it is, may be worker ``worker_id`` of a service that would
-        start it with these arguments (:class:`WorkerHost`'s; ``None``: any worker): its
+        start it with ``settings`` (``worker_id`` ``None``: any worker): its
         :meth:`~knnmon.workers.kept_state.KeptState.kept_state`, whose ``why`` also says if it
         was another worker or made with other settings. Waits for its queued writes."""
         state = self.kept_state()
-        if state["why"] is None and worker_id is not None and self._made_with[0] != worker_id:
-            state["why"] = f"it was worker {self._made_with[0]}"
-        elif state["why"] is None and self._made_with[1:] != (redis_url, args, _settings(kwargs)):
-            state["why"] = "it was made with other settings"
+        if state.why is None and worker_id is not None and self.worker_id != worker_id:
+            return replace(state, why=f"it was worker {self.worker_id}")
+        if state.why is None and self.settings != settings:
+            return replace(state, why="it was made with other settings")
         return state
-
-
-def _settings(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """A worker's keyword arguments but its starting ``vocabulary`` (a revived worker gets the
-    codes as they have grown; a kept one keeps its own)."""
-    return {k: v for k, v in kwargs.items() if k != "vocabulary"}
 
 
 _watched: dict[str, Any] = {}

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from knnmon.query import QueryColumns
+from knnmon.reports import KeptReport
 
 __all__ = ["KeptState"]
 
@@ -49,11 +50,8 @@ class KeptState:
     worker_id: int
     _handed: list
 
-    def kept_state(self) -> dict[str, Any]:
-        """After the queued writes: ``marker``, the value this worker's last successful write left
-        in Redis (``None``: none), ``why``, why its state may differ from Redis's even if the
-        marker matches (``None``: it does not), ``queries`` held, ``pid``, ``worker`` (its
-        number), ``writes`` (``False``: an empty spare without a Redis writer)."""
+    def kept_state(self) -> KeptReport:
+        """What this worker says of its state after its queued writes (:class:`KeptReport`)."""
         why = None
         try:
             marker, failed = self.last_write()  # type: ignore[attr-defined] # (KnnWorker's: waits for the write queue)
@@ -66,8 +64,8 @@ class KeptState:
             why = "it writes no results"
         elif why is None and self._handed:
             why = "queries handed over and not released"
-        return {"marker": marker, "why": why, "queries": int(self.queries.alive.sum()), "pid": os.getpid(),
-                "worker": self.worker_id, "writes": self.writer is not None}
+        return KeptReport(marker=marker, why=why, queries=int(self.queries.alive.sum()), pid=os.getpid(),
+                          worker=self.worker_id, writes=self.writer is not None)
 
     def kept_queries(self) -> tuple[QueryColumns, np.ndarray, np.ndarray, dict[str, int]]:
         """What the next service needs of the queries held here: their columns (``m`` queries,

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from knnmon.connection import set_retry_window
-from knnmon.errors import InvalidArgumentError
 from knnmon.heap import resident_bytes
 from knnmon.query import QueryColumns
 from knnmon.reports import WorkerStats, WriteFigures
@@ -35,7 +34,7 @@ from knnmon.workers.query_load import QueryLoad
 from knnmon.workers.query_table import QueryTable
 from knnmon.workers.registration import Registration
 from knnmon.workers.release_parts import ReleaseInParts, sjf_groups
-from knnmon.workers.settings import MAX_RELEASE_GROUPS
+from knnmon.workers.settings import MAX_RELEASE_GROUPS, WorkerSettings
 from knnmon.workers.result_writer import ResultWriter
 from knnmon.workers.rtree_index import RTreeIndex
 from knnmon.workers.topk_lists import TopKLists
@@ -86,75 +85,31 @@ class KnnWorker(Registration, BatchUpdate, WindowLists, ReleaseInParts, Handover
     ----------
     worker_id
         This worker's number (written to ``knn:query:{qid}`` as ``worker``).
-    redis_url
-        Where results go; ``None`` keeps results in memory only (tests, dry runs).
-    namespace
-        Redis key prefix.
-    vocabulary
-        Keyword -> code map shared with the coordinator, so batches can arrive pre-encoded
-        (``pairs`` of :meth:`process_batch`); keywords first seen here get new codes.
-    index
-        ``"grid"`` (the keyword-aware :class:`QueryIndex`), ``"rtree"`` (the R-tree with BatchSearch,
-        :class:`~knnmon.workers.rtree_index.RTreeIndex`) or ``"keyword-lists"`` (the
-        single-process reference's :class:`~knnmon.workers.keyword_lists.KeywordLists`).
-    overlap_writes
-        Write each batch's changes on a background thread (:class:`WriteQueue`) while the next
-        batch is computed; the caller then gets the write's figures from :meth:`written`.
-        Default: the batch's call returns after its write.
-    reserve
-        With a window: each query keeps this many neighbours beyond its ``k`` (its result is
-        the first ``k``), so that an expiry takes the next one from the reserve instead of a
-        refill search (Skype's k-skyband idea, VLDBJ 2017; :meth:`expire`).
-    track_load
-        Charge each query its measured load per batch (:mod:`knnmon.workers.query_load`), for
-        re-balancing; off, a batch pays nothing for it and every load reads 0.
-    release_groups
-        Release a batch's changes in up to this many parts, objects in Short-Job-First order
-        (Wang, Zhang and Kitsuregawa: each object's changes go out as soon as it is done, so
-        the cheap ones do not wait for the expensive ones): the R-tree index's BatchSearch
-        (:meth:`RTreeIndex.batch_search`) or, with another index, the batch's exact candidates
-        grouped by their count. 1 (the default): one write per batch. Not with
-        ``overlap_writes``.
-    redis_wait_s
-        Retry a Redis that does not answer this long before a write fails, seconds
-        (:func:`~knnmon.connection.set_retry_window`, for this process); ``None``: as set.
-
-    Raises
-    ------
-    InvalidArgumentError
-        An unknown ``index``, a negative ``reserve``, ``release_groups`` outside
-        ``1..MAX_RELEASE_GROUPS``.
+    settings
+        :class:`~knnmon.workers.settings.WorkerSettings` (the same for every worker of a run).
     """
 
-    def __init__(self, worker_id: int, redis_url: str | None, namespace: str = "knn", *,
-                 vocabulary: Mapping[str, int] | None = None, index: str = "grid", overlap_writes: bool = False,
-                 reserve: int = 0, track_load: bool = False, release_groups: int = 1,
-                 redis_wait_s: float | None = None) -> None:
-        if index not in INDEXES:
-            raise InvalidArgumentError(f"Invalid index: {index!r}.\nValid options are: {tuple(INDEXES)}")
-        if reserve < 0:
-            raise InvalidArgumentError(f"the reserve must be >= 0; got {reserve}")
-        if not 1 <= release_groups <= MAX_RELEASE_GROUPS:
-            raise InvalidArgumentError(f"release_groups must be in 1..{MAX_RELEASE_GROUPS}; got {release_groups}")
-        if redis_wait_s is not None:
-            set_retry_window(redis_wait_s)
-        self.release_groups = int(release_groups)
-        self.worker_id, self.reserve = worker_id, int(reserve)
-        self.writer = ResultWriter(redis_url, namespace, worker_id) if redis_url else None
-        self.queue = WriteQueue(self.writer) if self.writer is not None and overlap_writes else None
+    def __init__(self, worker_id: int, settings: WorkerSettings = WorkerSettings()) -> None:
+        if settings.redis_wait_s is not None:
+            set_retry_window(settings.redis_wait_s)
+        self.settings = settings
+        self.release_groups = settings.release_groups
+        self.worker_id, self.reserve = worker_id, settings.reserve
+        self.writer = ResultWriter(settings.redis_url, settings.namespace, worker_id) if settings.redis_url else None
+        self.queue = WriteQueue(self.writer) if self.writer is not None and settings.overlap_writes else None
         self.holders = self.writer.holders() if self.writer is not None else None  # of the written results
         self.queries = QueryTable()
         self.lists = TopKLists()
         self.handles = ObjectHandles()
-        self.vocabulary = Vocabulary(vocabulary)
-        self.index = INDEXES[index]()
+        self.vocabulary = Vocabulary()  # (each load, registration and hand-over brings its queries' codes)
+        self.index = INDEXES[settings.index]()
         self.load = QueryLoad()  # each query's recent measured load (re-balancing reads it)
-        self.track_load = track_load
+        self.track_load = settings.track_load
         self._before: tuple[np.ndarray, np.ndarray] | None = None  # (slot, handle) results before an expiry
         self._cutoff = np.iinfo(np.int64).min  # the last expiry's cutoff
         self._needs = np.empty(0, dtype=np.int64)  # slots an expiry asked to refill, until the refills come
         self._refilled: dict[str, str] = {}  # details (text) of the objects a refill brought in
-        self._details = HeldTexts(self.handles) if reserve else None  # details (text) of every object held
+        self._details = HeldTexts(self.handles) if settings.reserve else None  # details (text) of every object held
         self.expired = self.refills = 0
         self._handed: list[tuple[str, list[str]]] = []  # (query, members) exported, not yet released
         self._tag = 0

@@ -43,7 +43,8 @@ from knnmon.costs import CostModel
 from knnmon.coordinator.bench.ideal import IDEAL, ideal_row
 from knnmon.coordinator.bench.oracle_check import mismatches
 from knnmon.coordinator.bench.speed_probe import speed_probe_ms
-from knnmon.coordinator.rebalance.config import RebalanceConfig
+from knnmon.coordinator.rebalance.rebalancer import Rebalancer
+from knnmon.coordinator.runtime.rebalance_config import RebalanceConfig
 from knnmon.coordinator.runtime.config import RunConfig
 from knnmon.coordinator.runtime.runtime import Runtime
 from knnmon.coordinator.runtime.metrics import RunSummary
@@ -201,7 +202,7 @@ def _one_run(cfg: BenchConfig, prepared: Prepared, all_objects: pa.Table | None,
                        index="keyword-lists" if reference else "grid", seed=cfg.seed,
                        rebalance=cfg.rebalance_config if rebalance and not one else None,
                        **{"in_flight": 1, **cfg.extra})  # the paper's update time: one batch at a time
-    rt = Runtime(cfg.objects, prepared.queries, config, prepared=prepared)
+    rt = Runtime(cfg.objects, prepared.queries, config, prepared=prepared, rebalancer=Rebalancer)
     probe_before = speed_probe_ms()
     try:
         rt.start()

@@ -149,7 +149,7 @@ def add_routing_entries_option(p: argparse.ArgumentParser) -> None:
 def add_rebalance_options(p: argparse.ArgumentParser, *, flag: bool = True) -> None:
     """``--rebalance`` and its knobs (:mod:`knnmon.coordinator.rebalance`); ``flag=False``
     leaves ``--rebalance`` itself to the caller (the bench sweeps it)."""
-    from knnmon.coordinator.rebalance.config import STRATEGIES, TRIGGERS, RebalanceConfig
+    from knnmon.coordinator.runtime.rebalance_config import STRATEGIES, TRIGGERS, RebalanceConfig
 
     d = RebalanceConfig()
     if flag:
@@ -177,9 +177,9 @@ def add_rebalance_options(p: argparse.ArgumentParser, *, flag: bool = True) -> N
 
 
 def rebalance_config(a: argparse.Namespace, on: bool | None = None):
-    """The :class:`~knnmon.coordinator.rebalance.config.RebalanceConfig` of the flags, or
+    """The :class:`~knnmon.coordinator.runtime.rebalance_config.RebalanceConfig` of the flags, or
     ``None`` when re-balancing is off (``on``: instead of ``--rebalance``)."""
-    from knnmon.coordinator.rebalance.config import RebalanceConfig
+    from knnmon.coordinator.runtime.rebalance_config import RebalanceConfig
 
     if not (a.rebalance if on is None else on):
         return None

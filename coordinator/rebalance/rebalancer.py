@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from knnmon.coordinator.rebalance.config import RebalanceConfig
+from knnmon.coordinator.runtime.rebalance_config import RebalanceConfig
 from knnmon.coordinator.rebalance.handover_flight import MovesInFlight, send_moves
 from knnmon.coordinator.rebalance.migration import Release, migrate
 from knnmon.coordinator.rebalance.monitor import LoadMonitor, SmoothedMonitor

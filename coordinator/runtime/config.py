@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from knnmon.assignment.routing import MAX_ENTRIES, check_max_entries
-from knnmon.coordinator.rebalance.config import RebalanceConfig
+from knnmon.coordinator.runtime.rebalance_config import RebalanceConfig
 from knnmon.errors import InvalidArgumentError
 from knnmon.limits import DEFAULT_LIMITS, Limits
 from knnmon.store import StoreConfig

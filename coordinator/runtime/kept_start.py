@@ -135,9 +135,9 @@ def kept_start(pool: WorkerPool, client, keys: Keys, workers: int, log_of_object
         return None, f"{len(pool.kept)} of {workers} workers were taken from the service before"
     for w in range(workers):
         state = pool.kept[w]
-        if state["why"] is not None:
-            return None, f"worker {w}: {state['why']}"
-        if state["marker"] is None or client.get(keys.worker_batch(w)) != state["marker"]:
+        if state.why is not None:
+            return None, f"worker {w}: {state.why}"
+        if state.marker is None or client.get(keys.worker_batch(w)) != state.marker:
             return None, f"worker {w}: Redis's marker is not its last write"
     t0 = time.perf_counter()
     got = pool.gather([pool.kept_queries(w) for w in range(workers)])

@@ -4,13 +4,16 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from knnmon.coordinator.runtime.ray_start import init_ray, shutdown_ray
 from knnmon.coordinator.runtime.worker_pool import Pending, WorkerPool
 from knnmon.errors import WorkerLostError
+from knnmon.reports import KeptReport
+from knnmon.workers.settings import WorkerSettings
 
 __all__ = ["SHARE_MIN_BYTES", "WORKER_CPUS", "RayPool"]
 
@@ -35,18 +38,19 @@ class RayPool(WorkerPool):
     resources on a random node unless its node affinity is hard.
     """
 
-    def __init__(self, size: int, worker_args: Mapping[str, Any], ray_address: str | None = None,
+    def __init__(self, size: int, settings: WorkerSettings, ray_address: str | None = None,
                  detach_as: str | None = None, spare: bool = False) -> None:
         super().__init__(size)
         import ray
 
-        self._ray, self._args = ray, dict(worker_args)
+        self._ray, self._settings = ray, settings
         self._started_ray = init_ray(ray_address)
         self._detach_as = detach_as
+        self._orphan_s: float | None = None  # (detached actors watch the service's heartbeat)
         if detach_as is not None:
             from knnmon.workers.actor import ORPHAN_S
 
-            self._args.setdefault("orphan_s", ORPHAN_S)
+            self._orphan_s = ORPHAN_S
         nodes = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"])
         self.spare = None
         taken = self._take_left(size, spare) if detach_as is not None else {}
@@ -59,7 +63,8 @@ class RayPool(WorkerPool):
         if spare and self.spare is None:
             self.spare = self._new_spare(nodes)
 
-    def _new_actor(self, worker: int, nodes: Sequence[str], *, name: str | None = None, **overrides: Any) -> Any:
+    def _new_actor(self, worker: int, nodes: Sequence[str], *, name: str | None = None,
+                   settings: WorkerSettings | None = None, watch_url: str | None = None) -> Any:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         from knnmon.workers.actor import RAY_NAMESPACE, WorkerActor
@@ -71,12 +76,14 @@ class RayPool(WorkerPool):
             options = {"name": f"{self._detach_as}:{name or worker}:{uuid.uuid4().hex[:8]}",
                        "namespace": RAY_NAMESPACE, "lifetime": "detached"}
         return WorkerActor(num_cpus=WORKER_CPUS, scheduling_strategy=NodeAffinitySchedulingStrategy(
-            nodes[worker % len(nodes)], soft=True), **options).remote(worker, **{**self._args, **overrides})
+            nodes[worker % len(nodes)], soft=True), **options).remote(worker, settings or self._settings,
+                                                                      orphan_s=self._orphan_s, watch_url=watch_url)
 
     def _new_spare(self, nodes: Sequence[str]) -> Any:
         """A started, empty actor for the next :meth:`replace` (no Redis writer: the reset that
         makes it a worker gives it one); it watches the heartbeat as the workers do."""
-        return self._new_actor(self.size, nodes, name="spare", redis_url=None, watch_url=self._args.get("redis_url"))
+        no_writer = dataclasses.replace(self._settings, redis_url=None)
+        return self._new_actor(self.size, nodes, name="spare", settings=no_writer, watch_url=self._settings.redis_url)
 
     def _take_left(self, size: int, spare: bool = False, timeout_s: float = 30.0) -> dict[int, Any]:
         """The detached actors a service before this one left under :attr:`_detach_as` (a
@@ -104,8 +111,8 @@ class RayPool(WorkerPool):
         # worker w takes the one that was worker w, the others fill the gaps (a spare first),
         # and with spare=True one empty one left over stays the spare.
         handles = [h for _, hs in sorted(found.items()) for h in hs]
-        asked = [h.kept_for.remote(None, **self._args) for h in handles]
-        answers: list[tuple[Any, dict[str, Any]]] = []
+        asked = [h.kept_for.remote(None, self._settings) for h in handles]
+        answers: list[tuple[Any, KeptReport]] = []
         for h, ref in zip(handles, asked):
             try:
                 answers.append((h, ray.get(ref, timeout=timeout_s)))
@@ -116,17 +123,17 @@ class RayPool(WorkerPool):
         taken: dict[int, Any] = {}
         rest = []
         for h, state in answers:
-            w = state["worker"]
-            if 0 <= w < size and w not in taken and state["writes"]:
+            w = state.worker
+            if 0 <= w < size and w not in taken and state.writes:
                 taken[w], self.kept[w] = h, state
             else:
                 rest.append((h, state))
-        rest.sort(key=lambda x: x[1]["writes"])  # (empty spares first)
+        rest.sort(key=lambda x: x[1].writes)  # (empty spares first)
         for w in range(size):
             if w not in taken and rest:
                 h, state = rest.pop(0)
-                taken[w], self.kept[w] = h, {**state, "why": state["why"] or f"it was worker {state['worker']}"}
-        if spare and rest and not rest[0][1]["writes"]:
+                taken[w], self.kept[w] = h, dataclasses.replace(state, why=state.why or f"it was worker {state.worker}")
+        if spare and rest and not rest[0][1].writes:
             self.spare = rest.pop(0)[0]
         for h, _ in rest:
             with contextlib.suppress(Exception):
@@ -137,7 +144,7 @@ class RayPool(WorkerPool):
         """Make every actor taken from the service before an empty worker (their state is not
         kept: :mod:`~knnmon.coordinator.runtime.kept_start`); one that does not reset within
         ``timeout_s`` is replaced by a new actor."""
-        resets = {w: self.actors[w].reset.remote(w, **self._args) for w in self.kept}
+        resets = {w: self.actors[w].reset.remote(w, self._settings, orphan_s=self._orphan_s) for w in self.kept}
         self.kept = {}
         nodes = sorted(n["NodeID"] for n in self._ray.nodes() if n["Alive"])
         for w, ref in resets.items():
@@ -151,10 +158,9 @@ class RayPool(WorkerPool):
                 self.actors[w] = self._new_actor(w, nodes)
                 self.taken -= 1
 
-    def replace(self, worker: int, **overrides: Any) -> None:
-        """Start worker ``worker`` anew on an alive node: an empty worker with the same settings
-        but ``overrides`` (e.g. the keyword ``vocabulary`` as it has grown); the caller loads its
-        queries. With a spare (``spare=True``), the spare becomes the worker (a reset, queued
+    def replace(self, worker: int) -> None:
+        """Start worker ``worker`` anew on an alive node, empty, with the pool's settings; the
+        caller loads its queries. With a spare (``spare=True``), the spare becomes the worker (a reset, queued
         before the caller's calls: no process to start) and a new spare starts; a spare that
         died with its node fails those calls, and the revival after that starts a new actor."""
         with contextlib.suppress(Exception):
@@ -162,9 +168,9 @@ class RayPool(WorkerPool):
         nodes = sorted(n["NodeID"] for n in self._ray.nodes() if n["Alive"])
         if self.spare is not None:
             self.actors[worker], self.spare = self.spare, None
-            self.actors[worker].reset.remote(worker, **{**self._args, **overrides})
+            self.actors[worker].reset.remote(worker, self._settings, orphan_s=self._orphan_s)
         else:
-            self.actors[worker] = self._new_actor(worker, nodes, **overrides)
+            self.actors[worker] = self._new_actor(worker, nodes)
         if self._keep_spare:
             self.spare = self._new_spare(nodes)
 

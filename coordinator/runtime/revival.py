@@ -205,7 +205,7 @@ def revive(pool: WorkerPool, registrar: Registrar, redis_url: str, namespace: st
     """
     t0 = time.perf_counter()
     chunk = chunk or CHUNK
-    pool.replace(worker, vocabulary={})  # the new process starts while its state is read
+    pool.replace(worker)  # the new process starts while its state is read
     keys = Keys(namespace)
     client = connect(redis_url)
     routing = registrar.plan.routing
@@ -260,7 +260,7 @@ def revive(pool: WorkerPool, registrar: Registrar, redis_url: str, namespace: st
     else:  # the lists with their reserves over the live objects, Redis made to hold their first k
         first_k = False
         if loads:  # (chunks loaded before one lacked its details: a new worker again)
-            pool.replace(worker, vocabulary={})
+            pool.replace(worker)
         lon, lat, k = queries.lon, queries.lat, queries.k
         cap = k + registrar.reserve
         t1 = time.perf_counter()

@@ -11,8 +11,9 @@ puts the runtime's parts together and owns their lifetimes:
 4. :mod:`~knnmon.coordinator.runtime.registration` -- each worker gets its queries;
 5. :mod:`~knnmon.coordinator.runtime.dispatch` -- the stream, in batches, measured
    (:mod:`~knnmon.coordinator.runtime.metrics`);
-6. with ``--rebalance``, :mod:`knnmon.coordinator.rebalance` -- after each batch, queries move
-   between workers when their measured load is uneven.
+6. with ``--rebalance``, :mod:`knnmon.coordinator.rebalance` (given as the ``rebalancer``
+   factory: it drives the runtime's workers, so the runtime does not import it) -- after each
+   batch, queries move between workers when their measured load is uneven.
 """
 
 from __future__ import annotations
@@ -20,14 +21,13 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
 
 from knnmon.coordinator.planning import PlanResult, plan_prepared
-from knnmon.coordinator.rebalance.rebalancer import Rebalancer
 from knnmon.coordinator.runtime.config import RunConfig
 from knnmon.coordinator.runtime.dispatch import Admission, DispatchedBatch, Dispatcher
 from knnmon.coordinator.runtime.metrics import BatchReport, RunSummary, summarize_run
@@ -40,12 +40,38 @@ from knnmon.coordinator.runtime.routing_upkeep import RoutingUpkeep
 from knnmon.coordinator.runtime.runtime_status import RuntimeStatus
 from knnmon.coordinator.runtime.stored_start import StoredStart
 from knnmon.coordinator.runtime.worker_pool import WorkerPool, make_pool
+from knnmon.errors import InvalidArgumentError
 from knnmon.heap import give_back
 from knnmon.query import Query
 from knnmon.store import Store, clear_namespace, open_store
 from knnmon.window import Window
 
-__all__ = ["MAX_REVIVALS", "Runtime"]
+__all__ = ["MAX_REVIVALS", "Rebalancing", "Runtime"]
+
+
+class Rebalancing(Protocol):
+    """Re-balancing as the runtime drives it: what
+    :class:`~knnmon.coordinator.rebalance.rebalancer.Rebalancer` does, made by the factory
+    :class:`Runtime` is given once its workers and registrar are up."""
+
+    #: Each re-plan's record, and the queries moved so far.
+    replans: list[dict[str, Any]]
+    queries_moved: int
+    #: The stream's recent grid counts (the predictive trigger's), or ``None``: not counted.
+    recent: object | None
+
+    def after_batch(self, batch: int, busy_ms: Sequence[float], *, idle: bool = False,
+                    wait_moves: bool = True) -> object: ...
+
+    def observe_routed(self, cells: np.ndarray, pair_obj: np.ndarray, pair_code: np.ndarray) -> None: ...
+
+    def close(self) -> None: ...
+
+
+#: ``(pool, registrar, set_of, config, *, redis_url, namespace, revive) -> Rebalancing``: the
+#: :class:`~knnmon.coordinator.rebalance.rebalancer.Rebalancer` class itself.
+RebalancerFactory = Callable[..., Rebalancing]
+
 
 class Runtime(Revivals):
     """One run of knnmon (module docstring). Use as a context manager, or call :meth:`close`.
@@ -72,6 +98,14 @@ class Runtime(Revivals):
     stored
         With ``resume``: start every worker from the results Redis holds (``prepared`` holds the
         queries and the live objects, no kNN; :mod:`~knnmon.coordinator.runtime.stored_start`).
+    rebalancer
+        Makes the re-balancing with ``config.rebalance``
+        (:class:`~knnmon.coordinator.rebalance.rebalancer.Rebalancer`).
+
+    Raises
+    ------
+    InvalidArgumentError
+        ``config.rebalance`` without ``rebalancer``.
 
     Attributes (after :meth:`start`)
     ----------
@@ -91,8 +125,12 @@ class Runtime(Revivals):
 
     def __init__(self, objects_dir: str | None, queries: str | pa.Table | None, config: RunConfig,
                  prepared: Prepared | None = None, *, resume: bool = False, pool: WorkerPool | None = None,
-                 stored: StoredStart | None = None) -> None:
+                 stored: StoredStart | None = None, rebalancer: RebalancerFactory | None = None) -> None:
+        if config.rebalance is not None and rebalancer is None:
+            raise InvalidArgumentError("a run that re-balances needs its rebalancer "
+                                       "(knnmon.coordinator.rebalance.rebalancer.Rebalancer)")
         self.config, self.resume, self.prepared, self.stored = config, resume, prepared, stored
+        self._make_rebalancer = rebalancer
         self.objects_dir, self._queries_arg = objects_dir, queries
         self._exit = contextlib.ExitStack()
         self.store: Store | None = None
@@ -104,7 +142,7 @@ class Runtime(Revivals):
         self.registrar: Registrar | None = None
         self.dispatcher: Dispatcher | None = None
         self.upkeep: RoutingUpkeep | None = None
-        self.rebalancer: Rebalancer | None = None
+        self.rebalancer: Rebalancing | None = None
         self.stream_table: pa.Table | None = None
         self.timings: dict[str, float] = {}
         self.reports: list[BatchReport] = []
@@ -126,7 +164,7 @@ class Runtime(Revivals):
             if not self.resume:
                 clear_namespace(self.store)
             if self.pool is None:
-                self.pool = make_pool(c, self.store.url, {})  # each load brings its queries' keyword codes
+                self.pool = make_pool(c, self.store.url)  # each load brings its queries' keyword codes
                 self._exit.callback(self.pool.close)
             self.timings["start_workers_s"] = time.perf_counter() - t0
             resumed = self.stored.start(self, p) if self.stored is not None else self._plan_and_load(p)
@@ -145,8 +183,9 @@ class Runtime(Revivals):
         if c.rebalance is not None:
             ids = p.queries.column("id").to_pylist()
             set_of = dict(zip(ids, self.plan.plan.set_of.tolist())) if len(self.plan.plan.set_of) == len(ids) else {}
-            self.rebalancer = Rebalancer(self.pool, self.registrar, set_of, c.rebalance,
-                                         redis_url=self.store.url, namespace=c.store.namespace, revive=in_place)
+            self.rebalancer = self._make_rebalancer(self.pool, self.registrar, set_of, c.rebalance,
+                                                    redis_url=self.store.url, namespace=c.store.namespace,
+                                                    revive=in_place)
             self._exit.callback(self.rebalancer.close)
             if self.rebalancer.recent is not None:  # (only the predictive trigger counts the stream)
                 self.dispatcher.on_routed = self.rebalancer.observe_routed

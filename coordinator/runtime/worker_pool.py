@@ -24,8 +24,9 @@ from knnmon.batch import ObjectBatch, ObjectInfo, QueryHandover, Refills
 from knnmon.coordinator.runtime.config import RunConfig
 from knnmon.errors import WorkerLostError
 from knnmon.query import QueryColumns
-from knnmon.reports import LoadResult, WorkerReport, WorkerStats, WriteFigures
+from knnmon.reports import KeptReport, LoadResult, WorkerReport, WorkerStats, WriteFigures
 from knnmon.workers.interface import WorkerApi
+from knnmon.workers.settings import WorkerSettings
 
 __all__ = ["InlinePool", "Pending", "WorkerPool", "make_pool"]
 
@@ -58,7 +59,7 @@ class WorkerPool(ABC):
         self.size = size
         #: What each actor taken from the service before said of its state
         #: (:meth:`~knnmon.workers.actor.WorkerHost.kept_for`), until kept or reset (a RayPool's).
-        self.kept: dict[int, dict[str, Any]] = {}
+        self.kept: dict[int, KeptReport] = {}
 
     @abstractmethod
     def call(self, worker: int, method: Callable[..., T], *args: Any, **kwargs: Any) -> Pending[T]:
@@ -196,9 +197,9 @@ class WorkerPool(ABC):
         return obj
 
     @abstractmethod
-    def replace(self, worker: int, **overrides: Any) -> None:
-        """Start worker ``worker`` anew, empty, with its settings but ``overrides``; the caller
-        loads its queries (a revival)."""
+    def replace(self, worker: int) -> None:
+        """Start worker ``worker`` anew, empty, with the pool's settings; the caller loads its
+        queries (a revival)."""
 
     @abstractmethod
     def close(self) -> None:
@@ -215,7 +216,7 @@ class InlinePool(WorkerPool):
 
     inline = True
 
-    def __init__(self, workers: Sequence[Any], make: Callable[..., Any] | None = None) -> None:
+    def __init__(self, workers: Sequence[Any], make: Callable[[int], Any] | None = None) -> None:
         super().__init__(len(workers))
         self.workers = list(workers)
         self._make = make
@@ -242,22 +243,21 @@ class InlinePool(WorkerPool):
         """Lose worker ``worker``: its state is gone and its calls fail until :meth:`replace`."""
         self.lost.add(worker)
 
-    def replace(self, worker: int, **overrides: Any) -> None:
-        """Make worker ``worker`` anew, empty, with its settings but ``overrides`` (as
-        :meth:`RayPool.replace`); the caller loads its queries."""
-        self.workers[worker] = self._make(worker, **overrides)
+    def replace(self, worker: int) -> None:
+        """Make worker ``worker`` anew, empty (as :meth:`RayPool.replace`); the caller loads its
+        queries."""
+        self.workers[worker] = self._make(worker)
         self.lost.discard(worker)
 
     def close(self) -> None:
         self.workers = []
 
 
-def make_pool(config: RunConfig, redis_url: str | None, vocabulary: Mapping[str, int], *,
-              detach: bool = False) -> WorkerPool:
+def make_pool(config: RunConfig, redis_url: str | None, *, detach: bool = False) -> WorkerPool:
     """``config.workers`` workers writing to ``redis_url`` under ``config.store.namespace``, in
-    process or as Ray actors (``config.executor``); ``vocabulary``: keyword codes of the routing
-    table the workers know from the start (the runtime gives none: each load, registration and
-    hand-over brings the codes of its queries' keywords, so a worker holds only its own).
+    process or as Ray actors (``config.executor``). A worker starts without keyword codes: each
+    load, registration and hand-over brings the codes of its queries' keywords (the routing
+    table's), so a worker holds only its own.
 
     ``detach``: on a Ray cluster that outlives this process (``ray_address`` or ``RAY_ADDRESS``
     given), start the actors detached and take those a service before left in this namespace
@@ -265,13 +265,13 @@ def make_pool(config: RunConfig, redis_url: str | None, vocabulary: Mapping[str,
     and keep a spare actor started for revivals (:meth:`RayPool.replace`)."""
     from knnmon.workers.worker import KnnWorker
 
-    args = {"redis_url": redis_url, "namespace": config.store.namespace, "vocabulary": vocabulary,
-            "index": config.index, "overlap_writes": config.overlap_writes, "reserve": config.places_reserved,
-            "track_load": config.rebalance is not None, "release_groups": config.release_groups,
-            "redis_wait_s": config.redis_wait_s}
+    settings = WorkerSettings(redis_url=redis_url, namespace=config.store.namespace, index=config.index,
+                              overlap_writes=config.overlap_writes, reserve=config.places_reserved,
+                              track_load=config.rebalance is not None, release_groups=config.release_groups,
+                              redis_wait_s=config.redis_wait_s)
     if config.executor == "inline":
-        return InlinePool([KnnWorker(w, **args) for w in range(config.workers)],
-                          make=lambda w, **overrides: KnnWorker(w, **{**args, **overrides}))
+        return InlinePool([KnnWorker(w, settings) for w in range(config.workers)],
+                          make=lambda w: KnnWorker(w, settings))
     detach_as = None
     if detach and redis_url and (config.ray_address or os.environ.get("RAY_ADDRESS")):
         import hashlib
@@ -282,4 +282,4 @@ def make_pool(config: RunConfig, redis_url: str | None, vocabulary: Mapping[str,
         detach_as = f"knnmon-{hashlib.sha1(where).hexdigest()[:12]}"
     from knnmon.coordinator.runtime.ray_pool import RayPool
 
-    return RayPool(config.workers, args, config.ray_address, detach_as, spare=detach_as is not None)
+    return RayPool(config.workers, settings, config.ray_address, detach_as, spare=detach_as is not None)

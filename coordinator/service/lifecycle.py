@@ -12,6 +12,7 @@ from typing import Any, Self
 import pyarrow as pa
 import redis
 
+from knnmon.coordinator.rebalance.rebalancer import Rebalancer
 from knnmon.coordinator.runtime.kept_start import KeptStart
 from knnmon.coordinator.runtime.runtime import Runtime
 from knnmon.coordinator.runtime.stored_start import NotResumableError
@@ -187,8 +188,8 @@ class Lifecycle:
         run_config = self.config.run_config(self.redis_url)
         # The workers' processes start (imports, compiled kernels) while this one reads Redis.
         t_pool = time.perf_counter()
-        pool = make_pool(run_config, self.redis_url, {}, detach=True)  # (takes its predecessor's actors)
-        runtime = Runtime(None, None, run_config, resume=True, pool=pool)
+        pool = make_pool(run_config, self.redis_url, detach=True)  # (takes its predecessor's actors)
+        runtime = Runtime(None, None, run_config, resume=True, pool=pool, rebalancer=Rebalancer)
         pool_s = time.perf_counter() - t_pool
         # The initial kNN forks helper processes, which is unsafe once Ray's threads run here:
         # then it searches in this process only.

@@ -2,7 +2,8 @@
 
 - :class:`WorkerReport` and :class:`WriteFigures`: what a worker measured on a batch;
 - :class:`LoadResult`: a worker's load of queries;
-- :class:`WorkerStats`: a worker's state and process (``KnnWorker.stats``).
+- :class:`WorkerStats`: a worker's state and process (``KnnWorker.stats``);
+- :class:`KeptReport`: whether a worker's state may be kept by the next service.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-__all__ = ["LoadResult", "WorkerReport", "WorkerStats", "WriteFigures"]
+__all__ = ["KeptReport", "LoadResult", "WorkerReport", "WorkerStats", "WriteFigures"]
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,31 @@ class WorkerStats:
     peak_rss_mb: float
     rss_mb: float | None
     rss_anon_mb: float | None
+
+
+@dataclass(frozen=True)
+class KeptReport:
+    """Whether a worker's state equals what Redis holds, for a kept start
+    (:mod:`~knnmon.coordinator.runtime.kept_start`; ``KnnWorker.kept_state``).
+
+    Attributes
+    ----------
+    marker : str or None
+        The value its last successful write left in Redis (``None``: none).
+    why : str or None
+        Why its state may differ from Redis's even if the marker matches (``None``: it does not).
+    queries, pid, worker : int
+        Queries held, its process id, its worker number.
+    writes : bool
+        ``False``: an empty spare without a Redis writer.
+    """
+
+    marker: str | None
+    why: str | None
+    queries: int
+    pid: int
+    worker: int
+    writes: bool
 
 
 @dataclass(frozen=True)

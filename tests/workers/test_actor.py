@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 from knnmon.workers.actor import WorkerActor
+from knnmon.workers.settings import WorkerSettings
 
 
 def _task_names(actor) -> list[str]:
@@ -21,7 +22,8 @@ def test_a_workers_calls_leave_no_task_events_in_the_gcs(ray_instance):
     grew the head node's memory for hours. A worker's calls record none; an actor that asks for
     them shows the GCS does record (so the first check could fail)."""
     ray = ray_instance
-    quiet, loud = WorkerActor().remote(0, None), WorkerActor(enable_task_events=True).remote(1, None)
+    quiet = WorkerActor().remote(0, WorkerSettings())
+    loud = WorkerActor(enable_task_events=True).remote(1, WorkerSettings())
     for _ in range(5):
         ray.get([quiet.stats.remote(), loud.stats.remote()], timeout=120)  # (a stall fails, not hangs)
     deadline = time.monotonic() + 30

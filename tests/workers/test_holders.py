@@ -21,6 +21,7 @@ from knnmon.keys import Keys
 from knnmon.oracle import BruteForceKnn
 from knnmon.query import QueryColumns
 from knnmon.workers.worker import KnnWorker
+from knnmon.workers.settings import WorkerSettings
 from tests.workers.test_worker_memory import WORDS, _objects
 
 def _details(table: pa.Table) -> dict[str, ObjectInfo]:
@@ -63,8 +64,8 @@ def test_details_hashes_follow_the_results(store_url, reserve, seed, steps):
     client = connect(store_url)
     w = other = None
     try:
-        w = KnnWorker(0, store_url, namespace, reserve=reserve)
-        other = KnnWorker(1, store_url, namespace, reserve=reserve)
+        w = KnnWorker(0, WorkerSettings(store_url, namespace, reserve=reserve))
+        other = KnnWorker(1, WorkerSettings(store_url, namespace, reserve=reserve))
         seen = _objects(rng, 30, 0)
         details = _details(seen)
         live: list[str] = []
@@ -126,12 +127,12 @@ def test_a_worker_rebuilt_from_redis_counts_what_redis_holds(redis_url, namespac
     q = QueryColumns([f"q{i}" for i in range(8)], rng.integers(-30, 31, 8) * 0.001,
                      rng.integers(-30, 31, 8) * 0.001, [["cafe"]] * 8, rng.integers(1, 4, 8))
     topk = [oracle.knn(q.lon[i], q.lat[i], q.keywords[i], int(q.k[i])) for i in range(8)]
-    first = KnnWorker(0, redis_url, namespace)
+    first = KnnWorker(0, WorkerSettings(redis_url, namespace))
     first.load_queries(q, topk, details)
     first.writer.close()
     client = connect(redis_url)
     client.delete(Keys(namespace).objects(0))  # the details are written again on request
-    w = KnnWorker(0, redis_url, namespace)
+    w = KnnWorker(0, WorkerSettings(redis_url, namespace))
     w.load_queries(q, topk, details, write=False, details=True)
     _check(w, client, details)
     batch = _objects(rng, 30, 40)

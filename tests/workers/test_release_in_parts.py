@@ -18,6 +18,7 @@ from knnmon.keys import Keys
 from knnmon.oracle import BruteForceKnn
 from knnmon.query import Query, QueryColumns
 from knnmon.workers.worker import KnnWorker, sjf_groups
+from knnmon.workers.settings import WorkerSettings
 from tests.workers.test_worker_merge import WORDS, _objects
 
 
@@ -40,8 +41,8 @@ def test_parts_equal_one_write_per_batch_and_the_oracle(seed, batches, groups, i
     rng = np.random.default_rng(seed)
     q = _queries(rng, 12)
     cols = QueryColumns(q["id"], q["lon"], q["lat"], q["keywords"], q["k"])
-    whole = KnnWorker(0, None, index=index, reserve=reserve)
-    parts = KnnWorker(1, None, index=index, reserve=reserve, release_groups=groups)
+    whole = KnnWorker(0, WorkerSettings(index=index, reserve=reserve))
+    parts = KnnWorker(1, WorkerSettings(index=index, reserve=reserve, release_groups=groups))
     for w in (whole, parts):
         w.load_queries(cols, [[] for _ in range(12)], {})
     seen, start = None, 0
@@ -100,7 +101,7 @@ def test_a_worker_lost_between_parts_is_rebuilt_from_redis_and_the_remaining_row
     info = {o: ObjectInfo(float(initial.column("lon")[i].as_py()), float(initial.column("lat")[i].as_py()),
                           int(initial.column("t")[i].as_py()), initial.column("keywords")[i].as_py())
             for i, o in enumerate(ids) if o in details}
-    a = KnnWorker(0, redis_url, namespace, index="rtree", release_groups=8)
+    a = KnnWorker(0, WorkerSettings(redis_url, namespace, index="rtree", release_groups=8))
     a.load_queries(cols, topk, info)
     calls = {"n": 0}
     apply = a.writer.apply
@@ -123,7 +124,7 @@ def test_a_worker_lost_between_parts_is_rebuilt_from_redis_and_the_remaining_row
     rest = rows_to_resend(5, np.arange(600), last, partial)
     assert sorted(np.concatenate([rest, held]).tolist()) == list(range(600))
     # The revival: queries and results as Redis holds them, then the rest of the batch.
-    b = KnnWorker(0, redis_url, namespace, index="rtree", release_groups=8)
+    b = KnnWorker(0, WorkerSettings(redis_url, namespace, index="rtree", release_groups=8))
     got = [[(o, float(d)) for o, d in c.zrange(keys.result(q.id), 0, -1, withscores=True)] for q in qs]
     b.load_queries(QueryColumns.of([Query.from_hash(q.id, c.hgetall(keys.query(q.id))) for q in qs]), got, {},
                    write=False)

@@ -31,7 +31,7 @@ def _queries(rng: np.random.Generator, names: list[str], k_max: int) -> QueryCol
 
 
 def test_top_k_memory_is_the_sum_of_k_not_the_largest_k_times_the_queries():
-    w = KnnWorker(0, None)
+    w = KnnWorker(0)
     rng = np.random.default_rng(1)
     many = _queries(rng, [f"q{i}" for i in range(1000)], 1)
     w.load_queries(QueryColumns(many.ids, many.lon, many.lat, many.keywords, [1] * 1000), [[]] * 1000, {})
@@ -47,7 +47,7 @@ def test_released_and_compacted_state_stays_exact(seed, steps):
     original = registration.COMPACT_MIN
     registration.COMPACT_MIN = 8  # compact often
     try:
-        w = KnnWorker(0, None)
+        w = KnnWorker(0)
         seen = _objects(rng, 30, 0)
         live: dict[str, tuple] = {}
         oracle = BruteForceKnn(seen)
@@ -75,7 +75,7 @@ def test_released_and_compacted_state_stays_exact(seed, steps):
                 made += 2
             elif step == "handover":  # half the queries to another worker and back (new slots here)
                 names = list(live)[::2]
-                other = KnnWorker(1, None)
+                other = KnnWorker(1)
                 other.adopt_queries(w.export_queries(names))
                 w.release_handed()
                 w.adopt_queries(other.export_queries(names))
@@ -94,7 +94,7 @@ def test_released_and_compacted_state_stays_exact(seed, steps):
             assert held <= set(w.handles.ids.tolist())
         # The state equals a worker rebuilt from the exact results: same queries, same kNN radii.
         names = sorted(live)
-        rebuilt = KnnWorker(2, None)
+        rebuilt = KnnWorker(2)
         cols = QueryColumns(names, [live[n][0] for n in names], [live[n][1] for n in names],
                             [live[n][2] for n in names], [live[n][3] for n in names])
         rebuilt.load_queries(cols, [oracle.knn(*live[n]) for n in names], {})
@@ -107,7 +107,7 @@ def test_released_and_compacted_state_stays_exact(seed, steps):
 
 def test_handles_of_objects_that_left_every_result_are_released(monkeypatch):
     monkeypatch.setattr(registration, "COMPACT_MIN", 8)
-    w = KnnWorker(0, None)
+    w = KnnWorker(0)
     w.load_queries(QueryColumns(["q"], [0.0], [0.0], [["cafe"]], [1]), [[]], {})
     for b in range(200):  # each object is nearer than the last: it replaces the result
         d = 1.0 / (b + 1)
@@ -119,8 +119,8 @@ def test_handles_of_objects_that_left_every_result_are_released(monkeypatch):
 def test_a_keyword_without_a_coordinator_code_gets_a_code_no_given_keyword_has():
     # A worker knows only its own queries' codes (sparse in the routing table's numbering):
     # a keyword that came without one must not take a code the coordinator gave another.
-    w = KnnWorker(0, None, vocabulary={"cafe": 7})
-    w.load_queries(QueryColumns(["a"], [0.0], [0.0], [["cafe"]], [1]), [[]], {}, vocabulary={"bar": 3})
+    w = KnnWorker(0)
+    w.load_queries(QueryColumns(["a"], [0.0], [0.0], [["cafe"]], [1]), [[]], {}, vocabulary={"cafe": 7, "bar": 3})
     w.register_queries(QueryColumns(["b"], [0.0], [0.0], [["park", "bar"]], [1]), [[]], {})
     assert w.vocabulary.codes == {"cafe": 7, "bar": 3, "park": 8}
     objects = _objects(np.random.default_rng(0), 40, 0)

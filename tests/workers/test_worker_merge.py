@@ -37,7 +37,7 @@ def test_merge_equals_oracle_with_ties(seed, n_initial, batches, prefix):
     oracle = BruteForceKnn(seen) if seen.num_rows else None
     initial = [oracle.knn(q["lon"][i], q["lat"][i], q["keywords"][i], int(q["k"][i])) if oracle else []
                for i in range(nq)]
-    w = KnnWorker(0, None)
+    w = KnnWorker(0)
     w.load_queries(QueryColumns(q["id"], q["lon"], q["lat"], q["keywords"], q["k"]), initial, {})
     start = n_initial
     for b, size in enumerate(batches):

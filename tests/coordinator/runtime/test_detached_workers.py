@@ -49,7 +49,7 @@ def test_a_restarted_service_takes_the_workers_processes_and_can_empty_them(ray_
     assert before[0].queries == 1
     # The service "dies": its pool is dropped without close (a SIGKILL kills nothing detached).
     second = RayPool(2, args, detach_as=prefix)
-    assert second.taken == 2 and [second.kept[w]["queries"] for w in (0, 1)] == [1, 0]  # as they were
+    assert second.taken == 2 and [second.kept[w].queries for w in (0, 1)] == [1, 0]  # as they were
     second.reset_taken()  # (the service does not keep them: kept_start)
     after = _stats(second)
     assert [s.pid for s in after] == [s.pid for s in before]  # the same processes
@@ -102,7 +102,7 @@ def test_a_lost_worker_becomes_the_started_spare(ray_instance, redis_url, namesp
         before = _stats(pool)
         assert spare_pid not in {s.pid for s in before}
         pool.kill(1)
-        pool.replace(1, vocabulary={})
+        pool.replace(1)
         after = _stats(pool)
         assert after[1].pid == spare_pid and after[1].worker == 1 and after[0].pid == before[0].pid
         new_spare = pool._ray.get(pool.spare.stats.remote(), timeout=60).pid
@@ -112,7 +112,7 @@ def test_a_lost_worker_becomes_the_started_spare(ray_instance, redis_url, namesp
         # name), and the spare as its spare: no process to start.
         again = RayPool(2, {"redis_url": redis_url, "namespace": namespace, "orphan_s": None}, detach_as=prefix,
                         spare=True)
-        assert again.taken == 2 and [again.kept[w]["worker"] for w in (0, 1)] == [0, 1]
+        assert again.taken == 2 and [again.kept[w].worker for w in (0, 1)] == [0, 1]
         assert [s.pid for s in _stats(again)] == [after[0].pid, after[1].pid]
         assert again._ray.get(again.spare.stats.remote(), timeout=60).pid == new_spare
     finally:

@@ -14,7 +14,8 @@ import pytest
 
 from knnmon.assignment import LoadModel
 from knnmon.connection import connect
-from knnmon.coordinator.rebalance.config import RebalanceConfig
+from knnmon.coordinator.rebalance.rebalancer import Rebalancer
+from knnmon.coordinator.runtime.rebalance_config import RebalanceConfig
 from knnmon.coordinator.rebalance.monitor import SmoothedMonitor
 from knnmon.coordinator.rebalance.planner import plan_moves
 from knnmon.coordinator.runtime.config import RunConfig
@@ -84,7 +85,7 @@ def test_drift_moves_queries_exact_after_every_batch(drifting, redis_url, namesp
     rebalance = EAGER if trigger == "window" else replace(EAGER, trigger=trigger, half_life=2.0)
     config = RunConfig(workers=3, algorithm="space", batch=250, executor="inline", reserve=reserve,
                        rebalance=rebalance, store=StoreConfig(redis_url, namespace, str(tmp_path)))
-    with Runtime(None, None, config, prepared=_prepared(drifting, reserve)) as rt:
+    with Runtime(None, None, config, prepared=_prepared(drifting, reserve), rebalancer=Rebalancer) as rt:
         seen = initial
         for batch in rt.batches():
             rt.process(batch)
@@ -126,7 +127,7 @@ def test_moves_in_flight_on_ray_exact_after_every_batch(drifting, ray_instance, 
     config = RunConfig(workers=3, algorithm="space", batch=250, executor="ray", rebalance=EAGER,
                        store=StoreConfig(redis_url, namespace, str(tmp_path)))
     forwarded = 0
-    with Runtime(None, None, config, prepared=_prepared(drifting)) as rt:
+    with Runtime(None, None, config, prepared=_prepared(drifting), rebalancer=Rebalancer) as rt:
         routing, seen = rt.registrar.plan.routing, initial
         for batch in rt.batches():
             forwarded += bool(routing.forwards)
@@ -230,7 +231,7 @@ def test_routing_follows_registration_radius_and_moves(drifting, redis_url, name
     objects_dir, queries, initial, rest = drifting
     config = RunConfig(workers=3, algorithm="space", batch=250, executor="inline",
                        store=StoreConfig(redis_url, namespace, str(tmp_path)))
-    with Runtime(None, None, config, prepared=_prepared(drifting)) as rt:
+    with Runtime(None, None, config, prepared=_prepared(drifting), rebalancer=Rebalancer) as rt:
         routing = rt.dispatcher.routing
         at = initial.slice(0, 1).to_pylist()[0]
         far = (at["lon"] + 3.0, at["lat"] - 2.0)

@@ -15,7 +15,7 @@ def _api() -> set[str]:
 
 
 def test_a_worker_answers_every_call_of_the_interface_with_the_same_parameters():
-    w = KnnWorker(0, None)
+    w = KnnWorker(0)
     assert isinstance(w, WorkerApi)
     for name in _api():
         mine, api = inspect.signature(getattr(w, name)), inspect.signature(getattr(WorkerApi, name))
@@ -32,7 +32,7 @@ def test_the_pool_sends_each_call_by_its_interface_method():
             sent.append(method.__name__)
             return super().call(worker, method, *args, **kwargs)
 
-    pool = Recorder([KnnWorker(0, None)])
+    pool = Recorder([KnnWorker(0)])
     pool.gather([pool.load(0, QueryColumns(["q"], [0.0], [0.0], [["cafe"]], [1]), [[]], {})])
     pool.gather([pool.regions(0), pool.stats(0), pool.query_loads(0), pool.result(0, "q"), pool.expire(0, 0),
                  pool.written(0, 0), pool.last_write(0), pool.regions_with(0, ["cafe"]), pool.unregister(0, "q"),

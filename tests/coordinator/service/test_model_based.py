@@ -43,7 +43,7 @@ from knnmon.coordinator.runtime.config import ARRIVAL_EPOCH_MS, RunConfig
 from knnmon.coordinator.service.config import ServeConfig
 from knnmon.coordinator.service.loop import Service
 from knnmon.coordinator.service.status import read_status
-from knnmon.coordinator.testing import assert_exact, assert_feed_and_objects, object_fields, register_fields
+from knnmon.coordinator.testing import FeedMirror, assert_exact, assert_feed_and_objects, object_fields, register_fields
 from knnmon.errors import WorkerLostError
 from knnmon.ingest.reading import read_objects, stream_order
 from knnmon.keys import Keys
@@ -98,6 +98,7 @@ class ServeMachine(RuleBasedStateMachine):
         self.clock = ARRIVAL_EPOCH_MS  # event time of the next place
         self.expected_rejects: dict[str, tuple[str, str]] = {}  # entry id -> (stream, reason), not yet seen
         self.rejects_seen = "0"
+        self.feed = FeedMirror()  # (read after every step: the service trims the feed to its last minutes)
         self.svc: Service | None = None
         self.killed: dict[int, object] = {}  # worker -> the lost worker object, until it is revived
         self.revived = 0
@@ -336,7 +337,7 @@ class ServeMachine(RuleBasedStateMachine):
                  "keywords": pa.array([], pa.list_(pa.string()))})
             assert_exact(self.url, keys.namespace, pa.Table.from_pylist(queries), BruteForceKnn(table))
         # The feed replays to every result, nothing applied twice, the details hashes exact.
-        assert_feed_and_objects(r, keys, sorted(m.queries))
+        assert_feed_and_objects(r, keys, sorted(m.queries), self.feed)
         # Nothing pending; a stream holds what was applied only.
         for key in (keys.ingest_objects, keys.ingest_queries):
             if r.exists(key):
