@@ -121,7 +121,7 @@ def watch(child: subprocess.Popen, timeout_s: float, interval_s: float = 1.0) ->
             "wall_s": round(time.monotonic() - t0, 1), "pss_timeline_gb": timeline[::5]}
 
 
-def per_query_in_workers(redis_url: str, stats: list[dict[str, Any]]) -> dict[str, Any]:
+def per_query_in_workers(redis_url: str, workers: list[Any]) -> dict[str, Any]:
     """Bytes per query held in the workers after the stream: each worker's memory now less that
     of an idle worker started beside them (same actor class and options, no queries: the Ray
     worker process, its imports and warm-up), divided by the queries it holds. Counted on the
@@ -132,13 +132,16 @@ def per_query_in_workers(redis_url: str, stats: list[dict[str, Any]]) -> dict[st
 
     import ray
 
-    from knnmon.coordinator.runtime.worker_pool import WORKER_CPUS
+    from knnmon.coordinator.runtime.ray_pool import WORKER_CPUS
     from knnmon.workers.actor import WorkerActor
+    from knnmon.workers.settings import WorkerSettings
+
+    stats = [asdict(w) for w in workers]
 
     if not ray.is_initialized() or any(w.get("rss_anon_mb") is None for w in stats):
         return {}
-    idle_actor = WorkerActor(num_cpus=WORKER_CPUS).remote(len(stats), redis_url, "scale-idle")
-    idle = asdict(ray.get(idle_actor.stats.remote(), timeout=120))  # (a WorkerStats; the run's stats are dicts)
+    idle_actor = WorkerActor(num_cpus=WORKER_CPUS).remote(len(stats), WorkerSettings(redis_url, "scale-idle"))
+    idle = asdict(ray.get(idle_actor.stats.remote(), timeout=120))
     ray.kill(idle_actor)
     held = [(w["rss_anon_mb"] - idle["rss_anon_mb"]) * 2**20 / max(w["queries"], 1) for w in stats]
     return {"worker_queries": [w["queries"] for w in stats],

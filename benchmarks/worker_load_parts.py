@@ -32,6 +32,7 @@ from knnmon.coordinator.bench.worker_load import initial_load
 from knnmon.ingest.reading import OBJECT_COLUMNS, stream_head
 from knnmon.query import QueryColumns
 from knnmon.redis_server import EmbeddedRedis
+from knnmon.workers.settings import WorkerSettings
 from knnmon.workers.worker import KnnWorker
 
 ARENA_LINES = ("# arenas allocated current", "# bytes in allocated blocks")
@@ -78,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     actor = ray.remote(ProbedWorker).options(num_cpus=0.001)
     with EmbeddedRedis() as server:
         for parts in [int(x) for x in a.parts.split(",")]:
-            idle, w = actor.remote(1, server.url, f"parts{parts}-idle"), actor.remote(0, server.url, f"parts{parts}")
+            idle = actor.remote(1, WorkerSettings(server.url, f"parts{parts}-idle"))
+            w = actor.remote(0, WorkerSettings(server.url, f"parts{parts}"))
             step = -(-n // parts)
             for s in range(0, n, step):
                 e = min(n, s + step)
@@ -88,10 +90,10 @@ def main(argv: list[str] | None = None) -> int:
                     topk[s:e], {o: v for o, v in info.items() if o in used}, rebuild=e == n))
             st, st0 = ray.get(w.stats.remote()), ray.get(idle.stats.remote())
             al, al0 = ray.get(w.allocator.remote()), ray.get(idle.allocator.remote())
-            row = {"parts": parts, "queries_per_part": step, "rss_anon_mb": round(st["rss_anon_mb"], 1),
-                   "idle_rss_anon_mb": round(st0["rss_anon_mb"], 1),
-                   "kept_mb": round(st["rss_anon_mb"] - st0["rss_anon_mb"], 1),
-                   "kept_bytes_per_query": round((st["rss_anon_mb"] - st0["rss_anon_mb"]) * 2**20 / n),
+            row = {"parts": parts, "queries_per_part": step, "rss_anon_mb": round(st.rss_anon_mb, 1),
+                   "idle_rss_anon_mb": round(st0.rss_anon_mb, 1),
+                   "kept_mb": round(st.rss_anon_mb - st0.rss_anon_mb, 1),
+                   "kept_bytes_per_query": round((st.rss_anon_mb - st0.rss_anon_mb) * 2**20 / n),
                    "arenas_mb_over_idle": al["arenas"] - al0["arenas"],  # 1 MiB each
                    "live_small_objects_mb_over_idle": round((al["live_bytes"] - al0["live_bytes"]) / 2**20, 1)}
             out["rows"].append(row)

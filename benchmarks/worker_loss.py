@@ -56,7 +56,7 @@ def main() -> None:
         for i, batch in enumerate(rt.batches()):
             if i == a.kill_at:
                 victim = rt.registrar.stats()[1]
-                os.kill(victim["pid"], signal.SIGKILL)
+                os.kill(victim.pid, signal.SIGKILL)
                 time.sleep(0.5)  # the process is gone before the batch is sent
             t = time.perf_counter()
             r = rt.process(batch)
@@ -64,7 +64,7 @@ def main() -> None:
             if i == a.kill_at:
                 revive_s = rows[-1]["wall_ms"] / 1e3
             if i == a.idle_kill_at:
-                os.kill(rt.registrar.stats()[0]["pid"], signal.SIGKILL)
+                os.kill(rt.registrar.stats()[0].pid, signal.SIGKILL)
                 time.sleep(0.5)
                 rt.worker_processes()  # finds it lost between batches: revived
         assert rt.workers_revived == 1 + (a.idle_kill_at is not None), rt.workers_revived

@@ -20,7 +20,7 @@ from dataclasses import replace
 from typing import Any
 
 from knnmon.reports import KeptReport
-from knnmon.workers.settings import WorkerSettings
+from knnmon.workers.settings import ORPHAN_S, WorkerSettings
 from knnmon.workers.worker import KnnWorker
 
 __all__ = ["ORPHAN_S", "RAY_NAMESPACE", "WorkerActor", "WorkerHost"]
@@ -29,8 +29,6 @@ log = logging.getLogger("knnmon.worker")
 
 #: The Ray namespace of the detached worker actors.
 RAY_NAMESPACE = "knnmon"
-#: A detached worker exits when its service's heartbeat is older than this, seconds.
-ORPHAN_S = 300.0
 
 
 def WorkerActor(num_cpus: float = 0.5, **options):  # noqa: N802 - reads as a class at call sites

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from knnmon.errors import InvalidArgumentError
 
-__all__ = ["INDEX_NAMES", "MAX_RELEASE_GROUPS", "WorkerSettings"]
+__all__ = ["INDEX_NAMES", "MAX_RELEASE_GROUPS", "ORPHAN_S", "WorkerSettings"]
 
 #: The workers' query indexes (``--index``; the classes: :data:`knnmon.workers.worker.INDEXES`).
 INDEX_NAMES = ("grid", "rtree", "keyword-lists")
@@ -15,6 +15,10 @@ INDEX_NAMES = ("grid", "rtree", "keyword-lists")
 #: At most this many parts per batch (:class:`~knnmon.workers.worker.KnnWorker`'s
 #: ``release_groups``): each costs a script call.
 MAX_RELEASE_GROUPS = 64
+
+#: A detached worker actor exits when its service's heartbeat is older than this, seconds
+#: (:mod:`knnmon.workers.actor`).
+ORPHAN_S = 300.0
 
 
 @dataclass(frozen=True)

@@ -183,7 +183,7 @@ def _row(rt: Runtime, summary: RunSummary, algorithm: str, kmax: int, repeat: in
         "busy_ms_per_worker": total.tolist(),
         "per_worker_totals": s.per_worker_totals, "predicted_worker_loads": predicted,
         "spearman_predicted_vs_busy": spearman(predicted, total) if algorithm not in (REFERENCE, IDEAL) else None,
-        "worker_peak_rss_mb": [round(w["peak_rss_mb"], 1) for w in s.workers_stats],
+        "worker_peak_rss_mb": [round(w.peak_rss_mb, 1) for w in s.workers_stats],
         "startup_s": s.startup_s, "exact": None, "mismatched_queries": None, "checked_queries": None,
         "routing": {k: v for k, v in rt.plan.summary.items() if k.startswith("routing")},
     }

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from knnmon.connection import redact
-from knnmon.reports import WorkerReport
+from knnmon.reports import WorkerReport, WorkerStats
 
 __all__ = ["BatchReport", "RunSummary", "summarize_run"]
 
@@ -170,7 +170,7 @@ class RunSummary:
     startup_s: dict[str, float]
     results_store: str
     workers_revived: int = 0
-    workers_stats: list[dict[str, Any]] = field(default_factory=list)
+    workers_stats: list[WorkerStats] = field(default_factory=list)
     late_ignored: int = 0
     results_refilled: int = 0
     refill_ms_mean: float = 0.0
@@ -187,7 +187,7 @@ class RunSummary:
 
 def summarize_run(rows: Sequence[BatchReport], wall_s: float, *, config: Any, queries: int, initial_objects: int,
                   predicted_worker_loads: list[float], startup_s: dict[str, float], results_store: str,
-                  workers_revived: int = 0, workers_stats: list[dict[str, Any]] | None = None,
+                  workers_revived: int = 0, workers_stats: list[WorkerStats] | None = None,
                   replans: list[dict[str, Any]] | None = None) -> RunSummary:
     """The :class:`RunSummary` of a run's batches (``config``: its
     :class:`~knnmon.coordinator.runtime.config.RunConfig`)."""

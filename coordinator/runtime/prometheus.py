@@ -28,6 +28,7 @@ from prometheus_client.utils import floatToGoString
 
 from knnmon.coordinator.runtime.metrics import BatchReport, RunSummary
 from knnmon.errors import REJECT_REASONS
+from knnmon.reports import WorkerStats
 
 __all__ = ["BATCH_BUCKETS_S", "COUNTERS", "RESPONSE_BUCKETS_S", "BulkHistogram", "KnnMetrics", "Readings",
            "rss_bytes", "run_metrics"]
@@ -207,10 +208,10 @@ def _per_worker(name: str, doc: str, values: Sequence[float | None]) -> Iterator
     yield family
 
 
-def rss_bytes(stats: Sequence[Mapping]) -> list[float | None]:
+def rss_bytes(stats: Sequence[WorkerStats]) -> list[float | None]:
     """Each worker's resident memory in bytes (:attr:`Readings.worker_rss_bytes`) from its stats'
     ``rss_mb`` (MiB; ``None``: unknown)."""
-    return [s["rss_mb"] * 2**20 if s.get("rss_mb") is not None else None for s in stats]
+    return [s.rss_mb * 2**20 if s.rss_mb is not None else None for s in stats]
 
 
 def run_metrics(summary: RunSummary, reports: Sequence[BatchReport]) -> KnnMetrics:
@@ -224,7 +225,7 @@ def run_metrics(summary: RunSummary, reports: Sequence[BatchReport]) -> KnnMetri
                 "queries_moved": summary.queries_moved, "workers_revived": summary.workers_revived}
     stats = summary.workers_stats
     wall_ms = max(summary.wall_s, 1e-6) * 1e3
-    readings = Readings(counters=counters, worker_queries=[s["queries"] for s in stats],
+    readings = Readings(counters=counters, worker_queries=[s.queries for s in stats],
                         worker_busy_ratio=[b / wall_ms for b in summary.busy_ms_per_worker],
                         worker_rss_bytes=rss_bytes(stats))
     metrics = KnnMetrics(lambda: readings)

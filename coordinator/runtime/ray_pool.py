@@ -13,7 +13,7 @@ from knnmon.coordinator.runtime.ray_start import init_ray, shutdown_ray
 from knnmon.coordinator.runtime.worker_pool import Pending, WorkerPool
 from knnmon.errors import WorkerLostError
 from knnmon.reports import KeptReport
-from knnmon.workers.settings import WorkerSettings
+from knnmon.workers.settings import ORPHAN_S, WorkerSettings
 
 __all__ = ["SHARE_MIN_BYTES", "WORKER_CPUS", "RayPool"]
 
@@ -36,21 +36,20 @@ class RayPool(WorkerPool):
     take it): Ray's SPREAD is best effort and was seen placing 3 workers on one of 3 nodes. The
     actor asks for a token CPU share (:data:`WORKER_CPUS`): Ray places an actor that asks for no
     resources on a random node unless its node affinity is hard.
+
+    Detached actors (``detach_as``) exit on their own once the service's heartbeat is older than
+    ``orphan_s`` seconds (``None``: never; :mod:`knnmon.workers.actor`).
     """
 
     def __init__(self, size: int, settings: WorkerSettings, ray_address: str | None = None,
-                 detach_as: str | None = None, spare: bool = False) -> None:
+                 detach_as: str | None = None, spare: bool = False, orphan_s: float | None = ORPHAN_S) -> None:
         super().__init__(size)
         import ray
 
         self._ray, self._settings = ray, settings
         self._started_ray = init_ray(ray_address)
         self._detach_as = detach_as
-        self._orphan_s: float | None = None  # (detached actors watch the service's heartbeat)
-        if detach_as is not None:
-            from knnmon.workers.actor import ORPHAN_S
-
-            self._orphan_s = ORPHAN_S
+        self._orphan_s = orphan_s if detach_as is not None else None  # (detached actors watch the service)
         nodes = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"])
         self.spare = None
         taken = self._take_left(size, spare) if detach_as is not None else {}

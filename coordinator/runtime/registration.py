@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -25,6 +24,7 @@ from knnmon.coordinator.runtime.preparation import Prepared
 from knnmon.coordinator.runtime.worker_pool import Pending, WorkerPool
 from knnmon.errors import InvalidQueryError, WorkerLostError
 from knnmon.query import Query, QueryColumns
+from knnmon.reports import WorkerStats
 from knnmon.workers.placements import clear_object_details, record_placements
 
 if TYPE_CHECKING:
@@ -221,7 +221,6 @@ class Registrar:
         """A query's current kNN as its worker holds it (Redis holds the same)."""
         return self.pool.gather([self.pool.result(self.query_worker[qid], qid)])[0]
 
-    def stats(self) -> list[dict[str, Any]]:
-        """Each worker's :meth:`~knnmon.workers.worker.KnnWorker.stats`, as a dict (for the
-        JSON reports)."""
-        return [asdict(s) for s in self.pool.gather([self.pool.stats(w) for w in range(self.pool.size)])]
+    def stats(self) -> list[WorkerStats]:
+        """Each worker's :meth:`~knnmon.workers.worker.KnnWorker.stats`."""
+        return self.pool.gather([self.pool.stats(w) for w in range(self.pool.size)])

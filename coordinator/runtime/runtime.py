@@ -43,6 +43,7 @@ from knnmon.coordinator.runtime.worker_pool import WorkerPool, make_pool
 from knnmon.errors import InvalidArgumentError
 from knnmon.heap import give_back
 from knnmon.query import Query
+from knnmon.reports import WorkerStats
 from knnmon.store import Store, clear_namespace, open_store
 from knnmon.window import Window
 
@@ -275,10 +276,10 @@ class Runtime(Revivals):
         """Unregister a query; ``False`` if it was not registered."""
         return self.registrar.unregister(qid)
 
-    def worker_processes(self) -> list[dict[str, Any]]:
-        """Each worker's number, node and process id (one call per worker; a lost worker is
-        revived first, as in :meth:`estimate`)."""
-        return [{k: s.get(k) for k in ("worker", "node", "pid")} for s in self._reviving(self.registrar.stats)]
+    def worker_processes(self) -> list[WorkerStats]:
+        """Each worker's stats, for its number, node and process id (one call per worker; a lost
+        worker is revived first, as in :meth:`estimate`)."""
+        return self._reviving(self.registrar.stats)
 
     def last_writes(self) -> list[tuple[str | None, bool]]:
         """Each worker's last write's marker value and whether a write failed since

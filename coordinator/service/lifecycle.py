@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from typing import Any, Self
+from typing import Self
 
 import pyarrow as pa
 import redis
@@ -15,6 +15,7 @@ import redis
 from knnmon.coordinator.rebalance.rebalancer import Rebalancer
 from knnmon.coordinator.runtime.kept_start import KeptStart
 from knnmon.coordinator.runtime.runtime import Runtime
+from knnmon.reports import WorkerStats
 from knnmon.coordinator.runtime.stored_start import NotResumableError
 from knnmon.coordinator.runtime.worker_pool import make_pool
 from knnmon.coordinator.service import status as service_status
@@ -78,7 +79,7 @@ class Lifecycle:
         self.ledger = Ledger(self.keys, self.counters, config.run.workers)
         self.query_ops = QueryOps({}, config.run.limits, self.counters)
         self.started_ms = int(time.time() * 1000)
-        self.workers: list[dict[str, Any]] = []  # worker, node, pid of each worker
+        self.workers: list[WorkerStats] = []  # (their worker, node and pid: the status's)
         self._model = None
         self._preload: pa.Table | None = None
         self._status_at = 0.0

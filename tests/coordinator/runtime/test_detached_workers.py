@@ -17,6 +17,7 @@ from knnmon.coordinator.service.status import Heartbeat
 from knnmon.keys import Keys
 from knnmon.query import QueryColumns
 from knnmon.workers.actor import RAY_NAMESPACE
+from knnmon.workers.settings import WorkerSettings
 
 
 def _named(prefix: str) -> list[str]:
@@ -39,8 +40,8 @@ def _stats(pool: RayPool) -> list[dict]:
 
 def test_a_restarted_service_takes_the_workers_processes_and_can_empty_them(ray_instance, redis_url, namespace):
     prefix = f"knnmon-test-{uuid.uuid4().hex[:8]}"
-    args = {"redis_url": redis_url, "namespace": namespace, "orphan_s": None}
-    first = RayPool(2, args, detach_as=prefix)
+    settings = WorkerSettings(redis_url, namespace)
+    first = RayPool(2, settings, detach_as=prefix, orphan_s=None)
     assert first.taken == 0 and len(_named(prefix)) == 2
     q = QueryColumns(np.array(["q1"], dtype=object), np.array([-71.0]), np.array([43.0]), [("cafe",)],
                      np.array([3], dtype=np.int64))
@@ -48,14 +49,14 @@ def test_a_restarted_service_takes_the_workers_processes_and_can_empty_them(ray_
     before = _stats(first)
     assert before[0].queries == 1
     # The service "dies": its pool is dropped without close (a SIGKILL kills nothing detached).
-    second = RayPool(2, args, detach_as=prefix)
+    second = RayPool(2, settings, detach_as=prefix, orphan_s=None)
     assert second.taken == 2 and [second.kept[w].queries for w in (0, 1)] == [1, 0]  # as they were
     second.reset_taken()  # (the service does not keep them: kept_start)
     after = _stats(second)
     assert [s.pid for s in after] == [s.pid for s in before]  # the same processes
     assert [s.queries for s in after] == [0, 0]  # empty
     # A service with fewer workers takes what it needs and kills the rest.
-    third = RayPool(1, args, detach_as=prefix)
+    third = RayPool(1, settings, detach_as=prefix, orphan_s=None)
     assert third.taken == 1 and _stats(third)[0].pid == before[0].pid
     assert _wait_for(lambda: len(_named(prefix)) == 1)
     third.close()
@@ -69,7 +70,7 @@ def test_a_detached_worker_exits_when_its_services_heartbeat_stops(ray_instance,
     prefix = f"knnmon-test-{uuid.uuid4().hex[:8]}"
     heart = Heartbeat(redis_url, Keys(namespace), every_s=0.1)
     try:
-        pool = RayPool(1, {"redis_url": redis_url, "namespace": namespace, "orphan_s": 0.5}, detach_as=prefix)
+        pool = RayPool(1, WorkerSettings(redis_url, namespace), detach_as=prefix, orphan_s=0.5)
         pid = _stats(pool)[0].pid
         time.sleep(1.5)  # three times the orphan age, beating: alive
         assert _stats(pool)[0].pid == pid
@@ -96,7 +97,7 @@ def test_a_lost_worker_becomes_the_started_spare(ray_instance, redis_url, namesp
     """With a spare, a replaced worker is the spare's process, reset to the worker (no process to
     start), and a new spare starts; without one, a new process."""
     prefix = f"knnmon-test-{uuid.uuid4().hex[:8]}"
-    pool = RayPool(2, {"redis_url": redis_url, "namespace": namespace, "orphan_s": None}, detach_as=prefix, spare=True)
+    pool = RayPool(2, WorkerSettings(redis_url, namespace), detach_as=prefix, spare=True, orphan_s=None)
     try:
         spare_pid = pool._ray.get(pool.spare.stats.remote(), timeout=60).pid
         before = _stats(pool)
@@ -110,7 +111,7 @@ def test_a_lost_worker_becomes_the_started_spare(ray_instance, redis_url, namesp
         assert len(_named(prefix)) == 3  # two workers and the new spare
         # A restart takes each worker as the worker it was (the revived one keeps its spare's
         # name), and the spare as its spare: no process to start.
-        again = RayPool(2, {"redis_url": redis_url, "namespace": namespace, "orphan_s": None}, detach_as=prefix,
+        again = RayPool(2, WorkerSettings(redis_url, namespace), detach_as=prefix, orphan_s=None,
                         spare=True)
         assert again.taken == 2 and [again.kept[w].worker for w in (0, 1)] == [0, 1]
         assert [s.pid for s in _stats(again)] == [after[0].pid, after[1].pid]

@@ -87,7 +87,7 @@ def test_a_load_in_parts_gives_each_worker_only_its_keywords_and_stays_exact(ct,
         for qid, kws in zip(queries.column("id").to_pylist(), queries.column("keywords").to_pylist()):
             words[rt.registrar.query_worker[qid]].update(kws)
         # Each worker knows the codes of its own queries' keywords, not the whole vocabulary.
-        assert [s["keywords"] for s in rt.registrar.stats()] == [len(w) for w in words]
+        assert [s.keywords for s in rt.registrar.stats()] == [len(w) for w in words]
         assert max(len(w) for w in words) < len(rt.plan.routing.vocabulary)
         seen = stream_order(read_objects(objects_dir), None).slice(0, initial + 20 * 1000)
         assert assert_exact(redis_url, namespace, queries, BruteForceKnn(seen)) == queries.num_rows
@@ -260,7 +260,7 @@ def test_a_killed_ray_worker_process_is_revived_mid_stream_and_stays_exact(small
     _, queries, objects = small
     client, keys = connect(redis_url), Keys(namespace)
     with _two_ray_workers_after_three_batches(small, redis_url, namespace, tmp_path) as (rt, batches):
-        victim = rt.registrar.stats()[1]["pid"]
+        victim = rt.registrar.stats()[1].pid
         pending = [rt.dispatcher.dispatch(b) for b in batches[3:5]]  # two batches in flight
         if written:  # the worker applies and writes both before it dies: none may be applied again
             rt.pool.gather([rt.pool.last_write(1)])  # (answered after the calls before it, and their writes)
@@ -270,7 +270,7 @@ def test_a_killed_ray_worker_process_is_revived_mid_stream_and_stays_exact(small
         rt._collect(later.popleft(), later)
         for b in batches[5:]:
             rt.process(b)
-        assert rt.workers_revived == 1 and victim not in [s["pid"] for s in rt.registrar.stats()]
+        assert rt.workers_revived == 1 and victim not in [s.pid for s in rt.registrar.stats()]
         oracle = BruteForceKnn(objects)
         assert_exact(redis_url, namespace, queries, oracle)
         # The revived worker equals one that never died: the same queries, each with its exact kNN
@@ -308,7 +308,7 @@ def test_a_ray_worker_lost_outside_a_batch_is_revived_for_a_registration_and_an_
     client, keys = connect(redis_url), Keys(namespace)
     with _two_ray_workers_after_three_batches(small, redis_url, namespace, tmp_path) as (rt, batches):
         reg = rt.registrar
-        pids = {s["worker"]: s["pid"] for s in reg.stats()}
+        pids = {s.worker: s.pid for s in reg.stats()}
         probe = objects.slice(100, 1).to_pylist()[0]
         late = Query.create("late", probe["lon"] + 0.01, probe["lat"], probe["keywords"][:2], 7)
         w = reg.place(late.lon, late.lat)  # where it will go (placement changes nothing)
@@ -319,7 +319,7 @@ def test_a_ray_worker_lost_outside_a_batch_is_revived_for_a_registration_and_an_
         _kill_process(pids[1 - w])
         assert reg.unregister(gone)
         assert rt.workers_revived == 2 and not client.exists(keys.result(gone), keys.query(gone))
-        assert not set(pids.values()) & {s["pid"] for s in reg.stats()}  # both processes are new
+        assert not set(pids.values()) & {s.pid for s in reg.stats()}  # both processes are new
         for b in batches[3:]:
             rt.process(b)
         oracle = BruteForceKnn(objects)
@@ -338,13 +338,13 @@ def test_a_worker_found_lost_by_an_estimate_or_the_worker_list_is_revived(small,
     worker list for its status) revive a lost worker in place too, and answer."""
     _, queries, objects = small
     with _two_ray_workers_after_three_batches(small, redis_url, namespace, tmp_path) as (rt, batches):
-        pids = [p["pid"] for p in rt.worker_processes()]
+        pids = [p.pid for p in rt.worker_processes()]
         _kill_process(pids[0])
         workload = rt.estimate(batches[3])
         assert rt.workers_revived == 1 and workload.shape == (batches[3].num_rows,) and workload.sum() > 0
         _kill_process(pids[1])
         now = rt.worker_processes()
-        assert rt.workers_revived == 2 and not set(pids) & {p["pid"] for p in now}
+        assert rt.workers_revived == 2 and not set(pids) & {p.pid for p in now}
         for b in batches[3:]:
             rt.process(b)
         assert_exact(redis_url, namespace, queries, BruteForceKnn(objects))
@@ -369,10 +369,10 @@ def test_a_revival_whose_spare_is_dead_starts_over_on_a_new_actor(small, ray_ins
             rt.process(b)
         dead_spare = pool.spare
         pool._ray.kill(dead_spare)
-        victim = rt.registrar.stats()[1]["pid"]
+        victim = rt.registrar.stats()[1].pid
         _kill_process(victim)
         for b in batches[3:]:
             rt.process(b)
         assert rt.workers_revived == 2  # the dead spare's attempt, then a new actor
-        assert pool.actors[1] is not dead_spare and victim not in [s["pid"] for s in rt.registrar.stats()]
+        assert pool.actors[1] is not dead_spare and victim not in [s.pid for s in rt.registrar.stats()]
         assert_exact(redis_url, namespace, queries, BruteForceKnn(objects))

@@ -173,7 +173,7 @@ def test_a_windowed_ray_worker_lost_between_batches_is_revived_from_redis(window
         probe = objects.slice(3900, 1).to_pylist()[0]
         late = Query.create("late", probe["lon"], probe["lat"], probe["keywords"][:2], 5)
         w = reg.place(late.lon, late.lat)
-        pid = {s["worker"]: s["pid"] for s in reg.stats()}[w]
+        pid = {s.worker: s.pid for s in reg.stats()}[w]
         mine = [q for q, x in reg.query_worker.items() if x == w]
         assert len(mine) > 300
         if details_lost:  # a member of a result in the last chunk loses its details
@@ -211,7 +211,7 @@ def test_a_windowed_ray_worker_lost_between_batches_is_revived_from_redis(window
             rt.process(b)
             seen += b.num_rows
             assert_exact(redis_url, namespace, everyone, BruteForceKnn(live(objects, seen, window)))
-        assert pid not in [s["pid"] for s in reg.stats()]
+        assert pid not in [s.pid for s in reg.stats()]
 
 
 @contextlib.contextmanager
@@ -264,7 +264,7 @@ def test_a_windowed_ray_worker_lost_during_a_batch_is_rebuilt_over_the_live_obje
     r = redis.Redis.from_url(redis_url, decode_responses=True)
     qids = queries.column("id").to_pylist()
     with _past_three_batches(windowed, 2, 12, StoreConfig(redis_url, namespace, str(tmp_path))) as (rt, batches, seen):
-        pids = {s["worker"]: s["pid"] for s in rt.registrar.stats()}
+        pids = {s.worker: s.pid for s in rt.registrar.stats()}
         _kill(pids[0])  # found lost by the next batch's expiry
         report = rt.process(batches[3])
         seen += batches[3].num_rows
@@ -273,7 +273,7 @@ def test_a_windowed_ray_worker_lost_during_a_batch_is_rebuilt_over_the_live_obje
         assert_feed_and_objects(r, Keys(namespace), qids)
         for number, spoil in ((4, False), (5, True)):  # lost while the batch runs
             victim = 5 - number  # worker 1, then worker 0 again
-            pid = {s["worker"]: s["pid"] for s in rt.registrar.stats()}[victim]
+            pid = {s.worker: s.pid for s in rt.registrar.stats()}[victim]
             d = rt.dispatcher.dispatch(batches[number])
             _kill(pid)
             if spoil:  # a member's details missing: rebuilt over the live objects instead
@@ -283,7 +283,7 @@ def test_a_windowed_ray_worker_lost_during_a_batch_is_rebuilt_over_the_live_obje
             seen += batches[number].num_rows
             assert rt.workers_revived == number - 2
             assert ("search" in rt.revivals[-1]) == spoil, rt.revivals[-1]
-            assert pid not in [s["pid"] for s in rt.registrar.stats()]
+            assert pid not in [s.pid for s in rt.registrar.stats()]
             assert_exact(redis_url, namespace, queries, BruteForceKnn(live(objects, seen, window)))
             assert_feed_and_objects(r, Keys(namespace), qids)
         for b in batches[6:]:
@@ -317,13 +317,13 @@ def test_a_worker_lost_during_a_move_is_revived_in_place(windowed, ray_instance,
     with _past_three_batches(windowed, 3, 8, StoreConfig(redis_url, namespace, str(tmp_path))) as (rt, batches, seen):
         on = rt.registrar.query_worker
         moving = [q for q in qids if on[q] == 0][:120]
-        pids = {s["worker"]: s["pid"] for s in rt.registrar.stats()}
+        pids = {s.worker: s.pid for s in rt.registrar.stats()}
         victims = {"none": [], "both": [0, 1]}[lost]  # both: the source at its export, the target at its adoption
         for w in victims:
             _kill(pids[w])
         migrate(rt.pool, rt.registrar, [Move(moving, 0, 1, 0.0, "test")], revive=lambda w: rt.revive_idle(w) is not None)
         assert rt.workers_revived == len(victims)
-        now = {s["worker"]: s["pid"] for s in rt.registrar.stats()}
+        now = {s.worker: s.pid for s in rt.registrar.stats()}
         assert [w for w in range(3) if now[w] != pids[w]] == victims  # the others kept their process
         assert all(rt.registrar.query_worker[q] == 1 for q in moving)
         assert_exact(redis_url, namespace, queries, BruteForceKnn(live(objects, seen, window)))
