@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import faulthandler
 import json
 import logging
 import os
 import signal
+import sys
 from typing import Any
 
 from knnmon.connection import redact
@@ -29,7 +31,9 @@ def _serve(a: argparse.Namespace) -> int:
     from knnmon.logs import configure_logging
 
     configure_logging(a.log_format)
-    faulthandler.register(signal.SIGUSR1)  # `kill -USR1 PID`: every thread's stack to stderr (a hang)
+    # `kill -USR1 PID`: every thread's stack, as plain text, to the process's stderr (a hang)
+    with contextlib.suppress(AttributeError, OSError, ValueError):
+        faulthandler.register(signal.SIGUSR1, file=sys.__stderr__)
     # In JSON, every line of the output is a log record.
     say = logging.getLogger("knnmon.serve").info if a.log_format == "json" else (lambda m: print(m, flush=True))
 

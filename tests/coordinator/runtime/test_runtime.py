@@ -357,12 +357,12 @@ def test_a_revival_whose_spare_is_dead_starts_over_on_a_new_actor(small, ray_ins
     import uuid
 
     from knnmon.coordinator.runtime.ray_pool import RayPool
+    from knnmon.workers.settings import WorkerSettings
 
     objects_dir, queries, objects = small
     config = RunConfig(workers=2, initial=4000, batch=500, store=StoreConfig(redis_url, namespace, str(tmp_path)))
-    pool = RayPool(2, {"redis_url": redis_url, "namespace": namespace, "vocabulary": {}, "orphan_s": None,
-                       "reserve": config.places_reserved},
-                   detach_as=f"knnmon-test-{uuid.uuid4().hex[:8]}", spare=True)
+    pool = RayPool(2, WorkerSettings(redis_url, namespace, reserve=config.places_reserved),
+                   detach_as=f"knnmon-test-{uuid.uuid4().hex[:8]}", spare=True, orphan_s=None)
     with Runtime(objects_dir, queries, config, pool=pool) as rt:
         batches = list(rt.batches())
         for b in batches[:3]:

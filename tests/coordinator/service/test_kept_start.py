@@ -60,7 +60,7 @@ def test_a_restarted_service_keeps_the_workers_state_and_stays_exact(ray_instanc
         target, original, sent = places[1700]["id"], RayPool.call, []
 
         def call(self, worker, method, *args, **kwargs):
-            if method == "process_rows" and target in args[0].table.column("id").to_pylist():
+            if method.__name__ == "process_rows" and target in args[0].table.column("id").to_pylist():
                 sent.append(worker)
                 if len(sent) > 1:
                     raise _Crash()
