@@ -16,8 +16,7 @@ import logging
 import os
 import threading
 import time
-from dataclasses import replace
-from typing import Any
+from dataclasses import dataclass, replace
 
 from knnmon.reports import KeptReport
 from knnmon.workers.settings import ORPHAN_S, WorkerSettings
@@ -85,17 +84,29 @@ class WorkerHost(KnnWorker):
         return state
 
 
-_watched: dict[str, Any] = {}
+@dataclass
+class _Watch:
+    """What this process's orphan watch reads (one watcher per process; a reset re-aims it)."""
+
+    url: str
+    namespace: str
+    orphan_s: float
+    thread: threading.Thread | None = None
+
+
+_watched: _Watch | None = None
 
 
 def _start_watch(redis_url: str | None, namespace: str, orphan_s: float) -> None:
     """Watch ``namespace``'s service heartbeat (one watcher per process; a reset re-aims it)."""
+    global _watched
     if not redis_url:
         return
-    _watched.update(url=redis_url, namespace=namespace, orphan_s=float(orphan_s))
-    if "thread" not in _watched:
-        _watched["thread"] = threading.Thread(target=_watch, name="knnmon-orphan-watch", daemon=True)
-        _watched["thread"].start()
+    thread = _watched.thread if _watched is not None else None
+    _watched = _Watch(redis_url, namespace, float(orphan_s), thread)
+    if thread is None:
+        _watched.thread = threading.Thread(target=_watch, name="knnmon-orphan-watch", daemon=True)
+        _watched.thread.start()
 
 
 def _watch() -> None:
@@ -108,11 +119,12 @@ def _watch() -> None:
 
     strikes = 0
     while True:
-        time.sleep(max(_watched["orphan_s"] / 10, 0.05))
+        watch = _watched
+        time.sleep(max(watch.orphan_s / 10, 0.05))
         try:
-            client = connect(_watched["url"], socket_timeout_s=5.0)
+            client = connect(watch.url, socket_timeout_s=5.0)
             try:
-                raw = client.get(Keys(_watched["namespace"]).serve_alive)
+                raw = client.get(Keys(watch.namespace).serve_alive)
             finally:
                 client.close()
         except Exception:  # noqa: BLE001 - Redis away or unreachable: no decision
@@ -121,8 +133,8 @@ def _watch() -> None:
             age_s = time.time() - float(raw) / 1000
         except (TypeError, ValueError):
             age_s = float("inf")
-        strikes = strikes + 1 if age_s > _watched["orphan_s"] else 0
+        strikes = strikes + 1 if age_s > watch.orphan_s else 0
         if strikes >= 2:
             log.warning("the service of namespace %r is gone (heartbeat %.0f s old); this worker exits",
-                        _watched["namespace"], age_s)
+                        watch.namespace, age_s)
             os._exit(0)

@@ -10,6 +10,8 @@ from typing import Any
 
 import msgpack
 
+from redis.commands.core import Script
+
 from knnmon.keys import Keys
 
 __all__ = ["APPLY", "SECTIONS", "ClusterWrites"]
@@ -98,7 +100,7 @@ class ClusterWrites:
 
     def __init__(self, masters: Any, keys: Keys, worker: int | str, bucket_key: Callable[[str], str]) -> None:
         self.masters, self.keys, self.worker, self.bucket_key = masters, keys, worker, bucket_key
-        self.scripts: dict[str, Any] = {}  # master name -> its registered script
+        self.scripts: dict[str, Script] = {}  # master name -> its registered script
 
     def split(self, payload: dict) -> dict[str, dict]:
         """``payload`` cut into one payload per master of the cluster: each section goes to the

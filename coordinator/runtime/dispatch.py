@@ -221,10 +221,14 @@ class Dispatcher:
                 late = ~dup & (t <= cutoff)
         return Admission(dup, late, cutoff)
 
-    def drop_seen(self, batch: pa.Table) -> tuple[pa.Table, int]:
+    def drop_seen(self, batch: pa.Table, admitted: bool = False) -> tuple[pa.Table, int]:
         """``batch`` without the ids seen before (or twice in it; the first one counts), and how
-        many were dropped; the rest are seen from now on."""
+        many were dropped; the rest are seen from now on. ``admitted``: :meth:`admit` said the
+        batch holds none (nothing to check)."""
         t = batch.column("t").to_numpy() if self.window is not None else None
+        if admitted:
+            self.seen.add(batch.column("id").to_pylist(), t)
+            return batch, 0
         fresh = self.seen.add_new(batch.column("id").to_pylist(), t)
         dup = int(len(fresh) - fresh.sum())
         return (batch.filter(pa.array(fresh)) if dup else batch), dup
@@ -274,11 +278,12 @@ class Dispatcher:
                           "keywords": keywords})
         return table, pair_obj, pair_code, masks
 
-    def dispatch(self, batch: pa.Table) -> DispatchedBatch:
+    def dispatch(self, batch: pa.Table, admitted: bool = False) -> DispatchedBatch:
         """Route ``batch`` (``id``, ``lon``, ``lat``, ``t``, ``keywords``) and send each worker
-        its objects, without waiting."""
+        its objects, without waiting. ``admitted``: :meth:`admit` took every object of the batch
+        already (no duplicate to drop, none late)."""
         t0, c0 = time.perf_counter(), time.thread_time()
-        batch, dup = self.drop_seen(batch)
+        batch, dup = self.drop_seen(batch, admitted)
         n_late, cutoff, refills, refill_ms = 0, None, {}, 0.0
         if self.window is not None:
             batch, n_late, cutoff, refills, refill_ms = self._expire(batch)

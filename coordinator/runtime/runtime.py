@@ -219,10 +219,11 @@ class Runtime(Revivals):
         self.registrar.revive_worker = self.revive_idle
 
     # -- the stream ------------------------------------------------------------------------------
-    def process(self, batch: pa.Table) -> BatchReport:
+    def process(self, batch: pa.Table, admitted: bool = False) -> BatchReport:
         """Stream one batch of objects (``id``, ``lon``, ``lat``, ``t``, ``keywords``) and wait
-        for it (:meth:`Dispatcher.collect` of :meth:`Dispatcher.dispatch`)."""
-        report = self._collect(self.dispatcher.dispatch(batch), deque())
+        for it (:meth:`Dispatcher.collect` of :meth:`Dispatcher.dispatch`). ``admitted``: every
+        object passed :meth:`admit` (``knnmon serve``: decided once, at the read)."""
+        report = self._collect(self.dispatcher.dispatch(batch, admitted), deque())
         self.upkeep_routing()
         self.rebalance(report, idle=True)
         return report

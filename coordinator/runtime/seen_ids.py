@@ -144,12 +144,17 @@ class SeenIds:
         """Add a batch's ids; returns ``(m,)`` bool, the ones not seen before (an id twice in the
         batch: its first; :meth:`seen_v`). ``times``: with a window, the objects' epoch ms."""
         fresh = ~self.seen_v(ids)
+        at = np.flatnonzero(fresh)
+        self.add([ids[j] for j in at.tolist()], None if times is None else np.asarray(times)[at])
+        return fresh
+
+    def add(self, ids: Sequence[str], times: np.ndarray | None = None) -> None:
+        """Add ids known to be new and distinct (admitted already: :meth:`seen_v`). ``times``:
+        with a window, the objects' epoch ms."""
         t = np.zeros(len(ids), dtype=np.int64) if times is None else np.asarray(times, dtype=np.int64)
-        for j in np.flatnonzero(fresh).tolist():
-            self._fresh[ids[j]] = int(t[j])
+        self._fresh.update(zip(ids, t.tolist()))
         if len(self._fresh) >= SEAL:
             self._seal()
-        return fresh
 
     def _seal(self) -> None:
         """The fresh ids become a run; without a window, merge the newest runs."""

@@ -62,9 +62,6 @@ class Part:
     def live(self) -> int:
         return len(self.t) if self.alive is None else int(self.alive.sum())
 
-    def live_table(self) -> pa.Table:
-        return self.table if self.alive is None else self.table.filter(pa.array(self.alive))
-
     def expire(self, cutoff: int) -> Part | None:
         """This part with the objects of ``t <= cutoff`` marked expired (a new ``alive`` array:
         a build reading the old one is not disturbed), or ``None`` when none is live."""

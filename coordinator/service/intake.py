@@ -19,7 +19,6 @@ from redis.cluster import RedisCluster
 
 from knnmon.coordinator.runtime.runtime import Runtime
 from knnmon.bulk_parse import parse_objects
-from knnmon.coordinator.service.object_log import OBJECT_SCHEMA
 from knnmon.errors import Rejected
 from knnmon.limits import Limits
 from knnmon.protocol import GROUP, entry_order, redis_clock_ms
@@ -73,7 +72,7 @@ class ObjectRead:
     Attributes
     ----------
     objects
-        The objects to apply (``OBJECT_SCHEMA`` of :mod:`~knnmon.coordinator.service.recovery`),
+        The objects to apply (:data:`~knnmon.bulk_parse.OBJECT_SCHEMA`),
         in entry order.
     entry_ids
         ``(n,)`` their entries' ids.
@@ -108,7 +107,5 @@ def read_objects(entries: list[Entry], runtime: Runtime, limits: Limits, client:
         late = [(*entries[at[j]], Rejected("late", f"t={cols.t[at[j]]} <= watermark - window = {admitted.cutoff}{why}"))
                 for j in np.flatnonzero(admitted.late).tolist()]
     keep = at[~(admitted.duplicate | admitted.late)]
-    rows = keep.tolist()
-    table = pa.table({"id": [cols.ids[i] for i in rows], "lon": cols.lon[keep], "lat": cols.lat[keep],
-                      "t": cols.t[keep], "keywords": [list(cols.keywords[i]) for i in rows]}, schema=OBJECT_SCHEMA)
-    return ObjectRead(table, [entries[i][0] for i in rows], [r for _, r in rejects] + late, len(late))
+    return ObjectRead(cols.table(keep), [entries[i][0] for i in keep.tolist()], [r for _, r in rejects] + late,
+                      len(late))

@@ -328,7 +328,7 @@ class Service(Lifecycle):
             objects = table.take(pa.array(part))
             token = BATCH.set(self.counters["batches"] + 1)  # (log records name it)
             try:
-                report = rt.process(objects)
+                report = rt.process(objects, admitted=True)  # (read_objects admitted them)
             finally:
                 BATCH.reset(token)
             update_ms = (time.perf_counter() - t1) * 1e3

@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import redis
 
-from knnmon.bulk_parse import parse_objects
+from knnmon.bulk_parse import OBJECT_SCHEMA, parse_objects
 from knnmon.connection import connect
 from knnmon.coordinator.runtime.preparation import live_initial
 from knnmon.coordinator.service.object_snapshot import read_chunks
@@ -30,8 +30,6 @@ __all__ = ["OBJECT_SCHEMA", "ObjectLog", "check_event_time", "checkpoint_waterma
            "read_elsewhere", "read_object_log", "read_objects", "undelivered"]
 
 #: Objects as the service holds them.
-OBJECT_SCHEMA = pa.schema([("id", pa.string()), ("lon", pa.float64()), ("lat", pa.float64()), ("t", pa.int64()),
-                           ("keywords", pa.list_(pa.string()))])
 
 
 @dataclass
@@ -197,10 +195,7 @@ class _LogReader:
                     self.poisoned.append((eid, r))
             rows = np.asarray(take, dtype=np.int64)
             if take:
-                self.tables.append(pa.table({"id": pa.array([cols.ids[i] for i in take], pa.string()),
-                                             "lon": cols.lon[rows], "lat": cols.lat[rows], "t": cols.t[rows],
-                                             "keywords": pa.array([cols.keywords[i] for i in take],
-                                                                  pa.list_(pa.string()))}, schema=OBJECT_SCHEMA))
+                self.tables.append(cols.table(rows))
             if entries:
                 self.spans.append((entries[0][0], entries[-1][0], int(cols.t[rows].max()) if take else None))
             if len(entries) < chunk:

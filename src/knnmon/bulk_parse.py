@@ -12,18 +12,24 @@ which finds its reason.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import pyarrow as pa
 
 from knnmon.arrays import segment_sums
 from knnmon.errors import Rejected
 from knnmon.limits import DEFAULT_LIMITS, INT64_MAX, INT64_MIN, MAX_FIELD_BYTES, MAX_ID_BYTES, Limits
 from knnmon.protocol import parse_object
 
-__all__ = ["ObjectColumns", "parse_objects"]
+__all__ = ["OBJECT_SCHEMA", "ObjectColumns", "parse_objects"]
+
+#: The objects a read of the objects stream applies, as a table.
+OBJECT_SCHEMA = pa.schema([("id", pa.string()), ("lon", pa.float64()), ("lat", pa.float64()), ("t", pa.int64()),
+                           ("keywords", pa.list_(pa.string()))])
 
 
 @dataclass
@@ -49,6 +55,18 @@ class ObjectColumns:
     t: np.ndarray
     keywords: list
     rejects: dict[int, Rejected]
+
+    def table(self, rows: np.ndarray) -> pa.Table:
+        """The objects of ``rows`` (``(m,)`` int64, rows where :attr:`ok`), in that order, as a
+        table of :data:`OBJECT_SCHEMA`: the keywords as one list array over one values array."""
+        rows = np.asarray(rows, dtype=np.int64)
+        picked = [self.keywords[i] for i in rows.tolist()]
+        offsets = np.zeros(len(picked) + 1, dtype=np.int32)
+        np.cumsum(np.fromiter(map(len, picked), dtype=np.int32, count=len(picked)), out=offsets[1:])
+        keywords = pa.ListArray.from_arrays(pa.array(offsets), pa.array(list(itertools.chain.from_iterable(picked)),
+                                                                         pa.string()))
+        return pa.table({"id": pa.array([self.ids[i] for i in rows.tolist()], pa.string()), "lon": self.lon[rows],
+                         "lat": self.lat[rows], "t": self.t[rows], "keywords": keywords}, schema=OBJECT_SCHEMA)
 
 
 def _number(raw) -> float:
@@ -116,9 +134,12 @@ def parse_objects(entries: Sequence[tuple[str, Mapping[str, str]]], limits: Limi
         if clock_ms is not None:
             plain &= arrival - clock_ms <= bound
     keywords: list = [None] * n
+    normal: dict[str, tuple[str, ...]] = {}  # each distinct text normalised once
     for i in np.flatnonzero(plain).tolist():
-        raw = fields[i].get("keywords")
-        words = tuple(sorted(set(raw.lower().split()))) if raw else ()
+        raw = fields[i].get("keywords") or ""
+        words = normal.get(raw)
+        if words is None:
+            words = normal[raw] = tuple(sorted(set(raw.lower().split())))
         if 0 < len(words) <= limits.max_keywords:
             keywords[i] = words
         else:

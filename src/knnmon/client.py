@@ -120,7 +120,7 @@ class KnnClient:
         and ``keywords`` (a list, or space-separated normalised terms) or ``text``. Returns the
         entry ids (one pipeline per ``chunk`` objects)."""
         ids: list[str] = []
-        batch: list[dict[str, Any]] = []
+        batch: list[dict[str, str | float | int]] = []
 
         def flush() -> None:
             pipe = self.client.pipeline(transaction=False)

@@ -147,11 +147,6 @@ class Window:
         top = int(t.max())
         return top if self.top is None else max(top, self.top)
 
-    def watermark_after(self, t) -> int | None:
-        """:attr:`watermark` once objects of times ``t`` are applied (nothing moves)."""
-        top = self.top_after(t)
-        return None if top is None else _clamp(top - self.lateness_ms)
-
     def cutoff_after(self, t) -> int | None:
         """:attr:`cutoff` once objects of times ``t`` are applied (nothing moves): objects at or
         below it are late in a batch of those times."""

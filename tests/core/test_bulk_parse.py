@@ -53,6 +53,9 @@ def test_many_entries_parse_as_each_alone(batch, bound, clock):
         assert got.ok[i] and i not in got.rejects
         assert (got.ids[i], float(got.lon[i]), float(got.lat[i]), int(got.t[i]), got.keywords[i]) == \
             (want.id, want.lon, want.lat, want.t, want.keywords)
+    rows = np.flatnonzero(got.ok)[::-1]  # (any rows, in any order)
+    assert got.table(rows).to_pylist() == [{"id": got.ids[i], "lon": got.lon[i], "lat": got.lat[i], "t": got.t[i],
+                                            "keywords": list(got.keywords[i])} for i in rows.tolist()]
 
 
 def test_plain_entries_take_the_columns_and_the_rest_their_reason():
