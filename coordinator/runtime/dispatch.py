@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from knnmon.assignment.routing import RoutingTable, popcount
+from knnmon.assignment.routing import RoutingTable
 from knnmon.batch import KnnColumns, ObjectBatch, Refills
 from knnmon.coordinator.runtime.metrics import BatchReport
 from knnmon.coordinator.runtime.object_store import ObjectStore
@@ -233,21 +233,18 @@ class Dispatcher:
         dup = int(len(fresh) - fresh.sum())
         return (batch.filter(pa.array(fresh)) if dup else batch), dup
 
-    def workload(self, batch: pa.Table, *, source: str = "workers") -> np.ndarray:
+    def workload(self, batch: pa.Table) -> np.ndarray:
         """Each object's workload estimate, for Short-Job-First minibatches
         (:mod:`knnmon.coordinator.service.batching`); ``(n,)`` int64, 0: no worker needs it.
 
-        ``source="workers"``: Wang, Zhang and Kitsuregawa's EstimateWorkload, distributed: each
-        worker the routing table sends objects to counts their candidate pairs in its query
-        index (:meth:`KnnWorker.estimate_rows`, one call per worker, no state changes), and an
-        object's workload is the sum. ``source="routing"``: at the coordinator alone, the top
-        level of the distributed index: the object's (object, keyword) pairs that some query
-        has, times the workers the routing table sends it to (no call, but on 100 k real
-        queries its rank correlation with the candidates was 0.04: docs/batching.md).
+        Wang, Zhang and Kitsuregawa's EstimateWorkload, distributed: each worker the routing
+        table sends objects to counts their candidate pairs in its query index
+        (:meth:`KnnWorker.estimate_rows`, one call per worker, no state changes), and an
+        object's workload is the sum. (An estimate at the coordinator alone, from the routing
+        table's pairs and workers, ranked the candidates with a correlation of 0.04 on 100 k real
+        queries: docs/batching.md.)
         """
         table, pair_obj, pair_code, masks = self._route(batch)
-        if source == "routing":
-            return popcount(masks) * np.bincount(pair_obj, minlength=len(masks))
         routed = ObjectBatch(-1, table, pair_obj, pair_code, masks)
         shared = self.pool.share(routed)
         pending, rows = [], []

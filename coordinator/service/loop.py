@@ -82,7 +82,7 @@ class Service(Lifecycle):
                 if rebuild:
                     self._restart()  # (it may fail too, Redis going away again: retried as any step)
                     rebuild = False
-                did = self._step()
+                did = self._step(wait=not stale)  # (work done: is there more, without waiting?)
                 self._watch_server()
                 if not did:
                     self._revive_lost()
@@ -265,11 +265,11 @@ class Service(Lifecycle):
                 self.ledger.ack(stream, [eid], [(eid, fields, Rejected("internal_error", detail))])
         self._applying = False
 
-    def _step(self) -> bool:
-        """One read of both streams; query operations applied, objects batched. ``True`` if
-        anything was done."""
+    def _step(self, wait: bool = True) -> bool:
+        """One read of both streams (``wait``: blocking up to ``block_ms`` for entries);
+        query operations applied, objects batched. ``True`` if anything was done."""
         ko, kq = self.keys.ingest_objects, self.keys.ingest_queries
-        got = self.reader.read({kq: ">", ko: ">"}, self.batching.read_count, self.config.block_ms)
+        got = self.reader.read({kq: ">", ko: ">"}, self.batching.read_count, self.config.block_ms if wait else None)
         objects: list = []
         for key, entries in got:
             if key == kq:
