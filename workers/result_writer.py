@@ -64,7 +64,7 @@ from knnmon.batch import BatchChanges, ObjectInfo
 from knnmon.connection import connect, with_retries
 from knnmon.keys import Keys
 from knnmon.workers.holders import Details, Holders, texts_of
-from knnmon.workers.write_script import APPLY, ClusterWrites
+from knnmon.workers.write_script import APPLY, PAYLOAD_VERSION, ClusterWrites, WritePayload
 
 __all__ = ["CHANGES_KEEP_MS", "CHANGES_MAXLEN", "ResultWriter", "details_key"]
 
@@ -130,7 +130,7 @@ class ResultWriter:
         Redis for a while asks, to tell whether the Redis that came back kept every write."""
         return self._last, self._failed
 
-    def apply(self, tag: int | str, payload: dict) -> float:
+    def apply(self, tag: int | str, payload: WritePayload) -> float:
         """One script call with a payload built for ``tag`` (a batch's number, or
         ``<batch>/<part>`` for a part of it: :meth:`write_part`; one per master in a cluster: see
         :meth:`_apply_cluster`); returns the server's seconds running it (0 for a repeated tag).
@@ -148,7 +148,7 @@ class ResultWriter:
         self._last, self._failed = f"{self.session}:{tag}", False
         return seconds
 
-    def _apply_one(self, tag: int | str, payload: dict) -> float:
+    def _apply_one(self, tag: int | str, payload: WritePayload) -> float:
         """:meth:`apply` on a standalone Redis."""
         okey = self.keys.objects(self.worker)
         hs, hd = payload["dets"].get(okey, ([], []))
@@ -158,7 +158,7 @@ class ResultWriter:
         us = with_retries(lambda: self._apply(args=[packed]), f"writing batch {tag} of worker {self.worker}", self.url)
         return max(int(us), 0) / 1e6
 
-    def _apply_cluster(self, tag: int | str, payload: dict) -> float:
+    def _apply_cluster(self, tag: int | str, payload: WritePayload) -> float:
         """The cluster's :meth:`apply`: one script call per master (:class:`ClusterWrites`),
         retried whole while Redis is unreachable (exactly once: each master's marker)."""
         return with_retries(lambda: self._cluster.apply(payload, f"{self.session}:{tag}"),
@@ -222,7 +222,7 @@ class ResultWriter:
 
     def _payload(self, changes: BatchChanges, *, fields: Sequence[Sequence[str]] | None = None,
                  replace: bool = False, log: bool = True, delete: str | None = None,
-                 released: Sequence[str] = ()) -> dict:
+                 released: Sequence[str] = ()) -> WritePayload:
         """The payload of one script call (a dict; :meth:`apply` packs it): ``changes`` (with
         what they do to the details hashes: :meth:`_details`); per changed query its hash
         ``fields`` (key, value, ...; registration); ``replace`` their results first; ``log`` the
@@ -241,7 +241,8 @@ class ResultWriter:
         if delete is not None:
             feed = "\n".join(x for x in (feed, f"{delete}\t\t{' '.join(released)}") if x)
         return {
-            "ns": self.keys.namespace, "maxlen": max(MIN_FEED_ENTRIES, int(CHANGES_MAXLEN / max(self._per_entry, 1.0))),
+            "pv": PAYLOAD_VERSION, "ns": self.keys.namespace,
+            "maxlen": max(MIN_FEED_ENTRIES, int(CHANGES_MAXLEN / max(self._per_entry, 1.0))),
             "keepms": CHANGES_KEEP_MS, "minentries": MIN_FEED_ENTRIES,
             "q": list(c.qids), "rep": int(replace), "ne": list(c.n_entered), "e": e, "nl": list(c.n_left),
             "l": list(c.left), "hq": hq, "nf": [len(f) for f in fields if f], "f": [x for f in fields for x in f],
@@ -264,7 +265,8 @@ class ResultWriter:
 
     def queries_payload(self, tag: int,
                         queries: Iterable[tuple[str, Mapping[str, object], Sequence[tuple[str, float]]]],
-                        objects: Mapping[str, ObjectInfo], version: int = 0, details: Details | None = None) -> dict:
+                        objects: Mapping[str, ObjectInfo], version: int = 0,
+                        details: Details | None = None) -> WritePayload:
         """The payload of :meth:`write_queries`, for :meth:`apply` (e.g. on another thread)."""
         qids, n_entered, entered, distances, fields = [], [], [], [], []
         for qid, f, topk in queries:
@@ -276,7 +278,7 @@ class ResultWriter:
         c = BatchChanges(qids, n_entered, entered, distances, [0] * len(qids), [], objects, version, details)
         return self.whole_payload(c, fields)
 
-    def whole_payload(self, changes: BatchChanges, fields: Sequence[Mapping[str, object]]) -> dict:
+    def whole_payload(self, changes: BatchChanges, fields: Sequence[Mapping[str, object]]) -> WritePayload:
         """The payload writing the queries ``changes.qids`` whole (:meth:`queries_payload`):
         each one's hash ``fields`` (with this worker's ``worker`` and ``objects``), its result
         replaced by the ids it ``entered``, in the feed as entered."""
@@ -285,7 +287,7 @@ class ResultWriter:
                    for x in (key, str(value))] for qid, f in zip(changes.qids, fields)]
         return self._payload(changes, fields=hashes, replace=True)
 
-    def details_payload(self, tag: int, details: Details) -> dict:
+    def details_payload(self, tag: int, details: Details) -> WritePayload:
         """A payload writing only ``details`` (:attr:`BatchChanges.details`: a resumed service's
         workers, whose queries the new plan may have moved, each write the objects they hold)."""
         return self._payload(BatchChanges([], [], [], [], [], [], details=details), log=False)
@@ -346,7 +348,7 @@ class ResultWriter:
                         continue
         return out
 
-    def _no_results(self, payload: dict) -> dict:
+    def _no_results(self, payload: WritePayload) -> WritePayload:
         """``payload`` without its result sections (the holders were counted from them)."""
         return {**payload, "q": [], "ne": [], "e": [], "nl": [], "l": []}
 

@@ -6,7 +6,7 @@ does), and, in a Redis Cluster, its payload cut by master and sent as one call p
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypedDict
 
 import msgpack
 
@@ -14,7 +14,57 @@ from redis.commands.core import Script
 
 from knnmon.keys import Keys
 
-__all__ = ["APPLY", "SECTIONS", "ClusterWrites"]
+__all__ = ["APPLY", "PAYLOAD_VERSION", "SECTIONS", "ClusterWrites", "WritePayload"]
+
+#: The version of :class:`WritePayload` that :data:`APPLY` reads; it refuses any other.
+PAYLOAD_VERSION = 1
+
+
+class WritePayload(TypedDict, total=False):
+    """One call of :data:`APPLY`, packed with msgpack (``ARGV[1]``): a worker's batch of writes.
+    The keys are short because the payload crosses to Redis for every batch.
+
+    ``pv``: :data:`PAYLOAD_VERSION`. ``ns``: the key prefix. ``marker``, ``tag``: the worker's
+    idempotency key and this call's value (the script returns -1 if the marker holds it).
+    Results: ``q`` the changed queries, ``rep`` (1: each result is replaced, not changed),
+    ``ne``/``nl`` per query the number of members that entered/left, ``e`` the entered
+    (distance m, object id) pairs, ``l`` the ids that left, in the order of ``q``. Query hashes:
+    ``hq`` the queries written whole, ``nf`` per query its field and value count, ``f`` the
+    fields and values. Deletes: ``dr`` results, ``dq`` query hashes. The ``queries`` set:
+    ``sa`` added, ``sr`` removed. The details hash ``okey``: ``hs`` (id, details, ...) set,
+    ``hd`` ids deleted (``dets``: by details hash, before a cluster split). The feed: ``feed``
+    (its text; empty: no entry), ``version``, trimmed to ``maxlen`` entries and ``keepms``
+    ms, keeping at least ``minentries``. Released in parts: ``prows`` (the part's rows, kept
+    under ``<marker>:rows``), ``pfirst`` (1: the first part)."""
+
+    pv: int
+    ns: str
+    marker: str
+    tag: str
+    q: list[str]
+    rep: int
+    ne: list[int]
+    e: list[float | str]
+    nl: list[int]
+    l: list[str]  # noqa: E741 - the script's name
+    hq: list[str]
+    nf: list[int]
+    f: list[str]
+    dr: list[str]
+    dq: list[str]
+    sa: list[str]
+    sr: list[str]
+    okey: str
+    hs: list[str]
+    hd: list[str]
+    dets: dict[str, tuple[list[str], list[str]]]
+    feed: str
+    version: int
+    maxlen: int
+    keepms: int
+    minentries: int
+    prows: list[int]
+    pfirst: int
 
 APPLY = """
 local os_lib = rawget(_G, 'os')
@@ -26,6 +76,9 @@ local function now_us()
 end
 local t0 = now_us()
 local p = cmsgpack.unpack(ARGV[1])
+if p.pv ~= PAYLOAD_VERSION then
+  return redis.error_reply('knnmon: a write payload of version ' .. tostring(p.pv) .. ', not PAYLOAD_VERSION')
+end
 if redis.call('GET', p.marker) == p.tag then return -1 end
 local ns = p.ns
 local e, l = p.e, p.l
@@ -71,7 +124,7 @@ else
 end
 redis.call('SET', p.marker, p.tag)
 return math.floor(now_us() - t0)
-"""
+""".replace("PAYLOAD_VERSION", str(PAYLOAD_VERSION))
 
 #: The payload's sections by the key they write: per changed result (``q`` with ``ne``/``e``/
 #: ``nl``/``l``, split by the result key's master in a cluster), per query hash (``hq`` with
@@ -102,7 +155,7 @@ class ClusterWrites:
         self.masters, self.keys, self.worker, self.bucket_key = masters, keys, worker, bucket_key
         self.scripts: dict[str, Script] = {}  # master name -> its registered script
 
-    def split(self, payload: dict) -> dict[str, dict]:
+    def split(self, payload: WritePayload) -> dict[str, WritePayload]:
         """``payload`` cut into one payload per master of the cluster: each section goes to the
         master of the key it writes (module docstring); every master gets one, empty or not, so
         that its marker says whether the batch reached it. Section names: :data:`SECTIONS`."""
@@ -137,11 +190,11 @@ class ClusterWrites:
             d = out[m.master_of(okey)]
             d["okey"], d["hs"], d["hd"] = okey, hs, hd
         out[m.master_of(keys.changes)]["feed"] = payload["feed"]
-        shared = ("ns", "rep", "version", "maxlen", "keepms", "minentries", "prows", "pfirst")
+        shared = ("pv", "ns", "rep", "version", "maxlen", "keepms", "minentries", "prows", "pfirst")
         common = {k: payload[k] for k in shared if k in payload}
         return {name: {**common, **d} for name, d in out.items()}
 
-    def apply(self, payload: dict, tag: str) -> float:
+    def apply(self, payload: WritePayload, tag: str) -> float:
         """One script call per master, in the masters' order with the feed's master last (a
         reader of the feed finds the results it names written); returns the servers' seconds.
         Each call checks and sets the worker's marker (``tag``) on its own master
@@ -168,7 +221,7 @@ class ClusterWrites:
                 self.scripts.clear()
         raise AssertionError("unreachable")
 
-    def _send(self, payload: dict, tag: str) -> float:
+    def _send(self, payload: WritePayload, tag: str) -> float:
         last = self.masters.master_of(self.keys.changes)
         parts = self.split(payload)
         total = 0.0

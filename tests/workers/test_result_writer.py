@@ -215,3 +215,17 @@ def test_each_embedded_binary_runs_the_script_and_times_it(source):
         assert [len(parse_entry(f)) for _, f in c.xrange(keys.changes)] == [2000, 2000]
         w.close()
         c.close()
+
+
+def test_the_script_refuses_a_payload_of_another_version(redis_url, namespace):
+    """A worker of another release (its payload's ``pv``) writes nothing, with a reason."""
+    import msgpack
+
+    from knnmon.workers.write_script import APPLY, PAYLOAD_VERSION
+
+    c = redis.Redis.from_url(redis_url)
+    payload = {"pv": PAYLOAD_VERSION + 1, "ns": namespace, "marker": f"{namespace}:m", "tag": "t", "q": ["q1"],
+               "rep": 0, "ne": [1], "e": [1.0, "o1"], "nl": [0], "l": []}
+    with pytest.raises(redis.ResponseError, match="write payload of version"):
+        c.register_script(APPLY)(args=[msgpack.packb(payload)])
+    assert not c.exists(Keys(namespace).result("q1"), f"{namespace}:m")
