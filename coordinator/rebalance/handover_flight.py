@@ -40,9 +40,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
 
-from knnmon.coordinator.rebalance.migration import Release, route_targets, send_release
+from knnmon.coordinator.rebalance.migration import Moved, Release, route_targets, send_release
 from knnmon.coordinator.rebalance.planner import Move
 from knnmon.coordinator.runtime.registration import Registrar
 from knnmon.coordinator.runtime.worker_pool import Pending, WorkerPool
@@ -103,11 +102,10 @@ class MovesInFlight:
         """Whether every export and adoption answered (:meth:`land` would not wait)."""
         return pool.ready(self.pending)
 
-    def land(self, pool: WorkerPool, registrar: Registrar) -> dict[str, Any]:
+    def land(self, pool: WorkerPool, registrar: Registrar) -> Moved:
         """Route the moved queries to their targets, stop forwarding, send the sources' release
-        (module docstring, 2); returns ``{"queries", "release": the Release, "phases_ms":
-        {"send", "flight" (send to this landing, ms), "export" and "adopt" (the workers' time),
-        "land"}, "land_seconds"}``.
+        (module docstring, 2); returns what it did (its phases: ``send``, ``flight`` from the
+        send to this landing, ``export`` and ``adopt`` the workers' time, ``land``).
 
         Raises
         ------
@@ -132,5 +130,4 @@ class MovesInFlight:
         phases = {"send": 1e3 * self.send_seconds, "flight": 1e3 * (t0 - self.started),
                   "export": 1e3 * sum(h.seconds for _, h in handed), "adopt": 1e3 * sum(s for _, s in adoptions),
                   "land": 1e3 * (t1 - t0)}
-        return {"queries": self.queries, "release": release, "land_seconds": t1 - t0,
-                "phases_ms": {k: round(v, 2) for k, v in phases.items()}}
+        return Moved(self.queries, t1 - t0, release, {k: round(v, 2) for k, v in phases.items()})

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
@@ -49,7 +50,7 @@ from knnmon.coordinator.runtime.registration import Registrar
 from knnmon.coordinator.runtime.worker_pool import Pending, WorkerPool
 from knnmon.errors import WorkerLostError
 
-__all__ = ["Release", "gather_reviving", "migrate", "route_targets", "send_release"]
+__all__ = ["Moved", "Release", "gather_reviving", "migrate", "route_targets", "send_release"]
 
 T = TypeVar("T")
 
@@ -78,15 +79,39 @@ def gather_reviving(pool: WorkerPool, calls: Sequence[tuple[int, Callable[[], Pe
     return out
 
 
+@dataclass(frozen=True)
+class Moved:
+    """What a move did (:func:`migrate`, :meth:`~knnmon.coordinator.rebalance.handover_flight.MovesInFlight.land`).
+
+    Attributes
+    ----------
+    queries : int
+        Queries moved.
+    seconds : float
+        The move's wall time (landing one in flight: the landing's).
+    release : Release
+        The sources' release, sent.
+    phases_ms : dict of str to float
+        Each phase's ms: :func:`migrate`'s ``export``, ``adopt``, ``route`` (the switch and the
+        targets' regions added while the sources release) and ``release`` (waiting for them and
+        narrowing, 0 when deferred); a landing's ``send``, ``flight``, ``export``, ``adopt``,
+        ``land``.
+    entries_narrowed : int or None
+        Routing entries the sources were withdrawn from (``None``: the release is deferred).
+    """
+
+    queries: int
+    seconds: float
+    release: Release
+    phases_ms: dict[str, float]
+    entries_narrowed: int | None = None
+
+
 def migrate(pool: WorkerPool, registrar: Registrar, moves: Sequence[Move], *, note: dict[str, str] | None = None,
-            revive: Callable[[int], bool] | None = None, defer_release: bool = False) -> dict[str, Any]:
-    """Carry out ``moves`` (module docstring); returns ``{"queries": moved, "seconds": ...,
-    "entries_narrowed": routing entries the sources were withdrawn from (``None`` when deferred),
-    "release": the :class:`Release`, "phases_ms": {"export", "adopt", "route", "release"}}`` (the
-    route's phase: the switch and the targets' regions added to the routing table while the
-    sources release and report ``regions_with``; the release's: waiting for them and narrowing,
-    0 when deferred). ``defer_release``: do not wait for the sources' release; the caller
-    finishes it (:class:`Release`) at a later batch boundary.
+            revive: Callable[[int], bool] | None = None, defer_release: bool = False) -> Moved:
+    """Carry out ``moves`` (module docstring; :class:`Moved`). ``defer_release``: do not wait
+    for the sources' release; the caller finishes it (:class:`Release`) at a later batch
+    boundary.
 
     Each moved query's region is routed to its target at the radius its source held (as at
     registration: its ``k + reserve``-th place's, while it has them). ``note``: fields written into
@@ -137,8 +162,7 @@ def migrate(pool: WorkerPool, registrar: Registrar, moves: Sequence[Move], *, no
         narrowed = release.finish(pool, registrar, lambda: gather_reviving(pool, calls, revive, release.sent))
     t4 = time.perf_counter()
     phases = {"export": t1 - t0, "adopt": t2 - t1, "route": t3 - t2, "release": t4 - t3}
-    return {"queries": moved, "seconds": t4 - t0, "entries_narrowed": narrowed, "release": release,
-            "phases_ms": {k: round(1e3 * v, 2) for k, v in phases.items()}}
+    return Moved(moved, t4 - t0, release, {k: round(1e3 * v, 2) for k, v in phases.items()}, narrowed)
 
 
 def send_release(pool: WorkerPool, handed: Sequence[tuple[int, QueryHandover]]):

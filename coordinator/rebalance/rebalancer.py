@@ -172,12 +172,11 @@ class Rebalancer:
         record, flight = self._flight
         self._flight = None
         done = flight.land(self.pool, self.registrar)
-        self.queries_moved += done["queries"] - record["queries_moved"]
-        record.update(queries_moved=done["queries"], land_seconds=round(done["land_seconds"], 4),
-                      move_phases_ms=done["phases_ms"])
-        phases = done["phases_ms"]
-        self._note_cost(done["queries"], phases["send"] + phases["land"] + phases["export"] + phases["adopt"])
-        self._releasing = (record, done["release"])
+        self.queries_moved += done.queries - record["queries_moved"]
+        record.update(queries_moved=done.queries, land_seconds=round(done.seconds, 4), move_phases_ms=done.phases_ms)
+        phases = done.phases_ms
+        self._note_cost(done.queries, phases["send"] + phases["land"] + phases["export"] + phases["adopt"])
+        self._releasing = (record, done.release)
         self.records.store(record, update=True)
 
     def _note_cost(self, moved: int, ms: float) -> None:
@@ -292,8 +291,7 @@ class Rebalancer:
         if plan.moves and (self.pool.inline or wait_moves):
             done = migrate(self.pool, self.registrar, plan.moves, note=note, revive=revive,
                            defer_release=not self.pool.inline)
-            moved, move_s, narrowed, phases = done["queries"], done["seconds"], done["entries_narrowed"], \
-                done["phases_ms"]
+            moved, move_s, narrowed, phases = done.queries, done.seconds, done.entries_narrowed, done.phases_ms
         elif plan.moves:  # batches in flight: the hand-over goes on beside them (handover_flight)
             flight = send_moves(self.pool, self.registrar, plan.moves, note)
             moved, move_s, narrowed = flight.queries, flight.send_seconds, None
@@ -322,7 +320,7 @@ class Rebalancer:
         if flight is not None and moved:
             self._flight = (record, flight)
         elif moved and narrowed is None:
-            self._releasing = (record, done["release"])
+            self._releasing = (record, done.release)
         self.records.add(record, bool(moved))
         log.info("re-plan %d after batch %d: slowest/mean busy %.2f, %d queries moved, predicted gain %.1f %%, "
                  "%.2f s", number, batch, trigger, moved, 100 * plan.predicted_gain, record["seconds"])
