@@ -197,8 +197,9 @@ class Dispatcher:
         return self._refill([QueryColumns.of([])] * worker + [needs], exclude).get(worker)
 
     def admit(self, ids: Sequence[str], t: np.ndarray) -> Admission:
-        """The rule for which of a batch's objects the runtime takes (``knnmon serve`` asks it to
-        reject the others with their reasons; :meth:`dispatch` drops the same ones, by
+        """The rule for which of a batch's objects the runtime takes (``knnmon serve`` asks it once
+        per read, rejects the others with their reasons and dispatches the rest as admitted; an
+        unadmitted batch, ``knnmon run``'s, has :meth:`dispatch` drop the same ones, by
         :meth:`SeenIds.add_new` over the same :meth:`SeenIds.seen_v` and the window's cutoff): a
         **duplicate** was seen before or earlier in the batch (the first one counts); with a
         window, a **late** object (not a duplicate) has ``t <= `` the cutoff the batch's other
