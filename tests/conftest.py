@@ -128,12 +128,13 @@ def ray_instance():
 
 
 @pytest.fixture(scope="module")
-def local_cluster(tmp_path_factory):
+def local_cluster():
     """``deploy/local-cluster.sh``'s cluster (head + 2 worker nodes, token auth), stopped by PID at
     the end: ``(address, the drivers' environment, the script's environment)``."""
     import shutil
     import subprocess
     import sys
+    import tempfile
 
     from knnmon.coordinator.testing import free_port_base
 
@@ -142,7 +143,9 @@ def local_cluster(tmp_path_factory):
     if ray_exe is None or port is None:
         pytest.skip("no ray executable, or no free port block for a local Ray cluster")
     script = Path(__file__).resolve().parents[1] / "deploy" / "local-cluster.sh"
-    root = tmp_path_factory.mktemp("cluster")
+    # (a short directory: Ray's sockets under it must fit AF_UNIX's 107 bytes, which pytest-xdist's
+    # base temporary directory would exceed)
+    root = Path(tempfile.mkdtemp(prefix="knnmon-cluster-"))
     env = {**os.environ, "KNNMON_CLUSTER_DIR": str(root), "KNNMON_RAY_PORT": str(port), "KNNMON_RAY": ray_exe}
     started = subprocess.run([str(script), "start"], env=env, capture_output=True, text=True, timeout=300)
     assert started.returncode == 0, started.stdout + started.stderr
@@ -155,3 +158,4 @@ def local_cluster(tmp_path_factory):
         assert stopped.returncode == 0, stopped.stderr
         assert "running" not in subprocess.run([str(script), "status"], env=env, capture_output=True,
                                                text=True).stdout.replace("NOT running", "")
+        shutil.rmtree(root, ignore_errors=True)

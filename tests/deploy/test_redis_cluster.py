@@ -114,6 +114,7 @@ def test_serve_and_the_client_on_a_cluster(small, redis_cluster_url, namespace, 
         assert proc.wait(timeout=60) == 0, (tmp_path / "serve.log").read_text()[-3000:]
 
 
+@pytest.mark.slow  # 12 s; the other tests here run knnmon on a cluster the package forms itself
 def test_the_deploy_script_forms_a_cluster_that_knnmon_runs_on(small, tmp_path):
     """``deploy/redis-cluster.sh`` as a user runs it: 3 masters formed by ``redis-cli --cluster
     create``; ``knnmon run`` on it is exact; ``stop`` leaves none of its servers running."""

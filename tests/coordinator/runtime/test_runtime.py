@@ -59,7 +59,8 @@ def ct(request, spark, tmp_path_factory):
     ("proposed", "ray", "grid"), pytest.param("keyword", "ray", "grid", marks=pytest.mark.slow),
     pytest.param("space", "ray", "grid", marks=pytest.mark.slow),
     pytest.param("random", "ray", "grid", marks=pytest.mark.slow),
-    ("proposed", "inline", "grid"), ("proposed", "ray", "rtree")])
+    ("proposed", "inline", "grid"), pytest.param("proposed", "ray", "rtree", marks=pytest.mark.slow)])
+# (rtree on Ray: -m slow, 8 s; the R-tree is exact on real places in the service in test_batching.py)
 def test_every_result_is_exact_on_real_places(ct, ray_instance, redis_url, namespace, algorithm, executor, index,
                                               tmp_path):
     objects_dir, queries, want, n_objects, initial = ct

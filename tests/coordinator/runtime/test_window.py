@@ -141,7 +141,7 @@ def test_an_unregistered_querys_routing_entries_are_gone(windowed, redis_url, na
                      BruteForceKnn(live(objects, 3000 + 2 * 250, 1000 * SECOND)))
 
 
-@pytest.mark.parametrize("details_lost", [False, True])
+@pytest.mark.parametrize("details_lost", [pytest.param(False, marks=pytest.mark.slow), True])  # (False: 9 s)
 def test_a_windowed_ray_worker_lost_between_batches_is_revived_from_redis(windowed, ray_instance, redis_url,
                                                                          namespace, tmp_path, monkeypatch,
                                                                          details_lost):
@@ -294,7 +294,7 @@ def test_a_windowed_ray_worker_lost_during_a_batch_is_rebuilt_over_the_live_obje
         assert rt.workers_revived == 3
 
 
-@pytest.mark.parametrize("lost", ["none", "both"])
+@pytest.mark.parametrize("lost", [pytest.param("none", marks=pytest.mark.slow), "both"])  # (none: 8 s)
 def test_a_worker_lost_during_a_move_is_revived_in_place(windowed, ray_instance, redis_url, namespace, tmp_path, lost):
     """A re-balancing move (:func:`~knnmon.coordinator.rebalance.migration.migrate`) between
     batches of a windowed Ray run with a reserve, whose source and target die before their

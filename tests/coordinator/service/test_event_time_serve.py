@@ -78,7 +78,10 @@ def feed_lines(r: redis.Redis, keys: Keys) -> list[tuple[int, list[str]]]:
     return sorted((v, sorted(lines)) for v, lines in by_version.items())
 
 
-@pytest.mark.parametrize("window, lateness", [(None, 0), (1500 * SECOND, 0), (1500 * SECOND, 300 * SECOND)])
+@pytest.mark.parametrize("window, lateness", [pytest.param(None, 0, marks=pytest.mark.slow),
+                                              pytest.param(1500 * SECOND, 0, marks=pytest.mark.slow),
+                                              (1500 * SECOND, 300 * SECOND)])  # (5 s each; the model-based
+# test publishes hostile entries with and without a window too)
 def test_hostile_entries_change_nothing_else(redis_url, timed, window, lateness):
     objects, queries = timed
     rows = objects.to_pylist()

@@ -167,6 +167,7 @@ def test_serve_killed_mid_stream_loses_nothing_and_duplicates_nothing(redis_url,
     assert r.xlen(keys.ingest_objects) == len(places)
 
 
+@pytest.mark.slow  # 9-14 s; the model-based test restarts Redis under the service at random steps
 def test_serve_rides_out_redis_going_away(places, slice_queries, tmp_path):
     """Redis stops (saving) and comes back two seconds later, as a new process: the service
     waits, finds every write kept, and goes on without a rebuild; exact, nothing lost or twice."""

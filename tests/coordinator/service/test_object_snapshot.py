@@ -41,7 +41,8 @@ def _same(a, b) -> None:
     assert sorted(a.unacked, key=lambda u: u[0]) == sorted(b.unacked, key=lambda u: u[0])
 
 
-@pytest.fixture(scope="module", params=["0.2", "0.001"], ids=["checkpoints-0.2s", "checkpoint-every-read"])
+@pytest.fixture(scope="module", params=[pytest.param("0.2", marks=pytest.mark.slow), "0.001"],
+                ids=["checkpoints-0.2s", "checkpoint-every-read"])  # (0.2 s: 8 s)
 def stopped_service(request, places_slice, slice_queries, redis_url, tmp_path_factory):
     """A service with a window killed mid-stream after some checkpoints: its Redis namespace.
     With checkpoints due all the time and reads of several minibatches (``--sjf``: a read of

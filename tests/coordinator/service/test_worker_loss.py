@@ -49,10 +49,10 @@ def _ready(url: str, want: bool, timeout_s: float = 60) -> dict:
         time.sleep(0.3)
 
 
-# (append-only: -m slow, 15 s; its revival in a run mid-stream is test_runtime's, and serve's
-# path to it is the window variant's)
-@pytest.mark.parametrize("window_s", [pytest.param(None, marks=pytest.mark.slow), 1500],
-                         ids=["append-only", "window"])
+# -m slow (15-40 s each): a worker process killed mid-stream is revived exactly in test_runtime's
+# default tests, and serve through worker losses, stops and restarts is the model-based test's
+@pytest.mark.slow
+@pytest.mark.parametrize("window_s", [None, 1500], ids=["append-only", "window"])
 def test_a_killed_worker_process_is_rebuilt_and_serve_stays_exact(redis_url, namespace, places_slice, slice_queries,
                                                                    tmp_path, window_s):
     r = redis.Redis.from_url(redis_url, decode_responses=True)
