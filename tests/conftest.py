@@ -61,14 +61,25 @@ def spark():
 
 
 @pytest.fixture(scope="session")
-def places_slice(spark, place_lines, tmp_path_factory) -> Path:
-    """An ingest output of real places: the first 6,000 of New Hampshire and 4,000 of Vermont."""
+def places_slice(request, place_lines, tmp_path_factory, worker_id) -> Path:
+    """An ingest output of real places: the first 6,000 of New Hampshire and 4,000 of Vermont.
+    Ingested once per run: the test processes of a distributed run (pytest-xdist) share it."""
+    from filelock import FileLock
+
     from knnmon.ingest.jobs import ingest_places
 
-    root = tmp_path_factory.mktemp("places_slice")
-    lines = place_lines("nh", 6000) + place_lines("vt", 4000)
-    (root / "in.geojson").write_text("\n".join(lines) + "\n")
-    ingest_places([str(root / "in.geojson")], str(root / "objects"), grid_n=32)
+    if worker_id == "master":  # (one process: a directory of its own)
+        root = tmp_path_factory.mktemp("places_slice")
+    else:  # (the run's directory, above each process's own)
+        root = tmp_path_factory.getbasetemp().parent / "places_slice"
+        root.mkdir(exist_ok=True)
+    with FileLock(str(root / "lock")):
+        if not (root / "done").exists():
+            request.getfixturevalue("spark")
+            lines = place_lines("nh", 6000) + place_lines("vt", 4000)
+            (root / "in.geojson").write_text("\n".join(lines) + "\n")
+            ingest_places([str(root / "in.geojson")], str(root / "objects"), grid_n=32)
+            (root / "done").touch()
     return root / "objects"
 
 

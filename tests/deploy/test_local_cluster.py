@@ -42,6 +42,7 @@ def test_run_on_the_local_cluster_spreads_workers_and_stays_exact(local_cluster,
     assert assert_exact(redis_url, namespace, pq.read_table(slice_queries), BruteForceKnn(objects)) == 4000
 
 
+@pytest.mark.slow  # 19 s; the default suite runs knnmon run on the local cluster above
 def test_serve_on_the_local_cluster_spreads_workers_and_stays_exact(local_cluster, places_slice, slice_queries, redis_url,
                                                                     namespace, tmp_path):
     address, env, _ = local_cluster

@@ -32,7 +32,7 @@ def small(places_slice, slice_queries):
     return str(places_slice), load_queries(str(slice_queries)).slice(0, 1500), objects
 
 
-@pytest.fixture(params=["ray", "inline"])
+@pytest.fixture(params=[pytest.param("ray", marks=pytest.mark.slow), "inline"])  # (ray: 7 s)
 def executor(request):
     if request.param == "ray":
         request.getfixturevalue("ray_instance")

@@ -68,6 +68,7 @@ def test_plain_connections_are_refused_and_tls_with_the_ca_works(tls_redis):
     assert redis.Redis.from_url(tls_redis).ping()
 
 
+@pytest.mark.slow  # 20 s; the default suite checks the TLS connection above and the password in test_secrets.py
 def test_run_and_serve_over_tls_are_exact_and_never_show_the_password(tls_redis, places_slice, slice_queries,
                                                                       namespace, tmp_path):
     run, report = run_exact(tls_redis, namespace, str(places_slice), load_queries(str(slice_queries)).slice(0, 200),

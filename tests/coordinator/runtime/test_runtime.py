@@ -252,7 +252,8 @@ def _two_ray_workers_after_three_batches(small, redis_url, namespace, tmp_path):
         yield rt, batches
 
 
-@pytest.mark.parametrize("written", [False, True], ids=["killed-before-writing", "killed-after-writing"])
+@pytest.mark.parametrize("written", [False, pytest.param(True, marks=pytest.mark.slow)],  # (after writing: 7 s)
+                         ids=["killed-before-writing", "killed-after-writing"])
 def test_a_killed_ray_worker_process_is_revived_mid_stream_and_stays_exact(small, ray_instance, redis_url, namespace,
                                                                            tmp_path, written):
     import os
@@ -301,6 +302,7 @@ def _kill_process(pid: int) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.slow  # 9 s; the model-based test loses workers between batches and registers after
 def test_a_ray_worker_lost_outside_a_batch_is_revived_for_a_registration_and_an_unregister(
         small, ray_instance, redis_url, namespace, tmp_path):
     """A worker that dies between batches is revived in place by the registration or unregister
@@ -351,6 +353,7 @@ def test_a_worker_found_lost_by_an_estimate_or_the_worker_list_is_revived(small,
         assert_exact(redis_url, namespace, queries, BruteForceKnn(objects))
 
 
+@pytest.mark.slow  # 8 s
 def test_a_revival_whose_spare_is_dead_starts_over_on_a_new_actor(small, ray_instance, redis_url, namespace,
                                                                   tmp_path):
     """The spare died with the node that took the worker: the revival's calls to it fail, and the

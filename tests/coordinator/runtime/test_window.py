@@ -40,7 +40,8 @@ def live(objects: pa.Table, upto: int, window_ms: int) -> pa.Table:
     return seen.filter(pa.array(t > t.max() - window_ms))
 
 
-@pytest.mark.parametrize("executor, reserve", [("inline", 0), ("inline", 2), ("ray", None)])
+@pytest.mark.parametrize("executor, reserve", [("inline", 0), ("inline", 2),
+                                               pytest.param("ray", None, marks=pytest.mark.slow)])  # (ray: 11 s)
 def test_exact_after_every_batch_with_expiry_and_refill(windowed, executor, reserve, request, redis_url, namespace,
                                                          tmp_path, monkeypatch):
     """Without a reserve every expiry in a full result refills; with one (2, and the default 8)
@@ -242,6 +243,7 @@ def _kill(pid: int) -> None:
             return
 
 
+@pytest.mark.slow  # 16 s; the model-based test loses a worker during a windowed batch (in process)
 def test_a_windowed_ray_worker_lost_during_a_batch_is_rebuilt_over_the_live_objects(windowed, ray_instance, redis_url,
                                                                                    namespace, tmp_path):
     """A worker lost before a batch (found at the batch's expiry) is loaded from Redis and takes
