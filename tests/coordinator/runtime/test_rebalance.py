@@ -75,9 +75,10 @@ def _moved_fields_agree(url: str, namespace: str, rt: Runtime) -> int:
     return moved
 
 
-@pytest.mark.parametrize("reserve, trigger", [pytest.param(0, "window", marks=pytest.mark.slow), (2, "window"),
-                                              (0, "smoothed"), pytest.param(0, "predictive", marks=pytest.mark.slow)])
-# (0-window and predictive: 8 s each)
+@pytest.mark.parametrize("reserve, trigger", [pytest.param(0, "window", marks=pytest.mark.slow),
+                                              pytest.param(2, "window", marks=pytest.mark.slow), (0, "smoothed"),
+                                              pytest.param(0, "predictive", marks=pytest.mark.slow)])
+# (all but the default trigger: -m slow, 8 s each)
 def test_drift_moves_queries_exact_after_every_batch(drifting, redis_url, namespace, tmp_path, reserve, trigger):
     """Inline workers, one batch at a time: the oracle agrees after every batch while queries
     move (with and without a reserve, by each trigger); the moved queries' Redis fields, the

@@ -179,6 +179,8 @@ def test_register_mid_stream_unregister_and_duplicates(small, executor, redis_ur
     client.close()
 
 
+@pytest.mark.parametrize("executor", [pytest.param("ray", marks=pytest.mark.slow), "inline"],  # (ray: 7 s)
+                         indirect=True)
 def test_antimeridian_and_high_latitudes(spark, executor, redis_url, namespace, tmp_path):
     rng = np.random.default_rng(5)
     lines = []
@@ -335,6 +337,7 @@ def test_a_ray_worker_lost_outside_a_batch_is_revived_for_a_registration_and_an_
     client.close()
 
 
+@pytest.mark.slow  # 9 s; test_worker_pool.py and the model-based test find lost workers in the default suite
 def test_a_worker_found_lost_by_an_estimate_or_the_worker_list_is_revived(small, ray_instance, redis_url, namespace,
                                                                          tmp_path):
     """The service's other calls between batches (Short-Job-First's workload estimate, the

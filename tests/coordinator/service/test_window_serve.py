@@ -8,6 +8,7 @@ import subprocess
 import time
 from collections import Counter
 
+import pytest
 import pyarrow as pa
 import pyarrow.parquet as pq
 import redis
@@ -28,6 +29,7 @@ def start_serve(url: str, namespace: str, tmp_path) -> subprocess.Popen:
                          "--checkpoint-interval", "0.2", workers=3)
 
 
+@pytest.mark.slow  # 17 s; the model-based test drops a windowed service (SIGKILL) and starts a new one
 def test_window_across_sigkill_and_trims(redis_url, namespace, places_slice, slice_queries, tmp_path):
     r = redis.Redis.from_url(redis_url, decode_responses=True)
     keys = Keys(namespace)
