@@ -57,7 +57,7 @@ def main() -> None:
     busy, index = m[:, 0] * 1e3, m[:, 2] * 1e3
     print(f"busy per batch: median {np.median(busy):.1f}, p90 {np.percentile(busy, 90):.1f}, max {busy.max():.1f} ms "
           f"(batch {int(busy.argmax())}); index refresh max {index.max():.1f} ms; "
-          f"query index compactions {getattr(w.index, 'compactions', 0)}")
+          f"query index compactions {getattr(w.state.index, 'compactions', 0)}")
     print(f"speed probe (coordinator/bench/speed_probe.py): {speed_probe_ms():.0f} ms")
     if evalsha:
         print(f"Redis server time per batch script: {evalsha['usec_per_call'] / 1e3:.1f} ms (INFO commandstats)")

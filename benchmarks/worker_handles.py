@@ -26,9 +26,9 @@ def one_run(a: argparse.Namespace, slack: float) -> dict:
     from knnmon.coordinator.runtime.config import RunConfig
     from knnmon.coordinator.runtime.runtime import Runtime
     from knnmon.heap import resident_bytes
-    from knnmon.workers import registration
+    from knnmon.workers import state as worker_state
 
-    registration.HANDLES_SLACK = slack
+    worker_state.HANDLES_SLACK = slack
     with tempfile.TemporaryDirectory() as tmp:
         queries = f"{tmp}/queries.parquet"
         pq.write_table(pq.read_table(a.queries).slice(0, a.queries_n), queries)
@@ -37,21 +37,21 @@ def one_run(a: argparse.Namespace, slack: float) -> dict:
         rows, compactions = [], []
         with Runtime(a.objects, queries, config) as rt:
             w = rt.pool.workers[0]
-            compact = w._compact_handles
+            compact = w.state.compact_handles
 
             def timed() -> None:
                 t = time.perf_counter()
                 compact()
                 compactions.append(round((time.perf_counter() - t) * 1e3, 1))
 
-            w._compact_handles = timed
+            w.state.compact_handles = timed
             t0 = time.perf_counter()
             for i, batch in enumerate(rt.batches()):
                 rt.process(batch)
                 if i % 30 == 0:
-                    rows.append({"batch": i, "handles": len(w.handles), "kept_at_last_compaction": int(w.handles.live),
-                                 "details_mb": round(w._details._texts.nbytes / 2**20, 1),
-                                 "ids_mb": round(w.handles.ids.nbytes / 2**20, 1),
+                    rows.append({"batch": i, "handles": len(w.state.handles), "kept_at_last_compaction": int(w.state.handles.live),
+                                 "details_mb": round(w.state.details._texts.nbytes / 2**20, 1),
+                                 "ids_mb": round(w.state.handles.ids.nbytes / 2**20, 1),
                                  "rss_mb": round(resident_bytes() / 2**20)})
             wall = time.perf_counter() - t0
     return {"slack": slack, "wall_s": round(wall, 1), "compactions_ms": compactions, "samples": rows,

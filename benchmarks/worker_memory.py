@@ -98,8 +98,8 @@ def main(argv: list[str] | None = None) -> int:
         give_back()
         r_stream = resident_bytes()
         out["after_stream"] = {k: round(v / q.num_rows, 1) for k, v in sizes(w).items()}
-        out["objects_held"] = len(w.handles)
-        w.writer.close()
+        out["objects_held"] = len(w.state.handles)
+        w.state.writer.close()
         del w
         gc.collect()
         give_back()

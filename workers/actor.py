@@ -65,8 +65,8 @@ class WorkerHost(KnnWorker):
               watch_url: str | None = None) -> int:
         """Become a new, empty worker ``worker_id`` (the arguments as :class:`WorkerHost`
         takes them), after the queued writes of the one before; returns this process's id."""
-        if getattr(self, "queue", None) is not None:
-            self.queue.close()
+        if getattr(self, "state", None) is not None and self.state.queue is not None:
+            self.state.queue.close()
         self.__dict__.clear()
         WorkerHost.__init__(self, worker_id, settings, orphan_s=orphan_s, watch_url=watch_url)
         return os.getpid()

@@ -28,13 +28,9 @@ from knnmon.encoding import id_prefix_keys
 from knnmon.geo import haversine_m, unit_vectors
 from knnmon.reports import WorkerReport
 from knnmon.workers import kernels
-from knnmon.workers.held_texts import HeldTexts
-from knnmon.workers.holders import Texts
-from knnmon.workers.object_handles import ObjectHandles
-from knnmon.workers.query_table import QueryTable
-from knnmon.workers import registration
-from knnmon.workers.topk_lists import TopKLists
-from knnmon.workers.vocabulary import Vocabulary
+from knnmon.workers.release_parts import ReleaseInParts
+from knnmon.workers.state import WorkerState
+from knnmon.workers.window_lists import WindowLists
 
 __all__ = ["BatchUpdate", "Merge", "pairs_of_rows"]
 
@@ -97,18 +93,14 @@ class Merge:
 
 
 class BatchUpdate:
-    """Batch methods of :class:`~knnmon.workers.worker.KnnWorker` (module docstring)."""
+    """The batch part of a :class:`~knnmon.workers.worker.KnnWorker` (module docstring), over its
+    :class:`~knnmon.workers.state.WorkerState`; the ``window`` expires and refills before a
+    batch's objects and diffs the results it touched; with ``release_groups > 1`` a batch is
+    released in parts (:class:`~knnmon.workers.release_parts.ReleaseInParts`)."""
 
-    queries: QueryTable
-    lists: TopKLists
-    handles: ObjectHandles
-    vocabulary: Vocabulary
-    reserve: int
-    release_groups: int
-    track_load: bool
-    _details: HeldTexts | None
-    _before: tuple[np.ndarray, np.ndarray] | None
-    _version: int
+    def __init__(self, state: WorkerState, window: WindowLists) -> None:
+        self.state, self.window = state, window
+        self.in_parts = ReleaseInParts(state, window, self)
 
     def process_batch(self, batch: int, ids: Sequence[str], lon: np.ndarray, lat: np.ndarray, t: np.ndarray,
                       keywords: Sequence[Sequence[str]], pairs: tuple[np.ndarray, np.ndarray] | None = None, *,
@@ -143,28 +135,28 @@ class BatchUpdate:
             (``release_groups > 1``), ``released`` holds each row's release time.
         """
         t0, c0 = time.perf_counter(), time.thread_time()
-        merges0, handles0 = self.index.compactions, self.handle_compactions
+        merges0, handles0 = self.state.index.compactions, self.state.handle_compactions
         lon = np.asarray(lon, dtype=np.float64)
         lat = np.asarray(lat, dtype=np.float64)
         t = np.asarray(t, dtype=np.int64)
-        self._version = batch + 1  # the change feed's version of this batch's changes
-        if self.track_load:
-            self.load.tick()
+        self.state.version = batch + 1  # the change feed's version of this batch's changes
+        if self.state.settings.track_load:
+            self.state.load.tick()
         if cutoff is not None:
-            self.expire(cutoff)
+            self.window.expire(cutoff)
         if refills is not None:
-            self._refill(refills)
-        self._needs = np.empty(0, dtype=np.int64)  # (refilled now, or never asked for)
+            self.window.refill(refills)
+        self.window.needs = np.empty(0, dtype=np.int64)  # (refilled now, or never asked for)
         n_refilled = len(refills.qids) if refills is not None else 0
-        if self.release_groups > 1 and len(ids) > 1 and self.queue is None:
+        if self.state.settings.release_groups > 1 and len(ids) > 1 and self.state.queue is None:
             rows = np.arange(len(ids), dtype=np.int64) if rows is None else np.asarray(rows, dtype=np.int64)
-            report = self._process_in_parts(batch, ids, lon, lat, t, keywords, pairs, rows)
+            report = self.in_parts.process(batch, ids, lon, lat, t, keywords, pairs, rows)
             report = replace(report, busy_s=time.perf_counter() - t0,
                              cpu_s=time.thread_time() - c0 + report.redis_server_s, refilled=n_refilled)
         else:
             report = self._process_whole(batch, ids, lon, lat, t, keywords, pairs, rows, t0, c0, n_refilled)
-        return replace(report, index_merges=self.index.compactions - merges0,
-                       handle_compactions=self.handle_compactions - handles0)
+        return replace(report, index_merges=self.state.index.compactions - merges0,
+                       handle_compactions=self.state.handle_compactions - handles0)
 
     def _process_whole(self, batch: int, ids: Sequence[str], lon: np.ndarray, lat: np.ndarray, t: np.ndarray,
                        keywords: Sequence[Sequence[str]], pairs: tuple[np.ndarray, np.ndarray] | None,
@@ -173,32 +165,32 @@ class BatchUpdate:
         wall and thread CPU time)."""
         obj = slot = np.empty(0, dtype=np.int64)
         if len(ids):
-            po, pc_ = pairs if pairs is not None else self.vocabulary.encode(keywords)
-            obj, slot = self.index.candidates(lon, lat, po, pc_)
-        m, changed, changes, written = self._apply(ids, lon, lat, t, keywords, obj, slot)
+            po, pc_ = pairs if pairs is not None else self.state.vocabulary.encode(keywords)
+            obj, slot = self.state.index.candidates(lon, lat, po, pc_)
+        m, changed, changes, written = self.apply(ids, lon, lat, t, keywords, obj, slot)
         busy_core = time.perf_counter() - t0
         t1 = time.perf_counter()
         server_s = 0.0
-        if len(written) and self.writer is not None:
-            if self.queue is not None:
-                self.queue.submit_batch(batch, changes)
+        if len(written) and self.state.writer is not None:
+            if self.state.queue is not None:
+                self.state.queue.submit_batch(batch, changes)
             else:
-                server_s = self.writer.write_batch(batch, changes)
+                server_s = self.state.writer.write_batch(batch, changes)
         redis_s = time.perf_counter() - t1
         t2 = time.perf_counter()
         if len(changed):
-            self._shrink(changed)
-        self._release_handles()
+            self.state.shrink(changed)
+        self.state.release_handles()
         index_s = time.perf_counter() - t2
         released = None
-        if self.release_groups > 1:  # (one object, or queued writes: released whole, now)
+        if self.state.settings.release_groups > 1:  # (one object, or queued writes: released whole, now)
             rows = np.arange(len(ids), dtype=np.int64) if rows is None else np.asarray(rows, dtype=np.int64)
             released = (rows, np.full(len(ids), time.time() * 1e3))
-        return WorkerReport(worker=self.worker_id, batch=batch, objects=len(ids), candidates=len(obj),
+        return WorkerReport(worker=self.state.worker_id, batch=batch, objects=len(ids), candidates=len(obj),
                             passed=m.passed if m is not None else 0, changed=len(written),
                             busy_s=busy_core + redis_s + index_s, cpu_s=time.thread_time() - c0 + server_s,
                             redis_s=redis_s, redis_server_s=server_s, index_s=index_s,
-                            write_queued=self.queue is not None and bool(len(written)), refilled=n_refilled,
+                            write_queued=self.state.queue is not None and bool(len(written)), refilled=n_refilled,
                             released=released)
 
     def process_rows(self, batch: ObjectBatch, rows: np.ndarray | None = None, *, cutoff: int | None = None,
@@ -210,7 +202,7 @@ class BatchUpdate:
         ``refills`` as in :meth:`process_batch`."""
         t0, c0 = time.perf_counter(), time.thread_time()
         table = batch.table
-        rows = batch.rows_of(self.worker_id) if rows is None else np.asarray(rows, dtype=np.int64)
+        rows = batch.rows_of(self.state.worker_id) if rows is None else np.asarray(rows, dtype=np.int64)
         part = table.take(rows)
         args = (batch.number, part.column("id").to_pylist(), part.column("lon").to_numpy(),
                 part.column("lat").to_numpy(), part.column("t").to_numpy(), part.column("keywords").to_pylist(),
@@ -240,12 +232,12 @@ class BatchUpdate:
         rows = np.asarray(rows, dtype=np.int64)
         lon = batch.table.column("lon").to_numpy()[rows]
         lat = batch.table.column("lat").to_numpy()[rows]
-        obj, _ = self.index.candidates(lon, lat, *pairs_of_rows(batch, rows))
+        obj, _ = self.state.index.candidates(lon, lat, *pairs_of_rows(batch, rows))
         return np.bincount(obj, minlength=len(rows)).astype(np.int64)
 
-    def _apply(self, ids: Sequence[str], lon: np.ndarray, lat: np.ndarray, t: np.ndarray,
-               keywords: Sequence[Sequence[str]], obj: np.ndarray, slot: np.ndarray
-               ) -> tuple[Merge | None, np.ndarray, BatchChanges | None, np.ndarray]:
+    def apply(self, ids: Sequence[str], lon: np.ndarray, lat: np.ndarray, t: np.ndarray,
+              keywords: Sequence[Sequence[str]], obj: np.ndarray, slot: np.ndarray
+              ) -> tuple[Merge | None, np.ndarray, BatchChanges | None, np.ndarray]:
         """One batch (or one part of it): merge the candidate pairs ``(obj, slot)`` (:meth:`_update`),
         keep the entered objects' details (a reserve), charge the load, and build the changes
         to write: ``(merge, changed slots, changes or None, written slots)``. With an expiry not
@@ -253,16 +245,16 @@ class BatchUpdate:
         m = self._update(ids, t, lon, lat, obj, slot)
         changed = m.changed if m is not None else np.empty(0, dtype=np.int64)
         batch = ObjectColumns(ids, lon, lat, t, keywords)
-        if m is not None and self._details is not None:
+        if m is not None and self.state.details is not None:
             entered = [ids[j] for j in m.entered_obj.tolist()]
-            self._details.set(entered, batch.texts(entered))
-        if self.track_load:
-            self.load.charge(obj, slot, changed)
+            self.state.details.set(entered, batch.texts(entered))
+        if self.state.settings.track_load:
+            self.state.load.charge(obj, slot, changed)
         changes, written = None, changed
-        if self._before is not None or (m is not None and self.reserve):
-            changes, written = self._window_changes(batch, m)
-        elif len(changed) and self.writer is not None:
-            changes = self._batch_changes(m.changed, m.e_slot, m.e_h, m.e_d, m.l_slot, m.l_h, batch.texts)
+        if self.window.before is not None or (m is not None and self.state.reserve):
+            changes, written = self.window.changes(batch, m)
+        elif len(changed) and self.state.writer is not None:
+            changes = self.state.batch_changes(m.changed, m.e_slot, m.e_h, m.e_d, m.l_slot, m.l_h, batch.texts)
         return m, changed, changes, written
 
     def _update(self, ids: Sequence[str], times: np.ndarray, lon: np.ndarray, lat: np.ndarray, obj: np.ndarray,
@@ -273,7 +265,7 @@ class BatchUpdate:
         objects that entered. ``None`` if no pair lies within its ``r_q``."""
         if not len(obj):
             return None
-        q, L = self.queries, self.lists
+        q, L = self.state.queries, self.state.lists
         u = unit_vectors(lon, lat)
         sel = kernels.chord_pretest(*(np.ascontiguousarray(u[:, i]) for i in range(3)), obj, slot, q.reach)
         obj, slot = obj[sel], slot[sel]
@@ -284,17 +276,17 @@ class BatchUpdate:
         okey = np.zeros(len(lon), dtype=np.uint64)
         okey[within] = id_prefix_keys([ids[j] for j in within.tolist()])
         (passed, changed, in_result, e_slot, e_obj, e_d, e_place, l_slot, l_h, b_slot, b_h, fallback, f_slot, f_obj,
-         f_d) = kernels.merge_topk(obj, slot, d, okey, q.radius, q.k, q.cap, L.ptr, L.count, L.d, L.h, self.handles.key,
-                                   len(lon))
+         f_d) = kernels.merge_topk(obj, slot, d, okey, q.radius, q.k, q.cap, L.ptr, L.count, L.d, L.h,
+                                   self.state.handles.key, len(lon))
         m = Merge(int(passed[0]), changed, in_result, e_slot, e_obj, e_d, e_place, l_slot, l_h, b_slot, b_h)
         if len(fallback):
             m = m.plus(self._merge_by_ids(ids, fallback, f_slot, f_obj, f_d))
         uniq = np.unique(m.e_obj)
-        handles = self.handles.handles_of([ids[j] for j in uniq.tolist()], times[uniq], okey[uniq])
+        handles = self.state.handles.handles_of([ids[j] for j in uniq.tolist()], times[uniq], okey[uniq])
         m.e_h = handles[np.searchsorted(uniq, m.e_obj)]
         m.entered_obj = uniq
         L.h[m.e_place] = m.e_h
-        self.handles.key_new()
+        self.state.handles.key_new()
         return m
 
     def _merge_by_ids(self, ids: Sequence[str], slots: np.ndarray, f_slot: np.ndarray, f_obj: np.ndarray,
@@ -302,14 +294,14 @@ class BatchUpdate:
         """:func:`~knnmon.workers.kernels.merge_topk` for the queries it left to the ids
         themselves (entries at equal distance sharing an 8-byte id prefix across the ``k``-th or
         last place): each list and its new pairs sorted by (distance, id) in Python."""
-        q, L = self.queries, self.lists
+        q, L = self.state.queries, self.state.lists
         out: dict[str, list] = {name: [] for name in Merge.ARRAYS}
         for s in slots.tolist():
             a, c, kk, cp = int(L.ptr[s]), int(L.count[s]), int(q.k[s]), int(q.cap[s])
             mine = f_slot == s
             held = L.h[a:a + c]
-            merged = sorted([(d, oid, h) for d, oid, h in zip(L.d[a:a + c].tolist(), self.handles.names(held),
-                                                               held.tolist())]
+            merged = sorted([(d, oid, h) for d, oid, h in zip(L.d[a:a + c].tolist(), self.state.handles.names(held),
+                                                              held.tolist())]
                             + [(d, ids[o], -1 - o) for d, o in zip(f_d[mine].tolist(), f_obj[mine].tolist())])
             kept = merged[:cp]
             new_at = [i for i, e in enumerate(kept) if e[2] < 0]
@@ -334,40 +326,3 @@ class BatchUpdate:
             L.count[s] = len(kept)
         return Merge(0, **{name: np.asarray(v, dtype=np.float64 if name == "e_d" else np.int64)
                            for name, v in out.items()})
-
-    def _batch_changes(self, changed: np.ndarray, e_slot: np.ndarray, e_h: np.ndarray, e_d: np.ndarray,
-                       l_slot: np.ndarray, l_h: np.ndarray, texts: Texts) -> BatchChanges:
-        """:class:`BatchChanges` of the results ``changed`` (sorted slots): handles ``e_h`` (at
-        ``e_d`` meters) entered and ``l_h`` left them, each grouped by their slot (``e_slot``,
-        ``l_slot``) in slot order; ``texts``: the entered objects' details. Fresh lists, so a
-        queued write may use them while the next batch runs. The holders are counted here, in
-        the batch's order (:meth:`KnnWorker._held`)."""
-        names = self.handles.names
-        details = self._held(e_slot, e_h, l_slot, l_h, texts)
-        return BatchChanges(
-            qids=self.queries.ids.names(changed),
-            n_entered=np.bincount(np.searchsorted(changed, e_slot), minlength=len(changed)).tolist(),
-            entered=names(e_h), distances=e_d.tolist(),
-            n_left=np.bincount(np.searchsorted(changed, l_slot), minlength=len(changed)).tolist(),
-            left=names(l_h), version=self._version, details=details)
-
-    def _shrink(self, changed: np.ndarray, *, refresh: bool = True) -> np.ndarray:
-        """Shrink the kNN radius ``r_q`` of the ``changed`` slots whose list is full to its
-        k-th (last kept) distance; re-index them unless ``refresh=False``. Returns the shrunk
-        slots."""
-        q, L = self.queries, self.lists
-        kth = L.d[L.ptr[changed] + q.cap[changed] - 1]  # inf unless the list is full
-        shrink = kth < q.radius[changed]
-        slots = changed[shrink]
-        if len(slots):
-            q.set_radius(slots, kth[shrink])
-            if refresh:
-                self._refresh(slots)
-        return slots
-
-    def _release_handles(self) -> None:
-        """Compact the handles once they outnumber those kept at the last compaction by
-        :data:`~knnmon.workers.registration.HANDLES_SLACK` (and at least
-        :data:`~knnmon.workers.registration.COMPACT_MIN` of them)."""
-        if len(self.handles) > max(registration.COMPACT_MIN, registration.HANDLES_SLACK * self.handles.live):
-            self._compact_handles()

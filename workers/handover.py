@@ -25,23 +25,29 @@ import numpy as np
 
 from knnmon.batch import KnnColumns, ObjectColumns, ObjectInfo, QueryHandover
 from knnmon.workers.holders import texts_of
+from knnmon.workers.registration import Registration
+from knnmon.workers.state import WorkerState
 
 __all__ = ["Handover"]
 
 
 class Handover:
-    """Re-balancing methods of :class:`~knnmon.workers.worker.KnnWorker` (module docstring)."""
+    """The re-balancing part of a :class:`~knnmon.workers.worker.KnnWorker` (module docstring),
+    over its :class:`~knnmon.workers.state.WorkerState`; queries leave and arrive through its
+    ``registration``. It keeps the queries handed over and not yet released (``handed``)."""
 
-    _handed: list[tuple[str, list[str]]]
+    def __init__(self, state: WorkerState, registration: Registration) -> None:
+        self.state, self.registration = state, registration
+        self.handed: list[tuple[str, list[str]]] = []  # (query, members) exported, not yet released
 
     def query_loads(self) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
         """The registered queries' ids, their recent measured loads ``(m,)`` float64
         (microseconds of busy time, decayed: :mod:`knnmon.workers.query_load`) and their
         positions, lon and lat ``(m,)`` float64 degrees (a re-plan spreads a set in space order)."""
-        live = np.flatnonzero(self.queries.alive)
-        self.load.extend(len(self.queries))
-        q = self.queries
-        return q.ids.names(live), self.load.us[live].copy(), q.lon[live].copy(), q.lat[live].copy()
+        live = np.flatnonzero(self.state.queries.alive)
+        self.state.load.extend(len(self.state.queries))
+        q = self.state.queries
+        return q.ids.names(live), self.state.load.us[live].copy(), q.lon[live].copy(), q.lat[live].copy()
 
     def export_queries(self, qids: Sequence[str]) -> QueryHandover:
         """Hand over the queries of ``qids`` this worker holds (others are skipped) and forget
@@ -53,30 +59,31 @@ class Handover:
             Ids in ``qids``' order.
         """
         t0 = time.perf_counter()
-        found = self.queries.slots(qids)
+        found = self.state.queries.slots(qids)
         held = [q for q, s in zip(qids, found.tolist()) if s >= 0]
         slots = found[found >= 0]
-        L = self.lists
+        L = self.state.lists
         n = L.count[slots]
         at = L.places(slots, n)  # every kept place (the kNN and, with a reserve, beyond), nearest first
-        topk = KnnColumns(n, self.handles.names(L.h[at]), L.d[at].copy())
-        members = topk.firsts(self.queries.k[slots])
-        if self._details is not None:  # a reserve: every kept object's details are in memory
+        topk = KnnColumns(n, self.state.handles.names(L.h[at]), L.d[at].copy())
+        members = topk.firsts(self.state.queries.k[slots])
+        st = self.state
+        if st.details is not None:  # a reserve: every kept object's details are in memory
             wanted = np.unique(L.h[at])
             objects = ObjectColumns.of_infos({o: ObjectInfo.from_text(x) for o, x in
-                                              zip(self.handles.names(wanted), self._details.of_handles(wanted))
+                                              zip(st.handles.names(wanted), st.details.of_handles(wanted))
                                               if x is not None})
-        elif self.writer is not None:
-            objects = ObjectColumns.of_infos(self._write_now(self.writer.read_details, list(zip(held, members))))
+        elif st.writer is not None:
+            objects = ObjectColumns.of_infos(st.write_now(st.writer.read_details, list(zip(held, members))))
         else:
             objects = ObjectColumns.of_infos({})
-        columns = self.queries.columns(slots)
-        loads = self.load.us[slots].copy() if len(slots) else np.zeros(0)
-        radii = self.queries.radius[slots].copy()
-        codes = self.vocabulary.codes
+        columns = self.state.queries.columns(slots)
+        loads = self.state.load.us[slots].copy() if len(slots) else np.zeros(0)
+        radii = self.state.queries.radius[slots].copy()
+        codes = self.state.vocabulary.codes
         vocabulary = {w: codes[w] for kws in columns.keywords for w in kws if w in codes}
-        self._drop(held)
-        self._handed += list(zip(held, members))
+        self.registration.drop(held)
+        self.handed += list(zip(held, members))
         return QueryHandover(columns, topk, objects, loads, radii, vocabulary, time.perf_counter() - t0)
 
     def export_parts(self, parts: Sequence[Sequence[str]]) -> tuple[QueryHandover, ...]:
@@ -99,21 +106,21 @@ class Handover:
             An id this worker holds already.
         """
         t0 = time.perf_counter()
-        self.vocabulary.learn(vocabulary if vocabulary is not None else handover.vocabulary)
-        slots = self._append(handover.queries, handover.topk, handover.objects)
-        self.load.us[slots.start:slots.stop] = np.asarray(handover.loads, dtype=np.float64)
+        self.state.vocabulary.learn(vocabulary if vocabulary is not None else handover.vocabulary)
+        slots = self.registration.append(handover.queries, handover.topk, handover.objects)
+        self.state.load.us[slots.start:slots.stop] = np.asarray(handover.loads, dtype=np.float64)
         # The source's r_q, not one made from the list: with a window a list short of its
         # k + reserve places (expired) still has a finite radius (the next refill is due at it).
-        self.queries.set_radius(np.arange(slots.start, slots.stop), np.asarray(handover.radii, dtype=np.float64))
-        if self.writer is not None and len(slots):
-            r_slot, r_h, _ = self._results_of(np.arange(slots.start, slots.stop))
-            known = np.fromiter((o in handover.objects for o in self.handles.names(r_h)), dtype=bool,
+        self.state.queries.set_radius(np.arange(slots.start, slots.stop), np.asarray(handover.radii, dtype=np.float64))
+        if self.state.writer is not None and len(slots):
+            r_slot, r_h, _ = self.state.results_of(np.arange(slots.start, slots.stop))
+            known = np.fromiter((o in handover.objects for o in self.state.handles.names(r_h)), dtype=bool,
                                 count=len(r_h))  # (details missing: not held)
             none = np.empty(0, dtype=np.int64)
-            dets = self._held(r_slot[known], r_h[known], none, none, texts_of(handover.objects))
-            self._write_now(self.writer.adopt_queries, self._next_tag(),
-                            list(zip(handover.queries.ids, handover.members)), handover.objects, note, dets)
-        self._refresh(np.arange(slots.start, slots.stop))
+            dets = self.state.held(r_slot[known], r_h[known], none, none, texts_of(handover.objects))
+            self.state.write_now(self.state.writer.adopt_queries, self.state.next_tag(),
+                                 list(zip(handover.queries.ids, handover.members)), handover.objects, note, dets)
+        self.state.refresh(np.arange(slots.start, slots.stop))
         return len(slots), time.perf_counter() - t0
 
     def regions_with(self, keywords: Sequence[str]) -> tuple[np.ndarray, ...]:
@@ -128,27 +135,28 @@ class Handover:
         pair_query : ``(p,)`` int64, the row in ``m`` of each (query, keyword) pair
         pair_keyword : ``(p,)`` int64, the pair's keyword as an index into ``keywords``
         """
-        codes = self.vocabulary.codes
+        codes = self.state.vocabulary.codes
         want = np.fromiter((codes.get(w, -1) for w in keywords), dtype=np.int64, count=len(keywords))
-        index = np.full(max(self.vocabulary.next_code, 1), -1, dtype=np.int64)
+        index = np.full(max(self.state.vocabulary.next_code, 1), -1, dtype=np.int64)
         ok = want >= 0
         index[want[ok]] = np.flatnonzero(ok)
-        slot, code = self.queries.entries(np.flatnonzero(self.queries.alive))
+        slot, code = self.state.queries.entries(np.flatnonzero(self.state.queries.alive))
         asked = index[code] if len(code) else np.empty(0, dtype=np.int64)
         slot, asked = slot[asked >= 0], asked[asked >= 0]
         rows, pair_query = np.unique(slot, return_inverse=True)
-        q = self.queries
+        q = self.state.queries
         return q.lon[rows].copy(), q.lat[rows].copy(), q.radius[rows].copy(), pair_query.astype(np.int64), asked
 
     def release_handed(self) -> int:
         """Let go, in this worker's details hash, of the objects only the queries handed over
         since the last call held; returns how many queries."""
-        handed, self._handed = self._handed, []
-        if self.writer is not None and handed:
+        handed, self.handed = self.handed, []
+        if self.state.writer is not None and handed:
             sizes = np.fromiter((len(m) for _, m in handed), dtype=np.int64, count=len(handed))
-            l_h = self.handles.lookup([o for _, members in handed for o in members])  # (held: kept by compactions)
+            # (every one still has its handle: a compaction keeps what a written result holds)
+            l_h = self.state.handles.lookup([o for _, members in handed for o in members])
             l_q, none = np.repeat(np.arange(len(handed)), sizes), np.empty(0, dtype=np.int64)
             l_q, l_h = l_q[l_h >= 0], l_h[l_h >= 0]
-            dets = self._held(none, none, l_q, l_h, texts_of({}), qids=[q for q, _ in handed])
-            self._write_now(self.writer.release_queries, self._next_tag(), handed, dets)
+            dets = self.state.held(none, none, l_q, l_h, texts_of({}), qids=[q for q, _ in handed])
+            self.state.write_now(self.state.writer.release_queries, self.state.next_tag(), handed, dets)
         return len(handed)

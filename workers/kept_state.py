@@ -27,60 +27,57 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
 from knnmon.query import QueryColumns
 from knnmon.reports import KeptReport
+from knnmon.workers.handover import Handover
+from knnmon.workers.state import WorkerState
 
 __all__ = ["KeptState"]
 
 
 class KeptState:
-    """The worker's side of a kept start (module docstring); mixed into
-    :class:`~knnmon.workers.worker.KnnWorker`."""
+    """The kept-start part of a :class:`~knnmon.workers.worker.KnnWorker` (module docstring), over
+    its :class:`~knnmon.workers.state.WorkerState`; a move cut short (the ``handover``'s queries
+    handed over and not released) makes the state not one to keep."""
 
-    writer: Any
-    queue: Any
-    queries: Any
-    lists: Any
-    handles: Any
-    vocabulary: Any
-    worker_id: int
-    _handed: list
+    def __init__(self, state: WorkerState, handover: Handover) -> None:
+        self.state, self.handover = state, handover
 
     def kept_state(self) -> KeptReport:
         """What this worker says of its state after its queued writes (:class:`KeptReport`)."""
         why = None
         try:
-            marker, failed = self.last_write()  # type: ignore[attr-defined] # (KnnWorker's: waits for the write queue)
+            marker, failed = self.state.last_write()  # (after the queued writes)
         except Exception as ex:  # noqa: BLE001 - a queued write failed: Redis lacks it
             marker, failed = None, True
             why = f"a queued write failed ({type(ex).__name__})"
         if why is None and failed:
             why = "a write failed after its last one"
-        elif why is None and self.writer is None:
+        elif why is None and self.state.writer is None:
             why = "it writes no results"
-        elif why is None and self._handed:
+        elif why is None and self.handover.handed:
             why = "queries handed over and not released"
-        return KeptReport(marker=marker, why=why, queries=int(self.queries.alive.sum()), pid=os.getpid(),
-                          worker=self.worker_id, writes=self.writer is not None)
+        return KeptReport(marker=marker, why=why, queries=int(self.state.queries.alive.sum()), pid=os.getpid(),
+                          worker=self.state.worker_id, writes=self.state.writer is not None)
 
     def kept_queries(self) -> tuple[QueryColumns, np.ndarray, np.ndarray, dict[str, int]]:
         """What the next service needs of the queries held here: their columns (``m`` queries,
         ``k`` each one's own), ``(m,)`` float64 kNN radii ``r_q`` in meters (``inf`` below
         ``k + reserve`` neighbours), ``(m,)`` int64 their results' sizes (at most ``k``), and the
         keyword codes (keyword -> code) batches arrive encoded with."""
-        live = np.flatnonzero(self.queries.alive)
-        counts = np.minimum(self.lists.count[live], self.queries.k[live]).astype(np.int64)
-        return self.queries.columns(live), self.queries.radius[live].copy(), counts, dict(self.vocabulary.codes)
+        q = self.state.queries
+        live = np.flatnonzero(q.alive)
+        counts = np.minimum(self.state.lists.count[live], q.k[live]).astype(np.int64)
+        return q.columns(live), q.radius[live].copy(), counts, dict(self.state.vocabulary.codes)
 
     def holds_among(self, oids: Sequence[str]) -> list[str]:
         """The ids among ``oids`` that a list here holds (within ``k`` or in the reserve)."""
-        h = self.handles.lookup(list(oids))
-        held = np.zeros(max(len(self.handles), 1), dtype=bool)
-        used = self.lists.h[self.lists.h >= 0]
+        h = self.state.handles.lookup(list(oids))
+        held = np.zeros(max(len(self.state.handles), 1), dtype=bool)
+        used = self.state.lists.h[self.state.lists.h >= 0]
         held[used] = True
         return [o for o, x in zip(oids, h.tolist()) if x >= 0 and held[x]]
 
@@ -88,6 +85,6 @@ class KeptState:
         """Become the worker of the next service as it is: its writes carry a new session (a batch
         number of the new service never matches a tag written before); returns the number of
         queries held."""
-        if self.writer is not None:
-            self.writer.session = uuid.uuid4().hex[:12]
-        return int(self.queries.alive.sum())
+        if self.state.writer is not None:
+            self.state.writer.session = uuid.uuid4().hex[:12]
+        return int(self.state.queries.alive.sum())

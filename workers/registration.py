@@ -15,22 +15,11 @@ from knnmon.encoding import id_prefix_keys
 from knnmon.heap import give_back
 from knnmon.query import QueryColumns
 from knnmon.reports import LoadResult
-from knnmon.workers.held_texts import HeldTexts
 from knnmon.workers.holders import texts_of
-from knnmon.workers.object_handles import ObjectHandles
-from knnmon.workers.query_table import QueryTable
-from knnmon.workers.topk_lists import TopKLists
-from knnmon.workers.vocabulary import Vocabulary
+from knnmon.workers.state import WorkerState
+from knnmon.workers.window_lists import WindowLists
 
-__all__ = ["COMPACT_MIN", "HANDLES_SLACK", "Registration", "kept_entries"]
-
-#: Compaction (:meth:`Registration.compact`) waits for at least this many places or handles to release.
-COMPACT_MIN = 1 << 16
-#: The handles are compacted once they outnumber those kept at the last compaction by this
-#: factor: the details of objects that left every result (with a window, every expired one)
-#: stay until then, so a worker's memory swings by this share of its objects' part.
-HANDLES_SLACK = 1.25
-
+__all__ = ["Registration", "kept_entries"]
 
 def kept_entries(topk: Sequence[Sequence[tuple[str, float]]], cap: np.ndarray
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str], np.ndarray]:
@@ -81,17 +70,15 @@ def kept_entries(topk: Sequence[Sequence[tuple[str, float]]], cap: np.ndarray
 
 
 class Registration:
-    """Query registration methods of :class:`~knnmon.workers.worker.KnnWorker` (module docstring)."""
+    """The registration part of a :class:`~knnmon.workers.worker.KnnWorker` (module docstring),
+    over its :class:`~knnmon.workers.state.WorkerState`; a compaction renumbers the slots the
+    ``window`` waits to refill."""
 
-    queries: QueryTable
-    lists: TopKLists
-    handles: ObjectHandles
-    vocabulary: Vocabulary
-    reserve: int
-    _details: HeldTexts | None
+    def __init__(self, state: WorkerState, window: WindowLists) -> None:
+        self.state, self.window = state, window
 
-    def _append(self, queries: QueryColumns, topk: Sequence[Sequence[tuple[str, float]]],
-                objects: Mapping[str, ObjectInfo], first_k: bool = False) -> range:
+    def append(self, queries: QueryColumns, topk: Sequence[Sequence[tuple[str, float]]],
+               objects: Mapping[str, ObjectInfo], first_k: bool = False) -> range:
         """Add valid queries in bulk (one array concatenation); returns their slots. A list
         holding its ``k + reserve`` places gets its last distance as ``r_q``; with ``first_k``
         (each list is a result as Redis holds it: the exact kNN, no reserve) one holding ``k``
@@ -104,31 +91,31 @@ class Registration:
         """
         n = len(queries.ids)
         k = np.asarray(queries.k, dtype=np.int64).reshape(n)
-        cap = k + self.reserve
+        cap = k + self.state.reserve
         start = np.cumsum(cap) - cap  # each new query's first place, relative
         top_d, top_h = np.full(int(cap.sum()), np.inf), np.full(int(cap.sum()), -1, dtype=np.int64)
-        slots = self.queries.append(queries.ids, queries.lon, queries.lat, queries.keywords,
-                                    [self.vocabulary.code_row(words) for words in queries.keywords], k, cap,
-                                    np.full(n, np.inf))
+        slots = self.state.queries.append(queries.ids, queries.lon, queries.lat, queries.keywords,
+                                          [self.state.vocabulary.code_row(words) for words in queries.keywords], k,
+                                          cap, np.full(n, np.inf))
         q, rank, d, oids, keys = kept_entries(topk, cap)
         if len(q):
             key_of = dict(zip(oids, keys.tolist()))  # (distinct ids, in first-seen order)
             distinct = list(key_of)
             distinct_keys = np.fromiter(key_of.values(), dtype=np.uint64, count=len(distinct))
-            handle = dict(zip(distinct, self.handles.handles_in(distinct, objects, distinct_keys).tolist()))
+            handle = dict(zip(distinct, self.state.handles.handles_in(distinct, objects, distinct_keys).tolist()))
             top_d[start[q] + rank] = d
             top_h[start[q] + rank] = np.fromiter(map(handle.__getitem__, oids), dtype=np.int64, count=len(oids))
         count = np.bincount(q, minlength=n).astype(np.int64)
         last = k if first_k else cap
         full = np.flatnonzero((count == last) & (last > 0))
-        self.queries.set_radius(slots.start + full, top_d[start[full] + last[full] - 1])
-        self.lists.append(cap, top_d, top_h, count)
-        if self._details is not None and len(q):  # (the kept objects' handles are known: no lookup)
-            self._details.set(distinct, texts_of(objects)(distinct),
-                              np.fromiter(handle.values(), dtype=np.int64, count=len(distinct)))
-        self.handles.key_new()
-        self.handles.live = max(self.handles.live, len(self.handles))
-        self.load.extend(slots.stop)
+        self.state.queries.set_radius(slots.start + full, top_d[start[full] + last[full] - 1])
+        self.state.lists.append(cap, top_d, top_h, count)
+        if self.state.details is not None and len(q):  # (the kept objects' handles are known: no lookup)
+            self.state.details.set(distinct, texts_of(objects)(distinct),
+                                   np.fromiter(handle.values(), dtype=np.int64, count=len(distinct)))
+        self.state.handles.key_new()
+        self.state.handles.live = max(self.state.handles.live, len(self.state.handles))
+        self.state.load.extend(slots.stop)
         return slots
 
     def load_queries(self, queries: QueryColumns, topk: Sequence[Sequence[tuple[str, float]]],
@@ -177,45 +164,45 @@ class Registration:
             Queries taken, index entries, seconds.
         """
         t0 = time.perf_counter()
-        self.vocabulary.learn(vocabulary)
-        slots = self._append(queries, topk, objects, first_k)
+        self.state.vocabulary.learn(vocabulary)
+        slots = self.append(queries, topk, objects, first_k)
         first = slots.start
         none = np.empty(0, dtype=np.int64)
-        if self.writer is not None and not write:  # Redis holds them: count their holders
-            r_slot, r_h, _ = self._results_of(np.arange(slots.start, slots.stop))
-            dets = self._held(r_slot, r_h, none, none, texts_of(objects if details else {}))
+        if self.state.writer is not None and not write:  # Redis holds them: count their holders
+            r_slot, r_h, _ = self.state.results_of(np.arange(slots.start, slots.stop))
+            dets = self.state.held(r_slot, r_h, none, none, texts_of(objects if details else {}))
             if any(hs for hs, _ in dets.values()):  # (a reserve's objects beyond k are in no result)
-                tag = self._next_tag()
-                self._write_now(self.writer.apply, tag, self.writer.details_payload(tag, dets))
-        if self.writer is not None and write:
+                tag = self.state.next_tag()
+                self.state.write_now(self.state.writer.apply, tag, self.state.writer.details_payload(tag, dets))
+        if self.state.writer is not None and write:
             # With the write queue, Redis runs chunk i's script while this thread builds the
             # payload of chunk i + 1 (at most 2 chunks wait, to bound memory).
             queued: deque = deque()
-            q = self.queries
+            q = self.state.queries
             for s in range(slots.start, slots.stop, chunk):
                 part = np.arange(s, min(s + chunk, slots.stop))
                 fields = [q.fields(j) if sets is None else {**q.fields(j), "set": sets[j - first]}
                           for j in part.tolist()]
-                tag = self._next_tag()
-                r_slot, r_h, r_d = self._results_of(part)
-                dets = self._held(r_slot, r_h, none, none, texts_of(objects))
+                tag = self.state.next_tag()
+                r_slot, r_h, r_d = self.state.results_of(part)
+                dets = self.state.held(r_slot, r_h, none, none, texts_of(objects))
                 changes = BatchChanges(q.ids.names(part),
                                        np.bincount(r_slot - s, minlength=len(part)).tolist(),
-                                       self.handles.names(r_h.tolist()), r_d.tolist(), [0] * len(part), [], objects,
-                                       version, dets)
-                payload = self.writer.whole_payload(changes, fields)
-                if self.queue is None:
-                    self.writer.apply(tag, payload)
+                                       self.state.handles.names(r_h.tolist()), r_d.tolist(), [0] * len(part), [],
+                                       objects, version, dets)
+                payload = self.state.writer.whole_payload(changes, fields)
+                if self.state.queue is None:
+                    self.state.writer.apply(tag, payload)
                     continue
-                queued.append(self.queue.submit(self.writer.apply, tag, payload))
+                queued.append(self.state.queue.submit(self.state.writer.apply, tag, payload))
                 if len(queued) > 2:
                     queued.popleft().result()
             for f in queued:
                 f.result()
         if rebuild:
-            self.rebuild_index()
+            self.state.rebuild_index()
             give_back()  # the load's payloads
-        return LoadResult(len(queries), self.index.entries, time.perf_counter() - t0)
+        return LoadResult(len(queries), self.state.index.entries, time.perf_counter() - t0)
 
     def register_queries(self, queries: QueryColumns, topk: Sequence[Sequence[tuple[str, float]]],
                          objects: Mapping[str, ObjectInfo], vocabulary: Mapping[str, int] | None = None,
@@ -229,67 +216,51 @@ class Registration:
         InvalidQueryError
             An id this worker holds already.
         """
-        self.vocabulary.learn(vocabulary)
-        slots = self._append(queries, topk, objects)
-        if self.writer is not None:
-            q, none = self.queries, np.empty(0, dtype=np.int64)
-            r_slot, r_h, _ = self._results_of(np.arange(slots.start, slots.stop))
-            dets = self._held(r_slot, r_h, none, none, texts_of(objects))
-            self._write_now(self.writer.write_queries, self._next_tag(),
-                            [(qid, q.fields(j), self._result(j)) for qid, j in zip(q.ids.names(slots), slots)],
-                            objects, version, dets)
-        self._refresh(np.arange(slots.start, slots.stop))
+        self.state.vocabulary.learn(vocabulary)
+        slots = self.append(queries, topk, objects)
+        if self.state.writer is not None:
+            q, none = self.state.queries, np.empty(0, dtype=np.int64)
+            r_slot, r_h, _ = self.state.results_of(np.arange(slots.start, slots.stop))
+            dets = self.state.held(r_slot, r_h, none, none, texts_of(objects))
+            rows = [(qid, q.fields(j), self.state.result_row(j)) for qid, j in zip(q.ids.names(slots), slots)]
+            self.state.write_now(self.state.writer.write_queries, self.state.next_tag(), rows, objects, version, dets)
+        self.state.refresh(np.arange(slots.start, slots.stop))
 
     def unregister_query(self, qid: str, version: int = 0) -> bool:
         """Remove a query and delete its Redis keys (its feed line at ``version``, as
         :meth:`register_queries`); ``False`` if this worker does not hold it."""
-        slot = self.queries.slot(qid)
+        slot = self.state.queries.slot(qid)
         if slot is None:
             return False
-        if self.writer is not None:
-            r_slot, r_h, _ = self._results_of(np.array([slot], dtype=np.int64))
+        if self.state.writer is not None:
+            r_slot, r_h, _ = self.state.results_of(np.array([slot], dtype=np.int64))
             none = np.empty(0, dtype=np.int64)
-            dets = self._held(none, none, r_slot, r_h, texts_of({}))
-            self._write_now(self.writer.delete_query, self._next_tag(), qid, version,
-                            [oid for oid, _ in self._result(slot)], dets)
-        self._drop([qid])
+            dets = self.state.held(none, none, r_slot, r_h, texts_of({}))
+            self.state.write_now(self.state.writer.delete_query, self.state.next_tag(), qid, version,
+                                 [oid for oid, _ in self.state.result_row(slot)], dets)
+        self.drop([qid])
         return True
 
-    def _drop(self, qids: Sequence[str]) -> None:
+    def drop(self, qids: Sequence[str]) -> None:
         """Forget queries this worker holds (no Redis write): their slots die, their places and
         handles are released (compacting when enough are), the index forgets their regions."""
         if not len(qids):
             return
-        slots = self.queries.drop(qids)
-        self.lists.release(slots, self.queries.cap[slots])
-        self.load.clear(slots)
-        self._refresh(slots)
-        if self.lists.released > max(COMPACT_MIN, len(self.lists.d) // 2):
+        slots = self.state.queries.drop(qids)
+        self.state.lists.release(slots, self.state.queries.cap[slots])
+        self.state.load.clear(slots)
+        self.state.refresh(slots)
+        if self.state.compact_due():
             self.compact()
 
     def compact(self) -> None:
         """Release what unregistered queries left: their slots (the live queries are
         renumbered), their top-k places, and the handles of objects no result holds; then
         rebuild the query index. O(sum of k + index entries)."""
-        keep = np.flatnonzero(self.queries.alive)
-        self._needs = np.searchsorted(keep, self._needs[np.isin(self._needs, keep)])  # (renumbered as the slots)
-        self.lists.compact(keep, self.queries.cap[keep])
-        self.queries.compact(keep)
-        self.load.keep(keep)
-        self._compact_handles()
-        self.rebuild_index()
-
-    def _compact_handles(self) -> None:
-        """Drop the handles of objects no list holds and no written result holds (renumbering
-        the others). O(sum of k + handles)."""
-        self.handle_compactions += 1
-        mark = np.zeros(len(self.handles), dtype=bool)  # (a mark per handle: no sort, no hash)
-        mark[self.lists.h[self.lists.h >= 0]] = True
-        if self.holders is not None:  # (a query handed over holds its objects until it is released)
-            mark[np.asarray(self.holders.held(), dtype=np.int64)] = True
-        used = np.flatnonzero(mark)
-        self.lists.renumber(self.handles.compact(used))
-        if self._details is not None:
-            self._details.renumber(used)
-        if self.holders is not None:
-            self.holders.renumber(used)
+        keep = np.flatnonzero(self.state.queries.alive)
+        self.window.renumber(keep)
+        self.state.lists.compact(keep, self.state.queries.cap[keep])
+        self.state.queries.compact(keep)
+        self.state.load.keep(keep)
+        self.state.compact_handles()
+        self.state.rebuild_index()

@@ -9,12 +9,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from knnmon.batch import BatchChanges, ObjectColumns
 from knnmon.reports import WorkerReport
 from knnmon.workers.rtree_index import RTreeIndex, SearchGroup
+from knnmon.workers.state import WorkerState
+from knnmon.workers.window_lists import WindowLists
+
+if TYPE_CHECKING:
+    from knnmon.workers.batch_update import BatchUpdate
 
 __all__ = ["ReleaseInParts", "sjf_groups"]
 
@@ -38,25 +44,27 @@ def sjf_groups(obj: np.ndarray, slot: np.ndarray, n: int, size: int) -> Iterator
 
 
 class ReleaseInParts:
-    """Release-in-parts methods of :class:`~knnmon.workers.worker.KnnWorker` (module docstring)."""
+    """Release in parts for a :class:`~knnmon.workers.worker.KnnWorker` (module docstring): over
+    its :class:`~knnmon.workers.state.WorkerState`, with the ``window`` whose expiry's changes go
+    out first and the ``update`` that merges each group (:meth:`BatchUpdate.apply`)."""
 
-    release_groups: int
-    _version: int
+    def __init__(self, state: WorkerState, window: WindowLists, update: BatchUpdate) -> None:
+        self.state, self.window, self.update = state, window, update
 
     def _groups(self, lon: np.ndarray, lat: np.ndarray, pair_obj: np.ndarray, pair_code: np.ndarray
                 ) -> Iterator[SearchGroup]:
         """The batch's objects in Short-Job-First groups with their candidate pairs, at most
         ``release_groups`` of them: the R-tree index's BatchSearch, else the exact candidates
         grouped by their count per object (:func:`sjf_groups`)."""
-        size = -(-len(lon) // self.release_groups)
-        if isinstance(self.index, RTreeIndex):
-            return self.index.batch_search(lon, lat, pair_obj, pair_code, group=size)
-        return sjf_groups(*self.index.candidates(lon, lat, pair_obj, pair_code), len(lon), size)
+        size = -(-len(lon) // self.state.settings.release_groups)
+        if isinstance(self.state.index, RTreeIndex):
+            return self.state.index.batch_search(lon, lat, pair_obj, pair_code, group=size)
+        return sjf_groups(*self.state.index.candidates(lon, lat, pair_obj, pair_code), len(lon), size)
 
-    def _process_in_parts(self, batch: int, ids: Sequence[str], lon: np.ndarray, lat: np.ndarray, t: np.ndarray,
-                          keywords: Sequence[Sequence[str]], pairs: tuple[np.ndarray, np.ndarray] | None,
-                          rows: np.ndarray) -> WorkerReport:
-        """:meth:`process_batch` released in parts (``release_groups``): an expiry's changes
+    def process(self, batch: int, ids: Sequence[str], lon: np.ndarray, lat: np.ndarray, t: np.ndarray,
+                keywords: Sequence[Sequence[str]], pairs: tuple[np.ndarray, np.ndarray] | None,
+                rows: np.ndarray) -> WorkerReport:
+        """:meth:`BatchUpdate.process_batch` released in parts (``release_groups``): an expiry's changes
         first, then group by group in Short-Job-First order, each group's objects merged, its
         changes written (:meth:`ResultWriter.write_part`) and its shrunk radii applied before
         the next group is searched; the index is re-indexed once, at the end (a shrunk region
@@ -69,38 +77,38 @@ class ReleaseInParts:
 
         def write(changes: BatchChanges | None, objs: np.ndarray, last: bool) -> None:
             nonlocal part, server_s, redis_s
-            if self.writer is not None:
+            if self.state.writer is not None:
                 t1 = time.perf_counter()
                 changes = changes if changes is not None else BatchChanges([], [], [], [], [], [],
-                                                                          version=self._version, details={})
-                server_s += self.writer.write_part(batch, part, last, rows[objs].tolist(), changes)
+                                                                           version=self.state.version, details={})
+                server_s += self.state.writer.write_part(batch, part, last, rows[objs].tolist(), changes)
                 redis_s += time.perf_counter() - t1
             part += 1
 
-        if self._before is not None:  # an expiry touched results: its changes are part 0
-            changes, written = self._window_changes(ObjectColumns(ids, lon, lat, t, keywords), None)
+        if self.window.before is not None:  # an expiry touched results: its changes are part 0
+            changes, written = self.window.changes(ObjectColumns(ids, lon, lat, t, keywords), None)
             if len(written):
                 write(changes, none, False)
                 n_written += len(written)
-        po, pc = pairs if pairs is not None else self.vocabulary.encode(keywords)
+        po, pc = pairs if pairs is not None else self.state.vocabulary.encode(keywords)
         groups = self._groups(lon, lat, po, pc)
-        n_groups = -(-n // (-(-n // self.release_groups)))
+        n_groups = -(-n // (-(-n // self.state.settings.release_groups)))
         for g, grp in enumerate(groups):
             last = g == n_groups - 1
             n_candidates += len(grp.obj)
-            m, changed, changes, written = self._apply(ids, lon, lat, t, keywords, grp.obj, grp.slot)
+            m, changed, changes, written = self.update.apply(ids, lon, lat, t, keywords, grp.obj, grp.slot)
             n_passed += m.passed if m is not None else 0
             if len(written) or (last and part > 0):
                 write(changes, grp.objects, last)
                 n_written += len(written)
             released[grp.objects] = time.time() * 1e3
             if len(changed):
-                shrunk.append(self._shrink(changed, refresh=False))
+                shrunk.append(self.state.shrink(changed, refresh=False))
         t2 = time.perf_counter()
         if shrunk:
-            self._refresh(np.unique(np.concatenate(shrunk)))
-        self._release_handles()
+            self.state.refresh(np.unique(np.concatenate(shrunk)))
+        self.state.release_handles()
         index_s = time.perf_counter() - t2
-        return WorkerReport(worker=self.worker_id, batch=batch, objects=n, candidates=n_candidates,
+        return WorkerReport(worker=self.state.worker_id, batch=batch, objects=n, candidates=n_candidates,
                             passed=n_passed, changed=n_written, busy_s=0.0, redis_s=redis_s, redis_server_s=server_s,
                             index_s=index_s, released=(rows, released))

@@ -14,28 +14,32 @@ import numpy as np
 from knnmon.arrays import members, runs
 from knnmon.batch import BatchChanges, ObjectColumns, Refills
 from knnmon.query import QueryColumns
-from knnmon.workers.held_texts import HeldTexts
-from knnmon.workers.object_handles import ObjectHandles
-from knnmon.workers.query_table import QueryTable
-from knnmon.workers.topk_lists import TopKLists
+from knnmon.workers.state import WorkerState
 
 __all__ = ["WindowLists"]
 
 
 class WindowLists:
-    """Window methods of :class:`~knnmon.workers.worker.KnnWorker` (module docstring)."""
+    """The window part of a :class:`~knnmon.workers.worker.KnnWorker` (module docstring), over
+    its :class:`~knnmon.workers.state.WorkerState`.
 
-    queries: QueryTable
-    lists: TopKLists
-    handles: ObjectHandles
-    reserve: int
-    _details: HeldTexts | None
-    _refilled: dict[str, str]
-    _before: tuple[np.ndarray, np.ndarray] | None
-    _needs: np.ndarray
-    _cutoff: int
-    expired: int
-    refills: int
+    It keeps, between an expiry and the batch's write, the results as Redis holds them
+    (``before``), the last cutoff, the queries asked to refill (``needs``, slots) and, without a
+    reserve, the details of the objects a refill brought in; and counts the list entries expired
+    and the results refilled.
+    """
+
+    def __init__(self, state: WorkerState) -> None:
+        self.state = state
+        self.before: tuple[np.ndarray, np.ndarray] | None = None  # (slot, handle) results before an expiry
+        self.cutoff = np.iinfo(np.int64).min  # the last expiry's cutoff
+        self.needs = np.empty(0, dtype=np.int64)  # slots an expiry asked to refill, until the refills come
+        self.refilled: dict[str, str] = {}  # details (text) of the objects a refill brought in
+        self.expired = self.refills = 0
+
+    def renumber(self, keep: np.ndarray) -> None:
+        """The live slots ``keep`` (``(m,)`` int64, sorted) become ``0..m-1`` (a compaction)."""
+        self.needs = np.searchsorted(keep, self.needs[np.isin(self.needs, keep)])
 
     def expire(self, cutoff: int) -> QueryColumns:
         """Remove the objects with ``t <= cutoff`` (epoch ms) from every list held here.
@@ -58,20 +62,20 @@ class WindowLists:
         QueryColumns
             The queries to refill, ``k`` holding the neighbours to search (``k + reserve``).
         """
-        pending = self.queries.columns(self._needs, self.queries.cap)  # (asked for before, not yet refilled)
-        if cutoff <= self._cutoff:
+        pending = self.state.queries.columns(self.needs, self.state.queries.cap)  # (asked for before, not yet refilled)
+        if cutoff <= self.cutoff:
             return pending
-        before, self._cutoff = self._cutoff, int(cutoff)
-        n = len(self.handles)
-        t = self.handles.t[:n]
+        before, self.cutoff = self.cutoff, int(cutoff)
+        n = len(self.state.handles)
+        t = self.state.handles.t[:n]
         dead = t <= cutoff
         if not n or not dead.any():
             return pending
         gone = np.flatnonzero(dead & (t > before))
-        self.handles.forget(gone)
-        if self._details is not None:
-            self._details.drop(gone)
-        q, L = self.queries, self.lists
+        self.state.handles.forget(gone)
+        if self.state.details is not None:
+            self.state.details.drop(gone)
+        q, L = self.state.queries, self.state.lists
         held = L.h >= 0
         hit = np.zeros(len(L.h), dtype=bool)
         hit[held] = dead[L.h[held]]
@@ -85,11 +89,11 @@ class WindowLists:
         in_res = np.unique(of[places - L.ptr[of] < np.minimum(L.count[of], q.k[of])])
         n_res = np.minimum(L.count[in_res], q.k[in_res])
         res_slot, res_h = np.repeat(in_res, n_res), L.h[L.places(in_res, n_res)]
-        if self._before is None:
-            self._before = (res_slot, res_h)
+        if self.before is None:
+            self.before = (res_slot, res_h)
         else:  # a second expiry before the write: the first one's results are what Redis holds
-            seen = members(res_slot, self._before[0])
-            self._before = tuple(np.concatenate([b, x[~seen]]) for b, x in zip(self._before, (res_slot, res_h)))
+            seen = members(res_slot, self.before[0])
+            self.before = tuple(np.concatenate([b, x[~seen]]) for b, x in zip(self.before, (res_slot, res_h)))
         c = L.count[slots]
         at = L.places(slots, c)
         keep = ~hit[at]
@@ -99,27 +103,27 @@ class WindowLists:
         pos = np.arange(len(s_keep)) - np.searchsorted(s_keep, s_keep, side="left")
         L.d[L.ptr[s_keep] + pos], L.h[L.ptr[s_keep] + pos] = d_keep, h_keep
         L.count[slots] = np.bincount(np.searchsorted(slots, s_keep), minlength=len(slots))
-        if self.reserve and len(in_res):  # ties now straddling the k-th place decide by id
+        if self.state.reserve and len(in_res):  # ties now straddling the k-th place decide by id
             kk = q.k[in_res]
             over = np.flatnonzero(L.count[in_res] > kk)
             at = L.ptr[in_res[over]] + kk[over]
             tied = in_res[over[L.d[at - 1] == L.d[at]]]
             if len(tied):
-                self._sort_lists(tied)
+                self.sort_lists(tied)
         # Exact still iff k of what is left lie strictly within r_q (the docstring above).
         r = q.radius[s_keep]
         below = np.bincount(np.searchsorted(slots, s_keep[d_keep < r]), minlength=len(slots))
         need = slots[np.isfinite(q.radius[slots]) & (below < q.k[slots])]
-        self._needs = np.union1d(self._needs, need)
-        return q.columns(self._needs, q.cap)
+        self.needs = np.union1d(self.needs, need)
+        return q.columns(self.needs, q.cap)
 
-    def _sort_lists(self, slots: np.ndarray) -> None:
+    def sort_lists(self, slots: np.ndarray) -> None:
         """Order the held entries of ``slots`` by (distance, object id) in place."""
-        L, oids = self.lists, self.handles.ids
+        L, oids = self.state.lists, self.state.handles.ids
         c = L.count[slots]
         at = L.places(slots, c)
         S, D, H = np.repeat(slots, c), L.d[at], L.h[at]
-        key = self.handles.key[H]
+        key = self.state.handles.key[H]
         order = np.lexsort((key, D, S))
         S, D, H, key = S[order], D[order], H[order], key[order]
         same = (S[1:] == S[:-1]) & (D[1:] == D[:-1]) & (key[1:] == key[:-1])
@@ -130,13 +134,13 @@ class WindowLists:
                 D[run], H[run] = D[by], H[by]
         L.d[at], L.h[at] = D, H
 
-    def _refill(self, refills: Refills) -> None:
+    def refill(self, refills: Refills) -> None:
         """Replace the results of :meth:`expire`'s queries with their exact kNN over the live
         objects; ``r_q`` grows back (the query is re-indexed with its larger region). Each list
         of ``refills.topk`` comes nearest first, ties by object id (as
         :meth:`~knnmon.coordinator.runtime.object_store.ObjectStore.knn_v` returns them); its
         first ``k + reserve`` are kept. In columns: no Python step per query."""
-        q, L, top = self.queries, self.lists, refills.topk
+        q, L, top = self.state.queries, self.state.lists, refills.topk
         slots = q.slots(list(refills.qids))
         sel = np.flatnonzero(slots >= 0)  # (a query unregistered meanwhile has none)
         if not len(sel):
@@ -152,12 +156,12 @@ class WindowLists:
         L.d[places] = dists
         objects = refills.objects
         if top.rows is not None:  # each entry's row in the details: every object's handle at once, by row
-            by_row = self.handles.handles_of(objects.ids, objects.t)
+            by_row = self.state.handles.handles_of(objects.ids, objects.t)
             L.h[places] = by_row[top.rows[src]]
         else:
             ids = [top.ids[j] for j in src.tolist()]
             distinct = list(dict.fromkeys(ids))  # the objects' handles in bulk, new ones with their times
-            handle = dict(zip(distinct, self.handles.handles_in(distinct, objects).tolist()))
+            handle = dict(zip(distinct, self.state.handles.handles_in(distinct, objects).tolist()))
             L.h[places] = np.fromiter((handle[o] for o in ids), dtype=np.int64, count=len(ids))
             by_row = None
         L.count[slots] = n
@@ -167,22 +171,22 @@ class WindowLists:
         q.set_radius(slots, radii)
         held = list(objects.ids)
         texts = objects.texts()
-        if self._details is not None:
-            self._details.set(held, texts, handles=by_row)
+        if self.state.details is not None:
+            self.state.details.set(held, texts, handles=by_row)
         else:
-            self._refilled.update(zip(held, texts))
-        self.handles.key_new()
-        self._refresh(slots)
+            self.refilled.update(zip(held, texts))
+        self.state.handles.key_new()
+        self.state.refresh(slots)
         self.refills += len(slots)
 
-    def _window_changes(self, batch: ObjectColumns, m) -> tuple[BatchChanges, np.ndarray]:
+    def changes(self, batch: ObjectColumns, m) -> tuple[BatchChanges, np.ndarray]:
         """The batch's changes when an expiry touched results or a reserve is kept: each touched
         or changed result's difference to what Redis holds (before the expiry, or before the
         merge ``m`` of the ``batch``'s objects, a :class:`~knnmon.workers.batch_update.Merge` or
         ``None``), as :class:`BatchChanges`, and the sorted slots written."""
-        q, L = self.queries, self.lists
+        q, L = self.state.queries, self.state.lists
         none = np.empty(0, dtype=np.int64)
-        old_slot, old_h = self._before if self._before is not None else (none, none)
+        old_slot, old_h = self.before if self.before is not None else (none, none)
         touched = np.unique(old_slot)
         merged = m.in_result if m is not None else none
         if len(merged):
@@ -202,10 +206,11 @@ class WindowLists:
         order = np.argsort(old_slot[left], kind="stable")
 
         def texts(oids: list[str]) -> list[str | None]:  # (from the batch, else kept from before)
-            kept = self._details.get(oids) if self._details is not None else [self._refilled.get(o) for o in oids]
+            details = self.state.details
+            kept = details.get(oids) if details is not None else [self.refilled.get(o) for o in oids]
             return [k if x is None else x for k, x in zip(kept, batch.texts(oids))]
 
-        changes = self._batch_changes(changed, new_slot[ent], new_h[ent], new_d[ent], old_slot[left][order],
-                                      old_h[left][order], texts)
-        self._before, self._refilled = None, {}
+        changes = self.state.batch_changes(changed, new_slot[ent], new_h[ent], new_d[ent], old_slot[left][order],
+                                           old_h[left][order], texts)
+        self.before, self.refilled = None, {}
         return changes, changed

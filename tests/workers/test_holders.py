@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import knnmon.workers.registration as registration
+import knnmon.workers.state as worker_state
 from knnmon.batch import ObjectInfo
 from knnmon.connection import connect
 from knnmon.keys import Keys
@@ -33,22 +33,22 @@ def _check(w: KnnWorker, client, details: dict[str, ObjectInfo]) -> None:
     """Redis's details hashes of ``w`` and its counts equal what its live results hold."""
     want_hash: dict[str, set[str]] = {}
     want_count: Counter = Counter()
-    for s in np.flatnonzero(w.queries.alive).tolist():
-        qid = w.queries.ids[s]
-        members = [o for o, _ in w._result(s)]
-        assert client.zrange(Keys(w.writer.keys.namespace).result(qid), 0, -1) == sorted(
-            members, key=lambda o: (dict(w._result(s))[o], o))
-        want_hash.setdefault(w.writer.details_key(qid), set()).update(members)
+    for s in np.flatnonzero(w.state.queries.alive).tolist():
+        qid = w.state.queries.ids[s]
+        members = [o for o, _ in w.state.result_row(s)]
+        assert client.zrange(Keys(w.state.writer.keys.namespace).result(qid), 0, -1) == sorted(
+            members, key=lambda o: (dict(w.state.result_row(s))[o], o))
+        want_hash.setdefault(w.state.writer.details_key(qid), set()).update(members)
         want_count.update(members)
-    writer = w.writer  # every details hash the worker can write: one per master (one standalone)
+    writer = w.state.writer  # every details hash the worker can write: one per master (one standalone)
     hashes = [writer.bucket_key(b) for b in (writer.masters.names if writer.masters is not None else [""])]
     got = {k: set(client.hkeys(k)) for k in hashes if client.hlen(k)}
     assert got == {k: v for k, v in want_hash.items() if v}
     for key, oids in got.items():
         for oid in oids:
             assert ObjectInfo.from_text(client.hget(key, oid)) == details[oid]
-    n = w.holders.by_handle()
-    assert dict(zip(w.handles.names(np.flatnonzero(n)), n[np.flatnonzero(n)].tolist())) == dict(want_count)
+    n = w.state.holders.by_handle()
+    assert dict(zip(w.state.handles.names(np.flatnonzero(n)), n[np.flatnonzero(n)].tolist())) == dict(want_count)
 
 
 @pytest.mark.parametrize("reserve", [0, 2])
@@ -59,8 +59,8 @@ def _check(w: KnnWorker, client, details: dict[str, ObjectInfo]) -> None:
 def test_details_hashes_follow_the_results(store_url, reserve, seed, steps):
     rng = np.random.default_rng(seed)
     namespace = f"h{uuid.uuid4().hex[:10]}"  # (hypothesis repeats seeds while it shrinks)
-    original = registration.COMPACT_MIN
-    registration.COMPACT_MIN = 8  # compact often
+    original = worker_state.COMPACT_MIN
+    worker_state.COMPACT_MIN = 8  # compact often
     client = connect(store_url)
     w = other = None
     try:
@@ -111,10 +111,10 @@ def test_details_hashes_follow_the_results(store_url, reserve, seed, steps):
                 live[: max(1, len(live) // 2)] = []
             _check(w, client, details)
     finally:
-        registration.COMPACT_MIN = original
+        worker_state.COMPACT_MIN = original
         for worker in (w, other):
             if worker is not None:
-                worker.writer.close()
+                worker.state.writer.close()
         client.close()
 
 
@@ -129,7 +129,7 @@ def test_a_worker_rebuilt_from_redis_counts_what_redis_holds(redis_url, namespac
     topk = [oracle.knn(q.lon[i], q.lat[i], q.keywords[i], int(q.k[i])) for i in range(8)]
     first = KnnWorker(0, WorkerSettings(redis_url, namespace))
     first.load_queries(q, topk, details)
-    first.writer.close()
+    first.state.writer.close()
     client = connect(redis_url)
     client.delete(Keys(namespace).objects(0))  # the details are written again on request
     w = KnnWorker(0, WorkerSettings(redis_url, namespace))
@@ -140,5 +140,5 @@ def test_a_worker_rebuilt_from_redis_counts_what_redis_holds(redis_url, namespac
     w.process_batch(0, batch.column("id").to_pylist(), batch.column("lon").to_numpy(),
                     batch.column("lat").to_numpy(), batch.column("t").to_numpy(), batch.column("keywords").to_pylist())
     _check(w, client, details)
-    w.writer.close()
+    w.state.writer.close()
     client.close()

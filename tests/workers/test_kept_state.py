@@ -29,7 +29,7 @@ def test_a_worker_says_when_its_state_equals_what_redis_holds(redis_url, namespa
     assert state.why is None and state.queries == 2 and state.marker == r.get(keys.worker_batch(0))
     _batch(w, 0, ["o1", "o2", "o3", "o4"], [1000, 2000, 3000, 4000])
     state = w.kept_state()
-    assert state.why is None and state.marker == r.get(keys.worker_batch(0)) == f"{w.writer.session}:0"
+    assert state.why is None and state.marker == r.get(keys.worker_batch(0)) == f"{w.state.writer.session}:0"
     held = {o for qid in ("q1", "q2") for o, _ in w.result(qid)}
     assert held and set(w.holds_among(["o1", "o2", "o3", "o4", "nope"])) >= held
     assert "nope" not in w.holds_among(["nope"])
@@ -40,21 +40,21 @@ def test_a_worker_says_when_its_state_equals_what_redis_holds(redis_url, namespa
     _batch(w, 1, [], [], cutoff=1600)
     assert not len(w.expire(1600).ids)
     state = w.kept_state()
-    assert state.why is None and state.marker == r.get(keys.worker_batch(0)) == f"{w.writer.session}:1"
+    assert state.why is None and state.marker == r.get(keys.worker_batch(0)) == f"{w.state.writer.session}:1"
     queries, radius, counts, codes = w.kept_queries()
     assert list(queries.ids) == ["q1", "q2"] and codes == {"cafe": 5, "bar": 9}
     assert counts.tolist() == [min(len(w.result("q1")), 2), min(len(w.result("q2")), 1)] and radius.shape == (2,)
     # Kept: a new session, so that the next service's batch 0 is not taken for this one's.
-    before = w.writer.session
-    assert w.keep_for() == 2 and w.writer.session != before
+    before = w.state.writer.session
+    assert w.keep_for() == 2 and w.state.writer.session != before
     _batch(w, 0, ["o5"], [5000])
-    assert r.get(keys.worker_batch(0)) == f"{w.writer.session}:0"
+    assert r.get(keys.worker_batch(0)) == f"{w.state.writer.session}:0"
 
 
 def test_a_failed_write_means_the_state_is_not_redis(redis_url, namespace):
     w = KnnWorker(0, WorkerSettings(redis_url, namespace))
     w.load_queries(QueryColumns(["q1"], np.array([-71.0]), np.array([42.0]), [("cafe",)], np.array([1])), [[]], {},
                    vocabulary={"cafe": 0})
-    w.writer._failed = True  # (as ResultWriter.apply leaves it when Redis stayed away)
+    w.state.writer._failed = True  # (as ResultWriter.apply leaves it when Redis stayed away)
     assert w.kept_state().why == "a write failed after its last one"
     assert KnnWorker(1).kept_state().why == "it writes no results"

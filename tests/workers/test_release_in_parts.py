@@ -57,7 +57,7 @@ def test_parts_equal_one_write_per_batch_and_the_oracle(seed, batches, groups, i
         for i, qid in enumerate(q["id"]):
             want = [o for o, _ in oracle.knn(q["lon"][i], q["lat"][i], q["keywords"][i], int(q["k"][i]))]
             assert [o for o, _ in parts.result(qid)] == want == [o for o, _ in whole.result(qid)], (b, qid)
-        assert np.array_equal(parts.queries.radius, whole.queries.radius)
+        assert np.array_equal(parts.state.queries.radius, whole.state.queries.radius)
 
 
 def test_sjf_groups_cover_every_pair_cheapest_first():
@@ -104,7 +104,7 @@ def test_a_worker_lost_between_parts_is_rebuilt_from_redis_and_the_remaining_row
     a = KnnWorker(0, WorkerSettings(redis_url, namespace, index="rtree", release_groups=8))
     a.load_queries(cols, topk, info)
     calls = {"n": 0}
-    apply = a.writer.apply
+    apply = a.state.writer.apply
 
     def dies_on_third(tag, payload):
         calls["n"] += 1
@@ -112,7 +112,7 @@ def test_a_worker_lost_between_parts_is_rebuilt_from_redis_and_the_remaining_row
             raise _DiesAfter(tag)
         return apply(tag, payload)
 
-    monkeypatch.setattr(a.writer, "apply", dies_on_third)
+    monkeypatch.setattr(a.state.writer, "apply", dies_on_third)
     with pytest.raises(_DiesAfter):
         a.process_batch(5, *_args(stream))
     last, partial = applied_state(c, keys, 0)

@@ -8,7 +8,7 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import knnmon.workers.registration as registration
+import knnmon.workers.state as worker_state
 from knnmon.oracle import BruteForceKnn
 from knnmon.query import QueryColumns
 from knnmon.workers.worker import KnnWorker
@@ -36,7 +36,7 @@ def test_top_k_memory_is_the_sum_of_k_not_the_largest_k_times_the_queries():
     many = _queries(rng, [f"q{i}" for i in range(1000)], 1)
     w.load_queries(QueryColumns(many.ids, many.lon, many.lat, many.keywords, [1] * 1000), [[]] * 1000, {})
     w.register_queries(QueryColumns(["wide"], [0.0], [0.01], [["cafe"]], [1000]), [[]], {})
-    assert len(w.lists.d) == len(w.lists.h) == 1000 + 1000  # a padded layout would hold 1001 x 1000
+    assert len(w.state.lists.d) == len(w.state.lists.h) == 1000 + 1000  # a padded layout would hold 1001 x 1000
 
 
 @settings(max_examples=20, deadline=None)
@@ -44,8 +44,8 @@ def test_top_k_memory_is_the_sum_of_k_not_the_largest_k_times_the_queries():
        steps=st.lists(st.sampled_from(["batch", "register", "unregister", "handover"]), min_size=3, max_size=14))
 def test_released_and_compacted_state_stays_exact(seed, steps):
     rng = np.random.default_rng(seed)
-    original = registration.COMPACT_MIN
-    registration.COMPACT_MIN = 8  # compact often
+    original = worker_state.COMPACT_MIN
+    worker_state.COMPACT_MIN = 8  # compact often
     try:
         w = KnnWorker(0)
         seen = _objects(rng, 30, 0)
@@ -87,11 +87,11 @@ def test_released_and_compacted_state_stays_exact(seed, steps):
                 want = oracle.knn(lon, lat, kws, k)
                 assert [o for o, _ in w.result(name)] == [o for o, _ in want], (b, step, name)
             # What is held follows the live queries (compaction releases the rest).
-            assert len(w.lists.d) <= 2 * sum(k for *_, k in live.values()) + 8 * 6
-            assert len(w.queries) <= 2 * len(live) + 8 and sorted(w.queries.live_ids()) == sorted(live)
-            held = set(w.handles.names(w.lists.h[w.lists.h >= 0].tolist()))
-            assert len(w.handles) <= max(8, registration.HANDLES_SLACK * w.handles.live)
-            assert held <= set(w.handles.ids.tolist())
+            assert len(w.state.lists.d) <= 2 * sum(k for *_, k in live.values()) + 8 * 6
+            assert len(w.state.queries) <= 2 * len(live) + 8 and sorted(w.state.queries.live_ids()) == sorted(live)
+            held = set(w.state.handles.names(w.state.lists.h[w.state.lists.h >= 0].tolist()))
+            assert len(w.state.handles) <= max(8, worker_state.HANDLES_SLACK * w.state.handles.live)
+            assert held <= set(w.state.handles.ids.tolist())
         # The state equals a worker rebuilt from the exact results: same queries, same kNN radii.
         names = sorted(live)
         rebuilt = KnnWorker(2)
@@ -102,18 +102,18 @@ def test_released_and_compacted_state_stays_exact(seed, steps):
                                                                          ("rebuilt", rebuilt.regions()))}
         assert sorted(radii["w"]) == names and radii["w"] == radii["rebuilt"]
     finally:
-        registration.COMPACT_MIN = original
+        worker_state.COMPACT_MIN = original
 
 
 def test_handles_of_objects_that_left_every_result_are_released(monkeypatch):
-    monkeypatch.setattr(registration, "COMPACT_MIN", 8)
+    monkeypatch.setattr(worker_state, "COMPACT_MIN", 8)
     w = KnnWorker(0)
     w.load_queries(QueryColumns(["q"], [0.0], [0.0], [["cafe"]], [1]), [[]], {})
     for b in range(200):  # each object is nearer than the last: it replaces the result
         d = 1.0 / (b + 1)
         w.process_batch(b, [f"o{b}"], np.array([d]), np.array([0.0]), np.array([b]), [["cafe"]])
         assert [o for o, _ in w.result("q")] == [f"o{b}"]
-        assert len(w.handles) <= 8 + 1
+        assert len(w.state.handles) <= 8 + 1
 
 
 def test_a_keyword_without_a_coordinator_code_gets_a_code_no_given_keyword_has():
@@ -122,7 +122,7 @@ def test_a_keyword_without_a_coordinator_code_gets_a_code_no_given_keyword_has()
     w = KnnWorker(0)
     w.load_queries(QueryColumns(["a"], [0.0], [0.0], [["cafe"]], [1]), [[]], {}, vocabulary={"cafe": 7, "bar": 3})
     w.register_queries(QueryColumns(["b"], [0.0], [0.0], [["park", "bar"]], [1]), [[]], {})
-    assert w.vocabulary.codes == {"cafe": 7, "bar": 3, "park": 8}
+    assert w.state.vocabulary.codes == {"cafe": 7, "bar": 3, "park": 8}
     objects = _objects(np.random.default_rng(0), 40, 0)
     w.process_batch(1, objects.column("id").to_pylist(), objects.column("lon").to_numpy(),
                     objects.column("lat").to_numpy(), objects.column("t").to_numpy(),

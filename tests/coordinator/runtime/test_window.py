@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from knnmon.coordinator.runtime import routing_upkeep
-from knnmon.workers import registration
+from knnmon.workers import state as worker_state
 
 from knnmon.coordinator.runtime.config import RunConfig
 
@@ -52,7 +52,7 @@ def test_exact_after_every_batch_with_expiry_and_refill(windowed, executor, rese
         request.getfixturevalue("ray_instance")
     if reserve != 0:
         monkeypatch.setattr(routing_upkeep, "REBUILD_S", 0.0)
-    monkeypatch.setattr(registration, "COMPACT_MIN", 64)  # in-process workers compact their handles often
+    monkeypatch.setattr(worker_state, "COMPACT_MIN", 64)  # in-process workers compact their handles often
     objects_dir, queries, objects = windowed
     window = 1500 * SECOND
     config = RunConfig(workers=3, initial=3000, batch=250, batches=12, executor=executor, window=window,
@@ -77,8 +77,8 @@ def test_exact_after_every_batch_with_expiry_and_refill(windowed, executor, rese
                     below_k_then_full.add(qid)
         if executor == "inline":  # the expired objects' handles (and details) are compacted away
             for w in rt.pool.workers:
-                held = len(np.unique(w.lists.h[w.lists.h >= 0]))
-                assert w.handles.live and len(w.handles) <= 2 * held + 64, (len(w.handles), held)
+                held = len(np.unique(w.state.lists.h[w.state.lists.h >= 0]))
+                assert w.state.handles.live and len(w.state.handles) <= 2 * held + 64, (len(w.state.handles), held)
         assert len(rt.objects) == 1500  # the coordinator keeps the live objects only
         assert len(rt.dispatcher.seen) <= 1500 + 10_000 + 250  # ids forgotten as their objects expire
         rebuilds = rt.upkeep.rebuilds
@@ -142,7 +142,8 @@ def test_an_unregistered_querys_routing_entries_are_gone(windowed, redis_url, na
                      BruteForceKnn(live(objects, 3000 + 2 * 250, 1000 * SECOND)))
 
 
-@pytest.mark.parametrize("details_lost", [pytest.param(False, marks=pytest.mark.slow), True])  # (False: 9 s)
+@pytest.mark.slow  # 9 s each; the model-based test revives windowed workers from Redis (in process)
+@pytest.mark.parametrize("details_lost", [False, True])
 def test_a_windowed_ray_worker_lost_between_batches_is_revived_from_redis(windowed, ray_instance, redis_url,
                                                                          namespace, tmp_path, monkeypatch,
                                                                          details_lost):

@@ -24,7 +24,7 @@ from knnmon.keys import Keys
 from knnmon.oracle import BruteForceKnn
 from knnmon.protocol import GROUP
 from knnmon.store import StoreConfig
-from knnmon.workers.batch_update import BatchUpdate
+from knnmon.workers.worker import KnnWorker
 
 WINDOW_MS = 1_200_000  # 1,200 places at one a second
 
@@ -48,14 +48,14 @@ def _places(places_slice, n: int) -> list[dict]:
 def _crash_in_a_batch(monkeypatch, oid: str, worker: int) -> None:
     """The stream batch holding object ``oid`` is written by the workers before ``worker``, then
     the service dies."""
-    original = BatchUpdate.process_rows
+    original = KnnWorker.process_rows
 
     def process_rows(self, batch, rows=None, **kw):
         if self.worker_id == worker and oid in batch.table.column("id").to_pylist():
             raise _Crash()
         return original(self, batch, rows, **kw)
 
-    monkeypatch.setattr(BatchUpdate, "process_rows", process_rows)
+    monkeypatch.setattr(KnnWorker, "process_rows", process_rows)
 
 
 @pytest.mark.parametrize("window", [None, WINDOW_MS], ids=["append-only", "window"])
