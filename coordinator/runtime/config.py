@@ -10,7 +10,7 @@ from knnmon.errors import InvalidArgumentError
 from knnmon.limits import DEFAULT_LIMITS, Limits
 from knnmon.store import StoreConfig
 from knnmon.window import Window
-from knnmon.workers.settings import INDEX_NAMES, MAX_RELEASE_GROUPS
+from knnmon.workers.settings import WorkerSettings
 
 __all__ = ["ARRIVAL_EPOCH_MS", "DEFAULT_RESERVE", "EXECUTORS", "RunConfig"]
 
@@ -140,13 +140,8 @@ class RunConfig:
         if self.batches is not None and self.batches < 1:
             raise InvalidArgumentError(f"--batches must be >= 1; got {self.batches}")
         check_max_entries(self.routing_entries)
-        if self.index not in INDEX_NAMES:
-            raise InvalidArgumentError(f"Invalid index: {self.index!r}.\nValid options are: {INDEX_NAMES}")
-        if not 1 <= self.release_groups <= MAX_RELEASE_GROUPS:
-            raise InvalidArgumentError(f"--release-groups must be in 1..{MAX_RELEASE_GROUPS}; got {self.release_groups}")
-        if self.release_groups > 1 and self.overlap_writes:
-            raise InvalidArgumentError("--release-groups above 1 needs synchronous writes (--sync-writes): a part is "
-                                       "released when its write is in Redis")
+        # (the workers' own settings, checked where they are defined)
+        WorkerSettings(index=self.index, overlap_writes=self.overlap_writes, release_groups=self.release_groups)
         if self.executor not in EXECUTORS:
             raise InvalidArgumentError(f"Invalid executor: {self.executor!r}.\nValid options are: {EXECUTORS}")
         if self.window is not None:
