@@ -127,14 +127,6 @@ class KnnWorker:
         """:meth:`Registration.unregister_query`."""
         return self.registration.unregister_query(qid, version)
 
-    def compact(self) -> None:
-        """:meth:`Registration.compact`."""
-        self.registration.compact()
-
-    def rebuild_index(self) -> float:
-        """:meth:`WorkerState.rebuild_index`."""
-        return self.state.rebuild_index()
-
     # -- re-balancing (Handover) -----------------------------------------------------------------
     def query_loads(self) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
         """:meth:`Handover.query_loads`."""
