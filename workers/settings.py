@@ -9,7 +9,7 @@ from knnmon.errors import InvalidArgumentError
 
 __all__ = ["INDEX_NAMES", "MAX_RELEASE_GROUPS", "ORPHAN_S", "WorkerSettings"]
 
-#: The workers' query indexes (``--index``; the classes: :data:`knnmon.workers.worker.INDEXES`).
+#: The workers' query indexes (``--index``; the classes: :data:`knnmon.workers.state.INDEXES`).
 INDEX_NAMES = ("grid", "rtree", "keyword-lists")
 
 #: At most this many parts per batch (:class:`~knnmon.workers.worker.KnnWorker`'s

@@ -20,17 +20,15 @@ from knnmon.heap import resident_bytes
 from knnmon.query import QueryColumns
 from knnmon.reports import KeptReport, LoadResult, WorkerReport, WorkerStats, WriteFigures
 from knnmon.workers import grid_runs, kernels
-from knnmon.workers.batch_update import BatchUpdate, Merge
+from knnmon.workers.batch_update import BatchUpdate
 from knnmon.workers.handover import Handover
 from knnmon.workers.kept_state import KeptState
-from knnmon.workers.object_handles import NO_TIME
 from knnmon.workers.registration import Registration
-from knnmon.workers.release_parts import sjf_groups
-from knnmon.workers.settings import MAX_RELEASE_GROUPS, WorkerSettings
-from knnmon.workers.state import INDEXES, WorkerState
+from knnmon.workers.settings import WorkerSettings
+from knnmon.workers.state import WorkerState
 from knnmon.workers.window_lists import WindowLists
 
-__all__ = ["INDEXES", "MAX_RELEASE_GROUPS", "NO_TIME", "KnnWorker", "Merge", "sjf_groups"]
+__all__ = ["KnnWorker"]
 
 
 def _mb(n: int | None) -> float | None:

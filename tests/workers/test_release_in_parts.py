@@ -17,7 +17,8 @@ from knnmon.ingest.reading import read_objects
 from knnmon.keys import Keys
 from knnmon.oracle import BruteForceKnn
 from knnmon.query import Query, QueryColumns
-from knnmon.workers.worker import KnnWorker, sjf_groups
+from knnmon.workers.release_parts import sjf_groups
+from knnmon.workers.worker import KnnWorker
 from knnmon.workers.settings import WorkerSettings
 from tests.workers.test_worker_merge import WORDS, _objects
 
