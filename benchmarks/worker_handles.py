@@ -49,7 +49,8 @@ def one_run(a: argparse.Namespace, slack: float) -> dict:
             for i, batch in enumerate(rt.batches()):
                 rt.process(batch)
                 if i % 30 == 0:
-                    rows.append({"batch": i, "handles": len(w.state.handles), "kept_at_last_compaction": int(w.state.handles.live),
+                    handles = w.state.handles
+                    rows.append({"batch": i, "handles": len(handles), "kept_at_last_compaction": int(handles.live),
                                  "details_mb": round(w.state.details._texts.nbytes / 2**20, 1),
                                  "ids_mb": round(w.state.handles.ids.nbytes / 2**20, 1),
                                  "rss_mb": round(resident_bytes() / 2**20)})

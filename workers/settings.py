@@ -78,7 +78,8 @@ class WorkerSettings:
         if self.reserve < 0:
             raise InvalidArgumentError(f"the reserve must be >= 0; got {self.reserve}")
         if not 1 <= self.release_groups <= MAX_RELEASE_GROUPS:
-            raise InvalidArgumentError(f"--release-groups must be in 1..{MAX_RELEASE_GROUPS}; got {self.release_groups}")
+            raise InvalidArgumentError(f"--release-groups must be in 1..{MAX_RELEASE_GROUPS}; "
+                                       f"got {self.release_groups}")
         if self.release_groups > 1 and self.overlap_writes:
             raise InvalidArgumentError("--release-groups above 1 needs synchronous writes (--sync-writes): a part is "
                                        "released when its write is in Redis")
