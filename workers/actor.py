@@ -77,9 +77,9 @@ class WorkerHost(KnnWorker):
         :meth:`~knnmon.workers.kept_state.KeptState.kept_state`, whose ``why`` also says if it
         was another worker or made with other settings. Waits for its queued writes."""
         state = self.kept_state()
-        if state.why is None and worker_id is not None and self.worker_id != worker_id:
-            return replace(state, why=f"it was worker {self.worker_id}")
-        if state.why is None and self.settings != settings:
+        if state.why is None and worker_id is not None and self.state.worker_id != worker_id:
+            return replace(state, why=f"it was worker {self.state.worker_id}")
+        if state.why is None and self.state.settings != settings:
             return replace(state, why="it was made with other settings")
         return state
 

@@ -251,7 +251,7 @@ class BatchUpdate:
         if self.state.settings.track_load:
             self.state.load.charge(obj, slot, changed)
         changes, written = None, changed
-        if self.window.before is not None or (m is not None and self.state.reserve):
+        if self.window.before is not None or (m is not None and self.state.settings.reserve):
             changes, written = self.window.changes(batch, m)
         elif len(changed) and self.state.writer is not None:
             changes = self.state.batch_changes(m.changed, m.e_slot, m.e_h, m.e_d, m.l_slot, m.l_h, batch.texts)

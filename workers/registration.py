@@ -91,7 +91,7 @@ class Registration:
         """
         n = len(queries.ids)
         k = np.asarray(queries.k, dtype=np.int64).reshape(n)
-        cap = k + self.state.reserve
+        cap = k + self.state.settings.reserve
         start = np.cumsum(cap) - cap  # each new query's first place, relative
         top_d, top_h = np.full(int(cap.sum()), np.inf), np.full(int(cap.sum()), -1, dtype=np.int64)
         slots = self.state.queries.append(queries.ids, queries.lon, queries.lat, queries.keywords,

@@ -69,7 +69,7 @@ class WorkerState:
     def __init__(self, worker_id: int, settings: WorkerSettings) -> None:
         if settings.redis_wait_s is not None:
             set_retry_window(settings.redis_wait_s)
-        self.worker_id, self.settings, self.reserve = worker_id, settings, settings.reserve
+        self.worker_id, self.settings = worker_id, settings
         self.writer = ResultWriter(settings.redis_url, settings.namespace, worker_id) if settings.redis_url else None
         self.queue = WriteQueue(self.writer) if self.writer is not None and settings.overlap_writes else None
         self.holders = self.writer.holders() if self.writer is not None else None  # of the written results

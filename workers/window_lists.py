@@ -103,7 +103,7 @@ class WindowLists:
         pos = np.arange(len(s_keep)) - np.searchsorted(s_keep, s_keep, side="left")
         L.d[L.ptr[s_keep] + pos], L.h[L.ptr[s_keep] + pos] = d_keep, h_keep
         L.count[slots] = np.bincount(np.searchsorted(slots, s_keep), minlength=len(slots))
-        if self.state.reserve and len(in_res):  # ties now straddling the k-th place decide by id
+        if self.state.settings.reserve and len(in_res):  # ties now straddling the k-th place decide by id
             kk = q.k[in_res]
             over = np.flatnonzero(L.count[in_res] > kk)
             at = L.ptr[in_res[over]] + kk[over]

@@ -70,7 +70,6 @@ class KnnWorker:
     """
 
     def __init__(self, worker_id: int, settings: WorkerSettings = WorkerSettings()) -> None:
-        self.worker_id, self.settings = worker_id, settings
         self.state = WorkerState(worker_id, settings)
         self.window = WindowLists(self.state)
         self.registration = Registration(self.state, self.window)
@@ -206,7 +205,7 @@ class KnnWorker:
         except ImportError:  # pragma: no cover - ray is a dependency
             pass
         st = self.state
-        return WorkerStats(worker=self.worker_id, node=node, pid=os.getpid(), queries=int(st.queries.alive.sum()),
+        return WorkerStats(worker=st.worker_id, node=node, pid=os.getpid(), queries=int(st.queries.alive.sum()),
                            expired=self.window.expired, refilled=self.window.refills, index_entries=st.index.entries,
                            refreshed=st.refreshed, keywords=len(st.vocabulary),
                            peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
