@@ -56,7 +56,7 @@ def test_an_entry_failing_at_any_stage_is_rejected_and_the_rest_is_applied(place
     _fail_when(monkeypatch, Registrar, "place", lambda self, lon, lat: lon == 12.345)
     _fail_when(monkeypatch, KnnWorker, "process_rows", lambda self, batch, rows=None, **kw:
                "poison-worker" in batch.table.column("id").take(
-                   pa.array(batch.rows_of(self.worker_id) if rows is None else rows)).to_pylist())
+                   pa.array(batch.rows_of(self.state.worker_id) if rows is None else rows)).to_pylist())
     _fail_when(monkeypatch, ResultWriter, "write_batch",
                lambda self, tag, changes: redis.ResponseError("ERR injected") if "poison-write" in changes.entered
                else None)

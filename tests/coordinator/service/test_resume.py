@@ -51,7 +51,7 @@ def _crash_in_a_batch(monkeypatch, oid: str, worker: int) -> None:
     original = KnnWorker.process_rows
 
     def process_rows(self, batch, rows=None, **kw):
-        if self.worker_id == worker and oid in batch.table.column("id").to_pylist():
+        if self.state.worker_id == worker and oid in batch.table.column("id").to_pylist():
             raise _Crash()
         return original(self, batch, rows, **kw)
 
