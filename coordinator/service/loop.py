@@ -144,6 +144,7 @@ class Service(Lifecycle):
         if ids is None or ids == self._server_ids:
             return
         if self._kept_every_write():
+            self.counters["redis_outages"] += 1
             log.warning("Redis restarted meanwhile (the retries waited for it) and kept every write: nothing rebuilt")
         else:
             self._restart()
@@ -173,26 +174,33 @@ class Service(Lifecycle):
 
     def _kept_every_write(self) -> bool:
         """Whether Redis, back after an outage or a restart, kept every write
-        (:func:`~knnmon.coordinator.service.outage.kept_every_write`); if it did, it is counted
-        as an outage ridden out and its server is the one watched from now on."""
+        (:func:`~knnmon.coordinator.service.outage.kept_every_write`); if it did, its server is
+        the one watched from now on."""
         why = kept_every_write(self.client, self.keys, self._server_ids, self.reader.last_ids,
                                self.runtime.last_writes)
         if why is not None:
             log.warning("Redis is back without some writes (%s): rebuilding from it", why)
             return False
         self._server_ids = server_ids(self.client)
-        self.counters["redis_outages"] += 1
         return True
 
     def _rode_out(self, ex: Exception) -> bool:
-        """:meth:`_ride_out`; ``False`` if Redis went away again meanwhile (then rebuilt)."""
-        try:
-            return self._ride_out(ex)
-        except Exception as again:  # noqa: BLE001 - Redis or a worker gone again: rebuilt by the caller
-            if not is_infrastructure(again):
-                raise
-            log.warning("riding out the Redis outage failed (%s: %s)", type(again).__name__, again)
-            return False
+        """:meth:`_ride_out`, again if Redis goes away again meanwhile while no application is
+        half done; ``False`` if the state must be rebuilt from Redis (by the caller). Counted
+        in ``redis_outages`` once ridden out."""
+        while True:
+            try:
+                if not self._ride_out(ex):
+                    return False
+                self.counters["redis_outages"] += 1
+                return True
+            except Exception as again:  # noqa: BLE001 - Redis or a worker gone again
+                if not is_infrastructure(again):
+                    raise
+                log.warning("riding out the Redis outage failed (%s: %s)", type(again).__name__, again)
+                if caused_by(again, WorkerLostError) or self._applying or self.stopping:
+                    return False  # (a worker lost, or a batch half applied: rebuilt)
+                ex = again
 
     def _ride_out(self, ex: Exception) -> bool:
         """Redis stopped answering between two applications: wait for it; ``True`` if it kept
