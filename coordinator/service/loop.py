@@ -185,10 +185,10 @@ class Service(Lifecycle):
         return True
 
     def _rode_out(self, ex: Exception) -> bool:
-        """:meth:`_ride_out`, again if Redis goes away again meanwhile while no application is
-        half done; ``False`` if the state must be rebuilt from Redis (by the caller). Counted
-        in ``redis_outages`` once ridden out."""
-        while True:
+        """:meth:`_ride_out`, again (up to 10 times) if Redis goes away again meanwhile while no
+        application is half done; ``False`` if the state must be rebuilt from Redis (by the
+        caller). Counted in ``redis_outages`` once ridden out."""
+        for _ in range(10):
             try:
                 if not self._ride_out(ex):
                     return False
@@ -201,6 +201,7 @@ class Service(Lifecycle):
                 if caused_by(again, WorkerLostError) or self._applying or self.stopping:
                     return False  # (a worker lost, or a batch half applied: rebuilt)
                 ex = again
+        return False
 
     def _ride_out(self, ex: Exception) -> bool:
         """Redis stopped answering between two applications: wait for it; ``True`` if it kept
