@@ -18,11 +18,10 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
 
 import numpy as np
 
-from knnmon.coordinator.runtime.rebalance_config import RebalanceConfig
+from knnmon.coordinator.runtime.rebalance_config import RebalanceConfig, Replan, ReplanMove
 from knnmon.coordinator.rebalance.handover_flight import MovesInFlight, send_moves
 from knnmon.coordinator.rebalance.migration import Release, migrate
 from knnmon.coordinator.rebalance.monitor import LoadMonitor, SmoothedMonitor
@@ -55,18 +54,12 @@ class Rebalancer:
 
     Attributes
     ----------
-    replans : list of dict
-        Every re-plan: ``batch`` (made after), ``asked_after_batch`` (its loads asked for
-        after), ``trigger`` (slowest / mean busy then), ``busy_ms``, ``predicted_ms``,
-        ``predicted_gain``, ``queries_moved``, ``moves``, ``seconds`` (the stall: how long the
-        dispatch waited at the boundary of the move), ``loads_seconds`` (waiting for the loads:
-        at the boundary with inline workers, in the planning thread with Ray actors),
-        ``plan_seconds`` (planning, likewise), ``move_seconds`` and ``move_phases_ms`` (the
-        migration's part of the stall; with a hand-over in flight, :mod:`~.handover_flight`, the
-        sending only, then at its landing ``land_seconds``, the stall there, and the phases:
-        send, flight, the workers' export and adopt, land), ``entries_narrowed`` (with Ray actors: at a later
-        boundary, once the sources released; ``None`` until then) and, later,
-        ``realized_gain``.
+    replans : list of Replan
+        Every re-plan (:class:`~knnmon.coordinator.runtime.rebalance_config.Replan`). Its
+        ``seconds`` is the stall: how long the dispatch waited at the boundary of the move; the
+        loads are waited for and the plan made at the boundary with inline workers, in the
+        planning thread with Ray actors; with a hand-over in flight (:mod:`~.handover_flight`)
+        ``move_seconds`` is the sending only, ``land_seconds`` the stall at its landing.
     queries_moved : int
         In all re-plans so far.
     """
@@ -91,7 +84,7 @@ class Rebalancer:
         # exceed this before the workers are asked for their loads again: what the last re-plan
         # that moved nothing would have cost, or the imbalance it could not move (0 after a move).
         self._floor_ms = 0.0
-        self.replans: list[dict[str, Any]] = []
+        self.replans: list[Replan] = []
         self.queries_moved = 0
         self.records = ReplanRecords(redis_url, namespace)
         self._recent: deque[list[str]] = deque(maxlen=max(self.config.cooldown, 1))  # moved lately
@@ -103,11 +96,11 @@ class Rebalancer:
         self._planning: tuple[int, float, np.ndarray, Future] | None = None
         self._executor: ThreadPoolExecutor | None = None
         # The last move's release, not yet answered (Ray actors): (its record, the Release).
-        self._releasing: tuple[dict[str, Any], Release] | None = None
+        self._releasing: tuple[Replan, Release] | None = None
         # A move in flight, not landed (Ray actors with batches in flight): (its record, the moves).
-        self._flight: tuple[dict[str, Any], MovesInFlight] | None = None
+        self._flight: tuple[Replan, MovesInFlight] | None = None
 
-    def after_batch(self, batch: int, busy_ms, *, idle: bool = False, wait_moves: bool = True) -> dict[str, Any] | None:
+    def after_batch(self, batch: int, busy_ms, *, idle: bool = False, wait_moves: bool = True) -> Replan | None:
         """Observe batch ``batch``'s per-worker busy times ``(W,)`` ms; when a re-plan is due,
         ask the workers for their queries' loads and plan (:meth:`_ask`), and move once the plan
         is made (at this boundary with inline workers, at a later one with Ray actors: the
@@ -162,7 +155,7 @@ class Rebalancer:
         record (``entries_narrowed``, in Redis too if it is still the newest)."""
         record, release = self._releasing
         self._releasing = None
-        record["entries_narrowed"] = release.finish(self.pool, self.registrar)
+        record.entries_narrowed = release.finish(self.pool, self.registrar)
         self.records.store(record, update=True)
 
     def _land(self) -> None:
@@ -172,8 +165,9 @@ class Rebalancer:
         record, flight = self._flight
         self._flight = None
         done = flight.land(self.pool, self.registrar)
-        self.queries_moved += done.queries - record["queries_moved"]
-        record.update(queries_moved=done.queries, land_seconds=round(done.seconds, 4), move_phases_ms=done.phases_ms)
+        self.queries_moved += done.queries - record.queries_moved
+        record.queries_moved, record.land_seconds = done.queries, round(done.seconds, 4)
+        record.move_phases_ms = done.phases_ms
         phases = done.phases_ms
         self._note_cost(done.queries, phases["send"] + phases["land"] + phases["export"] + phases["adopt"])
         self._releasing = (record, done.release)
@@ -259,7 +253,7 @@ class Rebalancer:
                           frozen=frozen, strategy=c.strategy)
         return plan, budget, time.perf_counter() - t0
 
-    def _carry_out(self, batch: int, idle: bool, wait_moves: bool = True) -> dict[str, Any] | None:
+    def _carry_out(self, batch: int, idle: bool, wait_moves: bool = True) -> Replan | None:
         """Move as planned; the record, or ``None`` when the smoothed trigger finds no move, or
         the moves' predicted gain over ``horizon`` batches no larger than their cost (nothing
         moves, nothing is recorded), or nothing was planned: a worker was lost while it reported
@@ -304,18 +298,16 @@ class Rebalancer:
             self._note_cost(moved, 1e3 * move_s)
         if moved:
             self._floor_ms = 0.0
-        record = {"replan": number, "batch": batch, "asked_after_batch": asked_at, "trigger": round(trigger, 4),
-                  "busy_ms": [round(float(x), 3) for x in plan.busy_ms],
-                  "measured_busy_ms": [round(float(x), 3) for x in measured],
-                  "predicted_ms": [round(float(x), 3) for x in plan.predicted_ms],
-                  "predicted_gain": round(plan.predicted_gain, 4), "queries_moved": moved, "budget": budget,
-                  "moves": [{"source": m.source, "target": m.target, "queries": len(m.qids),
-                             "predicted_ms": round(m.predicted_ms, 3), "unit": m.unit[:200]} for m in plan.moves],
-                  "seconds": round(seconds, 4), "loads_seconds": round(loads_s, 4),
-                  "plan_seconds": round(plan_s, 4), "move_seconds": round(move_s, 4), "move_phases_ms": phases,
-                  "entries_narrowed": narrowed,
-                  "predicted_gain_ms": round(gain_ms, 3),
-                  "predicted_cost_ms": round(cost_ms, 3)}
+        record = Replan(
+            replan=number, batch=batch, asked_after_batch=asked_at, trigger=round(trigger, 4),
+            busy_ms=[round(float(x), 3) for x in plan.busy_ms], measured_busy_ms=[round(float(x), 3) for x in measured],
+            predicted_ms=[round(float(x), 3) for x in plan.predicted_ms], predicted_gain=round(plan.predicted_gain, 4),
+            queries_moved=moved, budget=budget,
+            moves=[ReplanMove(m.source, m.target, len(m.qids), round(m.predicted_ms, 3), m.unit[:200])
+                   for m in plan.moves],
+            seconds=round(seconds, 4), loads_seconds=round(loads_s, 4), plan_seconds=round(plan_s, 4),
+            move_seconds=round(move_s, 4), move_phases_ms=phases, entries_narrowed=narrowed,
+            predicted_gain_ms=round(gain_ms, 3), predicted_cost_ms=round(cost_ms, 3))
         self.replans.append(record)
         if flight is not None and moved:
             self._flight = (record, flight)
@@ -323,5 +315,5 @@ class Rebalancer:
             self._releasing = (record, done.release)
         self.records.add(record, bool(moved))
         log.info("re-plan %d after batch %d: slowest/mean busy %.2f, %d queries moved, predicted gain %.1f %%, "
-                 "%.2f s", number, batch, trigger, moved, 100 * plan.predicted_gain, record["seconds"])
+                 "%.2f s", number, batch, trigger, moved, 100 * plan.predicted_gain, record.seconds)
         return record

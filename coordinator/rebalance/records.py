@@ -6,11 +6,12 @@ the **realised gain**: how much the slowest worker's busy time per batch fell, a
 from __future__ import annotations
 
 import json
-from typing import Any
+from dataclasses import asdict
 
 import numpy as np
 
 from knnmon.connection import connect, with_retries
+from knnmon.coordinator.runtime.rebalance_config import Replan
 from knnmon.keys import REPLANS_KEPT, Keys
 
 __all__ = ["REALIZED_AFTER", "ReplanRecords"]
@@ -31,14 +32,14 @@ class ReplanRecords:
     def __init__(self, redis_url: str | None, namespace: str = "knn") -> None:
         self.redis_url, self.keys = redis_url, Keys(namespace)
         self.numbered = self._last_number()  # a resumed service's re-plans continue the count
-        self._judged: tuple[dict[str, Any], list[np.ndarray]] | None = None  # a move's realised gain, pending
+        self._judged: tuple[Replan, list[np.ndarray]] | None = None  # a move's realised gain, pending
 
     def next_number(self) -> int:
         """The number of the next re-plan (1, 2, ... continuing a resumed service's)."""
         self.numbered += 1
         return self.numbered
 
-    def add(self, record: dict[str, Any], moved: bool) -> None:
+    def add(self, record: Replan, moved: bool) -> None:
         """A new re-plan's record: the one before is judged over the batches since it, this
         one (``moved``: it moved queries) from now on; pushed onto ``knn:replans``."""
         self._judge()
@@ -63,9 +64,9 @@ class ReplanRecords:
             return
         record, after = self._judged
         self._judged = None
-        top = max(record.get("measured_busy_ms", record["busy_ms"]))
-        record["realized_gain"] = round((top - float(np.mean(after, axis=0).max())) / top, 4) if top > 0 else 0.0
-        record["realized_after_batches"] = len(after)
+        top = max(record.measured_busy_ms)
+        record.realized_gain = round((top - float(np.mean(after, axis=0).max())) / top, 4) if top > 0 else 0.0
+        record.realized_after_batches = len(after)
         self.store(record, update=True)
 
     def _last_number(self) -> int:
@@ -82,7 +83,7 @@ class ReplanRecords:
         finally:
             client.close()
 
-    def store(self, record: dict[str, Any], update: bool = False) -> None:
+    def store(self, record: Replan, update: bool = False) -> None:
         """Push ``record`` onto ``knn:replans``; ``update``: replace it there instead, if it is
         still the newest."""
         if self.redis_url is None:
@@ -92,10 +93,10 @@ class ReplanRecords:
             def write():
                 if update:
                     head = client.lindex(self.keys.replans, 0)
-                    if head and json.loads(head).get("replan") == record["replan"]:
-                        client.lset(self.keys.replans, 0, json.dumps(record))
+                    if head and json.loads(head).get("replan") == record.replan:
+                        client.lset(self.keys.replans, 0, json.dumps(asdict(record)))
                     return
-                client.lpush(self.keys.replans, json.dumps(record))
+                client.lpush(self.keys.replans, json.dumps(asdict(record)))
                 client.ltrim(self.keys.replans, 0, REPLANS_KEPT - 1)
             with_retries(write, "recording a re-plan", self.redis_url)
         finally:

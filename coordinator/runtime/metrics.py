@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from knnmon.connection import redact
+from knnmon.coordinator.runtime.rebalance_config import Replan
 from knnmon.reports import WorkerReport, WorkerStats
 
 __all__ = ["BatchReport", "RunSummary", "summarize_run"]
@@ -176,7 +177,7 @@ class RunSummary:
     refill_ms_mean: float = 0.0
     refill_ms_per_result: float | None = None
     rebalance: bool = False
-    replans: list[dict[str, Any]] = field(default_factory=list)
+    replans: list[Replan] = field(default_factory=list)
     queries_moved: int = 0
     slowest_over_mean_busy: float | None = None
 
@@ -188,7 +189,7 @@ class RunSummary:
 def summarize_run(rows: Sequence[BatchReport], wall_s: float, *, config: Any, queries: int, initial_objects: int,
                   predicted_worker_loads: list[float], startup_s: dict[str, float], results_store: str,
                   workers_revived: int = 0, workers_stats: list[WorkerStats] | None = None,
-                  replans: list[dict[str, Any]] | None = None) -> RunSummary:
+                  replans: list[Replan] | None = None) -> RunSummary:
     """The :class:`RunSummary` of a run's batches (``config``: its
     :class:`~knnmon.coordinator.runtime.config.RunConfig`)."""
     one = np.zeros(1)
@@ -225,5 +226,5 @@ def summarize_run(rows: Sequence[BatchReport], wall_s: float, *, config: Any, qu
         refill_ms_per_result=(sum(r.refill_ms for r in rows) / sum(r.refilled for r in rows)
                               if sum(r.refilled for r in rows) else None),
         rebalance=getattr(config, "rebalance", None) is not None, replans=list(replans or []),
-        queries_moved=sum(r["queries_moved"] for r in replans or []),
+        queries_moved=sum(r.queries_moved for r in replans or []),
         slowest_over_mean_busy=float(busy.max() / busy.mean()) if len(busy) and busy.mean() > 0 else None)

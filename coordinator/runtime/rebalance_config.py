@@ -1,12 +1,12 @@
-"""Re-balancing's settings (``--rebalance`` and its knobs)."""
+"""Re-balancing's settings (``--rebalance`` and its knobs), and the record each re-plan leaves."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from knnmon.errors import InvalidArgumentError
 
-__all__ = ["RebalanceConfig", "STRATEGIES", "TRIGGERS"]
+__all__ = ["RebalanceConfig", "Replan", "ReplanMove", "STRATEGIES", "TRIGGERS"]
 
 #: How a re-plan picks what moves (:func:`knnmon.coordinator.rebalance.planner.plan_moves`).
 STRATEGIES = ("sets", "spread")
@@ -94,3 +94,57 @@ class RebalanceConfig:
             raise InvalidArgumentError(f"the re-balancing cooldown must be >= 0; got {self.cooldown}")
         if not 0.0 <= self.min_gain < 1.0:
             raise InvalidArgumentError(f"the re-balancing min_gain must be in [0, 1); got {self.min_gain}")
+
+
+@dataclass(frozen=True)
+class ReplanMove:
+    """One move of a re-plan: ``queries`` queries of ``unit`` (a query set's keywords and grid
+    cells, cut to 200 characters) from worker ``source`` to ``target``, predicted to cost the
+    target ``predicted_ms`` per batch."""
+
+    source: int
+    target: int
+    queries: int
+    predicted_ms: float
+    unit: str
+
+
+@dataclass
+class Replan:
+    """What one re-plan did (:mod:`~knnmon.coordinator.rebalance.rebalancer`), kept in
+    ``Rebalancer.replans`` and, as JSON (:func:`dataclasses.asdict`), in ``knn:replans``.
+
+    Numbered ``replan`` from 1; planned at ``batch`` from the loads asked for after
+    ``asked_after_batch``, when the slowest / mean busy time was ``trigger``. Per worker ``(W,)``
+    ms per batch: the smoothed busy times the plan started from (``busy_ms``), as measured
+    (``measured_busy_ms``), as predicted after the moves (``predicted_ms``). ``predicted_gain``:
+    the slowest worker's predicted fall as a share; ``predicted_gain_ms`` and
+    ``predicted_cost_ms`` over the horizon. ``queries_moved`` of at most ``budget``; seconds
+    in all, asking for the loads, planning and moving, the move's phases in ms, and the routing
+    entries its release narrowed (``None`` until answered). Filled in later: ``land_seconds``
+    (a move that went on beside batches: the stall when it landed), ``realized_gain`` over
+    ``realized_after_batches`` batches (:class:`~knnmon.coordinator.rebalance.records.ReplanRecords`).
+    """
+
+    replan: int
+    batch: int
+    asked_after_batch: int
+    trigger: float
+    busy_ms: list[float]
+    measured_busy_ms: list[float]
+    predicted_ms: list[float]
+    predicted_gain: float
+    queries_moved: int
+    budget: int
+    moves: list[ReplanMove] = field(default_factory=list)
+    seconds: float = 0.0
+    loads_seconds: float = 0.0
+    plan_seconds: float = 0.0
+    move_seconds: float = 0.0
+    move_phases_ms: dict[str, float] = field(default_factory=dict)
+    entries_narrowed: int | None = None
+    predicted_gain_ms: float = 0.0
+    predicted_cost_ms: float = 0.0
+    land_seconds: float | None = None
+    realized_gain: float | None = None
+    realized_after_batches: int | None = None

@@ -34,6 +34,7 @@ from knnmon.coordinator.runtime.metrics import BatchReport, RunSummary, summariz
 from knnmon.coordinator.runtime.object_store import ObjectStore
 from knnmon.coordinator.runtime.plan_record import record_plan
 from knnmon.coordinator.runtime.preparation import Prepared, prepare
+from knnmon.coordinator.runtime.rebalance_config import Replan
 from knnmon.coordinator.runtime.registration import Registrar
 from knnmon.coordinator.runtime.revivals import MAX_REVIVALS, Revivals
 from knnmon.coordinator.runtime.routing_upkeep import RoutingUpkeep
@@ -56,7 +57,7 @@ class Rebalancing(Protocol):
     :class:`Runtime` is given once its workers and registrar are up."""
 
     #: Each re-plan's record, and the queries moved so far.
-    replans: list[dict[str, Any]]
+    replans: list[Replan]
     queries_moved: int
     #: The stream's recent grid counts (the predictive trigger's), or ``None``: not counted.
     recent: object | None

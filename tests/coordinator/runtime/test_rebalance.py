@@ -104,18 +104,18 @@ def test_drift_moves_queries_exact_after_every_batch(drifting, redis_url, namesp
             sorted(queries.column("id").to_pylist())  # every query on exactly one worker
     assert replans and rt.rebalancer.queries_moved > 0
     assert moved > 0
-    assert all(x["queries_moved"] <= int(EAGER.budget * len(queries)) for x in replans)
+    assert all(x.queries_moved <= int(EAGER.budget * len(queries)) for x in replans)
     # every re-plan that moved is judged (its realised gain) at the next re-plan or 10 batches
     # later: all but the last surely, the first here too (16 batches, the first move by batch 3)
-    moving = [x for x in replans if x["queries_moved"]]
-    judged = [x for x in moving if "realized_gain" in x]
-    assert moving[0]["batch"] > 4 or moving[0] in judged
+    moving = [x for x in replans if x.queries_moved]
+    judged = [x for x in moving if x.realized_gain is not None]
+    assert moving[0].batch > 4 or moving[0] in judged
     assert all(x in judged for x in moving[:-1])
-    assert all(isinstance(x["realized_gain"], float) and x["realized_after_batches"] >= 1 for x in judged)
+    assert all(isinstance(x.realized_gain, float) and x.realized_after_batches >= 1 for x in judged)
     r = connect(redis_url)
     stored = {x["replan"]: x for x in map(json.loads, r.lrange(Keys(namespace).replans, 0, -1))}
     r.close()
-    assert all(stored[x["replan"]].get("realized_gain") == x["realized_gain"] for x in judged)
+    assert all(stored[x.replan].get("realized_gain") == x.realized_gain for x in judged)
 
 
 def test_moves_in_flight_on_ray_exact_after_every_batch(drifting, ray_instance, redis_url, namespace, tmp_path):
@@ -140,13 +140,13 @@ def test_moves_in_flight_on_ray_exact_after_every_batch(drifting, ray_instance, 
             rt.rebalance(report, idle=False, wait_moves=False)
         rt.pool.gather([rt.pool.stats(w) for w in range(3)])  # the last hand-over done
         rt.rebalance(report, idle=False, wait_moves=False)
-        moving = [x for x in rt.rebalancer.replans if x["queries_moved"]]
+        moving = [x for x in rt.rebalancer.replans if x.queries_moved]
         assert moving and forwarded >= 1 and not routing.forwards
-        assert all("land_seconds" in x and x["move_phases_ms"]["adopt"] > 0 for x in moving)
+        assert all(x.land_seconds is not None and x.move_phases_ms["adopt"] > 0 for x in moving)
         # the sources' release answered at a later boundary: the routing table narrowed then
-        assert all(x["entries_narrowed"] is not None for x in moving[:-1]) and any(x["entries_narrowed"] for x in moving)
-        assert all(x["batch"] > x["asked_after_batch"] for x in rt.rebalancer.replans)  # planned while batches went on
-        assert rt.rebalancer.queries_moved == sum(x["queries_moved"] for x in rt.rebalancer.replans)
+        assert all(x.entries_narrowed is not None for x in moving[:-1]) and any(x.entries_narrowed for x in moving)
+        assert all(x.batch > x.asked_after_batch for x in rt.rebalancer.replans)  # planned while batches went on
+        assert rt.rebalancer.queries_moved == sum(x.queries_moved for x in rt.rebalancer.replans)
         assert_exact(redis_url, namespace, queries, BruteForceKnn(seen))
         _moved_fields_agree(redis_url, namespace, rt)
         assert sum(rt.registrar.worker_queries) == len(queries)
