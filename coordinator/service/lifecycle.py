@@ -190,11 +190,11 @@ class Lifecycle:
         # The workers' processes start (imports, compiled kernels) while this one reads Redis.
         t_pool = time.perf_counter()
         pool = make_pool(run_config, self.redis_url, detach=True)  # (takes its predecessor's actors)
-        runtime = Runtime(None, None, run_config, resume=True, pool=pool, rebalancer=Rebalancer)
         pool_s = time.perf_counter() - t_pool
         # The initial kNN forks helper processes, which is unsafe once Ray's threads run here:
         # then it searches in this process only.
         processes = 1 if ray_running() else self.config.run.processes
+        runtime: Runtime | None = None
         try:
             with bulk_build():  # millions of long-lived objects: no collector passes over them (heap.bulk_build)
                 r = recover(self.client, self.redis_url, self.config.run.store.namespace, self._preload,
@@ -202,13 +202,14 @@ class Lifecycle:
                             window=self.config.run.window, reserve=run_config.places_reserved,
                             allowed_lateness=self.config.run.allowed_lateness, settings=settings, pool=pool)
                 t_start = time.perf_counter()
-                runtime.prepared, runtime.stored = r.prepared, r.stored
+                runtime = Runtime(None, None, run_config, r.prepared, resume=True, pool=pool, stored=r.stored,
+                                  rebalancer=Rebalancer)
                 self.runtime = runtime.start()
                 self.counters["objects_entries_read"] = r.objects_entries_read  # (the objects read meanwhile)
                 self.counters["queries_entries_read"] = r.queries_entries_read
                 return r, pool_s, time.perf_counter() - t_start
         except BaseException:
-            runtime.close()
+            (runtime or pool).close()  # (the runtime owns the pool once made)
             raise
 
     def _take_worker_list(self) -> None:
