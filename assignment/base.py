@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -114,11 +113,6 @@ class Assigner(ABC):
         InvalidArgumentError
             If ``workers < 1``.
         """
-
-    @classmethod
-    def _unit_test_params(cls) -> Iterator[dict[str, Any]]:
-        """Parameter sets the conformance test runs this algorithm with."""
-        yield {}
 
     @staticmethod
     def check_workers(workers: int) -> None:

@@ -30,8 +30,6 @@ Keeping a set together saves deliveries. Both are available so that both can be 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterator
-from typing import Any
 
 import numpy as np
 
@@ -74,12 +72,6 @@ class ProposedAssigner(Assigner):
         if handout not in ("set", "query"):
             raise InvalidArgumentError(f"Invalid handout: {handout!r}.\nValid options are: ('set', 'query')")
         self.beta, self.sets_per_worker, self.delivery_cost, self.handout = beta, sets_per_worker, delivery_cost, handout
-
-    @classmethod
-    def _unit_test_params(cls) -> Iterator[dict[str, Any]]:
-        yield {}
-        yield {"beta": 50, "sets_per_worker": 4}
-        yield {"handout": "query"}
 
     # -- Algorithm 1 -------------------------------------------------------------------------
     def _space(self, wl: Workload, s: QuerySet) -> list[QuerySet]:

@@ -5,8 +5,6 @@ Each query goes to a worker drawn uniformly at random (numpy ``default_rng(seed)
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
 
 import numpy as np
 
@@ -24,11 +22,6 @@ class RandomAssigner(Assigner):
 
     def __init__(self, seed: int = 0) -> None:
         self.seed = seed
-
-    @classmethod
-    def _unit_test_params(cls) -> Iterator[dict[str, Any]]:
-        yield {"seed": 0}
-        yield {"seed": 1}
 
     def assign(self, workload: Workload, model: LoadModel, workers: int) -> Plan:
         self.check_workers(workers)

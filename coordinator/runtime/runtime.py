@@ -22,7 +22,7 @@ import contextlib
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
