@@ -5,10 +5,8 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Sequence
-from typing import Any
-
 from knnmon.errors import InvalidArgumentError
-from knnmon.ingest.output import write_outputs
+from knnmon.ingest.output import Inputs, Manifest, write_outputs
 from knnmon.ingest.places import place_candidates
 from knnmon.ingest.records import validate
 from knnmon.ingest.sources import check_input_paths
@@ -35,7 +33,7 @@ def _check_grid(grid_n: int) -> None:
         raise InvalidArgumentError(f"--grid must be >= 1; got {grid_n}")
 
 
-def _event_time(max_future_ms: int | None) -> dict[str, Any]:
+def _event_time(max_future_ms: int | None) -> dict[str, int | None]:
     """The ingest run's clock (now, epoch ms) and the bound on the future, for :func:`validate`
     and the manifest (``event_time``)."""
     return {"clock_ms": int(time.time() * 1000), "max_future_ms": max_future_ms}
@@ -43,7 +41,7 @@ def _event_time(max_future_ms: int | None) -> dict[str, Any]:
 
 def ingest_places(paths: Sequence[str], out_dir: str, *, grid_n: int = DEFAULT_GRID, master: str = DEFAULT_MASTER,
                   with_names: bool = False, stem: bool = False,
-                  max_future_ms: int | None = DEFAULT_MAX_FUTURE_MS) -> dict[str, Any]:
+                  max_future_ms: int | None = DEFAULT_MAX_FUTURE_MS) -> Manifest:
     """Ingest SimpleGeo place files into ``out_dir`` (layout in :mod:`knnmon.ingest`).
 
     Parameters
@@ -62,8 +60,8 @@ def ingest_places(paths: Sequence[str], out_dir: str, *, grid_n: int = DEFAULT_G
 
     Returns
     -------
-    dict
-        The manifest written to ``out_dir/manifest.json``.
+    Manifest
+        As written to ``out_dir/manifest.json``.
 
     Raises
     ------
@@ -79,14 +77,12 @@ def ingest_places(paths: Sequence[str], out_dir: str, *, grid_n: int = DEFAULT_G
     spark = spark_session(master)
     when = _event_time(max_future_ms)
     frame = validate(place_candidates(spark, files, with_names=with_names), stem=stem, **when)
-    return write_outputs(frame, out, grid_n=grid_n, started=started, manifest={
-        "kind": "places", "synthetic": False, "inputs": files, "event_time": when,
-        "normalisation": {"stem": stem, "with_names": with_names},
-    })
+    return write_outputs(frame, out, grid_n=grid_n, started=started, source=Inputs(
+        "places", files, {"stem": stem, "with_names": with_names}, event_time=when))
 
 
 def ingest_tweets(paths: Sequence[str], out_dir: str, *, grid_n: int = DEFAULT_GRID, master: str = DEFAULT_MASTER,
-                  stem: bool = False, max_future_ms: int | None = DEFAULT_MAX_FUTURE_MS) -> dict[str, Any]:
+                  stem: bool = False, max_future_ms: int | None = DEFAULT_MAX_FUTURE_MS) -> Manifest:
     """Ingest tweet files (CSV or API v1.1 JSON lines, mixed freely) into ``out_dir``.
 
     Parameters and errors as :func:`ingest_places`; a file in neither tweet form is an
@@ -100,8 +96,6 @@ def ingest_tweets(paths: Sequence[str], out_dir: str, *, grid_n: int = DEFAULT_G
     spark = spark_session(master)
     when = _event_time(max_future_ms)
     frame = validate(tweet_candidates(spark, forms), stem=stem, **when)
-    return write_outputs(frame, out, grid_n=grid_n, started=started, manifest={
-        "kind": "tweets", "synthetic": False, "inputs": files, "event_time": when,
-        "forms": {k: len(v) for k, v in forms.items()},
-        "normalisation": {"stem": stem, "with_names": False},
-    })
+    return write_outputs(frame, out, grid_n=grid_n, started=started, source=Inputs(
+        "tweets", files, {"stem": stem, "with_names": False}, event_time=when,
+        forms={k: len(v) for k, v in forms.items()}))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any
+from dataclasses import asdict, dataclass, field
 
 import pandas as pd
 from pyspark import StorageLevel
@@ -16,12 +16,66 @@ from pyspark.sql import types as T
 from knnmon.grid import Grid
 from knnmon.ingest.records import REJECT_REASONS
 
-__all__ = ["write_outputs", "keyword_stats", "OBJECTS", "STATS", "REJECTS", "MANIFEST"]
+__all__ = ["Inputs", "Manifest", "RecordCounts", "write_outputs", "keyword_stats", "OBJECTS", "STATS", "REJECTS",
+           "MANIFEST"]
 
 OBJECTS = "objects.parquet"
 STATS = "stats.parquet"
 REJECTS = "rejects"
 MANIFEST = "manifest.json"
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What an ingest read and how, as its job states it: ``kind`` (``places``, ``tweets``,
+    ``synthetic``), the input files, the keyword options (``normalisation``: ``stem``,
+    ``with_names``); ingest of real data: ``event_time`` (the run's clock ``clock_ms`` and the
+    future bound ``max_future_ms``); tweets: ``forms`` (files per form); synthetic: its
+    ``description`` and generator ``parameters``."""
+
+    kind: str
+    inputs: list[str]
+    normalisation: dict[str, bool]
+    synthetic: bool = False
+    event_time: dict[str, int | None] | None = None
+    forms: dict[str, int] | None = None
+    description: str | None = None
+    parameters: dict[str, object] | None = None
+
+
+@dataclass(frozen=True)
+class RecordCounts:
+    """Records read, kept and rejected (in all and by reason, the reasons with any)."""
+
+    read: int
+    kept: int
+    rejected: int
+    rejected_by_reason: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """``manifest.json`` of an ingest output (written as :func:`dataclasses.asdict`, the
+    :class:`Inputs` fields at the top level): the counts, ``distinct_keywords``,
+    ``mean_keywords_per_object``, the kept objects' ``bbox`` (lon/lat min, max; ``None``: none
+    kept), the statistics' ``grid`` (:meth:`~knnmon.grid.Grid.to_dict`; only ``n`` with no
+    objects), the output files, Spark's version and master, when (UTC) and how long (s)."""
+
+    source: Inputs
+    records: RecordCounts
+    distinct_keywords: int
+    mean_keywords_per_object: float
+    bbox: list[float] | None
+    grid: dict[str, object]
+    outputs: dict[str, str]
+    spark: dict[str, str]
+    created_at: str
+    elapsed_s: float
+
+    def to_json(self) -> dict[str, object]:
+        """The manifest's JSON object."""
+        out = asdict(self)
+        return {**{k: v for k, v in out.pop("source").items() if v is not None}, **out}
 
 
 def keyword_stats(objects: DataFrame, grid: Grid) -> DataFrame:
@@ -60,8 +114,7 @@ def keyword_stats(objects: DataFrame, grid: Grid) -> DataFrame:
     )
 
 
-def write_outputs(frame: DataFrame, out_dir: str, *, grid_n: int, manifest: dict[str, Any],
-                  started: float) -> dict[str, Any]:
+def write_outputs(frame: DataFrame, out_dir: str, *, grid_n: int, source: Inputs, started: float) -> Manifest:
     """Write ``objects.parquet``, ``rejects/``, ``stats.parquet`` and ``manifest.json``.
 
     Parameters
@@ -72,15 +125,15 @@ def write_outputs(frame: DataFrame, out_dir: str, *, grid_n: int, manifest: dict
         Output directory (created; existing outputs in it are replaced).
     grid_n
         Grid size ``n`` of the statistics (``n x n`` cells over the kept objects' bounding box).
-    manifest
-        Fields to record besides the computed ones (kind, inputs, options).
+    source
+        What was read and how, recorded as it is.
     started
         ``time.perf_counter()`` at the start of the job, for ``elapsed_s``.
 
     Returns
     -------
-    dict
-        The manifest as written.
+    Manifest
+        As written.
     """
     os.makedirs(out_dir, exist_ok=True)
     frame = frame.persist(StorageLevel.MEMORY_AND_DISK)
@@ -109,24 +162,20 @@ def write_outputs(frame: DataFrame, out_dir: str, *, grid_n: int, manifest: dict
     finally:
         frame.unpersist()
     rejected = sum(by_reason.values())
-    result = {
-        **manifest,
-        "records": {
-            "read": kept_n + rejected,
-            "kept": kept_n,
-            "rejected": rejected,
-            "rejected_by_reason": {r: by_reason.get(r, 0) for r in REJECT_REASONS if by_reason.get(r)},
-        },
-        "distinct_keywords": vocabulary,
-        "mean_keywords_per_object": float(summary["mean_keywords"]) if kept_n else 0.0,
-        "bbox": [summary["min_lon"], summary["min_lat"], summary["max_lon"], summary["max_lat"]] if kept_n else None,
-        "grid": grid.to_dict() if grid else {"n": grid_n},
-        "outputs": {"objects": OBJECTS, "stats": STATS, "rejects": REJECTS},
-        "spark": {"version": frame.sparkSession.version, "master": frame.sparkSession.sparkContext.master},
-        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "elapsed_s": round(time.perf_counter() - started, 3),
-    }
+    result = Manifest(
+        source=source,
+        records=RecordCounts(kept_n + rejected, kept_n, rejected,
+                             {r: by_reason.get(r, 0) for r in REJECT_REASONS if by_reason.get(r)}),
+        distinct_keywords=vocabulary,
+        mean_keywords_per_object=float(summary["mean_keywords"]) if kept_n else 0.0,
+        bbox=[summary["min_lon"], summary["min_lat"], summary["max_lon"], summary["max_lat"]] if kept_n else None,
+        grid=grid.to_dict() if grid else {"n": grid_n},
+        outputs={"objects": OBJECTS, "stats": STATS, "rejects": REJECTS},
+        spark={"version": frame.sparkSession.version, "master": frame.sparkSession.sparkContext.master},
+        created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        elapsed_s=round(time.perf_counter() - started, 3),
+    )
     with open(os.path.join(out_dir, MANIFEST), "w", encoding="utf-8") as fh:
-        json.dump(result, fh, indent=2)
+        json.dump(result.to_json(), fh, indent=2)
         fh.write("\n")
     return result

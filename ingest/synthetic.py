@@ -24,7 +24,6 @@ import math
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -32,7 +31,7 @@ from pyspark.sql import functions as F
 
 from knnmon.errors import InvalidArgumentError
 from knnmon.ingest.jobs import check_output_dir
-from knnmon.ingest.output import write_outputs
+from knnmon.ingest.output import Inputs, Manifest, write_outputs
 from knnmon.ingest.spark import DEFAULT_MASTER, spark_session
 
 __all__ = ["SyntheticSpec", "synthetic_block", "poisson_rate", "ingest_synthetic", "BLOCK", "PAPER_BBOX"]
@@ -154,7 +153,7 @@ def synthetic_block(spec: SyntheticSpec, block: int) -> pd.DataFrame:
 
 
 def ingest_synthetic(spec: SyntheticSpec, out_dir: str, *, grid_n: int = 128,
-                     master: str = DEFAULT_MASTER) -> dict[str, Any]:
+                     master: str = DEFAULT_MASTER) -> Manifest:
     """Generate the synthetic stream on Spark and write the ingest layout to ``out_dir``.
 
     The manifest has ``"kind": "synthetic"``, ``"synthetic": true`` and the parameters.
@@ -182,10 +181,7 @@ def ingest_synthetic(spec: SyntheticSpec, out_dir: str, *, grid_n: int = 128,
         .select("id", "lon", "lat", "t", "keywords", F.lit(None).cast("string").alias("reason"),
                 F.lit("synthetic").alias("source"), F.lit(None).cast("string").alias("raw"))
     )
-    return write_outputs(frame, out, grid_n=grid_n, started=started, manifest={
-        "kind": "synthetic", "synthetic": True,
-        "description": "SYNTHETIC stream shaped like the paper's Twitter data (Table 1); not real tweets",
-        "inputs": [], "parameters": {**asdict(spec), "bbox": list(PAPER_BBOX), "block": BLOCK,
-                                     "poisson_rate": poisson_rate(spec)},
-        "normalisation": {"stem": False, "with_names": False},
-    })
+    return write_outputs(frame, out, grid_n=grid_n, started=started, source=Inputs(
+        "synthetic", [], {"stem": False, "with_names": False}, synthetic=True,
+        description="SYNTHETIC stream shaped like the paper's Twitter data (Table 1); not real tweets",
+        parameters={**asdict(spec), "bbox": list(PAPER_BBOX), "block": BLOCK, "poisson_rate": poisson_rate(spec)}))

@@ -8,26 +8,26 @@ from typing import Any
 from knnmon.coordinator.cli.options import add_max_future_option, add_verb
 
 from knnmon.ingest.jobs import DEFAULT_GRID
+from knnmon.ingest.output import Manifest
 from knnmon.ingest.spark import DEFAULT_MASTER
 
 __all__ = ["add_ingest_commands", "format_manifest"]
 
 
-def format_manifest(m: dict[str, Any]) -> str:
+def format_manifest(m: Manifest) -> str:
     """A short human-readable summary of an ingest manifest."""
-    rec = m["records"]
+    rec = m.records
     lines = [
-        f"{m['kind']}{' (SYNTHETIC)' if m.get('synthetic') else ''}: "
-        f"read {rec['read']:,}  kept {rec['kept']:,}  rejected {rec['rejected']:,}",
+        f"{m.source.kind}{' (SYNTHETIC)' if m.source.synthetic else ''}: "
+        f"read {rec.read:,}  kept {rec.kept:,}  rejected {rec.rejected:,}",
     ]
-    for reason, n in rec["rejected_by_reason"].items():
+    for reason, n in rec.rejected_by_reason.items():
         lines.append(f"  rejected {reason:<26} {n:>10,}")
-    lines.append(f"distinct keywords {m['distinct_keywords']:,}; "
-                 f"keywords per object {m['mean_keywords_per_object']:.2f}")
-    if m.get("bbox"):
-        b = m["bbox"]
-        lines.append(f"bbox lon [{b[0]:.4f}, {b[2]:.4f}] lat [{b[1]:.4f}, {b[3]:.4f}]; grid {m['grid']['n']}x{m['grid']['n']}")
-    lines.append(f"elapsed {m['elapsed_s']:.1f} s")
+    lines.append(f"distinct keywords {m.distinct_keywords:,}; keywords per object {m.mean_keywords_per_object:.2f}")
+    if m.bbox:
+        b, n = m.bbox, m.grid["n"]
+        lines.append(f"bbox lon [{b[0]:.4f}, {b[2]:.4f}] lat [{b[1]:.4f}, {b[3]:.4f}]; grid {n}x{n}")
+    lines.append(f"elapsed {m.elapsed_s:.1f} s")
     return "\n".join(lines)
 
 

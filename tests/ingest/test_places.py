@@ -125,10 +125,12 @@ def places_run(spark, place_lines, tmp_path_factory):
 
 
 def test_every_record_is_counted_once(places_run):
-    rec = places_run["manifest"]["records"]
-    assert rec["read"] == len(places_run["lines"]) == rec["kept"] + rec["rejected"]  # blank lines are not records
-    assert rec["rejected"] == sum(rec["rejected_by_reason"].values())
-    assert set(rec["rejected_by_reason"]) <= set(REJECT_REASONS)
+    rec = places_run["manifest"].records
+    assert rec.read == len(places_run["lines"]) == rec.kept + rec.rejected  # blank lines are not records
+    assert rec.rejected == sum(rec.rejected_by_reason.values())
+    assert set(rec.rejected_by_reason) <= set(REJECT_REASONS)
+    written = json.loads((places_run["out"] / "manifest.json").read_text())
+    assert written == places_run["manifest"].to_json() and written["kind"] == "places"
 
 
 def test_each_injected_record_is_rejected_with_its_reason(places_run):
@@ -152,7 +154,7 @@ def test_outcomes_equal_the_python_reference(places_run):
                 newest[obj["id"]] = obj
         else:
             newest[obj["id"]] = obj
-    assert places_run["manifest"]["records"]["rejected_by_reason"] == dict(expected_reasons)
+    assert places_run["manifest"].records.rejected_by_reason == dict(expected_reasons)
     got = pq.read_table(places_run["out"] / "objects.parquet").to_pylist()
     assert len(got) == len(newest)
     for o in got:
@@ -177,17 +179,17 @@ def test_objects_schema_order_and_keywords(places_run):
 
 def test_stats_equal_a_numpy_recount(places_run):
     m = places_run["manifest"]
-    grid = Grid.from_dict(m["grid"])
+    grid = Grid.from_dict(m.grid)
     objects = pq.read_table(places_run["out"] / "objects.parquet").to_pylist()
     cells = grid.cell_of(np.array([o["lon"] for o in objects]), np.array([o["lat"] for o in objects]))
     want = Counter((int(c), w) for c, o in zip(cells, objects) for w in o["keywords"])
     stats = pq.read_table(places_run["out"] / "stats.parquet").to_pylist()
     assert {(r["cell"], r["keyword"]): r["count"] for r in stats} == dict(want)
     assert all(r["cell"] == r["cy"] * grid.n + r["cx"] for r in stats)
-    assert m["bbox"] == [min(o["lon"] for o in objects), min(o["lat"] for o in objects),
+    assert m.bbox == [min(o["lon"] for o in objects), min(o["lat"] for o in objects),
                          max(o["lon"] for o in objects), max(o["lat"] for o in objects)]
-    assert m["distinct_keywords"] == len({w for o in objects for w in o["keywords"]})
-    assert m["mean_keywords_per_object"] == pytest.approx(np.mean([len(o["keywords"]) for o in objects]))
+    assert m.distinct_keywords == len({w for o in objects for w in o["keywords"]})
+    assert m.mean_keywords_per_object == pytest.approx(np.mean([len(o["keywords"]) for o in objects]))
 
 
 def test_with_names_adds_name_words(spark, tmp_path):
@@ -195,6 +197,6 @@ def test_with_names_adds_name_words(spark, tmp_path):
     src.write_text(_with(id="SG_named@1", properties__classifiers=[], properties__tags=[]) + "\n")
     plain = ingest_places([str(src)], str(tmp_path / "plain"))
     named = ingest_places([str(src)], str(tmp_path / "named"), with_names=True, stem=True)
-    assert plain["records"]["rejected_by_reason"] == {"no_keywords": 1}
-    assert named["records"]["kept"] == 1
+    assert plain.records.rejected_by_reason == {"no_keywords": 1}
+    assert named.records.kept == 1
     assert pq.read_table(tmp_path / "named" / "objects.parquet").column("keywords").to_pylist() == [["blue", "bottl"]]

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
 from knnmon.errors import InvalidArgumentError
+from knnmon.ingest.output import RecordCounts
 from knnmon.ingest.synthetic import BLOCK, PAPER_BBOX, SyntheticSpec, ingest_synthetic, synthetic_block
 
 
@@ -45,8 +48,10 @@ def test_invalid_spec():
 def test_ingest_writes_the_layout_labelled_synthetic(spark, tmp_path):
     spec = SyntheticSpec(n=20_000, seed=5)
     m = ingest_synthetic(spec, str(tmp_path), grid_n=32)
-    assert m["synthetic"] is True and "SYNTHETIC" in m["description"]
-    assert m["records"] == {"read": 20_000, "kept": 20_000, "rejected": 0, "rejected_by_reason": {}}
+    assert m.source.synthetic is True and "SYNTHETIC" in m.source.description
+    assert m.records == RecordCounts(read=20_000, kept=20_000, rejected=0)
+    written = json.loads((tmp_path / "manifest.json").read_text())
+    assert written["synthetic"] is True and written["records"]["kept"] == 20_000 and "forms" not in written
     objects = pq.read_table(tmp_path / "objects.parquet").to_pandas()
     expected = synthetic_block(spec, 0)
     assert objects.sort_values("t").reset_index(drop=True)["id"].tolist() == expected["id"].tolist()

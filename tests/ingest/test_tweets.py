@@ -152,11 +152,11 @@ def test_counts_and_reasons(tweets_run):
     for row in tweets_run["csv_rows"] + tweets_run["json_rows"]:
         if natural_outcome(row):
             expected[natural_outcome(row)] += 1
-    rec = tweets_run["manifest"]["records"]
-    assert rec["rejected_by_reason"] == dict(expected)
+    rec = tweets_run["manifest"].records
+    assert rec.rejected_by_reason == dict(expected)
     read = N_CSV + 1 + len(CSV_INJECTED) + N_JSON + 2 + len(JSON_INJECTED)
-    assert rec["read"] == read == rec["kept"] + rec["rejected"]
-    assert tweets_run["manifest"]["forms"] == {"json": 1, "csv": 1}
+    assert rec.read == read == rec.kept + rec.rejected
+    assert tweets_run["manifest"].source.forms == {"json": 1, "csv": 1}
 
 
 def test_rejects_keep_the_original_record(tweets_run):
@@ -165,8 +165,8 @@ def test_rejects_keep_the_original_record(tweets_run):
     for record, reason in JSON_INJECTED + CSV_INJECTED:
         assert by_record[record] == reason, record
     # A record from the future: its detail gives both times; the manifest the clock and bound.
-    clock = tweets_run["manifest"]["event_time"]["clock_ms"]
-    assert tweets_run["manifest"]["event_time"]["max_future_ms"] == 60_000
+    clock = tweets_run["manifest"].source.event_time["clock_ms"]
+    assert tweets_run["manifest"].source.event_time["max_future_ms"] == 60_000
     future = [r for r in rejects if r["reason"] == "future"]
     assert len(future) == 1 and f"t={created_ms('Sat Apr 23 18:00:00 +0000 2300')}" in future[0]["detail"]
     assert f"({clock})" in future[0]["detail"]

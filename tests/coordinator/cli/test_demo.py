@@ -22,8 +22,8 @@ def test_sample_ships_with_the_package():
 def test_demo_runs_on_the_bundled_sample(spark, ray_instance, tmp_path, capsys):
     result = run_demo(str(tmp_path), n_queries=300, k_max=5, show=3)
     m, s = result["manifest"], result["summary"]
-    assert m["records"]["read"] == 54_975 and m["records"]["kept"] > 54_000
-    assert s.objects + s.initial_objects == m["records"]["kept"] and s.results_changed > 0
+    assert m.records.read == 54_975 and m.records.kept > 54_000
+    assert s.objects + s.initial_objects == m.records.kept and s.results_changed > 0
     assert len(result["shown"]) == 3
     for q, knn, exact in result["shown"]:
         assert exact and 1 <= len(knn) <= q["k"]
