@@ -10,12 +10,17 @@ from __future__ import annotations
 
 import argparse
 import os
+from dataclasses import dataclass
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from knnmon.coordinator.cli.options import add_verb, DEFAULT_WORKERS
 
-__all__ = ["add_demo_command", "sample_places_path", "run_demo"]
+if TYPE_CHECKING:
+    from knnmon.coordinator.runtime.metrics import RunSummary
+    from knnmon.ingest.output import Manifest
+
+__all__ = ["DemoResult", "add_demo_command", "sample_places_path", "run_demo"]
 
 SAMPLE = "places-sample-ri.geojson.gz"
 
@@ -25,10 +30,19 @@ def sample_places_path() -> str:
     return str(resources.files("knnmon").joinpath("data", SAMPLE))
 
 
+@dataclass(frozen=True)
+class DemoResult:
+    """What :func:`run_demo` did: the ingest's manifest, the run's summary, and the queries shown,
+    each ``(query row, its kNN as stored in Redis, whether it equals the oracle's)``."""
+
+    manifest: Manifest
+    summary: RunSummary
+    shown: list[tuple[dict, list[dict], bool]]
+
+
 def run_demo(workdir: str, *, n_queries: int = 2000, k_max: int = 5, workers: int = DEFAULT_WORKERS, show: int = 3, seed: int = 0,
-             executor: str = "ray") -> dict[str, Any]:
-    """Run the demo in ``workdir``; returns ``manifest``, ``summary`` and ``shown`` (query rows
-    with their kNN from Redis and whether it equals the oracle's)."""
+             executor: str = "ray") -> DemoResult:
+    """Run the demo in ``workdir`` (module docstring)."""
     from knnmon.coordinator.cli.ingest import format_manifest
     from knnmon.coordinator.cli.results import fetch_result
     from knnmon.coordinator.cli.run import format_run_summary
@@ -72,17 +86,17 @@ def run_demo(workdir: str, *, n_queries: int = 2000, k_max: int = 5, workers: in
             for rank, o in enumerate(r["knn"], 1):
                 print(f"    {rank:>2}. {o['distance_m']:>10.1f} m  {o['id']}  {' '.join(o['keywords'])}")
     print(f"\nRead any result later with: knnmon results <qid> --data-dir {data_dir}")
-    return {"manifest": manifest, "summary": summary, "shown": shown}
+    return DemoResult(manifest, summary, shown)
 
 
 def _run(a: argparse.Namespace) -> int:
     result = run_demo(a.workdir, n_queries=a.queries, k_max=a.kmax, workers=a.workers, show=a.show, seed=a.seed)
-    ok = all(exact for _, _, exact in result["shown"])
+    ok = all(exact for _, _, exact in result.shown)
     if a.dashboard:
         from knnmon.coordinator.cli.dashboard import dashboard_on
         from knnmon.store import StoreConfig
 
-        first = result["shown"][0][0]["id"] if result["shown"] else ""
+        first = result.shown[0][0]["id"] if result.shown else ""
         print(f"\nThe dashboard shows these queries on a map; try the search box with {first}.")
         dashboard_on(StoreConfig(data_dir=os.path.join(a.workdir, "data")), a.http)
     return 0 if ok else 1

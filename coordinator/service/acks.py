@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
 
 import redis
 from redis.cluster import RedisCluster
@@ -13,7 +12,7 @@ from knnmon.protocol import GROUP
 from knnmon.errors import Rejected
 from knnmon.keys import Keys
 
-__all__ = ["BATCHES_MAXLEN", "REJECTS_MAXLEN", "REJECT_FIELDS", "REJECT_FIELD_BYTES", "acknowledge",
+__all__ = ["BATCHES_MAXLEN", "EntryFields", "REJECTS_MAXLEN", "REJECT_FIELDS", "REJECT_FIELD_BYTES", "acknowledge",
            "reject_record"]
 
 #: Approximate caps of the service's own streams (XADD MAXLEN ~).
@@ -26,9 +25,12 @@ BATCHES_MAXLEN = 100_000
 REJECT_FIELDS = 16
 REJECT_FIELD_BYTES = 1024
 
+#: The fields of an entry knnmon appends to a stream (``XADD``): each name to a string or a number.
+EntryFields = Mapping[str, str | int | float]
+
 
 def acknowledge(client: redis.Redis, url: str, keys: Keys, stream: str, ids: Sequence[str],
-                rejects: Sequence[tuple[str, dict, Rejected]], batch_record: dict[str, Any] | None = None, *,
+                rejects: Sequence[tuple[str, dict, Rejected]], batch_record: EntryFields | None = None, *,
                 delete: Sequence[str] = ()) -> None:
     """Write ``rejects`` to ``ingest:rejects`` (original fields plus ``_reason``, ``_detail``,
     ``_stream``, ``_entry``), acknowledge entries ``ids`` of ``stream``, delete its entries

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -22,7 +21,7 @@ import redis
 from knnmon.coordinator.runtime.metrics import BatchReport
 from knnmon.coordinator.runtime.prometheus import KnnMetrics
 from knnmon.coordinator.service import latency
-from knnmon.coordinator.service.acks import acknowledge
+from knnmon.coordinator.service.acks import EntryFields, acknowledge
 from knnmon.coordinator.service.checkpoint import Checkpointer
 from knnmon.coordinator.service.intake import Reject
 from knnmon.keys import Keys
@@ -79,7 +78,7 @@ class Ledger:
             out[reason] = out.get(reason, 0) + n
         return out
 
-    def ack(self, key: str, ids: list[str], rejects: list[Reject], record: dict[str, Any] | None = None) -> None:
+    def ack(self, key: str, ids: list[str], rejects: list[Reject], record: EntryFields | None = None) -> None:
         """Acknowledge entries ``ids`` of stream ``key`` with their ``rejects`` (and log ``record``).
         One rule for every reject: the entry leaves its ingest stream with its acknowledgement,
         its fields (bounded) kept in ``ingest:rejects``. A stream then holds only what was applied:

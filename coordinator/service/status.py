@@ -11,7 +11,7 @@ import logging
 import os
 import socket
 import time
-
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -99,19 +99,30 @@ def publish(svc: Lifecycle) -> None:
         log.warning("could not publish status: %s", ex)
 
 
-def _stream(client, key: str, read: int | None) -> dict[str, Any]:
-    """Length, pending, undelivered entries and the age of the oldest waiting one (ms)."""
-    out: dict[str, Any] = {"length": client.xlen(key) if client.exists(key) else 0, "pending": 0,
-                           "undelivered": None, "oldest_waiting_ms": None}
-    if not out["length"]:
+@dataclass
+class StreamState:
+    """An ingest stream's entries (``length``), those delivered and not acknowledged
+    (``pending``), those not read yet (``undelivered``; ``None``: unknown), and the age of the
+    oldest waiting one (ms: the stream lag; ``None``: none waits)."""
+
+    length: int
+    pending: int = 0
+    undelivered: int | None = None
+    oldest_waiting_ms: int | None = None
+
+
+def _stream(client, key: str, read: int | None) -> StreamState:
+    """The :class:`StreamState` of ``key``, of which the service read ``read`` entries."""
+    out = StreamState(client.xlen(key) if client.exists(key) else 0)
+    if not out.length:
         return out
     group = group_info(client, key)
     if group is None:
-        out["undelivered"] = out["length"]
+        out.undelivered = out.length
         return out
-    out["pending"] = group["pending"]
+    out.pending = group["pending"]
     if read is not None:
-        out["undelivered"] = max(out["length"] - read, 0)
+        out.undelivered = max(out.length - read, 0)
     oldest = None
     if group["pending"]:
         oldest = client.xpending(key, GROUP)["min"]
@@ -120,7 +131,7 @@ def _stream(client, key: str, read: int | None) -> dict[str, Any]:
         nxt = client.xrange(key, min="(" + last if last != "0-0" else "-", max="+", count=1)
         oldest = nxt[0][0] if nxt else None
     if oldest:
-        out["oldest_waiting_ms"] = max(int(time.time() * 1000) - entry_time_ms(oldest), 0)
+        out.oldest_waiting_ms = max(int(time.time() * 1000) - entry_time_ms(oldest), 0)
     return out
 
 
@@ -144,8 +155,10 @@ def read_status(url: str, namespace: str = DEFAULT_NAMESPACE) -> dict[str, Any]:
             and not service.get("stopping")
         return {
             "running": running, "service": service, "queries": client.scard(keys.queries),
-            "objects_stream": _stream(client, keys.ingest_objects, service and service.get("objects_entries_read")),
-            "queries_stream": _stream(client, keys.ingest_queries, service and service.get("queries_entries_read")),
+            "objects_stream": asdict(_stream(client, keys.ingest_objects,
+                                             service and service.get("objects_entries_read"))),
+            "queries_stream": asdict(_stream(client, keys.ingest_queries,
+                                             service and service.get("queries_entries_read"))),
             "rejects": client.xlen(keys.ingest_rejects) if client.exists(keys.ingest_rejects) else 0,
             "changes": client.xlen(keys.changes) if client.exists(keys.changes) else 0,
         }
