@@ -171,9 +171,7 @@ def add_rebalance_options(p: argparse.ArgumentParser, *, flag: bool = True) -> N
     p.add_argument("--rebalance-trigger", choices=TRIGGERS, default=d.trigger,
                    help="re-plan on the slowest / mean busy time over the last --rebalance-window batches (window), "
                         "or on busy times smoothed over a few batches, above their noise, when the move's "
-                        "predicted gain exceeds its measured cost (smoothed), or on the load model over the "
-                        "last --rebalance-window batches' objects (predictive, after CoDD); "
-                        f"default {d.trigger}")
+                        f"predicted gain exceeds its measured cost (smoothed); default {d.trigger}")
 
 
 def rebalance_config(a: argparse.Namespace, on: bool | None = None):

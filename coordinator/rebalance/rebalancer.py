@@ -2,8 +2,7 @@
 
 :meth:`Rebalancer.after_batch` is called by the runtime after each collected batch (``knnmon
 run`` and ``knnmon serve`` alike), between two dispatches. A re-plan asks every worker for its
-queries' measured loads (or, with the predictive trigger, predicts them from the recent stream:
-:mod:`~.predictive`), plans a bounded move (:func:`~.planner.plan_moves`), carries it out
+queries' measured loads, plans a bounded move (:func:`~.planner.plan_moves`), carries it out
 (:func:`~.migration.migrate`: the routing table follows the moved queries at once), and
 records itself: in :attr:`Rebalancer.replans` and, newest first, in Redis
 (``knn:replans``, :mod:`~.records`). :data:`~.records.REALIZED_AFTER` batches later the record
@@ -25,8 +24,7 @@ from knnmon.coordinator.runtime.rebalance_config import RebalanceConfig, Replan,
 from knnmon.coordinator.rebalance.handover_flight import MovesInFlight, send_moves
 from knnmon.coordinator.rebalance.migration import Release, migrate
 from knnmon.coordinator.rebalance.monitor import LoadMonitor, SmoothedMonitor
-from knnmon.coordinator.rebalance.planner import FIXED_MS, plan_moves
-from knnmon.coordinator.rebalance.predictive import RecentCounts, predicted_loads
+from knnmon.coordinator.rebalance.planner import plan_moves
 from knnmon.coordinator.rebalance.records import ReplanRecords
 
 __all__ = ["Rebalancer"]
@@ -72,10 +70,6 @@ class Rebalancer:
         c = self.config
         self.monitor = LoadMonitor(pool.size, c.window, c.threshold) if c.trigger == "window" \
             else SmoothedMonitor(pool.size, c.half_life, c.threshold)
-        # The predictive trigger's counts of the recent stream (the runtime reports each routed
-        # batch: observe_routed), and batches since it last predicted.
-        self.recent = RecentCounts(registrar.plan.routing.grid, c.window) if c.trigger == "predictive" else None
-        self._since_prediction = 0
         # The largest move so far: (queries, ms its migration took); a move's cost is scaled from
         # it (a small move's fixed part would make a larger one look dear). None: the first move
         # is judged by its gain alone.
@@ -124,13 +118,6 @@ class Rebalancer:
 
     def _start(self, batch: int) -> bool:
         """Start a re-plan after batch ``batch`` if one is due (:meth:`_ask`); whether it did."""
-        if self.recent is not None:
-            self._since_prediction += 1
-            if self._since_prediction < self.monitor.least or self.registrar.plan.workload is None:
-                return False
-            self._since_prediction = 0
-            self._ask(batch, predict=True)
-            return True
         if not self.monitor.due():
             return False
         if self.config.trigger == "smoothed" and self._upper_bound_ms() <= self._floor_ms:
@@ -138,12 +125,6 @@ class Rebalancer:
             return False
         self._ask(batch)
         return True
-
-    def observe_routed(self, cells: np.ndarray, pair_obj: np.ndarray, pair_code: np.ndarray) -> None:
-        """A routed batch's objects (their cells, and (object, keyword code) pairs): counted for
-        the predictive trigger (:class:`~.predictive.RecentCounts`), ignored by the others."""
-        if self.recent is not None:
-            self.recent.observe(cells, pair_obj, pair_code)
 
     def _upper_bound_ms(self) -> float:
         """The most a re-plan could gain over the horizon: the slowest worker's smoothed busy
@@ -190,15 +171,11 @@ class Rebalancer:
             self._executor.shutdown(wait=True, cancel_futures=True)
             self._executor = None
 
-    def _ask(self, batch: int, predict: bool = False) -> None:
-        """Ask every worker for its queries' loads (queued behind the batches sent to it), or
-        (``predict``) predict them from the recent stream, and plan: at once with inline workers,
-        in the planning thread with Ray actors."""
+    def _ask(self, batch: int) -> None:
+        """Ask every worker for its queries' loads (queued behind the batches sent to it), and
+        plan: at once with inline workers, in the planning thread with Ray actors."""
         busy, frozen = self.monitor.busy(), frozenset(q for moved in self._recent for q in moved)
-        if predict:
-            job = (self._plan_predicted, self.recent.copy(), busy, frozen)
-        else:
-            job = (self._plan, [self.pool.query_loads(w) for w in range(self.pool.size)], busy, frozen)
+        job = (self._plan, [self.pool.query_loads(w) for w in range(self.pool.size)], busy, frozen)
         if self.pool.inline:
             planned: Future = Future()
             planned.set_result(job[0](*job[1:]))
@@ -208,50 +185,19 @@ class Rebalancer:
             planned = self._executor.submit(*job)
         self._planning = (batch, self.monitor.ratio(), busy, planned)
 
-    def _plan_predicted(self, recent: RecentCounts, busy: np.ndarray, frozen: frozenset[str]):
-        """:meth:`_plan` from loads predicted from the recent stream (:mod:`~.predictive`): the
-        measured busy time shared among the workers by predicted load; ``None`` unless the
-        predicted slowest / mean exceeds the threshold."""
-        t0 = time.perf_counter()
-        plan, routing = self.registrar.plan, self.registrar.plan.routing
-        model = recent.model(len(routing.vocabulary))
-        if model is None:
-            return None
-        load = predicted_loads(model, plan.workload)
-        where = self.registrar.query_worker
-        worker = np.fromiter((where.get(q, -1) for q in plan.workload.ids), dtype=np.int64, count=len(load))
-        W = self.pool.size
-        per_worker = np.bincount(worker[worker >= 0], weights=load[worker >= 0], minlength=W)[:W]
-        movable = float(np.maximum(busy - FIXED_MS, 0.0).sum())
-        predicted = FIXED_MS + movable * per_worker / max(float(per_worker.sum()), 1e-12)
-        t1 = time.perf_counter()
-        if not predicted.max() > self.config.threshold * predicted.mean():
-            log.info("predicted slowest / mean %.2f: no re-plan", predicted.max() / predicted.mean())
-            return None
-        ids = plan.workload.ids
-        lon, lat = plan.workload.lon, plan.workload.lat
-        return (*self._moves(predicted, [(ids[worker == w].tolist(), load[worker == w], lon[worker == w],
-                                          lat[worker == w]) for w in range(W)], frozen), t1 - t0)
-
     def _plan(self, pending: list, busy: np.ndarray, frozen: frozenset[str]):
-        """The workers' loads (``pending``: their calls) and :func:`plan_moves` over them:
-        ``(plan, budget, seconds planning, seconds waiting for the loads)``; ``None`` when a
-        worker was lost meanwhile."""
+        """The workers' loads (``pending``: their calls) and :func:`plan_moves` over them with this
+        run's settings, the budget a share of the queries: ``(plan, budget, seconds planning,
+        seconds waiting for the loads)``; ``None`` when a worker was lost meanwhile."""
         t0 = time.perf_counter()
         loads = self.pool.gather_each(pending)
         if any(isinstance(x, Exception) for x in loads):
             return None
-        return (*self._moves(busy, loads, frozen), time.perf_counter() - t0)
-
-    def _moves(self, busy: np.ndarray, loads: list, frozen: frozenset[str]):
-        """:func:`plan_moves` of ``loads`` (per worker: ids, loads) with this run's settings, the
-        budget a share of the queries: ``(plan, budget, seconds planning)``."""
-        t0 = time.perf_counter()
-        budget = int(self.config.budget * sum(len(ids) for ids, *_ in loads))
-        c = self.config
+        t1, c = time.perf_counter(), self.config
+        budget = int(c.budget * sum(len(ids) for ids, *_ in loads))
         plan = plan_moves(busy, loads, self.set_of, budget, min_gain=c.min_gain, min_total_gain=c.min_total_gain,
                           frozen=frozen, strategy=c.strategy)
-        return plan, budget, time.perf_counter() - t0
+        return plan, budget, time.perf_counter() - t1, t1 - t0
 
     def _carry_out(self, batch: int, idle: bool, wait_moves: bool = True) -> Replan | None:
         """Move as planned; the record, or ``None`` when the smoothed trigger finds no move, or

@@ -119,9 +119,6 @@ class Dispatcher:
         #: Revives a worker found lost at a batch's expiry, before the batch is sent (the runtime
         #: points it at :meth:`Runtime.revive_idle`); ``True`` if it did.
         self.revive: Callable[[int], bool] | None = None
-        #: Told each routed batch's object cells and (object, keyword code) pairs (the
-        #: re-balancer's predictive trigger counts the recent stream).
-        self.on_routed: Callable[[np.ndarray, np.ndarray, np.ndarray], None] | None = None
 
     def _expire(self, batch: pa.Table) -> tuple[pa.Table, int, int, dict[int, Refills], float]:
         """Move the watermark with ``batch``; drop its late objects; expire everywhere; refill
@@ -270,8 +267,6 @@ class Dispatcher:
         pair_obj, pair_code = owner[keep], codes[keep]
         cells = self.routing.grid.cell_of(lon, lat)
         masks = self.routing.route_v(cells, pair_obj, pair_code)
-        if self.on_routed is not None:
-            self.on_routed(cells, pair_obj, pair_code)
         table = pa.table({"id": batch.column("id"), "lon": lon, "lat": lat, "t": batch.column("t").to_numpy(),
                           "keywords": keywords})
         return table, pair_obj, pair_code, masks

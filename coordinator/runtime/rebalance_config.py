@@ -11,7 +11,7 @@ __all__ = ["RebalanceConfig", "Replan", "ReplanMove", "STRATEGIES", "TRIGGERS"]
 #: How a re-plan picks what moves (:func:`knnmon.coordinator.rebalance.planner.plan_moves`).
 STRATEGIES = ("sets", "spread")
 #: When a re-plan is due (:mod:`knnmon.coordinator.rebalance.monitor`).
-TRIGGERS = ("window", "smoothed", "predictive")
+TRIGGERS = ("window", "smoothed")
 
 
 @dataclass(frozen=True)
@@ -42,16 +42,11 @@ class RebalanceConfig:
         ``"window"`` (slowest / mean over the last ``window`` batches, at most one re-plan per
         window) or ``"smoothed"`` (over busy times smoothed with ``half_life``, above their
         noise, and only when the move's predicted gain over ``horizon`` batches exceeds its
-        measured cost): :mod:`~knnmon.coordinator.rebalance.monitor`; or ``"predictive"``
-        (CoDD's: every ``half_life`` batches, the plan's load model over the grid counts of the
-        last ``window`` batches predicts each worker's load; a re-plan of predicted per-query
-        loads when the predicted slowest / mean exceeds ``threshold``, under the smoothed
-        trigger's gain and cost rule): :mod:`~knnmon.coordinator.rebalance.predictive`.
+        measured cost): :mod:`~knnmon.coordinator.rebalance.monitor`.
     half_life : float
-        With ``trigger="smoothed"`` or ``"predictive"``: batches after which a busy time counts
-        half (and, predictive, between two predictions).
+        With ``trigger="smoothed"``: batches after which a busy time counts half.
     horizon : int
-        With ``trigger="smoothed"`` or ``"predictive"``: batches a move's predicted gain per batch is counted over,
+        With ``trigger="smoothed"``: batches a move's predicted gain per batch is counted over,
         against the move's cost (the largest move's migration time so far, scaled by the queries
         moved).
 
@@ -68,7 +63,7 @@ class RebalanceConfig:
     min_total_gain: float = 0.10
     cooldown: int = 2
     strategy: str = "spread"  # measured against "sets" on the places' time order: docs/rebalance.md
-    trigger: str = "smoothed"  # measured against window and predictive: docs/rebalance.md
+    trigger: str = "smoothed"  # measured against window (and the removed predictive): docs/rebalance.md
     half_life: float = 4.0
     horizon: int = 20
 

@@ -59,13 +59,9 @@ class Rebalancing(Protocol):
     #: Each re-plan's record, and the queries moved so far.
     replans: list[Replan]
     queries_moved: int
-    #: The stream's recent grid counts (the predictive trigger's), or ``None``: not counted.
-    recent: object | None
 
     def after_batch(self, batch: int, busy_ms: Sequence[float], *, idle: bool = False,
                     wait_moves: bool = True) -> object: ...
-
-    def observe_routed(self, cells: np.ndarray, pair_obj: np.ndarray, pair_code: np.ndarray) -> None: ...
 
     def close(self) -> None: ...
 
@@ -189,8 +185,6 @@ class Runtime(Revivals):
                                                     redis_url=self.store.url, namespace=c.store.namespace,
                                                     revive=in_place)
             self._exit.callback(self.rebalancer.close)
-            if self.rebalancer.recent is not None:  # (only the predictive trigger counts the stream)
-                self.dispatcher.on_routed = self.rebalancer.observe_routed
         if resumed is not None:
             self.upkeep.request()  # the regions' table, built in the background (stored_start.coarse_routing)
             t0 = time.perf_counter()

@@ -76,8 +76,7 @@ def _moved_fields_agree(url: str, namespace: str, rt: Runtime) -> int:
 
 
 @pytest.mark.parametrize("reserve, trigger", [pytest.param(0, "window", marks=pytest.mark.slow),
-                                              pytest.param(2, "window", marks=pytest.mark.slow), (0, "smoothed"),
-                                              pytest.param(0, "predictive", marks=pytest.mark.slow)])
+                                              pytest.param(2, "window", marks=pytest.mark.slow), (0, "smoothed")])
 # (all but the default trigger: -m slow, 8 s each)
 def test_drift_moves_queries_exact_after_every_batch(drifting, redis_url, namespace, tmp_path, reserve, trigger):
     """Inline workers, one batch at a time: the oracle agrees after every batch while queries
@@ -289,44 +288,6 @@ def test_the_planner_relieves_two_equally_hot_workers():
     assert plan.moves and plan.queries_moved <= 100
     assert plan.predicted_ms.max() < 0.6 * 40.0
     assert {m.source for m in plan.moves} == {0, 1} and {m.target for m in plan.moves} <= {2, 3}
-
-
-def test_predicted_loads_count_the_recent_objects_in_each_region():
-    """The predictive trigger's query loads (CoDD): ``L(q)`` over the last batches' grid counts
-    equals, by brute force, the (object, keyword) pairs of those batches inside the query's
-    cell rectangle with one of its keywords, over the objects counted; older batches drop out."""
-    from types import SimpleNamespace
-
-    from knnmon.assignment.loadmodel import QueryRects
-    from knnmon.coordinator.rebalance.predictive import RecentCounts, predicted_loads
-    from knnmon.grid import Grid
-
-    rng = np.random.default_rng(7)
-    grid = Grid(-10.0, 0.0, 10.0, 20.0, n=8)
-    recent = RecentCounts(grid, batches=2)
-    kept = []
-    for _ in range(3):
-        n = 40
-        cells = rng.integers(0, 64, n)
-        pair_obj = np.repeat(np.arange(n), 2)
-        pair_code = rng.integers(0, 6, 2 * n)
-        recent.observe(cells, pair_obj, pair_code)
-        kept = (kept + [(cells, pair_obj, pair_code)])[-2:]
-    x0, y0 = rng.integers(0, 8, 30), rng.integers(0, 8, 30)
-    rects = QueryRects(x0, y0, np.minimum(x0 + rng.integers(0, 4, 30), 7), np.minimum(y0 + rng.integers(0, 4, 30), 7))
-    ptr = np.r_[0, np.cumsum(rng.integers(1, 4, 30))]
-    code = np.concatenate([rng.choice(7, b - a, replace=False) for a, b in zip(ptr[:-1], ptr[1:])])  # (6: none)
-    workload = SimpleNamespace(ids=np.array([f"q{i}" for i in range(30)], dtype=object), ptr=ptr, code=code,
-                               rects=rects)
-    got = predicted_loads(recent.model(7), workload)
-    want = np.zeros(30)
-    for cells, pair_obj, pair_code in kept:
-        cx, cy = cells[pair_obj] % 8, cells[pair_obj] // 8
-        for q in range(30):
-            inside = (cx >= x0[q]) & (cx <= rects.x1[q]) & (cy >= y0[q]) & (cy <= rects.y1[q])
-            want[q] += np.isin(pair_code[inside], code[ptr[q]:ptr[q + 1]]).sum()
-    assert recent.objects == 80
-    np.testing.assert_allclose(got, want / 80)
 
 
 def test_the_planner_spreads_a_hot_set_in_compact_runs_of_space():
