@@ -106,7 +106,7 @@ class Dispatcher:
 
     def __init__(self, pool: WorkerPool, routing: RoutingTable, objects: ObjectStore, seen: Sequence[str] | pa.Array, *,
                  seen_times: np.ndarray | None = None, window: Window | None = None, rects=None,
-                 first_batch: int = 0) -> None:
+                 first_batch: int = 0, revive: Callable[[int], bool] | None = None) -> None:
         self.pool, self.routing, self.objects = pool, routing, objects
         routing.prepare()  # (not in the first batch's routing time)
         self.seen = SeenIds(seen, seen_times, windowed=window is not None)
@@ -116,9 +116,9 @@ class Dispatcher:
         #: the seen ids and the workers' expiry round trip), ``search`` (the refills' kNN),
         #: ``routing`` (their regions added to the routing table).
         self.refill_parts_ms: dict[str, float] = {}
-        #: Revives a worker found lost at a batch's expiry, before the batch is sent (the runtime
-        #: points it at :meth:`Runtime.revive_idle`); ``True`` if it did.
-        self.revive: Callable[[int], bool] | None = None
+        #: Revives a worker found lost at a batch's expiry, before the batch is sent (the
+        #: runtime's :meth:`Runtime.revive_idle`); ``True`` if it did.
+        self.revive = revive
 
     def _expire(self, batch: pa.Table) -> tuple[pa.Table, int, int, dict[int, Refills], float]:
         """Move the watermark with ``batch``; drop its late objects; expire everywhere; refill

@@ -61,7 +61,9 @@ class Registrar:
     script had not written are sent again, an unregister it had not applied is sent again.
     """
 
-    def __init__(self, pool: WorkerPool, plan: PlanResult, objects: ObjectStore, reserve: int = 0) -> None:
+    def __init__(self, pool: WorkerPool, plan: PlanResult, objects: ObjectStore, reserve: int = 0, *,
+                 feed_version: Callable[[], int] = lambda: 0,
+                 revive_worker: Callable[..., Revival | None] | None = None) -> None:
         self.pool, self.plan, self.objects, self.reserve = pool, plan, objects, reserve
         self.query_worker: dict[str, int] = {}
         self.unregistered = 0  # queries unregistered so far
@@ -69,12 +71,12 @@ class Registrar:
         self.worker_loads = np.array(plan.summary["worker_loads"], dtype=np.float64)
         self.worker_queries = np.bincount(plan.plan.worker, minlength=pool.size).astype(np.int64)
         #: The change feed's version of a registration now: the stream batches applied so far
-        #: (:class:`~knnmon.batch.BatchChanges`; the runtime points it at its dispatcher).
-        self.feed_version: Callable[[], int] = lambda: 0
-        #: Revives a worker lost during a registration or an unregister, from Redis (the runtime
-        #: points it at :meth:`Runtime.revive_idle`); ``None``, or a ``None`` answer: the loss is
+        #: (:class:`~knnmon.batch.BatchChanges`; the runtime's dispatcher's).
+        self.feed_version = feed_version
+        #: Revives a worker lost during a registration or an unregister, from Redis (the
+        #: runtime's :meth:`Runtime.revive_idle`); ``None``, or a ``None`` answer: the loss is
         #: raised (:class:`~knnmon.errors.WorkerLostError`).
-        self.revive_worker: Callable[..., Revival | None] | None = None
+        self.revive_worker = revive_worker
 
     # -- the initial load ----------------------------------------------------------------------
     def load(self, prepared: Prepared, *, resume: bool = False, redis_url: str | None = None,

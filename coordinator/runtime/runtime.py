@@ -173,11 +173,10 @@ class Runtime(Revivals):
         window = None if c.window is None else Window(c.window, int(t.max()) if len(t) else None, c.allowed_lateness)
         self.upkeep = RoutingUpkeep(self.plan.routing, self.plan.model, self.pool, c.routing_entries)
         self._exit.callback(self.upkeep.close)
+        in_place = lambda w: self.revive_idle(w) is not None  # noqa: E731 - (the dispatcher's and the rebalancer's)
         self.dispatcher = Dispatcher(self.pool, self.plan.routing, self.objects, p.initial.column("id"),
                                      seen_times=t, window=window, rects=self.plan.model.rects,
-                                     first_batch=p.first_batch)
-        self.registrar.feed_version = lambda: self.dispatcher.next_batch
-        self.dispatcher.revive = in_place = lambda w: self.revive_idle(w) is not None
+                                     first_batch=p.first_batch, revive=in_place)
         if c.rebalance is not None:
             ids = p.queries.column("id").to_pylist()
             set_of = dict(zip(ids, self.plan.plan.set_of.tolist())) if len(self.plan.plan.set_of) == len(ids) else {}
@@ -210,8 +209,9 @@ class Runtime(Revivals):
         self.objects = self._exit.enter_context(ObjectStore(p.initial, p.index))
         if p.index is not None:
             p.index.drop_trees()  # built for the initial kNN; a registration builds its own
-        self.registrar = Registrar(self.pool, self.plan, self.objects, self.config.places_reserved)
-        self.registrar.revive_worker = self.revive_idle
+        self.registrar = Registrar(self.pool, self.plan, self.objects, self.config.places_reserved,
+                                   feed_version=lambda: 0 if self.dispatcher is None else self.dispatcher.next_batch,
+                                   revive_worker=self.revive_idle)
 
     # -- the stream ------------------------------------------------------------------------------
     def process(self, batch: pa.Table, admitted: bool = False) -> BatchReport:
