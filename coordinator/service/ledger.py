@@ -54,15 +54,15 @@ class Ledger:
         --metrics``).
     """
 
-    def __init__(self, keys: Keys, counters: dict[str, int], workers: int) -> None:
+    def __init__(self, keys: Keys, counters: dict[str, int], workers: int, metrics: KnnMetrics | None = None) -> None:
         self.keys = keys
         self.counters = counters
+        self.metrics = metrics
         self.client: redis.Redis | None = None
         self.url: str | None = None
         self.checkpointer: Checkpointer | None = None
         self.rejected: dict[tuple[str, str], int] = {}
         self.latencies: deque[np.ndarray] = deque(maxlen=1000)
-        self.metrics: KnnMetrics | None = None
         self.reset_busy(workers)
 
     def reset_busy(self, workers: int) -> None:

@@ -76,7 +76,8 @@ class Lifecycle:
         self.stopping = False
         self._stop_asked = False  # stop() was called (a signal): the next run() returns at once
         self.counters = dict.fromkeys(COUNTERS, 0)
-        self.ledger = Ledger(self.keys, self.counters, config.run.workers)
+        self.telemetry = ServiceTelemetry(self, config.ready_max_lag)
+        self.ledger = Ledger(self.keys, self.counters, config.run.workers, self.telemetry.metrics)
         self.query_ops = QueryOps({}, config.run.limits, self.counters)
         self.started_ms = int(time.time() * 1000)
         self.workers: list[WorkerStats] = []  # (their worker, node and pid: the status's)
@@ -94,8 +95,6 @@ class Lifecycle:
         self._lost_checked = 0.0  # when the idle loop last looked for dead workers (time.monotonic)
         self._dead_seen: set[int] = set()  # the workers it found dead then
         self.serving = False
-        self.telemetry = ServiceTelemetry(self, config.ready_max_lag)
-        self.ledger.metrics = self.telemetry.metrics
         self.probes: ProbeServer | None = None
         self.batching = BatchPolicy(config.batching, batch=config.run.batch, max_delay_ms=config.max_delay_ms,
                                     latency_target_ms=config.latency_target_ms, sjf=config.sjf)
