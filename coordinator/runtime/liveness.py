@@ -21,11 +21,11 @@ __all__ = ["WorkerLiveness"]
 
 
 class WorkerLiveness:
-    """Liveness checks of the workers of whichever pool :attr:`pool` is (module docstring);
+    """Liveness checks of the workers of ``pool`` (module docstring; ``None``: no workers);
     thread-safe."""
 
-    def __init__(self) -> None:
-        self.pool: WorkerPool | None = None
+    def __init__(self, pool: WorkerPool | None = None) -> None:
+        self.pool = pool
         self._asked: dict[int, tuple[Any, Any]] = {}  # worker -> (its actor, the outstanding call)
         self._dead: dict[int, Any] = {}  # worker -> its actor, known dead
         self._lock = threading.Lock()

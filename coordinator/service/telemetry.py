@@ -67,15 +67,14 @@ class ServiceTelemetry:
     # -- the service loop's side -------------------------------------------------------------
     def started(self) -> None:
         """The workers (re)started: their checks and stats start anew."""
-        self.liveness = WorkerLiveness()
-        self.liveness.pool = self.svc.runtime.pool
+        self.liveness = WorkerLiveness(self.svc.runtime.pool)
         self._stats_at = float("-inf")
 
     def stopping_runtime(self) -> None:
         """The runtime is about to close: what it counted joins the totals."""
         for key, n in _runtime_counts(self.svc.runtime).items():
             self.past[key] += n
-        self.liveness.pool = None
+        self.liveness = WorkerLiveness()  # (no workers until the next start)
 
     def refresh(self) -> None:
         """Between batches, in the loop: the workers' stats when :data:`WORKER_STATS_S` passed."""
