@@ -32,8 +32,8 @@ __all__ = ["Ledger"]
 
 
 class Ledger:
-    """Acknowledges and logs (module docstring); set :attr:`client` (and :attr:`checkpointer`
-    with a window) when the service (re)connects.
+    """Acknowledges and logs (module docstring), through the client it was last given
+    (:meth:`connect`, each time the service (re)connects).
 
     Attributes
     ----------
@@ -64,6 +64,11 @@ class Ledger:
         self.rejected: dict[tuple[str, str], int] = {}
         self.latencies: deque[np.ndarray] = deque(maxlen=1000)
         self.reset_busy(workers)
+
+    def connect(self, client: redis.Redis, url: str, checkpointer: Checkpointer | None) -> None:
+        """Acknowledge through ``client`` (of Redis at ``url``) from now on; with a window,
+        checkpoint with ``checkpointer``."""
+        self.client, self.url, self.checkpointer = client, url, checkpointer
 
     def reset_busy(self, workers: int) -> None:
         """Start counting the workers' busy time anew (the workers started)."""

@@ -155,13 +155,14 @@ class Lifecycle:
         record_settings(self.client, self.keys, settings, self.redis_url)
         give_back()  # what the collection at the block's end freed
         self.query_ops.queries = r.queries
-        ledger = self.ledger
-        ledger.client, ledger.url, ledger.checkpointer = self.client, self.redis_url, None
+        checkpointer = None
         if self.config.run.window is not None:
-            ledger.checkpointer = Checkpointer(self.client, self.redis_url, self.keys,
-                                               self.config.checkpoint_interval_s, self.config.run.limits)
+            checkpointer = Checkpointer(self.client, self.redis_url, self.keys, self.config.checkpoint_interval_s,
+                                        self.config.run.limits)
             for first, last, top in r.spans:
-                ledger.checkpointer.add(first, last, top)
+                checkpointer.add(first, last, top)
+        ledger = self.ledger
+        ledger.connect(self.client, self.redis_url, checkpointer)
         ledger.ack(self.keys.ingest_objects, r.pending, r.rejects)
         self.counters["objects"] += len(r.pending) - len(r.rejects)  # (delivered before, applied by the recovery)
         ledger.reset_busy(self.config.run.workers)
