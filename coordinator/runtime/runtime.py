@@ -173,7 +173,10 @@ class Runtime(Revivals):
         window = None if c.window is None else Window(c.window, int(t.max()) if len(t) else None, c.allowed_lateness)
         self.upkeep = RoutingUpkeep(self.plan.routing, self.plan.model, self.pool, c.routing_entries)
         self._exit.callback(self.upkeep.close)
-        in_place = lambda w: self.revive_idle(w) is not None  # noqa: E731 - (the dispatcher's and the rebalancer's)
+
+        def in_place(worker: int) -> bool:  # (the dispatcher's and the rebalancer's way to revive a worker)
+            return self.revive_idle(worker) is not None
+
         self.dispatcher = Dispatcher(self.pool, self.plan.routing, self.objects, p.initial.column("id"),
                                      seen_times=t, window=window, rects=self.plan.model.rects,
                                      first_batch=p.first_batch, revive=in_place)
