@@ -163,7 +163,8 @@ def _row(rt: Runtime, summary: RunSummary, algorithm: str, kmax: int, repeat: in
     predicted = s.predicted_worker_loads
     return {
         "algorithm": algorithm, "rebalance": s.rebalance, "replans": len(s.replans),
-        "queries_moved": s.queries_moved, "replan_records": [asdict(r) for r in s.replans], "workers": rt.config.workers, "kmax": kmax,
+        "queries_moved": s.queries_moved, "replan_records": [asdict(r) for r in s.replans],
+        "workers": rt.config.workers, "kmax": kmax,
         "queries": s.queries,
         "repeat": repeat, "batches": s.batches, "objects": s.objects,
         "update_ms_wall_mean": s.update_ms_mean, "update_ms_wall_p50": s.update_ms_p50,
