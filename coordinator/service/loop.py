@@ -97,7 +97,7 @@ class Service(Lifecycle):
                     raise
                 if lost:
                     self.counters["worker_restarts"] += 1
-                elif not rebuild and not self._applying and self._rode_out(ex):
+                elif not rebuild and not self._applying and self._ride_out(ex):
                     failures = 0  # (Redis came back with every write: progress, however often it restarts)
                     continue
                 if self.stopping:  # nothing rebuilt for a service that stops: what is pending stays so
@@ -184,16 +184,23 @@ class Service(Lifecycle):
         self._server_ids = server_ids(self.client)
         return True
 
-    def _rode_out(self, ex: Exception) -> bool:
-        """:meth:`_ride_out`, again (up to 10 times) if Redis goes away again meanwhile while no
-        application is half done; ``False`` if the state must be rebuilt from Redis (by the
-        caller). Counted in ``redis_outages`` once ridden out."""
+    def _ride_out(self, ex: Exception) -> bool:
+        """Redis stopped answering between two applications: wait for it; ``True`` if it kept
+        every write (:func:`~knnmon.coordinator.service.outage.kept_every_write`) and the entries
+        delivered meanwhile are applied (then counted in ``redis_outages``), ``False`` if the
+        state must be rebuilt from it (by the caller). Redis going away again meanwhile, nothing
+        half applied, is waited for again (10 times at most)."""
+        t0 = time.perf_counter()
         for _ in range(10):
+            log.warning("Redis unreachable (%s: %s); waiting for it", type(ex).__name__, ex)
             try:
-                if not self._ride_out(ex):
+                connect_when_up(self.redis_url, lambda: self.stopping).close()
+                if not self._kept_every_write():
                     return False
-                self.counters["redis_outages"] += 1
-                return True
+                self._apply_pending_query_ops()
+                ko = self.keys.ingest_objects
+                while entries := (self.reader.read({ko: "0"}, self.config.run.batch, None) or [(ko, [])])[0][1]:
+                    self._guarded(ko, entries, self._process_objects)  # delivered, the reply lost: applied now
             except Exception as again:  # noqa: BLE001 - Redis or a worker gone again
                 if not is_infrastructure(again):
                     raise
@@ -201,24 +208,12 @@ class Service(Lifecycle):
                 if caused_by(again, WorkerLostError) or self._applying or self.stopping:
                     return False  # (a worker lost, or a batch half applied: rebuilt)
                 ex = again
+                continue
+            self.counters["redis_outages"] += 1
+            log.warning("Redis is back with every write: serving again after %.1f s, nothing rebuilt",
+                        time.perf_counter() - t0)
+            return True
         return False
-
-    def _ride_out(self, ex: Exception) -> bool:
-        """Redis stopped answering between two applications: wait for it; ``True`` if it kept
-        every write (:func:`~knnmon.coordinator.service.outage.kept_every_write`) and the entries
-        delivered meanwhile are applied, ``False`` if the state must be rebuilt from it."""
-        t0 = time.perf_counter()
-        log.warning("Redis unreachable (%s: %s); waiting for it", type(ex).__name__, ex)
-        connect_when_up(self.redis_url, lambda: self.stopping).close()
-        if not self._kept_every_write():
-            return False
-        self._apply_pending_query_ops()
-        ko = self.keys.ingest_objects
-        while entries := (self.reader.read({ko: "0"}, self.config.run.batch, None) or [(ko, [])])[0][1]:
-            self._guarded(ko, entries, self._process_objects)  # delivered, the reply lost: applied now
-        log.warning("Redis is back with every write: serving again after %.1f s, nothing rebuilt",
-                    time.perf_counter() - t0)
-        return True
 
     def _restart(self, skip: frozenset[str] = frozenset()) -> None:
         """Drop the workers and rebuild everything from Redis, leaving the entries ``skip`` (of
