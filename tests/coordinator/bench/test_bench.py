@@ -19,9 +19,11 @@ ROW_KEYS = {"algorithm", "workers", "kmax", "queries", "update_ms_wall_mean", "u
             "spearman_predicted_vs_busy", "busy_ms_per_worker", "predicted_worker_loads"}
 
 
-def test_small_bench_is_exact_for_every_algorithm(places_slice, redis_url, ray_instance, tmp_path):
+@pytest.mark.parametrize("kmax", [(3,), pytest.param((3, 6), marks=pytest.mark.slow)], ids=["k3", "k3-k6"])
+# (both k_max: -m slow, 40 s of a default suite that must stay under 10 minutes)
+def test_small_bench_is_exact_for_every_algorithm(places_slice, redis_url, ray_instance, tmp_path, kmax):
     report = tmp_path / "bench.json"
-    cfg = BenchConfig(objects=str(places_slice), queries=(600,), kmax=(3, 6), workers=(2,),
+    cfg = BenchConfig(objects=str(places_slice), queries=(600,), kmax=kmax, workers=(2,),
                       algorithms=("proposed", "keyword", "space", "random", "ideal", "single"), initial=7000, batch=500,
                       batches=4, check=True, redis_url=redis_url)
     out = run_bench(cfg, str(report), progress=False, log=lambda _: None)
@@ -30,7 +32,7 @@ def test_small_bench_is_exact_for_every_algorithm(places_slice, redis_url, ray_i
     assert saved["machine"]["cpus"] >= 1 and saved["machine"]["speed_probe_ms"] > 0 and not saved["interrupted"]
     rows = saved["rows"]
     assert [(r["algorithm"], r["kmax"]) for r in rows] == [
-        (a, k) for k in (3, 6) for a in ("proposed", "keyword", "space", "random", "ideal", "single")]
+        (a, k) for k in kmax for a in ("proposed", "keyword", "space", "random", "ideal", "single")]
     for r in rows:
         assert ROW_KEYS <= set(r)
         assert r["exact"] is True and r["mismatched_queries"] == 0 and r["checked_queries"] == 600, r["algorithm"]
@@ -50,7 +52,8 @@ def test_small_bench_is_exact_for_every_algorithm(places_slice, redis_url, ray_i
         same_k = [x for x in rows if x["kmax"] == r["kmax"] and x["algorithm"] not in ("ideal", "single")]
         assert r["deliveries_per_object"] <= min(x["deliveries_per_object"] for x in same_k)
         assert r["route_cpu_ms_mean"] == pytest.approx(min(x["route_cpu_ms_mean"] for x in same_k))  # W calls a batch
-    paths = plot_report(rows, str(tmp_path / "plots"))
+    swept = rows if len(kmax) > 1 else rows + [{**r, "kmax": 6} for r in rows]  # (one k_max: a sweep to plot)
+    paths = plot_report(swept, str(tmp_path / "plots"))
     assert [p.rsplit("/", 1)[1] for p in paths] == ["update_vs_kmax.png"]
     assert (tmp_path / "plots" / "update_vs_kmax.png").stat().st_size > 10_000
 
