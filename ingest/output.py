@@ -56,7 +56,7 @@ class RecordCounts:
 @dataclass(frozen=True)
 class Manifest:
     """``manifest.json`` of an ingest output (written as :func:`dataclasses.asdict`, the
-    :class:`Inputs` fields at the top level): the counts, ``distinct_keywords``,
+    :class:`Inputs` fields that are set at the top level): the counts, ``distinct_keywords``,
     ``mean_keywords_per_object``, the kept objects' ``bbox`` (lon/lat min, max; ``None``: none
     kept), the statistics' ``grid`` (:meth:`~knnmon.grid.Grid.to_dict`; only ``n`` with no
     objects), the output files, Spark's version and master, when (UTC) and how long (s)."""
