@@ -10,8 +10,7 @@ assignment), then objects are published through ``knn:ingest:objects``:
   objects as fast as the publisher goes.
 
 Response time per object: from its XADD (the entry id's time, set by Redis) to its effect
-written -- the end of its minibatch, or with ``--release-groups`` its own part -- from the
-``lat_hist`` of each record of
+written -- the end of its minibatch -- from the ``lat_hist`` of each record of
 ``knn:serve:batches`` (:mod:`knnmon.coordinator.service.latency`, 5 % buckets). The objects
 after the preloaded ones are shuffled (``--seed``), so that every phase streams a statistically
 alike slice. The phases run in the given order and then in reverse (ABBA), so that the machine's
@@ -59,12 +58,6 @@ PHASES = {
     "no-wait+sjf/rtree": ["--batching", "no-wait", "--sjf", "--index", "rtree"],
     "adaptive/inline-w1": ["--batching", "adaptive", "--executor", "inline", "--workers", "1"],
     "adaptive/ray-w2": ["--batching", "adaptive", "--workers", "2"],
-    # Workers releasing each minibatch in Short-Job-First parts (--release-groups).
-    "adaptive/parts8": ["--batching", "adaptive", "--release-groups", "8"],
-    "adaptive/rtree/parts8": ["--batching", "adaptive", "--index", "rtree", "--release-groups", "8"],
-    "adaptive/b5000/parts32": ["--batching", "adaptive", "--batch", "5000", "--release-groups", "32"],
-    "adaptive/rtree/b5000/parts32": ["--batching", "adaptive", "--index", "rtree", "--batch", "5000",
-                                     "--release-groups", "32"],
     "adaptive/b5000": ["--batching", "adaptive", "--batch", "5000"],
 }
 

@@ -28,7 +28,6 @@ from knnmon.encoding import id_prefix_keys
 from knnmon.geo import haversine_m, unit_vectors
 from knnmon.reports import WorkerReport
 from knnmon.workers import kernels
-from knnmon.workers.release_parts import ReleaseInParts
 from knnmon.workers.state import WorkerState
 from knnmon.workers.window_lists import WindowLists
 
@@ -95,17 +94,14 @@ class Merge:
 class BatchUpdate:
     """The batch part of a :class:`~knnmon.workers.worker.KnnWorker` (module docstring), over its
     :class:`~knnmon.workers.state.WorkerState`; the ``window`` expires and refills before a
-    batch's objects and diffs the results it touched; with ``release_groups > 1`` a batch is
-    released in parts (:class:`~knnmon.workers.release_parts.ReleaseInParts`)."""
+    batch's objects and diffs the results it touched."""
 
     def __init__(self, state: WorkerState, window: WindowLists) -> None:
         self.state, self.window = state, window
-        self.in_parts = ReleaseInParts(state, window, self)
 
     def process_batch(self, batch: int, ids: Sequence[str], lon: np.ndarray, lat: np.ndarray, t: np.ndarray,
                       keywords: Sequence[Sequence[str]], pairs: tuple[np.ndarray, np.ndarray] | None = None, *,
-                      cutoff: int | None = None, refills: Refills | None = None,
-                      rows: np.ndarray | None = None) -> WorkerReport:
+                      cutoff: int | None = None, refills: Refills | None = None) -> WorkerReport:
         """Update every affected kNN for a batch of objects and write the changes to Redis.
 
         Parameters
@@ -123,16 +119,12 @@ class BatchUpdate:
         refills
             With a window: the exact kNN over the live objects (before this batch) of the queries
             :meth:`expire` asked to refill, applied before the batch's objects.
-        rows
-            ``(n,)`` int64: the objects' rows in the shared batch (:meth:`process_rows`), which
-            a batch released in parts records (default ``0..n-1``).
 
         Returns
         -------
         WorkerReport
             With ``overlap_writes`` and a changed result, the write is queued
-            (``write_queued``) and its figures come from :meth:`written`. Released in parts
-            (``release_groups > 1``), ``released`` holds each row's release time.
+            (``write_queued``) and its figures come from :meth:`written`.
         """
         t0, c0 = time.perf_counter(), time.thread_time()
         merges0, handles0 = self.state.index.compactions, self.state.handle_compactions
@@ -148,21 +140,6 @@ class BatchUpdate:
             self.window.refill(refills)
         self.window.needs = np.empty(0, dtype=np.int64)  # (refilled now, or never asked for)
         n_refilled = len(refills.qids) if refills is not None else 0
-        if self.state.settings.release_groups > 1 and len(ids) > 1 and self.state.queue is None:
-            rows = np.arange(len(ids), dtype=np.int64) if rows is None else np.asarray(rows, dtype=np.int64)
-            report = self.in_parts.process(batch, ids, lon, lat, t, keywords, pairs, rows)
-            report = replace(report, busy_s=time.perf_counter() - t0,
-                             cpu_s=time.thread_time() - c0 + report.redis_server_s, refilled=n_refilled)
-        else:
-            report = self._process_whole(batch, ids, lon, lat, t, keywords, pairs, rows, t0, c0, n_refilled)
-        return replace(report, index_merges=self.state.index.compactions - merges0,
-                       handle_compactions=self.state.handle_compactions - handles0)
-
-    def _process_whole(self, batch: int, ids: Sequence[str], lon: np.ndarray, lat: np.ndarray, t: np.ndarray,
-                       keywords: Sequence[Sequence[str]], pairs: tuple[np.ndarray, np.ndarray] | None,
-                       rows: np.ndarray | None, t0: float, c0: float, n_refilled: int) -> WorkerReport:
-        """:meth:`process_batch` with its changes written at once (``t0``, ``c0``: its start's
-        wall and thread CPU time)."""
         obj = slot = np.empty(0, dtype=np.int64)
         if len(ids):
             po, pc_ = pairs if pairs is not None else self.state.vocabulary.encode(keywords)
@@ -182,16 +159,13 @@ class BatchUpdate:
             self.state.shrink(changed)
         self.state.release_handles()
         index_s = time.perf_counter() - t2
-        released = None
-        if self.state.settings.release_groups > 1:  # (one object, or queued writes: released whole, now)
-            rows = np.arange(len(ids), dtype=np.int64) if rows is None else np.asarray(rows, dtype=np.int64)
-            released = (rows, np.full(len(ids), time.time() * 1e3))
         return WorkerReport(worker=self.state.worker_id, batch=batch, objects=len(ids), candidates=len(obj),
                             passed=m.passed if m is not None else 0, changed=len(written),
                             busy_s=busy_core + redis_s + index_s, cpu_s=time.thread_time() - c0 + server_s,
                             redis_s=redis_s, redis_server_s=server_s, index_s=index_s,
                             write_queued=self.state.queue is not None and bool(len(written)), refilled=n_refilled,
-                            released=released)
+                            index_merges=self.state.index.compactions - merges0,
+                            handle_compactions=self.state.handle_compactions - handles0)
 
     def process_rows(self, batch: ObjectBatch, rows: np.ndarray | None = None, *, cutoff: int | None = None,
                      refills: Refills | None = None) -> WorkerReport:
@@ -208,7 +182,7 @@ class BatchUpdate:
                 part.column("lat").to_numpy(), part.column("t").to_numpy(), part.column("keywords").to_pylist(),
                 pairs_of_rows(batch, rows))
         wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
-        report = self.process_batch(*args, cutoff=cutoff, refills=refills, rows=rows)
+        report = self.process_batch(*args, cutoff=cutoff, refills=refills)
         return replace(report, busy_s=report.busy_s + wall, cpu_s=report.cpu_s + cpu)
 
     def estimate_rows(self, batch: ObjectBatch, rows: np.ndarray) -> np.ndarray:

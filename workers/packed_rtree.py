@@ -1,10 +1,9 @@
 """A static, packed R-tree over 3-D boxes in numpy arrays, searched level by level for a batch.
 
-Why not ``rtree`` (libspatialindex): Wang, Zhang and Kitsuregawa's **BatchSearch** (the batching
-seeds, ``shared/papers/batching_wang_fischer.md`` §1.3) traverses the upper levels of the tree
-once for a whole batch of events, stops at a chosen level ``L``, and resumes each event from its
-own frontier nodes there. That needs the internal nodes of every level, which ``rtree`` does not
-expose (``Index.leaves()`` gives the leaf level only, and no tree height). Here the tree is a list
+Why not ``rtree`` (libspatialindex): a batch's search starts each (object, keyword) pair at its
+keyword's entry points inside the tree (below) and goes down level by level for the whole batch
+at once. That needs the internal nodes of every level, which ``rtree`` does not expose
+(``Index.leaves()`` gives the leaf level only, and no tree height). Here the tree is a list
 of arrays, one per level, so that one level of a batch's traversal is one vectorised test of
 every (child MBR, point) pair, with no Python loop over objects or nodes.
 
@@ -23,8 +22,7 @@ keyword's entries are one run, its subtree is known in advance: :meth:`PackedRTr
 starts each pair at its keyword's entry points, the few nodes that cover the run at the deepest
 level where they are at most ``fanout`` (a tree per keyword, without one), skipping the levels
 above, which only tell keywords apart (on 100 k real queries' regions: 8.4 ms per batch of 1,000
-objects instead of 11.8 from the root). BatchSearch's shared first phase descends from the root,
-as the paper's does.
+objects instead of 11.8 from the root).
 """
 
 from __future__ import annotations
@@ -145,12 +143,6 @@ class PackedRTree:
         self._start[u] = start
         self._first[u] = lo // span
         self._count[u] = hi // span - lo // span + 1
-
-    def root_frontier(self, npairs: int) -> tuple[np.ndarray, np.ndarray]:
-        """Every pair at the root: ``(pair, node)`` ``(p,)`` int64 each (none for an empty tree)."""
-        if not len(self):
-            return np.empty(0, np.int64), np.empty(0, np.int64)
-        return np.arange(npairs, dtype=np.int64), np.zeros(npairs, dtype=np.int64)
 
     def descend(self, pair: np.ndarray, node: np.ndarray, px: np.ndarray, py: np.ndarray, pc: np.ndarray,
                 frm: int, to: int) -> tuple[np.ndarray, np.ndarray]:

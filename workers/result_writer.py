@@ -25,12 +25,7 @@ Layout: :class:`knnmon.keys.Keys`. A batch's writes travel as one msgpack payloa
    initial load) writes its queries' whole initial results as ``entered``, a deleted query its
    whole result as ``left``: applying ``knn:changes`` from the start reproduces every result's
    members;
-5. sets the marker ``<session>:<tag>``. A batch released in parts (:meth:`ResultWriter.write_part`:
-   its objects' changes group by group, each as soon as it is done) has the tags ``<batch>/0``,
-   ``<batch>/1``, ... and ``<batch>`` for its last part; each part also appends its objects' rows
-   to the list ``<marker>:rows`` (the first part empties it first, the last part and every
-   whole batch delete it), so a revival knows which of a half-written batch's objects Redis
-   holds already (:func:`knnmon.coordinator.runtime.revival.applied_state`);
+5. sets the marker ``<session>:<tag>``;
 6. returns the microseconds it ran, for the worker's busy time: the server process's CPU time
    (``os.clock``, Redis 7+, where ``TIME`` stands still inside a script), else ``TIME``.
 
@@ -131,9 +126,8 @@ class ResultWriter:
         return self._last, self._failed
 
     def apply(self, tag: int | str, payload: WritePayload) -> float:
-        """One script call with a payload built for ``tag`` (a batch's number, or
-        ``<batch>/<part>`` for a part of it: :meth:`write_part`; one per master in a cluster: see
-        :meth:`_apply_cluster`); returns the server's seconds running it (0 for a repeated tag).
+        """One script call with a payload built for ``tag`` (a batch's number; one per master in
+        a cluster: see :meth:`_apply_cluster`); returns the server's seconds running it (0 for a repeated tag).
 
         Raises
         ------
@@ -296,16 +290,6 @@ class ResultWriter:
         """Write one batch's result changes (module docstring); returns the server's seconds
         running the script."""
         return self.apply(tag, self._payload(changes))
-
-    def write_part(self, batch: int, part: int, last: bool, rows: Sequence[int], changes: BatchChanges) -> float:
-        """Write part ``part`` (``0, 1, ...``) of batch ``batch``'s changes, ``last`` if the
-        batch has no more: the changes of the objects at ``rows`` (the batch's rows, ints),
-        released before the rest of the batch is done (module docstring, 5.). Exactly once like
-        :meth:`write_batch`; returns the server's seconds running the script."""
-        payload = self._payload(changes)
-        if not last:
-            payload.update(prows=[int(r) for r in rows], pfirst=int(part == 0))
-        return self.apply(str(batch) if last else f"{batch}/{part}", payload)
 
     def write_repairs(self, tag: int, changes: BatchChanges) -> float:
         """Write result changes without touching any worker's object details (recovery's

@@ -1,24 +1,12 @@
-"""The worker's R-tree query index (``--index rtree``) and its batched search with Short-Job-First.
+"""The worker's R-tree query index (``--index rtree``).
 
 The design card's "local batched R-tree search": the queries' kNN-region MBRs (the bounding box
 of each query's ``r_q`` circle, :func:`knnmon.geo.cap_bbox`) in a keyword-aware packed R-tree
 (:class:`~knnmon.workers.packed_rtree.PackedRTree`: keyword code as a third dimension), one entry
-per (query, keyword). A batch is searched with Wang, Zhang and Kitsuregawa's **BatchSearch**
-(``shared/papers/batching_wang_fischer.md`` §1.3):
-
-1. **EstimateWorkload**: one shared, level-by-level traversal for all the batch's (object,
-   keyword) pairs from the root down to level ``L``, vectorised (all child-MBR x pair tests of a
-   level at once); an object's **workload** is the number of frontier nodes its pairs reached
-   at ``L`` (at ``L = height``: its exact candidate entries);
-2. the objects run in **Short-Job-First** order (ascending workload, ties in arrival order),
-   each resuming from its own frontier nodes down to the entries, in groups of ``group``
-   objects (1: Wang's one event at a time); each group's candidates are handed out as soon as
-   the group is done (:meth:`RTreeIndex.batch_search` yields them), so its objects' results can
-   be released before the next group runs.
-
-:class:`~knnmon.workers.adaptive_level.AdaptiveLevel` chooses ``L`` per input-size bucket (§4.2).
-:meth:`RTreeIndex.candidates` (what a worker's batch uses, results released per batch) runs the
-same traversal root to entries in one pass: with one release per batch, order gains nothing.
+per (query, keyword). A batch's (object, keyword) pairs are searched together, vectorised, from
+each keyword's entry points down to the entries (:meth:`RTreeIndex.candidates`). A batch's
+results are released together, so Wang, Zhang and Kitsuregawa's Short-Job-First order within a
+batch (BatchSearch) gains nothing here (docs/batching.md).
 
 **Updates** (a two-level log, like the grid's): a large base tree and a small delta tree (rebuilt
 on each refresh: small), merged when the delta's entries plus the superseded ones still in the
@@ -32,38 +20,13 @@ A region that grows (a window's expiry) or moves is re-indexed at once.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator
-from dataclasses import dataclass
-
 import numpy as np
 
 from knnmon.arrays import with_capacity
 from knnmon.geo import cap_bbox
-from knnmon.workers.adaptive_level import AdaptiveLevel
 from knnmon.workers.packed_rtree import PackedRTree
 
-__all__ = ["RTreeIndex", "SearchGroup"]
-
-
-@dataclass(frozen=True)
-class SearchGroup:
-    """One Short-Job-First group of :meth:`RTreeIndex.batch_search`.
-
-    Attributes
-    ----------
-    objects
-        ``(g,)`` int64: the batch positions of the group's objects, in SJF order.
-    workload
-        ``(g,)`` int64: their workload estimates (frontier nodes at the level used).
-    obj, slot
-        ``(c,)`` int64: the group's candidate (object, query slot) pairs.
-    """
-
-    objects: np.ndarray
-    workload: np.ndarray
-    obj: np.ndarray
-    slot: np.ndarray
+__all__ = ["RTreeIndex"]
 
 
 class _Part:
@@ -89,7 +52,7 @@ class _Part:
 
 
 class RTreeIndex:
-    """Keyword-aware R-tree over query regions with BatchSearch and SJF (module docstring).
+    """Keyword-aware R-tree over query regions (module docstring).
 
     The same interface as :class:`~knnmon.workers.query_index.QueryIndex` (``rebuild``,
     ``refresh``, ``candidates``, ``entries``), so a worker runs either.
@@ -98,8 +61,6 @@ class RTreeIndex:
     ----------
     fanout
         Entries per leaf and children per node.
-    adaptive
-        The level chooser of :meth:`batch_search` (default: a new :class:`AdaptiveLevel`).
     """
 
     DELTA_SHARE = 8
@@ -107,9 +68,8 @@ class RTreeIndex:
     #: A shrunk region is re-indexed once its box's area is below this share of the indexed box.
     SHRINK = 0.25
 
-    def __init__(self, *, fanout: int = 4, adaptive: AdaptiveLevel | None = None) -> None:
+    def __init__(self, *, fanout: int = 4) -> None:
         self.fanout = int(fanout)
-        self.adaptive = adaptive if adaptive is not None else AdaptiveLevel()
         self._base = _Part.empty(self.fanout)
         self._delta = _Part.empty(self.fanout)
         self._gen = np.zeros(0, dtype=np.int32)
@@ -122,11 +82,6 @@ class RTreeIndex:
     def entries(self) -> int:
         """Entries held (superseded ones not yet merged away included)."""
         return len(self._base) + len(self._delta)
-
-    @property
-    def height(self) -> int:
-        """Node levels of the base tree (BatchSearch's levels are ``0..height``)."""
-        return self._base.tree.height
 
     def _grow(self, n: int) -> None:
         self._gen = with_capacity(self._gen, n)
@@ -188,7 +143,6 @@ class RTreeIndex:
             self._nent[moved] = 0
             np.add.at(self._nent, slot[take], 1)
             self._ibox[slot[take]] = new_box[take]
-            self.adaptive.updated(int(take.sum()))
         if not len(removed) and not take.any():
             return
         current = self._delta.gen == self._gen[self._delta.slot]
@@ -245,88 +199,3 @@ class RTreeIndex:
             objs.append(o)
             slots.append(s)
         return np.concatenate(objs), np.concatenate(slots)
-
-    def estimate(self, n: int, lon: np.ndarray, lat: np.ndarray, pair_obj: np.ndarray, pair_code: np.ndarray,
-                 level: int) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray], tuple]:
-        """EstimateWorkload: the shared traversal down to ``level`` (``0..height``).
-
-        Returns
-        -------
-        workload
-            ``(n,)`` int64: frontier nodes per object at ``level`` (the delta's entries counted
-            in full: it is searched to its entries here).
-        frontier
-            ``(pair, node)`` ``(f,)`` int64: the base tree's frontier at ``level``.
-        delta_hits
-            ``(object, slot)`` of the delta tree (small, searched whole).
-        """
-        po, px, py, pc = self._points(lon, lat, pair_obj, pair_code)
-        t = self._base.tree
-        level = min(max(int(level), 0), t.height)
-        pair, node = t.descend(*t.root_frontier(len(po)), px, py, pc, 0, level)
-        d = self._delta.tree
-        dp, dn = d.descend(*d.root_frontier(len(po)), px, py, pc, 0, d.height)
-        delta_hits = self._hits(self._delta, dp, dn, po)
-        workload = np.bincount(po[pair], minlength=n) + np.bincount(po[dp], minlength=n)
-        return workload.astype(np.int64), (pair, node), delta_hits
-
-    def batch_search(self, lon: np.ndarray, lat: np.ndarray, pair_obj: np.ndarray, pair_code: np.ndarray, *,
-                     level: int | None = None, group: int = 1, sjf: bool = True) -> Iterator[SearchGroup]:
-        """BatchSearch (module docstring): yields the batch's candidates group by group.
-
-        Parameters
-        ----------
-        lon, lat, pair_obj, pair_code
-            As :meth:`candidates`.
-        level
-            The level of the first phase (``0..height``); ``None``: the adaptive level's choice
-            for this batch size, and the batch's mean response time is reported to it.
-        group
-            Objects per group (``>= 1``).
-        sjf
-            Short-Job-First order; ``False``: arrival order (FIFO), for comparison.
-
-        Yields
-        ------
-        SearchGroup
-            In processing order; every object of the batch appears in exactly one group (objects
-            with no candidate too), and the groups' pairs together are :meth:`candidates`'.
-
-        Raises
-        ------
-        ValueError
-            ``group < 1``.
-        """
-        if group < 1:
-            raise ValueError(f"group must be >= 1; got {group}")
-        n = len(lon)
-        t0 = time.perf_counter()
-        t = self._base.tree
-        chosen = level is None
-        lv = self.adaptive.level(n, t.height) if chosen else min(max(int(level), 0), t.height)
-        workload, (pair, node), (dobj, dslot) = self.estimate(n, lon, lat, pair_obj, pair_code, lv)
-        order = np.argsort(workload, kind="stable") if sjf else np.arange(n)
-        po, px, py, pc = self._points(lon, lat, pair_obj, pair_code)
-        # Group the frontier and the delta's hits by the group of their object (one sort each).
-        rank = np.empty(n, dtype=np.int64)
-        rank[order] = np.arange(n)
-        fg = rank[po[pair]] // group
-        by = np.argsort(fg, kind="stable")
-        pair, node, fg = pair[by], node[by], fg[by]
-        dg = rank[dobj] // group
-        dby = np.argsort(dg, kind="stable")
-        dobj, dslot, dg = dobj[dby], dslot[dby], dg[dby]
-        ngroups = -(-n // group)
-        fcut = np.searchsorted(fg, np.arange(ngroups + 1))
-        dcut = np.searchsorted(dg, np.arange(ngroups + 1))
-        done = 0.0
-        for g in range(ngroups):
-            p, nd = pair[fcut[g]:fcut[g + 1]], node[fcut[g]:fcut[g + 1]]
-            p, nd = t.descend(p, nd, px, py, pc, lv, t.height)
-            o, s = self._hits(self._base, p, nd, po)
-            objs = order[g * group:(g + 1) * group]
-            yield SearchGroup(objs, workload[objs], np.concatenate([o, dobj[dcut[g]:dcut[g + 1]]]),
-                              np.concatenate([s, dslot[dcut[g]:dcut[g + 1]]]))
-            done += (time.perf_counter() - t0) * len(objs)
-        if chosen and n:
-            self.adaptive.record(n, lv, t.height, done / n)

@@ -7,14 +7,10 @@ from dataclasses import dataclass
 
 from knnmon.errors import InvalidArgumentError
 
-__all__ = ["INDEX_NAMES", "MAX_RELEASE_GROUPS", "ORPHAN_S", "WorkerSettings"]
+__all__ = ["INDEX_NAMES", "ORPHAN_S", "WorkerSettings"]
 
 #: The workers' query indexes (``--index``; the classes: :data:`knnmon.workers.state.INDEXES`).
 INDEX_NAMES = ("grid", "rtree", "keyword-lists")
-
-#: At most this many parts per batch (:class:`~knnmon.workers.worker.KnnWorker`'s
-#: ``release_groups``): each costs a script call.
-MAX_RELEASE_GROUPS = 64
 
 #: A detached worker actor exits when its service's heartbeat is older than this, seconds
 #: (:mod:`knnmon.workers.actor`).
@@ -33,7 +29,7 @@ class WorkerSettings:
         Redis key prefix.
     index
         ``"grid"`` (the keyword-aware :class:`~knnmon.workers.query_index.QueryIndex`),
-        ``"rtree"`` (the R-tree with BatchSearch, :class:`~knnmon.workers.rtree_index.RTreeIndex`)
+        ``"rtree"`` (the keyword-aware R-tree, :class:`~knnmon.workers.rtree_index.RTreeIndex`)
         or ``"keyword-lists"`` (the single-process reference's
         :class:`~knnmon.workers.keyword_lists.KeywordLists`).
     overlap_writes
@@ -47,11 +43,6 @@ class WorkerSettings:
     track_load
         Charge each query its measured load per batch (:mod:`knnmon.workers.query_load`), for
         re-balancing; off, a batch pays nothing for it and every load reads 0.
-    release_groups
-        Release a batch's changes in up to this many parts, objects in Short-Job-First order
-        (Wang, Zhang and Kitsuregawa: the cheap objects' changes do not wait for the expensive
-        ones; :mod:`~knnmon.workers.release_parts`). 1: one write per batch. Not with
-        ``overlap_writes``.
     redis_wait_s
         Retry a Redis that does not answer this long before a write fails, seconds
         (:func:`~knnmon.connection.set_retry_window`, for the worker's process); ``None``: as set.
@@ -59,8 +50,7 @@ class WorkerSettings:
     Raises
     ------
     InvalidArgumentError
-        An unknown ``index``, a negative ``reserve``, ``release_groups`` outside
-        ``1..MAX_RELEASE_GROUPS``, or above 1 with ``overlap_writes``.
+        An unknown ``index`` or a negative ``reserve``.
     """
 
     redis_url: str | None = None
@@ -69,7 +59,6 @@ class WorkerSettings:
     overlap_writes: bool = False
     reserve: int = 0
     track_load: bool = False
-    release_groups: int = 1
     redis_wait_s: float | None = None
 
     def __post_init__(self) -> None:
@@ -77,9 +66,3 @@ class WorkerSettings:
             raise InvalidArgumentError(f"Invalid index: {self.index!r}.\nValid options are: {INDEX_NAMES}")
         if self.reserve < 0:
             raise InvalidArgumentError(f"the reserve must be >= 0; got {self.reserve}")
-        if not 1 <= self.release_groups <= MAX_RELEASE_GROUPS:
-            raise InvalidArgumentError(f"--release-groups must be in 1..{MAX_RELEASE_GROUPS}; "
-                                       f"got {self.release_groups}")
-        if self.release_groups > 1 and self.overlap_writes:
-            raise InvalidArgumentError("--release-groups above 1 needs synchronous writes (--sync-writes): a part is "
-                                       "released when its write is in Redis")

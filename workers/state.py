@@ -1,6 +1,6 @@
 """A worker's state: its queries, their top-k lists, the objects they hold, the keyword codes, the
 query index and the writes to Redis. Every part of :class:`~knnmon.workers.worker.KnnWorker`
-(registration, the batch, the window, release in parts, hand-over, kept start) is given the one
+(registration, the batch, the window, hand-over, kept start) is given the one
 :class:`WorkerState` it works on when it is built.
 """
 
@@ -31,8 +31,8 @@ from knnmon.workers.write_queue import WriteQueue
 
 __all__ = ["COMPACT_MIN", "HANDLES_SLACK", "INDEXES", "WorkerState"]
 
-#: Query-region index by name: knnmon's keyword-aware grid, the keyword-aware R-tree with
-#: BatchSearch (Wang, Zhang, Kitsuregawa), or the single-process reference's keyword lists.
+#: Query-region index by name: knnmon's keyword-aware grid, the keyword-aware R-tree, or the
+#: single-process reference's keyword lists.
 INDEXES = {"grid": QueryIndex, "rtree": RTreeIndex, "keyword-lists": KeywordLists}
 
 #: Compaction (:meth:`~knnmon.workers.registration.Registration.compact`) waits for at least this

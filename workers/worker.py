@@ -55,8 +55,7 @@ class KnnWorker:
     queries, their top-k lists, the objects they hold, the keyword codes, the query index, the
     writes): registration (:class:`~knnmon.workers.registration.Registration`), a batch
     (:class:`~knnmon.workers.batch_update.BatchUpdate`, its hot steps compiled in
-    :mod:`~knnmon.workers.kernels`, released in parts by
-    :class:`~knnmon.workers.release_parts.ReleaseInParts`), the window
+    :mod:`~knnmon.workers.kernels`), the window
     (:class:`~knnmon.workers.window_lists.WindowLists`), re-balancing
     (:class:`~knnmon.workers.handover.Handover`) and a kept start
     (:class:`~knnmon.workers.kept_state.KeptState`).
@@ -86,11 +85,9 @@ class KnnWorker:
 
     def process_batch(self, batch: int, ids: Sequence[str], lon: np.ndarray, lat: np.ndarray, t: np.ndarray,
                       keywords: Sequence[Sequence[str]], pairs: tuple[np.ndarray, np.ndarray] | None = None, *,
-                      cutoff: int | None = None, refills: Refills | None = None,
-                      rows: np.ndarray | None = None) -> WorkerReport:
+                      cutoff: int | None = None, refills: Refills | None = None) -> WorkerReport:
         """:meth:`BatchUpdate.process_batch`."""
-        return self.update.process_batch(batch, ids, lon, lat, t, keywords, pairs, cutoff=cutoff, refills=refills,
-                                         rows=rows)
+        return self.update.process_batch(batch, ids, lon, lat, t, keywords, pairs, cutoff=cutoff, refills=refills)
 
     def estimate_rows(self, batch: ObjectBatch, rows: np.ndarray) -> np.ndarray:
         """:meth:`BatchUpdate.estimate_rows`."""

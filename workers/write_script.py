@@ -17,7 +17,7 @@ from knnmon.keys import Keys
 __all__ = ["APPLY", "PAYLOAD_VERSION", "SECTIONS", "ClusterWrites", "WritePayload"]
 
 #: The version of :class:`WritePayload` that :data:`APPLY` reads; it refuses any other.
-PAYLOAD_VERSION = 1
+PAYLOAD_VERSION = 2
 
 
 class WritePayload(TypedDict, total=False):
@@ -34,8 +34,7 @@ class WritePayload(TypedDict, total=False):
     ``sa`` added, ``sr`` removed. The details hash ``okey``: ``hs`` (id, details, ...) set,
     ``hd`` ids deleted (``dets``: by details hash, before a cluster split). The feed: ``feed``
     (its text; empty: no entry), ``version``, trimmed to ``maxlen`` entries and ``keepms``
-    ms, keeping at least ``minentries``. Released in parts: ``prows`` (the part's rows, kept
-    under ``<marker>:rows``), ``pfirst`` (1: the first part)."""
+    ms, keeping at least ``minentries``."""
 
     pv: int
     ns: str
@@ -63,8 +62,6 @@ class WritePayload(TypedDict, total=False):
     maxlen: int
     keepms: int
     minentries: int
-    prows: list[int]
-    pfirst: int
 
 APPLY = """
 local os_lib = rawget(_G, 'os')
@@ -113,14 +110,6 @@ if #p.feed > 0 then
     local ms = tonumber(string.match(id, '^(%d+)'))
     redis.call('XTRIM', ns .. ':changes', 'MINID', '~', string.format('%.0f', ms - p.keepms))
   end
-end
-if p.prows then
-  local rows = p.marker .. ':rows'
-  if p.pfirst == 1 then redis.call('DEL', rows) end
-  local r = p.prows
-  for s = 1, #r, 2000 do redis.call('RPUSH', rows, unpack(r, s, math.min(s + 1999, #r))) end
-else
-  redis.call('DEL', p.marker .. ':rows')
 end
 redis.call('SET', p.marker, p.tag)
 return math.floor(now_us() - t0)
@@ -190,7 +179,7 @@ class ClusterWrites:
             d = out[m.master_of(okey)]
             d["okey"], d["hs"], d["hd"] = okey, hs, hd
         out[m.master_of(keys.changes)]["feed"] = payload["feed"]
-        shared = ("pv", "ns", "rep", "version", "maxlen", "keepms", "minentries", "prows", "pfirst")
+        shared = ("pv", "ns", "rep", "version", "maxlen", "keepms", "minentries")
         common = {k: payload[k] for k in shared if k in payload}
         return {name: {**common, **d} for name, d in out.items()}
 

@@ -96,7 +96,7 @@ def add_index_option(p: argparse.ArgumentParser, verb: str) -> None:
     """``--index``: the workers' query index (:data:`knnmon.workers.settings.INDEX_NAMES`)."""
     p.add_argument("--index", choices=("grid", "rtree"), default=DEFAULT_INDEX[verb],
                    help="the workers' index over query regions: the paper's grid inverted lists, or a keyword-aware "
-                        f"R-tree searched with BatchSearch (default {DEFAULT_INDEX[verb]}; docs/batching.md)")
+                        f"R-tree (default {DEFAULT_INDEX[verb]}; docs/batching.md)")
 
 
 def add_limit_options(p: argparse.ArgumentParser) -> None:

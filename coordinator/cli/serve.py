@@ -38,7 +38,7 @@ def _serve(a: argparse.Namespace) -> int:
     say = logging.getLogger("knnmon.serve").info if a.log_format == "json" else (lambda m: print(m, flush=True))
 
     run = RunConfig(**runtime_settings(a), initial=0, store=store_config(a, durable=True), overlap_writes=False,
-                    release_groups=a.release_groups, redis_wait_s=a.redis_wait)
+                    redis_wait_s=a.redis_wait)
     config = ServeConfig(run=run, objects_dir=a.objects, initial=a.initial, max_delay_ms=a.max_delay_ms,
                          checkpoint_interval_s=a.checkpoint_interval, batching=a.batching,
                          latency_target_ms=a.latency_target_ms, sjf=a.sjf, replan=a.replan,
@@ -73,10 +73,6 @@ def add_serve_command(sub: Any) -> None:
     s.add_argument("--sjf", action="store_true",
                    help="with --batching no-wait or adaptive: cut each read into minibatches Short-Job-First, cheap "
                         "objects answered first (not with --window)")
-    s.add_argument("--release-groups", type=int, default=1, metavar="G",
-                   help="each worker releases a minibatch's result changes in up to G parts, its objects Short-Job-"
-                        "First (the R-tree index's BatchSearch, else by candidate count), each part as soon as it "
-                        "is done (default 1: one write per minibatch; 1..64)")
     add_index_option(s, "serve")
     add_limit_options(s)
     add_window_options(s, arrival=False)

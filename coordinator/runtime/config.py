@@ -84,10 +84,6 @@ class RunConfig:
         give up on it, seconds (``--redis-wait`` of ``serve``:
         :func:`~knnmon.connection.set_retry_window`): a Redis restart shorter than this costs
         a wait, not a recovery.
-    release_groups : int
-        Each worker releases a batch's changes in up to this many Short-Job-First parts, each
-        as soon as it is done (:class:`~knnmon.workers.worker.KnnWorker`; ``--release-groups``
-        of ``serve``); 1: one write per batch. Needs ``overlap_writes=False``.
 
     Raises
     ------
@@ -96,8 +92,7 @@ class RunConfig:
         ``in_flight < 1``, an unknown ``executor`` or ``index``, a bad ``routing_entries``,
         a window outside 1 ms..10 years, an allowed lateness outside 0..10 years or without a
         window, ``arrival_ms`` outside 1..:data:`MAX_ARRIVAL_MS`, a
-        ``reserve`` outside 0..1000, ``release_groups`` outside 1..64 or above 1 with
-        ``overlap_writes``, ``redis_wait_s`` outside 0..3600.
+        ``reserve`` outside 0..1000, ``redis_wait_s`` outside 0..3600.
     """
 
     workers: int = 2
@@ -125,7 +120,6 @@ class RunConfig:
     arrival_ms: int | None = None
     reserve: int | None = None
     rebalance: RebalanceConfig | None = None
-    release_groups: int = 1
     redis_wait_s: float = 6.2
 
     def __post_init__(self) -> None:
@@ -141,7 +135,7 @@ class RunConfig:
             raise InvalidArgumentError(f"--batches must be >= 1; got {self.batches}")
         check_max_entries(self.routing_entries)
         # (the workers' own settings, checked where they are defined)
-        WorkerSettings(index=self.index, overlap_writes=self.overlap_writes, release_groups=self.release_groups)
+        WorkerSettings(index=self.index, overlap_writes=self.overlap_writes)
         if self.executor not in EXECUTORS:
             raise InvalidArgumentError(f"Invalid executor: {self.executor!r}.\nValid options are: {EXECUTORS}")
         if self.window is not None:

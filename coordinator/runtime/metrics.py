@@ -53,10 +53,6 @@ class BatchReport:
         With a window: objects that arrived expired (not applied); results refilled.
     refill_ms : float
         With a window: the coordinator's time expiring and searching the refills (ms).
-    released_ms : numpy.ndarray or None
-        ``(objects,)`` float64 epoch ms: when each object's last worker released its changes,
-        with workers releasing in parts (``release_groups``); NaN for an object no worker got.
-        ``None``: every change was released at the end of its worker's call.
     """
 
     batch: int
@@ -78,7 +74,6 @@ class BatchReport:
     late: int = 0
     refilled: int = 0
     refill_ms: float = 0.0
-    released_ms: np.ndarray | None = field(default=None, repr=False, compare=False)
     index_ms: list[float] = field(default_factory=list)
     index_merges: list[int] = field(default_factory=list)
     handle_compactions: list[int] = field(default_factory=list)
@@ -105,23 +100,8 @@ class BatchReport:
                    changed=sum(r.changed for r in reports),
                    redis_server_ms=sum(r.redis_server_s for r in reports) * 1e3, late=late,
                    refilled=sum(r.refilled for r in reports), refill_ms=refill_ms,
-                   released_ms=_released(objects, reports), index_ms=index.tolist(),
+                   index_ms=index.tolist(),
                    index_merges=merges, handle_compactions=handles)
-
-
-def _released(objects: int, reports: Sequence[WorkerReport]) -> np.ndarray | None:
-    """:attr:`BatchReport.released_ms` from the workers' reports (``None`` unless one released
-    in parts); a worker that did not release in parts counts at the end of its call: unknown
-    here, so its objects' times are NaN."""
-    if not any(r.released is not None for r in reports):
-        return None
-    out = np.full(objects, np.nan)
-    for r in reports:
-        if r.released is not None:
-            rows, ms = r.released
-            ok = rows < objects
-            np.fmax.at(out, rows[ok], ms[ok])
-    return out
 
 
 @dataclass(frozen=True)

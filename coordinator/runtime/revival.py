@@ -11,9 +11,7 @@ a new one and rebuilds it from what Redis holds, while the other workers keep th
 3. the batches dispatched but not yet collected are sent again to the new worker, those after
    that number only (the earlier ones it applied already; a collected batch was written). A
    batch between the marker and the uncollected ones changed nothing of this worker's results,
-   so nothing is lost by not sending it again. Of a batch the worker released in parts and
-   died in the middle of, only the rows whose changes Redis does not hold are sent again
-   (:func:`rows_to_resend`).
+   so nothing is lost by not sending it again.
 
 The queries are read :data:`CHUNK` at a time (one script call each), and each chunk is loaded
 into the new worker while the next is read, so the load costs little beyond the read.
@@ -27,8 +25,8 @@ loaded as its result, ``r_q`` its ``k``-th distance, with the members' times fro
 details hash, and the reserve comes back with the query's next refill -- no search. A batch
 in flight (one) that the worker had not written is then replayed on top: its expiry, the
 refills that expiry needs searched over the live objects but the batch's own (the store holds
-them already; ``refill``), and every object of the batch. Only where that cannot be (a batch released in
-parts, several in flight, a member's details missing) is the worker rebuilt instead over the
+them already; ``refill``), and every object of the batch. Only where that cannot be (several
+batches in flight, a member's details missing) is the worker rebuilt instead over the
 coordinator's live objects, which already hold every batch dispatched (each
 query's exact ``k + reserve`` nearest live matches, as a registration's are searched); the
 rebuilt lists' regions join the routing table (a list whose reserve had run out may reach
@@ -61,7 +59,7 @@ from knnmon.query import QueryColumns
 from knnmon.reports import WorkerReport
 from knnmon.results import ResultReader, StoredLists
 
-__all__ = ["Revival", "applied_state", "held_details", "last_applied_batch", "revive", "rows_to_resend"]
+__all__ = ["Revival", "held_details", "last_applied_batch", "revive"]
 
 log = logging.getLogger("knnmon.runtime")
 
@@ -70,23 +68,17 @@ log = logging.getLogger("knnmon.runtime")
 CHUNK = 10_000
 
 
-def _marker_tag(marker: str | None) -> tuple[int, int | None]:
-    """A marker's (batch, part): ``<session>:<batch>`` a whole batch (part ``None``),
-    ``<session>:<batch>/<part>`` a batch written up to that part (``(-1, None)``: none yet)."""
+def _marker_batch(marker: str | None) -> int:
+    """A marker's batch: ``<session>:<batch>`` (``-1``: none yet, or unreadable)."""
     try:
-        tag = (marker or "").rsplit(":", 1)[1]
-        batch, _, part = tag.partition("/")
-        return max(int(batch), -1), (int(part) if part else None)
+        return max(int((marker or "").rsplit(":", 1)[1]), -1)
     except (IndexError, ValueError):
-        return -1, None
+        return -1
 
 
-def applied_state(client, keys: Keys, worker: int) -> tuple[int, tuple[int, np.ndarray] | None]:
-    """What of its batches worker ``worker``'s scripts applied: the number of the last whole
-    batch (``-1``: none; its registrations use negative tags) and, if its last write was a part
-    of a batch released in parts (:meth:`ResultWriter.write_part`), that batch's number with the
-    rows Redis holds the changes of (``(m,)`` int64). In a Redis Cluster every master's marker
-    must agree.
+def last_applied_batch(client, keys: Keys, worker: int) -> int:
+    """The number of the last batch worker ``worker``'s scripts applied (``-1``: none; its
+    registrations use negative tags). In a Redis Cluster every master's marker must agree.
 
     Raises
     ------
@@ -97,46 +89,15 @@ def applied_state(client, keys: Keys, worker: int) -> tuple[int, tuple[int, np.n
     from redis.cluster import RedisCluster
 
     if not isinstance(client, RedisCluster):
-        marker = keys.worker_batch(worker)
-        batch, part = _marker_tag(client.get(marker))
-    else:
-        from knnmon.redis_cluster import MasterMap
+        return _marker_batch(client.get(keys.worker_batch(worker)))
+    from knnmon.redis_cluster import MasterMap
 
-        masters = MasterMap(client)
-        found = {_marker_tag(client.get(keys.worker_batch(worker, masters.tag_of(n)))) for n in masters.names}
-        if len(found) > 1:
-            raise WorkerLostError(worker, f"its last write reached some masters of the Redis Cluster only (batches "
-                                          f"{sorted(found, key=str)}); it cannot be revived in place")
-        batch, part = found.pop()
-        marker = keys.worker_batch(worker, masters.tag_of(masters.names[0]))
-    if part is None:
-        return batch, None
-    rows = np.array([int(r) for r in client.lrange(f"{marker}:rows", 0, -1)], dtype=np.int64)
-    return batch - 1, (batch, rows)
-
-
-def last_applied_batch(client, keys: Keys, worker: int) -> int:
-    """The number of the last whole batch worker ``worker``'s scripts applied
-    (:func:`applied_state`).
-
-    Raises
-    ------
-    WorkerLostError
-        As :func:`applied_state`.
-    """
-    return applied_state(client, keys, worker)[0]
-
-
-def rows_to_resend(number: int, rows: np.ndarray, last: int, partial: tuple[int, np.ndarray] | None
-                   ) -> np.ndarray | None:
-    """Of batch ``number``'s rows for a revived worker (``rows``, int64), those to send again
-    (``None``: none, it applied the batch): all after the last whole batch ``last``, but of a
-    batch it released in part (``partial``: :func:`applied_state`) only the rows Redis does not
-    hold the changes of. Merging the rest on top of what Redis holds gives the batch's exact
-    result: a batch's kNN is the top-k of the union, whatever order its objects merge in."""
-    if partial is not None and number == partial[0]:
-        return np.setdiff1d(rows, partial[1])
-    return rows if number > last else None
+    masters = MasterMap(client)
+    found = {_marker_batch(client.get(keys.worker_batch(worker, masters.tag_of(n)))) for n in masters.names}
+    if len(found) > 1:
+        raise WorkerLostError(worker, f"its last write reached some masters of the Redis Cluster only (batches "
+                                      f"{sorted(found)}); it cannot be revived in place")
+    return found.pop()
 
 
 def held_details(hashes: Mapping[str, Mapping[str, str]], ids: Sequence[str]) -> ObjectColumns | None:
@@ -217,16 +178,18 @@ def revive(pool: WorkerPool, registrar: Registrar, redis_url: str, namespace: st
     try:
         qids = [q for q, w in registrar.query_worker.items() if w == worker] + list(also)
         try:
-            last, partial = with_retries(lambda: applied_state(client, keys, worker), "reading a worker's marker",
-                                         redis_url)
+            last = with_retries(lambda: last_applied_batch(client, keys, worker), "reading a worker's marker",
+                                redis_url)
         except WorkerLostError:
             if live is None:
                 raise
-            last, partial = -1, (-1, np.empty(0, np.int64))  # (a window rebuilds over the live objects)
+            last, cut = -1, True  # (a window rebuilds over the live objects)
+        else:
+            cut = False
         # With a window: from Redis with the members' details when it holds them, and a batch in
-        # flight (one; not released in parts) replayed on top of what the worker wrote.
-        first_k = live is not None and (not uncollected or (refill is not None and len(uncollected) == 1
-                                                            and partial is None and uncollected[0].cutoff is not None))
+        # flight (one) replayed on top of what the worker wrote.
+        first_k = live is not None and (not uncollected or (refill is not None and len(uncollected) == 1 and not cut
+                                                            and uncollected[0].cutoff is not None))
         hashes = None  # the worker's details hashes, once read
         if first_k:
             t1 = time.perf_counter()
@@ -291,7 +254,7 @@ def revive(pool: WorkerPool, registrar: Registrar, redis_url: str, namespace: st
             resent += 1
             out.append(replace(d, pending=[call if p.worker == worker else p for p in d.pending]))
             continue
-        rows = None if live is not None or replay else rows_to_resend(d.number, d.rows[worker], last, partial)
+        rows = None if live is not None or replay or d.number <= last else d.rows[worker]
         if rows is not None:
             call = pool.process(worker, d.shared, rows)
             resent += 1

@@ -267,8 +267,7 @@ def make_pool(config: RunConfig, redis_url: str | None, *, detach: bool = False)
 
     settings = WorkerSettings(redis_url=redis_url, namespace=config.store.namespace, index=config.index,
                               overlap_writes=config.overlap_writes, reserve=config.places_reserved,
-                              track_load=config.rebalance is not None, release_groups=config.release_groups,
-                              redis_wait_s=config.redis_wait_s)
+                              track_load=config.rebalance is not None, redis_wait_s=config.redis_wait_s)
     if config.executor == "inline":
         return InlinePool([KnnWorker(w, settings) for w in range(config.workers)],
                           make=lambda w: KnnWorker(w, settings))

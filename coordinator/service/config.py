@@ -16,7 +16,7 @@ __all__ = ["RUN_FIELDS", "ServeConfig"]
 
 #: The :class:`RunConfig` fields a service uses, which its status reports beside its own.
 RUN_FIELDS = ("workers", "algorithm", "store", "ray_address", "executor", "batch", "processes", "limits", "window",
-              "allowed_lateness", "reserve", "rebalance", "index", "release_groups", "redis_wait_s")
+              "allowed_lateness", "reserve", "rebalance", "index", "redis_wait_s")
 
 
 def _runtime() -> RunConfig:

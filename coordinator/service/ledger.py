@@ -4,8 +4,7 @@ Entries are acknowledged only after their effect is in Redis
 (:func:`~knnmon.coordinator.service.acks.acknowledge`, with their rejects in
 ``knn:ingest:rejects``); each (mini)batch is logged to ``knn:serve:batches`` (``first``,
 ``last`` entry ids, ``n``, ``done_ms``, what it cost, and ``lat_hist``: its objects' response
-times from XADD to their results written -- each object's own part with ``--release-groups``,
-else the minibatch's end -- :mod:`~knnmon.coordinator.service.latency`). With a window, the
+times from XADD to their minibatch's results written, :mod:`~knnmon.coordinator.service.latency`). With a window, the
 objects stream is trimmed at checkpoints (:mod:`~knnmon.coordinator.service.checkpoint`).
 """
 
@@ -116,9 +115,6 @@ class Ledger:
         # an entry id from the future (within --max-future) counts no negative response time
         published_ms = np.minimum(np.array([entry_time_ms(e) for e in ids], dtype=np.float64), now_ms)
         done_ms = np.full(len(ids), now_ms)
-        released = report.released_ms if report is not None else None
-        if released is not None and len(released) == len(ids):  # workers released in parts
-            done_ms = np.where(np.isfinite(released), np.minimum(released, now_ms), now_ms)
         record = {"first": acked[0], "last": acked[-1], "n": len(acked), "objects": n_objects,
                   "rejects": len(rejects), "done_ms": f"{now_ms:.1f}", "parse_ms": f"{parse_ms:.2f}",
                   "update_ms": f"{update_ms:.2f}", "lat_hist": latency.encode(done_ms - published_ms)}

@@ -14,7 +14,6 @@ when
 - no entries are being isolated (poison isolation rebuilds without them: the stored results
   may hold some of their effects);
 - Redis is one server (a Redis Cluster recovers in full);
-- every worker's last write was a whole batch (not a part of one, :meth:`ResultWriter.write_part`);
 - every registered query's hash names its worker, within the workers, and no re-balancing move
   is noted in it (:func:`stored_start`).
 """
@@ -28,9 +27,7 @@ import numpy as np
 import redis
 
 from knnmon.connection import replace_hash, with_retries
-from knnmon.coordinator.runtime.revival import applied_state
 from knnmon.coordinator.runtime.stored_start import StoredStart
-from knnmon.errors import WorkerLostError
 from knnmon.keys import Keys
 from knnmon.query import Query, QueryColumns
 from knnmon.workers.placements import placement_number
@@ -73,12 +70,6 @@ def why_not_resumable(client: redis.Redis, keys: Keys, settings: dict[str, str],
     if recorded != settings:
         changed = sorted(k for k in settings.keys() | recorded.keys() if recorded.get(k) != settings.get(k))
         return "no settings recorded" if not recorded else f"the settings changed ({', '.join(changed)})"
-    for w in range(int(settings["workers"])):
-        try:
-            if applied_state(client, keys, w)[1] is not None:
-                return f"worker {w}'s last write was a part of a batch"
-        except WorkerLostError as ex:
-            return str(ex)
     return None
 
 

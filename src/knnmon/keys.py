@@ -43,9 +43,8 @@ class Keys:
       names its set;
     - ``replans``: list, newest first, one JSON record per re-plan of re-balancing (trigger,
       predicted gain, queries moved, seconds; the last :data:`REPLANS_KEPT`);
-    - ``worker_batch(w)``: the last batch number worker ``w`` applied (idempotent writes;
-      ``<batch>/<part>`` while a batch released in parts is half written, with its rows in the
-      list ``worker_batch(w) + ":rows"``); in a Redis Cluster one per master,
+    - ``worker_batch(w)``: the last batch number worker ``w`` applied (idempotent writes); in a
+      Redis Cluster one per master,
       ``worker_batch(w, tag)`` with a hash tag of a slot of that master
       (:mod:`knnmon.redis_cluster`).
 

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-import numpy as np
-
 __all__ = ["KeptReport", "LoadResult", "WorkerReport", "WorkerStats", "WriteFigures"]
 
 
@@ -122,10 +120,6 @@ class WorkerReport:
     index_merges, handle_compactions : int
         The query index's full merges (its ``compactions``) and the object handles'
         compactions during the batch: a worker's one-off steps, within ``index_s``.
-    released : tuple of two arrays, or None
-        A batch released in parts (the worker's ``release_groups``): its objects' rows in the
-        shared batch, ``(n,)`` int64, and when each one's changes were written (or found to be
-        none), ``(n,)`` float64 epoch ms. ``None``: all at the end of the call.
     """
 
     worker: int
@@ -143,7 +137,6 @@ class WorkerReport:
     refilled: int = 0
     index_merges: int = 0
     handle_compactions: int = 0
-    released: tuple[np.ndarray, np.ndarray] | None = None
 
     def with_write(self, w: WriteFigures) -> WorkerReport:
         """This report with its queued write's figures: the writing thread's CPU and the

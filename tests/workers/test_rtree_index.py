@@ -1,5 +1,5 @@
 """The R-tree query index (``--index rtree``): its refreshes against a rebuilt index, the grid and
-brute force; BatchSearch against the plain search at every level; the self-adaptive level."""
+brute force, at several fanouts."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from knnmon.geo import haversine_m
-from knnmon.workers.adaptive_level import AdaptiveLevel
 from knnmon.workers.packed_rtree import PackedRTree
 from knnmon.workers.query_index import QueryIndex
 from knnmon.workers.rtree_index import RTreeIndex
@@ -88,36 +87,20 @@ def test_refresh_matches_a_rebuilt_index_the_grid_and_brute_force(seed, n, steps
 
 
 @settings(max_examples=30, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 400), fanout=st.sampled_from([2, 4, 16]),
-       group=st.sampled_from([1, 3, 1000]), sjf=st.booleans())
-def test_batch_search_finds_exactly_the_plain_search_pairs_at_every_level(seed, n, fanout, group, sjf):
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 400), fanout=st.sampled_from([2, 4, 16]))
+def test_every_fanout_finds_the_same_pairs_as_the_grid(seed, n, fanout):
     rng = np.random.default_rng(seed)
     state = _State(rng, n)
-    index = RTreeIndex(fanout=fanout)
+    index, grid = RTreeIndex(fanout=fanout), QueryIndex()
     index.DELTA_MIN = 1 << 20
     index.rebuild(*state.entries(np.arange(n)))
     extra = state.add(int(rng.integers(0, 20)))  # some in the delta tree too
     index.refresh(extra, *state.entries(extra))
+    grid.rebuild(*state.entries(np.arange(len(state.lon))))
     lon, lat, pair_obj, pair_code = _probe(rng, 120)
-    plain = _pairs(*index.candidates(lon, lat, pair_obj, pair_code))
-    assert index.height >= 1
-    for level in range(index.height + 1):
-        groups = list(index.batch_search(lon, lat, pair_obj, pair_code, level=level, group=group, sjf=sjf))
-        objs = np.concatenate([g.objects for g in groups])
-        assert sorted(objs.tolist()) == list(range(len(lon)))  # every object once
-        assert all(len(g.objects) <= group for g in groups)
-        got = sorted(p for g in groups for p in zip(g.obj.tolist(), g.slot.tolist()))
-        assert got == plain, level
-        for g in groups:  # a group's pairs are its own objects'
-            assert set(g.obj.tolist()) <= set(g.objects.tolist())
-        work = np.concatenate([g.workload for g in groups])
-        if sjf:
-            assert (np.diff(work) >= 0).all()  # Short-Job-First
-        else:
-            assert objs.tolist() == list(range(len(lon)))  # arrival order
-        if level == 0:  # at the root every pair is one frontier node: workload = pairs + delta hits
-            est, _, (dobj, _) = index.estimate(len(lon), lon, lat, pair_obj, pair_code, 0)
-            assert (est == np.bincount(pair_obj, minlength=len(lon)) + np.bincount(dobj, minlength=len(lon))).all()
+    got = _within(state, lon, lat, _pairs(*index.candidates(lon, lat, pair_obj, pair_code)))
+    assert got == _within(state, lon, lat, _pairs(*grid.candidates(lon, lat, pair_obj, pair_code)))
+    assert got == _exact(state, lon, lat, pair_obj, pair_code)
 
 
 def test_packed_rtree_search_against_brute_force():
@@ -136,47 +119,3 @@ def test_packed_rtree_search_against_brute_force():
     assert PackedRTree([], [], [], [], []).search(px, py, pc)[0].size == 0
     with pytest.raises(ValueError):
         PackedRTree([0.0], [0.0], [1.0], [1.0], [1, 2])
-
-
-def test_adaptive_level_settles_at_the_best_level_and_probes_again_after_updates():
-    best, height = 5, 8
-    adaptive = AdaptiveLevel(loop=4, threshold=1000)
-    rng = np.random.default_rng(0)
-    for _ in range(400):
-        lv = adaptive.level(100, height)
-        adaptive.record(100, lv, height, 1.0 + 0.1 * abs(lv - best) + rng.uniform(0, 0.01))
-    st_ = adaptive.state()[AdaptiveLevel.bucket_of(100)]
-    assert st_ == {"level": best, "stable": True, "moves": abs(best - height // 2)}
-    assert adaptive.level(100, height) == best
-    adaptive.updated(999)
-    assert adaptive.level(100, height) == best
-    adaptive.updated(1)  # the tree changed: probe again, round robin around the current level
-    assert adaptive.level(100, height) == best
-    adaptive.record(100, best, height, 1.0)
-    assert adaptive.level(100, height) == best - 1
-    # Another input size has its own state; the top and bottom of the tree clip the round robin.
-    assert adaptive.level(3, 0) == 0
-    for _ in range(30):
-        lv = adaptive.level(3, 0)
-        assert lv == 0
-        adaptive.record(3, lv, 0, 1.0)
-    assert adaptive.state()[AdaptiveLevel.bucket_of(3)]["stable"]
-    with pytest.raises(ValueError):
-        AdaptiveLevel(loop=0)
-
-
-def test_batch_search_with_the_adaptive_level_reports_each_batch():
-    rng = np.random.default_rng(5)
-    state = _State(rng, 300)
-    index = RTreeIndex(adaptive=AdaptiveLevel(loop=1))
-    index.rebuild(*state.entries(np.arange(300)))
-    lon, lat, pair_obj, pair_code = _probe(rng, 64)
-    plain = _pairs(*index.candidates(lon, lat, pair_obj, pair_code))
-    for _ in range(12):  # loop=1: a decision every 3 batches, 4 in all
-        groups = list(index.batch_search(lon, lat, pair_obj, pair_code, group=8))
-        assert sorted(p for g in groups for p in zip(g.obj.tolist(), g.slot.tolist())) == plain
-    b = index.adaptive.buckets[AdaptiveLevel.bucket_of(64)]
-    assert b.stable or b.moves == 4  # every decision either settled or moved
-    assert 0 <= b.cur <= index.height
-    with pytest.raises(ValueError):
-        next(index.batch_search(lon, lat, pair_obj, pair_code, group=0))

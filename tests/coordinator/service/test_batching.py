@@ -14,9 +14,7 @@ import redis
 
 from knnmon.coordinator.service import latency
 from knnmon.coordinator.service.batching import SJF_HORIZON, BatchPolicy
-from knnmon.protocol import entry_time_ms
 from knnmon.errors import InvalidArgumentError
-from knnmon.feed import parse_entry
 from knnmon.ingest.reading import read_objects, stream_order
 from knnmon.keys import Keys
 from knnmon.oracle import BruteForceKnn
@@ -180,41 +178,6 @@ def test_sjf_minibatches_are_exact_and_record_every_response_time(redis_url, nam
     assert b["policy"] == "no-wait" and b["sjf"] and b["minibatch"] == 200
     assert b["cost_fixed_ms"] is not None and b["cost_per_object_ms"] > 0
     assert "batching no-wait + SJF: minibatches of up to 200 objects" in format_status(status)
-
-
-@pytest.mark.parametrize("index", ["rtree", "grid"])
-def test_minibatches_released_in_parts_are_exact_and_timed_per_part(redis_url, namespace, places, slice_queries,
-                                                                     tmp_path, index):
-    """``--release-groups``: each worker writes a minibatch in Short-Job-First parts (BatchSearch
-    with the R-tree, else by candidate count), each part a feed entry of its own at its own time;
-    the results stay exact."""
-    r = redis.Redis.from_url(redis_url, decode_responses=True)
-    keys = Keys(f"{namespace}-{index}")
-    queries = pq.read_table(slice_queries).slice(0, 300)
-    for q in queries.to_pylist():
-        r.xadd(keys.ingest_queries, register_fields(q))
-    proc = serve_process(redis_url, keys.namespace, tmp_path / "serve.log", "--index", index, "--release-groups", "8",
-                         "--batch", "400", "--data-dir", str(tmp_path / "data"))
-    try:
-        wait_processed(r, keys, proc)
-        publish_objects(r, keys, places)
-        wait_processed(r, keys, proc, timeout_s=300)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=60)
-    assert assert_exact(redis_url, keys.namespace, queries, BruteForceKnn(pa.Table.from_pylist(places))) == 300
-    # Parts: a worker writes several feed entries for one batch version (one per part written),
-    # at their own times; released whole, exactly one.
-    worker_of = {q: r.hget(keys.query(q), "worker") for q in queries.column("id").to_pylist()}
-    entries: dict[tuple[int, str], list[int]] = {}
-    for eid, f in r.xrange(keys.changes):
-        lines = parse_entry(f)
-        if lines[0][3] > 0:
-            (w,) = {worker_of[q] for q, *_ in lines}
-            entries.setdefault((lines[0][3], w), []).append(entry_time_ms(eid))
-    parts = [len(t) for t in entries.values()]
-    assert max(parts) > 1 and max(parts) <= 8
-    assert any(max(t) > min(t) for t in entries.values())  # released at different times
 
 
 def test_the_distributed_workload_estimate_counts_the_candidates_the_batch_then_checks(places_slice, slice_queries,

@@ -133,8 +133,6 @@ def test_why_not_resumable_names_each_reason(redis_url, namespace):
     assert why_not_resumable(r, keys, settings, frozenset()) is None
     assert why_not_resumable(r, keys, settings, frozenset({"1-0"})) == "entries are being isolated"
     assert why_not_resumable(r, keys, {**settings, "reserve": "9"}, frozenset()) == "the settings changed (reserve)"
-    r.set(keys.worker_batch(1), "abc:7/2")
-    assert why_not_resumable(r, keys, settings, frozenset()) == "worker 1's last write was a part of a batch"
 
 
 def test_a_placement_a_client_wrote_into_a_query_hash_means_a_full_recovery_never_a_crash():
