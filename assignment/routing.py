@@ -13,6 +13,8 @@ rectangles, or a superset of it. Bitmasks are uint64, so ``W <= 64``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -21,7 +23,6 @@ from knnmon.assignment.base import Plan
 from knnmon.assignment.loadmodel import LoadModel
 from knnmon.assignment.region_entries import (compile_region_entries, merge_entries, merge_sorted, region_entries,
                                              withdraw)
-from knnmon.assignment.routing_changes import RunTimeChanges
 from knnmon.assignment.routing_lookup import CodeStarts, compile_lookup, or_entries, route_pairs
 from knnmon.assignment.routing_regions import DEFAULT_TILES, KeywordRegions
 from knnmon.assignment.workload import Workload
@@ -29,7 +30,8 @@ from knnmon.errors import InvalidArgumentError
 from knnmon.grid import Grid
 from knnmon.vocabulary_table import VocabularyTable, compile_vocabulary_kernels
 
-__all__ = ["MAX_ENTRIES", "MAX_ENTRIES_PER_QUERY", "RoutingTable", "check_max_entries", "popcount"]
+__all__ = ["MAX_ENTRIES", "MAX_ENTRIES_PER_QUERY", "AddedRegions", "Narrowed", "RoutingTable", "check_max_entries",
+           "popcount"]
 
 #: Default bound on the table's (keyword, cell) entries, counted per worker before merging:
 #: 16 M entries are at most 256 MiB of keys and masks (the build holds ~3x that at its peak).
@@ -58,7 +60,41 @@ def popcount(masks: np.ndarray) -> np.ndarray:
     return np.unpackbits(m.view(np.uint8).reshape(-1, 8), axis=1).sum(axis=1).astype(np.int64)
 
 
-class RoutingTable(RunTimeChanges):
+@dataclass(frozen=True)
+class AddedRegions:
+    """One :meth:`RoutingTable.add_many` call, journaled (copies): ``(m,)`` int64 ``counts`` of
+    keyword ``codes`` per query, its cell rectangle ``x0 .. y1`` and ``workers``."""
+
+    counts: np.ndarray
+    codes: np.ndarray
+    x0: np.ndarray
+    y0: np.ndarray
+    x1: np.ndarray
+    y1: np.ndarray
+    workers: np.ndarray
+
+    def apply(self, table: RoutingTable) -> int:
+        """Make the call on ``table``; returns the queries whose regions were added."""
+        table.add_many((self.counts, self.codes), self.x0, self.y0, self.x1, self.y1, self.workers)
+        return len(self.counts)
+
+
+@dataclass(frozen=True)
+class Narrowed:
+    """One :meth:`RoutingTable.narrow` call, journaled (copies of its arrays)."""
+
+    worker: int
+    codes: np.ndarray
+    held: np.ndarray
+    keep: np.ndarray
+
+    def apply(self, table: RoutingTable) -> int:
+        """Make the call on ``table``; returns 0 (no query's regions added)."""
+        table.narrow(self.worker, self.codes, self.held, self.keep)
+        return 0
+
+
+class RoutingTable:
     """``(cell, keyword) -> workers`` as uint64 bitmasks (see the module docstring).
 
     Attributes
@@ -83,7 +119,7 @@ class RoutingTable(RunTimeChanges):
         # Regions added with merge=False: painted, routed, not yet merged into the delta.
         self._pending: list[tuple[np.ndarray, np.ndarray]] = []
         self.additions = 0  # queries' regions added since the table was built (add_many)
-        self._journal: list[tuple] | None = None  # add_many's arguments while a rebuild is in flight
+        self._journal: list[AddedRegions | Narrowed] | None = None  # (calls while a rebuild is in flight)
         #: ``(source, target)``: every object routed to ``source`` goes to ``target`` too
         #: (:meth:`forward`: a move in flight).
         self.forwards: list[tuple[int, int]] = []
@@ -236,14 +272,10 @@ class RoutingTable(RunTimeChanges):
             code[new] = [self.code(words[int(j)].as_py()) for j in new]
         return np.bincount(owner, minlength=len(keywords)).astype(np.int64), code
 
-    def add(self, codes: list[int], x0: int, y0: int, x1: int, y1: int, worker: int) -> None:
-        """Route keywords ``codes`` in cells ``[x0, x1] x [y0, y1]`` (inclusive) to ``worker`` too."""
-        self.add_many([codes], [x0], [y0], [x1], [y1], [worker])
-
     def add_many(self, codes: list[list[int]] | tuple[np.ndarray, np.ndarray], x0, y0, x1, y1, workers, *,
                  merge: bool = True) -> None:
-        """:meth:`add` for many queries at once: query ``i``'s keyword codes ``codes[i]`` in cells
-        ``[x0[i], x1[i]] x [y0[i], y1[i]]`` to worker ``workers[i]``; one merge of the sorted
+        """Route query ``i``'s keyword codes ``codes[i]`` in cells ``[x0[i], x1[i]] x [y0[i], y1[i]]``
+        (inclusive) to worker ``workers[i]`` too, for many queries at once: one merge of the sorted
         table for all (registering one by one would re-copy the table per query). A query whose
         entries would exceed :data:`MAX_ENTRIES_PER_QUERY` goes to its keywords' ``always``
         masks instead. ``codes`` may also be :meth:`codes_of`'s ``(counts, codes)`` arrays.
@@ -259,8 +291,8 @@ class RoutingTable(RunTimeChanges):
         self.additions += len(counts)
         x0, y0, x1, y1, workers = (np.asarray(v, dtype=np.int64).reshape(-1) for v in (x0, y0, x1, y1, workers))
         if self._journal is not None:
-            self._journal.append(("add_many", ((counts.copy(), code.copy()), x0.copy(), y0.copy(), x1.copy(),
-                                               y1.copy(), workers.copy())))
+            self._journal.append(AddedRegions(counts.copy(), code.copy(), x0.copy(), y0.copy(), x1.copy(), y1.copy(),
+                                              workers.copy()))
         if not len(counts):
             return
         bit = np.left_shift(np.uint64(1), workers.astype(np.uint64))
@@ -314,7 +346,7 @@ class RoutingTable(RunTimeChanges):
         """
         codes, held = np.asarray(codes, dtype=np.int64), np.asarray(held, dtype=bool)
         if self._journal is not None:
-            self._journal.append(("narrow", (worker, codes.copy(), held.copy(), np.asarray(keep).copy())))
+            self._journal.append(Narrowed(int(worker), codes.copy(), held.copy(), np.asarray(keep).copy()))
         bit = np.uint64(1) << np.uint64(worker)
         self.always[codes[~held]] &= ~bit
         self.regions.withdraw(codes[~held], bit)
@@ -322,6 +354,32 @@ class RoutingTable(RunTimeChanges):
         n_cells = self.grid.n_cells
         return sum(withdraw(keys, masks, codes, bit, keep, n_cells)
                    for keys, masks in ((self.keys, self.masks), (self.delta_keys, self.delta_masks), *self._pending))
+
+    def journal(self, on: bool) -> list[AddedRegions | Narrowed]:
+        """Start (``on``) or stop journaling :meth:`add_many`'s and :meth:`narrow`'s calls;
+        returns the journal so far and, when stopping, drops it. A rebuild in the background
+        replays the calls made after its snapshot (:meth:`replay`,
+        :mod:`~knnmon.coordinator.runtime.routing_upkeep`)."""
+        journal = self._journal if self._journal is not None else []
+        self._journal = [] if on else None
+        return journal
+
+    def replay(self, journal: list[AddedRegions | Narrowed]) -> int:
+        """Make the calls of a :meth:`journal` again, in order; returns how many queries' regions
+        were added."""
+        return sum(change.apply(self) for change in journal)
+
+    def forward(self, source: int, target: int) -> None:
+        """Route to ``target`` every object routed to ``source`` until :meth:`stop_forwarding`:
+        queries moved from ``source`` to ``target`` before their regions are known here (a move
+        in flight, :mod:`~knnmon.coordinator.rebalance.handover_flight`) are still covered by
+        ``source``'s entries, so ``target`` receives a superset of what they need."""
+        self.forwards.append((int(source), int(target)))
+
+    def stop_forwarding(self, pairs: list[tuple[int, int]]) -> None:
+        """Drop the :meth:`forward` of each ``(source, target)`` of ``pairs`` (once each)."""
+        for pair in pairs:
+            self.forwards.remove((int(pair[0]), int(pair[1])))
 
     def replace_entries(self, always: np.ndarray, keys: np.ndarray, masks: np.ndarray,
                         regions: KeywordRegions | None = None) -> None:

@@ -174,23 +174,9 @@ class RTreeIndex:
 
     def candidates(self, lon: np.ndarray, lat: np.ndarray, pair_obj: np.ndarray,
                    pair_code: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Candidate (object, query slot) pairs of a batch: one level-by-level traversal, each
-        pair starting at its keyword's entry points (:meth:`PackedRTree.entries_of`).
-
-        Parameters
-        ----------
-        lon, lat
-            ``(n,)`` float64 degrees of the batch's objects.
-        pair_obj, pair_code
-            ``(p,)`` int64: each (object, keyword code) pair of the batch.
-
-        Returns
-        -------
-        obj, slot
-            ``(c,)`` int64: pairs whose indexed box holds the object and shares the keyword (a
-            superset of the pairs that can change a result; a query sharing several keywords
-            with an object appears once per keyword).
-        """
+        """:meth:`QueryIndex.candidates <knnmon.workers.query_index.QueryIndex.candidates>` (the
+        query's indexed box for its region): one level-by-level traversal, each pair starting at
+        its keyword's entry points (:meth:`PackedRTree.entries_of`)."""
         po, px, py, pc = self._points(lon, lat, pair_obj, pair_code)
         objs, slots = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
         for part in (self._base, self._delta):

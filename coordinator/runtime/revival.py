@@ -183,13 +183,11 @@ def revive(pool: WorkerPool, registrar: Registrar, redis_url: str, namespace: st
         except WorkerLostError:
             if live is None:
                 raise
-            last, cut = -1, True  # (a window rebuilds over the live objects)
-        else:
-            cut = False
+            last = None  # (a window rebuilds over the live objects)
         # With a window: from Redis with the members' details when it holds them, and a batch in
         # flight (one) replayed on top of what the worker wrote.
-        first_k = live is not None and (not uncollected or (refill is not None and len(uncollected) == 1 and not cut
-                                                            and uncollected[0].cutoff is not None))
+        first_k = live is not None and (not uncollected or (refill is not None and len(uncollected) == 1
+                                                            and last is not None and uncollected[0].cutoff is not None))
         hashes = None  # the worker's details hashes, once read
         if first_k:
             t1 = time.perf_counter()
