@@ -5,7 +5,8 @@
 - :mod:`~knnmon.assignment.proposed` -- Algorithms 1 and 2 (§4.3);
 - :mod:`~knnmon.assignment.keyword`, :mod:`~knnmon.assignment.space`,
   :mod:`~knnmon.assignment.randomized` -- the baselines (§5);
-- :mod:`~knnmon.assignment.routing` -- the routing table (cell x keyword -> workers);
+- :mod:`~knnmon.assignment.routing` -- a plan's routing table (cell x keyword -> workers), as
+  built (a run's additions and withdrawals: :mod:`knnmon.coordinator.live_routing`);
 - :mod:`~knnmon.assignment.summary` -- predicted worker loads, imbalance, deliveries.
 """
 

@@ -50,12 +50,9 @@ import serve_load  # beside this script
 PHASES = {
     "fixed": ["--batching", "fixed", "--max-delay-ms", "20"],
     "no-wait": ["--batching", "no-wait"],
-    "no-wait+sjf": ["--batching", "no-wait", "--sjf"],
     "adaptive": ["--batching", "adaptive"],
-    "adaptive+sjf": ["--batching", "adaptive", "--sjf"],
     "no-wait/rtree": ["--batching", "no-wait", "--index", "rtree"],
     "adaptive/rtree": ["--batching", "adaptive", "--index", "rtree"],
-    "no-wait+sjf/rtree": ["--batching", "no-wait", "--sjf", "--index", "rtree"],
     "adaptive/inline-w1": ["--batching", "adaptive", "--executor", "inline", "--workers", "1"],
     "adaptive/ray-w2": ["--batching", "adaptive", "--workers", "2"],
     "adaptive/b5000": ["--batching", "adaptive", "--batch", "5000"],
@@ -171,14 +168,14 @@ def main(argv=None) -> int:
     ap.add_argument("--queries-n", type=int, default=100_000)
     ap.add_argument("--initial", type=int, default=1_000_000)
     ap.add_argument("--workers", type=int, default=4)
-    ap.add_argument("--phases", default="fixed,no-wait,adaptive,adaptive+sjf,adaptive/rtree,adaptive+sjf/rtree")
+    ap.add_argument("--phases", default="fixed,no-wait,adaptive,adaptive/rtree")
     ap.add_argument("--rate", type=float, default=200.0)
     ap.add_argument("--steady-s", type=float, default=10.0)
     ap.add_argument("--burst", type=int, default=5000)
     ap.add_argument("--bursts", type=int, default=3)
     ap.add_argument("--burst-every-s", type=float, default=2.0)
     ap.add_argument("--saturated", type=int, default=0, help="objects published unpaced per listed phase")
-    ap.add_argument("--saturated-phases", default="fixed,adaptive,adaptive+sjf")
+    ap.add_argument("--saturated-phases", default="fixed,adaptive")
     ap.add_argument("--latency-target-ms", type=float, default=50.0)
     ap.add_argument("--no-abba", action="store_true", help="run the phases once, not again in reverse")
     ap.add_argument("--warmup", metavar="PHASE",

@@ -31,6 +31,7 @@ from knnmon.assignment import LoadModel, Plan, Workload, make_assigner
 from knnmon.costs import CostModel
 from knnmon.assignment.routing import MAX_ENTRIES, RoutingTable, check_max_entries
 from knnmon.assignment.summary import summarize
+from knnmon.coordinator.live_routing import LiveRouting
 from knnmon.errors import InvalidArgumentError
 from knnmon.ingest.reading import initial_objects, load_queries
 
@@ -48,7 +49,7 @@ class PlanResult:
     plan: Plan
     workload: Workload | None  # None for :func:`empty_plan`
     model: LoadModel
-    routing: RoutingTable
+    routing: LiveRouting  # (the plan's table, as the run changes it)
     summary: dict[str, Any]
 
 
@@ -102,7 +103,7 @@ def plan_workload(model: LoadModel, queries: pa.Table, objects: pa.Table, radius
         "queries_with_keywords_absent_from_stats": int(unknown.sum()),
         "timings_s": {key: round(v, 3) for key, v in timings.items()},
     })
-    return PlanResult(plan, workload, model, routing, summary)
+    return PlanResult(plan, workload, model, LiveRouting(routing), summary)
 
 
 def plan_prepared(p, c) -> PlanResult:
@@ -131,7 +132,7 @@ def empty_plan(model: LoadModel, workers: int, algorithm: str) -> PlanResult:
     routing = RoutingTable(model.grid, list(model.keywords), np.zeros(len(model.keywords), dtype=np.uint64),
                            np.empty(0, dtype=np.int64), np.empty(0, dtype=np.uint64))
     summary = {"algorithm": algorithm, "workers": workers, "queries": 0, "worker_loads": [0.0] * workers, "sets": 0}
-    return PlanResult(plan, None, model, routing, summary)
+    return PlanResult(plan, None, model, LiveRouting(routing), summary)
 
 
 def make_plan(objects_dir: str, queries_path: str, workers: int, algorithm: str, *,
@@ -199,7 +200,7 @@ def write_plan(result: PlanResult, out_dir: str) -> None:
     with open(os.path.join(out_dir, "summary.json"), "w", encoding="utf-8") as fh:
         json.dump(result.summary, fh, indent=2)
         fh.write("\n")
-    r = result.routing
+    r = result.routing.table
     np.savez_compressed(os.path.join(out_dir, "routing.npz"), always=r.always, keys=r.keys, masks=r.masks, **r.regions.arrays(),
                         vocabulary=np.array(r.vocabulary, dtype=object), grid=json.dumps(r.grid.to_dict()))
 

@@ -185,29 +185,6 @@ class BatchUpdate:
         report = self.process_batch(*args, cutoff=cutoff, refills=refills)
         return replace(report, busy_s=report.busy_s + wall, cpu_s=report.cpu_s + cpu)
 
-    def estimate_rows(self, batch: ObjectBatch, rows: np.ndarray) -> np.ndarray:
-        """Wang, Zhang and Kitsuregawa's EstimateWorkload for this worker's rows of a batch (no
-        state changes): each row's candidate (object, query) pairs in the query index, the cost
-        that drives its processing. For Short-Job-First minibatches in ``knnmon serve``
-        (:mod:`knnmon.coordinator.service.batching`).
-
-        Parameters
-        ----------
-        batch
-            A batch as :meth:`process_rows` takes it (its number is not used).
-        rows
-            ``(m,)`` int64: this worker's rows.
-
-        Returns
-        -------
-        numpy.ndarray
-            ``(m,)`` int64 candidates per row.
-        """
-        rows = np.asarray(rows, dtype=np.int64)
-        lon = batch.table.column("lon").to_numpy()[rows]
-        lat = batch.table.column("lat").to_numpy()[rows]
-        obj, _ = self.state.index.candidates(lon, lat, *pairs_of_rows(batch, rows))
-        return np.bincount(obj, minlength=len(rows)).astype(np.int64)
 
     def apply(self, ids: Sequence[str], lon: np.ndarray, lat: np.ndarray, t: np.ndarray,
               keywords: Sequence[Sequence[str]], obj: np.ndarray, slot: np.ndarray

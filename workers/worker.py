@@ -89,10 +89,6 @@ class KnnWorker:
         """:meth:`BatchUpdate.process_batch`."""
         return self.update.process_batch(batch, ids, lon, lat, t, keywords, pairs, cutoff=cutoff, refills=refills)
 
-    def estimate_rows(self, batch: ObjectBatch, rows: np.ndarray) -> np.ndarray:
-        """:meth:`BatchUpdate.estimate_rows`."""
-        return self.update.estimate_rows(batch, rows)
-
     def expire(self, cutoff: int) -> QueryColumns:
         """:meth:`WindowLists.expire`."""
         return self.window.expire(cutoff)

@@ -41,7 +41,7 @@ def _serve(a: argparse.Namespace) -> int:
                     redis_wait_s=a.redis_wait)
     config = ServeConfig(run=run, objects_dir=a.objects, initial=a.initial, max_delay_ms=a.max_delay_ms,
                          checkpoint_interval_s=a.checkpoint_interval, batching=a.batching,
-                         latency_target_ms=a.latency_target_ms, sjf=a.sjf, replan=a.replan,
+                         latency_target_ms=a.latency_target_ms, replan=a.replan,
                          metrics=parse_address(a.metrics), ready_max_lag=a.ready_max_lag)
     with Service(config) as svc:
         say(f"knnmon serve: {config.run.workers} workers ({config.run.algorithm}), Redis {redact(svc.redis_url)}, "
@@ -70,9 +70,6 @@ def add_serve_command(sub: Any) -> None:
     s.add_argument("--latency-target-ms", type=float, default=50.0, metavar="MS",
                    help="with --batching adaptive: the response time (publish to result) minibatches are sized for "
                         "(default 50)")
-    s.add_argument("--sjf", action="store_true",
-                   help="with --batching no-wait or adaptive: cut each read into minibatches Short-Job-First, cheap "
-                        "objects answered first (not with --window)")
     add_index_option(s, "serve")
     add_limit_options(s)
     add_window_options(s, arrival=False)

@@ -10,7 +10,7 @@ those workers. Here the dispatch waits for neither:
    (with Ray actors the object ref is the adoption's argument: Ray hands the export to the
    target, not through the coordinator). The registrar's query -> worker map switches at
    once, and the routing table forwards to the target every object it routes to the source
-   (:meth:`~knnmon.assignment.routing.RoutingTable.forward`);
+   (:meth:`~knnmon.coordinator.live_routing.LiveRouting.forward`);
 2. at a later boundary, once every export and adoption answered (:meth:`MovesInFlight.ready`),
    :meth:`MovesInFlight.land`: the routing table learns each moved query's region for its
    target (from the export: the radius its source held), the forwarding stops, and the sources

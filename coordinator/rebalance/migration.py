@@ -14,7 +14,7 @@ order they were sent:
 4. every source's ``release_handed`` drops details only the moved queries held, and its
    ``regions_with`` reports the regions of the queries left to it that share a keyword with the
    moved ones: the routing table withdraws the source from every other entry of those keywords
-   (:meth:`~knnmon.assignment.routing.RoutingTable.narrow`), so the moved queries' objects stop
+   (:meth:`~knnmon.coordinator.live_routing.LiveRouting.narrow`), so the moved queries' objects stop
    reaching it, with no rebuild of the table. The re-balancer does not wait for this step: it
    narrows at a later batch boundary, once the sources answered (:class:`Release`).
 

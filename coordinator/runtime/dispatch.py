@@ -2,7 +2,7 @@
 
 Per batch (``SPEC.md``, "Routing"; Tsuruoka et al. 2019, §4.3): drop ids seen before (counted),
 encode the objects' keywords with the routing table's vocabulary, look up each object's
-(grid cell, keyword) pairs in the :class:`~knnmon.assignment.routing.RoutingTable` (a worker
+(grid cell, keyword) pairs in the :class:`~knnmon.coordinator.live_routing.LiveRouting` (a worker
 bit mask per object), and send the batch once (:class:`~knnmon.batch.ObjectBatch`, into Ray's
 object store) with each worker's rows. :meth:`Dispatcher.collect` waits for the workers and for
 their queued writes, and measures the batch (:class:`~knnmon.coordinator.runtime.metrics.BatchReport`).
@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from knnmon.assignment.routing import RoutingTable
 from knnmon.batch import KnnColumns, ObjectBatch, Refills
+from knnmon.coordinator.live_routing import LiveRouting
 from knnmon.coordinator.runtime.metrics import BatchReport
 from knnmon.coordinator.runtime.object_store import ObjectStore
 from knnmon.coordinator.runtime.seen_ids import SeenIds
@@ -104,7 +104,7 @@ class Dispatcher:
         batch ``b``'s changes carry the change feed's version ``b + 1``.
     """
 
-    def __init__(self, pool: WorkerPool, routing: RoutingTable, objects: ObjectStore, seen: Sequence[str] | pa.Array, *,
+    def __init__(self, pool: WorkerPool, routing: LiveRouting, objects: ObjectStore, seen: Sequence[str] | pa.Array, *,
                  seen_times: np.ndarray | None = None, window: Window | None = None, rects=None,
                  first_batch: int = 0, revive: Callable[[int], bool] | None = None) -> None:
         self.pool, self.routing, self.objects = pool, routing, objects
@@ -180,7 +180,7 @@ class Dispatcher:
 
     def _merge_routing(self) -> None:
         """Merge the refilled regions into the routing table's sorted entries (they route
-        already: :meth:`RoutingTable.add_many` with ``merge=False``), timed into the batch's
+        already: :meth:`LiveRouting.add_many` with ``merge=False``), timed into the batch's
         ``routing`` part; nothing without a window)."""
         if self.window is None:
             return
@@ -231,41 +231,16 @@ class Dispatcher:
         dup = int(len(fresh) - fresh.sum())
         return (batch.filter(pa.array(fresh)) if dup else batch), dup
 
-    def workload(self, batch: pa.Table) -> np.ndarray:
-        """Each object's workload estimate, for Short-Job-First minibatches
-        (:mod:`knnmon.coordinator.service.batching`); ``(n,)`` int64, 0: no worker needs it.
-
-        Wang, Zhang and Kitsuregawa's EstimateWorkload, distributed: each worker the routing
-        table sends objects to counts their candidate pairs in its query index
-        (:meth:`KnnWorker.estimate_rows`, one call per worker, no state changes), and an
-        object's workload is the sum. (An estimate at the coordinator alone, from the routing
-        table's pairs and workers, ranked the candidates with a correlation of 0.04 on 100 k real
-        queries: docs/batching.md.)
-        """
-        table, pair_obj, pair_code, masks = self._route(batch)
-        routed = ObjectBatch(-1, table, pair_obj, pair_code, masks)
-        shared = self.pool.share(routed)
-        pending, rows = [], []
-        for w in range(self.pool.size):
-            mine = routed.rows_of(w)
-            if len(mine):
-                pending.append(self.pool.estimate(w, shared, mine))
-                rows.append(mine)
-        out = np.zeros(len(masks), dtype=np.int64)
-        for mine, counts in zip(rows, self.pool.gather(pending)):
-            out[mine] += counts
-        return out
-
     def _route(self, batch: pa.Table) -> tuple[pa.Table, np.ndarray, np.ndarray, np.ndarray]:
         """A batch as the workers receive it (``id``, ``lon``, ``lat``, ``t``, ``keywords``), its
         (object, keyword code) pairs that some query has, ``(p,)`` int64 each, and each object's
-        worker bitmask, ``(n,)`` uint64 (:meth:`RoutingTable.route_v`)."""
+        worker bitmask, ``(n,)`` uint64 (:meth:`LiveRouting.route_v`)."""
         lon, lat = batch.column("lon").to_numpy(), batch.column("lat").to_numpy()
         keywords = batch.column("keywords").combine_chunks()
         owner, codes = self.routing.encode(keywords)
         keep = codes >= 0
         pair_obj, pair_code = owner[keep], codes[keep]
-        cells = self.routing.grid.cell_of(lon, lat)
+        cells = self.routing.table.grid.cell_of(lon, lat)
         masks = self.routing.route_v(cells, pair_obj, pair_code)
         table = pa.table({"id": batch.column("id"), "lon": lon, "lat": lat, "t": batch.column("t").to_numpy(),
                           "keywords": keywords})

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from knnmon.assignment.routing import RoutingTable
+from knnmon.coordinator.live_routing import LiveRouting
 from knnmon.coordinator.runtime.stored_start import StoredStart, StoredWorkers
 from knnmon.keys import Keys
 from knnmon.query import Query, QueryColumns
@@ -81,9 +82,9 @@ class KeptStart(StoredStart):
              namespace: str) -> PlanResult:
         """:meth:`StoredStart.plan`, its routing table in the workers' codes (module docstring)."""
         result = super().plan(model, config, radius, counts, objects, redis_url, namespace)
-        coarse = result.routing if result.workload is not None else RoutingTable(  # (no queries: no keywords)
+        coarse = result.routing.table if result.workload is not None else RoutingTable(  # (no queries: no keywords)
             model.grid, [], np.zeros(0, np.uint64), np.empty(0, np.int64), np.empty(0, np.uint64))
-        result.routing = _in_codes(coarse, self.codes)
+        result.routing = LiveRouting(_in_codes(coarse, self.codes))
         return result
 
     def results_of(self, stored: StoredWorkers) -> tuple[np.ndarray, np.ndarray]:
@@ -116,7 +117,7 @@ class KeptWorkers(StoredWorkers):
 
     kept: int = 0
 
-    def send(self, pool, routing: RoutingTable, chunk: int = 0) -> list:
+    def send(self, pool, routing: LiveRouting, chunk: int = 0) -> list:
         self.kept = pool.size
         pool.kept = {}
         return [pool.keep_for(w) for w in range(pool.size)]

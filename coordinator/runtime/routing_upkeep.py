@@ -21,7 +21,7 @@ beside it); a build that shrinks it, or that growth or unregisters made due, res
 The build takes seconds at 100 k queries, so it runs in a background thread while batches go
 on (:meth:`RoutingUpkeep.poll`): the workers' regions are asked for in batch order (the call is
 queued behind the batches already sent, so the snapshot holds every radius those batches rely
-on), the table journals every region added after that point (:meth:`RoutingTable.journal`), and
+on), the table journals every region added after that point (:meth:`LiveRouting.journal`), and
 the next poll after the build swaps the fresh entries in and replays the journal. The table
 routes a superset of what the queries need at every moment: the old table until the swap, the
 snapshot's regions plus every region added since after it. A query unregistered during the build
@@ -41,6 +41,7 @@ from knnmon.assignment.base import Plan
 from knnmon.assignment.loadmodel import LoadModel
 from knnmon.assignment.routing import RoutingTable
 from knnmon.assignment.workload import Workload
+from knnmon.coordinator.live_routing import LiveRouting
 from knnmon.coordinator.runtime.worker_pool import Pending, WorkerPool
 from knnmon.errors import WorkerLostError
 from knnmon.query import QueryColumns
@@ -88,7 +89,7 @@ class RoutingUpkeep:
         The table's bound (``--routing-entries``).
     """
 
-    def __init__(self, routing: RoutingTable, model: LoadModel, pool: WorkerPool, max_entries: int) -> None:
+    def __init__(self, routing: LiveRouting, model: LoadModel, pool: WorkerPool, max_entries: int) -> None:
         self.routing, self.model, self.pool, self.max_entries = routing, model, pool, max_entries
         self.baseline = routing.entries
         self._unregistered_at = 0
@@ -169,7 +170,7 @@ class RoutingUpkeep:
         self._timed, self._before = timed, self.routing.entries
         self._requested = False
         self.routing.journal(True)
-        self.routing.words  # made here, read by the build thread
+        self.routing.table.words  # made here, read by the build thread
         self._started_unregistered = unregistered
         if self._executor is None:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="knnmon-routing-rebuild")
@@ -191,8 +192,8 @@ class RoutingUpkeep:
         plan = Plan("upkeep", self.pool.size, workers, np.zeros(len(workers), dtype=np.int32), [],
                     np.empty(0, dtype=np.int32))
         fresh = RoutingTable.build(workload, self.model, plan, self.max_entries)
-        code = self.routing.words.codes(pa.array(fresh.vocabulary, type=pa.string()))
-        n = self.routing.grid.n_cells
+        code = self.routing.table.words.codes(pa.array(fresh.vocabulary, type=pa.string()))
+        n = self.routing.table.grid.n_cells
         key_code = code[fresh.keys // n]
         if (key_code < 0).any() or (code[fresh.always != 0] < 0).any() or (code[fresh.regions.code] < 0).any():
             raise RuntimeError("a routed keyword has no code in the run's table")  # registration gives every one
@@ -217,11 +218,11 @@ class RoutingUpkeep:
         r = self.routing
         if fresh is None:
             self.period = REBUILD_S
-            r.replace_entries(np.zeros(len(r.vocabulary), dtype=np.uint64), np.empty(0, np.int64),
+            r.replace_entries(np.zeros(len(r.table.vocabulary), dtype=np.uint64), np.empty(0, np.int64),
                               np.empty(0, np.uint64))
         else:
             code, fresh_always, keys, masks, regions = fresh
-            always = np.zeros(len(r.vocabulary), dtype=np.uint64)
+            always = np.zeros(len(r.table.vocabulary), dtype=np.uint64)
             known = code >= 0
             always[code[known]] = fresh_always[known]
             r.replace_entries(always, keys, masks, regions)

@@ -248,11 +248,6 @@ class Runtime(Revivals):
         """Which of a batch's objects are duplicates or late (:meth:`Dispatcher.admit`)."""
         return self.dispatcher.admit(ids, t)
 
-    def estimate(self, batch: pa.Table) -> np.ndarray:
-        """Each object's workload estimate, ``(n,)`` int64 (:meth:`Dispatcher.workload`); a worker
-        found lost meanwhile (between batches) is revived (:meth:`revive_idle`) and asked again."""
-        return self._reviving(lambda: self.dispatcher.workload(batch))
-
     @property
     def window(self) -> Window | None:
         """The sliding window (its watermark and cutoff move with each batch), or ``None``."""
@@ -277,7 +272,7 @@ class Runtime(Revivals):
 
     def worker_processes(self) -> list[WorkerStats]:
         """Each worker's stats, for its number, node and process id (one call per worker; a lost
-        worker is revived first, as in :meth:`estimate`)."""
+        worker is revived first, :meth:`_reviving`)."""
         return self._reviving(self.registrar.stats)
 
     def last_writes(self) -> list[tuple[str | None, bool]]:

@@ -49,6 +49,7 @@ from knnmon.assignment.routing import RoutingTable
 from knnmon.assignment.summary import summarize
 from knnmon.batch import KnnColumns, ObjectBatch
 from knnmon.connection import connect, with_retries
+from knnmon.coordinator.live_routing import LiveRouting
 from knnmon.coordinator.planning import PlanResult, empty_plan
 from knnmon.coordinator.runtime.dispatch import DispatchedBatch
 from knnmon.coordinator.runtime.revival import held_details
@@ -198,7 +199,7 @@ class StoredStart:
         plan = Plan(config.algorithm, config.workers, self.worker.astype(np.int32),
                     np.where(self.set_of < len(sets), self.set_of, -1).astype(np.int32), sets, set_worker)
         routing = coarse_routing(workload, model, plan.worker)
-        return PlanResult(plan, workload, model, routing,
+        return PlanResult(plan, workload, model, LiveRouting(routing),
                           summarize(plan, workload, model, routing, delivery_cost=costs.delivery))
 
 
@@ -250,7 +251,7 @@ class StoredWorkers:
     first_k: bool
     entries: int = 0
 
-    def send(self, pool, routing: RoutingTable, chunk: int = CHUNK) -> list:
+    def send(self, pool, routing: LiveRouting, chunk: int = CHUNK) -> list:
         """Hand each worker its queries with their stored results (``write=False``: Redis holds
         them), :data:`CHUNK` at a time, with their keywords' codes in ``routing``; returns the
         calls, not waited for."""

@@ -100,10 +100,6 @@ class WorkerPool(ABC):
         options = {k: v for k, v in (("cutoff", cutoff), ("refills", refills)) if v is not None}
         return self.call(worker, WorkerApi.process_rows, batch, *(() if rows is None else (rows,)), **options)
 
-    def estimate(self, worker: int, batch: ObjectBatch, rows: np.ndarray) -> Pending[np.ndarray]:
-        """:meth:`KnnWorker.estimate_rows`: candidates per row, nothing changed."""
-        return self.call(worker, WorkerApi.estimate_rows, batch, rows)
-
     def written(self, worker: int, batch: int) -> Pending[WriteFigures]:
         """:meth:`KnnWorker.written`: the queued write of ``batch``."""
         return self.call(worker, WorkerApi.written, batch)

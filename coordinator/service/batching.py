@@ -32,17 +32,9 @@ Policies (``--batching``):
     one, and each minibatch's fixed cost then falls behind the stream (FK: batching during
     bursts).
 
-``--sjf`` (with ``no-wait`` or ``adaptive``): a read takes up to :data:`SJF_HORIZON` ``x --batch`` entries, and
-its minibatches are formed in **Short-Job-First** order (Wang, Zhang, Kitsuregawa) by each
-object's workload estimate: EstimateWorkload, distributed: the candidate pairs it has in the
-query index of each worker it is routed to, counted by the workers in one call each before the
-read is processed (:meth:`~knnmon.coordinator.runtime.dispatch.Dispatcher.workload`). Objects
-with no workload go first, in minibatches of their own (they cost the workers next to nothing),
-then the others, cheapest first, so a burst's cheap objects are answered before its expensive
-ones. An object is
-overtaken only by objects of its own read (fewer than ``SJF_HORIZON x --batch``): every read is
-finished before the next is taken, so no object starves. Without a window only (with one,
-arrival order keeps the watermark's progress as the stream has it).
+Short-Job-First minibatches (Wang, Zhang and Kitsuregawa) are not built: a minibatch's results
+are released together, and ordering a burst by each object's candidates, counted by the workers
+in one more call per read, made bursts slower on this service (docs/batching.md).
 """
 
 from __future__ import annotations
@@ -55,7 +47,7 @@ import numpy as np
 
 from knnmon.errors import InvalidArgumentError
 
-__all__ = ["FIT_BATCHES", "POLICIES", "RATE_WINDOW_S", "SJF_HORIZON", "BatchPolicy"]
+__all__ = ["FIT_BATCHES", "POLICIES", "RATE_WINDOW_S", "BatchPolicy"]
 
 #: ``--batching`` choices.
 POLICIES = ("fixed", "no-wait", "adaptive")
@@ -65,8 +57,6 @@ FIT_BATCHES = 64
 RATE_WINDOW_S = 2.0
 #: ``r b`` above this counts as saturated (whole reads).
 SATURATED = 0.8
-#: With SJF, a read takes up to this many ``--batch`` of entries (the horizon SJF reorders).
-SJF_HORIZON = 4
 
 
 class BatchPolicy:
@@ -82,18 +72,16 @@ class BatchPolicy:
         ``fixed`` only: the wait for more after a read's first object (ms).
     latency_target_ms
         ``adaptive`` only: the target for an object's time from publish to result (ms).
-    sjf
-        ``no-wait`` and ``adaptive``: Short-Job-First minibatches.
 
     Raises
     ------
     InvalidArgumentError
-        An unknown policy, ``batch < 1``, a negative or infinite delay, a target that is not a positive
-        finite number, or ``sjf`` with ``fixed``.
+        An unknown policy, ``batch < 1``, a negative or infinite delay, or a target that is not a
+        positive finite number.
     """
 
     def __init__(self, policy: str = "adaptive", *, batch: int = 1000, max_delay_ms: float = 20.0,
-                 latency_target_ms: float = 50.0, sjf: bool = False) -> None:
+                 latency_target_ms: float = 50.0) -> None:
         if policy not in POLICIES:
             raise InvalidArgumentError(f"Invalid --batching: {policy!r}.\nValid options are: {POLICIES}")
         if batch < 1:
@@ -102,18 +90,11 @@ class BatchPolicy:
             raise InvalidArgumentError(f"--max-delay-ms must be a finite number >= 0; got {max_delay_ms}")
         if not (math.isfinite(latency_target_ms) and latency_target_ms > 0):
             raise InvalidArgumentError(f"--latency-target-ms must be a finite number > 0; got {latency_target_ms}")
-        if sjf and policy == "fixed":
-            raise InvalidArgumentError("--sjf needs --batching no-wait or adaptive")
-        self.policy, self.batch, self.sjf = policy, int(batch), bool(sjf)
+        self.policy, self.batch = policy, int(batch)
         self.max_delay_ms, self.latency_target_ms = float(max_delay_ms), float(latency_target_ms)
         self._costs: deque[tuple[int, float]] = deque(maxlen=FIT_BATCHES)  # (objects, seconds)
         self.regrouped = 0  # reads whose rest went in one batch (regroup)
         self._reads: deque[tuple[float, int]] = deque()  # (monotonic time, objects read)
-
-    @property
-    def read_count(self) -> int:
-        """Entries one read takes: ``batch``, with SJF ``SJF_HORIZON x batch``."""
-        return self.batch * (SJF_HORIZON if self.sjf else 1)
 
     @property
     def wait_ms(self) -> float:
@@ -176,8 +157,7 @@ class BatchPolicy:
 
     def regroup(self, parts: list[np.ndarray], done: int, n: int, seconds: float,
                 now: float | None = None) -> list[np.ndarray]:
-        """A read's minibatches with the rest after the first ``done`` in one batch (in equal
-        batches of at most ``batch`` with SJF's larger reads) if those ``done`` (``n`` objects in
+        """A read's minibatches with the rest after the first ``done`` in one batch if those ``done`` (``n`` objects in
         ``seconds``) did not keep up (:meth:`keeps_up`); ``parts`` as they are otherwise, and but
         for ``adaptive``.
 
@@ -191,68 +171,28 @@ class BatchPolicy:
         Returns
         -------
         list of numpy.ndarray
-            The same positions, in the same order up to ``done``; a merged rest is ascending
-            (stream order within a minibatch).
+            The same positions, in the same order.
         """
         if self.policy != "adaptive" or len(parts) - done < 2 or self.keeps_up(n, seconds, now):
             return parts
-        rest = np.sort(np.concatenate(parts[done:]))
-        pieces = -(-len(rest) // self.batch)
-        if pieces >= len(parts) - done:
-            return parts  # as coarse as --batch allows already
         self.regrouped += 1
-        return parts[:done] + np.array_split(rest, pieces)
+        return parts[:done] + [np.concatenate(parts[done:])]
 
     def state(self, now: float | None = None) -> dict:
-        """For the service's status: ``policy``, ``sjf``, ``minibatch`` (the size a read would be
+        """For the service's status: ``policy``, ``minibatch`` (the size a read would be
         cut to now, without a backlog), ``cost_fixed_ms`` and ``cost_per_object_ms`` of the fit
         (``None`` before any minibatch), ``arrival_per_s``, ``regrouped`` (reads whose rest went
         in one batch, :meth:`regroup`)."""
         fit = self.cost()
-        return {"policy": self.policy, "sjf": self.sjf, "minibatch": self.size(now), "regrouped": self.regrouped,
+        return {"policy": self.policy, "minibatch": self.size(now), "regrouped": self.regrouped,
                 "cost_fixed_ms": round(fit[0] * 1e3, 3) if fit else None,
                 "cost_per_object_ms": round(fit[1] * 1e3, 5) if fit else None,
                 "arrival_per_s": round(self.rate(now), 1)}
 
-    def splits(self, n: int, *, backlog: bool = False, now: float | None = None) -> bool:
-        """Whether a read of ``n`` objects is cut into more than one minibatch (only then does
-        the order, and so a workload estimate, matter)."""
-        return n > self.size(now, backlog=backlog)
-
-    def cut(self, workload: np.ndarray, *, sjf: bool | None = None, backlog: bool = False,
-            now: float | None = None) -> list[np.ndarray]:
-        """The minibatches of a read: positions (``int64``) into its objects, in processing order.
-
-        Parameters
-        ----------
-        workload
-            ``(n,)`` int64: each object's workload estimate (only its order is used, and only
-            with SJF).
-        sjf
-            Override the policy's ``sjf`` (the service turns it off with a window).
-        backlog
-            The read came back full (more is queued).
-
-        Returns
-        -------
-        list of numpy.ndarray
-            Every position once; each array ascending (stream order within a minibatch).
-        """
-        workload = np.asarray(workload)
-        n = len(workload)
+    def cut(self, n: int, *, backlog: bool = False, now: float | None = None) -> list[np.ndarray]:
+        """The minibatches of a read of ``n`` objects: positions (``int64``), in stream order, in
+        ``ceil(n / m)`` equal parts of at most the minibatch size ``m`` (:meth:`size`; ``backlog``:
+        the read came back full, more is queued)."""
         if n == 0:
             return []
-        m = self.size(now, backlog=backlog)
-        sjf = self.sjf if sjf is None else sjf
-        if n <= m:
-            return [np.arange(n, dtype=np.int64)]
-        if not sjf:
-            parts = -(-n // m)
-            return [a for a in np.array_split(np.arange(n, dtype=np.int64), parts)]
-        order = np.argsort(workload, kind="stable")
-        free = int((workload == 0).sum())
-        out = []
-        for run in (order[:free], order[free:]):  # the free objects apart: they cost no worker anything
-            if len(run):
-                out += [np.sort(a) for a in np.array_split(run, -(-len(run) // m))]
-        return out
+        return np.array_split(np.arange(n, dtype=np.int64), -(-n // self.size(now, backlog=backlog)))

@@ -50,8 +50,8 @@ class ServeConfig:
     checkpoint_interval_s
         With a window: seconds between checkpoints (``--checkpoint-interval``;
         :mod:`~knnmon.coordinator.service.checkpoint`).
-    batching, latency_target_ms, sjf
-        How batches form (``--batching``, ``--latency-target-ms``, ``--sjf``):
+    batching, latency_target_ms
+        How batches form (``--batching``, ``--latency-target-ms``):
         :class:`~knnmon.coordinator.service.batching.BatchPolicy`.
     replan
         The first start recovers in full and plans every query anew (``--replan``), instead of
@@ -81,7 +81,6 @@ class ServeConfig:
     checkpoint_interval_s: float = 60.0
     batching: str = "adaptive"
     latency_target_ms: float = 50.0
-    sjf: bool = False
     replan: bool = False
     metrics: tuple[str, int] | None = None
     ready_max_lag: int = 10_000
@@ -92,7 +91,7 @@ class ServeConfig:
         if self.run.initial != 0 or self.run.overlap_writes:
             object.__setattr__(self, "run", replace(self.run, initial=0, overlap_writes=False))
         BatchPolicy(self.batching, batch=max(self.run.batch, 1), max_delay_ms=self.max_delay_ms,
-                    latency_target_ms=self.latency_target_ms, sjf=self.sjf)  # raises when invalid (the delay too)
+                    latency_target_ms=self.latency_target_ms)  # raises when invalid (the delay too)
         if self.initial is not None and self.initial < 0:
             raise InvalidArgumentError(f"--initial must be >= 0; got {self.initial}")
         if not (math.isfinite(self.checkpoint_interval_s) and self.checkpoint_interval_s > 0):

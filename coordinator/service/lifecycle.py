@@ -97,7 +97,7 @@ class Lifecycle:
         self.serving = False
         self.probes: ProbeServer | None = None
         self.batching = BatchPolicy(config.batching, batch=config.run.batch, max_delay_ms=config.max_delay_ms,
-                                    latency_target_ms=config.latency_target_ms, sjf=config.sjf)
+                                    latency_target_ms=config.latency_target_ms)
 
     @property
     def redis_url(self) -> str | None:

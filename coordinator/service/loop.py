@@ -39,7 +39,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 
 from knnmon.coordinator.service.intake import Entry, read_objects
@@ -273,7 +272,7 @@ class Service(Lifecycle):
         """One read of both streams (``wait``: blocking up to ``block_ms`` for entries);
         query operations applied, objects batched. ``True`` if anything was done."""
         ko, kq = self.keys.ingest_objects, self.keys.ingest_queries
-        got = self.reader.read({kq: ">", ko: ">"}, self.batching.read_count, self.config.block_ms if wait else None)
+        got = self.reader.read({kq: ">", ko: ">"}, self.batching.batch, self.config.block_ms if wait else None)
         objects: list = []
         for key, entries in got:
             if key == kq:
@@ -299,7 +298,7 @@ class Service(Lifecycle):
                 objects += more[0][1]
             self.counters["objects_entries_read"] += len(objects)
             self.batching.read(len(objects))
-            self._backlog = len(objects) >= self.batching.read_count
+            self._backlog = len(objects) >= self.batching.batch
             self._guarded(ko, objects, self._process_objects)
         return bool(got)
 
@@ -319,9 +318,7 @@ class Service(Lifecycle):
         self.counters["late"] += read.late
         table = read.objects
         parse_ms = (time.perf_counter() - t0) * 1e3
-        sjf = self.batching.sjf and rt.window is None and self.batching.splits(table.num_rows, backlog=self._backlog)
-        parts = self.batching.cut(rt.estimate(table) if sjf else np.zeros(table.num_rows, np.int64), sjf=sjf,
-                                  backlog=self._backlog)
+        parts = self.batching.cut(table.num_rows, backlog=self._backlog)
         if not parts:
             self._finish([], read.rejects, None, parse_ms, 0.0, None, table, True)
         times = table.column("t").to_numpy()

@@ -188,7 +188,7 @@ def format_status(s: dict[str, Any]) -> str:
         if b:
             cost = (f"; a minibatch costs {b['cost_fixed_ms']:.1f} ms + {b['cost_per_object_ms']:.3f} ms per object"
                     if b.get("cost_fixed_ms") is not None else "")
-            lines.append(f"  batching {b['policy']}{' + SJF' if b.get('sjf') else ''}: minibatches of up to "
+            lines.append(f"  batching {b['policy']}: minibatches of up to "
                          f"{b['minibatch']:,} objects at {b['arrival_per_s']:,.0f} objects/s arriving{cost}"
                          + (f"; {b['regrouped']:,} reads finished in one batch (their minibatches fell behind)"
                             if b.get("regrouped") else ""))

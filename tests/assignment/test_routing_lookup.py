@@ -81,16 +81,19 @@ def test_starts_follow_the_table_when_its_arrays_are_replaced():
     """A fold of the delta gives the table new ``keys``: the starts are recomputed, and a keyword
     registered after the first starts routes through them once folded."""
     grid = Grid(0.0, 0.0, 4.0, 4.0, n=N)
-    table = RoutingTable(grid, ["a", "b"], np.zeros(2, dtype=np.uint64), np.array([N * N + 3], dtype=np.int64),
-                         np.array([2], dtype=np.uint64))
+    from knnmon.coordinator.live_routing import LiveRouting
+
+    table = LiveRouting(RoutingTable(grid, ["a", "b"], np.zeros(2, dtype=np.uint64),
+                                     np.array([N * N + 3], dtype=np.int64), np.array([2], dtype=np.uint64)))
     route = lambda codes, cell: table.route_v(np.array([cell]), np.zeros(len(codes), dtype=np.int64),  # noqa: E731
                                               np.array(codes, dtype=np.int64))[0]
     assert route([1], 3) == 2 and route([0], 3) == 0
     counts, codes = table.codes_of(pa.array([["c"]], type=pa.list_(pa.string())))
-    assert codes.tolist() == [2] and table.vocabulary[2] == "c"
+    assert codes.tolist() == [2] and table.table.vocabulary[2] == "c"
     table.add_many((counts, codes), [3], [0], [3], [0], [5])  # cell 3, worker 5: in the delta
     assert route([2], 3) == 1 << 5
-    table.keys, table.masks = np.array([N * N + 3, 2 * N * N + 3], dtype=np.int64), np.array([2, 1 << 5], np.uint64)
+    t = table.table
+    t.keys, t.masks = np.array([N * N + 3, 2 * N * N + 3], dtype=np.int64), np.array([2, 1 << 5], np.uint64)
     table.delta_keys, table.delta_masks = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.uint64)
     assert route([2], 3) == 1 << 5 and route([1, 2], 3) == 2 | 1 << 5 and route([2], 2) == 0
 

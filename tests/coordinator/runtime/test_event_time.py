@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from knnmon.assignment.routing import MAX_ENTRIES_PER_QUERY
+from knnmon.coordinator.live_routing import MAX_ENTRIES_PER_QUERY
 from knnmon.coordinator.runtime.config import RunConfig
 from knnmon.coordinator.runtime.runtime import Runtime
 from knnmon.coordinator.runtime.preparation import with_arrival_times

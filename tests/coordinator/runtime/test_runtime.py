@@ -89,7 +89,7 @@ def test_a_load_in_parts_gives_each_worker_only_its_keywords_and_stays_exact(ct,
             words[rt.registrar.query_worker[qid]].update(kws)
         # Each worker knows the codes of its own queries' keywords, not the whole vocabulary.
         assert [s.keywords for s in rt.registrar.stats()] == [len(w) for w in words]
-        assert max(len(w) for w in words) < len(rt.plan.routing.vocabulary)
+        assert max(len(w) for w in words) < len(rt.plan.routing.table.vocabulary)
         seen = stream_order(read_objects(objects_dir), None).slice(0, initial + 20 * 1000)
         assert assert_exact(redis_url, namespace, queries, BruteForceKnn(seen)) == queries.num_rows
 
@@ -338,16 +338,16 @@ def test_a_ray_worker_lost_outside_a_batch_is_revived_for_a_registration_and_an_
 
 
 @pytest.mark.slow  # 9 s; test_worker_pool.py and the model-based test find lost workers in the default suite
-def test_a_worker_found_lost_by_an_estimate_or_the_worker_list_is_revived(small, ray_instance, redis_url, namespace,
-                                                                         tmp_path):
-    """The service's other calls between batches (Short-Job-First's workload estimate, the
-    worker list for its status) revive a lost worker in place too, and answer."""
+def test_a_worker_found_lost_by_the_last_writes_or_the_worker_list_is_revived(small, ray_instance, redis_url,
+                                                                              namespace, tmp_path):
+    """The service's other calls between batches (the check of the last writes after an outage,
+    the worker list for its status) revive a lost worker in place too, and answer."""
     _, queries, objects = small
     with _two_ray_workers_after_three_batches(small, redis_url, namespace, tmp_path) as (rt, batches):
         pids = [p.pid for p in rt.worker_processes()]
         _kill_process(pids[0])
-        workload = rt.estimate(batches[3])
-        assert rt.workers_revived == 1 and workload.shape == (batches[3].num_rows,) and workload.sum() > 0
+        writes = rt.last_writes()
+        assert rt.workers_revived == 1 and len(writes) == 2 and not any(failed for _, failed in writes)
         _kill_process(pids[1])
         now = rt.worker_processes()
         assert rt.workers_revived == 2 and not set(pids) & {p.pid for p in now}

@@ -13,7 +13,7 @@ import pytest
 import redis
 
 from knnmon.coordinator.service import latency
-from knnmon.coordinator.service.batching import SJF_HORIZON, BatchPolicy
+from knnmon.coordinator.service.batching import BatchPolicy
 from knnmon.errors import InvalidArgumentError
 from knnmon.ingest.reading import read_objects, stream_order
 from knnmon.keys import Keys
@@ -24,7 +24,7 @@ from knnmon.coordinator.testing import assert_exact, object_fields, publish_obje
 def test_the_policy_rejects_bad_settings():
     for kwargs in ({"policy": "eager"}, {"batch": 0}, {"max_delay_ms": -1}, {"max_delay_ms": float("inf")},
                    {"max_delay_ms": float("nan")}, {"latency_target_ms": 0},
-                   {"latency_target_ms": float("nan")}, {"policy": "fixed", "sjf": True}):
+                   {"latency_target_ms": float("nan")}):
         with pytest.raises(InvalidArgumentError):
             BatchPolicy(**kwargs)
 
@@ -32,7 +32,6 @@ def test_the_policy_rejects_bad_settings():
 def test_only_the_fixed_policy_waits():
     assert BatchPolicy("fixed", max_delay_ms=20).wait_ms == 20
     assert BatchPolicy("no-wait", max_delay_ms=20).wait_ms == 0 == BatchPolicy("adaptive").wait_ms
-    assert BatchPolicy("no-wait", batch=100, sjf=True).read_count == SJF_HORIZON * 100
 
 
 def test_adaptive_minibatches_follow_the_latency_target_and_the_arrival_rate():
@@ -49,10 +48,11 @@ def test_adaptive_minibatches_follow_the_latency_target_and_the_arrival_rate():
     assert p.size(now) == 1000
     assert p.size(now + 10) == pytest.approx(400, abs=1)  # the burst left the window
     assert p.size(now, backlog=True) == 1000
-    parts = p.cut(np.zeros(1000, np.int64), now=now + 10)
+    parts = p.cut(1000, now=now + 10)
     assert [len(x) for x in parts] == [334, 333, 333]  # equal parts (m = 399 or 400), no tiny tail
-    assert np.concatenate(parts).tolist() == list(range(1000))  # arrival order without SJF
-    small = p.cut(np.zeros(5, np.int64), now=now + 10)
+    assert np.concatenate(parts).tolist() == list(range(1000))  # in stream order
+    small = p.cut(5, now=now + 10)
+    assert p.cut(0) == []
     assert len(small) == 1 and small[0].tolist() == list(range(5))
 
 
@@ -62,7 +62,7 @@ def test_a_read_whose_minibatches_fall_behind_the_stream_has_the_rest_in_one_bat
         p.observe(m, 0.005 + 0.0001 * m)
     now = 1000.0
     p.read(2000, now)  # 1,000 objects/s over the window
-    parts = p.cut(np.zeros(1000, np.int64), now=now)
+    parts = p.cut(1000, now=now)
     assert len(parts) > 3  # cut fine for the sparse region's cost
     # a dense region: the first minibatch took 150 ms, far slower than 1,000 objects/s arrive
     merged = p.regroup(parts, 1, len(parts[0]), 0.150, now=now)
@@ -73,33 +73,7 @@ def test_a_read_whose_minibatches_fall_behind_the_stream_has_the_rest_in_one_bat
     assert p.regroup(parts, 1, len(parts[0]), 0.2 * len(parts[0]) / 1000, now=now) is parts
     assert p.regroup(parts, len(parts) - 1, 900, 5.0, now=now) is parts
     assert p.regrouped == 1
-    # SJF order up to the merge is kept; the merged rest is ascending
-    shuffled = [np.array([5, 7]), np.array([0, 9]), np.array([1, 3]), np.array([2, 4, 6, 8])]
-    out = p.regroup(shuffled, 2, 4, 1.0, now=now)
-    assert [x.tolist() for x in out] == [[5, 7], [0, 9], [1, 2, 3, 4, 6, 8]]
-    # never above --batch (SJF reads hold several): the rest in equal batches of at most it
-    small = BatchPolicy("adaptive", batch=4)
-    small.read(2000, now)
-    out = small.regroup([np.array([0])] + [np.array([i]) for i in range(1, 10)], 1, 1, 1.0, now=now)
-    assert [x.tolist() for x in out] == [[0], [1, 2, 3], [4, 5, 6], [7, 8, 9]]
-    assert BatchPolicy("no-wait", batch=4).regroup(shuffled, 1, 2, 1.0, now=now) is shuffled
-
-
-@pytest.mark.parametrize("policy", ["no-wait", "adaptive"])
-def test_sjf_orders_minibatches_by_workload_with_the_free_objects_first(policy):
-    rng = np.random.default_rng(2)
-    p = BatchPolicy(policy, batch=100, sjf=True)
-    work = rng.integers(0, 20, 350)
-    parts = p.cut(work, backlog=True)
-    flat = np.concatenate(parts)
-    assert sorted(flat.tolist()) == list(range(350))  # every object once
-    assert (work[parts[0]] == 0).all() and (work[np.concatenate(parts[1:])] > 0).all()
-    assert all(len(x) <= 100 for x in parts[1:])
-    for x, y in zip(parts[1:], parts[2:]):  # Short-Job-First across minibatches
-        assert work[x].max() <= work[y].min()
-    for x in parts:
-        assert (np.diff(x) > 0).all()  # stream order within a minibatch
-    assert [len(x) for x in p.cut(work, sjf=False, backlog=True)] == [88, 88, 87, 87]
+    assert BatchPolicy("no-wait", batch=4).regroup(parts, 1, 2, 1.0, now=now) is parts  # only adaptive regroups
 
 
 @pytest.fixture(scope="module")
@@ -139,18 +113,18 @@ def test_an_idle_service_answers_one_object_without_the_delay(redis_url, namespa
     assert times["adaptive"] < 1.0  # it did not
 
 
-def test_sjf_minibatches_are_exact_and_record_every_response_time(redis_url, namespace, places, slice_queries,
-                                                                  tmp_path):
+def test_a_burst_is_exact_in_stream_order_and_records_every_response_time(redis_url, namespace, places,
+                                                                          slice_queries, tmp_path):
     r = redis.Redis.from_url(redis_url, decode_responses=True)
     keys = Keys(namespace)
     queries = pq.read_table(slice_queries).slice(0, 200)
     for q in queries.to_pylist():
         r.xadd(keys.ingest_queries, register_fields(q))
-    proc = serve_process(redis_url, namespace, tmp_path / "serve.log", "--batching", "no-wait", "--sjf",
+    proc = serve_process(redis_url, namespace, tmp_path / "serve.log", "--batching", "no-wait",
                          "--batch", "200", "--data-dir", str(tmp_path / "data"))
     try:
         wait_processed(r, keys, proc)
-        publish_objects(r, keys, places)  # one burst: reads of up to 4 x 200 entries, cut Short-Job-First
+        publish_objects(r, keys, places)  # one burst: reads of up to 200 entries
         wait_processed(r, keys, proc, timeout_s=300)
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -160,39 +134,16 @@ def test_sjf_minibatches_are_exact_and_record_every_response_time(redis_url, nam
     hist = latency.decode(f.get("lat_hist", "") for f in records)
     objects = sum(int(f["objects"]) for f in records)
     assert int(hist.sum()) == objects == len(places) - int(r.xlen(keys.ingest_rejects))
-    assert max(int(f["objects"]) for f in records) <= 200
-    assert len(records) > len(places) // 800  # reads were cut into minibatches
+    assert max(int(f["objects"]) for f in records) <= 200 and len(records) >= len(places) // 200
     assert 0 < latency.percentile(hist, 50) <= latency.percentile(hist, 99) < 300_000
-    # No starvation: when a minibatch acknowledged later holds an entry published before one of a
-    # minibatch acknowledged earlier (SJF overtook it), the two are at most one read apart: fewer
-    # than 4 x 200 entries.
+    # Acknowledged in stream order: each batch's entries all come after the previous batch's.
     pos = {e: i for i, (e, _) in enumerate(r.xrange(keys.ingest_objects))}
     ranges = [(pos[f["first"]], pos[f["last"]]) for f in records]
-    overtaken = [(ranges[i][1] - ranges[j][0]) for i in range(len(ranges)) for j in range(i + 1, len(ranges))
-                 if ranges[j][0] < ranges[i][1]]
-    assert overtaken and max(overtaken) < SJF_HORIZON * 200
+    assert all(b[0] > a[1] for a, b in zip(ranges, ranges[1:]))
     from knnmon.coordinator.service.status import format_status, read_status
 
     status = read_status(redis_url, namespace)
     b = status["service"]["batching"]
-    assert b["policy"] == "no-wait" and b["sjf"] and b["minibatch"] == 200
+    assert b["policy"] == "no-wait" and b["minibatch"] == 200
     assert b["cost_fixed_ms"] is not None and b["cost_per_object_ms"] > 0
-    assert "batching no-wait + SJF: minibatches of up to 200 objects" in format_status(status)
-
-
-def test_the_distributed_workload_estimate_counts_the_candidates_the_batch_then_checks(places_slice, slice_queries,
-                                                                                        redis_url, namespace,
-                                                                                        tmp_path):
-    from knnmon.coordinator.runtime.config import RunConfig
-    from knnmon.coordinator.runtime.runtime import Runtime
-    from knnmon.store import StoreConfig
-
-    config = RunConfig(workers=2, executor="inline", initial=6000, batch=1000,
-                       store=StoreConfig(redis_url, namespace, str(tmp_path)))
-    with Runtime(str(places_slice), str(slice_queries), config) as rt:
-        for start in (0, 1000, 2000):
-            table = rt.stream_table.slice(start, 1000)
-            est = rt.dispatcher.workload(table)
-            assert est.shape == (1000,) and (est >= 0).all()
-            report = rt.process(table)  # the estimate changed nothing: the batch checks those pairs
-            assert est.sum() == report.candidates > 0
+    assert "batching no-wait: minibatches of up to 200 objects" in format_status(status)

@@ -45,9 +45,9 @@ def _same(a, b) -> None:
                 ids=["checkpoints-0.2s", "checkpoint-every-read"])  # (0.2 s: 8 s)
 def stopped_service(request, places_slice, slice_queries, redis_url, tmp_path_factory):
     """A service with a window killed mid-stream after some checkpoints: its Redis namespace.
-    With checkpoints due all the time and reads of several minibatches (``--sjf``: a read of
-    ``SJF_HORIZON x --batch`` entries; its first minibatch carries the read's rejects, so its
-    span reaches over the others) a chunk is written per read."""
+    With checkpoints due all the time and reads cut into minibatches (``adaptive`` batching for
+    a 1 ms target; a read's first minibatch carries the read's rejects, so its span reaches over
+    the others) a chunk is written per read."""
     namespace = f"snap{time.monotonic_ns() % 10**9}"
     tmp = tmp_path_factory.mktemp("snapshot")
     r = redis.Redis.from_url(redis_url, decode_responses=True)
@@ -61,7 +61,7 @@ def stopped_service(request, places_slice, slice_queries, redis_url, tmp_path_fa
     entries = [x for i, p in enumerate(places) for x in ([p, bad[i // 97]] if i % 97 == 0 else [p])]
     proc = serve_process(redis_url, namespace, tmp / "serve.log", "--batch", "100", "--window", f"{WINDOW_MS // 1000}s",
                          "--checkpoint-interval", request.param,
-                         *(["--sjf"] if request.param != "0.2" else []), workers=2)
+                         *(["--latency-target-ms", "1"] if request.param != "0.2" else []), workers=2)
     published: dict[str, str] = {}  # entry id -> its object's id
     try:
         for s in range(0, len(entries), 250):  # in pieces: checkpoints (and chunks) between them

@@ -1,4 +1,4 @@
-"""Regions added to the routing table at run time (``RoutingTable.add_many``: registrations, a
+"""Regions added to the routing table at run time (``LiveRouting.add_many``: registrations, a
 window's refills, hand-overs): every (keyword, cell) routes to exactly the workers of the regions
 covering it, through the delta and its folds into the main table."""
 
@@ -8,7 +8,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from knnmon.assignment.routing import MAX_ENTRIES_PER_QUERY, RoutingTable
+from knnmon.assignment.routing import RoutingTable
+from knnmon.coordinator.live_routing import MAX_ENTRIES_PER_QUERY, LiveRouting
 from knnmon.grid import Grid
 
 region = st.tuples(st.lists(st.integers(0, 5), max_size=3, unique=True), st.integers(0, 15), st.integers(0, 15),
@@ -27,9 +28,9 @@ def test_every_cell_routes_to_the_workers_of_the_regions_covering_it(calls, n, a
 
     grid = Grid(-10.0, 0.0, 10.0, 20.0, n=n)
 
-    def empty() -> RoutingTable:
-        return RoutingTable(grid, [str(i) for i in range(6)], np.zeros(6, dtype=np.uint64),
-                            np.empty(0, dtype=np.int64), np.empty(0, dtype=np.uint64))
+    def empty() -> LiveRouting:
+        return LiveRouting(RoutingTable(grid, [str(i) for i in range(6)], np.zeros(6, dtype=np.uint64),
+                                        np.empty(0, dtype=np.int64), np.empty(0, dtype=np.uint64)))
 
     table = empty()
     want = np.zeros((6, n * n), dtype=np.uint64)  # brute force: (code, cell) -> workers
@@ -52,7 +53,7 @@ def test_every_cell_routes_to_the_workers_of_the_regions_covering_it(calls, n, a
     assert len(journal) == len(calls)
     replayed = empty()
     replayed.replay(journal)
-    for keys in (table.keys, table.delta_keys):
+    for keys in (table.table.keys, table.delta_keys):
         assert np.all(np.diff(keys) > 0)  # sorted, unique
     code, cell = np.divmod(np.arange(6 * n * n), n * n)
     got = table.route_v(cell, np.arange(6 * n * n), code)
@@ -62,14 +63,14 @@ def test_every_cell_routes_to_the_workers_of_the_regions_covering_it(calls, n, a
 
 def test_codes_of_gives_a_new_keyword_its_code():
     """A refill's or a registration's keywords in one Arrow array: known ones by their codes, a
-    new one added to the vocabulary (as :meth:`RoutingTable.code` adds it)."""
+    new one added to the vocabulary (as :meth:`LiveRouting.code` adds it)."""
     import pyarrow as pa
 
-    table = RoutingTable(Grid(-10.0, 0.0, 10.0, 20.0, n=4), ["a", "b"], np.zeros(2, dtype=np.uint64),
-                         np.empty(0, dtype=np.int64), np.empty(0, dtype=np.uint64))
+    table = LiveRouting(RoutingTable(Grid(-10.0, 0.0, 10.0, 20.0, n=4), ["a", "b"], np.zeros(2, dtype=np.uint64),
+                                     np.empty(0, dtype=np.int64), np.empty(0, dtype=np.uint64)))
     counts, codes = table.codes_of(pa.array([["b"], [], ["new", "a"]], type=pa.list_(pa.string())))
     assert counts.tolist() == [1, 0, 2] and codes.tolist() == [1, 2, 0]
-    assert table.vocabulary == ["a", "b", "new"] and table.code("new") == 2
+    assert table.table.vocabulary == ["a", "b", "new"] and table.code("new") == 2
 
 
 @settings(max_examples=200, deadline=None)
@@ -117,10 +118,10 @@ def test_narrowing_a_source_keeps_exactly_what_its_remaining_queries_need(region
     always = np.zeros(6, dtype=np.uint64)
     for c in wide:
         always[c] |= np.uint64(1) << np.uint64(source)
-    table = RoutingTable(grid, [str(i) for i in range(6)], always.copy(), np.empty(0, dtype=np.int64),
-                         np.empty(0, dtype=np.uint64))
-    before = RoutingTable(grid, list(table.vocabulary), always.copy(), np.empty(0, dtype=np.int64),
-                          np.empty(0, dtype=np.uint64))
+    table = LiveRouting(RoutingTable(grid, [str(i) for i in range(6)], always.copy(), np.empty(0, dtype=np.int64),
+                                     np.empty(0, dtype=np.uint64)))
+    before = LiveRouting(RoutingTable(grid, list(table.table.vocabulary), always.copy(), np.empty(0, dtype=np.int64),
+                                      np.empty(0, dtype=np.uint64)))
     rows = [(cs, min(a, c), min(b, d), min(max(a, c), n - 1), min(max(b, d), n - 1), w, moved and w == source)
             for cs, a, b, c, d, w, moved in regions]
     args = ([r[0] for r in rows], *(np.array([r[j] for r in rows], dtype=np.int64) for j in range(1, 6)))
@@ -135,7 +136,7 @@ def test_narrowing_a_source_keeps_exactly_what_its_remaining_queries_need(region
     if pair:
         rect = (np.array([r[j] for _, r in pair]) for j in (1, 2, 3, 4))
         keep, _ = region_entries(np.array([c for c, _ in pair]), *rect, np.ones(len(pair), dtype=np.uint64), n)
-    everywhere = table.always.copy()  # (wide, and any full-grid region added)
+    everywhere = table.table.always.copy()  # (wide, and any full-grid region added)
     table.narrow(source, moved_codes, held, keep)
     need = np.zeros((6, n * n), dtype=np.uint64)  # what the queries left on each worker need
     for cs, x0, y0, x1, y1, w, moved in rows:
