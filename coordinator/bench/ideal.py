@@ -23,7 +23,7 @@ is perfectly balanced. Its work is counted and priced from measurements of the s
 The one-worker run's own busy time is not the ideal's: a worker holding every query is slower
 per unit of work than ``W`` workers holding a share each (its per-batch passes run over all the
 queries), so its time shared by ``W`` bounds nothing (docs/benchmarks.md, "The ideal"). Without
-plans' runs at ``W`` the row falls back to it, with the cost model's :data:`FIXED_MS`.
+plans' runs at ``W`` the row falls back to it, with the cost model's :data:`~knnmon.costs.FIXED_MS`.
 Its row carries the bench's columns, ``update_ms_sim_mean`` the bound, ``costs`` the prices
 used; the columns it cannot have (wall time, throughput: no ``W``-worker run happened) are
 ``None``, ``exact`` is the one-worker run's, and ``ideal_from`` says which run it came from.
@@ -36,13 +36,12 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["FIXED_MS", "IDEAL", "cost_fit", "ideal_row"]
+from knnmon.costs import FIXED_MS
+
+__all__ = ["IDEAL", "cost_fit", "ideal_row"]
 
 #: The algorithm name of the bound in ``--algorithms`` and in report rows.
 IDEAL = "ideal"
-#: A worker's busy time per batch that no query causes (ms): the measured cost model's per-batch
-#: term (docs/benchmarks.md, "Where a worker's time goes").
-FIXED_MS = 1.25
 
 #: Columns of the one-worker run that a ``W``-worker ideal cannot have measured.
 _NOT_MEASURED = ("update_ms_wall_mean", "update_ms_wall_p50", "update_ms_wall_p99", "objects_per_s",
@@ -84,7 +83,7 @@ def ideal_row(one: dict[str, Any], workers: int, plans: Sequence[dict[str, Any]]
     stream at ``workers`` (:func:`cost_fit`; their least mean routing time is the ideal's:
     routing to ``W`` workers costs a call to each per batch, which the one-worker run did not
     pay, and does not depend on the plan otherwise). Without ``plans``: ``one``'s busy time
-    shared, with :data:`FIXED_MS`, and its routing.
+    shared, with :data:`~knnmon.costs.FIXED_MS`, and its routing.
 
     Raises
     ------

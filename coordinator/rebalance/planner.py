@@ -30,11 +30,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["FIXED_MS", "Move", "MovePlan", "plan_moves", "spatial_order"]
+from knnmon.costs import FIXED_MS
 
-#: A worker's busy time per batch that no query causes (ms): the measured cost model's
-#: per-batch term (:mod:`knnmon.costs`).
-FIXED_MS = 1.25
+__all__ = ["Move", "MovePlan", "plan_moves", "spatial_order"]
 
 
 @dataclass(frozen=True)
