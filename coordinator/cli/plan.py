@@ -61,7 +61,7 @@ def add_plan_command(sub: Any) -> None:
     p.add_argument("--sets-per-worker", type=int, default=8, help="proposed: stop at this many sets per worker (default 8)")
     add_cost_model_option(p)
     p.add_argument("--delivery-cost", type=float, default=None,
-                   help="weight of one delivery (lambda; default: 5.5 us under the measured model, 1 under the "
+                   help="weight of one delivery (lambda; default: 10.9 us under the measured model, 1 under the "
                         "paper's)")
     p.add_argument("--handout", choices=("set", "query"), default="set",
                    help="proposed: assign whole sets (default) or query by query as the paper prints it")

@@ -4,13 +4,16 @@ The paper (Tsuruoka et al. 2019, §4.2, formula (8)) balances ``L(q) = sum_key P
 the expected keyword matches per arriving object inside ``q``'s region: the candidates ``q``
 causes. knnmon's workers prune candidates with a keyword-aware grid, so a candidate costs almost
 nothing; a worker's busy time is made of a fixed cost per batch, the objects delivered to it
-and the results that change. Fitted by least squares on measured per-worker busy times
-(:func:`knnmon.coordinator.bench.ideal.cost_fit` over every (worker, batch) of ``knnmon bench``,
-100 k queries on all places, W = 4 and 12, proposed and random, shuffled and in time order:
-3,840 samples, R^2 = 0.97; docs/benchmarks.md):
+and the results that change. Fitted by least squares on measured per-worker busy times (``knnmon
+bench``, 100 k queries, W = 4 and 12, proposed/keyword/random, R^2 = 0.98; docs/benchmarks.md):
 
-    busy(w) = 5.2 ms per batch + 5.5 us per delivered object + 0.22 us per candidate
-              + 18.4 us per changed result
+    busy(w) = 1.25 ms per batch + 10.9 us per delivered object + 0.036 us per candidate
+              + 33 us per changed result
+
+A fit on today's workers gives other weights (5.2 ms per batch, 5.5 us per delivery, 0.22 us per
+candidate, 18.4 us per change; R^2 0.97), but plans made with them were 1.00-1.02x faster than
+random on 100 k queries where these are 1.13-1.15x (docs/benchmarks.md, "The paper's bench,
+current"): the planner keeps these.
 
 **Expected changes** [ours]: with objects drawn from the distribution of the initial ``N0``
 objects, the next object changes ``q``'s result exactly when it matches ``q`` and falls inside
@@ -32,7 +35,7 @@ __all__ = ["COST_MODELS", "FIXED_MS", "CostModel"]
 
 COST_MODELS = ("measured", "paper")
 #: A worker's busy time per batch that no query causes (ms): the fit's per-batch term (above).
-FIXED_MS = 5.2
+FIXED_MS = 1.25
 
 
 @dataclass(frozen=True)
@@ -65,7 +68,7 @@ class CostModel:
         if delivery_cost is not None and delivery_cost < 0:
             raise InvalidArgumentError(f"--delivery-cost must be >= 0; got {delivery_cost}")
         if name == "measured":
-            return cls(name, 0.22, 18.4, 5.5 if delivery_cost is None else delivery_cost)
+            return cls(name, 0.036, 33.0, 10.9 if delivery_cost is None else delivery_cost)
         if name == "paper":
             return cls(name, 1.0, 0.0, 1.0 if delivery_cost is None else delivery_cost)
         raise InvalidArgumentError(f"Invalid cost model: {name!r}.\nValid options are: {COST_MODELS}")

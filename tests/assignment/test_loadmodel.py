@@ -97,7 +97,7 @@ def test_measured_cost_model_weighs_candidates_and_expected_changes():
     rate = np.array([1 / 8, 3 / 8])  # count_q / N0
     costs = CostModel.named("measured")
     wl = Workload.build(m, table, radius, costs=costs, change_rate=rate)
-    assert wl.load.tolist() == pytest.approx([0.22 * 2 / 8 + 18.4 * 1 / 8, 0.22 * 5 / 8 + 18.4 * 3 / 8])
+    assert wl.load.tolist() == pytest.approx([0.036 * 2 / 8 + 33 * 1 / 8, 0.036 * 5 / 8 + 33 * 3 / 8])
     assert wl.entry_p.tolist() == pytest.approx([2 / 8, 4 / 8, 1 / 8])  # P(R_q, key) kept for --explain
     assert wl.entry_load.sum() == pytest.approx(wl.load.sum())
     assert CostModel.named("paper").delivery == 1.0 and CostModel.named("measured", 2.5).delivery == 2.5
