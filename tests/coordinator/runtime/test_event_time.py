@@ -116,7 +116,7 @@ def test_a_hostile_query_cannot_flood_the_routing_table(places_slice, slice_quer
         rt.registrar.register([hostile])
         assert rt.plan.routing.entries - before <= MAX_ENTRIES_PER_QUERY
         routing = rt.plan.routing  # routed by its keywords everywhere: exact, and constant in size
-        assert all(routing.always[routing.code(w)] != 0 for w in hostile.keywords)
+        assert all(routing.table.always[routing.code(w)] != 0 for w in hostile.keywords)
         for batch in rt.batches():
             rt.process(batch)
     everything = BruteForceKnn(objects.slice(0, 6000))

@@ -109,12 +109,12 @@ def test_a_bounded_routing_table_holds_pairs_as_rectangles_through_a_rebuild(sma
                        store=StoreConfig(redis_url, namespace, str(tmp_path)))
     with Runtime(objects_dir, queries, config) as rt:
         routing = rt.dispatcher.routing
-        assert len(routing.keys) <= 2000 and len(routing.regions) > 0
+        assert len(routing.table.keys) <= 2000 and len(routing.table.regions) > 0
         for _, b in zip(range(4), rt.batches()):
             rt.process(b)
         rt.upkeep.rebuild()
-        assert len(routing.regions) > 0
-        words = {routing.vocabulary[c] for c in routing.regions.code.tolist()}
+        assert len(routing.table.regions) > 0
+        words = {routing.table.vocabulary[c] for c in routing.table.regions.code.tolist()}
         assert words <= {w for kws in queries.column("keywords").to_pylist() for w in kws}
         rt.run(progress=False)
         assert_exact(redis_url, namespace, queries, BruteForceKnn(objects))
