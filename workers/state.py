@@ -102,19 +102,16 @@ class WorkerState:
         self.index.refresh(slots, slot, code, q.lon[slot], q.lat[slot], q.radius[slot])
         self.refreshed += len(slots)
 
-    def shrink(self, changed: np.ndarray, *, refresh: bool = True) -> np.ndarray:
+    def shrink(self, changed: np.ndarray) -> None:
         """Shrink the kNN radius ``r_q`` of the ``changed`` slots whose list is full to its
-        k-th (last kept) distance; re-index them unless ``refresh=False``. Returns the shrunk
-        slots."""
+        k-th (last kept) distance, and re-index them."""
         q, L = self.queries, self.lists
         kth = L.d[L.ptr[changed] + q.cap[changed] - 1]  # inf unless the list is full
         shrink = kth < q.radius[changed]
         slots = changed[shrink]
         if len(slots):
             q.set_radius(slots, kth[shrink])
-            if refresh:
-                self.refresh(slots)
-        return slots
+            self.refresh(slots)
 
     # -- handles ---------------------------------------------------------------------------------
     def compact_handles(self) -> None:

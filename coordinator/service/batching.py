@@ -157,9 +157,9 @@ class BatchPolicy:
 
     def regroup(self, parts: list[np.ndarray], done: int, n: int, seconds: float,
                 now: float | None = None) -> list[np.ndarray]:
-        """A read's minibatches with the rest after the first ``done`` in one batch if those ``done`` (``n`` objects in
-        ``seconds``) did not keep up (:meth:`keeps_up`); ``parts`` as they are otherwise, and but
-        for ``adaptive``.
+        """A read's minibatches with the rest after the first ``done`` in one batch if those
+        ``done`` (``n`` objects in ``seconds``) did not keep up (:meth:`keeps_up`); ``parts`` as
+        they are otherwise, and but for ``adaptive``.
 
         Parameters
         ----------
