@@ -1,7 +1,10 @@
 """``knnmon serve``: the runtime as a long-running service that any Redis client talks to.
 
 - :mod:`~knnmon.coordinator.service.loop` -- the service loop (:class:`Service`: read, apply,
-  acknowledge; poison isolation);
+  acknowledge; poison isolation; Redis outages ridden out), built with a
+  :class:`~knnmon.coordinator.service.lifecycle.Lifecycle` and a
+  :class:`~knnmon.coordinator.service.watch.Watch` (Redis restarted behind the retries, workers
+  dead while idle);
 - :mod:`~knnmon.coordinator.service.intake` -- reading the streams; a read of object entries
   parsed into objects and rejects (the stream protocol itself: :mod:`knnmon.protocol`);
 - :mod:`~knnmon.coordinator.service.query_ops` -- register, update, unregister;

@@ -1,6 +1,6 @@
-"""The service's lifecycle: its state, start (Redis, recovery, the workers), restart after a
-fault, the status it publishes, and stop. :class:`~knnmon.coordinator.service.loop.Service` adds
-the loop that serves."""
+"""The service's lifecycle: its state, start (Redis, recovery, the workers), rebuild after a
+fault, the status it publishes, and stop. :class:`~knnmon.coordinator.service.loop.Service` is
+built with one and runs the loop that serves over it."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from knnmon.coordinator.service.intake import StreamReader
 from knnmon.coordinator.service.ledger import Ledger
 from knnmon.coordinator.service.outage import server_ids
 from knnmon.coordinator.service.query_ops import QueryOps
-from knnmon.coordinator.service.recovery import Recovered, recover
+from knnmon.coordinator.service.recovery import Recovered, recover as recover_state
 from knnmon.coordinator.service.resume import record_settings, settings_of
 from knnmon.coordinator.service.telemetry import ServiceTelemetry
 from knnmon.coordinator.service.probes import ProbeServer
@@ -48,8 +48,8 @@ COUNTERS = ("objects", "batches", "rejects", "registered", "updated", "unchanged
 
 
 class Lifecycle:
-    """The service's state, start, recovery, status and stop (module docstring); ``start()``,
-    then :meth:`Service.run`, then ``close()``.
+    """The service's state, start, recovery, status and stop (module docstring): ``start()``,
+    then the loop (:meth:`Service.run`), then ``close()``.
 
     Attributes
     ----------
@@ -63,6 +63,12 @@ class Lifecycle:
         Its metrics and readiness; served by :attr:`probes` (with ``config.metrics``).
     serving : bool
         The state is recovered and the workers started (``False`` while recovering).
+    stopping : bool
+        The loop finishes the batch in flight and returns (set by :meth:`Service.stop`).
+    recovered_from : frozenset of str or None
+        The Redis server(s) the state was recovered from (their run ids:
+        :func:`~knnmon.coordinator.service.outage.server_ids`), or the ones found since to have
+        kept every write.
     """
 
     def __init__(self, config: ServeConfig) -> None:
@@ -74,7 +80,6 @@ class Lifecycle:
         self.runtime: Runtime | None = None
         self.reader: StreamReader | None = None
         self.stopping = False
-        self._stop_asked = False  # stop() was called (a signal): the next run() returns at once
         self.counters = dict.fromkeys(COUNTERS, 0)
         self.telemetry = ServiceTelemetry(self, config.ready_max_lag)
         self.ledger = Ledger(self.keys, self.counters, config.run.workers, self.telemetry.metrics)
@@ -88,12 +93,7 @@ class Lifecycle:
         #: The runtime's ``workers_revived`` when the worker list was last taken and published
         #: (``/readyz`` waits for it: a revival is over once the status shows it).
         self.revivals_published = 0
-        self._backlog = False  # the last read came back full
-        self._applying = False  # entries read are being applied: state ahead of what is acknowledged
-        self._server_ids: frozenset[str] | None = None  # the Redis server(s) recovered from
-        self._server_checked = 0.0  # when the loop last compared them (time.monotonic)
-        self._lost_checked = 0.0  # when the idle loop last looked for dead workers (time.monotonic)
-        self._dead_seen: set[int] = set()  # the workers it found dead then
+        self.recovered_from: frozenset[str] | None = None
         self.serving = False
         self.probes: ProbeServer | None = None
         self.batching = BatchPolicy(config.batching, batch=config.run.batch, max_delay_ms=config.max_delay_ms,
@@ -128,30 +128,29 @@ class Lifecycle:
             self.store = self._exit.enter_context(open_store(self.config.run.store))
             self._exit.callback(service_status.Heartbeat(self.store.url, self.keys).stop)
             self._model, self._preload = load_preload(self.config)
-            self._recover()
+            self.recover()
         except BaseException:
-            self._drop_workers()
+            self.drop_workers()
             self._exit.close()  # a refused start (e.g. a poisoned watermark) leaves no server running
             raise
         return self
 
-    def _recover(self, skip: frozenset[str] = frozenset()) -> None:
+    def recover(self, skip: frozenset[str] = frozenset()) -> None:
         """Rebuild the state from Redis and the ingest streams, then start the workers on it;
         entries ``skip`` of the objects stream are left out and left pending. The workers start
         from the results Redis holds when :mod:`~knnmon.coordinator.service.resume` allows."""
         t0 = time.perf_counter()
         set_retry_window(self.config.run.redis_wait_s)
         self.client = connect_when_up(self.redis_url, lambda: self.stopping)
-        self._server_ids = server_ids(self.client)
-        self._applying = False
+        self.recovered_from = server_ids(self.client)
         self.reader = StreamReader(self.client, self.config.consumer)
         settings = settings_of(self.config, self._preload.num_rows)
         try:
             replan, self._replan = self._replan, False  # (--replan: the first start only)
-            r, pool_s, started_s = self._start_runtime(skip, None if replan else settings)
+            r, pool_s, started_s = self.start_runtime(skip, None if replan else settings)
         except NotResumableError as ex:
             log.warning("starting the workers from the results Redis holds failed (%s): recovering in full", ex)
-            r, pool_s, started_s = self._start_runtime(skip, None)
+            r, pool_s, started_s = self.start_runtime(skip, None)
         record_settings(self.client, self.keys, settings, self.redis_url)
         give_back()  # what the collection at the block's end freed
         self.query_ops.queries = r.queries
@@ -166,7 +165,7 @@ class Lifecycle:
         ledger.ack(self.keys.ingest_objects, r.pending, r.rejects)
         self.counters["objects"] += len(r.pending) - len(r.rejects)  # (delivered before, applied by the recovery)
         ledger.reset_busy(self.config.run.workers)
-        self._take_worker_list()
+        self.take_worker_list()
         self.revivals_published = self.runtime.workers_revived
         self.telemetry.started()
         self.serving = True
@@ -181,11 +180,20 @@ class Lifecycle:
                  len(r.queries), r.prepared.initial.num_rows, len(r.pending), time.perf_counter() - t0,
                  ", ".join(f"{k} {v:.1f} s" for k, v in r.seconds.items()), started_s, tm.get("plan_s", 0.0),
                  pool_s, tm.get("load_s", 0.0), how)
-        self._publish_status(force=True)
+        self.publish_status(force=True)
 
-    def _start_runtime(self, skip: frozenset[str], settings: dict[str, str] | None) -> tuple[Recovered, float, float]:
-        """:func:`recover`, then the runtime started on what it rebuilt (as :attr:`runtime`);
-        returns the recovery and the seconds to start the workers' actors and the runtime."""
+    def rebuild(self, skip: frozenset[str] = frozenset()) -> None:
+        """Drop the workers and rebuild everything from Redis (:meth:`recover`), leaving the
+        entries ``skip`` of the objects stream pending; counted in ``recoveries``."""
+        self.counters["recoveries"] += 1
+        self.drop_workers()
+        time.sleep(0.5)  # (a Redis or a node that just failed: not hammered at once)
+        self.recover(skip)
+
+    def start_runtime(self, skip: frozenset[str], settings: dict[str, str] | None) -> tuple[Recovered, float, float]:
+        """:func:`~knnmon.coordinator.service.recovery.recover`, then the runtime started on what
+        it rebuilt (as :attr:`runtime`); returns the recovery and the seconds to start the
+        workers' actors and the runtime."""
         run_config = self.config.run_config(self.redis_url)
         # The workers' processes start (imports, compiled kernels) while this one reads Redis.
         t_pool = time.perf_counter()
@@ -197,7 +205,7 @@ class Lifecycle:
         runtime: Runtime | None = None
         try:
             with bulk_build():  # millions of long-lived objects: no collector passes over them (heap.bulk_build)
-                r = recover(self.client, self.redis_url, self.config.run.store.namespace, self._preload,
+                r = recover_state(self.client, self.redis_url, self.config.run.store.namespace, self._preload,
                             self._model, processes=processes, limits=self.config.run.limits, skip=skip,
                             window=self.config.run.window, reserve=run_config.places_reserved,
                             allowed_lateness=self.config.run.allowed_lateness, settings=settings, pool=pool)
@@ -212,23 +220,23 @@ class Lifecycle:
             (runtime or pool).close()  # (the runtime owns the pool once made)
             raise
 
-    def _take_worker_list(self) -> None:
+    def take_worker_list(self) -> None:
         """Each worker's number, node and process id, for the status (one call per worker: taken
         when the workers start or one is revived, not per status)."""
         self.workers = self.runtime.worker_processes()
 
-    def _follow_revivals(self) -> None:
+    def follow_revivals(self) -> None:
         """Take the worker list again if a worker was revived since it was taken (by a batch, a
         query operation or the idle loop's check): the worker's process, and perhaps its node,
         changed. The status is published at once, before ``/readyz`` counts the revival over."""
         if self.runtime is not None and self.runtime.workers_revived != self.revivals_published:
             revived = self.runtime.workers_revived
-            self._take_worker_list()
-            self._publish_status(force=True)
+            self.take_worker_list()
+            self.publish_status(force=True)
             self.revivals_published = revived
 
     # -- status ------------------------------------------------------------------------------
-    def _publish_status(self, *, force: bool = False) -> None:
+    def publish_status(self, *, force: bool = False) -> None:
         now = time.monotonic()
         if not force and now - self._status_at < 1.0:
             return
@@ -238,7 +246,7 @@ class Lifecycle:
         service_status.publish(self)
 
     # -- stop --------------------------------------------------------------------------------
-    def _drop_workers(self) -> None:
+    def drop_workers(self) -> None:
         """Stop the workers and close the Redis client (the embedded server stays up)."""
         self.serving = False
         if self.runtime is not None:
@@ -255,7 +263,7 @@ class Lifecycle:
         if self.client is not None and not self.stopping:
             self.stopping = True
             service_status.publish(self)
-        self._drop_workers()
+        self.drop_workers()
         self._exit.close()
 
     def __enter__(self) -> Self:

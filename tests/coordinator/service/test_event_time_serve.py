@@ -49,8 +49,7 @@ def serve(url: str, namespace: str, *, window=None, lateness=0, limits=Limits())
 
 
 def drain(svc: Service) -> None:
-    """Serve until idle; again on the next call (a finished run says it stopped)."""
-    svc.stopping = False
+    """Serve until idle; again on the next call."""
     svc.run(idle_exit_s=0.3, handle_signals=False)
 
 
@@ -108,7 +107,7 @@ def test_hostile_entries_change_nothing_else(redis_url, timed, window, lateness)
                                   {**near, "id": held}])  # an object in a result, again, nearer
                 r.xadd(keys.ingest_queries, {**register_fields(q0), "id": "{knn}evil"})
                 drain(svc)
-                assert svc.counters["future"] == 2, (svc.counters, svc.rejects_by_reason)
+                assert svc.counters["future"] == 2, (svc.counters, svc.life.ledger.rejects_by_reason)
             publish(r, keys, [object_fields(o) for o in rows[2000:] + stale])
             drain(svc)
             window_state = svc.runtime.dispatcher.window
@@ -192,7 +191,7 @@ def test_a_poisoned_watermark_is_refused_at_start_and_repaired(redis_url, namesp
         publish(r, keys, [object_fields(o) for o in rows[1500:]])
         drain(svc)
         assert svc.counters["late"] == 1500  # the damage the bound prevents
-        assert "forged" not in svc.queries
+        assert "forged" not in svc.life.queries
     monkeypatch.undo()
     r.hset(keys.serve_checkpoint, "watermark", FAR)  # as the earlier version's checkpoint wrote it
     with pytest.raises(PoisonedWatermarkError, match="knnmon repair --watermark"):

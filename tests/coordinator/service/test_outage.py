@@ -84,14 +84,14 @@ def test_a_restart_the_retries_hid_is_checked_between_steps(redis_url, namespace
             r.xadd(keys.ingest_objects, {"id": f"o{i}", "lon": str(10 + i / 100), "lat": "50.0", "keywords": "cafe"})
         svc.run(idle_exit_s=0.5, handle_signals=False)
         assert svc.counters["objects"] == 20 and svc.runtime.last_writes()[0][0] is not None
-        svc._server_ids, svc._server_checked = frozenset(["a run_id before a restart"]), 0.0
-        svc._watch_server()
+        svc.life.recovered_from, svc.watch.server_checked = frozenset(["a run_id before a restart"]), 0.0
+        svc.watch.server()
         assert (svc.counters["redis_outages"], svc.counters["recoveries"]) == (1, 0)
-        svc._watch_server()  # the same server since: nothing more
+        svc.watch.server()  # the same server since: nothing more
         assert svc.counters["redis_outages"] == 1
         r.delete(keys.worker_batch(0))  # the restarted Redis lost the worker's last write
-        svc._server_ids, svc._server_checked = frozenset(["a run_id before a restart"]), 0.0
-        svc._watch_server()
+        svc.life.recovered_from, svc.watch.server_checked = frozenset(["a run_id before a restart"]), 0.0
+        svc.watch.server()
         assert (svc.counters["redis_outages"], svc.counters["recoveries"]) == (1, 1)
         assert [o for o, _ in ResultReader(r, keys).result("q")] == ["o0", "o1", "o2"]
 
@@ -155,7 +155,7 @@ def test_a_redis_restarted_while_an_outage_is_ridden_out_is_ridden_out_too(tmp_p
     starting = threading.Timer(0.5, lambda: restarted.append(server.start()))
     try:
         with Service(_inline(server.url, namespace)) as svc:
-            checked = svc._kept_every_write
+            checked = svc.watch.kept_every_write
 
             def restart_once_checked() -> bool:
                 kept = checked()
@@ -165,7 +165,7 @@ def test_a_redis_restarted_while_an_outage_is_ridden_out_is_ridden_out_too(tmp_p
                     starting.start()
                 return kept
 
-            svc._kept_every_write = restart_once_checked
+            svc.watch.kept_every_write = restart_once_checked
             with _serving(svc) as loop:
                 server.stop()
                 server.start()
@@ -222,7 +222,7 @@ def test_a_rebuild_that_fails_is_tried_again(tmp_path, namespace):
         _register_cafe(r, keys, 2)
         with Service(config) as svc:
             faults = [WorkerLostError(0, "lost (test)"), *[redis.ConnectionError("Redis gone mid-rebuild (test)")] * 11]
-            step, start_runtime = svc._step, svc._start_runtime
+            step, start_runtime = svc._step, svc.life.start_runtime
 
             def failing(original, kind):
                 def call(*args, **kwargs):
@@ -232,7 +232,7 @@ def test_a_rebuild_that_fails_is_tried_again(tmp_path, namespace):
                 return call
 
             svc._step = failing(step, WorkerLostError)
-            svc._start_runtime = failing(start_runtime, redis.ConnectionError)
+            svc.life.start_runtime = failing(start_runtime, redis.ConnectionError)
             r.xadd(keys.ingest_objects, {"id": "o1", "lon": "10.0", "lat": "50.0", "keywords": "cafe"})
             svc.run(idle_exit_s=0.2, handle_signals=False)
             assert not faults and svc.counters["recoveries"] == 12
