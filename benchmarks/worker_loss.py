@@ -81,7 +81,7 @@ def main() -> None:
               "queries_on_lost_worker": queries_on_victim,
               "batch_with_loss_s": round(revive_s, 2), "other_batches_update_ms_median": round(float(np.median(others)), 1),
               "checked_queries": len(pick), "mismatched_queries": len(bad),
-              "revivals": [{k: round(v, 2) for k, v in s.items()} for s in rt.revivals], "rows": rows}
+              "revivals": [{k: round(v, 2) for k, v in s.items()} for s in rt.reviver.seconds], "rows": rows}
     with open(a.out, "w", encoding="utf-8") as fh:
         json.dump(report, fh, indent=1)
     print(json.dumps({k: v for k, v in report.items() if k not in ("rows", "machine")}, indent=1))

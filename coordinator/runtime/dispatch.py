@@ -138,7 +138,7 @@ class Dispatcher:
             if isinstance(n, WorkerLostError) and self.revive is not None and self.revive(w):
                 needs[w] = self.pool.gather([self.pool.expire(w, cutoff)])[0]
         # A worker lost and not revived here refills nothing: the batch's call to it fails too,
-        # and its revival after the batch rebuilds its lists over the live objects (Runtime._collect).
+        # and its revival after the batch rebuilds its lists over the live objects (Reviver.collect).
         needs = [QueryColumns.of([]) if isinstance(n, WorkerLostError) else n for n in needs]
         self.refill_parts_ms = {"expire": (time.perf_counter() - t0) * 1e3, "search": 0.0, "routing": 0.0}
         refills = self._refill(needs, route_now=False)  # merged into the table once the batch is sent

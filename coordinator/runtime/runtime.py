@@ -36,7 +36,8 @@ from knnmon.coordinator.runtime.plan_record import record_plan
 from knnmon.coordinator.runtime.preparation import Prepared, prepare
 from knnmon.coordinator.runtime.rebalance_config import Replan
 from knnmon.coordinator.runtime.registration import Registrar
-from knnmon.coordinator.runtime.revivals import MAX_REVIVALS, Revivals
+from knnmon.coordinator.runtime.revival import Revival
+from knnmon.coordinator.runtime.revivals import MAX_REVIVALS, Reviver
 from knnmon.coordinator.runtime.routing_upkeep import RoutingUpkeep
 from knnmon.coordinator.runtime.runtime_status import RuntimeStatus
 from knnmon.coordinator.runtime.stored_start import StoredStart
@@ -71,7 +72,7 @@ class Rebalancing(Protocol):
 RebalancerFactory = Callable[..., Rebalancing]
 
 
-class Runtime(Revivals):
+class Runtime:
     """One run of knnmon (module docstring). Use as a context manager, or call :meth:`close`.
 
     Parameters
@@ -113,12 +114,9 @@ class Runtime(Revivals):
         re-balancing (``None`` without ``config.rebalance``).
     reports : list of BatchReport
         The batches :meth:`run` measured so far.
-    workers_revived : int
-        Lost workers brought back so far (:mod:`~knnmon.coordinator.runtime.revival`).
-    reviving : int or None
-        The worker being revived now (read from another thread: ``/readyz``).
-    revivals : list of dict
-        Each revival's steps' seconds (:attr:`~knnmon.coordinator.runtime.revival.Revival.seconds`).
+    reviver : Reviver
+        Lost workers revived in place (:mod:`~knnmon.coordinator.runtime.revivals`): how many
+        (``workers_revived``, also a property here), the one being revived, each one's seconds.
     """
 
     def __init__(self, objects_dir: str | None, queries: str | pa.Table | None, config: RunConfig,
@@ -144,9 +142,7 @@ class Runtime(Revivals):
         self.stream_table: pa.Table | None = None
         self.timings: dict[str, float] = {}
         self.reports: list[BatchReport] = []
-        self.workers_revived = 0
-        self.reviving: int | None = None
-        self.revivals: list[dict[str, float]] = []
+        self.reviver = Reviver(self)
 
     def start(self) -> Runtime:
         """Read, plan, open the store, start the workers, load every query's initial kNN (or,
@@ -216,12 +212,22 @@ class Runtime(Revivals):
                                    feed_version=lambda: 0 if self.dispatcher is None else self.dispatcher.next_batch,
                                    revive_worker=self.revive_idle)
 
+    @property
+    def workers_revived(self) -> int:
+        """Lost workers brought back so far (:attr:`Reviver.workers_revived`)."""
+        return self.reviver.workers_revived
+
+    def revive_idle(self, worker: int, also: Sequence[str] = ()) -> Revival | None:
+        """:meth:`Reviver.revive_idle`: ``worker``, lost with no batch in flight, revived in
+        place; ``None`` if it cannot be."""
+        return self.reviver.revive_idle(worker, also)
+
     # -- the stream ------------------------------------------------------------------------------
     def process(self, batch: pa.Table, admitted: bool = False) -> BatchReport:
         """Stream one batch of objects (``id``, ``lon``, ``lat``, ``t``, ``keywords``) and wait
         for it (:meth:`Dispatcher.collect` of :meth:`Dispatcher.dispatch`). ``admitted``: every
         object passed :meth:`admit` (``knnmon serve``: decided once, at the read)."""
-        report = self._collect(self.dispatcher.dispatch(batch, admitted), deque())
+        report = self.reviver.collect(self.dispatcher.dispatch(batch, admitted), deque())
         self.upkeep_routing()
         self.rebalance(report, idle=True)
         return report
@@ -272,13 +278,13 @@ class Runtime(Revivals):
 
     def worker_processes(self) -> list[WorkerStats]:
         """Each worker's stats, for its number, node and process id (one call per worker; a lost
-        worker is revived first, :meth:`_reviving`)."""
-        return self._reviving(self.registrar.stats)
+        worker is revived first, :meth:`Reviver.call`)."""
+        return self.reviver.call(self.registrar.stats)
 
     def last_writes(self) -> list[tuple[str | None, bool]]:
         """Each worker's last write's marker value and whether a write failed since
         (:meth:`KnnWorker.last_write`), for a check that Redis kept every write."""
-        return self._reviving(lambda: self.pool.gather([self.pool.last_write(w) for w in range(self.pool.size)]))
+        return self.reviver.call(lambda: self.pool.gather([self.pool.last_write(w) for w in range(self.pool.size)]))
 
     def status(self) -> RuntimeStatus:
         """What the service's status reports of the runtime (:meth:`RuntimeStatus.of`)."""
@@ -302,11 +308,11 @@ class Runtime(Revivals):
                 pending.append(self.dispatcher.dispatch(batch))
                 bar.update(batch.num_rows)
                 while len(pending) >= self.config.in_flight:
-                    reports.append(self._collect(pending.popleft(), pending))
+                    reports.append(self.reviver.collect(pending.popleft(), pending))
                     self.upkeep_routing()
                     self.rebalance(reports[-1], idle=not pending, wait_moves=False)
             while pending:
-                reports.append(self._collect(pending.popleft(), pending))
+                reports.append(self.reviver.collect(pending.popleft(), pending))
         return self.summary(time.perf_counter() - t0, with_stats=True)
 
     def summary(self, wall_s: float | None = None, *, with_stats: bool = False) -> RunSummary:

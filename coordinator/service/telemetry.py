@@ -148,8 +148,8 @@ class ServiceTelemetry:
 
     def _check_workers(self) -> str:
         rt = self.svc.runtime
-        if rt is not None and rt.reviving is not None:
-            return f"worker {rt.reviving} being revived"
+        if rt is not None and rt.reviver.reviving is not None:
+            return f"worker {rt.reviver.reviving} being revived"
         if rt is not None and rt.workers_revived != self.svc.revivals_published:
             return "a revived worker's status not yet published"
         try:

@@ -133,7 +133,7 @@ def test_moves_in_flight_on_ray_exact_after_every_batch(drifting, ray_instance, 
         routing, seen = rt.registrar.plan.routing, initial
         for batch in rt.batches():
             forwarded += bool(routing.forwards)
-            report = rt._collect(rt.dispatcher.dispatch(batch), deque())
+            report = rt.reviver.collect(rt.dispatcher.dispatch(batch), deque())
             seen = pa.concat_tables([seen, batch.select(seen.column_names)])
             assert_exact(redis_url, namespace, queries, BruteForceKnn(seen))
             rt.rebalance(report, idle=False, wait_moves=False)

@@ -270,8 +270,8 @@ def test_a_killed_ray_worker_process_is_revived_mid_stream_and_stays_exact(small
             rt.pool.gather([rt.pool.last_write(1)])  # (answered after the calls before it, and their writes)
         os.kill(victim, signal.SIGKILL)
         later = deque(pending[1:])
-        rt._collect(pending[0], later)
-        rt._collect(later.popleft(), later)
+        rt.reviver.collect(pending[0], later)
+        rt.reviver.collect(later.popleft(), later)
         for b in batches[5:]:
             rt.process(b)
         assert rt.workers_revived == 1 and victim not in [s.pid for s in rt.registrar.stats()]

@@ -208,7 +208,7 @@ def test_a_windowed_ray_worker_lost_between_batches_is_revived_from_redis(window
             assert radii[i] == (want[-1][1] if len(want) == held.k[i] else np.inf), held.ids[i]
             checked += len(want) == held.k[i]
         assert checked > 10 or details_lost
-        assert "details" in rt.revivals[-1] and ("search" in rt.revivals[-1]) == details_lost
+        assert "details" in rt.reviver.seconds[-1] and ("search" in rt.reviver.seconds[-1]) == details_lost
         for b in batches[4:]:
             rt.process(b)
             seen += b.num_rows
@@ -271,7 +271,7 @@ def test_a_windowed_ray_worker_lost_during_a_batch_is_rebuilt_over_the_live_obje
         _kill(pids[0])  # found lost by the next batch's expiry
         report = rt.process(batches[3])
         seen += batches[3].num_rows
-        assert rt.workers_revived == 1 and report.batch == 3 and "search" not in rt.revivals[-1]
+        assert rt.workers_revived == 1 and report.batch == 3 and "search" not in rt.reviver.seconds[-1]
         assert_exact(redis_url, namespace, queries, BruteForceKnn(live(objects, seen, window)))
         assert_feed_and_objects(r, Keys(namespace), qids)
         for number, spoil in ((4, False), (5, True)):  # lost while the batch runs
@@ -282,10 +282,10 @@ def test_a_windowed_ray_worker_lost_during_a_batch_is_rebuilt_over_the_live_obje
             if spoil:  # a member's details missing: rebuilt over the live objects instead
                 key = Keys(namespace).objects(victim)
                 r.hdel(key, next(iter(r.hkeys(key))))
-            rt._collect(d, deque())
+            rt.reviver.collect(d, deque())
             seen += batches[number].num_rows
             assert rt.workers_revived == number - 2
-            assert ("search" in rt.revivals[-1]) == spoil, rt.revivals[-1]
+            assert ("search" in rt.reviver.seconds[-1]) == spoil, rt.reviver.seconds[-1]
             assert pid not in [s.pid for s in rt.registrar.stats()]
             assert_exact(redis_url, namespace, queries, BruteForceKnn(live(objects, seen, window)))
             assert_feed_and_objects(r, Keys(namespace), qids)
