@@ -6,7 +6,7 @@ Copies the data directory of a durable embedded Redis (e.g. a chaos soak's ``--l
 ``knnmon serve`` over it (local Ray) and reports the recovery's logged steps (objects stream,
 query hashes, search and plan, reconcile, workers started and loaded); with ``--starts 2`` it
 kills that service after its recovery and starts again, which then resumes from the stored
-results (``coordinator/service/resume.py``)::
+results (``coordinator/recovery/resume.py``)::
 
     python benchmarks/recovery_steps.py --redis-dir /tmp/chaos5/redis --namespace chaos \\
         --workers 4 --window 10m --out docs/bench/recovery_steps.json

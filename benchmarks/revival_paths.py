@@ -23,7 +23,7 @@ import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-LIVE = ("import runpy, sys; import knnmon.coordinator.runtime.revival as r; "
+LIVE = ("import runpy, sys; import knnmon.coordinator.recovery.revival as r; "
         "r.held_details = lambda hashes, members: None; sys.argv = sys.argv[1:]; "
         "runpy.run_path(sys.argv[0], run_name='__main__')")
 

@@ -1,5 +1,5 @@
 """A restart's read of the objects stream, parsed whole against taken from the checkpoints'
-chunks (``coordinator/service/object_snapshot.py``), over a copy of a soak's Redis.
+chunks (``coordinator/recovery/object_snapshot.py``), over a copy of a soak's Redis.
 
 The copy's acknowledged entries are cut into chunks of ``--chunk-entries`` as the checkpoints
 would write them (each chunk: the objects its range's parse accepts), then the read is timed
@@ -20,8 +20,8 @@ from pathlib import Path
 
 from knnmon.connection import connect
 from knnmon.window import parse_duration
-from knnmon.coordinator.service.object_log import OBJECT_SCHEMA, read_objects
-from knnmon.coordinator.service.object_snapshot import Chunk, encode
+from knnmon.coordinator.recovery.object_log import OBJECT_SCHEMA, read_objects
+from knnmon.coordinator.recovery.object_snapshot import Chunk, encode
 from knnmon.heap import bulk_build
 from knnmon.keys import Keys
 from knnmon.limits import DEFAULT_LIMITS

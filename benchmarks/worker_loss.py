@@ -3,7 +3,7 @@ time of the batch that waited for it, with every result checked on a sample afte
 
 The run streams ``--batches`` batches; before batch ``--kill-at`` it kills worker 1's Ray process
 (SIGKILL of its pid), so that batch finds the worker gone, revives it
-(:func:`knnmon.coordinator.runtime.revival.revive`) and goes on. Writes a JSON report::
+(:func:`knnmon.coordinator.recovery.revival.revive`) and goes on. Writes a JSON report::
 
     python benchmarks/worker_loss.py --objects /tmp/full --queries /tmp/q100k.parquet --workers 4 \\
         --initial 1000000 --batches 30 --kill-at 15 --out docs/bench/worker_loss_run.json
@@ -28,6 +28,7 @@ import pyarrow as pa
 from knnmon.coordinator.bench.oracle_check import mismatches
 from knnmon.coordinator.bench.runner import machine_info
 from knnmon.coordinator.runtime.config import RunConfig
+from knnmon.coordinator.recovery.reviver import Reviver
 from knnmon.coordinator.runtime.runtime import Runtime
 from knnmon.store import StoreConfig
 
@@ -50,7 +51,7 @@ def main() -> None:
     config = RunConfig(workers=a.workers, initial=a.initial, batches=a.batches, in_flight=1 if a.window else 2,
                        window=a.window, arrival_ms=a.arrival_ms, store=StoreConfig(namespace="loss", data_dir=None))
     t0 = time.perf_counter()
-    with Runtime(a.objects, a.queries, config) as rt:
+    with Runtime(a.objects, a.queries, config, reviver=Reviver) as rt:
         start_s = time.perf_counter() - t0
         rows, revive_s = [], None
         for i, batch in enumerate(rt.batches()):

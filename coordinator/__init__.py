@@ -5,7 +5,8 @@
 - :mod:`~knnmon.coordinator.runtime` -- the distributed runtime (worker pool, dispatch,
   registration, metrics, the object store);
 - :mod:`~knnmon.coordinator.service` -- ``knnmon serve``: stream protocol, service loop,
-  recovery, status;
+  status;
+- :mod:`~knnmon.coordinator.recovery` -- a restarted service, a lost worker, a Redis outage;
 - :mod:`~knnmon.coordinator.bench` -- the paper's experiments, plots, the oracle check.
 
 This package imports nothing itself, so :mod:`knnmon.client` can use the stream protocol

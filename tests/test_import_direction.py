@@ -186,7 +186,8 @@ def test_the_checks_catch_what_they_look_for(tmp_path):
 
 
 @pytest.mark.parametrize("module", ["knnmon.coordinator.rebalance.rebalancer", "knnmon.coordinator.rebalance.migration",
-                                    "knnmon.client", "knnmon.protocol", "knnmon.coordinator.runtime.runtime"])
+                                    "knnmon.client", "knnmon.protocol", "knnmon.coordinator.runtime.runtime",
+                                    "knnmon.coordinator.recovery.reviver"])
 def test_each_module_loads_first(module):
     """A fresh interpreter imports the module on its own (no import order needed)."""
     done = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True, timeout=120)

@@ -58,7 +58,7 @@ class WorkerHost(KnnWorker):
             _start_watch(watch_url or settings.redis_url, settings.namespace, orphan_s)
 
     def alive(self) -> int:
-        """This process's id: the service's liveness check (:mod:`knnmon.coordinator.runtime.liveness`)."""
+        """This process's id: the service's liveness check (:mod:`knnmon.coordinator.recovery.liveness`)."""
         return os.getpid()
 
     def reset(self, worker_id: int, settings: WorkerSettings, *, orphan_s: float | None = None,

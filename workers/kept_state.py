@@ -15,7 +15,7 @@ for its queries when (:meth:`KeptState.kept_state`):
 
 What it applied beyond that write (a batch that changed none of its results) is a set of
 delivered objects that did not enter, which the next service's replay gives again or not
-(:mod:`~knnmon.coordinator.runtime.kept_start`): either way the lists stay exact. An expiry whose
+(:mod:`~knnmon.coordinator.recovery.kept_start`): either way the lists stay exact. An expiry whose
 batch never came (the service died between the two calls) left shortened lists, the results as
 Redis holds them and the queries to refill
 (:meth:`~knnmon.workers.window_lists.WindowLists.expire`), which the replay's expiry returns again:

@@ -35,7 +35,7 @@ master runs the same script on its part, in one call per master and batch; the f
 master last. Every master
 keeps the worker's marker (a key in one of its slots, :meth:`knnmon.keys.Keys.worker_batch`),
 so a re-sent batch changes nothing on a master that applied it, and a revival can tell a batch
-that reached only some masters (:func:`knnmon.coordinator.runtime.revival.last_applied_batch`).
+that reached only some masters (:func:`knnmon.coordinator.recovery.revival.last_applied_batch`).
 
 The first layout (until 2026-11-23) also wrote one stream entry and the query hash's
 ``version`` per changed result, and kept one hash per object with a reference count of the

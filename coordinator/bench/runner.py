@@ -46,6 +46,7 @@ from knnmon.coordinator.bench.speed_probe import speed_probe_ms
 from knnmon.coordinator.rebalance.rebalancer import Rebalancer
 from knnmon.coordinator.runtime.rebalance_config import RebalanceConfig
 from knnmon.coordinator.runtime.config import RunConfig
+from knnmon.coordinator.recovery.reviver import Reviver
 from knnmon.coordinator.runtime.runtime import Runtime
 from knnmon.coordinator.runtime.metrics import RunSummary
 from knnmon.coordinator.runtime.preparation import Prepared, live_initial, prepare
@@ -203,7 +204,7 @@ def _one_run(cfg: BenchConfig, prepared: Prepared, all_objects: pa.Table | None,
                        index="keyword-lists" if reference else "grid", seed=cfg.seed,
                        rebalance=cfg.rebalance_config if rebalance and not one else None,
                        **{"in_flight": 1, **cfg.extra})  # the paper's update time: one batch at a time
-    rt = Runtime(cfg.objects, prepared.queries, config, prepared=prepared, rebalancer=Rebalancer)
+    rt = Runtime(cfg.objects, prepared.queries, config, prepared=prepared, rebalancer=Rebalancer, reviver=Reviver)
     probe_before = speed_probe_ms()
     try:
         rt.start()

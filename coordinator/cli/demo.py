@@ -47,6 +47,7 @@ def run_demo(workdir: str, *, n_queries: int = 2000, k_max: int = 5, workers: in
     from knnmon.coordinator.cli.results import fetch_result
     from knnmon.coordinator.cli.run import format_run_summary
     from knnmon.coordinator.runtime.config import RunConfig
+    from knnmon.coordinator.recovery.reviver import Reviver
     from knnmon.coordinator.runtime.runtime import Runtime
     from knnmon.ingest.jobs import ingest_places
     from knnmon.ingest.queries import QueryWorkload, generate_queries, write_queries
@@ -70,7 +71,7 @@ def run_demo(workdir: str, *, n_queries: int = 2000, k_max: int = 5, workers: in
     config = RunConfig(workers=workers, initial=initial, batch=1000, store=StoreConfig(data_dir=data_dir),
                        executor=executor)
     shown = []
-    with Runtime(objects_dir, queries_path, config) as rt:
+    with Runtime(objects_dir, queries_path, config, reviver=Reviver) as rt:
         summary = rt.run(progress=False)
         print(format_run_summary(summary))
         oracle = BruteForceKnn(stream_order(objects, None))

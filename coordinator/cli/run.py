@@ -43,6 +43,7 @@ def _run(a: argparse.Namespace) -> int:
     from knnmon.coordinator.runtime.config import RunConfig
     from knnmon.coordinator.runtime.prometheus import run_metrics
     from knnmon.coordinator.rebalance.rebalancer import Rebalancer
+    from knnmon.coordinator.recovery.reviver import Reviver
     from knnmon.coordinator.runtime.runtime import Runtime
     from knnmon.logs import configure_logging
 
@@ -50,7 +51,7 @@ def _run(a: argparse.Namespace) -> int:
     config = RunConfig(**runtime_settings(a), initial=a.initial, batches=a.batches, shuffle=a.shuffle,
                        store=store_config(a), cost_model=a.cost_model, in_flight=a.in_flight,
                        routing_entries=a.routing_entries, overlap_writes=not a.sync_writes, arrival_ms=a.arrival_ms)
-    with Runtime(a.objects, a.queries, config, rebalancer=Rebalancer) as rt:
+    with Runtime(a.objects, a.queries, config, rebalancer=Rebalancer, reviver=Reviver) as rt:
         summary = rt.run(progress=not a.quiet)
         # Out before the workers, Ray and Redis stop: whatever happens at the stop, the run's
         # summary and report are written.

@@ -91,7 +91,7 @@ class RayPool(WorkerPool):
         said of its state in :attr:`kept`; with ``spare``, an empty one left over as
         :attr:`spare`; every other one is killed. Their queued writes end before
         this returns, so Redis is read after them. The caller keeps them
-        (:mod:`~knnmon.coordinator.runtime.kept_start`) or resets them (:meth:`reset_taken`)."""
+        (:mod:`~knnmon.coordinator.recovery.kept_start`) or resets them (:meth:`reset_taken`)."""
         from ray.util import list_named_actors
 
         from knnmon.workers.actor import RAY_NAMESPACE
@@ -141,7 +141,7 @@ class RayPool(WorkerPool):
 
     def reset_taken(self, timeout_s: float = 30.0) -> None:
         """Make every actor taken from the service before an empty worker (their state is not
-        kept: :mod:`~knnmon.coordinator.runtime.kept_start`); one that does not reset within
+        kept: :mod:`~knnmon.coordinator.recovery.kept_start`); one that does not reset within
         ``timeout_s`` is replaced by a new actor."""
         resets = {w: self.actors[w].reset.remote(w, self._settings, orphan_s=self._orphan_s) for w in self.kept}
         self.kept = {}

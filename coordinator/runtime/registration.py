@@ -28,7 +28,7 @@ from knnmon.reports import WorkerStats
 from knnmon.workers.placements import clear_object_details, record_placements
 
 if TYPE_CHECKING:
-    from knnmon.coordinator.runtime.revival import Revival
+    from knnmon.coordinator.recovery.revival import Revival
 
 __all__ = ["LOAD_CHUNK", "Registrar"]
 
@@ -90,7 +90,7 @@ class Registrar:
         chunk`` queries, whatever the number of queries.
 
         ``resume``: Redis already holds these queries and exactly these results (a service
-        resuming, :mod:`knnmon.coordinator.service.recovery`): nothing is rewritten but each
+        resuming, :mod:`knnmon.coordinator.recovery.rebuild`): nothing is rewritten but each
         query's ``worker`` field and the workers' object details (``knn:objects:{worker}``: the
         plan may move queries between workers), ``redis_url`` and ``namespace`` say where.
         """

@@ -13,7 +13,9 @@ puts the runtime's parts together and owns their lifetimes:
    (:mod:`~knnmon.coordinator.runtime.metrics`);
 6. with ``--rebalance``, :mod:`knnmon.coordinator.rebalance` (given as the ``rebalancer``
    factory: it drives the runtime's workers, so the runtime does not import it) -- after each
-   batch, queries move between workers when their measured load is uneven.
+   batch, queries move between workers when their measured load is uneven;
+7. :class:`~knnmon.coordinator.recovery.reviver.Reviver` (given as the ``reviver`` factory, for
+   the same reason) -- a lost worker revived in place.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import contextlib
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -36,11 +38,8 @@ from knnmon.coordinator.runtime.plan_record import record_plan
 from knnmon.coordinator.runtime.preparation import Prepared, prepare
 from knnmon.coordinator.runtime.rebalance_config import Replan
 from knnmon.coordinator.runtime.registration import Registrar
-from knnmon.coordinator.runtime.revival import Revival
-from knnmon.coordinator.runtime.revivals import MAX_REVIVALS, Reviver
 from knnmon.coordinator.runtime.routing_upkeep import RoutingUpkeep
 from knnmon.coordinator.runtime.runtime_status import RuntimeStatus
-from knnmon.coordinator.runtime.stored_start import StoredStart
 from knnmon.coordinator.runtime.worker_pool import WorkerPool, make_pool
 from knnmon.errors import InvalidArgumentError
 from knnmon.heap import give_back
@@ -49,7 +48,12 @@ from knnmon.reports import WorkerStats
 from knnmon.store import Store, clear_namespace, open_store
 from knnmon.window import Window
 
-__all__ = ["MAX_REVIVALS", "Rebalancing", "Runtime"]
+if TYPE_CHECKING:
+    from knnmon.coordinator.recovery.stored_start import StoredStart
+
+__all__ = ["NoRevival", "Rebalancing", "Reviving", "Runtime"]
+
+T = TypeVar("T")
 
 
 class Rebalancing(Protocol):
@@ -70,6 +74,42 @@ class Rebalancing(Protocol):
 #: ``(pool, registrar, set_of, config, *, redis_url, namespace, revive) -> Rebalancing``: the
 #: :class:`~knnmon.coordinator.rebalance.rebalancer.Rebalancer` class itself.
 RebalancerFactory = Callable[..., Rebalancing]
+
+
+class Reviving(Protocol):
+    """Lost workers revived in place, as the runtime asks for it: what
+    :class:`~knnmon.coordinator.recovery.reviver.Reviver` does, made by the factory
+    :class:`Runtime` is given (``reviver(runtime)``)."""
+
+    #: Lost workers brought back so far; the one being revived now, or ``None``.
+    workers_revived: int
+    reviving: int | None
+
+    def collect(self, d: DispatchedBatch, later: deque[DispatchedBatch]) -> BatchReport: ...
+
+    def call(self, call: Callable[[], T]) -> T: ...
+
+    def revive_idle(self, worker: int, also: Sequence[str] = ()) -> object | None: ...
+
+
+class NoRevival:
+    """A runtime given no reviver: a lost worker fails the call that finds it
+    (:class:`~knnmon.errors.WorkerLostError`)."""
+
+    workers_revived = 0
+    reviving = None
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+
+    def collect(self, d: DispatchedBatch, later: deque[DispatchedBatch]) -> BatchReport:
+        return self.runtime.dispatcher.collect(d)
+
+    def call(self, call: Callable[[], T]) -> T:
+        return call()
+
+    def revive_idle(self, worker: int, also: Sequence[str] = ()) -> None:
+        return None
 
 
 class Runtime:
@@ -96,10 +136,13 @@ class Runtime:
         owns them from here. Default: :meth:`start` starts them (:func:`make_pool`).
     stored
         With ``resume``: start every worker from the results Redis holds (``prepared`` holds the
-        queries and the live objects, no kNN; :mod:`~knnmon.coordinator.runtime.stored_start`).
+        queries and the live objects, no kNN; :mod:`~knnmon.coordinator.recovery.stored_start`).
     rebalancer
         Makes the re-balancing with ``config.rebalance``
         (:class:`~knnmon.coordinator.rebalance.rebalancer.Rebalancer`).
+    reviver
+        Makes what revives a lost worker in place
+        (:class:`~knnmon.coordinator.recovery.reviver.Reviver`); default :class:`NoRevival`.
 
     Raises
     ------
@@ -114,14 +157,15 @@ class Runtime:
         re-balancing (``None`` without ``config.rebalance``).
     reports : list of BatchReport
         The batches :meth:`run` measured so far.
-    reviver : Reviver
-        Lost workers revived in place (:mod:`~knnmon.coordinator.runtime.revivals`): how many
-        (``workers_revived``, also a property here), the one being revived, each one's seconds.
+    reviver : Reviving
+        Lost workers revived in place: how many (``workers_revived``, also a property here) and
+        the one being revived.
     """
 
     def __init__(self, objects_dir: str | None, queries: str | pa.Table | None, config: RunConfig,
                  prepared: Prepared | None = None, *, resume: bool = False, pool: WorkerPool | None = None,
-                 stored: StoredStart | None = None, rebalancer: RebalancerFactory | None = None) -> None:
+                 stored: StoredStart | None = None, rebalancer: RebalancerFactory | None = None,
+                 reviver: Callable[[Runtime], Reviving] = NoRevival) -> None:
         if config.rebalance is not None and rebalancer is None:
             raise InvalidArgumentError("a run that re-balances needs its rebalancer "
                                        "(knnmon.coordinator.rebalance.rebalancer.Rebalancer)")
@@ -142,7 +186,7 @@ class Runtime:
         self.stream_table: pa.Table | None = None
         self.timings: dict[str, float] = {}
         self.reports: list[BatchReport] = []
-        self.reviver = Reviver(self)
+        self.reviver = reviver(self)
 
     def start(self) -> Runtime:
         """Read, plan, open the store, start the workers, load every query's initial kNN (or,
@@ -217,9 +261,10 @@ class Runtime:
         """Lost workers brought back so far (:attr:`Reviver.workers_revived`)."""
         return self.reviver.workers_revived
 
-    def revive_idle(self, worker: int, also: Sequence[str] = ()) -> Revival | None:
+    def revive_idle(self, worker: int, also: Sequence[str] = ()) -> object | None:
         """:meth:`Reviver.revive_idle`: ``worker``, lost with no batch in flight, revived in
-        place; ``None`` if it cannot be."""
+        place (its :class:`~knnmon.coordinator.recovery.revival.Revival`); ``None`` if it cannot
+        be."""
         return self.reviver.revive_idle(worker, also)
 
     # -- the stream ------------------------------------------------------------------------------

@@ -52,7 +52,7 @@ class WorkerPool(ABC):
     #: The workers run in the caller's thread: a call returns once its work is done.
     inline: bool = False
     #: A lost worker can be made anew (:meth:`replace`) and rebuilt in place
-    #: (:mod:`~knnmon.coordinator.runtime.revival`).
+    #: (:mod:`~knnmon.coordinator.recovery.revival`).
     revivable: bool = True
 
     def __init__(self, size: int) -> None:

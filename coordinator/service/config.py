@@ -49,13 +49,13 @@ class ServeConfig:
         The service's consumer name in the group.
     checkpoint_interval_s
         With a window: seconds between checkpoints (``--checkpoint-interval``;
-        :mod:`~knnmon.coordinator.service.checkpoint`).
+        :mod:`~knnmon.coordinator.recovery.checkpoint`).
     batching, latency_target_ms
         How batches form (``--batching``, ``--latency-target-ms``):
         :class:`~knnmon.coordinator.service.batching.BatchPolicy`.
     replan
         The first start recovers in full and plans every query anew (``--replan``), instead of
-        starting the workers from the results Redis holds (:mod:`~knnmon.coordinator.service.resume`).
+        starting the workers from the results Redis holds (:mod:`~knnmon.coordinator.recovery.resume`).
     metrics
         ``(host, port)`` of ``/metrics``, ``/healthz`` and ``/readyz``
         (:mod:`~knnmon.coordinator.service.probes`; port 0: any free one), or ``None`` (off:

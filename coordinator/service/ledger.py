@@ -5,7 +5,7 @@ Entries are acknowledged only after their effect is in Redis
 ``knn:ingest:rejects``); each (mini)batch is logged to ``knn:serve:batches`` (``first``,
 ``last`` entry ids, ``n``, ``done_ms``, what it cost, and ``lat_hist``: its objects' response
 times from XADD to their minibatch's results written, :mod:`~knnmon.coordinator.service.latency`). With a window, the
-objects stream is trimmed at checkpoints (:mod:`~knnmon.coordinator.service.checkpoint`).
+objects stream is trimmed at checkpoints (:mod:`~knnmon.coordinator.recovery.checkpoint`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from knnmon.coordinator.runtime.metrics import BatchReport
 from knnmon.coordinator.runtime.prometheus import KnnMetrics
 from knnmon.coordinator.service import latency
 from knnmon.coordinator.service.acks import EntryFields, acknowledge
-from knnmon.coordinator.service.checkpoint import Checkpointer
+from knnmon.coordinator.recovery.checkpoint import Checkpointer
 from knnmon.coordinator.service.intake import Reject
 from knnmon.keys import Keys
 from knnmon.protocol import entry_order, entry_time_ms
@@ -108,7 +108,7 @@ class Ledger:
 
         A checkpoint waits for the read's end: the first minibatch's span reaches over the read's
         rejects, so a chunk cut inside a read would claim entries whose objects come in the
-        next minibatches (:mod:`~knnmon.coordinator.service.object_snapshot`)."""
+        next minibatches (:mod:`~knnmon.coordinator.recovery.object_snapshot`)."""
         n_objects = len(ids)
         now_ms = time.time() * 1000
         acked = sorted(ids + [e for e, _, _ in rejects], key=entry_order)

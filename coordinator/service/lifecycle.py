@@ -13,24 +13,25 @@ import pyarrow as pa
 import redis
 
 from knnmon.coordinator.rebalance.rebalancer import Rebalancer
-from knnmon.coordinator.runtime.kept_start import KeptStart
+from knnmon.coordinator.recovery.kept_start import KeptStart
+from knnmon.coordinator.recovery.reviver import Reviver
 from knnmon.coordinator.runtime.runtime import Runtime
 from knnmon.reports import WorkerStats
-from knnmon.coordinator.runtime.stored_start import NotResumableError
+from knnmon.coordinator.recovery.stored_start import NotResumableError
 from knnmon.coordinator.runtime.worker_pool import make_pool
 from knnmon.coordinator.service import status as service_status
 from knnmon.coordinator.service.batching import BatchPolicy
-from knnmon.coordinator.service.checkpoint import Checkpointer
+from knnmon.coordinator.recovery.checkpoint import Checkpointer
 from knnmon.coordinator.service.config import ServeConfig
 from knnmon.coordinator.service.intake import StreamReader
 from knnmon.coordinator.service.ledger import Ledger
-from knnmon.coordinator.service.outage import server_ids
+from knnmon.coordinator.recovery.outage import connect_when_up, server_ids
 from knnmon.coordinator.service.query_ops import QueryOps
-from knnmon.coordinator.service.recovery import Recovered, recover as recover_state
-from knnmon.coordinator.service.resume import record_settings, settings_of
+from knnmon.coordinator.recovery.rebuild import Recovered, recover as recover_state
+from knnmon.coordinator.recovery.resume import record_settings, settings_of
 from knnmon.coordinator.service.telemetry import ServiceTelemetry
 from knnmon.coordinator.service.probes import ProbeServer
-from knnmon.coordinator.service.startup import connect_when_up, load_preload, ray_running, refuse_a_second_service
+from knnmon.coordinator.service.startup import load_preload, ray_running, refuse_a_second_service
 from knnmon.connection import set_retry_window
 from knnmon.heap import bulk_build, give_back
 from knnmon.keys import Keys
@@ -67,7 +68,7 @@ class Lifecycle:
         The loop finishes the batch in flight and returns (set by :meth:`Service.stop`).
     recovered_from : frozenset of str or None
         The Redis server(s) the state was recovered from (their run ids:
-        :func:`~knnmon.coordinator.service.outage.server_ids`), or the ones found since to have
+        :func:`~knnmon.coordinator.recovery.outage.server_ids`), or the ones found since to have
         kept every write.
     """
 
@@ -138,7 +139,7 @@ class Lifecycle:
     def recover(self, skip: frozenset[str] = frozenset()) -> None:
         """Rebuild the state from Redis and the ingest streams, then start the workers on it;
         entries ``skip`` of the objects stream are left out and left pending. The workers start
-        from the results Redis holds when :mod:`~knnmon.coordinator.service.resume` allows."""
+        from the results Redis holds when :mod:`~knnmon.coordinator.recovery.resume` allows."""
         t0 = time.perf_counter()
         set_retry_window(self.config.run.redis_wait_s)
         self.client = connect_when_up(self.redis_url, lambda: self.stopping)
@@ -191,7 +192,7 @@ class Lifecycle:
         self.recover(skip)
 
     def start_runtime(self, skip: frozenset[str], settings: dict[str, str] | None) -> tuple[Recovered, float, float]:
-        """:func:`~knnmon.coordinator.service.recovery.recover`, then the runtime started on what
+        """:func:`~knnmon.coordinator.recovery.rebuild.recover`, then the runtime started on what
         it rebuilt (as :attr:`runtime`); returns the recovery and the seconds to start the
         workers' actors and the runtime."""
         run_config = self.config.run_config(self.redis_url)
@@ -211,7 +212,7 @@ class Lifecycle:
                             allowed_lateness=self.config.run.allowed_lateness, settings=settings, pool=pool)
                 t_start = time.perf_counter()
                 runtime = Runtime(None, None, run_config, r.prepared, resume=True, pool=pool, stored=r.stored,
-                                  rebalancer=Rebalancer)
+                                  rebalancer=Rebalancer, reviver=Reviver)
                 self.runtime = runtime.start()
                 self.counters["objects_entries_read"] = r.objects_entries_read  # (the objects read meanwhile)
                 self.counters["queries_entries_read"] = r.queries_entries_read

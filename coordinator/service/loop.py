@@ -20,16 +20,16 @@ them as consumer ``serve`` of the consumer group ``knnmon``
 - acknowledges entries only after their effect is in Redis, and logs each batch to
   ``knn:serve:batches`` (:mod:`~knnmon.coordinator.service.ledger`).
 
-At start the state is rebuilt from Redis (:mod:`~knnmon.coordinator.service.recovery`):
+At start the state is rebuilt from Redis (:mod:`~knnmon.coordinator.recovery.rebuild`):
 nothing acknowledged is lost or duplicated, even after SIGKILL. A worker lost on the way is
-revived in place by the runtime (:mod:`~knnmon.coordinator.runtime.revival`). When Redis stops
+revived in place by the runtime (:mod:`~knnmon.coordinator.recovery.revival`). When Redis stops
 answering, the service waits for it and goes on without a rebuild if it kept every write
-(:mod:`~knnmon.coordinator.service.outage`); otherwise, as when a worker cannot be revived, the
+(:mod:`~knnmon.coordinator.recovery.outage`); otherwise, as when a worker cannot be revived, the
 state is rebuilt from Redis. An entry whose processing fails
 for any other reason is isolated (:meth:`Service._guarded`).
 
 The service is built from its parts: a :class:`~knnmon.coordinator.service.lifecycle.Lifecycle`
-(the state, its start, rebuild and stop) and a :class:`~knnmon.coordinator.service.watch.Watch`
+(the state, its start, rebuild and stop) and a :class:`~knnmon.coordinator.recovery.watch.Watch`
 (Redis's server and the workers, checked between steps); the loop is its own. SIGTERM (or Ctrl-C) lets the batch
 in flight finish and be acknowledged, then stops cleanly.
 """
@@ -48,8 +48,8 @@ import pyarrow as pa
 from knnmon.coordinator.service.intake import Entry, read_objects
 from knnmon.coordinator.service.config import ServeConfig
 from knnmon.coordinator.service.lifecycle import COUNTERS, Lifecycle
-from knnmon.coordinator.service.watch import Watch
-from knnmon.coordinator.service.startup import caused_by, connect_when_up, is_infrastructure
+from knnmon.coordinator.recovery.watch import Watch
+from knnmon.coordinator.recovery.outage import caused_by, is_infrastructure
 from knnmon.errors import Rejected, WorkerLostError
 from knnmon.logs import BATCH
 
@@ -77,7 +77,7 @@ class Service:
 
     def __init__(self, config: ServeConfig) -> None:
         self.life = Lifecycle(config)
-        self.watch = Watch(self.life, self._restart)
+        self.watch = Watch(self.life, rebuild=self._restart, catch_up=self._catch_up, applying=lambda: self._applying)
         self._stop_asked = False  # stop() was called (a signal): the next run() returns at once
         self._applying = False  # entries read are being applied: state ahead of what is acknowledged
         self._backlog = False  # the last read came back full
@@ -165,7 +165,7 @@ class Service:
                     raise
                 if lost:
                     self.counters["worker_restarts"] += 1
-                elif not rebuild and not self._applying and self._ride_out(ex):
+                elif not rebuild and not self._applying and self.watch.ride_out(ex):
                     failures = 0  # (Redis came back with every write: progress, however often it restarts)
                     continue
                 if life.stopping:  # nothing rebuilt for a service that stops: what is pending stays so
@@ -199,36 +199,13 @@ class Service:
             signal.signal(signal.SIGTERM, self.stop)
             signal.signal(signal.SIGINT, self.stop)
 
-    def _ride_out(self, ex: Exception) -> bool:
-        """Redis stopped answering between two applications: wait for it; ``True`` if it kept
-        every write (:func:`~knnmon.coordinator.service.outage.kept_every_write`) and the entries
-        delivered meanwhile are applied (then counted in ``redis_outages``), ``False`` if the
-        state must be rebuilt from it (by the caller). Redis going away again meanwhile, nothing
-        half applied, is waited for again (10 times at most)."""
-        t0 = time.perf_counter()
-        for _ in range(10):
-            log.warning("Redis unreachable (%s: %s); waiting for it", type(ex).__name__, ex)
-            try:
-                connect_when_up(self.redis_url, lambda: self.life.stopping).close()
-                if not self.watch.kept_every_write():
-                    return False
-                self._apply_pending_query_ops()
-                ko = self.keys.ingest_objects
-                while entries := (self.life.reader.read({ko: "0"}, self.config.run.batch, None) or [(ko, [])])[0][1]:
-                    self._guarded(ko, entries, self._process_objects)  # delivered, the reply lost: applied now
-            except Exception as again:  # noqa: BLE001 - Redis or a worker gone again
-                if not is_infrastructure(again):
-                    raise
-                log.warning("riding out the Redis outage failed (%s: %s)", type(again).__name__, again)
-                if caused_by(again, WorkerLostError) or self._applying or self.life.stopping:
-                    return False  # (a worker lost, or a batch half applied: rebuilt)
-                ex = again
-                continue
-            self.counters["redis_outages"] += 1
-            log.warning("Redis is back with every write: serving again after %.1f s, nothing rebuilt",
-                        time.perf_counter() - t0)
-            return True
-        return False
+    def _catch_up(self) -> None:
+        """Apply what was delivered before Redis went away and never acknowledged (the replies
+        lost): pending query operations, then objects (:meth:`Watch.ride_out`)."""
+        self._apply_pending_query_ops()
+        ko = self.keys.ingest_objects
+        while entries := (self.life.reader.read({ko: "0"}, self.config.run.batch, None) or [(ko, [])])[0][1]:
+            self._guarded(ko, entries, self._process_objects)
 
     def _restart(self, skip: frozenset[str] = frozenset()) -> None:
         """Drop the workers and rebuild everything from Redis (:meth:`Lifecycle.rebuild`),
@@ -360,5 +337,5 @@ class Service:
         """Acknowledge and log one minibatch of ``objects`` (:meth:`Ledger.finish`; ``read_done``:
         the read's last)."""
         rt = self.runtime
-        self.life.ledger.finish(ids, rejects, report, parse_ms, update_ms, top_t, rt.refill_parts_ms, rt.window, objects,
-                           read_done)
+        self.life.ledger.finish(ids, rejects, report, parse_ms, update_ms, top_t, rt.refill_parts_ms, rt.window,
+                                objects, read_done)

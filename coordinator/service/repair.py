@@ -4,7 +4,7 @@ Before ``--max-future`` existed, one object entry with a ``t`` far in the future
 far in the future, which an entry without ``t`` takes as its time) moved the watermark to the
 end of time: with a window every object expired, every later one was rejected as ``late``, and
 a restart read the same entries back. Recovery now refuses to start on such state
-(:func:`~knnmon.coordinator.service.object_log.check_event_time`). This repair, run while no
+(:func:`~knnmon.coordinator.recovery.object_log.check_event_time`). This repair, run while no
 service runs in the namespace:
 
 1. rejects every entry of ``knn:ingest:objects`` that fails ``future`` at Redis's clock now: its
@@ -44,7 +44,7 @@ import redis
 from knnmon.coordinator.service.acks import REJECTS_MAXLEN, reject_record
 from knnmon.protocol import (GROUP, entry_order, entry_time_ms, group_info, parse_object,
                                                  redis_clock_ms)
-from knnmon.coordinator.service.object_log import checkpoint_watermark
+from knnmon.coordinator.recovery.object_log import checkpoint_watermark
 from knnmon.errors import InvalidArgumentError, Rejected
 from knnmon.keys import Keys
 from knnmon.limits import DEFAULT_LIMITS, Limits

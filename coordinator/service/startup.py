@@ -1,27 +1,24 @@
 """What ``knnmon serve`` checks and loads before it recovers: no second service in the
-namespace, the preloaded objects and the load model, a Redis that answers; and which failures
-are the infrastructure's (recovered from Redis) rather than an entry's (isolated)."""
+namespace, the preloaded objects and the load model. (A Redis that answers, and which failures
+are the infrastructure's: :mod:`~knnmon.coordinator.recovery.outage`.)"""
 
 from __future__ import annotations
 
 import logging
 import sys
-import time
-from collections.abc import Callable
 
 import pyarrow as pa
 import redis
 
-from knnmon.connection import connect, redact
+from knnmon.connection import connect
 from knnmon.coordinator.runtime.preparation import check_objects_in_bounds
 from knnmon.coordinator.service import status as service_status
 from knnmon.coordinator.service.config import ServeConfig
-from knnmon.coordinator.service.object_log import OBJECT_SCHEMA
-from knnmon.errors import KnnmonError, StoreUnavailableError, WorkerLostError
+from knnmon.coordinator.recovery.object_log import OBJECT_SCHEMA
+from knnmon.errors import KnnmonError
 from knnmon.keys import Keys
 
-__all__ = ["caused_by", "connect_when_up", "is_infrastructure", "load_preload", "ray_running",
-           "refuse_a_second_service"]
+__all__ = ["load_preload", "ray_running", "refuse_a_second_service"]
 
 log = logging.getLogger("knnmon.serve")
 
@@ -77,47 +74,6 @@ def load_preload(config: ServeConfig):
     return model, preload
 
 
-def connect_when_up(url: str, stopping: Callable[[], bool]) -> redis.Redis:
-    """A client once Redis answers; waits with exponential backoff capped at 1 s (a restarted
-    Redis is used within a second of answering), logging each miss.
-
-    Raises
-    ------
-    StoreUnavailableError
-        Redis unreachable once ``stopping()``.
-    """
-    delay = 0.2
-    while True:
-        try:
-            client = connect(url)
-            client.ping()
-            return client
-        except (redis.ConnectionError, redis.TimeoutError) as ex:
-            if stopping():
-                raise StoreUnavailableError(f"Redis at {redact(url)} unreachable while stopping") from ex
-            log.warning("Redis at %s unreachable (%s); retrying in %.1f s", redact(url), ex, delay)
-            time.sleep(delay)
-            delay = min(delay * 2, 1.0)
-
-
 def ray_running() -> bool:
     """Whether this process is connected to Ray."""
     return "ray" in sys.modules and sys.modules["ray"].is_initialized()
-
-
-def caused_by(ex: BaseException | None, kinds: type | tuple[type, ...]) -> bool:
-    """Whether ``ex`` or what it wraps (a Ray task error's ``cause``, ``__cause__``,
-    ``__context__``) is one of ``kinds``."""
-    seen = 0
-    while ex is not None and seen < 10:
-        if isinstance(ex, kinds):
-            return True
-        cause = getattr(ex, "cause", None)
-        ex = cause if isinstance(cause, BaseException) else (ex.__cause__ or ex.__context__)
-        seen += 1
-    return False
-
-
-def is_infrastructure(ex: BaseException) -> bool:
-    """Redis unreachable or a worker lost: recovered from Redis, never blamed on an entry."""
-    return caused_by(ex, (StoreUnavailableError, redis.ConnectionError, redis.TimeoutError, WorkerLostError))

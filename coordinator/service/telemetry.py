@@ -6,7 +6,7 @@
   the service loop every :data:`WORKER_STATS_S` seconds (workers in other Ray processes report
   through the service). The stream lag is read from Redis at each scrape.
 - **Readiness** (:meth:`ServiceTelemetry.readiness`): Redis answers, every worker is alive
-  (:class:`~knnmon.coordinator.runtime.liveness.WorkerLiveness`) and none is being revived (a
+  (:class:`~knnmon.coordinator.recovery.liveness.WorkerLiveness`) and none is being revived (a
   revival is over once the service's status shows it), the state is recovered, and
   the entries waiting in the ingest streams are at most ``max_lag``.
 
@@ -22,7 +22,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from knnmon.connection import connect
-from knnmon.coordinator.runtime.liveness import WorkerLiveness
+from knnmon.coordinator.recovery.liveness import WorkerLiveness
 from knnmon.coordinator.runtime.prometheus import KnnMetrics, Readings, rss_bytes
 from knnmon.protocol import group_info
 

@@ -35,9 +35,9 @@ class Keys:
       ``serve_alive``: string, the running service's heartbeat (epoch ms, every few seconds;
       its detached worker actors exit when it stops: :mod:`knnmon.workers.actor`);
       ``serve_snapshot``: hash, the live objects in columns, one field per checkpoint (its last
-      entry id; :mod:`knnmon.coordinator.service.object_snapshot`);
+      entry id; :mod:`knnmon.coordinator.recovery.object_snapshot`);
       ``serve_settings``: hash, the settings the stored results are exact for (a restart with
-      the same ones starts every worker from them: :mod:`knnmon.coordinator.service.resume`);
+      the same ones starts every worker from them: :mod:`knnmon.coordinator.recovery.resume`);
     - ``plan``: hash, the plan a run or service started with (``algorithm``, ``workers``,
       ``set:<i>`` as JSON; :mod:`knnmon.coordinator.runtime.plan_record`); a query hash's ``set``
       names its set;

@@ -60,7 +60,7 @@ class WorkerStats:
 @dataclass(frozen=True)
 class KeptReport:
     """Whether a worker's state equals what Redis holds, for a kept start
-    (:mod:`~knnmon.coordinator.runtime.kept_start`; ``KnnWorker.kept_state``).
+    (:mod:`~knnmon.coordinator.recovery.kept_start`; ``KnnWorker.kept_state``).
 
     Attributes
     ----------

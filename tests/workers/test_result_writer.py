@@ -110,7 +110,7 @@ def test_a_resent_batch_is_applied_once(redis_url, namespace, monkeypatch):
 def test_a_resent_batch_is_applied_once_on_every_master(redis_cluster_url, namespace):
     """In a cluster, a batch is one call per master: a reply lost after the feed's master ran
     its part, and a failure before the last master ran, are both retried without a double."""
-    from knnmon.coordinator.runtime.revival import last_applied_batch
+    from knnmon.coordinator.recovery.revival import last_applied_batch
 
     w, keys, c = ResultWriter(redis_cluster_url, namespace, 0), Keys(namespace), connect(redis_cluster_url)
     qids = [f"q{i}" for i in range(30)]  # (spread over the 3 masters)

@@ -12,6 +12,7 @@ import pytest
 
 from knnmon.connection import connect
 from knnmon.coordinator.runtime.config import RunConfig
+from knnmon.coordinator.recovery.reviver import Reviver
 from knnmon.coordinator.runtime.runtime import Runtime
 from knnmon.errors import InvalidQueryError, WorkerLostError
 from knnmon.ingest.jobs import ingest_places
@@ -66,7 +67,7 @@ def test_every_result_is_exact_on_real_places(ct, ray_instance, redis_url, names
     objects_dir, queries, want, n_objects, initial = ct
     config = RunConfig(workers=4, algorithm=algorithm, initial=initial, batch=1000, executor=executor, index=index,
                        store=StoreConfig(redis_url, namespace, str(tmp_path)))
-    with Runtime(objects_dir, queries, config) as rt:
+    with Runtime(objects_dir, queries, config, reviver=Reviver) as rt:
         summary = rt.run(progress=False)
         assert summary.objects + summary.initial_objects == n_objects
         assert summary.results_changed > 1000 and summary.deliveries_per_object > 0
@@ -82,7 +83,7 @@ def test_a_load_in_parts_gives_each_worker_only_its_keywords_and_stays_exact(ct,
     objects_dir, queries, want, _, initial = ct
     config = RunConfig(workers=4, algorithm="proposed", initial=initial, batch=1000, batches=20, executor=executor,
                        store=StoreConfig(redis_url, namespace, str(tmp_path)))
-    with Runtime(objects_dir, queries, config) as rt:
+    with Runtime(objects_dir, queries, config, reviver=Reviver) as rt:
         rt.run(progress=False)
         words = [set() for _ in range(4)]
         for qid, kws in zip(queries.column("id").to_pylist(), queries.column("keywords").to_pylist()):
@@ -107,7 +108,7 @@ def test_a_bounded_routing_table_holds_pairs_as_rectangles_through_a_rebuild(sma
     objects_dir, queries, objects = small
     config = RunConfig(workers=3, initial=4000, batch=500, routing_entries=2000, executor="inline",
                        store=StoreConfig(redis_url, namespace, str(tmp_path)))
-    with Runtime(objects_dir, queries, config) as rt:
+    with Runtime(objects_dir, queries, config, reviver=Reviver) as rt:
         routing = rt.dispatcher.routing
         assert len(routing.table.keys) <= 2000 and len(routing.table.regions) > 0
         for _, b in zip(range(4), rt.batches()):
@@ -125,7 +126,7 @@ def test_one_inline_worker(small, redis_url, namespace, tmp_path, overlap):
     objects_dir, queries, objects = small
     config = RunConfig(workers=1, initial=4000, batch=500, store=StoreConfig(redis_url, namespace, str(tmp_path)),
                        executor="inline", overlap_writes=overlap)
-    with Runtime(objects_dir, queries, config) as rt:
+    with Runtime(objects_dir, queries, config, reviver=Reviver) as rt:
         summary = rt.run(progress=False)
         assert_exact(redis_url, namespace, queries, BruteForceKnn(objects))
     # Either way each batch's row carries its script's server time (from KnnWorker.written when queued).
@@ -137,7 +138,7 @@ def test_register_mid_stream_unregister_and_duplicates(small, executor, redis_ur
     config = RunConfig(workers=3, initial=4000, batch=500, store=StoreConfig(redis_url, namespace, str(tmp_path)),
                        executor=executor)
     client, keys = connect(redis_url), Keys(namespace)
-    with Runtime(objects_dir, queries, config) as rt:
+    with Runtime(objects_dir, queries, config, reviver=Reviver) as rt:
         batches = list(rt.batches())
         for b in batches[:6]:
             rt.process(b)
@@ -202,7 +203,7 @@ def test_antimeridian_and_high_latitudes(spark, executor, redis_url, namespace, 
                   "k": pa.array([5, 3, 8, 4, 6, 2, 10, 1], type=pa.int32())})
     config = RunConfig(workers=2, initial=200, batch=50, store=StoreConfig(redis_url, namespace, str(tmp_path)),
                        executor=executor)
-    with Runtime(str(tmp_path / "objects"), q, config) as rt:
+    with Runtime(str(tmp_path / "objects"), q, config, reviver=Reviver) as rt:
         rt.run(progress=False)
         objects = stream_order(read_objects(str(tmp_path / "objects")), None)
         assert_exact(redis_url, namespace, q, BruteForceKnn(objects))
@@ -213,7 +214,7 @@ def test_a_killed_ray_worker_surfaces_as_worker_lost(small, ray_instance, redis_
 
     objects_dir, queries, _ = small
     config = RunConfig(workers=2, initial=4000, batch=500, store=StoreConfig(redis_url, namespace, str(tmp_path)))
-    with Runtime(objects_dir, queries.slice(0, 200), config) as rt:
+    with Runtime(objects_dir, queries.slice(0, 200), config, reviver=Reviver) as rt:
         rt.process(next(rt.batches()))
         rt.pool.kill(1)  # asynchronous: calls may still reach the actor for a moment
         with pytest.raises(WorkerLostError, match="worker 1 was lost") as ex:
@@ -231,7 +232,7 @@ def test_a_routing_rebuild_in_flight_is_waited_for_at_close(small, ray_instance,
     objects_dir, queries, _ = small
     config = RunConfig(workers=2, initial=4000, batch=500, in_flight=4,
                        store=StoreConfig(redis_url, namespace, str(tmp_path)))
-    with Runtime(objects_dir, queries, config) as rt:
+    with Runtime(objects_dir, queries, config, reviver=Reviver) as rt:
         for _, b in zip(range(3), rt.batches()):  # in flight, not collected
             rt.dispatcher.dispatch(b)
         rt.upkeep.request()
@@ -247,7 +248,7 @@ def _two_ray_workers_after_three_batches(small, redis_url, namespace, tmp_path):
     """A runtime of 2 Ray workers over the slice, its first 3 batches processed: ``(rt, batches)``."""
     objects_dir, queries, _ = small
     config = RunConfig(workers=2, initial=4000, batch=500, store=StoreConfig(redis_url, namespace, str(tmp_path)))
-    with Runtime(objects_dir, queries, config) as rt:
+    with Runtime(objects_dir, queries, config, reviver=Reviver) as rt:
         batches = list(rt.batches())
         for b in batches[:3]:
             rt.process(b)
@@ -370,7 +371,7 @@ def test_a_revival_whose_spare_is_dead_starts_over_on_a_new_actor(small, ray_ins
     config = RunConfig(workers=2, initial=4000, batch=500, store=StoreConfig(redis_url, namespace, str(tmp_path)))
     pool = RayPool(2, WorkerSettings(redis_url, namespace, reserve=config.places_reserved),
                    detach_as=f"knnmon-test-{uuid.uuid4().hex[:8]}", spare=True, orphan_s=None)
-    with Runtime(objects_dir, queries, config, pool=pool) as rt:
+    with Runtime(objects_dir, queries, config, pool=pool, reviver=Reviver) as rt:
         batches = list(rt.batches())
         for b in batches[:3]:
             rt.process(b)

@@ -15,6 +15,8 @@ from knnmon.workers import state as worker_state
 
 from knnmon.coordinator.runtime.config import RunConfig
 
+from knnmon.coordinator.recovery.reviver import Reviver
+
 from knnmon.coordinator.runtime.runtime import Runtime
 from knnmon.coordinator.runtime.preparation import with_arrival_times
 from knnmon.ingest.reading import load_queries, read_objects, stream_order
@@ -60,7 +62,7 @@ def test_exact_after_every_batch_with_expiry_and_refill(windowed, executor, rese
     k = queries.column("k").to_numpy()
     below_k_then_full = set()
     was_below: set[str] = set()
-    with Runtime(objects_dir, queries, config) as rt:
+    with Runtime(objects_dir, queries, config, reviver=Reviver) as rt:
         assert rt.objects.initial.num_rows == 1500  # the initial objects older than the window are not live
         assert_exact(redis_url, namespace, queries, BruteForceKnn(live(objects, 3000, window)))
         seen, refilled = 3000, 0
@@ -92,7 +94,7 @@ def test_late_objects_are_counted_not_applied(windowed, redis_url, namespace, tm
     window = 1000 * SECOND
     config = RunConfig(workers=2, initial=3000, batch=250, batches=1, executor="inline", window=window,
                        arrival_ms=SECOND, store=StoreConfig(redis_url, namespace, str(tmp_path)))
-    with Runtime(objects_dir, queries, config) as rt:
+    with Runtime(objects_dir, queries, config, reviver=Reviver) as rt:
         fresh = objects.slice(3000, 200)
         old = objects.slice(0, 50)  # ids never seen by this run's window (the first 2,000 expired)
         t = old.column("t").to_numpy()
@@ -110,7 +112,7 @@ def test_an_unregistered_querys_routing_entries_are_gone(windowed, redis_url, na
                        arrival_ms=SECOND, store=StoreConfig(redis_url, namespace, str(tmp_path)))
     from knnmon.query import Query
 
-    with Runtime(objects_dir, queries.slice(0, 10), config) as rt:
+    with Runtime(objects_dir, queries.slice(0, 10), config, reviver=Reviver) as rt:
         at = objects.slice(2999, 1).to_pylist()[0]
         rt.registrar.register([Query.create("only", at["lon"], at["lat"], ["zzqonly"], 3)])
         routing = rt.dispatcher.routing
@@ -167,7 +169,7 @@ def test_a_windowed_ray_worker_lost_between_batches_is_revived_from_redis(window
     window = 1500 * SECOND
     config = RunConfig(workers=2, initial=3000, batch=250, batches=12, window=window, arrival_ms=SECOND, reserve=2,
                        store=StoreConfig(redis_url, namespace, str(tmp_path)))
-    with Runtime(objects_dir, queries, config) as rt:
+    with Runtime(objects_dir, queries, config, reviver=Reviver) as rt:
         batches = list(rt.batches())
         for b in batches[:4]:
             rt.process(b)
@@ -223,7 +225,7 @@ def _past_three_batches(windowed, workers: int, batches: int, store: StoreConfig
     objects_dir, queries, _ = windowed
     config = RunConfig(workers=workers, initial=3000, batch=250, batches=batches, window=1500 * SECOND,
                        arrival_ms=SECOND, reserve=2, store=store)
-    with Runtime(objects_dir, queries, config) as rt:
+    with Runtime(objects_dir, queries, config, reviver=Reviver) as rt:
         every = list(rt.batches())
         for b in every[:3]:
             rt.process(b)

@@ -2,11 +2,11 @@
 
 On a Ray cluster that outlives the service, the workers are detached actors
 (:mod:`knnmon.workers.actor`) that a restarted service takes (``RayPool(detach_as=...)``). When
-Redis allows a start from the stored results (:mod:`~knnmon.coordinator.service.resume`) and
+Redis allows a start from the stored results (:mod:`~knnmon.coordinator.recovery.resume`) and
 every taken worker's state equals what Redis holds for its queries
 (:mod:`knnmon.workers.kept_state`: Redis's marker is the value of the worker's own last write, no
 write failed since, nothing is handed over), the service keeps them: instead of reading
-every stored result and loading it (:mod:`~knnmon.coordinator.runtime.stored_start`), it asks
+every stored result and loading it (:mod:`~knnmon.coordinator.recovery.stored_start`), it asks
 each worker for its queries, their kNN radii and its keyword codes, and
 
 1. **plans** as a start from the stored results does (every query stays where it is, the coarse
@@ -14,7 +14,7 @@ each worker for its queries, their kNN radii and its keyword codes, and
    codes: the routing table's vocabulary is theirs (codes no worker holds any more keep a
    placeholder no keyword equals), so batches stay encoded as the workers read them;
 2. **replays** the objects delivered but not acknowledged as
-   :meth:`~knnmon.coordinator.runtime.stored_start.StoredWorkers.replay` does, each worker getting
+   :meth:`~knnmon.coordinator.recovery.stored_start.StoredWorkers.replay` does, each worker getting
    those its lists (within ``k`` or in the reserve) do not hold, asked of the worker itself. A
    worker that applied the last batch holds its objects that entered; the others did not enter
    and a kNN radius only grows through a refill, which sees them; a worker that did not apply it
@@ -36,7 +36,7 @@ import numpy as np
 
 from knnmon.assignment.routing import RoutingTable
 from knnmon.coordinator.live_routing import LiveRouting
-from knnmon.coordinator.runtime.stored_start import StoredStart, StoredWorkers
+from knnmon.coordinator.recovery.stored_start import StoredStart, StoredWorkers
 from knnmon.keys import Keys
 from knnmon.query import Query, QueryColumns
 from knnmon.workers.placements import placement_number
@@ -56,7 +56,7 @@ PLACEHOLDER = "\x00unused:{}"
 
 @dataclass
 class KeptStart(StoredStart):
-    """A :class:`~knnmon.coordinator.runtime.stored_start.StoredStart` whose workers are kept
+    """A :class:`~knnmon.coordinator.recovery.stored_start.StoredStart` whose workers are kept
     (module docstring): ``radius`` ``(m,)`` float64 meters and ``counts`` ``(m,)`` int64, each
     query's kNN radius and result size as its worker holds them; ``codes`` the workers' keyword
     codes (keyword -> code); ``seconds`` what :func:`kept_start` spent: the workers ``asked``,
@@ -92,7 +92,7 @@ class KeptStart(StoredStart):
 
 
 def _in_codes(routing: RoutingTable, codes: dict[str, int]) -> RoutingTable:
-    """``routing`` (cells-free, :func:`~knnmon.coordinator.runtime.stored_start.coarse_routing`)
+    """``routing`` (cells-free, :func:`~knnmon.coordinator.recovery.stored_start.coarse_routing`)
     with its keywords at the codes ``codes`` gives them.
 
     Raises

@@ -1,6 +1,6 @@
 """Reviving a lost worker in place, as the runtime does it: when (a batch collected, a call
 between batches) and whether (:meth:`Reviver.can_revive`); the work is
-:func:`~knnmon.coordinator.runtime.revival.revive`'s."""
+:func:`~knnmon.coordinator.recovery.revival.revive`'s."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from knnmon.coordinator.runtime.dispatch import DispatchedBatch
 from knnmon.coordinator.runtime.metrics import BatchReport
-from knnmon.coordinator.runtime.revival import Revival, revive
+from knnmon.coordinator.recovery.revival import Revival, revive
 from knnmon.errors import WorkerLostError
 from knnmon.logs import WORKER
 
@@ -38,7 +38,7 @@ class Reviver:
     reviving : int or None
         The worker being revived now (read from another thread: ``/readyz``).
     seconds : list of dict
-        Each revival's steps' seconds (:attr:`~knnmon.coordinator.runtime.revival.Revival.seconds`).
+        Each revival's steps' seconds (:attr:`~knnmon.coordinator.recovery.revival.Revival.seconds`).
     """
 
     def __init__(self, runtime: Runtime) -> None:
@@ -65,12 +65,12 @@ class Reviver:
 
     def collect(self, d: DispatchedBatch, later: deque[DispatchedBatch]) -> BatchReport:
         """:meth:`Dispatcher.collect` of ``d``; a Ray worker lost meanwhile is revived
-        (:func:`~knnmon.coordinator.runtime.revival.revive`), with ``d`` and the batches
+        (:func:`~knnmon.coordinator.recovery.revival.revive`), with ``d`` and the batches
         dispatched after it (``later``, updated in place) sent to it again, at most
         :data:`MAX_REVIVALS` times a run.
 
         With a window ``d`` is replayed on the worker loaded from Redis, or the worker rebuilt
-        over the live objects (:mod:`~knnmon.coordinator.runtime.revival`); not while later
+        over the live objects (:mod:`~knnmon.coordinator.recovery.revival`); not while later
         batches are in flight too (the live objects have moved past ``d``): then ``knnmon run``
         stops with the error (``knnmon serve`` has one batch in flight).
 

@@ -1,4 +1,4 @@
-"""A restarted service keeps its predecessor's workers as they are (coordinator/runtime/kept_start.py,
+"""A restarted service keeps its predecessor's workers as they are (coordinator/recovery/kept_start.py,
 workers/kept_state.py): the service dies in the middle of a batch that one Ray worker was sent and
 the others were not; the next one takes the same processes with their queries (nothing loaded
 from Redis), replays what was in flight, and every result is exact against the brute-force

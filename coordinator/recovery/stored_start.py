@@ -4,9 +4,9 @@ A service that stopped (SIGKILL, an outage it could not ride out, a worker it co
 left in Redis each query's result as the last batch its worker's script applied (a script is
 atomic), each worker's details hash (the objects of its results, with their times) and each
 query's placement. When the service starts again with the same settings
-(:mod:`~knnmon.coordinator.service.resume` decides), every worker is loaded from that, as one
-lost worker's revival is (:mod:`~knnmon.coordinator.runtime.revival`), instead of searching
-every query's kNN again and comparing it with Redis (:mod:`~knnmon.coordinator.service.recovery`):
+(:mod:`~knnmon.coordinator.recovery.resume` decides), every worker is loaded from that, as one
+lost worker's revival is (:mod:`~knnmon.coordinator.recovery.revival`), instead of searching
+every query's kNN again and comparing it with Redis (:mod:`~knnmon.coordinator.recovery.rebuild`):
 
 1. **the plan is the placements**: each query stays on its worker and in its set (as ``knn:plan``
    recorded them), its load from its stored result's kNN radius (the ``k``-th distance, ``inf``
@@ -52,8 +52,8 @@ from knnmon.connection import connect, with_retries
 from knnmon.coordinator.live_routing import LiveRouting
 from knnmon.coordinator.planning import PlanResult, empty_plan
 from knnmon.coordinator.runtime.dispatch import DispatchedBatch
-from knnmon.coordinator.runtime.revival import held_details
-from knnmon.coordinator.runtime.revival_repair import read_details
+from knnmon.coordinator.recovery.revival import held_details
+from knnmon.coordinator.recovery.revival_repair import read_details
 from knnmon.costs import CostModel
 from knnmon.errors import KnnmonError
 from knnmon.keys import Keys
@@ -65,7 +65,7 @@ if TYPE_CHECKING:
 
 __all__ = ["CHUNK", "NotResumableError", "StoredStart", "StoredWorkers", "coarse_routing"]
 
-#: Queries per worker per load call (as a revival's: :data:`~knnmon.coordinator.runtime.revival.CHUNK`).
+#: Queries per worker per load call (as a revival's: :data:`~knnmon.coordinator.recovery.revival.CHUNK`).
 CHUNK = 10_000
 
 
@@ -89,7 +89,7 @@ class StoredStart:
         ``(m,)`` int32: each query's set in ``knn:plan`` (``-1``: none recorded).
     log
         What the objects stream holds (the service's
-        :class:`~knnmon.coordinator.service.object_log.ObjectLog`: ``objects``, the live objects,
+        :class:`~knnmon.coordinator.recovery.object_log.ObjectLog`: ``objects``, the live objects,
         ``id``, ``lon``, ``lat``, ``t``, ``keywords`` in stream order; ``pending_ids``, the
         objects delivered but not acknowledged), or a future of it (read in a child process while
         the workers load; :meth:`objects` waits for it).

@@ -19,7 +19,7 @@ import redis
 from knnmon.bulk_parse import OBJECT_SCHEMA, parse_objects
 from knnmon.connection import connect
 from knnmon.coordinator.runtime.preparation import live_initial
-from knnmon.coordinator.service.object_snapshot import read_chunks
+from knnmon.coordinator.recovery.object_snapshot import read_chunks
 from knnmon.errors import PoisonedWatermarkError, Rejected, StoreUnavailableError
 from knnmon.keys import Keys
 from knnmon.limits import DEFAULT_LIMITS, Limits
@@ -106,7 +106,7 @@ def read_object_log(client: redis.Redis, keys: Keys, preload: pa.Table, limits: 
     entries parsed: ``(entry id, fields, t, object id)`` (with a window the late ones are rejected).
 
     The ranges the checkpoints wrote in columns are taken from their chunks
-    (:mod:`~knnmon.coordinator.service.object_snapshot`), the rest parsed, ``chunk`` entries at
+    (:mod:`~knnmon.coordinator.recovery.object_snapshot`), the rest parsed, ``chunk`` entries at
     a time.
 
     Raises
@@ -157,7 +157,7 @@ class _LogReader:
         self.chunks = 0
 
     def take(self, c) -> None:
-        """A chunk's objects (:class:`~knnmon.coordinator.service.object_snapshot.Chunk`), but
+        """A chunk's objects (:class:`~knnmon.coordinator.recovery.object_snapshot.Chunk`), but
         ids seen before; its spans."""
         seen, new = self.seen, []
         for oid in c.objects.column("id").to_pylist():

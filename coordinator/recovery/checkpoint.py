@@ -7,9 +7,9 @@ positions. The queries are in Redis already (their hashes); the live objects are
 such batch (``XTRIM MINID``: nothing acknowledged that a live object needs goes, nothing not yet
 acknowledged goes) and records the checkpoint in ``knn:serve:checkpoint`` (``watermark``,
 ``trimmed_below``, ``live_batches``, ``at_ms``). Recovery
-(:mod:`~knnmon.coordinator.service.recovery`) then reads the stream from the trim point: its
+(:mod:`~knnmon.coordinator.recovery.rebuild`) then reads the stream from the trim point: its
 time follows the window's size, not the stream's history. Each checkpoint also writes the objects
-applied since the one before in columns (:mod:`~knnmon.coordinator.service.object_snapshot`), so
+applied since the one before in columns (:mod:`~knnmon.coordinator.recovery.object_snapshot`), so
 that a restart parses only the stream's tail; a chunk leaves with the trim of its last entry.
 """
 
@@ -23,8 +23,8 @@ import pyarrow as pa
 import redis
 
 from knnmon.connection import with_retries
-from knnmon.coordinator.service.object_log import OBJECT_SCHEMA
-from knnmon.coordinator.service.object_snapshot import ChunkWriter, drop_chunks
+from knnmon.coordinator.recovery.object_log import OBJECT_SCHEMA
+from knnmon.coordinator.recovery.object_snapshot import ChunkWriter, drop_chunks
 from knnmon.keys import Keys
 from knnmon.limits import DEFAULT_LIMITS, Limits
 

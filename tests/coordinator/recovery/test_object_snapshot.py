@@ -1,4 +1,4 @@
-"""The checkpoints' chunks of the live objects (``coordinator/service/object_snapshot.py``): a
+"""The checkpoints' chunks of the live objects (``coordinator/recovery/object_snapshot.py``): a
 start that takes them reads back exactly what parsing the whole objects stream gives, a chunk a
 client tampered with is left out (its range parsed), and the trim drops them with their entries."""
 
@@ -15,8 +15,8 @@ import pytest
 import redis
 
 from knnmon.coordinator.runtime.config import ARRIVAL_EPOCH_MS
-from knnmon.coordinator.service.object_log import OBJECT_SCHEMA, read_objects as read_log
-from knnmon.coordinator.service.object_snapshot import decode, encode
+from knnmon.coordinator.recovery.object_log import OBJECT_SCHEMA, read_objects as read_log
+from knnmon.coordinator.recovery.object_snapshot import decode, encode
 from knnmon.coordinator.testing import publish_objects, register_fields, serve_process
 from knnmon.ingest.reading import read_objects, stream_order
 from knnmon.keys import Keys

@@ -15,8 +15,8 @@ from knnmon.connection import connect
 from knnmon.coordinator.runtime.config import RunConfig
 from knnmon.coordinator.service.config import ServeConfig
 from knnmon.coordinator.service.loop import Service
-from knnmon.coordinator.service.object_log import create_groups
-from knnmon.coordinator.service.outage import kept_every_write, server_ids
+from knnmon.coordinator.recovery.object_log import create_groups
+from knnmon.coordinator.recovery.outage import kept_every_write, server_ids
 from knnmon.coordinator.testing import register_fields, serve_process, wait_processed
 from knnmon.errors import WorkerLostError
 from knnmon.keys import Keys

@@ -1,5 +1,5 @@
-"""A restart that starts every worker from the results Redis holds (coordinator/service/resume.py,
-coordinator/runtime/stored_start.py): exact after a stop in the middle of a batch that some
+"""A restart that starts every worker from the results Redis holds (coordinator/recovery/resume.py,
+coordinator/recovery/stored_start.py): exact after a stop in the middle of a batch that some
 workers had written and others had not, with and without a window; a full recovery when the
 settings changed or Redis lacks a member's details. The service runs in this process with
 in-process workers, against the real Redis, checked against the brute-force oracle on real places.
@@ -17,7 +17,7 @@ import redis
 from knnmon.coordinator.runtime.config import ARRIVAL_EPOCH_MS, RunConfig
 from knnmon.coordinator.service.config import ServeConfig
 from knnmon.coordinator.service.loop import Service
-from knnmon.coordinator.service.resume import settings_of, why_not_resumable
+from knnmon.coordinator.recovery.resume import settings_of, why_not_resumable
 from knnmon.coordinator.testing import assert_applied_once, assert_exact, publish_objects, register_fields
 from knnmon.ingest.reading import read_objects, stream_order
 from knnmon.keys import Keys
@@ -137,7 +137,7 @@ def test_why_not_resumable_names_each_reason(redis_url, namespace):
 
 def test_a_placement_a_client_wrote_into_a_query_hash_means_a_full_recovery_never_a_crash():
     """The ``worker`` and ``set`` fields come from Redis: any value a client wrote there."""
-    from knnmon.coordinator.service.resume import stored_start
+    from knnmon.coordinator.recovery.resume import stored_start
     from knnmon.query import Query
 
     q = Query("q1", 7.0, 45.0, ("cafe",), 3)
@@ -157,7 +157,7 @@ def test_a_plan_record_a_client_wrote_is_dropped_not_trusted(redis_url, namespac
 
     import numpy as np
 
-    from knnmon.coordinator.runtime.stored_start import _recorded_sets
+    from knnmon.coordinator.recovery.stored_start import _recorded_sets
 
     r, keys = redis.Redis.from_url(redis_url, decode_responses=True), Keys(namespace)
     good = {"worker": 1, "queries": 1, "work": 2.0, "region": [0, 0, 1, 1], "history": ["split by x"]}

@@ -31,7 +31,7 @@ coordinator's live objects, which already hold every batch dispatched (each
 query's exact ``k + reserve`` nearest live matches, as a registration's are searched); the
 rebuilt lists' regions join the routing table (a list whose reserve had run out may reach
 farther now); Redis is made to hold the rebuilt results, whatever part of the batch in flight the
-worker had written (:func:`~knnmon.coordinator.runtime.revival_repair.repair_worker`: one atomic
+worker had written (:func:`~knnmon.coordinator.recovery.revival_repair.repair_worker`: one atomic
 write at that batch's feed version); the batch's call to the worker then reports nothing (its
 work is in the rebuilt state).
 """
@@ -51,7 +51,7 @@ from knnmon.connection import connect, with_retries
 from knnmon.coordinator.runtime.dispatch import DispatchedBatch
 from knnmon.coordinator.runtime.object_store import ObjectStore
 from knnmon.coordinator.runtime.registration import Registrar
-from knnmon.coordinator.runtime.revival_repair import Repair, read_details, repair_worker
+from knnmon.coordinator.recovery.revival_repair import Repair, read_details, repair_worker
 from knnmon.coordinator.runtime.worker_pool import Pending, WorkerPool
 from knnmon.errors import WorkerLostError
 from knnmon.keys import Keys
@@ -102,7 +102,7 @@ def last_applied_batch(client, keys: Keys, worker: int) -> int:
 
 def held_details(hashes: Mapping[str, Mapping[str, str]], ids: Sequence[str]) -> ObjectColumns | None:
     """The details of the objects ``ids`` (the members of a worker's results) from its details
-    hashes (:func:`~knnmon.coordinator.runtime.revival_repair.read_details`: they hold exactly
+    hashes (:func:`~knnmon.coordinator.recovery.revival_repair.read_details`: they hold exactly
     those members), in columns; ``None`` if one is missing or unreadable."""
     texts = {oid: text for h in hashes.values() for oid, text in h.items()}
     wanted = list(dict.fromkeys(ids))
@@ -125,7 +125,7 @@ class Revival:
         died before writing): not loaded; the caller sends them again.
     repair
         With a window, what Redis needed to hold the rebuilt results
-        (:func:`~knnmon.coordinator.runtime.revival_repair.repair_worker`).
+        (:func:`~knnmon.coordinator.recovery.revival_repair.repair_worker`).
     seconds
         Its steps' wall time: ``details`` (with a window: the members' details from Redis),
         ``read`` (queries and results from Redis, a chunk at a time, each chunk loaded into the

@@ -1,6 +1,6 @@
 """Whether a restart may start every worker from the results Redis holds, instead of a full
-recovery (:mod:`~knnmon.coordinator.runtime.stored_start` says how; recovery,
-:mod:`~knnmon.coordinator.service.recovery`, searches and compares every result).
+recovery (:mod:`~knnmon.coordinator.recovery.stored_start` says how; recovery,
+:mod:`~knnmon.coordinator.recovery.rebuild`, searches and compares every result).
 
 The stored results are exact for the settings they were computed under, so each start records
 them in ``knn:serve:settings`` (:func:`record_settings`: the workers, the window, the allowed
@@ -27,7 +27,7 @@ import numpy as np
 import redis
 
 from knnmon.connection import replace_hash, with_retries
-from knnmon.coordinator.runtime.stored_start import StoredStart
+from knnmon.coordinator.recovery.stored_start import StoredStart
 from knnmon.keys import Keys
 from knnmon.query import Query, QueryColumns
 from knnmon.workers.placements import placement_number
@@ -77,7 +77,7 @@ def stored_start(queries: list[Query], placed: dict[str, tuple], workers: int, l
                  ) -> tuple[StoredStart | None, str | None]:
     """The :class:`StoredStart` of ``queries`` (as read, with their hashes' placements
     ``placed``: :func:`~knnmon.workers.placements.placement_of`), with ``log`` (the objects
-    stream's :class:`~knnmon.coordinator.service.recovery.ObjectLog`, or its future), the replay
+    stream's :class:`~knnmon.coordinator.recovery.rebuild.ObjectLog`, or its future), the replay
     at batch ``number``; or ``None`` and why not (a query without a valid worker, or with a move
     noted)."""
     worker = np.empty(len(queries), dtype=np.int32)

@@ -8,8 +8,8 @@ import redis
 
 from knnmon.assignment import LoadModel
 from knnmon.coordinator.runtime.preparation import prepare_tables
-from knnmon.coordinator.service.object_log import OBJECT_SCHEMA
-from knnmon.coordinator.service.recovery import reconcile
+from knnmon.coordinator.recovery.object_log import OBJECT_SCHEMA
+from knnmon.coordinator.recovery.rebuild import reconcile
 from knnmon.feed import parse_entry
 from knnmon.ingest.reading import read_objects, stream_order
 from knnmon.keys import Keys

@@ -4,15 +4,15 @@ tail only.
 A restart needs the window's live objects, and reading them back from ``knn:ingest:objects``
 means parsing every entry again: ~13 us an entry, 7 s for the 500,000 of a 10-minute window at
 1,000 objects/s on this machine, twice that under load. With a window the service therefore
-writes, at each checkpoint (:class:`~knnmon.coordinator.service.checkpoint.Checkpointer`), the
+writes, at each checkpoint (:class:`~knnmon.coordinator.recovery.checkpoint.Checkpointer`), the
 objects it applied from the entries acknowledged since the last one as one **chunk**: a field of
 the hash ``knn:serve:snapshot`` named by the chunk's last entry id, whose value is an Arrow IPC
-stream (:data:`~knnmon.coordinator.service.object_log.OBJECT_SCHEMA`; its size, then the stream
+stream (:data:`~knnmon.coordinator.recovery.object_log.OBJECT_SCHEMA`; its size, then the stream
 packed with zstd, in base64) with its
 entries' range, batch spans and the entry limits in the schema's metadata. A chunk leaves with
 the trim that removes its last entry.
 
-A start (:func:`~knnmon.coordinator.service.object_log.read_object_log`) takes each chunk's rows
+A start (:func:`~knnmon.coordinator.recovery.object_log.read_object_log`) takes each chunk's rows
 instead of parsing its range, and parses only the entries between chunks and after the last one
 (the tail since the last checkpoint, rejected entries, a range a restart recovered). A chunk is
 used only if it is whole and plausible (:func:`read_chunks`): the same limits, the schema, every
@@ -141,7 +141,7 @@ class ChunkWriter:
     """The objects applied since the last checkpoint, written as one chunk at the next
     (module docstring); :meth:`add` per acknowledged batch, :meth:`write` at a checkpoint.
     ``schema``: the chunks' (the service's
-    :data:`~knnmon.coordinator.service.object_log.OBJECT_SCHEMA`)."""
+    :data:`~knnmon.coordinator.recovery.object_log.OBJECT_SCHEMA`)."""
 
     def __init__(self, client: redis.Redis, url: str | None, keys: Keys, limits: Limits, schema: pa.Schema) -> None:
         self.client, self.url, self.keys, self.limits, self.schema = client, url, keys, limits, schema

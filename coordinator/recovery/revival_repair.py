@@ -1,7 +1,7 @@
 """Making Redis hold what a worker rebuilt over the live objects holds (a window's revival).
 
 With a window a lost worker is rebuilt over the coordinator's live objects
-(:func:`~knnmon.coordinator.runtime.revival.revive` with ``live``): each query's ``k + reserve``
+(:func:`~knnmon.coordinator.recovery.revival.revive` with ``live``): each query's ``k + reserve``
 nearest live matches. What Redis holds of that worker may be older: a worker lost during a
 batch (its expiry, its refills, its objects) wrote none of the batch, or all of it, or part of
 it. :func:`repair_worker` makes Redis equal the rebuilt state in **one** atomic script call of

@@ -4,7 +4,7 @@ The results are a function of the set of objects seen (ties by id), so recovery 
 rather than replaying: the queries come from Redis (``knn:queries`` and their hashes), the
 objects from the preloaded ingest output plus every entry of ``knn:ingest:objects`` the group
 has delivered, acknowledged or not (with a window, the stream holds only what the last checkpoint
-kept, :mod:`~knnmon.coordinator.service.checkpoint`, and only the live objects at the watermark,
+kept, :mod:`~knnmon.coordinator.recovery.checkpoint`, and only the live objects at the watermark,
 the largest ``t`` among them, count). Each query's exact kNN over them is compared with its
 stored result, and a query whose result differs (a batch that was only partly written when the
 service died) gets the difference written as one change (:class:`~knnmon.batch.BatchChanges`,
@@ -27,13 +27,13 @@ import redis
 
 from knnmon.arrays import runs, segment_sums
 from knnmon.batch import BatchChanges
-from knnmon.coordinator.runtime.kept_start import kept_start, queries_of
+from knnmon.coordinator.recovery.kept_start import kept_start, queries_of
 from knnmon.coordinator.runtime.object_store import ObjectStore
 from knnmon.coordinator.runtime.preparation import Prepared, prepare_tables
-from knnmon.coordinator.runtime.stored_start import StoredStart
-from knnmon.coordinator.service.object_log import (OBJECT_SCHEMA, ObjectLog, create_groups, read_elsewhere,
+from knnmon.coordinator.recovery.stored_start import StoredStart
+from knnmon.coordinator.recovery.object_log import (OBJECT_SCHEMA, ObjectLog, create_groups, read_elsewhere,
                                                    read_objects, undelivered)
-from knnmon.coordinator.service.resume import forget_settings, stored_start, why_not_resumable
+from knnmon.coordinator.recovery.resume import forget_settings, stored_start, why_not_resumable
 from knnmon.errors import Rejected
 from knnmon.keys import Keys
 from knnmon.limits import DEFAULT_LIMITS, Limits, check_keywords, parse_k, parse_point, parse_query_id
@@ -69,9 +69,9 @@ class Recovered:
         results compared and repaired).
     stored
         Set when the workers start from the results Redis holds
-        (:mod:`~knnmon.coordinator.service.resume`): then ``prepared`` holds the queries, and the
+        (:mod:`~knnmon.coordinator.recovery.resume`): then ``prepared`` holds the queries, and the
         live objects once the runtime has them, without their kNN; nothing is searched or repaired.
-        A :class:`~knnmon.coordinator.runtime.kept_start.KeptStart` when the workers taken from
+        A :class:`~knnmon.coordinator.recovery.kept_start.KeptStart` when the workers taken from
         the service before are kept as they are (nothing is loaded either).
     """
 
@@ -239,8 +239,8 @@ def recover(client: redis.Redis, url: str, namespace: str, preload: pa.Table, mo
             reserve: int = 0, allowed_lateness: int = 0, settings: dict[str, str] | None = None,
             pool=None) -> Recovered:
     """Rebuild the service's state (module docstring), or with ``settings`` (what the service
-    runs with, :func:`~knnmon.coordinator.service.resume.settings_of`) read what a start from the
-    stored results needs when :mod:`~knnmon.coordinator.service.resume` allows it
+    runs with, :func:`~knnmon.coordinator.recovery.resume.settings_of`) read what a start from the
+    stored results needs when :mod:`~knnmon.coordinator.recovery.resume` allows it
     (:attr:`Recovered.stored`).
 
     Parameters
@@ -263,8 +263,8 @@ def recover(client: redis.Redis, url: str, namespace: str, preload: pa.Table, mo
         Neighbours each query keeps beyond ``k`` (:class:`~knnmon.workers.worker.KnnWorker`).
     pool
         The service's workers; those it took from the service before (``pool.kept``) are kept as
-        they are when :mod:`~knnmon.coordinator.runtime.kept_start` allows (:attr:`Recovered.stored`
-        a :class:`~knnmon.coordinator.runtime.kept_start.KeptStart`), else reset here.
+        they are when :mod:`~knnmon.coordinator.recovery.kept_start` allows (:attr:`Recovered.stored`
+        a :class:`~knnmon.coordinator.recovery.kept_start.KeptStart`), else reset here.
 
     Raises
     ------
@@ -272,7 +272,7 @@ def recover(client: redis.Redis, url: str, namespace: str, preload: pa.Table, mo
         Redis unreachable, or the consumer group vanished.
     PoisonedWatermarkError
         Objects from the future that an earlier version applied
-        (:func:`~knnmon.coordinator.service.object_log.check_event_time`).
+        (:func:`~knnmon.coordinator.recovery.object_log.check_event_time`).
     """
     keys, t0 = Keys(namespace), time.perf_counter()
     create_groups(client, keys)
