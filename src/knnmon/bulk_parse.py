@@ -25,7 +25,7 @@ from knnmon.errors import Rejected
 from knnmon.limits import DEFAULT_LIMITS, INT64_MAX, INT64_MIN, MAX_FIELD_BYTES, MAX_ID_BYTES, Limits
 from knnmon.protocol import parse_object
 
-__all__ = ["OBJECT_SCHEMA", "ObjectColumns", "parse_objects"]
+__all__ = ["OBJECT_SCHEMA", "ParsedObjects", "parse_objects"]
 
 #: The objects a read of the objects stream applies, as a table.
 OBJECT_SCHEMA = pa.schema([("id", pa.string()), ("lon", pa.float64()), ("lat", pa.float64()), ("t", pa.int64()),
@@ -33,7 +33,7 @@ OBJECT_SCHEMA = pa.schema([("id", pa.string()), ("lon", pa.float64()), ("lat", p
 
 
 @dataclass
-class ObjectColumns:
+class ParsedObjects:
     """``n`` entries parsed: row ``i`` is entry ``i``; ``ok[i]`` whether it parsed (else
     ``rejects`` holds why).
 
@@ -105,7 +105,7 @@ def _plain_fields(fields: Sequence[Mapping]) -> np.ndarray:
 
 
 def parse_objects(entries: Sequence[tuple[str, Mapping[str, str]]], limits: Limits = DEFAULT_LIMITS, *,
-                  clock_ms: int | None = None) -> ObjectColumns:
+                  clock_ms: int | None = None) -> ParsedObjects:
     """Parse ``entries`` (``(entry id, fields)`` as read from the stream) as
     :func:`~knnmon.protocol.parse_object` parses each with ``limits`` and ``clock_ms`` (module
     docstring); never raises for an entry."""
@@ -157,4 +157,4 @@ def parse_objects(entries: Sequence[tuple[str, Mapping[str, str]]], limits: Limi
             continue
         ok[i] = True
         out_ids[i], lon[i], lat[i], t[i], keywords[i] = o.id, o.lon, o.lat, o.t, o.keywords
-    return ObjectColumns(ok, out_ids, lon, lat, t, keywords, rejects)
+    return ParsedObjects(ok, out_ids, lon, lat, t, keywords, rejects)
