@@ -1,4 +1,4 @@
-"""The load model (Tsuruoka et al. 2019, §4.2, formulas (7)-(10); ``SPEC.md``).
+"""The load model (Tsuruoka et al. 2019, §4.2, formulas (7)-(10); ``docs/concepts.md``).
 
 - ``P(c, key) = cnt[c][key] / N`` (formula (7)): the probability that the next object falls in
   grid cell ``c`` and carries ``key``, from the ingest statistics (``stats.parquet``; ``N`` =

@@ -1,6 +1,6 @@
 """The proposed assignment: Queryset-Partition (Algorithm 1) + Query-Assignment (Algorithm 2).
 
-Tsuruoka, Nishio, Amagata, Hara, IPSJ TOD 12(4), 2019, §4.3; ``SPEC.md``.
+Tsuruoka, Nishio, Amagata, Hara, IPSJ TOD 12(4), 2019, §4.3; ``docs/concepts.md``.
 
 **Algorithm 1.** Start from one set holding every query. Repeatedly take the heaviest set (by
 work ``L(Q)``) and split it into up to 4:

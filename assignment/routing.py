@@ -2,7 +2,7 @@
 
 An object in cell ``c`` carrying keyword ``key`` must reach every worker holding a query ``q``
 with ``key in q.keywords`` and ``c in R_q``: only such queries can have the object in their kNN
-(``SPEC.md``: it must share a keyword and lie within ``r_q``; ``R_q`` holds the whole kNN circle,
+(``docs/concepts.md``: it must share a keyword and lie within ``r_q``; ``R_q`` holds the whole kNN circle,
 see :mod:`knnmon.assignment.loadmodel`). The table stores, per keyword, the bitmask of workers
 that need the keyword **everywhere** (a rectangle spanning the grid, e.g. ``r_q = inf``),
 sparsely, ``(keyword, cell) -> bitmask`` for the rest, and, for the pairs the entry bound leaves

@@ -1,5 +1,5 @@
 """A worker's batch: candidates from the query index, the compiled merge into the top-k lists,
-the changes to write, and ``r_q`` shrinking (``SPEC.md``, "The worker"; Tsuruoka et al. 2019,
+the changes to write, and ``r_q`` shrinking (``docs/concepts.md``, "The worker"; Tsuruoka et al. 2019,
 §4.4):
 
 1. candidates: (object, query) pairs whose query region holds the object and shares a keyword,

@@ -1,7 +1,7 @@
 """The worker's compiled kernels (numba): one pass per step of a batch, no Python per pair.
 
 A batch's candidate (object, query) pairs come from the query index (:func:`grid_hits`: the
-grid lists' entries equal to each probe key, the superseded ones skipped); then (``SPEC.md``, "The
+grid lists' entries equal to each probe key, the superseded ones skipped); then (``docs/concepts.md``, "The
 worker"; Tsuruoka et al. 2019, §4.4, steps 2-3):
 
 1. :func:`chord_pretest` -- the cheap superset test of ``d(o, q) <= r_q`` on unit vectors

@@ -1,6 +1,6 @@
 """The single-process reference's index: keyword inverted lists, no spatial pruning.
 
-What a user might write instead of knnmon (``SPEC.md``, first row of the worker-index table):
+What a user might write instead of knnmon (``docs/concepts.md``, first row of the worker-index table):
 keyword -> queries lists, every query sharing a keyword with an object is a candidate wherever
 it is. ``knnmon bench`` runs it in one process, with no assignment, on the same stream, to show
 what the keyword-aware spatial index and the distribution buy. Same interface as

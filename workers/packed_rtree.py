@@ -17,7 +17,7 @@ i * fanout + fanout - 1`` of the level below: no pointer arrays. The third dimen
 **keyword code**: an entry's box is ``[x0, x1] x [y0, y1] x [code, code]``, a node's the union of
 its children's; an (object, keyword) pair is the point ``(lon, lat, code)``. Sorting by code
 first keeps a node's code range narrow, so the tree is keyword-aware: a pair enters only the
-nodes of its keyword (``SPEC.md``: "an R-tree per keyword, or a keyword dimension"). Since a
+nodes of its keyword (``docs/concepts.md``, "The worker"). Since a
 keyword's entries are one run, its subtree is known in advance: :meth:`PackedRTree.entries_of`
 starts each pair at its keyword's entry points, the few nodes that cover the run at the deepest
 level where they are at most ``fanout`` (a tree per keyword, without one), skipping the levels

@@ -1,7 +1,7 @@
 """The worker's keyword-aware index over query regions: which queries may an object change?
 
 An object can change ``kNN(q)`` only if it shares a keyword with ``q`` and lies within ``r_q``
-(``SPEC.md``). A query's **region** is the bounding box of its kNN circle
+(``docs/concepts.md``). A query's **region** is the bounding box of its kNN circle
 (:func:`knnmon.geo.cap_bbox`); a batch of (object, keyword) pairs is answered with no Python
 loop over objects or queries:
 

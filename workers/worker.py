@@ -3,7 +3,7 @@
 A plain class (unit-testable without a cluster); :mod:`knnmon.workers.actor` wraps it as a Ray
 actor at the edge. :class:`KnnWorker` is a thin front built by composition: its state is one
 :class:`~knnmon.workers.state.WorkerState`, and each of its parts is given that state when it is
-built; what it does per batch is in :mod:`~knnmon.workers.batch_update` (``SPEC.md``, "The
+built; what it does per batch is in :mod:`~knnmon.workers.batch_update` (``docs/concepts.md``, "The
 worker"; Tsuruoka et al. 2019, §4.4) with the compiled :mod:`~knnmon.workers.kernels`.
 """
 

@@ -9,7 +9,7 @@ on Ray workers with Redis writes, and record per batch the update time and load 
   workers);
 - **load imbalance**: busiest minus idlest worker busy time per batch (ms);
 - **model check**: Spearman correlation between each worker's predicted load (the plan's load
-  model, ``SPEC.md``) and its measured busy time over the run.
+  model, ``docs/concepts.md``) and its measured busy time over the run.
 
 Queries and the initial kNN are computed once per (query count, ``k_max``) and shared by every
 run (:func:`knnmon.coordinator.runtime.preparation.prepare`). The **single-process reference**

@@ -104,7 +104,7 @@ def format_explanation(e: dict[str, Any]) -> str:
     s = e["set"]
     if s is None:
         lines.append("  registered at run time: placed on the least-loaded worker among the plan's sets holding "
-                     "its location (SPEC.md, \"Runtime registration\")")
+                     "its location (docs/concepts.md, \"Runtime registration\")")
     else:
         w = s.get("worker")
         how = ("its set's queries dealt out one by one" if isinstance(w, int) and w < 0

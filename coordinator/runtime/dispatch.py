@@ -1,6 +1,6 @@
 """Dispatch: route each object batch only to the workers that may need it, and collect them.
 
-Per batch (``SPEC.md``, "Routing"; Tsuruoka et al. 2019, §4.3): drop ids seen before (counted),
+Per batch (``docs/concepts.md``, "Routing"; Tsuruoka et al. 2019, §4.3): drop ids seen before (counted),
 encode the objects' keywords with the routing table's vocabulary, look up each object's
 (grid cell, keyword) pairs in the :class:`~knnmon.coordinator.live_routing.LiveRouting` (a worker
 bit mask per object), and send the batch once (:class:`~knnmon.batch.ObjectBatch`, into Ray's

@@ -5,7 +5,7 @@ exact kNN) and, by the planner, for the exact kNN radius ``r_q`` over the initia
 
 Objects are indexed as points on the unit sphere (ECEF unit vectors). The chord distance between
 unit vectors ranks exactly like great-circle distance, so a Euclidean 3-D nearest-neighbour search
-is exact on the sphere: no pole or antimeridian special cases (``SPEC.md``, "Geographic hint").
+is exact on the sphere: no pole or antimeridian special cases (``docs/concepts.md``, "Geographic hint").
 Each keyword's posting list is ordered into its own k-d tree on first use
 (:mod:`~knnmon.coordinator.runtime.keyword_kd`: compiled, in place, 49 bytes per entry: the split
 axis and the node boxes). A query with several keywords (Boolean OR) merges its keywords'

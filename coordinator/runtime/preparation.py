@@ -122,7 +122,7 @@ def with_arrival_times(objects: pa.Table, arrival_ms: int) -> pa.Table:
 def live_initial(initial: pa.Table, window_ms: int, lateness_ms: int = 0) -> pa.Table:
     """The initial objects still live at their own watermark (the largest ``t`` minus
     ``lateness_ms``) with a window of ``window_ms``: a run with a window starts from these
-    (``SPEC.md``, "Semantics"; :func:`~knnmon.window.live_mask`)."""
+    (``docs/concepts.md``, "Semantics"; :func:`~knnmon.window.live_mask`)."""
     if not initial.num_rows:
         return initial
     return initial.filter(pa.array(live_mask(initial.column("t").to_numpy(), window_ms, lateness_ms)))

@@ -4,7 +4,7 @@
   initial kNN (:class:`~knnmon.coordinator.runtime.preparation.Prepared`);
 - :meth:`Registrar.register` adds queries at run time: each starts from its exact kNN over every
   object seen (:class:`~knnmon.coordinator.runtime.object_store.ObjectStore`, one vectorised
-  search for all), is placed by :meth:`Registrar.place` (``SPEC.md``, "Runtime registration"),
+  search for all), is placed by :meth:`Registrar.place` (``docs/concepts.md``, "Runtime registration"),
   and the routing table learns its region;
 - :meth:`Registrar.unregister` removes a query and its keys.
 """
@@ -190,7 +190,7 @@ class Registrar:
     def place(self, lon: float, lat: float) -> int:
         """The worker of a new query: of the plan's sets whose region holds it, the one on the
         least-loaded worker, unless that worker is above 1.1x the mean load; else the
-        least-loaded worker (``SPEC.md``, "Runtime registration"). Ties by fewer queries."""
+        least-loaded worker (``docs/concepts.md``, "Runtime registration"). Ties by fewer queries."""
         loads, counts = self.worker_loads, self.worker_queries
         sets, set_worker = self.plan.plan.sets, self.plan.plan.set_worker
         holders = [int(set_worker[i]) for i, s in enumerate(sets)

@@ -1,6 +1,6 @@
 """knnmon: exact, distributed kNN monitoring of spatial-keyword queries over geo-tagged streams.
 
-The package is split by architecture (see ``SPEC.md`` in the project's shared folder):
+The package is split by architecture (``docs/concepts.md``, "Components"):
 
 - :mod:`knnmon.ingest` -- PySpark jobs: raw places/tweets -> objects, keyword statistics, queries.
 - :mod:`knnmon.assignment` -- load model and query-to-worker assignment (pure numpy).

@@ -1,4 +1,4 @@
-"""Great-circle geometry on the WGS84 mean sphere (``SPEC.md``: haversine, meters)."""
+"""Great-circle geometry on the WGS84 mean sphere (``docs/concepts.md``: haversine, meters)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The statistics grid: ``n x n`` equal cells over a longitude/latitude bounding box.
 
-The grid of ``stats.parquet`` and of the load model (``SPEC.md``, "The load model"). Cells are
+The grid of ``stats.parquet`` and of the load model (``docs/concepts.md``, "The load model"). Cells are
 equal in degrees, not in area. Cell ``(cx, cy)`` covers longitudes
 ``[min_lon + cx * w, min_lon + (cx + 1) * w)`` and latitudes
 ``[min_lat + cy * h, min_lat + (cy + 1) * h)`` with ``w = (max_lon - min_lon) / n`` and

@@ -1,4 +1,4 @@
-"""The public Redis layout (``SPEC.md``, "Redis layout"): key names under a namespace."""
+"""The public Redis layout (``docs/concepts.md``, "Redis layout"): key names under a namespace."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The brute-force kNN oracle: exact haversine kNN by the semantics of ``SPEC.md``.
+"""The brute-force kNN oracle: exact haversine kNN by the semantics of ``docs/concepts.md``.
 
 Every correctness test compares knnmon's results with this. It scans, for each query, every
 object sharing at least one keyword (Boolean OR), computes haversine distances and ranks by

@@ -33,7 +33,7 @@ def invalid_query(qid: Any) -> Iterator[None]:
 
 @dataclass(frozen=True)
 class Query:
-    """``q = (id, lon, lat, keywords, k)`` (``SPEC.md``, "Semantics").
+    """``q = (id, lon, lat, keywords, k)`` (``docs/concepts.md``, "Semantics").
 
     Attributes
     ----------

@@ -2,7 +2,7 @@
 the details hashes, for every part of knnmon that reads them (the client, ``knnmon results``
 and ``explain``, the dashboard, a worker's revival, recovery, the oracle checks).
 
-What a worker's writer stores (``SPEC.md``, "Redis layout"; :mod:`knnmon.workers.result_writer`):
+What a worker's writer stores (``docs/concepts.md``, "Redis layout"; :mod:`knnmon.workers.result_writer`):
 the query hash (``lon``, ``lat``, ``keywords``, ``k``, ``worker``, ``objects``: the key of the
 details hash of its result's objects), the result as a sorted set (object id -> distance in
 meters, nearest first, ties by id), and each object's details (:class:`~knnmon.batch.ObjectInfo`
