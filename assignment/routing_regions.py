@@ -3,7 +3,7 @@ instead of its cells or everywhere.
 
 A pair's cells are the exact union of its queries' regions ``R_q``, and a query whose kNN circle
 is wide (a rare keyword) covers many cells for each keyword it has. At 1 M synthetic queries the
-pairs need about 1 G cells, 60 times the table's bound (docs/scale.md). The bound used to send the
+pairs need about 1 G cells, 60 times the table's bound. The bound used to send the
 pairs it could not hold **everywhere**: exact, but each such pair then received every object
 with its keyword, and on 1 M queries at W = 12 this was 6.1 of the 6.8 workers an object
 reached.
@@ -29,7 +29,7 @@ import numpy as np
 __all__ = ["DEFAULT_TILES", "KeywordRegions"]
 
 #: Tiles per side (so ``16`` tiles): on 1 M synthetic queries at W = 12 an object reached 2.95
-#: workers with 4, 4.37 with 1 and 2.94 with 16 (docs/scale.md).
+#: workers with 4, 4.37 with 1 and 2.94 with 16.
 DEFAULT_TILES = 4
 
 

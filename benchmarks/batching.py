@@ -19,7 +19,7 @@ results with the brute-force oracle over every object published that the service
 (a place with more than ``--max-keywords`` keywords is), at the end.
 
     python benchmarks/batching.py --objects /tmp/full_default --queries /tmp/q100k.parquet \\
-        --queries-n 100000 --workers 4 --report docs/bench/batching.json --plot docs/bench/batching.png
+        --queries-n 100000 --workers 4 --report /tmp/knnmon-bench/batching.json --plot /tmp/knnmon-bench/batching.png
 """
 
 from __future__ import annotations

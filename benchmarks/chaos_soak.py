@@ -33,7 +33,7 @@ latency p50/p99 (XADD -> acknowledged, from the service's batch log) and objects
 report and a plot.
 
     python benchmarks/chaos_soak.py --objects /tmp/full --queries /tmp/q100k.parquet \\
-        --out docs/bench/chaos_soak.json --plot docs/bench/chaos_soak.png --log-dir /tmp/chaos
+        --out /tmp/knnmon-bench/chaos_soak.json --plot /tmp/knnmon-bench/chaos_soak.png --log-dir /tmp/chaos
 """
 
 from __future__ import annotations

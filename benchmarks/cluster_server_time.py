@@ -12,7 +12,7 @@ the server time per changed result (µs, all masters together).
 Usage::
 
     python benchmarks/cluster_server_time.py --objects /tmp/full --queries /tmp/q100k.parquet \\
-        --initial 1000000 --batches 150 --workers 2 --rounds 2 --out docs/bench/cluster_100k.json
+        --initial 1000000 --batches 150 --workers 2 --rounds 2 --out /tmp/knnmon-bench/cluster_100k.json
 """
 
 from __future__ import annotations

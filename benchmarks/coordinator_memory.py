@@ -17,7 +17,7 @@ Each step is also reported as Arrow's allocation (``pa.total_allocated_bytes``).
 one process are what the process keeps, allocator slack included.
 
     python benchmarks/coordinator_memory.py --objects /tmp/synth2m --queries /tmp/sq100k.parquet \\
-        --report docs/bench/coordinator_memory.json
+        --report /tmp/knnmon-bench/coordinator_memory.json
 """
 
 from __future__ import annotations

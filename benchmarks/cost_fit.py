@@ -1,11 +1,11 @@
 """Fit a worker's busy time to its work counts, and check predicted vs measured load, from
-``knnmon bench`` reports (the "cost model" figures of docs/benchmarks.md and
+``knnmon bench`` reports (the "cost model" figures of /tmp/knnmon-benchmarks.md and
 src/knnmon/costs.py):
 
     knnmon bench --objects /tmp/full_default --queries 100000 --workers 4,12 \\
         --algorithms proposed,keyword,random --batches 60 --report /tmp/diag.json
     python benchmarks/cost_fit.py /tmp/diag.json                 # the least-squares fit
-    python benchmarks/cost_fit.py docs/bench/workers.json        # + pooled Spearman per W
+    python benchmarks/cost_fit.py /tmp/knnmon-bench/workers.json        # + pooled Spearman per W
 
 Least squares over every (run, worker): ``busy_ms = a * batches + b * delivered objects +
 c * candidates + d * changed results``; then, per worker count, the Spearman correlation of

@@ -13,7 +13,7 @@ One embedded Redis; ``knnmon serve`` (4 Ray workers) with ``--queries-n`` querie
   ABBAAB; with the dashboard process's CPU seconds per second during each run.
 
     python benchmarks/dashboard_load.py --objects /tmp/full_default --queries /tmp/q100k.parquet \\
-        --report docs/bench/dashboard_load.json
+        --report /tmp/knnmon-bench/dashboard_load.json
 """
 
 from __future__ import annotations

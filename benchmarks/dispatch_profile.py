@@ -4,7 +4,7 @@ cProfile is on only inside ``dispatch``, and the top functions by own and cumula
 printed (issue 37: routing is about half of the simulated update time at 1 M queries).
 
     python benchmarks/dispatch_profile.py --objects /tmp/synth20m --queries /tmp/sq1m.parquet \\
-        --n 1000000 --workers 12 --algorithm proposed > docs/bench/profiles/dispatch_1m_proposed.txt
+        --n 1000000 --workers 12 --algorithm proposed > /tmp/knnmon-bench/profiles/dispatch_1m_proposed.txt
 
 The profiler's own cost per call inflates the many small calls (a dict lookup per distinct
 keyword, each Ray call's Python); compare the shares between plans, not the times with

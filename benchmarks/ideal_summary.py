@@ -9,11 +9,11 @@ worker's share, issue 37's target <= 15 %), and how many batches one worker stal
 (:func:`stalls`). Takes ``knnmon bench`` and
 ``benchmarks/paper_scale.py`` reports.
 
-    python benchmarks/ideal_summary.py docs/bench/ideal_100k_shuffled.json docs/bench/ideal_100k_time_order.json
+    python benchmarks/ideal_summary.py /tmp/knnmon-bench/ideal_100k_shuffled.json /tmp/knnmon-bench/ideal_100k_time_order.json
 
 ``--parts`` instead splits each run's slowest worker per batch (:func:`parts`)::
 
-    python benchmarks/ideal_summary.py --parts docs/bench/sweep2_1m_k10.json
+    python benchmarks/ideal_summary.py --parts /tmp/knnmon-bench/sweep2_1m_k10.json
 """
 
 from __future__ import annotations

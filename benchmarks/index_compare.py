@@ -7,7 +7,7 @@ its result when the batch is done: its response time), candidates per changed re
 runs one inline worker (no Ray), larger W Ray actors.
 
     python benchmarks/index_compare.py --objects /tmp/full_default --queries /tmp/q100k.parquet \\
-        --workers 1,4 --batches 60 --report docs/bench/index_compare.json
+        --workers 1,4 --batches 60 --report /tmp/knnmon-bench/index_compare.json
 """
 
 from __future__ import annotations

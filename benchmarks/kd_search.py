@@ -2,7 +2,7 @@
 region whose objects are gone (a window's refill) and among live objects, and a box fit's time
 for objects expiring together and all over the map.
 
-    python benchmarks/kd_search.py --objects /tmp/full --out docs/bench/kd_search.json
+    python benchmarks/kd_search.py --objects /tmp/full --out /tmp/knnmon-bench/kd_search.json
 
 The live objects are ``--live`` places after the first ``--gone`` in stream order; the "gone"
 queries stand on the first ``--gone`` places (not indexed), the "live" ones on places after the

@@ -1,7 +1,7 @@
-"""Regenerate docs/bench/: the paper's three experiments (Tsuruoka et al. 2019, §5, Table 2) with
+"""The paper's three experiments (Tsuruoka et al. 2019, §5, Table 2) with
 ``knnmon bench`` on the real places, plus markdown tables of the results.
 
-    python benchmarks/paper_experiments.py --objects /tmp/full_default --out docs/bench
+    python benchmarks/paper_experiments.py --objects /tmp/full_default --out /tmp/bench
 
 Experiments (all 1,000,000 initial objects, then batches of 1,000):
 
@@ -80,7 +80,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--objects", required=True)
     p.add_argument("--synthetic", metavar="DIR", help="a synthetic ingest output (for the synthetic experiment)")
-    p.add_argument("--out", default="docs/bench")
+    p.add_argument("--out", required=True)
     p.add_argument("--batches", type=int, default=60)
     p.add_argument("--only", choices=sorted(EXPERIMENTS), action="append")
     a = p.parse_args()

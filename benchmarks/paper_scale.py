@@ -1,12 +1,12 @@
 """Benchmark: the paper's largest setting on one machine (Tsuruoka et al. 2019, §5: up to 3 M
 queries over 20 M geo-tagged tweets), end to end, with the memory of every process.
 
-Usage (the figures in docs/scale.md):
+Usage (the figures in docs/performance.md, "The paper's scale"):
 
     knnmon ingest synthetic --n 20000000 --out /tmp/synth20m
     knnmon queries generate --objects /tmp/synth20m --n 3000000 --kmax 10 --seed 3 --out /tmp/sq3m.parquet
     python benchmarks/paper_scale.py --objects /tmp/synth20m --queries /tmp/sq3m.parquet \
-        --n 3000000 --workers 12 --algorithms proposed --batches 100 --report docs/bench/paper_scale.json
+        --n 3000000 --workers 12 --algorithms proposed --batches 100 --report /tmp/knnmon-bench/paper_scale.json
 
 Each run (a query count ``n``: the query file's first ``n`` rows; a worker count ``W``; an
 algorithm) is its own child process doing what ``knnmon run`` does: read the first ``initial``

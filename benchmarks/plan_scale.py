@@ -3,7 +3,7 @@
 Usage (the figures in docs/assignment.md):
 
     python benchmarks/plan_scale.py --objects /tmp/full_default --queries /tmp/q1m.parquet \
-        --workers 12 --out /tmp/plan_bench --report docs/assignment-bench.json
+        --workers 12 --out /tmp/plan_bench --report /tmp/plan_bench.json
 
 Each plan runs as its own ``knnmon plan`` process; its peak RSS comes from ``os.wait4`` (it
 includes the forked radius workers) and its wall time from the clock around it. Run it on an

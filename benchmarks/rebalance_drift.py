@@ -11,7 +11,7 @@ drifts), over the same prepared kNN::
 
     python benchmarks/rebalance_drift.py --first ../shared/data/places/places-us-ia.geojson.gz \\
         --second ../shared/data/places/places-us-ks.geojson.gz --queries 20000 --workers 4 \\
-        --work /tmp/drift --out docs/bench/rebalance_drift_w4.json
+        --work /tmp/drift --out /tmp/knnmon-bench/rebalance_drift_w4.json
 
 Each row is :func:`knnmon.coordinator.bench.runner._one_run`'s (``update_ms_sim_mean``: the
 slowest worker's busy time per batch, mean; ``slowest_over_mean_busy`` over the run; each

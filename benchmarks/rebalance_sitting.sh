@@ -5,7 +5,7 @@
 # predictive, smoothed, off). Writes JSON under $OUT; needs ../shared/data and an ingest of all
 # places at $FULL (knnmon ingest ... --out $FULL). PREDICTIVE=0 leaves out the predictive runs.
 set -euo pipefail
-OUT=${OUT:-docs/bench/sitting36}
+OUT=${OUT:-/tmp/knnmon-bench/sitting36}
 DATA=${DATA:-../shared/data}
 FULL=${FULL:-/tmp/full}
 PY=${PY:-.venv/bin/python}

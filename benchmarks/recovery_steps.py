@@ -9,7 +9,7 @@ kills that service after its recovery and starts again, which then resumes from 
 results (``coordinator/recovery/resume.py``)::
 
     python benchmarks/recovery_steps.py --redis-dir /tmp/chaos5/redis --namespace chaos \\
-        --workers 4 --window 10m --out docs/bench/recovery_steps.json
+        --workers 4 --window 10m --out /tmp/knnmon-bench/recovery_steps.json
 
 The copy and the service's files go under ``--work-dir`` (removed first).
 """

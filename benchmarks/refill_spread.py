@@ -10,7 +10,7 @@ order for a fixed reserve (``--reserve``) and for one drawn per query by the CRC
 expires (k - 1 left), and the report gives the most first refills in one slice::
 
     python benchmarks/refill_spread.py --objects /tmp/full --queries /tmp/q110k.parquet \\
-        --out docs/bench/refill_spread.json
+        --out /tmp/knnmon-bench/refill_spread.json
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ regions' routing), and each worker's busy time. The report gives, per checkout, 
 update time p50 / p99 / max, the batches over 1 s and 2 s, and the slowest batches::
 
     python benchmarks/refill_waves.py --objects /tmp/full --queries /tmp/q100k.parquet \\
-        --batches 400 --rev HEAD~3 --rev HEAD --out docs/bench/refill_waves_100k.json
+        --batches 400 --rev HEAD~3 --rev HEAD --out /tmp/knnmon-bench/refill_waves_100k.json
 
 Each ``--rev`` runs from a frozen copy of that commit (``ab_run.overlay``), in its own process,
 one after the other (the shared machine's drift between hours is why both run in one sitting).

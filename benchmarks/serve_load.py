@@ -9,7 +9,7 @@ Redis) to the acknowledgement of the batch that wrote its effect (``knn:serve:ba
 ``--check Q`` compares Q queries' results with the brute-force oracle afterwards.
 
     python benchmarks/serve_load.py --objects /tmp/full_default --queries /tmp/q10k.parquet \\
-        --initial 1000000 --objects-n 100000 --workers 4 --report docs/bench/serve.json
+        --initial 1000000 --objects-n 100000 --workers 4 --report /tmp/knnmon-bench/serve.json
 """
 
 from __future__ import annotations

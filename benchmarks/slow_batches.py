@@ -12,7 +12,7 @@ routing table, gaps and gaps holding a checkpoint; then the longest single steps
 gap over ``--slow-ms``) with what each overlapped::
 
     python benchmarks/slow_batches.py --log-dir /tmp/chaos15 --soak /tmp/chaos15.json \\
-        --out docs/bench/slow_batches.json
+        --out /tmp/knnmon-bench/slow_batches.json
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ more than ``--max-keywords`` keywords is rejected, as any client's would be). Pl
 new ids (``<id>#<round>``) once the stream runs out.
 
     python benchmarks/soak.py --objects /tmp/full --queries /tmp/q100k.parquet \\
-        --out docs/bench/soak.json --plot docs/bench/soak.png
+        --out /tmp/knnmon-bench/soak.json --plot /tmp/knnmon-bench/soak.png
 """
 
 from __future__ import annotations

@@ -2,12 +2,12 @@
 parallel update time and load imbalance against workers, ``k_max`` and queries, one line per
 plan (proposed, random, ideal), drawn by :func:`knnmon.coordinator.bench.plots.plot_report`.
 
-    python benchmarks/sweep_plots.py docs/bench/sweep_*.json --out docs/plots --prefix scale_
+    python benchmarks/sweep_plots.py /tmp/knnmon-bench/sweep_*.json --out /tmp/knnmon-bench/plots --prefix scale_
 
 Load imbalance is the paper's: per batch, the slowest worker's busy time minus the fastest's,
 averaged over the batches (0 for the ideal, which is balanced by construction). Rows that did not
 finish (no ``update_ms_sim_mean``) are left out and listed. Also prints the sweep's table, one
-row per (queries, W, k_max), for docs/benchmarks.md.
+row per (queries, W, k_max), for /tmp/knnmon-benchmarks.md.
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def sweep_table(reports: list[dict[str, Any]]) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("reports", nargs="+", help="paper_scale.py reports (JSON)")
-    p.add_argument("--out", default="docs/plots", help="directory of the PNGs")
+    p.add_argument("--out", default="/tmp/knnmon-bench/plots", help="directory of the PNGs")
     p.add_argument("--prefix", default="scale_")
     p.add_argument("--base", default="workers=12,kmax=10,queries=1000000",
                    help="the values held while another parameter varies")

@@ -8,7 +8,7 @@ checkout (``ab_run.overlay``), so editing the checkout meanwhile changes nothing
 
 Usage::
 
-    python benchmarks/window_cost.py --window 500s --rounds 2 --out docs/bench/window_cost.json -- \\
+    python benchmarks/window_cost.py --window 500s --rounds 2 --out /tmp/knnmon-bench/window_cost.json -- \\
         --objects /tmp/full --queries /tmp/q100k.parquet --shuffle 1 --arrival-ms 1 --batches 150
 """
 

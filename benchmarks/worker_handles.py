@@ -7,7 +7,7 @@ Every 30 batches it records the handles held, the bytes of their ids and details
 process's RSS (the coordinator's included); every compaction is timed::
 
     python benchmarks/worker_handles.py --objects /tmp/full --queries /tmp/q100k.parquet \\
-        --slack 4 --slack 1.25 --out docs/bench/worker_handles.json
+        --slack 4 --slack 1.25 --out /tmp/knnmon-bench/worker_handles.json
 """
 
 from __future__ import annotations

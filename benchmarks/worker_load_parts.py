@@ -14,7 +14,7 @@ own heap; the pages of Ray's object store it read are shared and not counted) ov
 one's, per query, and Python's arenas (``sys._debugmallocstats``) against its live small objects.
 
     python benchmarks/worker_load_parts.py --objects /tmp/synth20m --queries /tmp/sq3m.parquet \\
-        --queries-n 40000 --parts 1,8,20 --report docs/bench/worker_load_parts.json
+        --queries-n 40000 --parts 1,8,20 --report /tmp/knnmon-bench/worker_load_parts.json
 """
 
 from __future__ import annotations

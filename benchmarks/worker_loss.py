@@ -6,7 +6,7 @@ The run streams ``--batches`` batches; before batch ``--kill-at`` it kills worke
 (:func:`knnmon.coordinator.recovery.revival.revive`) and goes on. Writes a JSON report::
 
     python benchmarks/worker_loss.py --objects /tmp/full --queries /tmp/q100k.parquet --workers 4 \\
-        --initial 1000000 --batches 30 --kill-at 15 --out docs/bench/worker_loss_run.json
+        --initial 1000000 --batches 30 --kill-at 15 --out /tmp/knnmon-bench/worker_loss_run.json
 
 With ``--window`` (and ``--arrival-ms``) the lost worker is rebuilt over the live objects; the
 report then has each revival's steps (``revivals``: read, search, repair, load), and with

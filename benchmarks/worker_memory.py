@@ -9,7 +9,7 @@ structures are sized with ``sys.getsizeof`` (containers and the strings they hol
 ``nbytes`` (arrays).
 
     python benchmarks/worker_memory.py --objects /tmp/synth2m --queries /tmp/sq250k.parquet \\
-        --report docs/bench/worker_memory.json
+        --report /tmp/knnmon-bench/worker_memory.json
 """
 
 from __future__ import annotations

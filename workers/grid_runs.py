@@ -10,7 +10,7 @@ run and a small delta, and merges them as they fill (a log-structured merge).
   (keyword code, level) counts in the same pass.
 - :class:`PartedBase` holds the base cut by key into parts, so that the middle run is folded
   into it one part per batch: a merge of the whole base in one batch made its worker that
-  batch's slowest by far (docs/scale.md, "the stalls were the query index's merge").
+  batch's slowest by far (measured at 1 M queries).
 """
 
 from __future__ import annotations

@@ -92,7 +92,7 @@ class QueryIndex:
     skip its entries already folded. Every merge is one compiled pass that drops the superseded
     entries it meets (:func:`~knnmon.workers.grid_runs.merge_current`). A refresh thus costs
     O(delta + one part), not O(all entries), and a large base (a million queries) does not make
-    every refresh copy a large delta (docs/runtime.md and docs/scale.md measure them). Keyword
+    every refresh copy a large delta. Keyword
     codes must be below ``2**24``.
     """
 

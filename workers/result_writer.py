@@ -40,7 +40,7 @@ that reached only some masters (:func:`knnmon.coordinator.recovery.revival.last_
 The first layout (until 2026-11-23) also wrote one stream entry and the query hash's
 ``version`` per changed result, and kept one hash per object with a reference count of the
 results holding it (``HINCRBY`` per object and batch): 19 us of server time per changed result
-against 9 here (docs/runtime.md, "Lean writes").
+against 9 here (docs/concepts.md, "Redis layout").
 """
 
 from __future__ import annotations

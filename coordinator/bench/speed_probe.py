@@ -1,7 +1,7 @@
 """A fixed, memory-bound workload timed before and after each benchmark run.
 
 The figures of a benchmark are only comparable between runs if the machine ran at the same
-speed. The shared 2-core VM knnmon is measured on does not (docs/runtime.md, "speed probe":
+speed. The shared 2-core VM knnmon is measured on does not (docs/performance.md, "How the figures were taken":
 the same worker benchmark ran 2.5x slower a few hours later), and what slows down is the work
 the runtime does: random look-ups in large hash tables and sorted arrays. This probe does that work (Python dict look-ups and
 ``numpy.searchsorted`` over arrays far larger than the CPU caches), so a report can show whether

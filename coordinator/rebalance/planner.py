@@ -140,7 +140,7 @@ def plan_moves(busy_ms: Sequence[float], queries: Sequence[tuple[Sequence[str], 
         Steps at most (a whole set, or a run of one set's queries spread until the slowest
         worker changes); default: until the budget, the gap or the movable load runs out (each
         step moves at least one query; between two equally hot workers each step is short, so a
-        bound in workers would stop a re-plan early: docs/rebalance.md, "A drift from two states").
+        bound in workers would stop a re-plan early: docs/performance.md, "Re-balancing").
     min_total_gain
         No moves at all unless together they lower the slowest worker's predicted time by this
         share of it.

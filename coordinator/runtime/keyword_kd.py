@@ -14,8 +14,8 @@ Each node keeps the bounding box of its own entries (``box``, 48 bytes at one en
 :func:`_key`), and a search bounds a node by the distance to that box, as an R-tree does. The
 split planes alone bound a node by its cell, and a cell spans whatever empty space lies beside its
 entries: a query in a region whose objects had all expired (a window's refill) sat inside the
-cells of far-away entries and walked most of a large keyword's tree (docs/window.md, "Refill
-waves").
+cells of far-away entries and walked most of a large keyword's tree (docs/window.md,
+"Measured").
 
 Points are ECEF unit vectors (:func:`knnmon.geo.unit_vectors`): the chord between two ranks like
 their great-circle distance, so a Euclidean search is exact on the sphere with no pole or

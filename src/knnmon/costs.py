@@ -12,8 +12,8 @@ bench``, 100 k queries, W = 4 and 12, proposed/keyword/random, R^2 = 0.98; docs/
 
 A fit on today's workers gives other weights (5.2 ms per batch, 5.5 us per delivery, 0.22 us per
 candidate, 18.4 us per change; R^2 0.97), but plans made with them were 1.00-1.02x faster than
-random on 100 k queries where these are 1.13-1.15x (docs/benchmarks.md, "The paper's bench,
-current"): the planner keeps these.
+random on 100 k queries where these are 1.13-1.15x (docs/performance.md, "What we
+learned"): the planner keeps these.
 
 **Expected changes** [ours]: with objects drawn from the distribution of the initial ``N0``
 objects, the next object changes ``q``'s result exactly when it matches ``q`` and falls inside

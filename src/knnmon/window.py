@@ -1,5 +1,5 @@
 """Event time: the watermark, live and late objects, and the bounds on an object's ``t``
-(``docs/concepts.md``, "Semantics"; docs/window.md, "Event time").
+(``docs/concepts.md``, "Semantics"; docs/serve.md, "Event time").
 
 With a window of ``w`` ms and an allowed lateness of ``L`` ms (default 0), the **watermark**
 ``W`` is the largest ``t`` (epoch ms) of any object applied so far minus ``L``, and an object is
