@@ -2,11 +2,13 @@
 
 An entry has two fields:
 
-- ``version``: the stream batches applied once its changes are (a stream batch numbered ``b``
-  writes ``b + 1``; a registration or an unregister between batches, the number applied so
-  far; a service's recovery writes its repairs at the version after the largest written and
-  counts as one batch), so a query's changes come in non-decreasing versions, and only an
-  unregister shares one (with the batch before it, or the registration after it);
+- ``version``: the entries of one stream batch carry one version, each later batch a larger one
+  (a batch numbered ``b`` writes ``b + 1``); a registration or an unregister between batches
+  carries the number of batches applied so far. Numbers continue above the largest version
+  written across restarts, and a service's start takes one for the repairs of its recovery (a
+  fresh service's registrations carry 2, its first batch 3). So a query's changes come in
+  non-decreasing versions, and only an unregister shares one (with the batch before it, or the
+  registration after it);
 - ``changes``: one line per changed query, ``qid TAB entered TAB left``, the ids space
   separated (ids hold no whitespace: :func:`knnmon.limits.parse_id`).
 
