@@ -4,7 +4,7 @@ Copies the data directory of a durable embedded Redis (e.g. a chaos soak's ``--l
 ``redis``), starts a Redis on the copy, times the parse of the objects stream's first
 ``--parse`` entries (``parse_object``, the per-entry path recovery takes), then starts
 ``knnmon serve`` over it (local Ray) and reports the recovery's logged steps (objects stream,
-query hashes, search and plan, reconcile, workers started and loaded); with ``--starts 2`` it
+query hashes, search, reconcile, the runtime started: plan and load); with ``--starts 2`` it
 kills that service after its recovery and starts again, which then resumes from the stored
 results (``coordinator/recovery/resume.py``)::
 
@@ -70,12 +70,10 @@ def _start(a, work: Path, url: str, start: int) -> dict:
             service.wait(timeout=120)
     report: dict = {"recovery_log": line}
     if line:
-        m = re.search(r"in ([\d.]+) s \((.*), workers started and loaded ([\d.]+) s(: (.*))?\)", line)
+        m = re.search(r"in ([\d.]+) s: (.*), the rest ([\d.]+) s \(the runtime: (.*?);", line)
         steps = dict((k, float(v)) for k, v in re.findall(r"(\w+) ([\d.]+) s", m.group(2))) if m else {}
-        parts = dict((f"workers_{k}", float(v)) for k, v in re.findall(r"(\w+) ([\d.]+) s", m.group(5) or "")) \
-            if m else {}
-        report["recovery_s"] = {"total": float(m.group(1)), **steps,
-                                "workers": float(m.group(3)), **parts} if m else None
+        parts = dict((f"runtime_{k}", float(v)) for k, v in re.findall(r"(\w+) ([\d.]+) s", m.group(4))) if m else {}
+        report["recovery_s"] = {"total": float(m.group(1)), **steps, "rest": float(m.group(3)), **parts} if m else None
         placed = re.search(r"(\d+) placements rewritten", line)
         report["placements_rewritten"] = int(placed.group(1)) if placed else None
         report["from_stored_results"] = "from the stored results" in line

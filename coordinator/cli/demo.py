@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
-from knnmon.coordinator.cli.options import add_verb, DEFAULT_WORKERS
+from knnmon.coordinator.cli.options import add_verb, announce_first_compile, DEFAULT_WORKERS
 
 if TYPE_CHECKING:
     from knnmon.coordinator.runtime.metrics import RunSummary
@@ -67,6 +67,7 @@ def run_demo(workdir: str, *, n_queries: int = 2000, k_max: int = 5, workers: in
     initial = objects.num_rows // 2
     print(f"\n3/4 stream on {workers} workers ({executor}): {initial:,} places seen first, "
           f"{objects.num_rows - initial:,} streamed in batches of 1,000; results to an embedded Redis")
+    announce_first_compile()
     data_dir = os.path.join(workdir, "data")
     config = RunConfig(workers=workers, initial=initial, batch=1000, store=StoreConfig(data_dir=data_dir),
                        executor=executor)

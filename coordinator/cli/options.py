@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
 from knnmon.assignment import ALGORITHMS
@@ -30,6 +31,16 @@ class DefaultsFormatter(argparse.HelpFormatter):
                 and action.default is not argparse.SUPPRESS):
             text += f" (default {action.default})"
         return text
+
+
+def announce_first_compile(say=print) -> None:
+    """Say so when this start compiles knnmon's kernels (numba's cache holds none yet): the
+    first start on a machine is otherwise silent for about a minute."""
+    from knnmon.jit import kernels_cached
+
+    if not kernels_cached():
+        say("compiling knnmon's kernels: once per machine, about a minute "
+            f"(cached in {os.environ['NUMBA_CACHE_DIR']})")
 
 
 def add_verb(sub: Any, name: str, summary: str, description: str | None = None) -> argparse.ArgumentParser:

@@ -7,7 +7,8 @@ import json
 import logging
 from typing import Any
 
-from knnmon.coordinator.cli.options import (add_verb, add_batch_option, add_cost_model_option, add_index_option,
+from knnmon.coordinator.cli.options import (add_verb, announce_first_compile, add_batch_option, add_cost_model_option,
+                                            add_index_option,
                                             add_limit_options, add_log_format_option, add_routing_entries_option,
                                             add_store_options, add_window_options, add_rebalance_options,
                                             add_worker_options, runtime_settings, store_config)
@@ -48,6 +49,7 @@ def _run(a: argparse.Namespace) -> int:
     from knnmon.logs import configure_logging
 
     configure_logging(a.log_format, logging.WARNING)
+    announce_first_compile()
     config = RunConfig(**runtime_settings(a), initial=a.initial, batches=a.batches, shuffle=a.shuffle,
                        store=store_config(a), cost_model=a.cost_model, in_flight=a.in_flight,
                        routing_entries=a.routing_entries, overlap_writes=not a.sync_writes, arrival_ms=a.arrival_ms)

@@ -13,7 +13,8 @@ import sys
 from typing import Any
 
 from knnmon.connection import redact
-from knnmon.coordinator.cli.options import (add_batch_option, add_index_option, add_limit_options,
+from knnmon.coordinator.cli.options import (add_batch_option, announce_first_compile, add_index_option,
+                                            add_limit_options,
                                             add_log_format_option, add_rebalance_options, add_store_options, add_verb,
                                             add_window_options, add_worker_options, runtime_settings, store_config)
 from knnmon.coordinator.service.batching import POLICIES
@@ -43,6 +44,7 @@ def _serve(a: argparse.Namespace) -> int:
                          checkpoint_interval_s=a.checkpoint_interval, batching=a.batching,
                          latency_target_ms=a.latency_target_ms, replan=a.replan,
                          metrics=parse_address(a.metrics), ready_max_lag=a.ready_max_lag)
+    announce_first_compile(say)
     with Service(config) as svc:
         say(f"knnmon serve: {config.run.workers} workers ({config.run.algorithm}), Redis {redact(svc.redis_url)}, "
             f"namespace {config.run.store.namespace!r}; XADD to {svc.keys.ingest_queries} / {svc.keys.ingest_objects}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import threading
@@ -20,15 +21,19 @@ def init_ray(address: str | None = None) -> bool:
     import ray
 
     adopt("ray")  # (Ray set up its own logger when imported: in JSON, its records are lines like ours)
+    # Ray's notices that say nothing to a knnmon user: "Started a local Ray instance" (INFO:
+    # ``logging_level`` below), and that token authentication is on by default (a warning;
+    # docs/operations.md lists the token's file).
+    logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
     if ray.is_initialized():
         return False
     address = address or os.environ.get("RAY_ADDRESS")
     with _keeping_sigterm():
         if address:
-            ray.init(address=address, log_to_driver=False)
+            ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
         else:
             ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False,
-                     object_store_memory=512 * 1024 * 1024, log_to_driver=False)
+                     object_store_memory=512 * 1024 * 1024, log_to_driver=False, logging_level=logging.WARNING)
     return True
 
 

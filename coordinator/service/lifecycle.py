@@ -176,11 +176,16 @@ class Lifecycle:
                f"{r.objects_log.seconds:.1f} s (waited {tm.get('objects_wait_s', 0.0):.1f} s), replay "
                f"{tm.get('replay_s', 0.0):.1f} s of {tm.get('replayed', 0)} objects" if r.stored is not None else
                f"{self.runtime.registrar.placements_written} placements rewritten")
-        log.info("recovered %d queries over %d objects (%d entries re-acknowledged) in %.1f s (%s, workers started "
-                 "and loaded %.1f s: plan %.1f s, actors %.1f s, load %.1f s; %s)",
-                 len(r.queries), r.prepared.initial.num_rows, len(r.pending), time.perf_counter() - t0,
-                 ", ".join(f"{k} {v:.1f} s" for k, v in r.seconds.items()), started_s, tm.get("plan_s", 0.0),
-                 pool_s, tm.get("load_s", 0.0), how)
+        # One after the other: the actors' start, the recovery's steps (a step "a b" is part of
+        # step "a"), the runtime's start (plan, load and the rest); what is left is this block's.
+        steps = {"actors": pool_s, **{k: v for k, v in r.seconds.items() if " " not in k}, "runtime": started_s}
+        total = time.perf_counter() - t0
+        log.info("%s %d queries over %d objects (%d entries re-acknowledged) in %.1f s: %s, the rest %.1f s "
+                 "(the runtime: plan %.1f s, load %.1f s; %s)",
+                 "recovered" if r.queries or r.pending else "started with", len(r.queries),
+                 r.prepared.initial.num_rows, len(r.pending), total,
+                 ", ".join(f"{k} {v:.1f} s" for k, v in steps.items()), max(0.0, total - sum(steps.values())),
+                 tm.get("plan_s", 0.0), tm.get("load_s", 0.0), how)
         self.publish_status(force=True)
 
     def rebuild(self, skip: frozenset[str] = frozenset()) -> None:

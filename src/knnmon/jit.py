@@ -13,7 +13,7 @@ import os
 import tempfile
 from pathlib import Path
 
-__all__ = ["jit"]
+__all__ = ["jit", "kernels_cached"]
 
 
 def _cache_dir() -> str:
@@ -37,3 +37,10 @@ import numba  # noqa: E402  (after NUMBA_CACHE_DIR: numba reads it on import)
 
 #: The decorator of every knnmon kernel.
 jit = numba.njit(cache=True, nogil=True)
+
+
+def kernels_cached() -> bool:
+    """Whether numba's cache holds the workers' kernels (``workers/kernels.py``'s index files):
+    ``False`` where knnmon has not run yet, so that its first start compiles every kernel (about
+    a minute on 2 cores, in the coordinator and in each worker)."""
+    return any(Path(os.environ["NUMBA_CACHE_DIR"]).glob("*/kernels.*.nbi"))
