@@ -169,11 +169,6 @@ def read_queries(client: redis.Redis, keys: Keys, chunk: int = 10_000, limits: L
     return queries
 
 
-def _objects_delivered(client: redis.Redis, keys: Keys) -> bool:
-    """Whether the objects stream holds an entry (delivered or not)."""
-    return bool(client.xlen(keys.ingest_objects))
-
-
 def feed_version(client: redis.Redis, keys: Keys, last: int = 1000) -> int:
     """The largest change feed version among the feed's ``last`` entries (0 if empty): the
     stream batches a service applied before it stopped, so that a restart continues the
@@ -311,13 +306,13 @@ def recover(client: redis.Redis, url: str, namespace: str, preload: pa.Table, mo
     if stored is not None:
         log.info("recovery: every worker starts from the results Redis holds")
         return _from_stored(model, stored, queries, got, queries_read, seconds)
-    if not queries and not _objects_delivered(client, keys):
-        log.info("fresh start: no query or object in Redis yet")
-    else:
-        log.info("recovery: every result searched again and compared with Redis (%s)", why)
     forget_settings(client, keys, url)  # (until the results are exact again: resume's docstring)
     if isinstance(got, Future):
         got = got.result()
+    if not queries and not got.read:
+        log.info("fresh start: no query registered and no object delivered yet")
+    else:
+        log.info("recovery: every result searched again and compared with Redis (%s)", why)
     seconds = {"objects": got.seconds, **seconds}
     prepared = prepare_tables(model, QueryColumns.of(queries).to_table(), got.objects, OBJECT_SCHEMA.empty_table(),
                               processes=processes, reserve=reserve)

@@ -103,3 +103,18 @@ def test_serve_rejects_bad_batching_flags_before_touching_redis(capsys):
         assert message in capsys.readouterr().err
     with pytest.raises(SystemExit):  # argparse's choices
         main([*base, "--index", "quadtree"])
+
+
+def test_a_cold_kernel_cache_is_announced_once_warm_it_is_not(tmp_path, monkeypatch):
+    """The first start on a machine compiles every kernel (about a minute, silent otherwise):
+    run, demo and serve say so while numba's cache holds no index of the workers' kernels."""
+    from knnmon.coordinator.cli.options import announce_first_compile
+
+    said: list[str] = []
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))
+    announce_first_compile(said.append)
+    assert len(said) == 1 and "compiling knnmon's kernels" in said[0] and str(tmp_path) in said[0]
+    (tmp_path / "workers_0123").mkdir()
+    (tmp_path / "workers_0123" / "kernels.grid_hits-12.py311.nbi").write_bytes(b"")
+    announce_first_compile(said.append)
+    assert len(said) == 1

@@ -253,6 +253,9 @@ def test_python_client_round_trip_on_an_embedded_redis_that_survives_a_killed_se
         proc = serve()
         client.wait(client.register("c0", q["lon"], q["lat"], ["zzz"], k=1), timeout_s=120)
         assert server_url() == url  # the same server, adopted: nothing was lost
+        first, second_log = [p.read_text() for p in sorted(tmp_path.glob("serve-*.log"))]
+        assert "fresh start" in first and "recovery:" not in first  # (a first start recovers nothing)
+        assert "recovery:" in second_log and "fresh start" not in second_log
         client.unregister("c0")
         client.publish({"id": o["id"], "lon": o["lon"], "lat": o["lat"], "t": o["t"], "keywords": o["keywords"]}
                        for o in places[3000:6000])
