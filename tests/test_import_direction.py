@@ -192,3 +192,15 @@ def test_each_module_loads_first(module):
     """A fresh interpreter imports the module on its own (no import order needed)."""
     done = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_every_package_is_installed():
+    """Every package folder is listed in pyproject.toml: an editable install finds a new one
+    anyway, so only a wheel (the container image) would miss it."""
+    import tomllib
+
+    setup = tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))["tool"]["setuptools"]
+    found = {".".join((package, *init.parent.relative_to(ROOT / folder).parts))
+             for folder, package in FOLDERS.items() for init in (ROOT / folder).rglob("__init__.py")}
+    assert found <= set(setup["packages"]), sorted(found - set(setup["packages"]))
+    assert {p for p in setup["package-dir"]} >= {p for p in found if p.count(".") <= 2}
