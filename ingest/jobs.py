@@ -6,6 +6,7 @@ import os
 import time
 from collections.abc import Sequence
 from knnmon.errors import InvalidArgumentError
+from knnmon.grid import DEFAULT_GRID
 from knnmon.ingest.output import Inputs, Manifest, write_outputs
 from knnmon.ingest.places import place_candidates
 from knnmon.ingest.records import validate
@@ -17,7 +18,6 @@ from knnmon.limits import DEFAULT_MAX_FUTURE_MS
 __all__ = ["ingest_places", "ingest_tweets", "check_output_dir", "DEFAULT_GRID"]
 
 #: Default statistics grid: 128 x 128 cells over the data's bounding box.
-DEFAULT_GRID = 128
 
 
 def check_output_dir(out_dir: str) -> str:

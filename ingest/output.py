@@ -14,15 +14,12 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from knnmon.grid import Grid
+from knnmon.ingest.reading import MANIFEST, OBJECTS, REJECTS, STATS
 from knnmon.ingest.records import REJECT_REASONS
 
 __all__ = ["Inputs", "Manifest", "RecordCounts", "write_outputs", "keyword_stats", "OBJECTS", "STATS", "REJECTS",
            "MANIFEST"]
 
-OBJECTS = "objects.parquet"
-STATS = "stats.parquet"
-REJECTS = "rejects"
-MANIFEST = "manifest.json"
 
 
 @dataclass(frozen=True)

@@ -15,10 +15,15 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from knnmon.errors import InputPathError, InvalidArgumentError
-from knnmon.ingest.output import OBJECTS
 from knnmon.limits import DEFAULT_LIMITS, Limits
 
-__all__ = ["OBJECT_COLUMNS", "initial_objects", "load_queries", "read_objects", "stream_head", "stream_order"]
+#: The files of an ingest's output directory (written by :mod:`knnmon.ingest.output`).
+OBJECTS = "objects.parquet"
+STATS = "stats.parquet"
+REJECTS = "rejects"
+MANIFEST = "manifest.json"
+
+__all__ = ["MANIFEST", "OBJECTS", "OBJECT_COLUMNS", "REJECTS", "STATS", "initial_objects", "load_queries", "read_objects", "stream_head", "stream_order"]
 
 #: The columns of a streamed object (``objects.parquet``).
 OBJECT_COLUMNS = ["id", "lon", "lat", "t", "keywords"]

@@ -9,13 +9,31 @@ import threading
 from collections.abc import Iterator
 from importlib import resources
 
-__all__ = ["spark_session", "DEFAULT_MASTER"]
+__all__ = ["DEFAULT_MASTER", "require_spark", "spark_session"]
 
 DEFAULT_MASTER = "local[*]"
 
 #: Lines the JVM prints at every start that say nothing to a knnmon user (pyspark 4 starts the
 #: driver with ``--add-modules=jdk.incubator.vector``, and the JVM announces it).
 JVM_NOISE = (b"WARNING: Using incubator modules",)
+
+
+def require_spark() -> None:
+    """Raise unless pyspark is installed (the ingest's extra: a node that only serves needs
+    neither pyspark nor Java).
+
+    Raises
+    ------
+    KnnmonError
+        pyspark is not installed; the message says how to install it.
+    """
+    from knnmon.errors import KnnmonError
+
+    try:
+        import pyspark  # noqa: F401
+    except ImportError as ex:
+        raise KnnmonError("ingest runs on Spark, which is not installed here: pip install 'knnmon[spark]' "
+                          "(and Java 17+)") from ex
 
 
 def spark_session(master: str = DEFAULT_MASTER, app_name: str = "knnmon-ingest", *, shuffle_partitions: int = 4,

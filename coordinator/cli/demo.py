@@ -49,11 +49,14 @@ def run_demo(workdir: str, *, n_queries: int = 2000, k_max: int = 5, workers: in
     from knnmon.coordinator.runtime.config import RunConfig
     from knnmon.coordinator.recovery.reviver import Reviver
     from knnmon.coordinator.runtime.runtime import Runtime
-    from knnmon.ingest.jobs import ingest_places
+    from knnmon.ingest.spark import require_spark
     from knnmon.ingest.queries import QueryWorkload, generate_queries, write_queries
     from knnmon.ingest.reading import read_objects, stream_order
     from knnmon.oracle import BruteForceKnn
     from knnmon.store import StoreConfig
+
+    require_spark()  # (before anything runs: the demo starts with an ingest)
+    from knnmon.ingest.jobs import ingest_places
 
     objects_dir = os.path.join(workdir, "objects")
     print(f"1/4 ingest the bundled places sample on Spark -> {objects_dir}")

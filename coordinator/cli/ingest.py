@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from knnmon.coordinator.cli.options import add_max_future_option, add_verb
+from knnmon.grid import DEFAULT_GRID
+from knnmon.ingest.spark import DEFAULT_MASTER, require_spark
 
-from knnmon.ingest.jobs import DEFAULT_GRID
-from knnmon.ingest.output import Manifest
-from knnmon.ingest.spark import DEFAULT_MASTER
+if TYPE_CHECKING:  # (the ingest's modules load pyspark: only the ingest's verbs need it)
+    from knnmon.ingest.output import Manifest
 
 __all__ = ["add_ingest_commands", "format_manifest"]
 
@@ -39,6 +40,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def _run_places(a: argparse.Namespace) -> int:
+    require_spark()
     from knnmon.ingest.jobs import ingest_places
 
     print(format_manifest(ingest_places(a.paths, a.out, grid_n=a.grid, master=a.master,
@@ -47,6 +49,7 @@ def _run_places(a: argparse.Namespace) -> int:
 
 
 def _run_tweets(a: argparse.Namespace) -> int:
+    require_spark()
     from knnmon.ingest.jobs import ingest_tweets
 
     print(format_manifest(ingest_tweets(a.paths, a.out, grid_n=a.grid, master=a.master, stem=a.stem,
@@ -55,6 +58,7 @@ def _run_tweets(a: argparse.Namespace) -> int:
 
 
 def _run_synthetic(a: argparse.Namespace) -> int:
+    require_spark()
     from knnmon.ingest.synthetic import SyntheticSpec, ingest_synthetic
 
     spec = SyntheticSpec(n=a.n, vocabulary=a.vocabulary, mean_keywords=a.mean_keywords, zipf_s=a.zipf,

@@ -17,7 +17,10 @@ import numpy as np
 
 from knnmon.errors import InvalidArgumentError
 
-__all__ = ["Grid"]
+__all__ = ["DEFAULT_GRID", "Grid"]
+
+#: Cells per side of the ingest's statistics grid (``knnmon ingest --grid``).
+DEFAULT_GRID = 128
 
 #: Smallest extent of a grid side in degrees, so a one-point data set still has a grid.
 MIN_EXTENT_DEG = 1e-6
