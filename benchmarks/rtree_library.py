@@ -74,7 +74,7 @@ def main() -> None:
             t0 = time.perf_counter()
             ids, counts = lib.intersection_v(pts, pts)
             best["rtree"] = min(best["rtree"], time.perf_counter() - t0)
-        got = set(zip(np.repeat(np.arange(len(px)), counts).tolist(), ids.tolist()))
+        got = set(zip(np.repeat(np.arange(len(px)), counts.astype(np.int64)).tolist(), ids.tolist()))
         assert got == set(zip(pair.tolist(), entry.tolist())), f"batch {b}: the two indexes disagree"
         rows["packed_ms"].append(best["packed"] * 1e3)
         rows["rtree_ms"].append(best["rtree"] * 1e3)

@@ -7,8 +7,8 @@ Friedman, Bentley and Finkel 1977): the node of a range ``[a, b)`` splits at its
 ``mid = (a + b) // 2`` on the axis of the widest spread (kept in ``dims[mid]``), smaller
 coordinates before it, larger after, down to leaves of at most :data:`LEAF` entries. No node
 objects, no pointers; a build is a sort-like pass, ~20x faster than bulk-loading an R-tree per
-keyword (``rtree``), which is what let the window's parts of objects be searched without paying
-for trees they use once (docs/runtime.md).
+keyword (the ``rtree`` library it replaced), which is what let the window's parts of objects be
+searched without paying for trees they use once.
 
 Each node keeps the bounding box of its own entries (``box``, 48 bytes at one entry of the node:
 :func:`_key`), and a search bounds a node by the distance to that box, as an R-tree does. The

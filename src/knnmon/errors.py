@@ -1,7 +1,7 @@
 """The exceptions knnmon raises; every one derives from :class:`KnnmonError`.
 
 The CLI turns a :class:`KnnmonError` into a one-line message and exit status 2; anything else
-is a bug and keeps its traceback. Errors of Redis, Ray and rtree are translated into these at the
+is a bug and keeps its traceback. Errors of Redis and Ray are translated into these at the
 edge where they happen (:func:`knnmon.connection.with_retries`,
 :class:`knnmon.coordinator.runtime.worker_pool.RayPool`).
 """

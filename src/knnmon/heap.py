@@ -78,7 +78,7 @@ def bulk_build() -> Iterator[None]:
 
 def give_back() -> None:
     """Return the process's freed heap memory to the operating system (glibc's
-    ``malloc_trim(0)``). After a large transient step (the plan, a dropped ``rtree`` tree, a
+    ``malloc_trim(0)``). After a large transient step (the plan, a dropped search tree, a
     worker's initial load) glibc keeps the freed pages in the resident set otherwise: at 1 M
     queries the coordinator held 1.4 GB more after planning without it. Does
     nothing where the C library is not glibc."""
