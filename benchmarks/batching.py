@@ -18,7 +18,7 @@ drift shows as a difference between the two runs of a phase. ``--check Q`` compa
 results with the brute-force oracle over every object published that the service did not reject
 (a place with more than ``--max-keywords`` keywords is), at the end.
 
-    python benchmarks/batching.py --objects /tmp/full_default --queries /tmp/q100k.parquet \\
+    python -m benchmarks.batching --objects /tmp/full_default --queries /tmp/q100k.parquet \\
         --queries-n 100000 --workers 4 --report /tmp/knnmon-bench/batching.json --plot /tmp/knnmon-bench/batching.png
 """
 
@@ -42,9 +42,9 @@ from knnmon.ingest.reading import read_objects, stream_order
 from knnmon.keys import Keys
 from knnmon.oracle import BruteForceKnn
 from knnmon.redis_server import EmbeddedRedis
-from knnmon.coordinator.testing import assert_exact, register_fields, wait_processed
+from tests.support import assert_exact, register_fields, wait_processed
 
-import serve_load  # beside this script
+from benchmarks import serve_load
 
 #: name -> serve flags.
 PHASES = {

@@ -24,12 +24,12 @@ import numpy as np
 import pyarrow as pa
 import redis
 
-from chaos_faults import NAMESPACE, Chaos
-from chaos_load import Publisher
-from soak import caught_up
+from benchmarks.chaos_faults import NAMESPACE, Chaos
+from benchmarks.chaos_load import Publisher
+from benchmarks.soak import caught_up
 
 from knnmon.coordinator.service.status import read_status
-from knnmon.coordinator.testing import assert_applied_once, expected, first_mismatch, redis_results
+from tests.support import assert_applied_once, expected, first_mismatch, redis_results
 from knnmon.errors import Rejected
 from knnmon.keys import Keys
 from knnmon.oracle import BruteForceKnn

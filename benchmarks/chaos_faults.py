@@ -21,7 +21,7 @@ import psutil
 import redis
 
 from knnmon.coordinator.service.status import read_status
-from knnmon.coordinator.testing import free_port_base
+from tests.support import free_port_base
 from knnmon.keys import Keys
 from knnmon.redis_server import EmbeddedRedis, free_port
 

@@ -11,7 +11,7 @@ import time
 
 import redis
 
-from knnmon.coordinator.testing import register_fields
+from tests.support import register_fields
 from knnmon.keys import Keys
 from knnmon.limits import DEFAULT_LIMITS
 

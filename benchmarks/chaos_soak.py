@@ -32,7 +32,7 @@ latency; per minute it reports
 latency p50/p99 (XADD -> acknowledged, from the service's batch log) and objects/s. Writes a JSON
 report and a plot.
 
-    python benchmarks/chaos_soak.py --objects /tmp/full --queries /tmp/q100k.parquet \\
+    python -m benchmarks.chaos_soak --objects /tmp/full --queries /tmp/q100k.parquet \\
         --out /tmp/knnmon-bench/chaos_soak.json --plot /tmp/knnmon-bench/chaos_soak.png --log-dir /tmp/chaos
 """
 
@@ -55,15 +55,14 @@ import numpy as np
 import pyarrow.parquet as pq
 import redis
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from chaos_faults import (NAMESPACE, Chaos, inject, node_rss_mb, processes_mb, redis_pid, rss,  # noqa: E402
-                          workers_of)
-from chaos_check import AcceptedMirror, check, queries_done, verify  # noqa: E402
-from chaos_load import Publisher, publish_prefill  # noqa: E402
-from soak import caught_up  # noqa: E402 - the plain soak's helpers
+from benchmarks.chaos_faults import (NAMESPACE, Chaos, inject, node_rss_mb, processes_mb, redis_pid, rss,
+                                     workers_of)
+from benchmarks.chaos_check import AcceptedMirror, check, queries_done, verify
+from benchmarks.chaos_load import Publisher, publish_prefill
+from benchmarks.soak import caught_up  # the plain soak's helpers
 
 from knnmon.coordinator.service.status import read_status  # noqa: E402
-from knnmon.coordinator.testing import register_fields  # noqa: E402
+from tests.support import register_fields  # noqa: E402
 from knnmon.ingest.reading import read_objects, stream_order  # noqa: E402
 from knnmon.keys import Keys  # noqa: E402
 from knnmon.protocol import entry_time_ms  # noqa: E402

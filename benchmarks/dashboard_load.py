@@ -12,7 +12,7 @@ One embedded Redis; ``knnmon serve`` (4 Ray workers) with ``--queries-n`` querie
   query, and a map view (``/api/queries``) loaded every 5 s; after one warm-up run, in the order
   ABBAAB; with the dashboard process's CPU seconds per second during each run.
 
-    python benchmarks/dashboard_load.py --objects /tmp/full_default --queries /tmp/q100k.parquet \\
+    python -m benchmarks.dashboard_load --objects /tmp/full_default --queries /tmp/q100k.parquet \\
         --report /tmp/knnmon-bench/dashboard_load.json
 """
 
@@ -36,7 +36,7 @@ import redis
 from knnmon.ingest.reading import read_objects, stream_order
 from knnmon.keys import Keys
 from knnmon.redis_server import EmbeddedRedis, free_port
-from knnmon.coordinator.testing import object_fields, register_fields, wait_processed
+from tests.support import object_fields, register_fields, wait_processed
 
 
 def timed_get(url: str) -> tuple[float, int]:

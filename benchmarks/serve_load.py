@@ -8,7 +8,7 @@ through ``knn:ingest:objects``, as fast as it can or at ``--rate`` objects/s, fo
 Redis) to the acknowledgement of the batch that wrote its effect (``knn:serve:batches``).
 ``--check Q`` compares Q queries' results with the brute-force oracle afterwards.
 
-    python benchmarks/serve_load.py --objects /tmp/full_default --queries /tmp/q10k.parquet \\
+    python -m benchmarks.serve_load --objects /tmp/full_default --queries /tmp/q10k.parquet \\
         --initial 1000000 --objects-n 100000 --workers 4 --report /tmp/knnmon-bench/serve.json
 """
 
@@ -33,7 +33,7 @@ from knnmon.protocol import entry_order, entry_time_ms
 from knnmon.keys import Keys
 from knnmon.oracle import BruteForceKnn
 from knnmon.redis_server import EmbeddedRedis
-from knnmon.coordinator.testing import assert_exact, object_fields, register_fields, wait_processed
+from tests.support import assert_exact, object_fields, register_fields, wait_processed
 
 
 def publish(r: redis.Redis, key: str, rows: list[dict], rate: float | None, duration_s: float

@@ -13,7 +13,7 @@ are compared with the brute-force oracle over the live objects the service accep
 more than ``--max-keywords`` keywords is rejected, as any client's would be). Places are published again under
 new ids (``<id>#<round>``) once the stream runs out.
 
-    python benchmarks/soak.py --objects /tmp/full --queries /tmp/q100k.parquet \\
+    python -m benchmarks.soak --objects /tmp/full --queries /tmp/q100k.parquet \\
         --out /tmp/knnmon-bench/soak.json --plot /tmp/knnmon-bench/soak.png
 """
 
@@ -40,7 +40,7 @@ from knnmon.ingest.reading import read_objects, stream_order
 from knnmon.keys import Keys
 from knnmon.oracle import BruteForceKnn
 from knnmon.redis_server import EmbeddedRedis
-from knnmon.coordinator.testing import assert_exact, register_fields, wait_processed
+from tests.support import assert_exact, register_fields, wait_processed
 from knnmon.window import parse_duration
 
 NAMESPACE = "soak"

@@ -25,7 +25,7 @@ def place_lines():
     """``place_lines(state, n)``: the first ``n`` lines (GeoJSON Features) of a state's real places,
     from the slices under ``tests/data`` (Rhode Island: all of the package's demo sample). The
     default suite reads nothing else."""
-    from knnmon.coordinator.testing import head_lines
+    from tests.support import head_lines
 
     def lines(state: str, n: int) -> list[str]:
         if state == "ri":
@@ -147,7 +147,7 @@ def local_cluster():
     import sys
     import tempfile
 
-    from knnmon.coordinator.testing import free_port_base
+    from tests.support import free_port_base
 
     ray_exe = shutil.which("ray", path=os.path.dirname(sys.executable)) or shutil.which("ray")
     port = free_port_base((0, 10, 20, 30, 100, 300), step=500)  # (the script's block of 400 ports)

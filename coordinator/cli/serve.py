@@ -46,9 +46,10 @@ def _serve(a: argparse.Namespace) -> int:
                          metrics=parse_address(a.metrics), ready_max_lag=a.ready_max_lag)
     announce_first_compile(say)
     with Service(config) as svc:
-        say(f"knnmon serve: {config.run.workers} workers ({config.run.algorithm}), Redis {redact(svc.redis_url)}, "
-            f"namespace {config.run.store.namespace!r}; XADD to {svc.keys.ingest_queries} / {svc.keys.ingest_objects}"
-            + (f"; metrics on http://{svc.probes.address}/metrics" if svc.probes is not None else ""))
+        life = svc.life
+        say(f"knnmon serve: {config.run.workers} workers ({config.run.algorithm}), Redis {redact(life.redis_url)}, "
+            f"namespace {config.run.store.namespace!r}; XADD to {life.keys.ingest_queries} / {life.keys.ingest_objects}"
+            + (f"; metrics on http://{life.probes.address}/metrics" if life.probes is not None else ""))
         counters = svc.run(max_batches=a.max_batches, idle_exit_s=a.idle_exit_s)
     say(f"knnmon serve: stopped; {json.dumps(counters)}")
     return 0

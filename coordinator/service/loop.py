@@ -84,10 +84,6 @@ class Service:
 
     # -- its parts' faces ----------------------------------------------------------------------
     @property
-    def config(self) -> ServeConfig:
-        return self.life.config
-
-    @property
     def counters(self) -> dict[str, int]:
         """:data:`~knnmon.coordinator.service.lifecycle.COUNTERS`."""
         return self.life.counters
@@ -96,19 +92,6 @@ class Service:
     def runtime(self):
         """The :class:`~knnmon.coordinator.runtime.runtime.Runtime` (``None`` while recovering)."""
         return self.life.runtime
-
-    @property
-    def keys(self):
-        return self.life.keys
-
-    @property
-    def probes(self):
-        """The ``/metrics`` server, or ``None``."""
-        return self.life.probes
-
-    @property
-    def redis_url(self) -> str | None:
-        return self.life.redis_url
 
     def start(self) -> Self:
         """:meth:`Lifecycle.start`."""
@@ -203,8 +186,8 @@ class Service:
         """Apply what was delivered before Redis went away and never acknowledged (the replies
         lost): pending query operations, then objects (:meth:`Watch.ride_out`)."""
         self._apply_pending_query_ops()
-        ko = self.keys.ingest_objects
-        while entries := (self.life.reader.read({ko: "0"}, self.config.run.batch, None) or [(ko, [])])[0][1]:
+        ko = self.life.keys.ingest_objects
+        while entries := (self.life.reader.read({ko: "0"}, self.life.config.run.batch, None) or [(ko, [])])[0][1]:
             self._guarded(ko, entries, self._process_objects)
 
     def _restart(self, skip: frozenset[str] = frozenset()) -> None:
@@ -217,7 +200,7 @@ class Service:
     def _apply_pending_query_ops(self, skip: frozenset[str] = frozenset()) -> None:
         """Re-apply query operations delivered before a restart but never acknowledged (but
         those in ``skip``)."""
-        kq, start = self.keys.ingest_queries, "0"
+        kq, start = self.life.keys.ingest_queries, "0"
         while True:
             got = self.life.reader.read({kq: start}, 1000, None)
             entries = got[0][1] if got else []
@@ -262,9 +245,9 @@ class Service:
     def _step(self, wait: bool = True) -> bool:
         """One read of both streams (``wait``: blocking up to ``block_ms`` for entries);
         query operations applied, objects batched. ``True`` if anything was done."""
-        ko, kq = self.keys.ingest_objects, self.keys.ingest_queries
+        ko, kq = self.life.keys.ingest_objects, self.life.keys.ingest_queries
         reader, batching = self.life.reader, self.life.batching
-        got = reader.read({kq: ">", ko: ">"}, batching.batch, self.config.block_ms if wait else None)
+        got = reader.read({kq: ">", ko: ">"}, batching.batch, self.life.config.block_ms if wait else None)
         objects: list = []
         for key, entries in got:
             if key == kq:
@@ -280,9 +263,9 @@ class Service:
                 objects += entries
         if objects:
             deadline = time.monotonic() + batching.wait_ms / 1000
-            while len(objects) < self.config.run.batch and batching.wait_ms > 0:
+            while len(objects) < self.life.config.run.batch and batching.wait_ms > 0:
                 wait = int((deadline - time.monotonic()) * 1000)
-                more = reader.read({ko: ">"}, self.config.run.batch - len(objects), wait if wait >= 1 else None)
+                more = reader.read({ko: ">"}, self.life.config.run.batch - len(objects), wait if wait >= 1 else None)
                 if not more or not more[0][1]:
                     if wait < 1:
                         break
@@ -297,7 +280,7 @@ class Service:
     def _apply_query_ops(self, entries: list[Entry]) -> None:
         """Apply query operations in order, then acknowledge them with their rejects."""
         rejects = self.life.query_ops.apply(entries, self.runtime)
-        self.life.ledger.ack(self.keys.ingest_queries, [e for e, _ in entries], rejects)
+        self.life.ledger.ack(self.life.keys.ingest_queries, [e for e, _ in entries], rejects)
         self.runtime.upkeep_routing()  # unregistered queries' routing entries go in time
 
     def _process_objects(self, entries: list[Entry]) -> None:
@@ -306,7 +289,7 @@ class Service:
         (its results released) before the next runs; rejects go with the first."""
         rt, batching = self.runtime, self.life.batching
         t0 = time.perf_counter()
-        read = read_objects(entries, rt, self.config.run.limits, self.life.client)
+        read = read_objects(entries, rt, self.life.config.run.limits, self.life.client)
         self.counters["late"] += read.late
         table = read.objects
         parse_ms = (time.perf_counter() - t0) * 1e3

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 import redis
 
-from knnmon.coordinator.testing import (assert_exact, free_port_base, knnmon_cli, publish_objects, register_fields,
+from tests.support import (assert_exact, free_port_base, knnmon_cli, publish_objects, register_fields,
                                         wait_processed)
 from knnmon.ingest.reading import read_objects, stream_order
 from knnmon.keys import Keys

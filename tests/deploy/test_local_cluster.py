@@ -18,7 +18,7 @@ import redis
 from knnmon.ingest.reading import read_objects, stream_order
 from knnmon.keys import Keys
 from knnmon.oracle import BruteForceKnn
-from knnmon.coordinator.testing import assert_exact, knnmon_cli, publish_objects, register_fields, wait_processed
+from tests.support import assert_exact, knnmon_cli, publish_objects, register_fields, wait_processed
 
 SCRIPT = Path(__file__).resolve().parents[2] / "deploy" / "local-cluster.sh"
 

@@ -22,7 +22,7 @@ from knnmon.oracle import BruteForceKnn
 from knnmon.query import Query
 from knnmon.redis_cluster import MasterMap
 from knnmon.store import StoreConfig
-from knnmon.coordinator.testing import (assert_exact, assert_feed_and_objects, client_round_trip, free_port_base, knnmon_cli,
+from tests.support import (assert_exact, assert_feed_and_objects, client_round_trip, free_port_base, knnmon_cli,
                             serve_process, wait_processed)
 
 

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from knnmon.coordinator.cli import main
-from knnmon.coordinator.testing import knnmon_cli
+from tests.support import knnmon_cli
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:

@@ -13,7 +13,7 @@ import tomllib
 from pathlib import Path
 
 from knnmon.client import KnnClient
-from knnmon.coordinator.testing import wait_processed
+from tests.support import wait_processed
 from knnmon.keys import Keys
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -12,7 +12,7 @@ import redis
 from knnmon.client import KnnClient
 from knnmon.ingest.reading import load_queries, read_objects, stream_order
 from knnmon.redis_server import EmbeddedRedis
-from knnmon.coordinator.testing import client_round_trip, dump_keys, knnmon_cli, run_exact, serve_process
+from tests.support import client_round_trip, dump_keys, knnmon_cli, run_exact, serve_process
 
 SECRET = "s3cret-Pw-4711"
 

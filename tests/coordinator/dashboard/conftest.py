@@ -19,7 +19,7 @@ from knnmon.ingest.reading import read_objects, stream_order
 from knnmon.keys import Keys
 from knnmon.oracle import BruteForceKnn
 from knnmon.redis_server import EmbeddedRedis
-from knnmon.coordinator.testing import publish_objects, register_fields, serve_process, wait_processed
+from tests.support import publish_objects, register_fields, serve_process, wait_processed
 
 #: The Redis password: no page, endpoint or output may show it.
 SECRET = "dashboard-s3cret-pw"

@@ -16,7 +16,7 @@ from knnmon.coordinator.runtime.config import ARRIVAL_EPOCH_MS, RunConfig
 from knnmon.coordinator.runtime.ray_pool import RayPool
 from knnmon.coordinator.service.config import ServeConfig
 from knnmon.coordinator.service.loop import Service
-from knnmon.coordinator.testing import assert_applied_once, assert_exact, publish_objects, register_fields
+from tests.support import assert_applied_once, assert_exact, publish_objects, register_fields
 from knnmon.ingest.reading import read_objects, stream_order
 from knnmon.keys import Keys
 from knnmon.oracle import BruteForceKnn

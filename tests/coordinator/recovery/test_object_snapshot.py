@@ -17,7 +17,7 @@ import redis
 from knnmon.coordinator.runtime.config import ARRIVAL_EPOCH_MS
 from knnmon.coordinator.recovery.object_log import OBJECT_SCHEMA, read_objects as read_log
 from knnmon.coordinator.recovery.object_snapshot import decode, encode
-from knnmon.coordinator.testing import publish_objects, register_fields, serve_process
+from tests.support import publish_objects, register_fields, serve_process
 from knnmon.ingest.reading import read_objects, stream_order
 from knnmon.keys import Keys
 from knnmon.limits import DEFAULT_LIMITS, Limits

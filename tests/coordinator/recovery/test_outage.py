@@ -17,7 +17,7 @@ from knnmon.coordinator.service.config import ServeConfig
 from knnmon.coordinator.service.loop import Service
 from knnmon.coordinator.recovery.object_log import create_groups
 from knnmon.coordinator.recovery.outage import kept_every_write, server_ids
-from knnmon.coordinator.testing import register_fields, serve_process, wait_processed
+from tests.support import register_fields, serve_process, wait_processed
 from knnmon.errors import WorkerLostError
 from knnmon.keys import Keys
 from knnmon.protocol import GROUP

@@ -21,7 +21,7 @@ from knnmon.limits import Limits
 from knnmon.oracle import BruteForceKnn
 from knnmon.query import Query
 from knnmon.store import StoreConfig
-from knnmon.coordinator.testing import assert_exact
+from tests.support import assert_exact
 
 SECOND = 1000
 FAR = 9_000_000_000_000_000_000

@@ -26,7 +26,7 @@ from knnmon.ingest.reading import load_queries, read_objects
 from knnmon.keys import Keys
 from knnmon.oracle import BruteForceKnn
 from knnmon.store import StoreConfig
-from knnmon.coordinator.testing import assert_exact, assert_feed_and_objects
+from tests.support import assert_exact, assert_feed_and_objects
 
 #: Eager settings for a short stream: judge every 3 batches, move up to 15 % of the queries.
 EAGER = RebalanceConfig(window=3, threshold=1.05, budget=0.15, min_gain=0.01, min_total_gain=0.0, cooldown=1,

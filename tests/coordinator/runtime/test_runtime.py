@@ -22,7 +22,7 @@ from knnmon.keys import Keys
 from knnmon.oracle import BruteForceKnn
 from knnmon.query import Query
 from knnmon.store import StoreConfig
-from knnmon.coordinator.testing import assert_applied_once, assert_exact, expected, head_lines
+from tests.support import assert_applied_once, assert_exact, expected, head_lines
 
 
 @pytest.fixture(params=["ray", "inline"])

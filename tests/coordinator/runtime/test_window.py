@@ -23,7 +23,7 @@ from knnmon.ingest.reading import load_queries, read_objects, stream_order
 from knnmon.oracle import BruteForceKnn
 from knnmon.query import Query
 from knnmon.store import StoreConfig
-from knnmon.coordinator.testing import assert_exact, redis_results
+from tests.support import assert_exact, redis_results
 
 SECOND = 1000
 
@@ -262,7 +262,7 @@ def test_a_windowed_ray_worker_lost_during_a_batch_is_rebuilt_over_the_live_obje
     import redis
 
     from knnmon.keys import Keys
-    from knnmon.coordinator.testing import assert_feed_and_objects
+    from tests.support import assert_feed_and_objects
 
     _, queries, objects = windowed
     window = 1500 * SECOND
@@ -313,7 +313,7 @@ def test_a_worker_lost_during_a_move_is_revived_in_place(windowed, ray_instance,
     from knnmon.coordinator.rebalance.migration import migrate
     from knnmon.coordinator.rebalance.planner import Move
     from knnmon.keys import Keys
-    from knnmon.coordinator.testing import assert_feed_and_objects
+    from tests.support import assert_feed_and_objects
 
     _, queries, objects = windowed
     window = 1500 * SECOND

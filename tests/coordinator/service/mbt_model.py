@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 
-from knnmon.coordinator.testing import object_fields, register_fields
+from tests.support import object_fields, register_fields
 
 
 def hostile_objects(valid: dict) -> list[tuple[dict, str]]:

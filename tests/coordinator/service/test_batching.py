@@ -18,7 +18,7 @@ from knnmon.errors import InvalidArgumentError
 from knnmon.ingest.reading import read_objects, stream_order
 from knnmon.keys import Keys
 from knnmon.oracle import BruteForceKnn
-from knnmon.coordinator.testing import assert_exact, object_fields, publish_objects, register_fields, serve_process, wait_processed
+from tests.support import assert_exact, object_fields, publish_objects, register_fields, serve_process, wait_processed
 
 
 def test_the_policy_rejects_bad_settings():

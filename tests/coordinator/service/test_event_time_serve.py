@@ -25,7 +25,7 @@ from knnmon.keys import Keys
 from knnmon.limits import Limits
 from knnmon.oracle import BruteForceKnn
 from knnmon.store import StoreConfig
-from knnmon.coordinator.testing import assert_exact, knnmon_cli, object_fields, redis_results, register_fields
+from tests.support import assert_exact, knnmon_cli, object_fields, redis_results, register_fields
 
 SECOND = 1000
 FAR = "9000000000000000000"

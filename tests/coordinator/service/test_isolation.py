@@ -21,7 +21,7 @@ from knnmon.ingest.reading import read_objects, stream_order
 from knnmon.keys import Keys
 from knnmon.oracle import BruteForceKnn
 from knnmon.store import StoreConfig
-from knnmon.coordinator.testing import assert_applied_once, assert_exact, publish_objects, register_fields
+from tests.support import assert_applied_once, assert_exact, publish_objects, register_fields
 from knnmon.workers.result_writer import ResultWriter
 from knnmon.workers.worker import KnnWorker
 

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from knnmon.coordinator.runtime.prometheus import RESPONSE_BUCKETS_S, BulkHistogram
 from knnmon.coordinator.service.config import ServeConfig
 from knnmon.coordinator.service.probes import parse_address
-from knnmon.coordinator.testing import (free_port_base, knnmon_cli, publish_objects, register_fields, serve_process,
+from tests.support import (free_port_base, knnmon_cli, publish_objects, register_fields, serve_process,
                                         wait_processed)
 from knnmon.errors import REJECT_REASONS, InvalidArgumentError
 from knnmon.ingest.reading import read_objects, stream_order

@@ -43,7 +43,7 @@ from knnmon.coordinator.runtime.config import ARRIVAL_EPOCH_MS, RunConfig
 from knnmon.coordinator.service.config import ServeConfig
 from knnmon.coordinator.service.loop import Service
 from knnmon.coordinator.service.status import read_status
-from knnmon.coordinator.testing import FeedMirror, assert_exact, assert_feed_and_objects, object_fields, register_fields
+from tests.support import FeedMirror, assert_exact, assert_feed_and_objects, object_fields, register_fields
 from knnmon.errors import WorkerLostError
 from knnmon.ingest.reading import read_objects, stream_order
 from knnmon.keys import Keys

@@ -65,7 +65,7 @@ class RayServeMachine(ServeMachine):
         self.baseline = self._counts()
 
     def _serve(self) -> None:
-        from knnmon.coordinator.testing import wait_processed
+        from tests.support import wait_processed
 
         wait_processed(self.r, self.keys, self.proc, timeout_s=300)
 

@@ -18,7 +18,7 @@ import redis
 from knnmon.ingest.reading import read_objects
 from knnmon.keys import Keys
 from knnmon.oracle import BruteForceKnn
-from knnmon.coordinator.testing import (assert_exact, assert_feed_and_objects, knnmon_cli, object_fields, register_fields,
+from tests.support import (assert_exact, assert_feed_and_objects, knnmon_cli, object_fields, register_fields,
                             serve_process, wait_processed)
 
 

@@ -17,7 +17,7 @@ from knnmon.coordinator.runtime.config import ARRIVAL_EPOCH_MS
 from knnmon.ingest.reading import read_objects, stream_order
 from knnmon.keys import Keys
 from knnmon.oracle import BruteForceKnn
-from knnmon.coordinator.testing import (assert_exact, assert_feed_and_objects, publish_objects, register_fields, serve_process,
+from tests.support import (assert_exact, assert_feed_and_objects, publish_objects, register_fields, serve_process,
                             wait_processed)
 
 WINDOW_S = 1500

@@ -21,7 +21,7 @@ from knnmon.coordinator.runtime.preparation import with_arrival_times
 from knnmon.ingest.reading import read_objects, stream_order
 from knnmon.keys import Keys
 from knnmon.oracle import BruteForceKnn
-from knnmon.coordinator.testing import (assert_exact, assert_feed_and_objects, knnmon_cli, publish_objects,
+from tests.support import (assert_exact, assert_feed_and_objects, knnmon_cli, publish_objects,
                                        register_fields, wait_processed)
 
 
