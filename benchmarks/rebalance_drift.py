@@ -91,7 +91,6 @@ def main(argv=None) -> int:
     ap.add_argument("--batches", type=int, default=25)
     ap.add_argument("--order", default="off,window,smoothed,smoothed,window,off",
                     help="runs without re-balancing (off) and with it, by its trigger (window, smoothed), in order")
-    ap.add_argument("--strategy", default="spread", help="the re-plans' strategy (--rebalance-strategy)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--work", default="/tmp/knnmon-drift", help="where the two ingests are kept")
     ap.add_argument("--out", help="the JSON report")
@@ -120,7 +119,7 @@ def main(argv=None) -> int:
         init_ray(None)
         for i, setting in enumerate(a.order.split(",")):
             run_cfg = cfg if setting == "off" else replace(
-                cfg, rebalance_config=RebalanceConfig(trigger=setting, strategy=a.strategy))
+                cfg, rebalance_config=RebalanceConfig(trigger=setting))
             row = _one_run(run_cfg, prepared, None, "proposed", a.workers, 10, i, store.url, False,
                            rebalance=setting != "off")
             row["setting"] = setting

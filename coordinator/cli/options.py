@@ -160,7 +160,7 @@ def add_routing_entries_option(p: argparse.ArgumentParser) -> None:
 def add_rebalance_options(p: argparse.ArgumentParser, *, flag: bool = True) -> None:
     """``--rebalance`` and its knobs (:mod:`knnmon.coordinator.rebalance`); ``flag=False``
     leaves ``--rebalance`` itself to the caller (the bench sweeps it)."""
-    from knnmon.coordinator.runtime.rebalance_config import STRATEGIES, TRIGGERS, RebalanceConfig
+    from knnmon.coordinator.runtime.rebalance_config import TRIGGERS, RebalanceConfig
 
     d = RebalanceConfig()
     if flag:
@@ -173,9 +173,6 @@ def add_rebalance_options(p: argparse.ArgumentParser, *, flag: bool = True) -> N
                    help=f"over the last N batches, and at most once per N batches (default {d.window})")
     p.add_argument("--rebalance-budget", type=float, default=d.budget, metavar="SHARE",
                    help=f"share of all queries one re-plan may move (default {d.budget})")
-    p.add_argument("--rebalance-strategy", choices=STRATEGIES, default=d.strategy,
-                   help="whole query sets first, spreading a set only when none fits (sets), or always spread the "
-                        f"hottest set's heaviest queries over the least busy workers (spread); default {d.strategy}")
     p.add_argument("--rebalance-min-gain", type=float, default=d.min_total_gain, metavar="SHARE",
                    help="move nothing unless the slowest worker's predicted busy time falls by this share "
                         f"(default {d.min_total_gain})")
@@ -193,8 +190,7 @@ def rebalance_config(a: argparse.Namespace, on: bool | None = None):
     if not (a.rebalance if on is None else on):
         return None
     return RebalanceConfig(window=a.rebalance_window, threshold=a.rebalance_threshold, budget=a.rebalance_budget,
-                           min_total_gain=a.rebalance_min_gain, strategy=a.rebalance_strategy,
-                           trigger=a.rebalance_trigger)
+                           min_total_gain=a.rebalance_min_gain, trigger=a.rebalance_trigger)
 
 
 def runtime_settings(a: argparse.Namespace) -> dict[str, Any]:

@@ -9,10 +9,9 @@ take ``x = (B_a - fixed) * u_S / u_a`` from ``a`` and to add the same to ``b``.
 Units of a move are the plan's **query sets** (queries kept together because they share
 keywords and space; Tsuruoka et al. 2019, §4.2), so that a move does not scatter a set's
 deliveries over two workers. Greedy, like the plan's LPT (Algorithm 2), while the budget lasts:
-from the slowest worker, move to the least busy one the largest whole set that does not
-overshoot (at most half their gap); when none fits, the slowest worker's hottest set is too hot
-to move whole -- moving it would only move the hot spot, which is what a stream drifting in
-bursts from region to region does (docs/rebalance.md) -- so it is **spread**: in space order
+the slowest worker's hottest set is **spread** (moving a whole set would only move the hot spot,
+which is what a stream drifting in bursts from region to region does: whole-set moves, measured,
+chased it from worker to worker; docs/rebalance.md): in space order
 (Z-order of the queries' positions; heaviest first when they are not given), the least busy
 worker takes a run of it up to the mean busy time, then the next least busy, while that helps. A
 run in space order is a compact region, so its objects reach one more worker; queries picked by
@@ -118,7 +117,7 @@ def _units(qids: Sequence[str], loads: np.ndarray, set_of: Mapping[str, int],
 def plan_moves(busy_ms: Sequence[float], queries: Sequence[tuple[Sequence[str], np.ndarray]],
                set_of: Mapping[str, int], budget: int, *, min_gain: float = 0.02,
                fixed_ms: float = FIXED_MS, max_moves: int | None = None, min_total_gain: float = 0.0,
-               frozen: frozenset[str] = frozenset(), strategy: str = "spread") -> MovePlan:
+               frozen: frozenset[str] = frozenset()) -> MovePlan:
     """A bounded re-plan (module docstring).
 
     Parameters
@@ -135,10 +134,9 @@ def plan_moves(busy_ms: Sequence[float], queries: Sequence[tuple[Sequence[str], 
         Queries that may move in all, ``>= 0``.
     min_gain
         Moves stop once the slowest and the least busy worker are within this share of the
-        slowest's time; a whole set moves only if it carries at least this share.
+        slowest's time.
     max_moves
-        Steps at most (a whole set, or a run of one set's queries spread until the slowest
-        worker changes); default: until the budget, the gap or the movable load runs out (each
+        Steps at most (a run of one set's queries spread until the slowest worker changes); default: until the budget, the gap or the movable load runs out (each
         step moves at least one query; between two equally hot workers each step is short, so a
         bound in workers would stop a re-plan early: docs/performance.md, "Re-balancing").
     min_total_gain
@@ -146,10 +144,6 @@ def plan_moves(busy_ms: Sequence[float], queries: Sequence[tuple[Sequence[str], 
         share of it.
     frozen
         Queries that must not move (moved recently).
-    strategy
-        ``"sets"``: whole sets first, a set spread only when none fits (module docstring);
-        ``"spread"`` (the default): always spread the slowest worker's hottest set (whole-set
-        moves chased the bursts of a drifting stream: docs/rebalance.md).
 
     Returns
     -------
@@ -184,22 +178,7 @@ def plan_moves(busy_ms: Sequence[float], queries: Sequence[tuple[Sequence[str], 
         gap = busy[a] - busy[b]
         if gap <= busy[a] * min_gain or not units[a]:
             break
-        # A whole set that fits the budget and does not overshoot (the least busy worker stays
-        # below the slowest): the largest such.
-        whole = [(u.total * rate[a], i) for i, u in enumerate(units[a]) if len(u.qids) <= left] \
-            if strategy == "sets" else []
-        whole = [(x, i) for x, i in whole if busy[a] * min_gain <= x <= gap / 2]
-        if whole:
-            x, i = max(whole)
-            u = units[a].pop(i)
-            units[b].append(_Unit(u.name, u.qids, np.zeros(len(u.qids)), 0.0))  # (not moved back this re-plan)
-            busy[a] -= x
-            busy[b] += x
-            left -= len(u.qids)
-            record(u.qids.tolist(), a, b, x, u.name)
-            continue
-        # Else the hottest set is too hot to move whole (moving it moves the hot spot): spread it,
-        # in its order, onto the least busy workers, each taking a run of it up to the mean
+        # The hottest set is spread (moving it whole moves the hot spot), in its order, onto the least busy workers, each taking a run of it up to the mean
         # (in space order a run is a compact region: its objects reach one more worker, not all).
         u = max(units[a], key=lambda v: v.total)
         ms = u.loads * rate[a]

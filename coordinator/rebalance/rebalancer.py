@@ -196,7 +196,7 @@ class Rebalancer:
         t1, c = time.perf_counter(), self.config
         budget = int(c.budget * sum(len(ids) for ids, *_ in loads))
         plan = plan_moves(busy, loads, self.set_of, budget, min_gain=c.min_gain, min_total_gain=c.min_total_gain,
-                          frozen=frozen, strategy=c.strategy)
+                          frozen=frozen)
         return plan, budget, time.perf_counter() - t1, t1 - t0
 
     def _carry_out(self, batch: int, idle: bool, wait_moves: bool = True) -> Replan | None:

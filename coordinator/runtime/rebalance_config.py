@@ -6,10 +6,8 @@ from dataclasses import dataclass, field
 
 from knnmon.errors import InvalidArgumentError
 
-__all__ = ["RebalanceConfig", "Replan", "ReplanMove", "STRATEGIES", "TRIGGERS"]
+__all__ = ["RebalanceConfig", "Replan", "ReplanMove", "TRIGGERS"]
 
-#: How a re-plan picks what moves (:func:`knnmon.coordinator.rebalance.planner.plan_moves`).
-STRATEGIES = ("sets", "spread")
 #: When a re-plan is due (:mod:`knnmon.coordinator.rebalance.monitor`).
 TRIGGERS = ("window", "smoothed")
 
@@ -32,9 +30,6 @@ class RebalanceConfig:
     min_total_gain : float
         A re-plan moves nothing unless its moves together lower the slowest worker's predicted
         busy time by this share.
-    strategy : str
-        ``"sets"`` (whole query sets first) or ``"spread"`` (the hottest set's heaviest queries
-        spread over the least busy workers): :func:`~knnmon.coordinator.rebalance.planner.plan_moves`.
     cooldown : int
         A query moved by one of the last ``cooldown`` re-plans does not move again (no
         ping-pong of a hot set between workers).
@@ -62,7 +57,6 @@ class RebalanceConfig:
     min_gain: float = 0.05
     min_total_gain: float = 0.10
     cooldown: int = 2
-    strategy: str = "spread"  # measured against "sets" on the places' time order: docs/rebalance.md
     trigger: str = "smoothed"  # measured against window (and the removed predictive): docs/rebalance.md
     half_life: float = 4.0
     horizon: int = 20
@@ -76,9 +70,6 @@ class RebalanceConfig:
             raise InvalidArgumentError(f"the re-balancing budget must be in [0, 1]; got {self.budget}")
         if not 0.0 <= self.min_total_gain < 1.0:
             raise InvalidArgumentError(f"the re-balancing min_total_gain must be in [0, 1); got {self.min_total_gain}")
-        if self.strategy not in STRATEGIES:
-            raise InvalidArgumentError(f"Invalid re-balancing strategy: {self.strategy!r}.\nValid options are: "
-                                       f"{STRATEGIES}")
         if self.trigger not in TRIGGERS:
             raise InvalidArgumentError(f"Invalid re-balancing trigger: {self.trigger!r}.\nValid options are: "
                                        f"{TRIGGERS}")

@@ -151,26 +151,21 @@ def test_moves_in_flight_on_ray_exact_after_every_batch(drifting, ray_instance, 
         assert sum(rt.registrar.worker_queries) == len(queries)
 
 
-def test_the_planner_moves_whole_sets_within_the_budget():
-    """Worker 0 is hot with two sets; with ``sets`` the planner moves a whole set to the idle
-    worker where one fits, else spreads the hottest set's heaviest queries; with ``spread`` it
-    spreads the hottest set's queries until the two are even; never more queries than the
-    budget; it predicts a lower maximum."""
+def test_the_planner_spreads_the_hottest_set_within_the_budget():
+    """Worker 0 is hot with two sets: the planner spreads the hottest set's queries onto the idle
+    worker until the two are even, never more queries than the budget, and predicts a lower
+    maximum; two even workers move nothing."""
     ids0 = [f"a{i}" for i in range(10)] + [f"b{i}" for i in range(10)]
     loads0 = np.r_[np.full(10, 3.0), np.full(10, 1.0)]
     set_of = {q: (0 if q[0] == "a" else 1) for q in ids0} | {"c0": 2}
-    plan = plan_moves([41.25, 1.25], [(ids0, loads0), (["c0"], np.zeros(1))], set_of, budget=10, strategy="sets")
-    assert plan.queries_moved <= 10
-    assert plan.moves and all(m.source == 0 and m.target == 1 for m in plan.moves)
-    assert plan.predicted_ms.max() < 41.25 * 0.8
-    assert plan.moves[0].unit == "set 1"  # whole: the largest set within half the gap (set 0 would overshoot)
-    tight = plan_moves([41.25, 1.25], [(ids0, loads0), (["c0"], np.zeros(1))], set_of, budget=3, strategy="sets")
+    tight = plan_moves([41.25, 1.25], [(ids0, loads0), (["c0"], np.zeros(1))], set_of, budget=3)
     assert tight.queries_moved == 3 and tight.moves[0].unit == "set 0 (spread)"  # the hottest set's heaviest
     even = plan_moves([10.0, 10.0], [(ids0, loads0), (["c0"], np.ones(1))], set_of, budget=10)
     assert not even.moves
-    spread = plan_moves([41.25, 1.25], [(ids0, loads0), (["c0"], np.zeros(1))], set_of, budget=10)  # the default
+    spread = plan_moves([41.25, 1.25], [(ids0, loads0), (["c0"], np.zeros(1))], set_of, budget=10)
     assert [m.unit for m in spread.moves] == ["set 0 (spread)"] and spread.queries_moved == 7  # until even
     assert spread.moves[0].qids == [f"a{i}" for i in range(7)] and spread.predicted_ms.max() == 22.25
+    assert all(m.source == 0 and m.target == 1 for m in spread.moves)
 
 
 def test_rebalance_settings_are_checked():
@@ -180,8 +175,6 @@ def test_rebalance_settings_are_checked():
         RebalanceConfig(threshold=0.5)
     with pytest.raises(InvalidArgumentError, match="threshold"):
         RebalanceConfig(threshold=float("nan"))
-    with pytest.raises(InvalidArgumentError, match="strategy"):
-        RebalanceConfig(strategy="fastest")
     with pytest.raises(InvalidArgumentError, match="trigger"):
         RebalanceConfig(trigger="sometimes")
     with pytest.raises(InvalidArgumentError, match="half-life"):
