@@ -1,8 +1,12 @@
-"""Shared fixtures: one real SparkSession per test session, and the real data beside the checkout."""
+"""Shared fixtures: one real SparkSession per test session, and the real data beside the checkout;
+and, before the session, the system packages some tests need (:func:`pytest_sessionstart`)."""
 
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +17,42 @@ os.environ.setdefault("KNNMON_METRICS", "off")
 
 #: The project's shared data (``../shared/data`` from the checkout); override with KNNMON_SHARED_DATA.
 SHARED_DATA = Path(os.environ.get("KNNMON_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+
+
+#: Debian packages the default tests need -> what each provides: Java for Spark (the ingest's
+#: tests), Debian's redis-server (built with TLS, with redis-cli 7) and openssl (the TLS and Redis
+#: Cluster tests), chromium (the dashboard in a browser), prometheus (a real scrape of the
+#: service). Without one of the last four, its tests are skipped.
+SYSTEM_PACKAGES = {"openjdk-17-jre-headless": "java", "redis-server": "/usr/bin/redis-server", "openssl": "openssl",
+                   "chromium": "chromium", "prometheus": "prometheus"}
+
+
+def _missing_packages() -> list[str]:
+    return [pkg for pkg, cmd in SYSTEM_PACKAGES.items()
+            if not (os.access(cmd, os.X_OK) if cmd.startswith("/") else shutil.which(cmd))]
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """The test command sets itself up: the packages of :data:`SYSTEM_PACKAGES` that are missing
+    are installed with apt-get when the tests run as root on Debian (``KNNMON_TEST_NO_INSTALL=1``
+    opts out); otherwise one line says which tests are skipped and the command that installs
+    them. Runs once, before pytest-xdist starts its workers (they decide the skips)."""
+    if hasattr(session.config, "workerinput") or not (missing := _missing_packages()):
+        return
+    command = f"apt-get install --no-install-recommends {' '.join(missing)}"
+    root = hasattr(os, "geteuid") and os.geteuid() == 0
+    if root and shutil.which("apt-get") and not os.environ.get("KNNMON_TEST_NO_INSTALL"):
+        print(f"installing what some tests need: {command}", file=sys.stderr, flush=True)
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        subprocess.run(["apt-get", "update", "-qq"], env=env, check=False)
+        subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing], env=env, check=False)
+        for service in ("redis-server", "prometheus"):  # (tests start their own servers)
+            subprocess.run(["service", service, "stop"], capture_output=True, check=False)
+        if not (missing := _missing_packages()):
+            return
+    print(f"tests that need {', '.join(missing)} are skipped; to run them: "
+          f"{'' if root else 'sudo '}apt-get install --no-install-recommends {' '.join(missing)}",
+          file=sys.stderr, flush=True)
 
 
 #: Slices of real places committed with the tests (tests/data/README.md): state -> (file, lines).

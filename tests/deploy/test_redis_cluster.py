@@ -126,7 +126,8 @@ def test_the_deploy_script_forms_a_cluster_that_knnmon_runs_on(small, tmp_path):
     clis = [Path(d) / "redis-cli" for d in os.environ.get("PATH", "").split(os.pathsep) if (Path(d) / "redis-cli").is_file()]
     versions = [subprocess.run([str(c), "--version"], capture_output=True, text=True).stdout for c in clis]
     if not any(v.startswith("redis-cli ") and int(v.split()[1].split(".")[0]) >= 7 for v in versions):
-        pytest.skip("no redis-cli 7.0+ on PATH (.ci/run installs Debian's redis-server, which brings one)")
+        pytest.skip("no redis-cli 7.0+ on PATH (the test command installs Debian's redis-server as root, which "
+                    "brings one)")
     base = free_port_base((0, 1, 2, 100, 101, 102))
     if base is None:
         pytest.skip("no free ports for a local Redis Cluster")

@@ -30,7 +30,8 @@ def _openssl(*args: str, cwd: Path) -> None:
 def tls_redis(tmp_path_factory):
     """A TLS-only redis-server on a loopback port, requiring ``SECRET``; its URL carries the CA."""
     if not os.access(SYSTEM_REDIS, os.X_OK) or shutil.which("openssl") is None:
-        pytest.skip(f"needs Debian's redis-server (built with TLS) at {SYSTEM_REDIS} and openssl: .ci/run installs them")
+        pytest.skip(f"needs Debian's redis-server (built with TLS) at {SYSTEM_REDIS} and openssl: the test command "
+                    "installs them as root (tests/conftest.py)")
     d = tmp_path_factory.mktemp("tls")
     _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=knnmon test CA",
              "-keyout", "ca.key", "-out", "ca.crt", cwd=d)

@@ -16,7 +16,8 @@ import pytest
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium: .ci/run installs it")
+pytestmark = pytest.mark.skipif(CHROMIUM is None,
+                                reason="needs Debian's chromium: the test command installs it as root")
 
 
 @pytest.fixture(scope="module")

@@ -57,7 +57,7 @@ def _prometheus_value(api: str, query: str) -> dict[str, float]:
 
 
 @pytest.mark.skipif(shutil.which("prometheus") is None,
-                    reason="Debian's prometheus is not installed (.ci/run installs it)")
+                    reason="Debian's prometheus is not installed (the test command installs it as root)")
 def test_prometheus_scrapes_what_was_published(redis_url, namespace, places_slice, tmp_path):
     r = redis.Redis.from_url(redis_url, decode_responses=True)
     keys = Keys(namespace)
