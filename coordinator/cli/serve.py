@@ -18,6 +18,7 @@ from knnmon.coordinator.cli.options import (add_batch_option, announce_first_com
                                             add_log_format_option, add_rebalance_options, add_store_options, add_verb,
                                             add_window_options, add_worker_options, runtime_settings, store_config)
 from knnmon.coordinator.service.batching import POLICIES
+from knnmon.coordinator.service.config import SERVE_REDIS_WAIT_S
 from knnmon.coordinator.service.probes import DEFAULT_ADDRESS, parse_address
 from knnmon.coordinator.service.telemetry import DEFAULT_MAX_LAG
 
@@ -77,9 +78,9 @@ def add_serve_command(sub: Any) -> None:
     add_limit_options(s)
     add_window_options(s, arrival=False)
     add_rebalance_options(s)
-    s.add_argument("--redis-wait", type=float, default=60.0, metavar="S",
+    s.add_argument("--redis-wait", type=float, default=SERVE_REDIS_WAIT_S, metavar="S",
                    help="when Redis stops answering (a restart), the service and its workers retry for S seconds "
-                        "before they rebuild from it (default 60)")
+                        f"before they rebuild from it (default {SERVE_REDIS_WAIT_S:g})")
     s.add_argument("--checkpoint-interval", type=float, default=60.0, metavar="S",
                    help="with --window: seconds between checkpoints, which trim the objects stream to what "
                         "the window still needs (default 60)")

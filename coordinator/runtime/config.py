@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from knnmon.assignment.routing import MAX_ENTRIES, check_max_entries
+from knnmon.connection import DEFAULT_RETRY_WINDOW_S
 from knnmon.coordinator.runtime.rebalance_config import RebalanceConfig
 from knnmon.errors import InvalidArgumentError
 from knnmon.limits import DEFAULT_LIMITS, Limits
@@ -120,7 +121,7 @@ class RunConfig:
     arrival_ms: int | None = None
     reserve: int | None = None
     rebalance: RebalanceConfig | None = None
-    redis_wait_s: float = 6.2
+    redis_wait_s: float = DEFAULT_RETRY_WINDOW_S
 
     def __post_init__(self) -> None:
         if not (isinstance(self.redis_wait_s, (int, float)) and 0 <= self.redis_wait_s <= 3600):

@@ -19,8 +19,14 @@ RUN_FIELDS = ("workers", "algorithm", "store", "ray_address", "executor", "batch
               "allowed_lateness", "reserve", "rebalance", "index", "redis_wait_s")
 
 
+#: How long a service and its workers ride out a Redis that stopped answering, seconds
+#: (``--redis-wait``; a run's default is :data:`~knnmon.connection.DEFAULT_RETRY_WINDOW_S`).
+SERVE_REDIS_WAIT_S = 60.0
+
+
 def _runtime() -> RunConfig:
-    return RunConfig(initial=0, store=StoreConfig(durable=True), overlap_writes=False, redis_wait_s=60.0)
+    return RunConfig(initial=0, store=StoreConfig(durable=True), overlap_writes=False,
+                     redis_wait_s=SERVE_REDIS_WAIT_S)
 
 
 @dataclass(frozen=True)

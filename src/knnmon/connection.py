@@ -14,7 +14,7 @@ from redis.retry import Retry
 
 from knnmon.errors import StoreUnavailableError
 
-__all__ = ["connect", "redact", "replace_hash", "set_retry_window", "with_retries", "redis_url_from_env",
+__all__ = ["DEFAULT_RETRY_WINDOW_S", "connect", "redact", "replace_hash", "set_retry_window", "with_retries", "redis_url_from_env",
            "ENV_REDIS_URL"]
 
 ENV_REDIS_URL = "KNNMON_REDIS_URL"
@@ -86,8 +86,10 @@ def connect(url: str, *, socket_timeout_s: float = 30.0) -> redis.Redis:
     return RedisCluster.from_url(url, **options)
 
 
-#: How long :func:`with_retries` keeps trying by default, seconds (:func:`set_retry_window`).
-_retry_window_s = 6.2
+#: How long :func:`with_retries` keeps trying by default, seconds (a run's ``--redis-wait``;
+#: a service sets its own, :func:`set_retry_window`).
+DEFAULT_RETRY_WINDOW_S = 6.2
+_retry_window_s = DEFAULT_RETRY_WINDOW_S
 
 
 def set_retry_window(seconds: float) -> None:
