@@ -9,7 +9,7 @@ worker's share, issue 37's target <= 15 %), and how many batches one worker stal
 (:func:`stalls`). Takes ``knnmon bench`` and
 ``benchmarks/paper_scale.py`` reports.
 
-    python benchmarks/ideal_summary.py /tmp/knnmon-bench/ideal_100k_shuffled.json /tmp/knnmon-bench/ideal_100k_time_order.json
+    python benchmarks/ideal_summary.py /tmp/ideal_100k_shuffled.json /tmp/ideal_100k_time_order.json
 
 ``--parts`` instead splits each run's slowest worker per batch (:func:`parts`)::
 

@@ -1,7 +1,7 @@
 """Plot per-worker busy time over the stream, static plan against re-balanced, from a
 ``knnmon bench --rebalance off,on`` report (its rows' ``busy_ms_per_batch``).
 
-    python benchmarks/rebalance_plot.py /tmp/knnmon-bench/rebalance_time_order.json --out /tmp/knnmon-bench/rebalance_busy.png
+    python benchmarks/rebalance_plot.py /tmp/rebalance_time_order.json --out /tmp/rebalance_busy.png
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 stream, W and setting (the mean of its runs, and each run), and the calibration plot of every
 moving re-plan's predicted gain against its realised gain (issue 36, item 3).
 
-    python benchmarks/rebalance_summary.py /tmp/knnmon-bench/sitting36 --plot /tmp/knnmon-bench/rebalance_calibration.png
+    python benchmarks/rebalance_summary.py /tmp/sitting36 --plot /tmp/rebalance_calibration.png
 """
 
 from __future__ import annotations

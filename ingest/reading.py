@@ -23,7 +23,8 @@ STATS = "stats.parquet"
 REJECTS = "rejects"
 MANIFEST = "manifest.json"
 
-__all__ = ["MANIFEST", "OBJECTS", "OBJECT_COLUMNS", "REJECTS", "STATS", "initial_objects", "load_queries", "read_objects", "stream_head", "stream_order"]
+__all__ = ["MANIFEST", "OBJECTS", "OBJECT_COLUMNS", "REJECTS", "STATS", "initial_objects", "load_queries",
+           "read_objects", "stream_head", "stream_order"]
 
 #: The columns of a streamed object (``objects.parquet``).
 OBJECT_COLUMNS = ["id", "lon", "lat", "t", "keywords"]

@@ -136,9 +136,10 @@ def plan_moves(busy_ms: Sequence[float], queries: Sequence[tuple[Sequence[str], 
         Moves stop once the slowest and the least busy worker are within this share of the
         slowest's time.
     max_moves
-        Steps at most (a run of one set's queries spread until the slowest worker changes); default: until the budget, the gap or the movable load runs out (each
-        step moves at least one query; between two equally hot workers each step is short, so a
-        bound in workers would stop a re-plan early: docs/performance.md, "Re-balancing").
+        Steps at most (a run of one set's queries spread until the slowest worker changes);
+        default: until the budget, the gap or the movable load runs out (each step moves at
+        least one query; between two equally hot workers each step is short, so a bound in
+        workers would stop a re-plan early: docs/performance.md, "Re-balancing").
     min_total_gain
         No moves at all unless together they lower the slowest worker's predicted time by this
         share of it.
@@ -178,8 +179,9 @@ def plan_moves(busy_ms: Sequence[float], queries: Sequence[tuple[Sequence[str], 
         gap = busy[a] - busy[b]
         if gap <= busy[a] * min_gain or not units[a]:
             break
-        # The hottest set is spread (moving it whole moves the hot spot), in its order, onto the least busy workers, each taking a run of it up to the mean
-        # (in space order a run is a compact region: its objects reach one more worker, not all).
+        # The hottest set is spread (moving it whole moves the hot spot), in its order, onto the
+        # least busy workers, each taking a run of it up to the mean (in space order a run is a
+        # compact region: its objects reach one more worker, not all).
         u = max(units[a], key=lambda v: v.total)
         ms = u.loads * rate[a]
         level, c, taken, seen = float(busy.mean()), int(np.argmin(busy)), 0, 0

@@ -14,8 +14,8 @@ from redis.retry import Retry
 
 from knnmon.errors import StoreUnavailableError
 
-__all__ = ["DEFAULT_RETRY_WINDOW_S", "connect", "redact", "replace_hash", "set_retry_window", "with_retries", "redis_url_from_env",
-           "ENV_REDIS_URL"]
+__all__ = ["DEFAULT_RETRY_WINDOW_S", "ENV_REDIS_URL", "connect", "redact", "redis_url_from_env", "replace_hash",
+           "set_retry_window", "with_retries"]
 
 ENV_REDIS_URL = "KNNMON_REDIS_URL"
 log = logging.getLogger("knnmon.redis")

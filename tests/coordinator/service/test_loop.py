@@ -20,7 +20,8 @@ from knnmon.coordinator.service.acks import REJECT_FIELD_BYTES
 from knnmon.ingest.reading import read_objects, stream_order
 from knnmon.keys import Keys
 from knnmon.oracle import BruteForceKnn
-from tests.support import assert_exact, assert_feed_and_objects, knnmon_cli, object_fields, publish_objects, register_fields, serve_process, wait_processed
+from tests.support import (assert_exact, assert_feed_and_objects, knnmon_cli, object_fields, publish_objects,
+                           register_fields, serve_process, wait_processed)
 
 
 def start_serve(url: str, namespace: str, tmp_path, *extra: str) -> subprocess.Popen:
