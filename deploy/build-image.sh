@@ -5,6 +5,8 @@
 #   deploy/build-image.sh            # FROM python:3.11-slim, pulled from a registry
 #   deploy/build-image.sh --base     # FROM a Debian bookworm base made here with mmdebstrap and
 #                                    # imported (localhost/knnmon-base:bookworm): no registry needed
+#   deploy/build-image.sh --worker   # knnmon-worker:<version>: serves and runs workers, without
+#                                    # Java and pyspark (no ingest, no demo)
 #
 # It builds with podman if present, else docker. With podman it uses runc and a containers.conf
 # without default ulimits (CONTAINERS_CONF, if unset, gets deploy/containers.conf), and the host
@@ -17,10 +19,11 @@ cd "$(dirname "$0")/.."
 
 die() { echo "build-image: $*" >&2; exit 1; }
 
-base="" ca="${PIP_CERT:-}"
+base="" ca="${PIP_CERT:-}" name=knnmon
 while [ $# -gt 0 ]; do
     case "$1" in
         --base) base=debian ;;
+        --worker) name=knnmon-worker ;;
         --ca-bundle) ca="${2:?--ca-bundle needs a file}"; shift ;;
         -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
         *) die "unknown argument: $1" ;;
@@ -33,7 +36,8 @@ done
 version="$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml | head -1)"
 [ -n "$version" ] || die "no version in pyproject.toml"
 
-args=(--network=host --tag "knnmon:$version" --file deploy/Containerfile)
+args=(--network=host --tag "$name:$version" --file deploy/Containerfile)
+[ "$name" = knnmon ] || args+=(--build-arg WITH_SPARK=0)
 if [ "$base" = debian ]; then
     [ "$ENGINE" = podman ] || die "--base imports the Debian base with podman"
     command -v mmdebstrap >/dev/null 2>&1 || die "--base needs mmdebstrap (apt-get install mmdebstrap)"
@@ -48,6 +52,6 @@ if [ -n "$ca" ] && [ "$ENGINE" = podman ]; then
     [ -r "$ca" ] || die "cannot read the CA bundle $ca"
     args+=(--volume "$ca:/run/host-ca.crt:ro" --build-arg PIP_CERT=/run/host-ca.crt)
 fi
-echo "build-image: $ENGINE build knnmon:$version" >&2
+echo "build-image: $ENGINE build $name:$version" >&2
 "$ENGINE" build "${args[@]}" . >&2
-"$ENGINE" image inspect --format '{{.Id}}' "knnmon:$version"
+"$ENGINE" image inspect --format '{{.Id}}' "$name:$version"

@@ -185,3 +185,41 @@ def test_a_cluster_of_containers_serves_a_host_client_exactly_through_a_worker_r
         assert down.returncode == 0, down.stderr
         for role, cid in ids.items():
             assert _podman("ps", "--all", "--quiet", "--filter", f"id={cid}").stdout.strip() == "", role
+
+
+def test_the_worker_image_serves_without_java_or_pyspark(image):
+    """``deploy/build-image.sh --worker``: the image of a node that only serves (no Java, no
+    pyspark) is smaller than the full one, and its ``knnmon serve`` answers a host client exactly.
+    (After the full image: its fixture checks the tools and the build.)"""
+    from knnmon.client import KnnClient
+
+    out = subprocess.run([str(ROOT / "deploy" / "build-image.sh"), "--base", "--worker"], capture_output=True,
+                         text=True, timeout=1800, env=ENV)
+    assert out.returncode == 0, out.stderr[-3000:]
+    worker = image.replace("knnmon:", "knnmon-worker:")
+    sizes = {i: json.loads(_podman("image", "inspect", i).stdout)[0]["Size"] for i in (image, worker)}
+    print(f"image sizes: {', '.join(f'{i} {n / 1e9:.2f} GB' for i, n in sizes.items())}")
+    assert sizes[worker] < 0.75 * sizes[image]
+    probe = _podman("run", "--rm", "--network=host", "--entrypoint", "sh", worker, "-c",
+                    "command -v java; python -c 'import pyspark'", timeout=300)
+    assert "No module named 'pyspark'" in probe.stderr and "java" not in probe.stdout, probe
+    port = free_port_base([0], low=30_000, high=40_000)
+    started = _podman("run", "-d", "--network=host", "--shm-size=1g", worker, "serve", "--redis-port", str(port),
+                      "--workers", "1", "--metrics", "off", timeout=300)
+    assert started.returncode == 0, started.stderr
+    cid = started.stdout.strip()
+    try:
+        deadline = time.monotonic() + 300
+        while "knnmon serve:" not in (logs := _podman("logs", cid)).stdout:
+            gone = "Exited" in _podman("ps", "-a", "--filter", f"id={cid}").stdout
+            assert time.monotonic() < deadline and not gone, logs.stdout[-2000:] + logs.stderr[-2000:]
+            time.sleep(0.5)
+        client = KnnClient(f"redis://127.0.0.1:{port}/0")
+        client.register("q", -71.41, 41.82, ["tea"], k=2)
+        client.wait(client.publish([{"id": "near", "lon": -71.41, "lat": 41.821, "keywords": "tea"},
+                                    {"id": "far", "lon": -71.5, "lat": 41.9, "keywords": "tea"},
+                                    {"id": "other", "lon": -71.41, "lat": 41.82, "keywords": "coffee"}])[-1],
+                    timeout_s=120)
+        assert [o for o, _ in client.results("q")] == ["near", "far"]
+    finally:
+        _podman("rm", "--force", cid)
