@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
 from typing import Any
 
 from knnmon.assignment import ALGORITHMS
@@ -33,7 +34,7 @@ class DefaultsFormatter(argparse.HelpFormatter):
         return text
 
 
-def announce_first_compile(say=print) -> None:
+def announce_first_compile(say: Callable[[str], object] = print) -> None:
     """Say so when this start compiles knnmon's kernels (numba's cache holds none yet): the
     first start on a machine is otherwise silent for about a minute."""
     from knnmon.jit import kernels_cached

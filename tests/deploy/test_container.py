@@ -19,8 +19,8 @@ import pyarrow.parquet as pq
 import pytest
 import redis
 
-from tests.support import (assert_exact, free_port_base, knnmon_cli, publish_objects, register_fields,
-                                        wait_processed)
+from tests.support import (assert_exact, client_round_trip, free_port_base, knnmon_cli, publish_objects,
+                           register_fields, wait_processed)
 from knnmon.ingest.reading import read_objects, stream_order
 from knnmon.keys import Keys
 from knnmon.oracle import BruteForceKnn
@@ -187,7 +187,7 @@ def test_a_cluster_of_containers_serves_a_host_client_exactly_through_a_worker_r
             assert _podman("ps", "--all", "--quiet", "--filter", f"id={cid}").stdout.strip() == "", role
 
 
-def test_the_worker_image_serves_without_java_or_pyspark(image):
+def test_the_worker_image_serves_without_java_or_pyspark(image, places_slice):
     """``deploy/build-image.sh --worker``: the image of a node that only serves (no Java, no
     pyspark) is smaller than the full one, and its ``knnmon serve`` answers a host client exactly.
     (After the full image: its fixture checks the tools and the build.)"""
@@ -214,12 +214,8 @@ def test_the_worker_image_serves_without_java_or_pyspark(image):
             gone = "Exited" in _podman("ps", "-a", "--filter", f"id={cid}").stdout
             assert time.monotonic() < deadline and not gone, logs.stdout[-2000:] + logs.stderr[-2000:]
             time.sleep(0.5)
-        client = KnnClient(f"redis://127.0.0.1:{port}/0")
-        client.register("q", -71.41, 41.82, ["tea"], k=2)
-        client.wait(client.publish([{"id": "near", "lon": -71.41, "lat": 41.821, "keywords": "tea"},
-                                    {"id": "far", "lon": -71.5, "lat": 41.9, "keywords": "tea"},
-                                    {"id": "other", "lon": -71.41, "lat": 41.82, "keywords": "coffee"}])[-1],
-                    timeout_s=120)
-        assert [o for o, _ in client.results("q")] == ["near", "far"]
+        places = stream_order(read_objects(str(places_slice)), None).slice(0, 500).to_pylist()
+        got, want = client_round_trip(KnnClient(f"redis://127.0.0.1:{port}/0"), places, "q", 5)
+        assert got == want
     finally:
         _podman("rm", "--force", cid)

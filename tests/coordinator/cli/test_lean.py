@@ -13,8 +13,8 @@ import tomllib
 from pathlib import Path
 
 from knnmon.client import KnnClient
-from tests.support import wait_processed
-from knnmon.keys import Keys
+from knnmon.ingest.reading import read_objects, stream_order
+from tests.support import client_round_trip
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -48,7 +48,7 @@ def test_pyspark_is_an_extra():
     assert any(d.startswith("pyspark") for d in project["optional-dependencies"]["spark"])
 
 
-def test_serve_on_ray_without_pyspark_or_java(tmp_path, redis_url, namespace):
+def test_serve_on_ray_without_pyspark_or_java(tmp_path, redis_url, namespace, places_slice):
     env = _lean_env(tmp_path)
     cli = [sys.executable, "-m", "knnmon.coordinator.cli"]
     ingest = subprocess.run([*cli, "ingest", "places", str(tmp_path), "--out", str(tmp_path / "o")], env=env,
@@ -59,13 +59,9 @@ def test_serve_on_ray_without_pyspark_or_java(tmp_path, redis_url, namespace):
         proc = subprocess.Popen([*cli, "serve", "--redis", redis_url, "--namespace", namespace, "--workers", "1",
                                  "--metrics", "off"], stdout=fh, stderr=subprocess.STDOUT, env=env)
     try:
-        keys, client = Keys(namespace), KnnClient(redis_url, namespace=namespace)
-        client.register("q", -71.41, 41.82, ["tea"], k=2)
-        client.publish([{"id": "near", "lon": -71.41, "lat": 41.821, "keywords": "tea"},
-                        {"id": "far", "lon": -71.5, "lat": 41.9, "keywords": "tea coffee"},
-                        {"id": "other", "lon": -71.41, "lat": 41.82, "keywords": "coffee"}])
-        wait_processed(client.client, keys, proc, timeout_s=180)
-        assert [o for o, _ in client.results("q")] == ["near", "far"], log.read_text()[-3000:]
+        places = stream_order(read_objects(str(places_slice)), None).slice(0, 500).to_pylist()
+        got, want = client_round_trip(KnnClient(redis_url, namespace=namespace), places, "q", 5)
+        assert got == want, log.read_text()[-3000:]
         deadline = time.monotonic() + 30
         while "starting 1 workers on" not in log.read_text():  # (the workers were Ray actors)
             assert time.monotonic() < deadline, log.read_text()[-3000:]
