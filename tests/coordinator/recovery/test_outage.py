@@ -151,7 +151,7 @@ def test_a_redis_restarted_while_an_outage_is_ridden_out_is_ridden_out_too(tmp_p
     that never came.)"""
 
     server = EmbeddedRedis(str(tmp_path / "redis"), durable=True).start()
-    server_down, restarted = threading.Event(), []
+    server_down, restarted, started = threading.Event(), [], threading.Event()
     starting = threading.Timer(0.5, lambda: restarted.append(server.start()))
     try:
         with Service(_inline(server.url, namespace)) as svc:
@@ -160,6 +160,9 @@ def test_a_redis_restarted_while_an_outage_is_ridden_out_is_ridden_out_too(tmp_p
             def restart_once_checked() -> bool:
                 kept = checked()
                 if not server_down.is_set():  # down for 0.5 s while the ride-out goes on
+                    # (once the test's own start has returned: Redis answers its PING before it
+                    # does, and a stop meanwhile pulled the process from under it)
+                    assert started.wait(60)
                     server_down.set()
                     server.stop()
                     starting.start()
@@ -169,6 +172,7 @@ def test_a_redis_restarted_while_an_outage_is_ridden_out_is_ridden_out_too(tmp_p
             with _serving(svc) as loop:
                 server.stop()
                 server.start()
+                started.set()
                 _wait_ridden_out(svc, loop, 1)
                 assert restarted  # (restarted before the ride-out is counted)
                 _serves_the_next_object(connect(server.url), Keys(namespace))
