@@ -64,7 +64,7 @@ class ProposedAssigner(Assigner):
     def __init__(self, beta: int = 100_000, sets_per_worker: int = 8, delivery_cost: float = 1.0,
                  handout: str = "set") -> None:
         if beta < 1:
-            raise InvalidArgumentError(f"--beta must be >= 1; got {beta}")
+            raise InvalidArgumentError(f"plan.beta must be >= 1; got {beta}")
         if sets_per_worker < 1:
             raise InvalidArgumentError(f"sets_per_worker must be >= 1; got {sets_per_worker}")
         if delivery_cost < 0:

@@ -37,9 +37,9 @@ MAX_ENTRIES = 16_000_000
 
 
 def check_max_entries(max_entries: int) -> None:
-    """Raise :class:`InvalidArgumentError` unless ``max_entries`` (``--routing-entries``) is ``>= 0``."""
+    """Raise :class:`InvalidArgumentError` unless ``max_entries`` (``plan.routing_entries``) is ``>= 0``."""
     if max_entries < 0:
-        raise InvalidArgumentError(f"--routing-entries (the routing table's max_entries) must be >= 0; "
+        raise InvalidArgumentError(f"plan.routing_entries (the routing table's max_entries) must be >= 0; "
                                    f"got {max_entries}")
 
 

@@ -30,7 +30,7 @@ __all__ = ["MAX_ENTRIES_PER_QUERY", "AddedRegions", "LiveRouting", "Narrowed"]
 
 #: The most (keyword, cell) entries one query added at run time (registration, refill, hand-over)
 #: may take; a query whose keywords times cells would exceed it is routed by its keywords
-#: everywhere instead (exact: a superset of its cells). One query registered with ``--max-keywords``
+#: everywhere instead (exact: a superset of its cells). One query registered with ``limits.max_keywords``
 #: keywords and a region over the whole grid would otherwise add 32 x 16,384 entries to the
 #: table every query shares.
 MAX_ENTRIES_PER_QUERY = 4096

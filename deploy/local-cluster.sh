@@ -74,7 +74,7 @@ start() {
 local Ray cluster up: 3 nodes (head + 2 workers), ${CPUS} CPU each, GCS at $ADDRESS
 use it from a driver with:
   export RAY_ADDRESS=$ADDRESS RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=$RAY_AUTH_TOKEN_PATH
-  knnmon run ... --ray-address $ADDRESS      # or: knnmon serve --ray-address $ADDRESS
+  knnmon run ... --set workers.ray_address=$ADDRESS     # or: knnmon serve --ray-address $ADDRESS
 stop it with: $0 stop
 MSG
 }

@@ -140,9 +140,9 @@ def load_queries(path: str, limits: Limits = DEFAULT_LIMITS) -> pa.Table:
     ids = t.column("id")
     problems = {
         "k < 1": k < 1,
-        f"k above --max-k {limits.max_k}": k > limits.max_k,
+        f"k above limits.max_k {limits.max_k}": k > limits.max_k,
         "no keyword": n_kw < 1,
-        f"more than --max-keywords {limits.max_keywords} keywords": n_kw > limits.max_keywords,
+        f"more than limits.max_keywords {limits.max_keywords} keywords": n_kw > limits.max_keywords,
         "longitude outside [-180, 180] or not finite": ~(np.abs(lon) <= 180),
         "latitude outside [-90, 90] or not finite": ~(np.abs(lat) <= 90),
         "coordinates (0, 0) (null island)": (lon == 0) & (lat == 0),

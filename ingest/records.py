@@ -45,7 +45,7 @@ REJECT_REASONS: dict[str, str] = {
     "bad_time": "no parseable time (places: version after '@' in the id; tweets: created_at)",
     "future": "a time ahead of the ingest run's clock by more than --max-future (default 1m)",
     "no_keywords": "no keyword left after normalisation",
-    "too_many_keywords": "more keywords than the service's default --max-keywords (32)",
+    "too_many_keywords": "more keywords than the service's default limits.max_keywords (32)",
     "duplicate_id": "an id seen before; the record with the newest time is kept",
 }
 

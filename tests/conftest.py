@@ -13,7 +13,7 @@ import pytest
 
 # A `knnmon serve` child of a test binds no metrics port unless the test asks (--metrics):
 # services that overlap in time would otherwise contend for the default 127.0.0.1:9464.
-os.environ.setdefault("KNNMON_METRICS", "off")
+os.environ.setdefault("KNNMON_SERVE_METRICS", "off")
 
 #: The project's shared data (``../shared/data`` from the checkout); override with KNNMON_SHARED_DATA.
 SHARED_DATA = Path(os.environ.get("KNNMON_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))

@@ -243,13 +243,14 @@ def _cli_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k != "KNNMON_REDIS_URL"}
 
 
-def knnmon_cli(*args: str, timeout: float = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """``knnmon ARGS`` in a child process, output captured; ``env`` default: this process's
-    without ``$KNNMON_REDIS_URL``."""
+def knnmon_cli(*args: str, timeout: float = 300, env: dict[str, str] | None = None,
+               cwd: str | PathLike[str] | None = None) -> subprocess.CompletedProcess:
+    """``knnmon ARGS`` in a child process (in ``cwd``), output captured; ``env`` default: this
+    process's without ``$KNNMON_REDIS_URL``."""
     import sys
 
     return subprocess.run([sys.executable, "-m", "knnmon.coordinator.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, env=_cli_env() if env is None else env)
+                          timeout=timeout, env=_cli_env() if env is None else env, cwd=cwd)
 
 
 def serve_process(url: str, namespace: str, log: str | PathLike[str], *extra: str, workers: int = 2) -> subprocess.Popen:
@@ -259,7 +260,7 @@ def serve_process(url: str, namespace: str, log: str | PathLike[str], *extra: st
 
     with open(log, "w") as fh:
         return subprocess.Popen([sys.executable, "-m", "knnmon.coordinator.cli", "serve", "--redis", url, "--namespace",
-                                 namespace, "--workers", str(workers), "--executor", "inline", "--max-delay-ms", "5",
+                                 namespace, "--workers", str(workers), "--set", "workers.executor=inline", "--set", "serve.max_delay_ms=5",
                                  *extra], stdout=fh, stderr=subprocess.STDOUT, env=_cli_env())
 
 
@@ -306,7 +307,7 @@ def run_exact(url: str, namespace: str, objects_dir: str, queries: pa.Table, wor
     scrape = os.path.join(workdir, "run.prom")
     pq.write_table(queries, qfile)
     run = knnmon_cli("run", "--objects", objects_dir, "--queries", qfile, "--workers", "2", "--initial", "5000",
-                     "--redis", url, "--namespace", namespace, "--report", report, "--metrics-file", scrape, "--quiet")
+                     "--redis", url, "--namespace", namespace, "--report", report, "--set", f"run.metrics_file={scrape}", "--quiet")
     assert run.returncode == 0, run.stderr[-2000:]
     assert_exact(url, namespace, queries, BruteForceKnn(stream_order(read_objects(objects_dir), None)))
     with open(report, encoding="utf-8") as fh:

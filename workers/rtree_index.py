@@ -1,4 +1,4 @@
-"""The worker's R-tree query index (``--index rtree``).
+"""The worker's R-tree query index (``workers.index rtree``).
 
 The design card's "local batched R-tree search": the queries' kNN-region MBRs (the bounding box
 of each query's ``r_q`` circle, :func:`knnmon.geo.cap_bbox`) in a keyword-aware packed R-tree

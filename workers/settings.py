@@ -9,7 +9,7 @@ from knnmon.errors import InvalidArgumentError
 
 __all__ = ["INDEX_NAMES", "ORPHAN_S", "WorkerSettings"]
 
-#: The workers' query indexes (``--index``; the classes: :data:`knnmon.workers.state.INDEXES`).
+#: The workers' query indexes (``workers.index``; the classes: :data:`knnmon.workers.state.INDEXES`).
 INDEX_NAMES = ("grid", "rtree", "keyword-lists")
 
 #: A detached worker actor exits when its service's heartbeat is older than this, seconds

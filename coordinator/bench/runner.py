@@ -120,7 +120,7 @@ class BenchConfig:
         if self.repeat < 1:
             raise InvalidArgumentError(f"--repeat must be >= 1; got {self.repeat}")
         if self.check_sample is not None and self.check_sample < 1:
-            raise InvalidArgumentError(f"--check-sample must be >= 1; got {self.check_sample}")
+            raise InvalidArgumentError(f"bench.check_sample must be >= 1; got {self.check_sample}")
         RunConfig(workers=1, initial=self.initial, batch=self.batch, batches=self.batches, window=self.window,
                   allowed_lateness=self.allowed_lateness, arrival_ms=self.arrival_ms)  # same checks
         if not os.path.isfile(os.path.join(self.objects, "manifest.json")):

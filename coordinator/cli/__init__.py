@@ -1,8 +1,8 @@
 """The ``knnmon`` command line: one entry point, one module per verb.
 
 ``ingest``, ``queries``, ``plan``, ``run``, ``results``, ``explain``, ``bench``, ``serve``, ``status``,
-``repair``, ``dashboard`` and ``demo`` each live in a module of this package; the flags several of them share are declared
-once in :mod:`~knnmon.coordinator.cli.options`. A verb's module imports its heavy parts (Spark,
+``repair``, ``dashboard``, ``demo`` and ``config`` each live in a module of this package; each flag sets a setting
+of :mod:`~knnmon.coordinator.cli.settings` (:mod:`~knnmon.coordinator.cli.options`). A verb's module imports its heavy parts (Spark,
 Ray, the runtime) when it runs, so ``knnmon --help`` stays fast.
 """
 
@@ -21,8 +21,8 @@ __all__ = ["build_parser", "main"]
 
 def build_parser() -> argparse.ArgumentParser:
     """The root parser with every subcommand registered."""
-    from knnmon.coordinator.cli import (bench, dashboard, demo, explain, ingest, plan, queries, repair, results, run,
-                                        serve, status)
+    from knnmon.coordinator.cli import (bench, config, dashboard, demo, explain, ingest, plan, queries, repair, results,
+                                        run, serve, status)
 
     parser = argparse.ArgumentParser(
         prog="knnmon",
@@ -42,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_status_command(sub)
     repair.add_repair_command(sub)
     dashboard.add_dashboard_command(sub)
+    config.add_config_command(sub)
     return parser
 
 

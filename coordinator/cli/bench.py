@@ -6,28 +6,11 @@ from typing import Any
 
 from knnmon.assignment import ALGORITHMS
 from knnmon.coordinator.bench.ideal import IDEAL
-from knnmon.coordinator.bench.runner import BENCH_NAMESPACE, REFERENCE
-from knnmon.coordinator.cli.options import (add_verb, DEFAULT_WORKERS, add_batch_option, add_cost_model_option,
-                                            add_rebalance_options, add_store_options, add_window_options,
-                                            rebalance_config)
+from knnmon.coordinator.bench.runner import REFERENCE
+from knnmon.coordinator.cli.options import add_config_options, add_verb, require, setting_flag, settings_of
 from knnmon.errors import InvalidArgumentError
 
 __all__ = ["add_bench_command"]
-
-
-def _ints(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(x.replace("_", "")) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise InvalidArgumentError(f"expected comma-separated integers; got {text!r}") from None
-
-
-def _switches(text: str) -> tuple[bool, ...]:
-    values = {"off": False, "on": True}
-    parts = [x.strip() for x in text.split(",") if x.strip()]
-    if not parts or any(p not in values for p in parts):
-        raise InvalidArgumentError(f"--rebalance takes off, on or off,on; got {text!r}")
-    return tuple(values[p] for p in parts)
 
 
 def _num(value: float | None, fmt: str) -> str:
@@ -41,18 +24,22 @@ def _bench(a: Any) -> int:
     from knnmon.coordinator.bench.plots import plot_report
     from knnmon.coordinator.bench.runner import BenchConfig, run_bench
 
-    cfg = BenchConfig(objects=a.objects, queries=_ints(a.queries), kmax=_ints(a.kmax), workers=_ints(a.workers),
-                      algorithms=tuple(x.strip() for x in a.algorithms.split(",") if x.strip()),
-                      initial=a.initial, batch=a.batch, batches=a.batches, repeat=a.repeat, shuffle=a.shuffle,
-                      cost_model=a.cost_model,
-                      check=a.check or a.check_sample is not None, check_sample=a.check_sample,
-                      seed=a.seed, redis_url=a.redis, namespace=a.namespace, ray_address=a.ray_address,
-                      window=a.window, allowed_lateness=a.allowed_lateness, max_future_ms=a.max_future,
-                      arrival_ms=a.arrival_ms, reserve=a.reserve,
-                      rebalance=_switches(a.rebalance), rebalance_config=rebalance_config(a, on=True))
-    out = run_bench(cfg, a.report, progress=not a.quiet)
-    if a.plot:
-        for path in plot_report(out["rows"], a.plot):
+    s = settings_of(a).settings
+    b, r = s.bench, s.run
+    require(r.objects, "run.objects", "--objects")
+    if not b.queries:
+        raise InvalidArgumentError("--queries is required (or the setting bench.queries)")
+    cfg = BenchConfig(objects=r.objects, queries=tuple(b.queries), kmax=tuple(b.kmax), workers=tuple(b.workers),
+                      algorithms=tuple(b.algorithms), initial=r.initial, batch=r.batch, batches=r.batches,
+                      repeat=b.repeat, shuffle=r.shuffle, cost_model=s.plan.cost_model,
+                      check=b.check or b.check_sample is not None, check_sample=b.check_sample,
+                      seed=b.seed, redis_url=s.redis.url, namespace=b.namespace, ray_address=s.workers.ray_address,
+                      window=s.window.size, allowed_lateness=s.window.allowed_lateness,
+                      max_future_ms=s.limits.max_future, arrival_ms=r.arrival_ms, reserve=s.window.reserve,
+                      rebalance=tuple(b.rebalance), rebalance_config=s.rebalance_config(on=True))
+    out = run_bench(cfg, r.report, progress=s.log.progress)
+    if b.plot:
+        for path in plot_report(out["rows"], b.plot):
             print(f"plot: {path}")
     print(f"{'algorithm':10s} {'rebal':>5s} {'W':>3s} {'k_max':>5s} {'queries':>9s} {'sim ms':>8s} {'sim p99':>8s} "
           f"{'wall ms':>8s} {'imbal ms':>8s} {'obj/s':>8s} {'deliv':>6s} {'rho':>5s} exact")
@@ -62,40 +49,26 @@ def _bench(a: Any) -> int:
               f"{_num(r['update_ms_wall_mean'], '8.1f')} {r['imbalance_ms_mean']:8.1f} "
               f"{_num(r['objects_per_s'], '8,.0f')} "
               f"{r['deliveries_per_object']:6.2f} {_num(r['spearman_predicted_vs_busy'], '5.2f')} {r['exact']}")
-    if a.report:
-        print(f"report: {a.report}")
+    if r.report:
+        print(f"report: {r.report}")
     return 130 if out["interrupted"] else 0
 
 
 def add_bench_command(sub: Any) -> None:
-    """Register ``bench`` on a root parser's subparsers."""
+    """Register ``bench`` on a root parser's subparsers: its sweep's flags; each run's settings
+    are ``[run]`` and the shared sections, the sweep's ``[bench]`` (``knnmon config``)."""
     b = add_verb(sub, "bench", "reproduce the paper's experiments: plan and run every combination, report")
-    b.add_argument("--objects", required=True, metavar="DIR", help="an ingest output directory")
-    b.add_argument("--queries", required=True, metavar="N[,N...]", help="numbers of queries to draw from the objects")
-    b.add_argument("--kmax", default="10", metavar="K[,K...]", help="k of each query uniform in [1, K] (default 10)")
-    b.add_argument("--workers", default=str(DEFAULT_WORKERS), metavar="W[,W...]",
-                   help=f"worker counts (default {DEFAULT_WORKERS})")
-    b.add_argument("--algorithms", default="proposed,keyword,space,random", metavar="A[,A...]",
-                   help=f"of {', '.join((*ALGORITHMS, REFERENCE, IDEAL))} ({REFERENCE}: one process, keyword lists, "
-                        f"no assignment; {IDEAL}: the bound, every query on one worker, its work shared evenly)")
-    b.add_argument("--initial", type=int, default=1_000_000, metavar="N", help="objects seen before the stream")
-    add_batch_option(b)
-    b.add_argument("--batches", type=int, metavar="M", help="batches per run (default: all objects)")
-    b.add_argument("--repeat", type=int, default=1, metavar="R", help="runs per combination (default 1)")
-    b.add_argument("--shuffle", type=int, metavar="SEED",
-                   help="stream objects in random order (stationary) instead of (t, id)")
-    add_cost_model_option(b)
-    add_window_options(b)
-    b.add_argument("--rebalance", default="off", metavar="off,on",
-                   help="re-balancing off, on, or both (a sweep dimension; default off)")
-    add_rebalance_options(b, flag=False)
-    b.add_argument("--check", action="store_true", help="check every result against the brute-force oracle")
-    b.add_argument("--check-sample", type=int, metavar="N",
-                   help="check N queries drawn at random (seeded) instead of all (implies --check)")
-    b.add_argument("--seed", type=int, default=0, help="query generation and random-assignment seed")
-    b.add_argument("--report", metavar="FILE.json", help="write {machine, config, rows} as JSON")
-    b.add_argument("--plot", metavar="DIR", help="write PNG plots (update time and imbalance per swept parameter)")
-    add_store_options(b, data_dir=False, namespace=BENCH_NAMESPACE)
-    b.add_argument("--ray-address", metavar="ADDR", help="join a Ray cluster (default: a local Ray instance)")
-    b.add_argument("--quiet", action="store_true", help="no progress bars")
+    setting_flag(b, "--objects", "run.objects", metavar="DIR")
+    setting_flag(b, "--queries", "bench.queries", metavar="N[,N...]")
+    setting_flag(b, "--kmax", "bench.kmax", metavar="K[,K...]")
+    setting_flag(b, "--workers", "bench.workers", metavar="W[,W...]")
+    setting_flag(b, "--algorithms", "bench.algorithms", metavar="A[,A...]",
+                 help=f"of {', '.join((*ALGORITHMS, REFERENCE, IDEAL))} ({REFERENCE}: one process, keyword lists, "
+                      f"no assignment; {IDEAL}: the bound, every query on one worker, its work shared evenly)")
+    setting_flag(b, "--batches", "run.batches", metavar="M")
+    setting_flag(b, "--repeat", "bench.repeat", metavar="R")
+    setting_flag(b, "--check", "bench.check", switch=True)
+    setting_flag(b, "--report", "run.report", metavar="FILE.json")
+    setting_flag(b, "--plot", "bench.plot", metavar="DIR")
+    add_config_options(b)
     b.set_defaults(func=_bench)

@@ -135,8 +135,9 @@ def format_explanation(e: dict[str, Any]) -> str:
 
 
 def _explain(a: argparse.Namespace) -> int:
-    with open_store(store_config(a), existing=True) as store:
-        e = explain_query(store.url, a.namespace, a.qid)
+    config = store_config(a)
+    with open_store(config, existing=True) as store:
+        e = explain_query(store.url, config.namespace, a.qid)
     print(json.dumps(e, indent=2) if a.json else format_explanation(e))
     return 0
 

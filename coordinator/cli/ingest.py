@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
-from knnmon.coordinator.cli.options import add_max_future_option, add_verb
+from knnmon.coordinator.cli.options import add_config_options, add_verb, setting_flag, settings_of
 from knnmon.grid import DEFAULT_GRID
 from knnmon.ingest.spark import DEFAULT_MASTER, require_spark
 
@@ -39,12 +39,18 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--master", default=DEFAULT_MASTER, help=f"Spark master URL (default {DEFAULT_MASTER})")
 
 
+def _bounds(p: argparse.ArgumentParser) -> None:
+    setting_flag(p, "--max-future", "limits.max_future", metavar="DURATION",
+                 help="reject records whose time leads the ingest run's clock by more than DURATION; off: no bound")
+    add_config_options(p)
+
+
 def _run_places(a: argparse.Namespace) -> int:
     require_spark()
     from knnmon.ingest.jobs import ingest_places
 
     print(format_manifest(ingest_places(a.paths, a.out, grid_n=a.grid, master=a.master,
-                                        with_names=a.with_names, stem=a.stem, max_future_ms=a.max_future)))
+                                        with_names=a.with_names, stem=a.stem, max_future_ms=settings_of(a).settings.limits.max_future)))
     return 0
 
 
@@ -53,7 +59,7 @@ def _run_tweets(a: argparse.Namespace) -> int:
     from knnmon.ingest.jobs import ingest_tweets
 
     print(format_manifest(ingest_tweets(a.paths, a.out, grid_n=a.grid, master=a.master, stem=a.stem,
-                                        max_future_ms=a.max_future)))
+                                        max_future_ms=settings_of(a).settings.limits.max_future)))
     return 0
 
 
@@ -77,14 +83,14 @@ def add_ingest_commands(sub: Any) -> None:
     _common(p)
     p.add_argument("--with-names", action="store_true", help="also take keywords from place names")
     p.add_argument("--stem", action="store_true", help="Snowball-stem keywords")
-    add_max_future_option(p, "the ingest run's clock")
+    _bounds(p)
     p.set_defaults(func=_run_places)
 
     t = add_verb(kinds, "tweets", "tweet CSV (id,username,created_at,lng,lat,text) or API v1.1 JSON lines")
     t.add_argument("paths", nargs="+", metavar="PATH", help="files or directories")
     _common(t)
     t.add_argument("--stem", action="store_true", help="Snowball-stem keywords")
-    add_max_future_option(t, "the ingest run's clock")
+    _bounds(t)
     t.set_defaults(func=_run_tweets)
 
     s = add_verb(kinds, "synthetic", "SYNTHETIC Twitter-scale stream shaped like the paper's Table 1")

@@ -6,9 +6,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from knnmon.assignment import ALGORITHMS
-from knnmon.coordinator.cli.options import add_verb, add_cost_model_option, add_routing_entries_option
-from knnmon.coordinator.planning import DEFAULT_INITIAL, explain, make_plan, write_plan
+from knnmon.coordinator.cli.options import add_config_options, add_verb, require, setting_flag, settings_of
+from knnmon.coordinator.planning import explain, make_plan, write_plan
 
 __all__ = ["add_plan_command", "format_summary"]
 
@@ -35,10 +34,13 @@ def format_summary(s: dict[str, Any]) -> str:
 
 
 def _run(a: argparse.Namespace) -> int:
-    result = make_plan(a.objects, a.queries, a.workers, a.algorithm, initial=a.initial, beta=a.beta,
-                       sets_per_worker=a.sets_per_worker, delivery_cost=a.delivery_cost, cost_model=a.cost_model,
-                       handout=a.handout, seed=a.seed, processes=a.processes,
-                       routing_entries=a.routing_entries)
+    s = settings_of(a).settings
+    p, r = s.plan, s.run
+    require(r.objects, "run.objects", "--objects")
+    require(r.queries, "run.queries", "--queries")
+    result = make_plan(r.objects, r.queries, s.workers.count, s.workers.algorithm, initial=r.initial, beta=p.beta,
+                       sets_per_worker=p.sets_per_worker, delivery_cost=p.delivery_cost, cost_model=p.cost_model,
+                       handout=p.handout, seed=p.seed, processes=p.processes, routing_entries=p.routing_entries)
     write_plan(result, a.out)
     print(format_summary(result.summary))
     if a.explain:
@@ -48,26 +50,15 @@ def _run(a: argparse.Namespace) -> int:
 
 
 def add_plan_command(sub: Any) -> None:
-    """Register ``plan`` on a root parser's subparsers."""
+    """Register ``plan`` on a root parser's subparsers; the assignment's parameters are in
+    ``[plan]`` (``knnmon config``)."""
     p = add_verb(sub, "plan", "assign queries to workers (load model + assignment algorithm)")
-    p.add_argument("--objects", required=True, metavar="DIR", help="an ingest output directory")
-    p.add_argument("--queries", required=True, metavar="FILE", help="a query file (knnmon queries generate)")
-    p.add_argument("--workers", type=int, required=True, metavar="W", help="number of workers to plan for")
-    p.add_argument("--algorithm", required=True, choices=sorted(ALGORITHMS),
-                   help="the paper's proposed partitioning, or a baseline")
-    p.add_argument("--initial", type=int, default=DEFAULT_INITIAL, metavar="N",
-                   help=f"objects seen before the stream; r_q is exact over them (default {DEFAULT_INITIAL:,})")
-    p.add_argument("--beta", type=int, default=100_000, help="sets above BETA queries split by space (default 100,000)")
-    p.add_argument("--sets-per-worker", type=int, default=8, help="proposed: stop at this many sets per worker (default 8)")
-    add_cost_model_option(p)
-    p.add_argument("--delivery-cost", type=float, default=None,
-                   help="weight of one delivery (lambda; default: 10.9 us under the measured model, 1 under the "
-                        "paper's)")
-    p.add_argument("--handout", choices=("set", "query"), default="set",
-                   help="proposed: assign whole sets (default) or query by query as the paper prints it")
-    p.add_argument("--seed", type=int, default=0, help="random assignment and delivery sample seed")
-    add_routing_entries_option(p)
-    p.add_argument("--processes", type=int, default=2, help="processes for the kNN radii (default 2)")
+    setting_flag(p, "--objects", "run.objects", metavar="DIR")
+    setting_flag(p, "--queries", "run.queries", metavar="FILE")
+    setting_flag(p, "--workers", "workers.count", metavar="W")
+    setting_flag(p, "--algorithm", "workers.algorithm", metavar="NAME")
+    setting_flag(p, "--initial", "run.initial", metavar="N")
     p.add_argument("--out", required=True, metavar="PLANDIR", help="where the plan's files go")
     p.add_argument("--explain", metavar="QID", help="also say how query QID was placed")
+    add_config_options(p)
     p.set_defaults(func=_run)

@@ -6,10 +6,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from knnmon.coordinator.cli.options import add_max_future_option, add_store_options, add_verb, store_config
+from knnmon.coordinator.cli.options import add_store_options, add_verb, setting_flag, settings_of, store_config
 from knnmon.errors import KnnmonError, InvalidArgumentError
 from knnmon.keys import Keys
-from knnmon.limits import Limits
 from knnmon.store import open_store
 
 __all__ = ["add_repair_command"]
@@ -22,15 +21,16 @@ def _repair(a: argparse.Namespace) -> int:
 
     if not a.watermark:
         raise InvalidArgumentError("say what to repair: --watermark")
-    keys = Keys(a.namespace)
-    with open_store(store_config(a, durable=True), existing=True) as store:
+    config = store_config(a, durable=True)
+    keys = Keys(config.namespace)
+    with open_store(config, existing=True) as store:
         client = connect(store.url)
         try:
             other = running_service(client, keys)
             if other is not None:
                 raise KnnmonError(f"a knnmon serve (pid {other.get('pid')} on {other.get('host')}) runs in namespace "
-                                  f"{a.namespace!r}: stop it before repairing")
-            report = repair_watermark(client, keys, Limits(max_future_ms=a.max_future), dry_run=a.dry_run)
+                                  f"{config.namespace!r}: stop it before repairing")
+            report = repair_watermark(client, keys, settings_of(a).settings.limits_config(), dry_run=a.dry_run)
         finally:
             client.close()
     print("\n".join(f"knnmon repair: {line}" for line in report.lines()))
@@ -48,7 +48,8 @@ def add_repair_command(sub: Any) -> None:
                  "recomputes every result over the live objects, those rejected as late because of the poison "
                  "included (docs/serve.md, \"Event time\").")
     r.add_argument("--watermark", action="store_true", help="repair the watermark (see above)")
-    add_max_future_option(r, "its arrival time (the entry id's time; the same bound as the service's)")
+    setting_flag(r, "--max-future", "limits.max_future", metavar="DURATION",
+                 help="objects whose t leads their entry id's time by more are rejected (the service's bound)")
     r.add_argument("--dry-run", action="store_true", help="report what would be repaired; change nothing")
     add_store_options(r)
     r.set_defaults(func=_repair)

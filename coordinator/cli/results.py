@@ -46,8 +46,9 @@ def fetch_result(url: str, namespace: str, qid: str) -> dict[str, Any]:
 
 
 def _results(a: argparse.Namespace) -> int:
-    with open_store(store_config(a), existing=True) as store:
-        r = fetch_result(store.url, a.namespace, a.qid)
+    config = store_config(a)
+    with open_store(config, existing=True) as store:
+        r = fetch_result(store.url, config.namespace, a.qid)
     if a.json:
         print(json.dumps(r, indent=2))
         return 0

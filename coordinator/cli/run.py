@@ -7,11 +7,8 @@ import json
 import logging
 from typing import Any
 
-from knnmon.coordinator.cli.options import (add_verb, announce_first_compile, add_batch_option, add_cost_model_option,
-                                            add_index_option,
-                                            add_limit_options, add_log_format_option, add_routing_entries_option,
-                                            add_store_options, add_window_options, add_rebalance_options,
-                                            add_worker_options, runtime_settings, store_config)
+from knnmon.coordinator.cli.options import (add_store_options, add_verb, announce_first_compile, require, setting_flag,
+                                            settings_of)
 
 __all__ = ["add_run_command", "format_run_summary"]
 
@@ -41,57 +38,42 @@ def format_run_summary(s: Any) -> str:
 
 
 def _run(a: argparse.Namespace) -> int:
-    from knnmon.coordinator.runtime.config import RunConfig
     from knnmon.coordinator.runtime.prometheus import run_metrics
     from knnmon.coordinator.rebalance.rebalancer import Rebalancer
     from knnmon.coordinator.recovery.reviver import Reviver
     from knnmon.coordinator.runtime.runtime import Runtime
     from knnmon.logs import configure_logging
 
-    configure_logging(a.log_format, logging.WARNING)
+    settings = settings_of(a).settings
+    r = settings.run
+    require(r.objects, "run.objects", "--objects")
+    require(r.queries, "run.queries", "--queries")
+    configure_logging(settings.log.format, logging.WARNING)
     announce_first_compile()
-    config = RunConfig(**runtime_settings(a), initial=a.initial, batches=a.batches, shuffle=a.shuffle,
-                       store=store_config(a), cost_model=a.cost_model, in_flight=a.in_flight,
-                       routing_entries=a.routing_entries, overlap_writes=not a.sync_writes, arrival_ms=a.arrival_ms)
-    with Runtime(a.objects, a.queries, config, rebalancer=Rebalancer, reviver=Reviver) as rt:
-        summary = rt.run(progress=not a.quiet)
+    with Runtime(r.objects, r.queries, settings.run_config(), rebalancer=Rebalancer, reviver=Reviver) as rt:
+        summary = rt.run(progress=settings.log.progress)
         # Out before the workers, Ray and Redis stop: whatever happens at the stop, the run's
         # summary and report are written.
         print(format_run_summary(summary), flush=True)
-        if a.report:
-            with open(a.report, "w", encoding="utf-8") as fh:
+        if r.report:
+            with open(r.report, "w", encoding="utf-8") as fh:
                 json.dump(summary.to_dict(), fh, indent=2)
-        if a.metrics_file:
-            run_metrics(summary, rt.reports).write(a.metrics_file)
+        if r.metrics_file:
+            run_metrics(summary, rt.reports).write(r.metrics_file)
     return 0
 
 
 def add_run_command(sub: Any) -> None:
-    """Register ``run`` on a root parser's subparsers."""
+    """Register ``run`` on a root parser's subparsers: the flags a first day needs; every other
+    setting is in ``[run]`` and the shared sections (``knnmon config``)."""
     r = add_verb(sub, "run", "stream objects through the distributed runtime; results go to Redis")
-    r.add_argument("--objects", required=True, metavar="DIR", help="an ingest output directory")
-    r.add_argument("--queries", required=True, metavar="FILE", help="a query file")
-    add_worker_options(r)
-    r.add_argument("--initial", type=int, default=1_000_000, metavar="N", help="objects seen before the stream")
-    add_batch_option(r)
-    r.add_argument("--batches", type=int, metavar="M", help="stop after M batches (default: all objects)")
-    r.add_argument("--shuffle", type=int, metavar="SEED", help="stream in random order instead of (t, id)")
-    add_cost_model_option(r)
-    r.add_argument("--in-flight", type=int, default=2, metavar="N",
-                   help="batches dispatched before the oldest is waited for (default 2; 1 = one at a time)")
-    r.add_argument("--sync-writes", action="store_true",
-                   help="each worker waits for a batch's Redis write before its next batch (default: it computes "
-                        "the next batch while Redis writes)")
-    add_index_option(r, "run")
-    add_routing_entries_option(r)
-    add_limit_options(r)
-    add_window_options(r)
-    add_rebalance_options(r)
-    r.add_argument("--report", metavar="FILE.json", help="write the summary as JSON")
-    r.add_argument("--metrics-file", metavar="FILE.prom",
-                   help="write the run's Prometheus metrics at its end, in the text format a scrape returns (for "
-                        "benchmarks, or node_exporter's textfile collector)")
-    add_log_format_option(r)
-    r.add_argument("--quiet", action="store_true", help="no progress bar")
-    add_store_options(r)
+    setting_flag(r, "--objects", "run.objects", metavar="DIR")
+    setting_flag(r, "--queries", "run.queries", metavar="FILE")
+    setting_flag(r, "--workers", "workers.count", metavar="W")
+    setting_flag(r, "--algorithm", "workers.algorithm", metavar="NAME")
+    setting_flag(r, "--initial", "run.initial", metavar="N")
+    setting_flag(r, "--window", "window.size", metavar="DURATION")
+    setting_flag(r, "--report", "run.report", metavar="FILE.json")
+    setting_flag(r, "--quiet", "log.progress", switch=False, help="no progress bar")
+    add_store_options(r, data_dir=False)
     r.set_defaults(func=_run)

@@ -16,11 +16,12 @@ __all__ = ["add_status_command"]
 def _status(a: argparse.Namespace) -> int:
     from knnmon.coordinator.service.status import format_status, read_status
 
-    with open_store(store_config(a), existing=True) as store:
-        s = read_status(store.url, a.namespace)
+    config = store_config(a)
+    with open_store(config, existing=True) as store:
+        s = read_status(store.url, config.namespace)
     print(json.dumps(s, indent=2) if a.json else format_status(s))
     if s["service"] is None and not s["queries"]:
-        raise KnnmonError(f"nothing in namespace {a.namespace!r}: is `knnmon serve` running against this Redis?")
+        raise KnnmonError(f"nothing in namespace {config.namespace!r}: is `knnmon serve` running against this Redis?")
     return 0
 
 

@@ -5,7 +5,7 @@ figures, and the recent batch records.
 Nothing here writes to Redis or joins a consumer group: the dashboard runs beside ``knnmon serve``
 (or after ``knnmon run``, or against a cluster) without changing what it does. Every read is
 bounded: the queries are read in chunks of :data:`CHUNK` and at most :data:`MAX_QUERIES` of them,
-a result has at most the service's ``--max-k`` members, batch records are read :data:`RECORDS` at
+a result has at most the service's ``limits.max_k`` members, batch records are read :data:`RECORDS` at
 a time.
 """
 

@@ -64,7 +64,7 @@ class LoadMonitor:
 
 
 class SmoothedMonitor:
-    """Per-worker busy time smoothed over a few batches, with its noise (``--rebalance-trigger
+    """Per-worker busy time smoothed over a few batches, with its noise (``rebalance.trigger
     smoothed``): follows a drift within a few batches instead of waiting for a full window.
 
     Each worker's busy time per batch ``b_w`` (ms) updates an exponentially weighted mean

@@ -3,7 +3,7 @@
 With a window, a restart needs only the live objects, the queries, the watermark and the stream
 positions. The queries are in Redis already (their hashes); the live objects are the entries of
 ``knn:ingest:objects`` of the batches that still hold a live object. So every
-``--checkpoint-interval`` seconds the service trims the stream below the first entry of the oldest
+``serve.checkpoint_interval_s`` seconds the service trims the stream below the first entry of the oldest
 such batch (``XTRIM MINID``: nothing acknowledged that a live object needs goes, nothing not yet
 acknowledged goes) and records the checkpoint in ``knn:serve:checkpoint`` (``watermark``,
 ``trimmed_below``, ``live_batches``, ``at_ms``). Recovery

@@ -6,7 +6,7 @@ check therefore keeps at most one call outstanding per worker (:meth:`WorkerHost
 reads it without waiting for it: a worker is **dead** once that call failed because its actor
 died, and alive otherwise (answered, or still busy). A dead actor stays dead for every caller
 until the pool replaces it (a revival); the new actor is asked anew. An in-process worker
-(``--executor inline``) is dead while its pool counts it lost (:class:`InlinePool`).
+(``workers.executor inline``) is dead while its pool counts it lost (:class:`InlinePool`).
 """
 
 from __future__ import annotations

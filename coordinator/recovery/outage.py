@@ -1,7 +1,7 @@
 """Riding out a Redis outage (a restart, a network cut) without rebuilding the service.
 
 While Redis does not answer, every write of the workers and every acknowledgement waits and
-retries (for ``--redis-wait`` seconds: :func:`~knnmon.connection.set_retry_window`); a read of
+retries (for ``serve.redis_wait_s`` seconds: :func:`~knnmon.connection.set_retry_window`); a read of
 the ingest streams fails at once. The service then waits for Redis
 (:func:`connect_when_up`) and,
 if it was between two applications (nothing half applied: its state is what it acknowledged),

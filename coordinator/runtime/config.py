@@ -18,12 +18,12 @@ __all__ = ["ARRIVAL_EPOCH_MS", "DEFAULT_RESERVE", "EXECUTORS", "RunConfig"]
 #: Where the workers run: Ray actors, or plain objects in the coordinator's process.
 EXECUTORS = ("ray", "inline")
 
-#: Neighbours kept beyond ``k`` with a window unless ``--reserve`` says otherwise.
+#: Neighbours kept beyond ``k`` with a window unless ``window.reserve`` says otherwise.
 DEFAULT_RESERVE = 8
 
-#: The time ``--arrival-ms`` gives the first object: 2020-01-01T00:00:00Z, epoch ms.
+#: The time ``run.arrival_ms`` gives the first object: 2020-01-01T00:00:00Z, epoch ms.
 ARRIVAL_EPOCH_MS = 1_577_836_800_000
-#: The largest ``--arrival-ms``: one object a day (times stay far inside int64 for any stream).
+#: The largest ``run.arrival_ms``: one object a day (times stay far inside int64 for any stream).
 MAX_ARRIVAL_MS = 86_400_000
 
 @dataclass(frozen=True)
@@ -63,18 +63,18 @@ class RunConfig:
     processes : int
         Processes for the initial kNN search.
     limits : Limits
-        Bounds on the queries' ``k`` and keywords (``--max-k``, ``--max-keywords``).
+        Bounds on the queries' ``k`` and keywords (``limits.max_k``, ``limits.max_keywords``).
     window : int or None
         The sliding window, ms (``--window``; :mod:`knnmon.window`); ``None``: append-only.
     allowed_lateness : int
         With a window: the watermark trails the largest ``t`` applied by this much, ms
-        (``--allowed-lateness``; :class:`~knnmon.window.Window`); 0: the largest ``t``.
+        (``window.allowed_lateness``; :class:`~knnmon.window.Window`); 0: the largest ``t``.
     arrival_ms : int or None
         Replace every object's ``t`` by its arrival time: the ``i``-th object of the stream
-        (initial ones first) gets ``ARRIVAL_EPOCH_MS + i * arrival_ms`` (``--arrival-ms``): a
+        (initial ones first) gets ``ARRIVAL_EPOCH_MS + i * arrival_ms`` (``run.arrival_ms``): a
         shuffled stream keeps its order in event time then. ``None``: the data's own times.
     reserve : int or None
-        Neighbours each query keeps beyond its ``k`` (``--reserve``): with a window, an expiry
+        Neighbours each query keeps beyond its ``k`` (``window.reserve``): with a window, an expiry
         then takes the next neighbour from the reserve instead of a refill search.
         ``None``: :data:`DEFAULT_RESERVE` with a window, else 0 (see :attr:`places_reserved`).
     rebalance : RebalanceConfig or None
@@ -82,7 +82,7 @@ class RunConfig:
         plan stays as made.
     redis_wait_s : float
         How long the coordinator and the workers retry a Redis that does not answer before they
-        give up on it, seconds (``--redis-wait`` of ``serve``:
+        give up on it, seconds (``serve.redis_wait_s`` of ``serve``:
         :func:`~knnmon.connection.set_retry_window`): a Redis restart shorter than this costs
         a wait, not a recovery.
 
@@ -125,15 +125,15 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         if not (isinstance(self.redis_wait_s, (int, float)) and 0 <= self.redis_wait_s <= 3600):
-            raise InvalidArgumentError(f"--redis-wait must be between 0 and 3600 seconds; got {self.redis_wait_s}")
+            raise InvalidArgumentError(f"serve.redis_wait_s must be between 0 and 3600 seconds; got {self.redis_wait_s}")
         if not 1 <= self.workers <= 64:
             raise InvalidArgumentError(f"--workers must be between 1 and 64; got {self.workers}")
         if self.batch < 1:
-            raise InvalidArgumentError(f"--batch must be >= 1; got {self.batch}")
+            raise InvalidArgumentError(f"batch must be >= 1; got {self.batch}")
         if self.initial < 0:
             raise InvalidArgumentError(f"--initial must be >= 0; got {self.initial}")
         if self.batches is not None and self.batches < 1:
-            raise InvalidArgumentError(f"--batches must be >= 1; got {self.batches}")
+            raise InvalidArgumentError(f"batches must be >= 1; got {self.batches}")
         check_max_entries(self.routing_entries)
         # (the workers' own settings, checked where they are defined)
         WorkerSettings(index=self.index, overlap_writes=self.overlap_writes)
@@ -142,14 +142,14 @@ class RunConfig:
         if self.window is not None:
             Window(self.window, lateness_ms=self.allowed_lateness)  # raises when out of range
         elif self.allowed_lateness:
-            raise InvalidArgumentError("--allowed-lateness needs --window: without a window no object is late")
+            raise InvalidArgumentError("window.allowed_lateness needs --window: without a window no object is late")
         if self.reserve is not None and not 0 <= self.reserve <= 1000:
-            raise InvalidArgumentError(f"--reserve must be between 0 and 1000; got {self.reserve}")
+            raise InvalidArgumentError(f"window.reserve must be between 0 and 1000; got {self.reserve}")
         if self.arrival_ms is not None and not 1 <= self.arrival_ms <= MAX_ARRIVAL_MS:
-            raise InvalidArgumentError(f"--arrival-ms must be between 1 and {MAX_ARRIVAL_MS:,} (a day); "
+            raise InvalidArgumentError(f"run.arrival_ms must be between 1 and {MAX_ARRIVAL_MS:,} (a day); "
                                        f"got {self.arrival_ms}")
         if self.in_flight < 1:
-            raise InvalidArgumentError(f"--in-flight must be >= 1; got {self.in_flight}")
+            raise InvalidArgumentError(f"run.in_flight must be >= 1; got {self.in_flight}")
 
     @property
     def places_reserved(self) -> int:

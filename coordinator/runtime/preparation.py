@@ -149,7 +149,7 @@ def check_objects_in_bounds(objects: pa.Table, limits: Limits, what: str = "the 
         raise InvalidArgumentError(
             f"{what}: {len(over):,} objects have more than {limits.max_keywords} keywords (too_many_keywords; "
             f"the first, {objects.column('id')[i].as_py()!r}, has {int(n_kw[i])}): ingest them again with these "
-            "bounds, or raise --max-keywords")
+            "bounds, or raise limits.max_keywords")
     if limits.max_future_ms is None:
         return
     t, now = objects.column("t").to_numpy(), int(time.time() * 1000)

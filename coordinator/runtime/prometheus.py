@@ -215,7 +215,7 @@ def rss_bytes(stats: Sequence[WorkerStats]) -> list[float | None]:
 
 
 def run_metrics(summary: RunSummary, reports: Sequence[BatchReport]) -> KnnMetrics:
-    """The metrics of a finished ``knnmon run`` (``--metrics-file``), as a scrape at its end
+    """The metrics of a finished ``knnmon run`` (``run.metrics_file``), as a scrape at its end
     would read them: the counters from ``summary``, the per-batch histograms from ``reports``.
     A run has no publish times, so its response-time histogram stays empty; its workers'
     busy ratio is over the run's wall time (``summary.wall_s``)."""

@@ -86,7 +86,7 @@ class RoutingUpkeep:
     pool
         The workers (asked for their queries' regions).
     max_entries
-        The table's bound (``--routing-entries``).
+        The table's bound (``plan.routing_entries``).
     """
 
     def __init__(self, routing: LiveRouting, model: LoadModel, pool: WorkerPool, max_entries: int) -> None:

@@ -1,8 +1,8 @@
 """How ``knnmon serve`` forms batches: when to wait, how big a (mini)batch is, in which order.
 
-Policies (``--batching``):
+Policies (``serve.batching``):
 
-- ``fixed``: after a read's first object, wait up to ``--max-delay-ms`` for more (knnmon's first
+- ``fixed``: after a read's first object, wait up to ``serve.max_delay_ms`` for more (knnmon's first
   policy; a lone object always waits the delay);
 - ``no-wait``: never wait; a batch is what one read returns, i.e. what queued while the
   previous batch ran (an idle service answers an object at once);
@@ -13,17 +13,17 @@ Policies (``--batching``):
   - the cost of a minibatch of ``m`` objects is fitted online as ``T(m) = a + b m`` (least
     squares over the last :data:`FIT_BATCHES` minibatches);
   - **latency**: an object that arrives while a minibatch runs waits for it and then for its
-    own, about ``2 T(m)``; ``2 T(m) <= --latency-target-ms`` gives ``m_lat = (target / 2 - a) / b``
+    own, about ``2 T(m)``; ``2 T(m) <= serve.latency_target_ms`` gives ``m_lat = (target / 2 - a) / b``
     (FK §7.2: ``batchsize < acceptable_latency / (1/rate + matching_single/speedup)``);
   - **throughput**: minibatches must keep up with the arrival rate ``r`` (objects/s over the last
     :data:`RATE_WINDOW_S` s): ``m / T(m) >= r`` gives ``m_thr = r a / (1 - r b)``, and when
-    ``r b`` nears 1 the service is saturated and takes whole reads (``--batch``): FK, "switch to
+    ``r b`` nears 1 the service is saturated and takes whole reads (``serve.batch``): FK, "switch to
     batching during bursts; messages are queued then, so batching adds no latency";
-  - ``m = max(m_lat, m_thr)``, at least 1 and at most ``--batch``; a read of ``n <= m`` objects is
+  - ``m = max(m_lat, m_thr)``, at least 1 and at most ``serve.batch``; a read of ``n <= m`` objects is
     one batch, one of ``n > m`` is cut into ``ceil(n / m)`` minibatches of equal size (FK's
     fixed-number cut: no tiny tail);
   - a **backlog** (a read that came back full: more is queued) is processed in batches of
-    ``--batch``: the objects waited already, and small minibatches would only lower the
+    ``serve.batch``: the objects waited already, and small minibatches would only lower the
     throughput that drains the backlog;
   - a read whose first minibatches ran slower than the arrival rate (``r T / m >= 0.8`` over
     the minibatches done, :meth:`BatchPolicy.regroup`) has **the rest in one batch**: the cost
@@ -49,7 +49,7 @@ from knnmon.errors import InvalidArgumentError
 
 __all__ = ["FIT_BATCHES", "POLICIES", "RATE_WINDOW_S", "BatchPolicy"]
 
-#: ``--batching`` choices.
+#: ``serve.batching`` choices.
 POLICIES = ("fixed", "no-wait", "adaptive")
 #: Minibatches in the cost fit.
 FIT_BATCHES = 64
@@ -67,7 +67,7 @@ class BatchPolicy:
     policy
         One of :data:`POLICIES`.
     batch
-        The largest batch (``--batch``): a read takes at most this many entries.
+        The largest batch (``serve.batch``): a read takes at most this many entries.
     max_delay_ms
         ``fixed`` only: the wait for more after a read's first object (ms).
     latency_target_ms
@@ -83,13 +83,13 @@ class BatchPolicy:
     def __init__(self, policy: str = "adaptive", *, batch: int = 1000, max_delay_ms: float = 20.0,
                  latency_target_ms: float = 50.0) -> None:
         if policy not in POLICIES:
-            raise InvalidArgumentError(f"Invalid --batching: {policy!r}.\nValid options are: {POLICIES}")
+            raise InvalidArgumentError(f"Invalid serve.batching: {policy!r}.\nValid options are: {POLICIES}")
         if batch < 1:
-            raise InvalidArgumentError(f"--batch must be >= 1; got {batch}")
+            raise InvalidArgumentError(f"serve.batch must be >= 1; got {batch}")
         if not (math.isfinite(max_delay_ms) and max_delay_ms >= 0):
-            raise InvalidArgumentError(f"--max-delay-ms must be a finite number >= 0; got {max_delay_ms}")
+            raise InvalidArgumentError(f"serve.max_delay_ms must be a finite number >= 0; got {max_delay_ms}")
         if not (math.isfinite(latency_target_ms) and latency_target_ms > 0):
-            raise InvalidArgumentError(f"--latency-target-ms must be a finite number > 0; got {latency_target_ms}")
+            raise InvalidArgumentError(f"serve.latency_target_ms must be a finite number > 0; got {latency_target_ms}")
         self.policy, self.batch = policy, int(batch)
         self.max_delay_ms, self.latency_target_ms = float(max_delay_ms), float(latency_target_ms)
         self._costs: deque[tuple[int, float]] = deque(maxlen=FIT_BATCHES)  # (objects, seconds)

@@ -20,7 +20,7 @@ RUN_FIELDS = ("workers", "algorithm", "store", "ray_address", "executor", "batch
 
 
 #: How long a service and its workers ride out a Redis that stopped answering, seconds
-#: (``--redis-wait``; a run's default is :data:`~knnmon.connection.DEFAULT_RETRY_WINDOW_S`).
+#: (``serve.redis_wait_s``; a run's default is :data:`~knnmon.connection.DEFAULT_RETRY_WINDOW_S`).
 SERVE_REDIS_WAIT_S = 60.0
 
 
@@ -54,13 +54,13 @@ class ServeConfig:
     consumer
         The service's consumer name in the group.
     checkpoint_interval_s
-        With a window: seconds between checkpoints (``--checkpoint-interval``;
+        With a window: seconds between checkpoints (``serve.checkpoint_interval_s``;
         :mod:`~knnmon.coordinator.recovery.checkpoint`).
     batching, latency_target_ms
-        How batches form (``--batching``, ``--latency-target-ms``):
+        How batches form (``serve.batching``, ``serve.latency_target_ms``):
         :class:`~knnmon.coordinator.service.batching.BatchPolicy`.
     replan
-        The first start recovers in full and plans every query anew (``--replan``), instead of
+        The first start recovers in full and plans every query anew (``serve.replan``), instead of
         starting the workers from the results Redis holds (:mod:`~knnmon.coordinator.recovery.resume`).
     metrics
         ``(host, port)`` of ``/metrics``, ``/healthz`` and ``/readyz``
@@ -101,9 +101,9 @@ class ServeConfig:
         if self.initial is not None and self.initial < 0:
             raise InvalidArgumentError(f"--initial must be >= 0; got {self.initial}")
         if not (math.isfinite(self.checkpoint_interval_s) and self.checkpoint_interval_s > 0):
-            raise InvalidArgumentError(f"--checkpoint-interval must be a finite number > 0; got {self.checkpoint_interval_s}")
+            raise InvalidArgumentError(f"serve.checkpoint_interval_s must be a finite number > 0; got {self.checkpoint_interval_s}")
         if self.ready_max_lag < 0:
-            raise InvalidArgumentError(f"--ready-max-lag must be >= 0; got {self.ready_max_lag}")
+            raise InvalidArgumentError(f"serve.ready_max_lag must be >= 0; got {self.ready_max_lag}")
         if self.metrics is not None:
             host, port = self.metrics
             if not isinstance(host, str) or not host or not isinstance(port, int) or not 0 <= port <= 65535:

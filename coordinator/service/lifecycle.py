@@ -147,7 +147,7 @@ class Lifecycle:
         self.reader = StreamReader(self.client, self.config.consumer)
         settings = settings_of(self.config, self._preload.num_rows)
         try:
-            replan, self._replan = self._replan, False  # (--replan: the first start only)
+            replan, self._replan = self._replan, False  # (serve.replan: the first start only)
             r, pool_s, started_s = self.start_runtime(skip, None if replan else settings)
         except NotResumableError as ex:
             log.warning("starting the workers from the results Redis holds failed (%s): recovering in full", ex)

@@ -35,7 +35,7 @@ log = logging.getLogger("knnmon.serve")
 
 #: Seconds between the service loop's requests of the workers' stats (their memory).
 WORKER_STATS_S = 10.0
-#: ``/readyz`` fails while more entries than this wait in the ingest streams (``--ready-max-lag``).
+#: ``/readyz`` fails while more entries than this wait in the ingest streams (``serve.ready_max_lag``).
 DEFAULT_MAX_LAG = 10_000
 #: What a runtime counts that outlives it in the service's totals.
 RUNTIME_TOTALS = ("replans", "queries_moved", "workers_revived")

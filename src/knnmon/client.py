@@ -67,7 +67,7 @@ class KnnClient:
     namespace
         Its key prefix (default ``knn``).
     limits
-        The service's bounds (``--max-k``, ``--max-keywords``): :meth:`register` checks them
+        The service's bounds (``limits.max_k``, ``limits.max_keywords``): :meth:`register` checks them
         before sending, as it checks the id and coordinates (:mod:`knnmon.limits`).
 
     Attributes

@@ -86,7 +86,7 @@ def connect(url: str, *, socket_timeout_s: float = 30.0) -> redis.Redis:
     return RedisCluster.from_url(url, **options)
 
 
-#: How long :func:`with_retries` keeps trying by default, seconds (a run's ``--redis-wait``;
+#: How long :func:`with_retries` keeps trying by default, seconds (a run's ``serve.redis_wait_s``;
 #: a service sets its own, :func:`set_retry_window`).
 DEFAULT_RETRY_WINDOW_S = 6.2
 _retry_window_s = DEFAULT_RETRY_WINDOW_S
@@ -94,7 +94,7 @@ _retry_window_s = DEFAULT_RETRY_WINDOW_S
 
 def set_retry_window(seconds: float) -> None:
     """Make :func:`with_retries` (without ``attempts``) keep trying for ``seconds`` in this
-    process: ``knnmon serve`` and its workers ride out a Redis restart this long (``--redis-wait``).
+    process: ``knnmon serve`` and its workers ride out a Redis restart this long (``serve.redis_wait_s``).
 
     Raises
     ------

@@ -66,7 +66,7 @@ class CostModel:
             An unknown name, or a negative ``delivery_cost``.
         """
         if delivery_cost is not None and delivery_cost < 0:
-            raise InvalidArgumentError(f"--delivery-cost must be >= 0; got {delivery_cost}")
+            raise InvalidArgumentError(f"plan.delivery_cost must be >= 0; got {delivery_cost}")
         if name == "measured":
             return cls(name, 0.036, 33.0, 10.9 if delivery_cost is None else delivery_cost)
         if name == "paper":

@@ -76,12 +76,12 @@ REJECT_REASONS: dict[str, str] = {
     "future": "`t` (or the entry id's time) ahead of its arrival (the entry id's time; Redis's clock) by more "
               "than `--max-future` (default 1m)",
     "no_keywords": "no `keywords`/`text`, or no keyword left after normalisation",
-    "too_many_keywords": "more keywords than `--max-keywords` (default 32)",
+    "too_many_keywords": "more keywords than `limits.max_keywords` (default 32)",
     "duplicate_id": "an object id seen before (the first one is kept; with a window, seen within it)",
     "late": "with a window: `t` at or below the watermark minus the window (already expired)",
     "unknown_op": "`op` is missing or not `register` / `unregister`",
     "bad_k": "`k` missing, not an integer, or below 1",
-    "k_too_large": "`k` above `--max-k` (default 1,000)",
+    "k_too_large": "`k` above `limits.max_k` (default 1,000)",
     "internal_error": "applying the entry failed inside knnmon (a bug); `_detail` has the error",
 }
 

@@ -32,7 +32,7 @@ DEFAULT_MAX_FUTURE_MS = 60_000
 
 @dataclass(frozen=True)
 class Limits:
-    """Bounds a deployment sets (``--max-k``, ``--max-keywords``).
+    """Bounds a deployment sets (``limits.max_k``, ``limits.max_keywords``).
 
     Attributes
     ----------
@@ -56,9 +56,9 @@ class Limits:
 
     def __post_init__(self) -> None:
         if self.max_k < 1:
-            raise InvalidArgumentError(f"--max-k must be >= 1; got {self.max_k}")
+            raise InvalidArgumentError(f"limits.max_k must be >= 1; got {self.max_k}")
         if self.max_keywords < 1:
-            raise InvalidArgumentError(f"--max-keywords must be >= 1; got {self.max_keywords}")
+            raise InvalidArgumentError(f"limits.max_keywords must be >= 1; got {self.max_keywords}")
         if self.max_future_ms is not None and self.max_future_ms < 0:
             raise InvalidArgumentError(f"--max-future must be >= 0 or off; got {self.max_future_ms} ms")
 
@@ -184,7 +184,7 @@ def parse_k(k: Any, limits: Limits = DEFAULT_LIMITS) -> int:
     if kk < 1:
         raise Rejected("bad_k", f"k={kk}")
     if kk > limits.max_k:
-        raise Rejected("k_too_large", f"k={kk} (at most {limits.max_k:,}: --max-k)")
+        raise Rejected("k_too_large", f"k={kk} (at most {limits.max_k:,}: limits.max_k)")
     return kk
 
 
@@ -216,5 +216,5 @@ def check_keywords(words: Sequence[str], limits: Limits = DEFAULT_LIMITS) -> Seq
     if not words:
         raise Rejected("no_keywords")
     if len(words) > limits.max_keywords:
-        raise Rejected("too_many_keywords", f"{len(words):,} keywords (at most {limits.max_keywords}: --max-keywords)")
+        raise Rejected("too_many_keywords", f"{len(words):,} keywords (at most {limits.max_keywords}: limits.max_keywords)")
     return words

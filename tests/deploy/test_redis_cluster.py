@@ -75,8 +75,8 @@ def test_run_results_and_status_commands_on_a_cluster(small, redis_cluster_url, 
     objects_dir, queries, objects = small
     qfile = tmp_path / "q.parquet"
     pq.write_table(queries.slice(0, 200), qfile)
-    assert main(["run", "--objects", objects_dir, "--queries", str(qfile), "--workers", "2", "--executor", "inline",
-                 "--initial", "5000", "--batch", "1000", "--redis", redis_cluster_url, "--namespace", namespace,
+    assert main(["run", "--objects", objects_dir, "--queries", str(qfile), "--workers", "2", "--set", "workers.executor=inline",
+                 "--initial", "5000", "--set", "run.batch=1000", "--redis", redis_cluster_url, "--namespace", namespace,
                  "--quiet"]) == 0
     assert_exact(redis_cluster_url, namespace, queries.slice(0, 200), BruteForceKnn(objects))
     capsys.readouterr()
@@ -146,7 +146,7 @@ def test_the_deploy_script_forms_a_cluster_that_knnmon_runs_on(small, tmp_path):
 
         pq.write_table(queries.slice(0, 150), tmp_path / "q.parquet")
         run = knnmon_cli("run", "--objects", objects_dir, "--queries", str(tmp_path / "q.parquet"), "--workers", "2",
-                         "--executor", "inline", "--initial", "5000", "--redis", url, "--quiet")
+                         "--set", "workers.executor=inline", "--initial", "5000", "--redis", url, "--quiet")
         assert run.returncode == 0, run.stderr[-2000:]
         assert assert_exact(url, "knn", queries.slice(0, 150), BruteForceKnn(objects)) == 150
         c = connect(url)

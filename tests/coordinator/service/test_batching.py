@@ -99,8 +99,8 @@ def test_an_idle_service_answers_one_object_without_the_delay(redis_url, namespa
         q = {"id": "q1", "lon": places[0]["lon"], "lat": places[0]["lat"], "keywords": places[0]["keywords"][:1],
              "k": 3}
         r.xadd(keys.ingest_queries, register_fields(q))
-        proc = serve_process(redis_url, keys.namespace, tmp_path / f"{policy}.log", "--batching", policy,
-                             "--max-delay-ms", "2000", "--data-dir", str(tmp_path / policy))
+        proc = serve_process(redis_url, keys.namespace, tmp_path / f"{policy}.log", "--set", f"serve.batching={policy}",
+                             "--set", "serve.max_delay_ms=2000", "--data-dir", str(tmp_path / policy))
         try:
             wait_processed(r, keys, proc)
             time.sleep(0.5)  # idle
@@ -120,8 +120,8 @@ def test_a_burst_is_exact_in_stream_order_and_records_every_response_time(redis_
     queries = pq.read_table(slice_queries).slice(0, 200)
     for q in queries.to_pylist():
         r.xadd(keys.ingest_queries, register_fields(q))
-    proc = serve_process(redis_url, namespace, tmp_path / "serve.log", "--batching", "no-wait",
-                         "--batch", "200", "--data-dir", str(tmp_path / "data"))
+    proc = serve_process(redis_url, namespace, tmp_path / "serve.log", "--set", "serve.batching=no-wait",
+                         "--set", "serve.batch=200", "--data-dir", str(tmp_path / "data"))
     try:
         wait_processed(r, keys, proc)
         publish_objects(r, keys, places)  # one burst: reads of up to 200 entries

@@ -144,7 +144,7 @@ def test_serve_killed_mid_stream_loses_nothing_and_duplicates_nothing(redis_url,
         r.xadd(keys.ingest_queries, register_fields(q))
     publish_objects(r, keys, places)
     bad = r.xadd(keys.ingest_objects, {"id": "bad", "lon": "x", "lat": "0", "keywords": "a"})
-    proc = start_serve(redis_url, namespace, tmp_path, "--batch", "100")
+    proc = start_serve(redis_url, namespace, tmp_path, "--set", "serve.batch=100")
     kills = 0
     try:
         for after in (5, 50):  # SIGKILL once that many object batches are done, then start again
@@ -154,7 +154,7 @@ def test_serve_killed_mid_stream_loses_nothing_and_duplicates_nothing(redis_url,
             proc.kill()
             proc.wait()
             kills += 1
-            proc = start_serve(redis_url, namespace, tmp_path, "--batch", "100")
+            proc = start_serve(redis_url, namespace, tmp_path, "--set", "serve.batch=100")
         wait_processed(r, keys, proc, timeout_s=300)
         assert stop(proc) == 0
     finally:
@@ -221,7 +221,7 @@ def test_python_client_round_trip_on_an_embedded_redis_that_survives_a_killed_se
         log = open(tmp_path / f"serve-{time.monotonic_ns()}.log", "w")
         env = {k: v for k, v in os.environ.items() if k != "KNNMON_REDIS_URL"}
         return subprocess.Popen([sys.executable, "-m", "knnmon.coordinator.cli", "serve", "--workers", "2",
-                                 "--executor", "inline", "--data-dir", str(tmp_path / "data")],
+                                 "--set", "workers.executor=inline", "--data-dir", str(tmp_path / "data")],
                                 stdout=log, stderr=subprocess.STDOUT, env=env)
 
     def server_url() -> str:
@@ -276,7 +276,7 @@ def test_python_client_round_trip_on_an_embedded_redis_that_survives_a_killed_se
         found = knnmon_cli("results", "c1", "--json", *data)
         assert found.returncode == 0 and [o["id"] for o in json.loads(found.stdout)["knn"]] == [o for o, _ in got]
         assert server_url() == url
-        second = knnmon_cli("serve", "--executor", "inline", *data)
+        second = knnmon_cli("serve", "--set", "workers.executor=inline", *data)
         assert second.returncode == 2 and "is running in namespace 'knn'" in second.stderr
         assert server_url() == url
         changes = [c for c in client.changes() if c.qid == "c1"]

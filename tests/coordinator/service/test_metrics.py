@@ -154,8 +154,8 @@ def test_a_taken_port_fails_the_start_with_a_reason(redis_url, namespace, tmp_pa
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        out = knnmon_cli("serve", "--redis", redis_url, "--namespace", namespace, "--executor", "inline",
-                         "--metrics", f"127.0.0.1:{port}", "--idle-exit-s", "1", timeout=120)
+        out = knnmon_cli("serve", "--redis", redis_url, "--namespace", namespace, "--set", "workers.executor=inline",
+                         "--metrics", f"127.0.0.1:{port}", "--set", "serve.idle_exit_s=1", timeout=120)
     assert out.returncode != 0
     assert f"--metrics 127.0.0.1:{port} cannot be bound" in out.stderr and "Traceback" not in out.stderr
 

@@ -34,10 +34,10 @@ class RayServeMachine(ServeMachine):
 
         c = self.config.run
         args = ["serve", "--redis", self.url, "--namespace", self.keys.namespace, "--workers", str(c.workers),
-                "--batch", str(c.batch), "--max-delay-ms", "2", "--metrics", "127.0.0.1:0",
+                "--set", f"serve.batch={str(c.batch)}", "--set", "serve.max_delay_ms=2", "--metrics", "127.0.0.1:0",
                 "--ray-address", self.ray_address]
         if c.window is not None:
-            args += ["--window", f"{c.window}ms", "--allowed-lateness", f"{c.allowed_lateness}ms"]
+            args += ["--window", f"{c.window}ms", "--set", f"window.allowed_lateness={c.allowed_lateness}ms"]
         if replan:
             args.append("--replan")
         self.log_path = os.path.join(self.log_dir, f"serve-{time.monotonic_ns()}.log")

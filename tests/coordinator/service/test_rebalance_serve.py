@@ -40,7 +40,7 @@ def test_serve_moves_queries_under_drift_and_explains_them(redis_url, namespace,
 
     def serve(*extra: str) -> subprocess.Popen:
         return serve_process(redis_url, namespace, tmp_path / f"serve-{time.monotonic_ns()}.log", "--data-dir",
-                             str(tmp_path / "data"), "--batch", "200", *extra, workers=3)
+                             str(tmp_path / "data"), "--set", "serve.batch=200", *extra, workers=3)
 
     proc = serve()  # the queries and the first objects, placed as they come
     try:
@@ -51,8 +51,8 @@ def test_serve_moves_queries_under_drift_and_explains_them(redis_url, namespace,
         wait_processed(r, keys, proc)
         assert _stop(proc) == 0
         # Restarted: the queries found in Redis are planned by space, then the stream drifts.
-        proc = serve("--algorithm", "space", "--rebalance", "--rebalance-trigger", "window", "--rebalance-window", "3",
-                     "--rebalance-threshold", "1.05", "--rebalance-budget", "0.15", "--rebalance-min-gain", "0")
+        proc = serve("--set", "workers.algorithm=space", "--rebalance", "--set", "rebalance.trigger=window", "--set", "rebalance.window_batches=3",
+                     "--set", "rebalance.threshold=1.05", "--set", "rebalance.budget=0.15", "--set", "rebalance.min_gain=0")
         for o in rest.to_pylist():
             r.xadd(keys.ingest_objects, object_fields(o))
         wait_processed(r, keys, proc)

@@ -25,8 +25,8 @@ WINDOW_S = 1500
 
 def start_serve(url: str, namespace: str, tmp_path) -> subprocess.Popen:
     return serve_process(url, namespace, tmp_path / f"serve-{time.monotonic_ns()}.log", "--data-dir",
-                         str(tmp_path / "data"), "--batch", "100", "--window", f"{WINDOW_S}s",
-                         "--checkpoint-interval", "0.2", workers=3)
+                         str(tmp_path / "data"), "--set", "serve.batch=100", "--window", f"{WINDOW_S}s",
+                         "--set", "serve.checkpoint_interval_s=0.2", workers=3)
 
 
 @pytest.mark.slow  # 17 s; the model-based test drops a windowed service (SIGKILL) and starts a new one
