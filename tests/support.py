@@ -318,7 +318,7 @@ def run_exact(url: str, namespace: str, objects_dir: str, queries: pa.Table, wor
 
 
 def _assert_scrape_matches(scrape: str, summary: dict) -> None:
-    """A run's ``--metrics-file`` counts what its summary does (and parses as Prometheus's text format)."""
+    """A run's ``run.metrics_file`` counts what its summary does (and parses as Prometheus's text format)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     samples = {s.name: s.value for f in text_string_to_metric_families(scrape) for s in f.samples if not s.labels}

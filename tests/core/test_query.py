@@ -50,7 +50,7 @@ def test_limits_are_the_deployments_to_set():
         Query.create("q", 1, 2, "coffee", 6, limits=tight)
     with pytest.raises(InvalidQueryError, match="too_many_keywords"):
         Query.create("q", 1, 2, "coffee tea cake", 1, limits=tight)
-    with pytest.raises(InvalidArgumentError, match="--max-k must be >= 1"):
+    with pytest.raises(InvalidArgumentError, match="limits.max_k must be >= 1"):
         Limits(max_k=0)
 
 

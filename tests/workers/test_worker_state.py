@@ -139,7 +139,7 @@ def test_held_texts_by_handle_equal_a_dict_through_expiry_and_compaction(steps):
 
 
 def test_the_light_settings_name_every_index_a_worker_builds():
-    """The coordinator checks ``--index`` against ``INDEX_NAMES`` without loading the worker."""
+    """The coordinator checks ``workers.index`` against ``INDEX_NAMES`` without loading the worker."""
     from knnmon.workers.settings import INDEX_NAMES
     from knnmon.workers.state import INDEXES
 

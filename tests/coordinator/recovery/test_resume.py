@@ -117,7 +117,7 @@ def test_a_restart_recovers_in_full_when_the_settings_changed_or_details_are_mis
         svc.run(idle_exit_s=0.5, handle_signals=False)
     with Service(config) as svc:  # and the next start resumes again
         assert "replayed" in svc.runtime.timings
-    with Service(replace(config, replan=True)) as svc:  # serve --replan: planned anew
+    with Service(replace(config, replan=True)) as svc:  # serve serve.replan: planned anew
         assert "replayed" not in svc.runtime.timings
     live = pa.Table.from_pylist(places)
     live = live.filter(pa.array(live.column("t").to_numpy() > places[-1]["t"] - WINDOW_MS))

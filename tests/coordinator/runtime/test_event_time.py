@@ -100,7 +100,7 @@ def test_allowed_lateness_applies_what_the_oracle_admits(places_slice, slice_que
 
 
 def test_a_hostile_query_cannot_flood_the_routing_table(places_slice, slice_queries, redis_url, namespace, tmp_path):
-    """A query registered with ``--max-keywords`` of the most common keywords and the largest k
+    """A query registered with ``limits.max_keywords`` of the most common keywords and the largest k
     adds at most MAX_ENTRIES_PER_QUERY routing entries; every result stays exact."""
     objects = stream_order(read_objects(str(places_slice)), None)
     queries = load_queries(str(slice_queries)).slice(0, 300)
