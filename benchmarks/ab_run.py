@@ -9,7 +9,7 @@ the way ``pyproject.toml`` maps the folders, ahead of this checkout's editable i
 Usage::
 
     python benchmarks/ab_run.py --other /tmp/old --rounds 2 -- \\
-        --objects DIR --queries FILE --workers 1 --executor inline --initial 150000 --batch 1000
+        --objects DIR --queries FILE --workers 1 --set workers.executor=inline --initial 150000
 
 Prints one line per run (objects/s, update time mean and p99, Redis server time per batch) and
 writes them as JSON with ``--out``.
@@ -72,7 +72,7 @@ def main() -> None:
             for name, path in order if r % 2 == 0 else order[::-1]:  # A B, B A, ...: no tree always first
                 data = os.path.join(tmp, f"data-{name}{r}")  # each run its own embedded server's data
                 row = {"tree": name, "round": r,
-                       **run_once(path, [*args, "--data-dir", data], os.path.join(tmp, f"{name}{r}.json"))}
+                       **run_once(path, [*args, "--set", f"redis.data_dir={data}"], os.path.join(tmp, f"{name}{r}.json"))}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     if a.out:

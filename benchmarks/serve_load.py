@@ -112,9 +112,9 @@ def start_serve(url: str, a: argparse.Namespace, r: redis.Redis, keys: Keys, *ex
     published its status."""
     r.delete(keys.serve_status)
     proc = subprocess.Popen([sys.executable, "-m", "knnmon.coordinator.cli", "serve", "--redis", url,
-                             "--namespace", "load", "--objects", a.objects, "--initial", str(a.initial),
-                             "--workers", str(a.workers), "--batch", str(a.batch), "--max-delay-ms", str(a.max_delay_ms),
-                             "--batching", a.batching, *extra])
+                             "--namespace", "load", "--objects", a.objects, "--set", f"serve.initial={str(a.initial)}",
+                             "--workers", str(a.workers), "--set", f"serve.batch={str(a.batch)}", "--set", f"serve.max_delay_ms={str(a.max_delay_ms)}",
+                             "--set", f"serve.batching={a.batching}", *extra])
     while not r.exists(keys.serve_status):
         if proc.poll() is not None:
             raise SystemExit(f"serve exited with {proc.returncode}")

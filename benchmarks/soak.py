@@ -62,9 +62,9 @@ def start_serve(url: str, a: argparse.Namespace, r: redis.Redis, keys: Keys, log
     """``knnmon serve --window`` in a child process; returns once it published its status."""
     r.delete(keys.serve_status)
     proc = subprocess.Popen([sys.executable, "-m", "knnmon.coordinator.cli", "serve", "--redis", url,
-                             "--namespace", NAMESPACE, "--objects", a.objects, "--initial", str(a.initial),
-                             "--workers", str(a.workers), "--window", a.window, "--checkpoint-interval",
-                             str(a.checkpoint_interval)], stdout=log, stderr=subprocess.STDOUT)
+                             "--namespace", NAMESPACE, "--objects", a.objects, "--set", f"serve.initial={str(a.initial)}",
+                             "--workers", str(a.workers), "--window", a.window, "--set",
+                             f"serve.checkpoint_interval_s={str(a.checkpoint_interval)}"], stdout=log, stderr=subprocess.STDOUT)
     while not r.exists(keys.serve_status):
         if proc.poll() is not None:
             raise SystemExit(f"serve exited with {proc.returncode}")

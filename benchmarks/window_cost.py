@@ -2,14 +2,14 @@
 
 Issue 17's target: objects/s with a window holding ~500 k objects within 25 % of the same run
 without one (all places, 1 M initial, 100 k queries, shuffled). The stream's times are arrival
-times (``--arrival-ms 1``: one object per ms), so ``--window 500s`` holds 500 k objects. Runs go
+times (``run.arrival_ms = 1``: one object per ms), so ``--window 500s`` holds 500 k objects. Runs go
 W N, N W, ... so the shared machine's drift hits both alike; each runs from a frozen copy of this
 checkout (``ab_run.overlay``), so editing the checkout meanwhile changes nothing.
 
 Usage::
 
     python benchmarks/window_cost.py --window 500s --rounds 2 --out /tmp/knnmon-bench/window_cost.json -- \\
-        --objects /tmp/full --queries /tmp/q100k.parquet --shuffle 1 --arrival-ms 1 --batches 150
+        --objects /tmp/full --queries /tmp/q100k.parquet --set run.shuffle=1 --set run.arrival_ms=1 --set run.batches=150
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def main() -> None:
             for name, extra in order if r % 2 == 0 else order[::-1]:
                 data = os.path.join(tmp, f"data-{name}{r}")
                 row = {"run": name, "round": r,
-                       **run_once(tree, [*args, *extra, "--data-dir", data], os.path.join(tmp, f"{name}{r}.json"))}
+                       **run_once(tree, [*args, *extra, "--set", f"redis.data_dir={data}"], os.path.join(tmp, f"{name}{r}.json"))}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     if a.out:

@@ -18,7 +18,7 @@ def own(text: str) -> str:
     """A fresh copy of ``text`` for the worker to keep. The ids of queries and objects arrive
     inside a call's arguments, unpickled among millions of short-lived objects (lists, tuples,
     floats); keeping those very strings pins every memory arena of the payload after the call
-    (``benchmarks/worker_memory.py``), while copies made here sit together."""
+    (``benchmarks/worker_memory.py at 68de8c7``), while copies made here sit together."""
     return text.encode("utf-8", "surrogatepass").decode("utf-8", "surrogatepass")
 
 

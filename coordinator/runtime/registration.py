@@ -36,7 +36,7 @@ __all__ = ["LOAD_CHUNK", "Registrar"]
 #: unpickles each call's payload (lists, tuples, floats: ~2-4 KB per query) among what it keeps,
 #: and Python's allocator hands back only whole 1 MiB arenas, so the memory a worker keeps after
 #: its load grows with the part's size (a Ray worker loading 40,000 queries kept 175 MB over an
-#: idle one in 1 part, 85 MB in 8 parts, 66 MB in 20: benchmarks/worker_load_parts.py).
+#: idle one in 1 part, 85 MB in 8 parts, 66 MB in 20: benchmarks/worker_load_parts.py at 68de8c7).
 LOAD_CHUNK = 2_000
 
 

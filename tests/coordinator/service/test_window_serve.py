@@ -71,7 +71,7 @@ def test_window_across_sigkill_and_trims(redis_url, namespace, places_slice, sli
     # The change feed replays to every result, versions increasing; object hashes: exactly the
     # (live) objects in some result, each counting the results holding it.
     assert_feed_and_objects(r, keys, [q["id"] for q in queries])
-    # Each batch's record says where its time went (benchmarks/slow_batches.py reads it).
+    # Each batch's record says where its time went (benchmarks/slow_batches.py at 68de8c7 reads it).
     records = [f for _, f in r.xrange(keys.serve_batches) if int(f["objects"])]
     assert records and all(float(f[k]) >= 0 for f in records
                            for k in ("update_ms", "refill_ms", "route_ms", "busy_max_ms", "busy_wall_max_ms"))

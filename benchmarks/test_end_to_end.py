@@ -1,0 +1,62 @@
+"""End to end: ``knnmon run`` and ``knnmon serve``'s objects per second, beside the
+single-process reference (keyword lists, one process, no assignment) measured in the same run."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+
+from benchmarks.conftest import SCALE
+from knnmon.coordinator.bench.runner import REFERENCE, BenchConfig, run_bench
+
+
+def test_run_against_the_reference(benchmark, objects_dir, ray_session):
+    """``run`` with the proposed plan on Ray workers, and the reference, on the same stream:
+    ``extra_info`` holds both throughputs and their ratio."""
+    cfg = BenchConfig(objects=objects_dir, queries=(SCALE.queries,), kmax=(SCALE.kmax,), workers=(SCALE.workers,),
+                      algorithms=(REFERENCE, "proposed"), initial=SCALE.initial, batches=SCALE.batches, shuffle=1)
+    out = benchmark.pedantic(run_bench, args=(cfg,), kwargs={"progress": False, "log": lambda _: None},
+                             rounds=1, iterations=1)
+    speed = {row["algorithm"]: row["objects_per_s"] for row in out["rows"]}
+    benchmark.extra_info.update(objects_per_s=speed, over_reference=speed["proposed"] / speed[REFERENCE])
+    assert speed["proposed"] > 0 and speed[REFERENCE] > 0
+
+
+@pytest.mark.parametrize("executor", ("inline", "ray"))
+def test_serve_drains_a_stream(benchmark, objects_dir, queries_file, redis_url, ray_session, executor):
+    """``serve`` (in this process): ``scale.queries`` registrations and ``initial + batches x
+    1,000`` objects waiting in its streams, then drained; ``extra_info``: objects per second,
+    registration and start included."""
+    import pyarrow.parquet as pq
+
+    from knnmon.client import KnnClient
+    from knnmon.coordinator.runtime.config import RunConfig
+    from knnmon.coordinator.service.config import ServeConfig
+    from knnmon.coordinator.service.loop import Service
+    from knnmon.ingest.reading import read_objects
+    from knnmon.store import StoreConfig
+
+    n = SCALE.initial + SCALE.batches * 1000
+    objects = read_objects(objects_dir).slice(0, n).select(["id", "lon", "lat", "t", "keywords"]).to_pylist()
+    queries = pq.read_table(queries_file).to_pylist()
+
+    def setup():
+        namespace = f"bench-serve-{uuid.uuid4().hex[:8]}"
+        client = KnnClient(redis_url, namespace)
+        for q in queries:
+            client.register(q["id"], q["lon"], q["lat"], q["keywords"], k=q["k"])
+        client.publish(objects)
+        run = RunConfig(workers=SCALE.workers, executor=executor, store=StoreConfig(url=redis_url, namespace=namespace))
+        return (ServeConfig(run=run),), {}
+
+    def drain(config):
+        t0 = time.perf_counter()
+        with Service(config) as svc:
+            counters = svc.run(idle_exit_s=0.5, handle_signals=False)
+        benchmark.extra_info.update(objects_per_s=n / (time.perf_counter() - t0 - 0.5), counters=counters)
+        return counters
+
+    counters = benchmark.pedantic(drain, setup=setup, rounds=1, iterations=1)
+    assert counters["objects"] == n, counters
