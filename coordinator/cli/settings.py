@@ -24,8 +24,12 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 from pydantic_settings import BaseSettings, EnvSettingsSource, NoDecode, SettingsConfigDict, SettingsError
 
-from knnmon.assignment.routing import MAX_ENTRIES
 from knnmon.connection import DEFAULT_RETRY_WINDOW_S
+from knnmon.coordinator.runtime.config import RunConfig
+from knnmon.coordinator.runtime.rebalance_config import RebalanceConfig
+from knnmon.coordinator.service.config import SERVE_REDIS_WAIT_S, ServeConfig
+from knnmon.coordinator.service.probes import DEFAULT_ADDRESS
+from knnmon.coordinator.service.telemetry import DEFAULT_MAX_LAG
 from knnmon.errors import InvalidArgumentError
 from knnmon.keys import DEFAULT_NAMESPACE
 from knnmon.limits import DEFAULT_LIMITS, Limits
@@ -66,18 +70,20 @@ def _list(value: Any) -> Any:
 
 
 _FROZEN = ConfigDict(extra="forbid", frozen=True)
+# One default per setting: where a typed configuration has the setting, its default is that one.
+_RUN, _SERVE, _REBALANCE = RunConfig(), ServeConfig(), RebalanceConfig()
 
 
 class WorkersSettings(BaseModel):
     """``[workers]``: how many, where they run, how queries are assigned and indexed."""
 
     model_config = _FROZEN
-    count: int = Field(2, ge=1, le=64, description="workers (one per core of the 2-core reference machine)")
-    algorithm: Algorithm = Field("proposed", description="the assignment of queries to workers (docs/assignment.md)")
-    executor: Literal["ray", "inline"] = Field("ray", description="workers as Ray actors, or in the coordinator's process")
+    count: int = Field(_RUN.workers, ge=1, le=64, description="workers (one per core of the 2-core reference machine)")
+    algorithm: Algorithm = Field(_RUN.algorithm, description="the assignment of queries to workers (docs/assignment.md)")
+    executor: Literal["ray", "inline"] = Field(_RUN.executor, description="workers as Ray actors, or in the coordinator's process")
     ray_address: str | None = Field(None, description="join this Ray cluster (none: a local Ray instance)")
     index: Literal["grid", "rtree"] = Field(
-        "grid", description="the workers' index over query regions: the paper's grid inverted lists or a "
+        _RUN.index, description="the workers' index over query regions: the paper's grid inverted lists or a "
                             "keyword-aware R-tree (docs/architecture.md)")
 
 
@@ -123,14 +129,14 @@ class RebalanceSettings(BaseModel):
 
     model_config = _FROZEN
     enabled: bool = Field(False, description="move queries between workers when their measured load grows uneven")
-    threshold: float = Field(1.2, ge=1.0, description="re-plan when the slowest worker's busy time exceeds this "
+    threshold: float = Field(_REBALANCE.threshold, ge=1.0, description="re-plan when the slowest worker's busy time exceeds this "
                                                       "times the mean")
-    window_batches: int = Field(20, ge=1, description="over the last this many batches, at most once per as many")
-    budget: float = Field(0.05, ge=0.0, le=1.0, description="share of all queries one re-plan may move")
-    min_gain: float = Field(0.10, ge=0.0, lt=1.0, description="move nothing unless the slowest worker's predicted "
+    window_batches: int = Field(_REBALANCE.window, ge=1, description="over the last this many batches, at most once per as many")
+    budget: float = Field(_REBALANCE.budget, ge=0.0, le=1.0, description="share of all queries one re-plan may move")
+    min_gain: float = Field(_REBALANCE.min_total_gain, ge=0.0, lt=1.0, description="move nothing unless the slowest worker's predicted "
                                                               "busy time falls by this share")
     trigger: Literal["window", "smoothed"] = Field(
-        "smoothed", description="re-plan on the busy-time ratio over the window, or on smoothed busy times when the "
+        _REBALANCE.trigger, description="re-plan on the busy-time ratio over the window, or on smoothed busy times when the "
                                 "move's predicted gain exceeds its measured cost")
 
 
@@ -138,18 +144,18 @@ class PlanSettings(BaseModel):
     """``[plan]``: the assignment's parameters (the paper, section 4; docs/assignment.md)."""
 
     model_config = _FROZEN
-    cost_model: Literal["measured", "paper"] = Field("measured", description="what a plan balances: the measured "
+    cost_model: Literal["measured", "paper"] = Field(_RUN.cost_model, description="what a plan balances: the measured "
                                                                              "worker cost, or the paper's L(q)")
-    beta: int = Field(100_000, ge=1, description="query sets above this many queries are split by space")
-    sets_per_worker: int = Field(8, ge=1, description="the proposed assignment stops at this many sets per worker")
+    beta: int = Field(_RUN.beta, ge=1, description="query sets above this many queries are split by space")
+    sets_per_worker: int = Field(_RUN.sets_per_worker, ge=1, description="the proposed assignment stops at this many sets per worker")
     delivery_cost: float | None = Field(None, ge=0, description="the weight of one delivery, lambda (none: 10.9 us "
                                                                 "under the measured model, 1 under the paper's)")
     handout: Literal["set", "query"] = Field("set", description="hand out whole sets, or query by query as the "
                                                                 "paper prints it")
-    routing_entries: int = Field(MAX_ENTRIES, ge=1, description="bound on the routing table's (keyword, cell) "
+    routing_entries: int = Field(_RUN.routing_entries, ge=1, description="bound on the routing table's (keyword, cell) "
                                                                 "entries, ~16 bytes each")
-    seed: int = Field(0, description="the random assignment's and the delivery sample's seed")
-    processes: int = Field(2, ge=1, le=256, description="processes for the initial kNN search")
+    seed: int = Field(_RUN.seed, description="the random assignment's and the delivery sample's seed")
+    processes: int = Field(_RUN.processes, ge=1, le=256, description="processes for the initial kNN search")
 
 
 class RunSettings(BaseModel):
@@ -158,12 +164,12 @@ class RunSettings(BaseModel):
     model_config = _FROZEN
     objects: str | None = Field(None, description="an ingest output directory")
     queries: str | None = Field(None, description="a query file (knnmon queries generate)")
-    initial: int = Field(1_000_000, ge=0, description="objects seen before the stream")
-    batch: int = Field(1000, ge=1, description="objects per batch")
+    initial: int = Field(_RUN.initial, ge=0, description="objects seen before the stream")
+    batch: int = Field(_RUN.batch, ge=1, description="objects per batch")
     batches: int | None = Field(None, ge=1, description="stop after this many batches (none: every object)")
     shuffle: int | None = Field(None, description="stream in random order with this seed instead of (t, id)")
-    in_flight: int = Field(2, ge=1, description="batches dispatched before the oldest is waited for")
-    overlap_writes: bool = Field(True, description="a worker computes its next batch while Redis writes the last")
+    in_flight: int = Field(_RUN.in_flight, ge=1, description="batches dispatched before the oldest is waited for")
+    overlap_writes: bool = Field(_RUN.overlap_writes, description="a worker computes its next batch while Redis writes the last")
     arrival_ms: int | None = Field(None, ge=1, le=86_400_000, description="replace each object's time by its "
                                                                           "arrival, one every this many ms")
     report: str | None = Field(None, description="write the run's summary as JSON to this file")
@@ -176,22 +182,22 @@ class ServeSettings(BaseModel):
     model_config = _FROZEN
     objects: str | None = Field(None, description="preload an ingest output: objects seen before the stream")
     initial: int | None = Field(None, ge=0, description="preload only the first this many objects (none: all)")
-    batch: int = Field(1000, ge=1, description="the largest object batch")
+    batch: int = Field(_SERVE.run.batch, ge=1, description="the largest object batch")
     batching: Literal["fixed", "no-wait", "adaptive"] = Field(
-        "adaptive", description="how batches form: wait max_delay_ms for more (fixed), never wait (no-wait), or "
+        _SERVE.batching, description="how batches form: wait max_delay_ms for more (fixed), never wait (no-wait), or "
                                 "never wait and cut minibatches sized for latency_target_ms (docs/batching.md)")
-    max_delay_ms: float = Field(20.0, ge=0, allow_inf_nan=False, description="fixed batching: the longest wait")
-    latency_target_ms: float = Field(50.0, gt=0, allow_inf_nan=False,
+    max_delay_ms: float = Field(_SERVE.max_delay_ms, ge=0, allow_inf_nan=False, description="fixed batching: the longest wait")
+    latency_target_ms: float = Field(_SERVE.latency_target_ms, gt=0, allow_inf_nan=False,
                                      description="adaptive batching: the response time minibatches are sized for")
-    redis_wait_s: float = Field(60.0, ge=0, le=3600, description="when Redis stops answering, retry this long "
+    redis_wait_s: float = Field(SERVE_REDIS_WAIT_S, ge=0, le=3600, description="when Redis stops answering, retry this long "
                                                                  "before rebuilding from it")
-    checkpoint_interval_s: float = Field(60.0, gt=0, allow_inf_nan=False, description="with a window: between "
+    checkpoint_interval_s: float = Field(_SERVE.checkpoint_interval_s, gt=0, allow_inf_nan=False, description="with a window: between "
                                          "checkpoints, which trim the objects stream")
     replan: bool = Field(False, description="at start, search every query's kNN again and plan anew (a full "
                                             "recovery) instead of resuming from the results Redis holds")
-    metrics: Annotated[str, AfterValidator(_address)] = Field("127.0.0.1:9464", description="HOST:PORT of /metrics, /healthz, /readyz (port 0: any free "
+    metrics: Annotated[str, AfterValidator(_address)] = Field(DEFAULT_ADDRESS, description="HOST:PORT of /metrics, /healthz, /readyz (port 0: any free "
                                                        "one); off: none")
-    ready_max_lag: int = Field(10_000, ge=0, description="/readyz fails while more entries wait in the ingest streams")
+    ready_max_lag: int = Field(DEFAULT_MAX_LAG, ge=0, description="/readyz fails while more entries wait in the ingest streams")
     max_batches: int | None = Field(None, ge=1, description="stop after this many object batches")
     idle_exit_s: float | None = Field(None, gt=0, description="stop after this long with nothing to do")
 
@@ -260,8 +266,6 @@ class Settings(BaseSettings):
     def rebalance_config(self, on: bool | None = None):
         """The re-balancing's :class:`~knnmon.coordinator.runtime.rebalance_config.RebalanceConfig`,
         or ``None`` when it is off (``on``: instead of ``rebalance.enabled``)."""
-        from knnmon.coordinator.runtime.rebalance_config import RebalanceConfig
-
         r = self.rebalance
         if not (r.enabled if on is None else on):
             return None
@@ -271,8 +275,6 @@ class Settings(BaseSettings):
     def run_config(self, **changes: Any):
         """The :class:`~knnmon.coordinator.runtime.config.RunConfig` of ``[workers]``, ``[limits]``,
         ``[window]``, ``[rebalance]``, ``[plan]`` and ``[run]``, with ``changes`` applied."""
-        from knnmon.coordinator.runtime.config import RunConfig
-
         w, p, r = self.workers, self.plan, self.run
         fields = dict(workers=w.count, algorithm=w.algorithm, executor=w.executor, ray_address=w.ray_address,
                       index=w.index, limits=self.limits_config(), window=self.window.size,
@@ -287,7 +289,6 @@ class Settings(BaseSettings):
     def serve_config(self):
         """The service's :class:`~knnmon.coordinator.service.config.ServeConfig`: ``[serve]`` and
         the runtime it drives (:meth:`run_config`: durable store, no initial objects)."""
-        from knnmon.coordinator.service.config import ServeConfig
         from knnmon.coordinator.service.probes import parse_address
 
         s = self.serve
@@ -409,8 +410,10 @@ _DURATIONS = {("window", "size"), ("window", "allowed_lateness"), ("limits", "ma
 
 
 def _duration_text(ms: int) -> str:
+    if ms == 0:
+        return "0s"
     for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)):
-        if ms and ms % size == 0:
+        if ms % size == 0:
             return f"{ms // size}{unit}"
     return f"{ms}ms"
 
