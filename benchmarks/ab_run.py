@@ -72,7 +72,8 @@ def main() -> None:
             for name, path in order if r % 2 == 0 else order[::-1]:  # A B, B A, ...: no tree always first
                 data = os.path.join(tmp, f"data-{name}{r}")  # each run its own embedded server's data
                 row = {"tree": name, "round": r,
-                       **run_once(path, [*args, "--set", f"redis.data_dir={data}"], os.path.join(tmp, f"{name}{r}.json"))}
+                       **run_once(path, [*args, "--set", f"redis.data_dir={data}"], os.path.join(tmp,
+                                  f"{name}{r}.json"))}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     if a.out:

@@ -46,7 +46,8 @@ SCALES = {
     "smoke": Scale(queries=2_000, kmax=5, initial=3_000, batches=2, workers=2, workers_sweep=(2,), kmax_sweep=(5,),
                    queries_sweep=(1_000,), check_sample=100, sweep_algorithms=("proposed",)),
     # the paper's (Tsuruoka et al. 2019, §5, Table 2), on the 1.42 M places (docs/benchmarks.md)
-    "paper": Scale(queries=100_000, kmax=10, initial=1_000_000, batches=60, workers=12, workers_sweep=(4, 8, 12, 16, 20, 24),
+    "paper": Scale(queries=100_000, kmax=10, initial=1_000_000, batches=60, workers=12, workers_sweep=(4, 8, 12, 16,
+                   20, 24),
                    kmax_sweep=(5, 10, 15, 20), queries_sweep=(100_000, 300_000, 1_000_000), check_sample=2_000,
                    sweep_algorithms=("proposed", "keyword", "space", "random")),
 }

@@ -113,7 +113,8 @@ def start_serve(url: str, a: argparse.Namespace, r: redis.Redis, keys: Keys, *ex
     r.delete(keys.serve_status)
     proc = subprocess.Popen([sys.executable, "-m", "knnmon.coordinator.cli", "serve", "--redis", url,
                              "--namespace", "load", "--objects", a.objects, "--set", f"serve.initial={str(a.initial)}",
-                             "--workers", str(a.workers), "--set", f"serve.batch={str(a.batch)}", "--set", f"serve.max_delay_ms={str(a.max_delay_ms)}",
+                             "--workers", str(a.workers), "--set", f"serve.batch={str(a.batch)}", "--set",
+                                              f"serve.max_delay_ms={str(a.max_delay_ms)}",
                              "--set", f"serve.batching={a.batching}", *extra])
     while not r.exists(keys.serve_status):
         if proc.poll() is not None:
@@ -187,7 +188,8 @@ def main(argv=None) -> int:
             proc.wait(timeout=120)
     n = sent + 1
     row = {
-        "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpus": __import__("os").cpu_count()},
+        "machine": {"platform": platform.platform(), "python": platform.python_version(),
+                    "cpus": __import__("os").cpu_count()},
         "config": vars(a), "serve_start_s": round(start_s, 2), "register_s": round(register_s, 2),
         "registrations_per_s": queries.num_rows / register_s if register_s else None,
         "restart_s": restart_s, "placement": "planned at restart" if a.replan else "registration-time",

@@ -62,9 +62,11 @@ def start_serve(url: str, a: argparse.Namespace, r: redis.Redis, keys: Keys, log
     """``knnmon serve --window`` in a child process; returns once it published its status."""
     r.delete(keys.serve_status)
     proc = subprocess.Popen([sys.executable, "-m", "knnmon.coordinator.cli", "serve", "--redis", url,
-                             "--namespace", NAMESPACE, "--objects", a.objects, "--set", f"serve.initial={str(a.initial)}",
+                             "--namespace", NAMESPACE, "--objects", a.objects, "--set",
+                                 f"serve.initial={str(a.initial)}",
                              "--workers", str(a.workers), "--window", a.window, "--set",
-                             f"serve.checkpoint_interval_s={str(a.checkpoint_interval)}"], stdout=log, stderr=subprocess.STDOUT)
+                             f"serve.checkpoint_interval_s={str(a.checkpoint_interval)}"], stdout=log,
+                                                            stderr=subprocess.STDOUT)
     while not r.exists(keys.serve_status):
         if proc.poll() is not None:
             raise SystemExit(f"serve exited with {proc.returncode}")
@@ -222,7 +224,8 @@ def main(argv=None) -> int:
                 t = published.column("t").to_numpy()
                 live = published.filter(pa.array(t > t.max() - window_ms))
                 try:
-                    exact = assert_exact(server.url, NAMESPACE, queries.slice(0, a.check), BruteForceKnn(live)) == a.check
+                    exact = assert_exact(server.url, NAMESPACE, queries.slice(0, a.check),
+                                         BruteForceKnn(live)) == a.check
                 except AssertionError as ex:
                     exact = False
                     print(f"NOT exact: {str(ex)[:2000]}", flush=True)
@@ -233,7 +236,8 @@ def main(argv=None) -> int:
             proc.wait(timeout=120)
             log.close()
     out = {"machine": {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count()},
-           "config": vars(a), "samples": samples, "restarts": restarts, "exact": exact, "drained": drained, "rejects": rejects,
+           "config": vars(a), "samples": samples, "restarts": restarts, "exact": exact, "drained": drained,
+                          "rejects": rejects,
            "published": pub.sent}
     print(json.dumps({"restarts": restarts, "exact": exact, "published": pub.sent}), flush=True)
     if a.out:

@@ -9,7 +9,8 @@ checkout (``ab_run.overlay``), so editing the checkout meanwhile changes nothing
 Usage::
 
     python benchmarks/window_cost.py --window 500s --rounds 2 --out /tmp/knnmon-bench/window_cost.json -- \\
-        --objects /tmp/full --queries /tmp/q100k.parquet --set run.shuffle=1 --set run.arrival_ms=1 --set run.batches=150
+        --objects /tmp/full --queries /tmp/q100k.parquet --set run.shuffle=1 --set run.arrival_ms=1 \\
+        --set run.batches=150
 """
 
 from __future__ import annotations
@@ -58,7 +59,8 @@ def main() -> None:
             for name, extra in order if r % 2 == 0 else order[::-1]:
                 data = os.path.join(tmp, f"data-{name}{r}")
                 row = {"run": name, "round": r,
-                       **run_once(tree, [*args, *extra, "--set", f"redis.data_dir={data}"], os.path.join(tmp, f"{name}{r}.json"))}
+                       **run_once(tree, [*args, *extra, "--set", f"redis.data_dir={data}"], os.path.join(tmp,
+                                  f"{name}{r}.json"))}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     if a.out:

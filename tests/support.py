@@ -253,14 +253,16 @@ def knnmon_cli(*args: str, timeout: float = 300, env: dict[str, str] | None = No
                           timeout=timeout, env=_cli_env() if env is None else env, cwd=cwd)
 
 
-def serve_process(url: str, namespace: str, log: str | PathLike[str], *extra: str, workers: int = 2) -> subprocess.Popen:
+def serve_process(url: str, namespace: str, log: str | PathLike[str], *extra: str,
+                  workers: int = 2) -> subprocess.Popen:
     """``knnmon serve`` on ``url`` in a child process (``workers`` in-process workers, 5 ms
     batching delay, then ``extra`` flags), its output to the file ``log``."""
     import sys
 
     with open(log, "w") as fh:
         return subprocess.Popen([sys.executable, "-m", "knnmon.coordinator.cli", "serve", "--redis", url, "--namespace",
-                                 namespace, "--workers", str(workers), "--set", "workers.executor=inline", "--set", "serve.max_delay_ms=5",
+                                 namespace, "--workers", str(workers), "--set", "workers.executor=inline", "--set",
+                                                             "serve.max_delay_ms=5",
                                  *extra], stdout=fh, stderr=subprocess.STDOUT, env=_cli_env())
 
 
@@ -307,7 +309,8 @@ def run_exact(url: str, namespace: str, objects_dir: str, queries: pa.Table, wor
     scrape = os.path.join(workdir, "run.prom")
     pq.write_table(queries, qfile)
     run = knnmon_cli("run", "--objects", objects_dir, "--queries", qfile, "--workers", "2", "--initial", "5000",
-                     "--redis", url, "--namespace", namespace, "--report", report, "--set", f"run.metrics_file={scrape}", "--quiet")
+                     "--redis", url, "--namespace", namespace, "--report", report, "--set",
+                         f"run.metrics_file={scrape}", "--quiet")
     assert run.returncode == 0, run.stderr[-2000:]
     assert_exact(url, namespace, queries, BruteForceKnn(stream_order(read_objects(objects_dir), None)))
     with open(report, encoding="utf-8") as fh:

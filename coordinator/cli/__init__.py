@@ -1,9 +1,10 @@
 """The ``knnmon`` command line: one entry point, one module per verb.
 
 ``ingest``, ``queries``, ``plan``, ``run``, ``results``, ``explain``, ``bench``, ``serve``, ``status``,
-``repair``, ``dashboard``, ``demo`` and ``config`` each live in a module of this package; each flag sets a setting
-of :mod:`~knnmon.coordinator.cli.settings` (:mod:`~knnmon.coordinator.cli.options`). A verb's module imports its heavy parts (Spark,
-Ray, the runtime) when it runs, so ``knnmon --help`` stays fast.
+``repair``, ``dashboard``, ``demo`` and ``config`` each live in a module of this package; each
+flag sets a setting of :mod:`~knnmon.coordinator.cli.settings`
+(:mod:`~knnmon.coordinator.cli.options`). A verb's module imports its heavy parts (Spark, Ray,
+the runtime) when it runs, so ``knnmon --help`` stays fast.
 """
 
 from __future__ import annotations

@@ -50,7 +50,8 @@ def _run_places(a: argparse.Namespace) -> int:
     from knnmon.ingest.jobs import ingest_places
 
     print(format_manifest(ingest_places(a.paths, a.out, grid_n=a.grid, master=a.master,
-                                        with_names=a.with_names, stem=a.stem, max_future_ms=settings_of(a).settings.limits.max_future)))
+                                        with_names=a.with_names, stem=a.stem,
+                                            max_future_ms=settings_of(a).settings.limits.max_future)))
     return 0
 
 

@@ -12,7 +12,8 @@ import sys
 from typing import Any
 
 from knnmon.connection import redact
-from knnmon.coordinator.cli.options import add_store_options, add_verb, announce_first_compile, setting_flag, settings_of
+from knnmon.coordinator.cli.options import (add_store_options, add_verb, announce_first_compile, setting_flag,
+                                            settings_of)
 
 __all__ = ["add_serve_command"]
 

@@ -79,8 +79,10 @@ class WorkersSettings(BaseModel):
 
     model_config = _FROZEN
     count: int = Field(_RUN.workers, ge=1, le=64, description="workers (one per core of the 2-core reference machine)")
-    algorithm: Algorithm = Field(_RUN.algorithm, description="the assignment of queries to workers (docs/assignment.md)")
-    executor: Literal["ray", "inline"] = Field(_RUN.executor, description="workers as Ray actors, or in the coordinator's process")
+    algorithm: Algorithm = Field(_RUN.algorithm,
+                                 description="the assignment of queries to workers (docs/assignment.md)")
+    executor: Literal["ray", "inline"] = Field(_RUN.executor,
+                      description="workers as Ray actors, or in the coordinator's process")
     ray_address: str | None = Field(None, description="join this Ray cluster (none: a local Ray instance)")
     index: Literal["grid", "rtree"] = Field(
         _RUN.index, description="the workers' index over query regions: the paper's grid inverted lists or a "
@@ -129,15 +131,18 @@ class RebalanceSettings(BaseModel):
 
     model_config = _FROZEN
     enabled: bool = Field(False, description="move queries between workers when their measured load grows uneven")
-    threshold: float = Field(_REBALANCE.threshold, ge=1.0, description="re-plan when the slowest worker's busy time exceeds this "
+    threshold: float = Field(_REBALANCE.threshold, ge=1.0,
+                             description="re-plan when the slowest worker's busy time exceeds this "
                                                       "times the mean")
-    window_batches: int = Field(_REBALANCE.window, ge=1, description="over the last this many batches, at most once per as many")
+    window_batches: int = Field(_REBALANCE.window, ge=1,
+                                description="over the last this many batches, at most once per as many")
     budget: float = Field(_REBALANCE.budget, ge=0.0, le=1.0, description="share of all queries one re-plan may move")
-    min_gain: float = Field(_REBALANCE.min_total_gain, ge=0.0, lt=1.0, description="move nothing unless the slowest worker's predicted "
+    min_gain: float = Field(_REBALANCE.min_total_gain, ge=0.0, lt=1.0,
+                            description="move nothing unless the slowest worker's predicted "
                                                               "busy time falls by this share")
     trigger: Literal["window", "smoothed"] = Field(
-        _REBALANCE.trigger, description="re-plan on the busy-time ratio over the window, or on smoothed busy times when the "
-                                "move's predicted gain exceeds its measured cost")
+        _REBALANCE.trigger, description="re-plan on the busy-time ratio over the window, or on smoothed busy "
+                                        "times when the move's predicted gain exceeds its measured cost")
 
 
 class PlanSettings(BaseModel):
@@ -147,7 +152,8 @@ class PlanSettings(BaseModel):
     cost_model: Literal["measured", "paper"] = Field(_RUN.cost_model, description="what a plan balances: the measured "
                                                                              "worker cost, or the paper's L(q)")
     beta: int = Field(_RUN.beta, ge=1, description="query sets above this many queries are split by space")
-    sets_per_worker: int = Field(_RUN.sets_per_worker, ge=1, description="the proposed assignment stops at this many sets per worker")
+    sets_per_worker: int = Field(_RUN.sets_per_worker, ge=1,
+                                 description="the proposed assignment stops at this many sets per worker")
     delivery_cost: float | None = Field(None, ge=0, description="the weight of one delivery, lambda (none: 10.9 us "
                                                                 "under the measured model, 1 under the paper's)")
     handout: Literal["set", "query"] = Field("set", description="hand out whole sets, or query by query as the "
@@ -169,7 +175,8 @@ class RunSettings(BaseModel):
     batches: int | None = Field(None, ge=1, description="stop after this many batches (none: every object)")
     shuffle: int | None = Field(None, description="stream in random order with this seed instead of (t, id)")
     in_flight: int = Field(_RUN.in_flight, ge=1, description="batches dispatched before the oldest is waited for")
-    overlap_writes: bool = Field(_RUN.overlap_writes, description="a worker computes its next batch while Redis writes the last")
+    overlap_writes: bool = Field(_RUN.overlap_writes,
+                                 description="a worker computes its next batch while Redis writes the last")
     arrival_ms: int | None = Field(None, ge=1, le=86_400_000, description="replace each object's time by its "
                                                                           "arrival, one every this many ms")
     report: str | None = Field(None, description="write the run's summary as JSON to this file")
@@ -186,18 +193,23 @@ class ServeSettings(BaseModel):
     batching: Literal["fixed", "no-wait", "adaptive"] = Field(
         _SERVE.batching, description="how batches form: wait max_delay_ms for more (fixed), never wait (no-wait), or "
                                 "never wait and cut minibatches sized for latency_target_ms (docs/batching.md)")
-    max_delay_ms: float = Field(_SERVE.max_delay_ms, ge=0, allow_inf_nan=False, description="fixed batching: the longest wait")
+    max_delay_ms: float = Field(_SERVE.max_delay_ms, ge=0, allow_inf_nan=False,
+                                description="fixed batching: the longest wait")
     latency_target_ms: float = Field(_SERVE.latency_target_ms, gt=0, allow_inf_nan=False,
                                      description="adaptive batching: the response time minibatches are sized for")
-    redis_wait_s: float = Field(SERVE_REDIS_WAIT_S, ge=0, le=3600, description="when Redis stops answering, retry this long "
+    redis_wait_s: float = Field(SERVE_REDIS_WAIT_S, ge=0, le=3600,
+                                description="when Redis stops answering, retry this long "
                                                                  "before rebuilding from it")
-    checkpoint_interval_s: float = Field(_SERVE.checkpoint_interval_s, gt=0, allow_inf_nan=False, description="with a window: between "
+    checkpoint_interval_s: float = Field(_SERVE.checkpoint_interval_s, gt=0, allow_inf_nan=False,
+                                         description="with a window: between "
                                          "checkpoints, which trim the objects stream")
     replan: bool = Field(False, description="at start, search every query's kNN again and plan anew (a full "
                                             "recovery) instead of resuming from the results Redis holds")
-    metrics: Annotated[str, AfterValidator(_address)] = Field(DEFAULT_ADDRESS, description="HOST:PORT of /metrics, /healthz, /readyz (port 0: any free "
+    metrics: Annotated[str, AfterValidator(_address)] = Field(DEFAULT_ADDRESS,
+                       description="HOST:PORT of /metrics, /healthz, /readyz (port 0: any free "
                                                        "one); off: none")
-    ready_max_lag: int = Field(DEFAULT_MAX_LAG, ge=0, description="/readyz fails while more entries wait in the ingest streams")
+    ready_max_lag: int = Field(DEFAULT_MAX_LAG, ge=0,
+                               description="/readyz fails while more entries wait in the ingest streams")
     max_batches: int | None = Field(None, ge=1, description="stop after this many object batches")
     idle_exit_s: float | None = Field(None, gt=0, description="stop after this long with nothing to do")
 
@@ -206,13 +218,16 @@ class BenchSettings(BaseModel):
     """``[bench]``: the paper's experiments swept (docs/benchmarks.md); each run takes ``[run]``."""
 
     model_config = _FROZEN
-    queries: Annotated[list[int], NoDecode, BeforeValidator(_list)] = Field([], description="numbers of queries to draw")
-    kmax: Annotated[list[int], NoDecode, BeforeValidator(_list)] = Field([10], description="k of each query uniform in [1, K]")
+    queries: Annotated[list[int], NoDecode, BeforeValidator(_list)] = Field([],
+                       description="numbers of queries to draw")
+    kmax: Annotated[list[int], NoDecode, BeforeValidator(_list)] = Field([10],
+                    description="k of each query uniform in [1, K]")
     workers: Annotated[list[int], NoDecode, BeforeValidator(_list)] = Field([2], description="worker counts")
     algorithms: Annotated[list[str], NoDecode, BeforeValidator(_list)] = Field(
         ["proposed", "keyword", "space", "random"],
         description="of keyword, proposed, random, space, single (one process, keyword lists) and ideal (the bound)")
-    rebalance: Annotated[list[bool], NoDecode, BeforeValidator(_list)] = Field([False], description="re-balancing off, on, "
+    rebalance: Annotated[list[bool], NoDecode, BeforeValidator(_list)] = Field([False],
+                         description="re-balancing off, on, "
                                                                                           "or both")
     repeat: int = Field(1, ge=1, description="runs per combination")
     check: bool = Field(False, description="check every result against the brute-force oracle")

@@ -125,7 +125,8 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         if not (isinstance(self.redis_wait_s, (int, float)) and 0 <= self.redis_wait_s <= 3600):
-            raise InvalidArgumentError(f"serve.redis_wait_s must be between 0 and 3600 seconds; got {self.redis_wait_s}")
+            raise InvalidArgumentError(f"serve.redis_wait_s must be between 0 and 3600 seconds; "
+                                       f"got {self.redis_wait_s}")
         if not 1 <= self.workers <= 64:
             raise InvalidArgumentError(f"--workers must be between 1 and 64; got {self.workers}")
         if self.batch < 1:

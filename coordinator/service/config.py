@@ -101,7 +101,8 @@ class ServeConfig:
         if self.initial is not None and self.initial < 0:
             raise InvalidArgumentError(f"--initial must be >= 0; got {self.initial}")
         if not (math.isfinite(self.checkpoint_interval_s) and self.checkpoint_interval_s > 0):
-            raise InvalidArgumentError(f"serve.checkpoint_interval_s must be a finite number > 0; got {self.checkpoint_interval_s}")
+            raise InvalidArgumentError(f"serve.checkpoint_interval_s must be a finite number > 0; "
+                                       f"got {self.checkpoint_interval_s}")
         if self.ready_max_lag < 0:
             raise InvalidArgumentError(f"serve.ready_max_lag must be >= 0; got {self.ready_max_lag}")
         if self.metrics is not None:

@@ -216,5 +216,6 @@ def check_keywords(words: Sequence[str], limits: Limits = DEFAULT_LIMITS) -> Seq
     if not words:
         raise Rejected("no_keywords")
     if len(words) > limits.max_keywords:
-        raise Rejected("too_many_keywords", f"{len(words):,} keywords (at most {limits.max_keywords}: limits.max_keywords)")
+        raise Rejected("too_many_keywords",
+                       f"{len(words):,} keywords (at most {limits.max_keywords}: limits.max_keywords)")
     return words

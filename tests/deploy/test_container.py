@@ -204,7 +204,8 @@ def test_the_worker_image_serves_without_java_or_pyspark(image, places_slice):
                     "command -v java; python -c 'import pyspark'", timeout=300)
     assert "No module named 'pyspark'" in probe.stderr and "java" not in probe.stdout, probe
     port = free_port_base([0], low=30_000, high=40_000)
-    started = _podman("run", "-d", "--network=host", "--shm-size=1g", worker, "serve", "--set", f"redis.port={str(port)}",
+    started = _podman("run", "-d", "--network=host", "--shm-size=1g", worker, "serve", "--set",
+                      f"redis.port={str(port)}",
                       "--workers", "1", "--metrics", "off", timeout=300)
     assert started.returncode == 0, started.stderr
     cid = started.stdout.strip()

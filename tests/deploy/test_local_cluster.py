@@ -32,7 +32,8 @@ def test_run_on_the_local_cluster_spreads_workers_and_stays_exact(local_cluster,
     address, env, _ = local_cluster
     report = tmp_path / "run.json"
     out = knnmon("run", "--objects", str(places_slice), "--queries", str(slice_queries), "--workers", "3",
-                 "--initial", "5000", "--set", f"workers.ray_address={address}", "--redis", redis_url, "--namespace", namespace,
+                 "--initial", "5000", "--set", f"workers.ray_address={address}", "--redis", redis_url, "--namespace",
+                                                                      namespace,
                  "--report", str(report), "--quiet", env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     stats = json.loads(report.read_text())["workers_stats"]
@@ -43,7 +44,8 @@ def test_run_on_the_local_cluster_spreads_workers_and_stays_exact(local_cluster,
 
 
 @pytest.mark.slow  # 19 s; the default suite runs knnmon run on the local cluster above
-def test_serve_on_the_local_cluster_spreads_workers_and_stays_exact(local_cluster, places_slice, slice_queries, redis_url,
+def test_serve_on_the_local_cluster_spreads_workers_and_stays_exact(local_cluster, places_slice, slice_queries,
+                                                                    redis_url,
                                                                     namespace, tmp_path):
     address, env, _ = local_cluster
     r = redis.Redis.from_url(redis_url, decode_responses=True)

@@ -75,7 +75,8 @@ def test_run_results_and_status_commands_on_a_cluster(small, redis_cluster_url, 
     objects_dir, queries, objects = small
     qfile = tmp_path / "q.parquet"
     pq.write_table(queries.slice(0, 200), qfile)
-    assert main(["run", "--objects", objects_dir, "--queries", str(qfile), "--workers", "2", "--set", "workers.executor=inline",
+    assert main(["run", "--objects", objects_dir, "--queries", str(qfile), "--workers", "2", "--set",
+                "workers.executor=inline",
                  "--initial", "5000", "--set", "run.batch=1000", "--redis", redis_cluster_url, "--namespace", namespace,
                  "--quiet"]) == 0
     assert_exact(redis_cluster_url, namespace, queries.slice(0, 200), BruteForceKnn(objects))
@@ -123,7 +124,8 @@ def test_the_deploy_script_forms_a_cluster_that_knnmon_runs_on(small, tmp_path):
     import subprocess
     from pathlib import Path
 
-    clis = [Path(d) / "redis-cli" for d in os.environ.get("PATH", "").split(os.pathsep) if (Path(d) / "redis-cli").is_file()]
+    clis = [Path(d) / "redis-cli" for d in os.environ.get("PATH",
+            "").split(os.pathsep) if (Path(d) / "redis-cli").is_file()]
     versions = [subprocess.run([str(c), "--version"], capture_output=True, text=True).stdout for c in clis]
     if not any(v.startswith("redis-cli ") and int(v.split()[1].split(".")[0]) >= 7 for v in versions):
         pytest.skip("no redis-cli 7.0+ on PATH (the test command installs Debian's redis-server as root, which "

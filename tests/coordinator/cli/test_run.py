@@ -18,9 +18,11 @@ def test_run_and_results_commands(places_slice, slice_queries, ray_instance, red
     pq.write_table(load_queries(str(slice_queries)).slice(0, 300), qfile)
     report = tmp_path / "run.json"
     rc = main(["run", "--objects", objects_dir, "--queries", str(qfile), "--workers", "2", "--algorithm", "space",
-               "--initial", "5000", "--set", "run.batch=1000", "--set", "run.batches=3", "--redis", redis_url, "--namespace", namespace,
+               "--initial", "5000", "--set", "run.batch=1000", "--set", "run.batches=3", "--redis", redis_url,
+                   "--namespace", namespace,
                "--report", str(report), "--quiet", "--set", "rebalance.enabled=on", "--set", "rebalance.trigger=window",
-               "--set", "rebalance.window_batches=1", "--set", "rebalance.threshold=1", "--set", "rebalance.min_gain=0"])
+               "--set", "rebalance.window_batches=1", "--set", "rebalance.threshold=1", "--set",
+                   "rebalance.min_gain=0"])
     assert rc == 0
     s = json.loads(report.read_text())
     for key in ("update_ms_mean", "update_ms_p50", "update_ms_p99", "imbalance_ms_mean", "objects_per_s",
@@ -106,11 +108,13 @@ def test_rebalance_replanning_to_the_last_batch_ends_with_a_report(executor, pla
     its summary (issue 36)."""
     qfile = tmp_path / "q.parquet"
     pq.write_table(load_queries(str(slice_queries)).slice(0, 400), qfile)
-    eager = ["--set", "rebalance.trigger=window", "--set", "rebalance.window_batches=1", "--set", "rebalance.threshold=1",
+    eager = ["--set", "rebalance.trigger=window", "--set", "rebalance.window_batches=1", "--set",
+             "rebalance.threshold=1",
              "--set", "rebalance.min_gain=0", "--set", "rebalance.budget=0.2"]
     report = tmp_path / "run.json"
     rc = main(["run", "--objects", str(places_slice), "--queries", str(qfile), "--workers", "3",
-               "--set", f"workers.executor={executor}", "--initial", "5000", "--set", "run.batch=500", "--set", "run.batches=10", "--redis", redis_url,
+               "--set", f"workers.executor={executor}", "--initial", "5000", "--set", "run.batch=500", "--set",
+                                            "run.batches=10", "--redis", redis_url,
                "--namespace", namespace, "--report", str(report), "--quiet", "--set", "rebalance.enabled=true", *eager])
     assert rc == 0
     s = json.loads(report.read_text())
@@ -124,8 +128,10 @@ def test_rebalance_replanning_to_the_last_batch_ends_with_a_report(executor, pla
     if executor == "ray":  # (the bench runs Ray actors only)
         bench = tmp_path / "bench.json"
         rc = main(["bench", "--objects", str(places_slice), "--queries", "400", "--workers", "3", "--algorithms",
-                   "proposed", "--set", "run.initial=5000", "--set", "run.batch=1000", "--batches", "5", "--set", "bench.rebalance=on", *eager,
-                   "--set", "bench.check_sample=100", "--set", f"redis.url={redis_url}", "--set", f"bench.namespace={namespace}" + "b",
+                   "proposed", "--set", "run.initial=5000", "--set", "run.batch=1000", "--batches", "5", "--set",
+                       "bench.rebalance=on", *eager,
+                   "--set", "bench.check_sample=100", "--set", f"redis.url={redis_url}", "--set",
+                                                                            f"bench.namespace={namespace}" + "b",
                    "--report", str(bench), "--quiet"])
         assert rc == 0
         [row] = json.loads(bench.read_text())["rows"]

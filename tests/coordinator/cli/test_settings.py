@@ -24,7 +24,8 @@ def _verbs(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
             for name, sub in action.choices.items():
                 yield from _verbs(sub, (*path, name))
     if path:
-        yield " ".join(path), [a for a in parser._actions if a.option_strings and not isinstance(a, argparse._HelpAction)]
+        yield " ".join(path), [a for a in parser._actions if a.option_strings and not isinstance(a,
+                       argparse._HelpAction)]
 
 
 def test_no_verb_has_more_than_twelve_flags():

@@ -59,7 +59,8 @@ def stopped_service(request, places_slice, slice_queries, redis_url, tmp_path_fa
         r.xadd(keys.ingest_queries, register_fields(q))
     bad = [{**places[i], "lon": 500.0} for i in range(0, 3000, 97)]  # rejected in the chunks' ranges
     entries = [x for i, p in enumerate(places) for x in ([p, bad[i // 97]] if i % 97 == 0 else [p])]
-    proc = serve_process(redis_url, namespace, tmp / "serve.log", "--set", "serve.batch=100", "--window", f"{WINDOW_MS // 1000}s",
+    proc = serve_process(redis_url, namespace, tmp / "serve.log", "--set", "serve.batch=100", "--window",
+                         f"{WINDOW_MS // 1000}s",
                          "--set", f"serve.checkpoint_interval_s={request.param}",
                          *(["--set", "serve.latency_target_ms=1"] if request.param != "0.2" else []), workers=2)
     published: dict[str, str] = {}  # entry id -> its object's id

@@ -51,8 +51,10 @@ def test_serve_moves_queries_under_drift_and_explains_them(redis_url, namespace,
         wait_processed(r, keys, proc)
         assert _stop(proc) == 0
         # Restarted: the queries found in Redis are planned by space, then the stream drifts.
-        proc = serve("--set", "workers.algorithm=space", "--rebalance", "--set", "rebalance.trigger=window", "--set", "rebalance.window_batches=3",
-                     "--set", "rebalance.threshold=1.05", "--set", "rebalance.budget=0.15", "--set", "rebalance.min_gain=0")
+        proc = serve("--set", "workers.algorithm=space", "--rebalance", "--set", "rebalance.trigger=window", "--set",
+                     "rebalance.window_batches=3",
+                     "--set", "rebalance.threshold=1.05", "--set", "rebalance.budget=0.15", "--set",
+                         "rebalance.min_gain=0")
         for o in rest.to_pylist():
             r.xadd(keys.ingest_objects, object_fields(o))
         wait_processed(r, keys, proc)

@@ -69,7 +69,8 @@ def test_a_killed_worker_process_is_rebuilt_and_serve_stays_exact(redis_url, nam
     env = {k: v for k, v in os.environ.items() if k != "KNNMON_REDIS_URL"}
     with open(tmp_path / "serve.log", "w") as log:
         proc = subprocess.Popen([sys.executable, "-m", "knnmon.coordinator.cli", "serve", "--redis", redis_url,
-                                 "--namespace", namespace, "--workers", "2", "--set", "serve.batch=250", "--set", "serve.max_delay_ms=5",
+                                 "--namespace", namespace, "--workers", "2", "--set", "serve.batch=250", "--set",
+                                     "serve.max_delay_ms=5",
                                  "--metrics", "127.0.0.1:0", "--log-format", "json", *extra],
                                 stdout=log, stderr=subprocess.STDOUT, env=env)
     try:
