@@ -26,8 +26,8 @@ import pytest
 class Scale:
     """The sizes of one scale: ``queries`` drawn with ``k`` uniform in ``[1, kmax]``, ``initial``
     objects before the stream, ``batches`` of 1,000, ``workers`` where W is not swept; the
-    experiments' sweeps (the k_max and
-    query-count sweeps over ``sweep_algorithms``); ``check_sample`` queries checked against the
+    experiments' sweeps (over
+    ``sweep_algorithms``; the smoke scale runs one); ``check_sample`` queries checked against the
     brute-force oracle."""
 
     queries: int

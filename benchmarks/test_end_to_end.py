@@ -60,3 +60,24 @@ def test_serve_drains_a_stream(benchmark, objects_dir, queries_file, redis_url, 
 
     counters = benchmark.pedantic(drain, setup=setup, rounds=1, iterations=1)
     assert counters["objects"] == n, counters
+
+
+@pytest.mark.parametrize("index", ("grid", "rtree"))
+def test_run_in_one_process(benchmark, objects_dir, queries_file, redis_url, index):
+    """``run`` with one in-process worker, the workers' two query indexes on the same stream
+    (docs/architecture.md): ``extra_info`` holds objects/s and the update time per batch."""
+    from knnmon.coordinator.runtime.config import RunConfig
+    from knnmon.coordinator.runtime.runtime import Runtime
+    from knnmon.store import StoreConfig
+
+    config = RunConfig(workers=1, executor="inline", index=index, initial=SCALE.initial, batches=SCALE.batches,
+                       store=StoreConfig(url=redis_url, namespace=f"bench-{index}-{uuid.uuid4().hex[:6]}"))
+
+    def run():
+        with Runtime(objects_dir, queries_file, config) as rt:
+            return rt.run(progress=False)
+
+    s = benchmark.pedantic(run, rounds=1, iterations=1)
+    benchmark.extra_info.update(objects_per_s=s.objects_per_s, update_ms_mean=s.update_ms_mean,
+                                update_ms_p99=s.update_ms_p99)
+    assert s.batches == SCALE.batches and s.objects == SCALE.batches * 1000

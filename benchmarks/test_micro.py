@@ -61,3 +61,60 @@ def test_plan_the_queries(benchmark, objects_dir, queries_file, scale, algorithm
     benchmark.extra_info["imbalance"] = result.summary["imbalance"]
     benchmark.extra_info["deliveries_per_object"] = result.summary["deliveries_per_object"]
     assert result.summary["queries"] == scale.queries
+
+
+@pytest.fixture(scope="module")
+def region_entries(objects_dir, queries_file, scale):
+    """The queries' kNN-region boxes, one entry per (query, keyword) (a worker's R-tree's
+    entries), and the next 1,000 objects' (object, keyword) points."""
+    import numpy as np
+
+    from knnmon.coordinator.runtime.config import RunConfig
+    from knnmon.coordinator.runtime.preparation import prepare
+    from knnmon.geo import cap_bbox
+
+    prepared = prepare(objects_dir, queries_file, RunConfig(initial=scale.initial, batches=1, batch=1000))
+    q = prepared.queries
+    x0, y0, x1, y1 = cap_bbox(q.column("lon").to_numpy(), q.column("lat").to_numpy(), prepared.radius)
+    codes: dict[str, int] = {}
+    words = q.column("keywords").to_pylist()
+    per = np.fromiter(map(len, words), np.int64, len(words))
+    code = np.array([codes.setdefault(w, len(codes)) for ws in words for w in ws], np.int64)
+    boxes = tuple(np.repeat(v, per) for v in (x0, y0, x1, y1))
+    batch = prepared.stream.slice(0, 1000)
+    bw = batch.column("keywords").to_pylist()
+    bper = np.fromiter(map(len, bw), np.int64, len(bw))
+    known = np.array([w in codes for ws in bw for w in ws], bool)
+    pc = np.array([codes.get(w, -1) for ws in bw for w in ws], np.int64)[known]
+    px = np.repeat(batch.column("lon").to_numpy(), bper)[known]
+    py = np.repeat(batch.column("lat").to_numpy(), bper)[known]
+    return boxes, code, (px, py, pc)
+
+
+@pytest.mark.parametrize("index", ("packed", "libspatialindex"))
+def test_search_a_batch_in_the_query_regions(benchmark, region_entries, index):
+    """A batch's (object, keyword) points against the queries' kNN-region boxes: knnmon's packed
+    R-tree (:mod:`knnmon.workers.packed_rtree`, searched for the whole batch level by level)
+    against the ``rtree`` library's vectorised ``intersection_v`` on the same entries
+    (docs/architecture.md, "Why each index is what it is"); both find the same (point, entry) pairs."""
+    import numpy as np
+
+    from knnmon.workers.packed_rtree import PackedRTree
+
+    (x0, y0, x1, y1), code, (px, py, pc) = region_entries
+    packed = PackedRTree(x0, y0, x1, y1, code, fanout=16)
+    want = set(zip(*(a.tolist() for a in packed.search(px, py, pc))))
+    if index == "packed":
+        pair, entry = benchmark(packed.search, px, py, pc)
+        got = set(zip(pair.tolist(), entry.tolist()))
+    else:
+        from rtree import index as rindex
+
+        props = rindex.Property()
+        props.dimension = 3
+        lib = rindex.Index(((i, (x0[i], y0[i], float(code[i]), x1[i], y1[i], float(code[i])), None)
+                            for i in range(len(code))), properties=props)
+        pts = np.column_stack([px, py, pc.astype(np.float64)])
+        ids, counts = benchmark(lib.intersection_v, pts, pts)
+        got = set(zip(np.repeat(np.arange(len(px)), counts.astype(np.int64)).tolist(), ids.tolist()))
+    assert got == want

@@ -13,7 +13,6 @@ import pytest
 from benchmarks.conftest import SCALE
 from knnmon.coordinator.bench.runner import REFERENCE, BenchConfig, run_bench
 
-ALGORITHMS = ("proposed", "keyword", "space", "random")
 #: What each benchmark reports (docs/benchmarks.md explains each).
 FIGURES = ("update_ms_sim_mean", "update_ms_sim_p99", "update_ms_wall_mean", "imbalance_ms_mean", "objects_per_s",
            "deliveries_per_object", "spearman_predicted_vs_busy", "checked_queries")
@@ -39,7 +38,7 @@ def bench_once(benchmark, objects_dir: str, *, algorithm: str, workers: int, kma
 
 
 @pytest.mark.parametrize("workers", SCALE.workers_sweep)
-@pytest.mark.parametrize("algorithm", (*ALGORITHMS, REFERENCE))
+@pytest.mark.parametrize("algorithm", (*SCALE.sweep_algorithms, REFERENCE))
 def test_workers(benchmark, objects_dir, ray_session, algorithm, workers):
     """Table 2, "number of workers": W grows, 100 k queries, k_max 10."""
     bench_once(benchmark, objects_dir, algorithm=algorithm, workers=workers, kmax=SCALE.kmax, queries=SCALE.queries)

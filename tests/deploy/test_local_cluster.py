@@ -78,7 +78,7 @@ def test_serve_on_the_local_cluster_spreads_workers_and_stays_exact(local_cluste
     assert assert_exact(redis_url, namespace, queries, BruteForceKnn(pa.Table.from_pylist(places))) == 300
 
 
-@pytest.mark.slow  # 34 s; the chaos soak restarts a node under load too (benchmarks/chaos_soak.py)
+@pytest.mark.slow  # 34 s; the chaos soak restarts a node under load too (tests/system/chaos_soak.py)
 def test_a_windowed_serve_rides_out_the_restart_of_a_worker_node(local_cluster, places_slice, slice_queries, redis_url,
                                                                  namespace, tmp_path):
     """``local-cluster.sh restart worker1`` mid-stream: the workers it hosted die with it and are

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from knnmon.coordinator.cli import build_parser
+from knnmon.coordinator.cli.options import settings_of
 from knnmon.coordinator.service.probes import parse_address
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
@@ -30,7 +31,9 @@ def test_the_systemd_unit_verifies_and_its_command_parses(tmp_path):
     text = (DEPLOY / "knnmon.service").read_text()
     [exec_start] = [line.split("=", 1)[1] for line in text.splitlines() if line.startswith("ExecStart=")]
     a = build_parser().parse_args(_serve_args(exec_start))
-    assert a.command == "serve" and parse_address(a.metrics) == ("127.0.0.1", 9464) and a.log_format == "json"
+    settings = settings_of(a).settings
+    assert a.command == "serve" and parse_address(settings.serve.metrics) == ("127.0.0.1", 9464)
+    assert settings.log.format == "json"
     if shutil.which("systemd-analyze") is None:
         pytest.skip("systemd-analyze is not installed")
     knnmon = Path(sys.executable).with_name("knnmon")
@@ -45,7 +48,7 @@ def test_the_kuberay_head_probes_what_serve_serves():
     [head] = docs[0]["spec"]["headGroupSpec"]["template"]["spec"]["containers"]
     command = head["lifecycle"]["postStart"]["exec"]["command"][-1]
     a = build_parser().parse_args(_serve_args(command.rstrip(" &")))
-    host, port = parse_address(a.metrics)
+    host, port = parse_address(settings_of(a).settings.serve.metrics)
     assert host == "0.0.0.0"  # reachable from the kubelet, not only from the pod
     ports = {p["name"]: p["containerPort"] for p in head["ports"]}
     assert ports["metrics"] == port

@@ -32,7 +32,7 @@ latency; per minute it reports
 latency p50/p99 (XADD -> acknowledged, from the service's batch log) and objects/s. Writes a JSON
 report and a plot.
 
-    python -m benchmarks.chaos_soak --objects /tmp/full --queries /tmp/q100k.parquet \\
+    python -m tests.system.chaos_soak --objects /tmp/full --queries /tmp/q100k.parquet \\
         --out /tmp/knnmon-bench/chaos_soak.json --plot /tmp/knnmon-bench/chaos_soak.png --log-dir /tmp/chaos
 """
 
@@ -55,11 +55,11 @@ import numpy as np
 import pyarrow.parquet as pq
 import redis
 
-from benchmarks.chaos_faults import (NAMESPACE, Chaos, inject, node_rss_mb, processes_mb, redis_pid, rss,
+from tests.system.chaos_faults import (NAMESPACE, Chaos, inject, node_rss_mb, processes_mb, redis_pid, rss,
                                      workers_of)
-from benchmarks.chaos_check import AcceptedMirror, check, queries_done, verify
-from benchmarks.chaos_load import Publisher, publish_prefill
-from benchmarks.soak import caught_up  # the plain soak's helpers
+from tests.system.chaos_check import AcceptedMirror, check, queries_done, verify
+from tests.system.chaos_load import Publisher, publish_prefill
+from tests.system.soak import caught_up  # the plain soak's helpers
 
 from knnmon.coordinator.service.status import read_status  # noqa: E402
 from tests.support import register_fields  # noqa: E402

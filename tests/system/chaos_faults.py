@@ -1,4 +1,4 @@
-"""The chaos soak's processes and faults (:mod:`chaos_soak`): its own durable Redis, the local
+"""The chaos soak's processes and faults (:mod:`tests.system.chaos_soak`): its own durable Redis, the local
 3-node Ray cluster (``deploy/local-cluster.sh``) and ``knnmon serve``; a worker SIGKILL, the
 service's SIGKILL, a Redis restart, a worker node's restart, each timed until the service serves
 again."""

@@ -1,4 +1,4 @@
-"""The chaos soak's load (:mod:`chaos_soak`): hostile entries with the reason each must get, the
+"""The chaos soak's load (:mod:`tests.system.chaos_soak`): hostile entries with the reason each must get, the
 publisher (objects at a rate, a hostile share, query churn; pauses; rides out Redis being away)
 and the prefill of the window."""
 

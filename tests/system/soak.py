@@ -13,7 +13,7 @@ are compared with the brute-force oracle over the live objects the service accep
 more than ``--max-keywords`` keywords is rejected, as any client's would be). Places are published again under
 new ids (``<id>#<round>``) once the stream runs out.
 
-    python -m benchmarks.soak --objects /tmp/full --queries /tmp/q100k.parquet \\
+    python -m tests.system.soak --objects /tmp/full --queries /tmp/q100k.parquet \\
         --out /tmp/knnmon-bench/soak.json --plot /tmp/knnmon-bench/soak.png
 """
 

@@ -1,4 +1,4 @@
-"""The chaos soak's checks (:mod:`chaos_soak`): a sample of the registered queries against the
+"""The chaos soak's checks (:mod:`tests.system.chaos_soak`): a sample of the registered queries against the
 brute-force oracle over the live objects the service accepted, the change feed (nothing applied
 twice), and what the publisher recorded against what the service accepted.
 
@@ -24,9 +24,9 @@ import numpy as np
 import pyarrow as pa
 import redis
 
-from benchmarks.chaos_faults import NAMESPACE, Chaos
-from benchmarks.chaos_load import Publisher
-from benchmarks.soak import caught_up
+from tests.system.chaos_faults import NAMESPACE, Chaos
+from tests.system.chaos_load import Publisher
+from tests.system.soak import caught_up
 
 from knnmon.coordinator.service.status import read_status
 from tests.support import assert_applied_once, expected, first_mismatch, redis_results
