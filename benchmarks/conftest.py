@@ -50,6 +50,11 @@ SCALES = {
                    20, 24),
                    kmax_sweep=(5, 10, 15, 20), queries_sweep=(100_000, 300_000, 1_000_000), check_sample=2_000,
                    sweep_algorithms=("proposed", "keyword", "space", "random")),
+    # the paper's largest setting: 3 M queries over 20 M synthetic Twitter-shaped objects
+    # (`knnmon ingest synthetic --n 20000000`; docs/performance.md, "The paper's scale")
+    "twitter": Scale(queries=3_000_000, kmax=10, initial=1_000_000, batches=50, workers=12, workers_sweep=(12, 24),
+                     kmax_sweep=(10,), queries_sweep=(1_000_000, 2_000_000, 3_000_000), check_sample=2_000,
+                     sweep_algorithms=("proposed", "random")),
 }
 SCALE = SCALES[os.environ.get("KNNMON_BENCH_SCALE", "smoke")]
 

@@ -3,6 +3,7 @@ single-process reference (keyword lists, one process, no assignment) measured in
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 
@@ -81,3 +82,21 @@ def test_run_in_one_process(benchmark, objects_dir, queries_file, redis_url, ind
     benchmark.extra_info.update(objects_per_s=s.objects_per_s, update_ms_mean=s.update_ms_mean,
                                 update_ms_p99=s.update_ms_p99)
     assert s.batches == SCALE.batches and s.objects == SCALE.batches * 1000
+
+
+def test_serve_under_load(benchmark, objects_dir, queries_file, tmp_path):
+    """``knnmon serve`` in its own process, its queries registered through the stream, then the
+    objects published as fast as it takes them (:mod:`benchmarks.serve_load`): ``extra_info``
+    holds objects/s, the latency XADD -> acknowledged (p50, p99, max) and each process's CPU
+    time per object; the results are checked against the oracle on a sample."""
+    from benchmarks import serve_load
+
+    report = tmp_path / "serve.json"
+    args = ["--objects", objects_dir, "--queries", queries_file, "--queries-n", str(min(SCALE.queries, 10_000)),
+            "--initial", str(SCALE.initial), "--objects-n", str(SCALE.batches * 1000), "--workers", str(SCALE.workers),
+            "--check", str(SCALE.check_sample), "--report", str(report)]
+    assert benchmark.pedantic(serve_load.main, args=(args,), rounds=1, iterations=1) == 0
+    row = json.loads(report.read_text())
+    benchmark.extra_info.update({k: row[k] for k in ("objects_per_s", "latency_ms_p50", "latency_ms_p99",
+                                                     "latency_ms_max", "cpu_us_per_object", "register_s")})
+    assert row["exact"] is True

@@ -15,7 +15,7 @@ from knnmon.coordinator.bench.runner import REFERENCE, BenchConfig, run_bench
 
 #: What each benchmark reports (docs/benchmarks.md explains each).
 FIGURES = ("update_ms_sim_mean", "update_ms_sim_p99", "update_ms_wall_mean", "imbalance_ms_mean", "objects_per_s",
-           "deliveries_per_object", "spearman_predicted_vs_busy", "checked_queries")
+           "deliveries_per_object", "spearman_predicted_vs_busy", "checked_queries", "startup_s", "worker_peak_rss_mb")
 
 
 def bench_once(benchmark, objects_dir: str, *, algorithm: str, workers: int, kmax: int, queries: int) -> dict:
