@@ -28,7 +28,8 @@ class Scale:
     objects before the stream, ``batches`` of 1,000, ``workers`` where W is not swept; the
     experiments' sweeps (over
     ``sweep_algorithms``; the smoke scale runs one); ``check_sample`` queries checked against the
-    brute-force oracle."""
+    brute-force oracle; ``executor``: where the runs outside the paper's experiments put their
+    workers (the smoke scale: in process, to stay quick)."""
 
     queries: int
     kmax: int
@@ -40,11 +41,12 @@ class Scale:
     queries_sweep: tuple[int, ...]
     check_sample: int
     sweep_algorithms: tuple[str, ...]
+    executor: str = "ray"
 
 
 SCALES = {
     "smoke": Scale(queries=2_000, kmax=5, initial=3_000, batches=2, workers=2, workers_sweep=(2,), kmax_sweep=(5,),
-                   queries_sweep=(1_000,), check_sample=100, sweep_algorithms=("proposed",)),
+                   queries_sweep=(1_000,), check_sample=100, sweep_algorithms=("proposed",), executor="inline"),
     # the paper's (Tsuruoka et al. 2019, §5, Table 2), on the 1.42 M places (docs/benchmarks.md)
     "paper": Scale(queries=100_000, kmax=10, initial=1_000_000, batches=60, workers=12, workers_sweep=(4, 8, 12, 16,
                    20, 24),

@@ -112,10 +112,10 @@ def start_serve(url: str, a: argparse.Namespace, r: redis.Redis, keys: Keys, *ex
     published its status."""
     r.delete(keys.serve_status)
     proc = subprocess.Popen([sys.executable, "-m", "knnmon.coordinator.cli", "serve", "--redis", url,
-                             "--namespace", "load", "--objects", a.objects, "--set", f"serve.initial={str(a.initial)}",
-                             "--workers", str(a.workers), "--set", f"serve.batch={str(a.batch)}", "--set",
-                                              f"serve.max_delay_ms={str(a.max_delay_ms)}",
-                             "--set", f"serve.batching={a.batching}", *extra])
+                             "--namespace", "load", "--objects", a.objects, "--workers", str(a.workers),
+                             "--set", f"serve.initial={a.initial}", "--set", f"serve.batch={a.batch}",
+                             "--set", f"serve.max_delay_ms={a.max_delay_ms}", "--set", f"serve.batching={a.batching}",
+                             *extra])
     while not r.exists(keys.serve_status):
         if proc.poll() is not None:
             raise SystemExit(f"serve exited with {proc.returncode}")
@@ -166,7 +166,7 @@ def main(argv=None) -> int:
                 proc.terminate()
                 proc.wait(timeout=300)
                 t2 = time.perf_counter()
-                proc = start_serve(server.url, a, r, keys, "--replan")
+                proc = start_serve(server.url, a, r, keys, "--set", "serve.replan=true")
                 restart_s = time.perf_counter() - t2
                 print(f"restarted (recovery and plan of {queries.num_rows:,} queries) in {restart_s:.1f} s", flush=True)
             time.sleep(1.2)  # the status names the worker processes (published every second)

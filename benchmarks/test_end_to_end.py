@@ -84,13 +84,14 @@ def test_run_in_one_process(benchmark, objects_dir, queries_file, redis_url, ind
     assert s.batches == SCALE.batches and s.objects == SCALE.batches * 1000
 
 
-def test_serve_under_load(benchmark, objects_dir, queries_file, tmp_path):
+def test_serve_under_load(benchmark, objects_dir, queries_file, tmp_path, monkeypatch):
     """``knnmon serve`` in its own process, its queries registered through the stream, then the
     objects published as fast as it takes them (:mod:`benchmarks.serve_load`): ``extra_info``
     holds objects/s, the latency XADD -> acknowledged (p50, p99, max) and each process's CPU
     time per object; the results are checked against the oracle on a sample."""
     from benchmarks import serve_load
 
+    monkeypatch.setenv("KNNMON_WORKERS_EXECUTOR", SCALE.executor)  # (the service's setting)
     report = tmp_path / "serve.json"
     args = ["--objects", objects_dir, "--queries", queries_file, "--queries-n", str(min(SCALE.queries, 10_000)),
             "--initial", str(SCALE.initial), "--objects-n", str(SCALE.batches * 1000), "--workers", str(SCALE.workers),

@@ -17,13 +17,13 @@ from benchmarks.conftest import SCALE
 def _config(windowed: bool, **changes):
     from knnmon.coordinator.runtime.config import RunConfig
 
-    return RunConfig(workers=SCALE.workers, initial=SCALE.initial, batches=SCALE.batches, arrival_ms=1,
-                     window=SCALE.initial if windowed else None, **changes)
+    return RunConfig(workers=SCALE.workers, executor=SCALE.executor, initial=SCALE.initial, batches=SCALE.batches,
+                     arrival_ms=1, window=SCALE.initial if windowed else None, **changes)
 
 
 @pytest.mark.parametrize("windowed", (False, True), ids=("append-only", "window"))
 def test_run_with_and_without_a_window(benchmark, objects_dir, queries_file, ray_session, windowed):
-    """Objects in random order (stationary), on Ray workers: ``extra_info`` holds objects/s and
+    """Objects in random order (stationary): ``extra_info`` holds objects/s and
     what the window added (results refilled, the refill step's time per batch). Issue 66's
     target: the windowed run at >= 0.5x the append-only one."""
     from knnmon.coordinator.runtime.runtime import Runtime

@@ -53,17 +53,16 @@ from knnmon.coordinator.runtime.preparation import Prepared, live_initial, prepa
 from knnmon.coordinator.runtime.ray_start import init_ray, shutdown_ray
 from knnmon.connection import redact
 from knnmon.errors import InputPathError, InvalidArgumentError
+from knnmon.keys import BENCH_NAMESPACE
 from knnmon.limits import DEFAULT_LIMITS, Limits
 from knnmon.ingest.queries import QueryWorkload, generate_queries
 from knnmon.ingest.reading import OBJECT_COLUMNS, read_objects
 from knnmon.store import StoreConfig, open_store
 
-__all__ = ["BENCH_NAMESPACE", "REFERENCE", "BenchConfig", "machine_info", "run_bench", "spearman"]
+__all__ = ["REFERENCE", "BenchConfig", "machine_info", "run_bench", "spearman"]
 
 #: Name of the single-process reference in ``--algorithms`` and in report rows.
 REFERENCE = "single"
-#: The key prefix of every bench run.
-BENCH_NAMESPACE = "bench"
 
 
 @dataclass(frozen=True)
@@ -82,7 +81,7 @@ class BenchConfig:
     objects: str
     queries: tuple[int, ...]
     kmax: tuple[int, ...] = (10,)
-    workers: tuple[int, ...] = (4,)
+    workers: tuple[int, ...] = (RunConfig.workers,)
     algorithms: tuple[str, ...] = ("proposed", "keyword", "space", "random")
     initial: int = 1_000_000
     batch: int = 1000

