@@ -48,6 +48,8 @@ def test_memory_does_not_grow_with_time(report):
     """Redis and the service hold a window, not a history: the last minute's memory is within
     10 % of the minute after the restart settled (the window was full by then)."""
     kill = SOAK_S / 2
+    if SOAK_S < 300:
+        pytest.skip("a soak shorter than 5 minutes has no settled minute after its restart")
     after = [s for s in report["samples"] if kill + 60 <= s["t_s"] < kill + 120]
     last = [s for s in report["samples"] if s["t_s"] >= SOAK_S - 60]
     for key in ("redis_used_memory_mb", "service_rss_mb"):
