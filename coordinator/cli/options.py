@@ -102,7 +102,7 @@ def settings_of(a: argparse.Namespace) -> Loaded:
     """
     from knnmon.errors import InvalidArgumentError
 
-    flags: dict[str, Any] = {}
+    flags: dict[str, object] = {}
     for item in getattr(a, "overrides", []) or []:
         key, sep, value = item.partition("=")
         if not sep or "." not in key:

@@ -38,6 +38,11 @@ from knnmon.window import parse_bound, parse_duration
 
 __all__ = ["CONFIG_FILE", "Loaded", "Settings", "describe", "load_settings"]
 
+#: Raw values by section and key, as a file, the variables or the flags give them (before validation).
+Values = dict[str, dict[str, object]]
+#: Where each value came from, by (section, key).
+Sources = dict[tuple[str, str], str]
+
 #: The file read when neither ``--config`` nor ``$KNNMON_CONFIG`` names one, if it exists.
 CONFIG_FILE = "knnmon.toml"
 
@@ -331,11 +336,10 @@ class Loaded:
     the file's path, ``"$KNNMON_WORKERS_COUNT"`` or the flag (``"--workers"``, ``"--set"``)."""
 
     settings: Settings
-    sources: dict[tuple[str, str], str]
+    sources: Sources
 
 
-def _merge(into: dict[str, dict[str, Any]], layer: dict[str, Any], source: str | dict[tuple[str, str], str],
-           sources: dict[tuple[str, str], str], origin: str) -> None:
+def _merge(into: Values, layer: dict[str, object], source: str | Sources, sources: Sources, origin: str) -> None:
     for section, values in layer.items():
         if not isinstance(values, dict):
             raise InvalidArgumentError(f"{section}: settings come in sections ([workers], [redis], ...): "
@@ -355,7 +359,7 @@ def _config_path(path: str | None) -> str | None:
     return path
 
 
-def load_settings(config: str | None = None, flags: dict[str, Any] | None = None,
+def load_settings(config: str | None = None, flags: dict[str, object] | None = None,
                   flag_names: dict[tuple[str, str], str] | None = None) -> Loaded:
     """The settings of the file ``config`` (else ``$KNNMON_CONFIG``, else ``./knnmon.toml`` if
     present), the ``KNNMON_SECTION_NAME`` variables and ``flags`` (``{"section.name": value}``,
@@ -368,8 +372,8 @@ def load_settings(config: str | None = None, flags: dict[str, Any] | None = None
         of range: the message names the key, the source that set it and the valid values.
     """
     path = _config_path(config)
-    merged: dict[str, dict[str, Any]] = {}
-    sources: dict[tuple[str, str], str] = {}
+    merged: Values = {}
+    sources: Sources = {}
     if path is not None:
         try:
             with open(path, "rb") as fh:
@@ -387,7 +391,7 @@ def load_settings(config: str | None = None, flags: dict[str, Any] | None = None
            if isinstance(values, dict)}
     _merge(merged, env, {(s, k): f"$KNNMON_{s.upper()}_{k.upper()}" for s, v in env.items() for k in v},
            sources, "the environment")
-    layer: dict[str, dict[str, Any]] = {}
+    layer: Values = {}
     for dotted, value in (flags or {}).items():
         section, _, key = dotted.partition(".")
         layer.setdefault(section, {})[key] = value
@@ -401,7 +405,7 @@ def load_settings(config: str | None = None, flags: dict[str, Any] | None = None
     return Loaded(settings, sources)
 
 
-def _explain(ex: ValidationError, merged: dict[str, dict[str, Any]], sources: dict[tuple[str, str], str]) -> str:
+def _explain(ex: ValidationError, merged: Values, sources: Sources) -> str:
     lines = []
     for err in ex.errors():
         loc = tuple(str(x) for x in err["loc"])
