@@ -5,6 +5,7 @@ in docs/performance.md ("What we learned")."""
 
 from __future__ import annotations
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -97,8 +98,6 @@ def test_search_a_batch_in_the_query_regions(benchmark, region_entries, index):
     R-tree (:mod:`knnmon.workers.packed_rtree`, searched for the whole batch level by level)
     against the ``rtree`` library's vectorised ``intersection_v`` on the same entries
     (docs/architecture.md, "Why each index is what it is"); both find the same (point, entry) pairs."""
-    import numpy as np
-
     from knnmon.workers.packed_rtree import PackedRTree
 
     (x0, y0, x1, y1), code, (px, py, pc) = region_entries
@@ -118,3 +117,32 @@ def test_search_a_batch_in_the_query_regions(benchmark, region_entries, index):
         ids, counts = benchmark(lib.intersection_v, pts, pts)
         got = set(zip(np.repeat(np.arange(len(px)), counts.astype(np.int64)).tolist(), ids.tolist()))
     assert got == want
+
+
+@pytest.mark.parametrize("algorithm", ("proposed", "keyword", "space", "random"))
+def test_route_a_batch_of_objects(benchmark, objects_dir, queries_file, places, scale, algorithm):
+    """The coordinator's routing of 1,000 objects to the workers whose queries they may change
+    (the plan's routing table, :class:`~knnmon.coordinator.live_routing.LiveRouting`):
+    ``extra_info`` holds the deliveries per object the plan costs."""
+    from knnmon.coordinator.planning import make_plan
+
+    plan = make_plan(objects_dir, queries_file, scale.workers, algorithm, initial=scale.initial)
+    batch = places.slice(scale.initial, 1000)
+    lon, lat, words = batch.column("lon").to_numpy(), batch.column("lat").to_numpy(), batch.column("keywords")
+    masks = benchmark(plan.routing.route_objects, lon, lat, words.combine_chunks())
+    deliveries = float(np.bitwise_count(masks.astype(np.uint64)).sum() / len(masks))
+    benchmark.extra_info["deliveries_per_object"] = deliveries
+    assert len(masks) == batch.num_rows and 0 < deliveries <= scale.workers
+
+
+@pytest.mark.parametrize("processes", (1, 2))
+def test_search_every_query_s_initial_knn(benchmark, objects_dir, queries_file, scale, processes):
+    """A start's exact kNN of every query over the initial objects (the load model's statistics,
+    the split, the search; :func:`~knnmon.coordinator.runtime.preparation.prepare`)."""
+    from knnmon.coordinator.runtime.config import RunConfig
+    from knnmon.coordinator.runtime.preparation import prepare
+
+    config = RunConfig(initial=scale.initial, batches=1, processes=processes)
+    prepared = benchmark.pedantic(prepare, args=(objects_dir, queries_file, config), rounds=1, iterations=1)
+    benchmark.extra_info["timings_s"] = prepared.timings
+    assert len(prepared.radius) == scale.queries
