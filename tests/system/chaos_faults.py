@@ -26,7 +26,7 @@ from knnmon.keys import Keys
 from knnmon.redis_server import EmbeddedRedis, free_port
 
 NAMESPACE = "chaos"
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CLUSTER = ROOT / "deploy" / "local-cluster.sh"
 
 

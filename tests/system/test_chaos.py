@@ -17,7 +17,8 @@ pytestmark = pytest.mark.system
 
 #: Seconds of publishing (default 30 minutes: the faults come at 12, 17 and 22 minutes).
 CHAOS_S = float(os.environ.get("KNNMON_CHAOS_S", 1800))
-NOT_MET = pytest.mark.xfail(reason="issue 66: refill waves and the memory of replaced processes", strict=True)
+NOT_MET = pytest.mark.xfail(reason="issue 66: refill waves and the memory of replaced processes", strict=True,
+                            raises=AssertionError)
 
 
 @pytest.fixture(scope="module")
