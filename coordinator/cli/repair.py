@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from knnmon.coordinator.cli.options import add_store_options, add_verb, setting_flag, settings_of, store_config
+from knnmon.coordinator.cli.options import add_store_options, add_verb, setting_flag, settings_of
 from knnmon.errors import KnnmonError, InvalidArgumentError
 from knnmon.keys import Keys
 from knnmon.store import open_store
@@ -21,7 +21,8 @@ def _repair(a: argparse.Namespace) -> int:
 
     if not a.watermark:
         raise InvalidArgumentError("say what to repair: --watermark")
-    config = store_config(a, durable=True)
+    settings = settings_of(a).settings
+    config = settings.store_config(durable=True)
     keys = Keys(config.namespace)
     with open_store(config, existing=True) as store:
         client = connect(store.url)
@@ -30,7 +31,7 @@ def _repair(a: argparse.Namespace) -> int:
             if other is not None:
                 raise KnnmonError(f"a knnmon serve (pid {other.get('pid')} on {other.get('host')}) runs in namespace "
                                   f"{config.namespace!r}: stop it before repairing")
-            report = repair_watermark(client, keys, settings_of(a).settings.limits_config(), dry_run=a.dry_run)
+            report = repair_watermark(client, keys, settings.limits_config(), dry_run=a.dry_run)
         finally:
             client.close()
     print("\n".join(f"knnmon repair: {line}" for line in report.lines()))
