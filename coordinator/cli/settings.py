@@ -7,7 +7,8 @@ sources win::
 
     default  <  the file (--config FILE, $KNNMON_CONFIG, else ./knnmon.toml)  <  KNNMON_SECTION_NAME  <  flags
 
-``knnmon config`` prints the effective settings and where each came from (:func:`describe`).
+``knnmon config`` prints the effective settings and where each came from
+(:func:`knnmon.coordinator.cli.config.describe`).
 The verbs build their typed configurations from one :class:`Settings`
 (:meth:`Settings.run_config`, :meth:`Settings.serve_config`, :meth:`Settings.store_config`):
 no layer below the command line sees a flag. Validation is pydantic's: an error names the key,
@@ -36,7 +37,7 @@ from knnmon.limits import DEFAULT_LIMITS, Limits
 from knnmon.store import DEFAULT_DATA_DIR, StoreConfig
 from knnmon.window import parse_bound, parse_duration
 
-__all__ = ["CONFIG_FILE", "Loaded", "Settings", "describe", "load_settings"]
+__all__ = ["CONFIG_FILE", "DURATIONS", "Loaded", "Settings", "load_settings"]
 
 #: Raw values by section and key, as a file, the variables or the flags give them (before validation).
 Values = dict[str, dict[str, object]]
@@ -74,12 +75,15 @@ def _list(value: Any) -> Any:
     return [x.strip() for x in value.split(",") if x.strip()] if isinstance(value, str) else value
 
 
+#: The settings of type :data:`Duration`, :data:`Lateness` or :data:`Bound` (ms, or ``None``: off).
+DURATIONS = {("window", "size"), ("window", "allowed_lateness"), ("limits", "max_future")}
+
 #: Lists: a TOML array, or comma-separated in a variable or --set (``2,4``).
 Ints = Annotated[list[int], NoDecode, BeforeValidator(_list)]
 Strs = Annotated[list[str], NoDecode, BeforeValidator(_list)]
 Switches = Annotated[list[bool], NoDecode, BeforeValidator(_list)]
 
-_FROZEN = ConfigDict(extra="forbid", frozen=True)
+_FROZEN = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # (no NaN or infinity anywhere)
 # One default per setting: where a typed configuration has the setting, its default is that one.
 _RUN, _SERVE, _REBALANCE = RunConfig(), ServeConfig(), RebalanceConfig()
 
@@ -211,13 +215,13 @@ class ServeSettings(BaseModel):
         _SERVE.batching,
         description="how batches form: wait max_delay_ms for more (fixed), never wait (no-wait), or never wait and cut"
                     " minibatches sized for latency_target_ms (docs/batching.md)")
-    max_delay_ms: float = Field(_SERVE.max_delay_ms, ge=0, allow_inf_nan=False,
+    max_delay_ms: float = Field(_SERVE.max_delay_ms, ge=0,
                                 description="fixed batching: the longest wait")
-    latency_target_ms: float = Field(_SERVE.latency_target_ms, gt=0, allow_inf_nan=False,
+    latency_target_ms: float = Field(_SERVE.latency_target_ms, gt=0,
                                      description="adaptive batching: the response time minibatches are sized for")
     redis_wait_s: float = Field(SERVE_REDIS_WAIT_S, ge=0, le=3600,
                                 description="when Redis stops answering, retry this long before rebuilding from it")
-    checkpoint_interval_s: float = Field(_SERVE.checkpoint_interval_s, gt=0, allow_inf_nan=False,
+    checkpoint_interval_s: float = Field(_SERVE.checkpoint_interval_s, gt=0,
                                          description="with a window: between checkpoints, which trim the objects "
                                                      "stream")
     replan: bool = Field(False,
@@ -422,46 +426,3 @@ def _explain(ex: ValidationError, merged: Values, sources: Sources) -> str:
         msg = err["msg"].removeprefix("Value error, ")
         lines.append(f"{key} = {value!r}" + (f" ({where})" if where else "") + f": {msg}")
     return "invalid settings: " + "; ".join(lines)
-
-
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, list):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-#: The settings of type :data:`Duration`, :data:`Lateness` or :data:`Bound`, printed as durations.
-_DURATIONS = {("window", "size"), ("window", "allowed_lateness"), ("limits", "max_future")}
-
-
-def _duration_text(ms: int) -> str:
-    if ms == 0:
-        return "0s"
-    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)):
-        if ms % size == 0:
-            return f"{ms // size}{unit}"
-    return f"{ms}ms"
-
-
-def describe(loaded: Loaded) -> str:
-    """The effective settings as TOML, each line with its source as a comment; the Redis URL's
-    password masked, durations as such (``"15m"``). A setting without a value (none) is a
-    comment. The text is itself a config file of the same settings."""
-    from knnmon.connection import redact
-
-    out: list[str] = []
-    for section, model in loaded.settings:
-        out.append(f"[{section}]")
-        for key, value in model:
-            if section == "redis" and key == "url" and value is not None:
-                value = redact(value)
-            if (section, key) in _DURATIONS and value is not None:
-                value = _duration_text(value)
-            line = f"# {key} = (none)" if value is None else f"{key} = {_toml_value(value)}"
-            out.append(f"{line:<44s} # {loaded.sources.get((section, key), 'default')}")
-        out.append("")
-    return "\n".join(out).rstrip() + "\n"

@@ -96,3 +96,20 @@ def test_the_verbs_build_their_typed_configurations_from_one_settings_object(tmp
     assert serve.run.store.namespace == "ns" and serve.run.store.durable and serve.run.initial == 0
     run = s.run_config()
     assert run.initial == 1_000_000 and not run.store.durable and run.overlap_writes
+
+
+@pytest.mark.parametrize(("key", "value", "message"), [
+    ("plan.delivery_cost", "inf", "Input should be a finite number"),
+    ("serve.idle_exit_s", "nan", "Input should be a finite number"),
+    ("rebalance.threshold", "nan", "Input should be a finite number"),
+    ("workers.count", "9" * 40, "Input should be less than or equal to 64"),
+    ("window.size", "99999d", "must be between 1 ms and 10 years"),
+    ("limits.max_future", "-5s", "invalid duration"),
+    ("redis.namespace", "", "at least 1 character"),
+    ("workers.count.extra", "1", "unknown setting workers.count.extra"),
+])
+def test_hostile_values_are_refused_with_the_key(monkeypatch, tmp_path, key, value, message):
+    monkeypatch.chdir(tmp_path)  # (no ./knnmon.toml)
+    with pytest.raises(InvalidArgumentError) as ex:
+        load_settings(None, {key: value})
+    assert key in str(ex.value) and message in str(ex.value)
