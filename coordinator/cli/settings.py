@@ -382,8 +382,10 @@ def load_settings(config: str | None = None, flags: dict[str, object] | None = N
         try:
             with open(path, "rb") as fh:
                 _merge(merged, tomllib.load(fh), path, sources, path)
-        except tomllib.TOMLDecodeError as ex:
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as ex:  # (TOML is UTF-8)
             raise InvalidArgumentError(f"{path}: not TOML: {ex}") from None
+        except OSError as ex:
+            raise InvalidArgumentError(f"{path}: cannot read it: {ex.strerror}") from None
     try:
         env = EnvSettingsSource(Settings)()
     except SettingsError as ex:

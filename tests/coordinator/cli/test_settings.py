@@ -75,6 +75,13 @@ def test_a_bad_file_is_refused_naming_the_key_and_the_valid_values(tmp_path, mon
     assert message.format(path=path) in str(ex.value)
 
 
+def test_a_file_that_is_not_utf8_is_refused(tmp_path):
+    path = tmp_path / "binary.toml"
+    path.write_bytes(b'[workers]\ncount = "\xff\xfe"\n')
+    with pytest.raises(InvalidArgumentError, match="binary.toml: not TOML"):
+        load_settings(str(path))
+
+
 def test_a_bad_variable_or_flag_is_refused_before_any_work(tmp_path):
     env = {**os.environ, "KNNMON_WORKERS_COUNT": "lots"}
     p = knnmon_cli("config", cwd=tmp_path, env=env)
