@@ -23,7 +23,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from knnmon.batch import BatchChanges, ObjectBatch, ObjectColumns, Refills
+from knnmon.batch import NEVER, BatchChanges, ObjectBatch, ObjectColumns, Refills
 from knnmon.encoding import id_prefix_keys
 from knnmon.geo import haversine_m, unit_vectors
 from knnmon.reports import WorkerReport
@@ -138,7 +138,15 @@ class BatchUpdate:
             self.window.expire(cutoff)
         if refills is not None:
             self.window.refill(refills)
-        self.window.needs = np.empty(0, dtype=np.int64)  # (refilled now, or never asked for)
+        refilled = self.state.queries.slots(list(refills.qids)) if refills is not None else np.empty(0, np.int64)
+        short = self.window.unmet(refilled)
+        if len(short):  # not applied: sent again with these refills (knnmon.workers.window_lists)
+            self.window.needs = short
+            self.window.announced[:] = NEVER  # (the coordinator missed announcements: all again)
+            q = self.state.queries
+            return WorkerReport(worker=self.state.worker_id, batch=batch, busy_s=time.perf_counter() - t0,
+                                cpu_s=time.thread_time() - c0, refilled=len(refilled), short=q.columns(short, q.cap))
+        self.window.needs = np.empty(0, dtype=np.int64)
         n_refilled = len(refills.qids) if refills is not None else 0
         obj = slot = np.empty(0, dtype=np.int64)
         if len(ids):
@@ -158,6 +166,10 @@ class BatchUpdate:
         if len(changed):
             self.state.shrink(changed)
         self.state.release_handles()
+        due = None
+        if cutoff is not None:
+            self.window.touched.append(changed)
+            due = self.window.announce()
         index_s = time.perf_counter() - t2
         return WorkerReport(worker=self.state.worker_id, batch=batch, objects=len(ids), candidates=len(obj),
                             passed=m.passed if m is not None else 0, changed=len(written),
@@ -165,7 +177,7 @@ class BatchUpdate:
                             redis_s=redis_s, redis_server_s=server_s, index_s=index_s,
                             write_queued=self.state.queue is not None and bool(len(written)), refilled=n_refilled,
                             index_merges=self.state.index.compactions - merges0,
-                            handle_compactions=self.state.handle_compactions - handles0)
+                            handle_compactions=self.state.handle_compactions - handles0, due=due)
 
     def process_rows(self, batch: ObjectBatch, rows: np.ndarray | None = None, *, cutoff: int | None = None,
                      refills: Refills | None = None) -> WorkerReport:

@@ -4,6 +4,15 @@ changes an expiry makes (each touched result diffed whole against what Redis hol
 With a reserve, each list keeps ``reserve`` neighbours beyond its ``k``, so an expiry mostly
 takes the next one from the reserve instead of a refill search (Skype's k-skyband idea,
 VLDBJ 2017).
+
+Every expiry time is known when its object arrives, so each list also knows its **deadline**: the
+cutoff at which an expiry will leave it short (:meth:`WindowLists.deadlines`). After each batch
+the worker announces the deadlines that changed within :data:`DUE_HORIZON_MS` of the cutoff
+(:class:`~knnmon.batch.DueLists`); the coordinator sends the refills with the batch whose cutoff
+reaches them, so no call has to ask first. A batch whose expiry leaves a list short that no
+refill came for (the coordinator had not seen its announcement: a restart, a cutoff that jumped
+past the horizon, a list that changed between batches) is not applied: the worker returns the
+short lists and the coordinator sends the batch again with their refills.
 """
 
 from __future__ import annotations
@@ -12,11 +21,17 @@ from __future__ import annotations
 import numpy as np
 
 from knnmon.arrays import members, runs
-from knnmon.batch import BatchChanges, ObjectColumns, Refills
+from knnmon.batch import NEVER, BatchChanges, DueLists, ObjectColumns, Refills
 from knnmon.query import QueryColumns
 from knnmon.workers.state import WorkerState
 
-__all__ = ["WindowLists"]
+__all__ = ["DUE_HORIZON_MS", "WindowLists"]
+
+#: How far past a batch's cutoff (event-time ms) the deadlines a worker announces reach at least;
+#: twice the cutoff's last step when that is more. A cutoff that moves further between two
+#: batches finds lists whose deadline was not announced (the batch then goes to the worker twice,
+#: the module docstring).
+DUE_HORIZON_MS = 60_000
 
 
 class WindowLists:
@@ -36,10 +51,70 @@ class WindowLists:
         self.needs = np.empty(0, dtype=np.int64)  # slots an expiry asked to refill, until the refills come
         self.refilled: dict[str, str] = {}  # details (text) of the objects a refill brought in
         self.expired = self.refills = 0
+        self.deadline = np.empty(0, dtype=np.int64)  # per slot, epoch ms (:meth:`deadlines`)
+        self.announced = np.empty(0, dtype=np.int64)  # per slot, the deadline last announced (NEVER: none)
+        self.touched: list[np.ndarray] = []  # slots whose list changed since the last announcement
+        self.horizon_ms = DUE_HORIZON_MS  # how far past the cutoff deadlines are announced
 
     def renumber(self, keep: np.ndarray) -> None:
         """The live slots ``keep`` (``(m,)`` int64, sorted) become ``0..m-1`` (a compaction)."""
         self.needs = np.searchsorted(keep, self.needs[np.isin(self.needs, keep)])
+        self.touched = [np.searchsorted(keep, x[np.isin(x, keep)]) for x in self.touched]
+        self.deadline = self.deadline[keep[keep < len(self.deadline)]]  # (the rest are computed anew)
+        self.announced = self.announced[keep[keep < len(self.announced)]]
+
+    def deadlines(self, slots: np.ndarray) -> np.ndarray:
+        """``(m,)`` int64: each of ``slots``' deadline, epoch ms: the smallest cutoff at which
+        :meth:`expire` asks to refill it. With ``W`` its members strictly within ``r_q``: the
+        ``k``-th largest time in ``W`` when ``W`` holds ``k``, else its oldest member's time (the
+        first expiry that touches it); :data:`~knnmon.batch.NEVER` without a finite ``r_q`` or a
+        member. O(sum of k + reserve) over ``slots``."""
+        q, L = self.state.queries, self.state.lists
+        out = np.full(len(slots), NEVER, dtype=np.int64)
+        c = L.count[slots]
+        if not c.sum():
+            return out
+        g = np.repeat(np.arange(len(slots)), c)
+        at = L.places(slots, c)
+        t = self.state.handles.t[L.h[at]]
+        inw = L.d[at] < q.radius[slots][g]
+        start = np.cumsum(c) - c
+        order = np.lexsort((-t, g))  # each list's times, newest first
+        oldest = np.where(c > 0, t[order][np.maximum(start + c - 1, 0)], NEVER)
+        gw, tw = g[inw], t[inw]
+        nw = np.bincount(gw, minlength=len(slots))
+        tw = tw[np.lexsort((-tw, gw))]
+        has = nw >= q.k[slots]
+        kth = np.full(len(slots), NEVER, dtype=np.int64)
+        kth[has] = tw[(np.cumsum(nw) - nw)[has] + q.k[slots][has] - 1]
+        out[:] = np.where(has, kth, oldest)
+        out[~np.isfinite(q.radius[slots])] = NEVER
+        return out
+
+    def announce(self) -> DueLists:
+        """The deadlines that changed within :attr:`horizon_ms` of the last cutoff, or left it,
+        since the last call (:class:`~knnmon.batch.DueLists`): computed anew for the
+        lists changed since, and for slots new since."""
+        q = self.state.queries
+        n, had = len(q.k), len(self.deadline)
+        if had < n:
+            self.deadline = np.concatenate([self.deadline, np.full(n - had, NEVER, dtype=np.int64)])
+            self.announced = np.concatenate([self.announced, np.full(n - len(self.announced), NEVER,
+                                                                     dtype=np.int64)])
+        touched = np.unique(np.concatenate([np.arange(had, n), *self.touched])).astype(np.int64)
+        self.touched = []
+        live = touched[q.alive[touched]]
+        self.deadline[touched] = NEVER
+        self.deadline[live] = self.deadlines(live)
+        limit = self.cutoff + self.horizon_ms if self.cutoff > np.iinfo(np.int64).min else NEVER
+        want = np.where(self.deadline <= limit, self.deadline, NEVER)
+        diff = np.flatnonzero(want != self.announced)
+        self.announced[diff] = want[diff]
+        return DueLists(q.columns(diff, q.cap), want[diff].copy())
+
+    def unmet(self, refilled: np.ndarray) -> np.ndarray:
+        """The slots :meth:`expire` asked to refill that ``refilled`` (slots) does not hold."""
+        return np.setdiff1d(self.needs, refilled)
 
     def expire(self, cutoff: int) -> QueryColumns:
         """Remove the objects with ``t <= cutoff`` (epoch ms) from every list held here.
@@ -66,6 +141,8 @@ class WindowLists:
         if cutoff <= self.cutoff:
             return pending
         before, self.cutoff = self.cutoff, int(cutoff)
+        if before > np.iinfo(np.int64).min:
+            self.horizon_ms = max(DUE_HORIZON_MS, 2 * (self.cutoff - before))
         n = len(self.state.handles)
         t = self.state.handles.t[:n]
         dead = t <= cutoff
@@ -85,6 +162,7 @@ class WindowLists:
         self.expired += len(places)
         of = np.searchsorted(L.ptr, places, side="right") - 1
         slots = np.unique(of)
+        self.touched.append(slots)
         # Results that lost an entry (not only their reserve): diffed at the write, re-sorted.
         in_res = np.unique(of[places - L.ptr[of] < np.minimum(L.count[of], q.k[of])])
         n_res = np.minimum(L.count[in_res], q.k[in_res])
@@ -165,6 +243,8 @@ class WindowLists:
             L.h[places] = np.fromiter((handle[o] for o in ids), dtype=np.int64, count=len(ids))
             by_row = None
         L.count[slots] = n
+        self.touched.append(slots)
+        self.announced[slots[slots < len(self.announced)]] = NEVER  # (the coordinator took them off its list)
         radii = np.full(len(slots), np.inf)
         full = np.flatnonzero(n == cap)
         radii[full] = dists[np.cumsum(n)[full] - 1]

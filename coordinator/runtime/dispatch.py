@@ -8,18 +8,21 @@ object store) with each worker's rows. :meth:`Dispatcher.collect` waits for the 
 their queued writes, and measures the batch (:class:`~knnmon.coordinator.runtime.metrics.BatchReport`).
 
 With a window (:class:`~knnmon.window.Window`), a batch first moves the watermark: its late
-objects are dropped (counted), the expired objects leave the object store and the ids seen,
-every worker removes them from its results (:meth:`KnnWorker.expire`) and names the results that
-fell below ``k``; the coordinator searches their exact kNN over the live objects (one vectorised
-search for all) and sends each worker its :class:`~knnmon.batch.Refills` with the batch; the
-routing table learns the refilled queries' larger regions.
+objects are dropped (counted), the expired objects leave the object store and the ids seen. Each
+worker announced after its last batch the lists whose reserve runs out soon, with their deadlines
+(:class:`~knnmon.batch.DueLists`); the coordinator searches the exact kNN of those due by the new
+cutoff over the live objects (one vectorised search for all) and sends each worker its
+:class:`~knnmon.batch.Refills` with the batch, without asking first; the routing table learns
+the refilled queries' larger regions. A worker whose expiry finds a list short that no refill
+came for returns it unapplied (:attr:`~knnmon.reports.WorkerReport.short`), and the batch goes
+to it again with that refill (:meth:`Dispatcher.settle`, before the next batch is sent).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -27,11 +30,11 @@ import pyarrow as pa
 
 from knnmon.batch import KnnColumns, ObjectBatch, Refills
 from knnmon.coordinator.live_routing import LiveRouting
+from knnmon.coordinator.runtime.due_lists import DueTable
 from knnmon.coordinator.runtime.metrics import BatchReport
 from knnmon.coordinator.runtime.object_store import ObjectStore
 from knnmon.coordinator.runtime.seen_ids import SeenIds
 from knnmon.coordinator.runtime.worker_pool import Pending, WorkerPool
-from knnmon.errors import WorkerLostError
 from knnmon.query import QueryColumns
 from knnmon.reports import WorkerReport
 from knnmon.window import Window
@@ -106,23 +109,27 @@ class Dispatcher:
 
     def __init__(self, pool: WorkerPool, routing: LiveRouting, objects: ObjectStore, seen: Sequence[str] | pa.Array, *,
                  seen_times: np.ndarray | None = None, window: Window | None = None, rects=None,
-                 first_batch: int = 0, revive: Callable[[int], bool] | None = None) -> None:
+                 first_batch: int = 0) -> None:
         self.pool, self.routing, self.objects = pool, routing, objects
         routing.prepare()  # (not in the first batch's routing time)
         self.seen = SeenIds(seen, seen_times, windowed=window is not None)
         self.window, self.rects = window, rects
         self.next_batch = first_batch
-        #: With a window, the last batch's refill step in parts (ms): ``expire`` (the store,
-        #: the seen ids and the workers' expiry round trip), ``search`` (the refills' kNN),
-        #: ``routing`` (their regions added to the routing table).
+        #: With a window, the last batch's refill step in parts (ms): ``expire`` (the store and
+        #: the seen ids), ``search`` (the refills' kNN), ``routing`` (their regions added to the
+        #: routing table), ``short`` (a batch sent again, :meth:`settle`).
         self.refill_parts_ms: dict[str, float] = {}
-        #: Revives a worker found lost at a batch's expiry, before the batch is sent (the
-        #: runtime's :meth:`Runtime.revive_idle`); ``True`` if it did.
-        self.revive = revive
+        #: Each worker's announced refill deadlines (:class:`DueTable`).
+        self.due = [DueTable() for _ in range(pool.size)]
+        #: Lists refilled only when a worker returned them short (:meth:`settle`).
+        self.short_refills = 0
+        self._settled: set[int] = set()
+        self._last: DispatchedBatch | None = None  # with a window: the last batch sent
 
     def _expire(self, batch: pa.Table) -> tuple[pa.Table, int, int, dict[int, Refills], float]:
-        """Move the watermark with ``batch``; drop its late objects; expire everywhere; refill
-        (module docstring). Returns the live batch, late objects, cutoff, refills, ms spent."""
+        """Move the watermark with ``batch``; drop its late objects; expire the store; refill the
+        lists the workers announced due by the new cutoff (module docstring). Returns the live
+        batch, late objects, cutoff, refills, ms spent."""
         t0 = time.perf_counter()
         t = batch.column("t").to_numpy()
         cutoff = self.window.advance(t)
@@ -132,17 +139,41 @@ class Dispatcher:
             batch = batch.filter(pa.array(~late))
         self.objects.expire(cutoff)
         self.seen.forget(cutoff)
-        needs: list[QueryColumns] = self.pool.gather_each([self.pool.expire(w, cutoff)
-                                                           for w in range(self.pool.size)])
-        for w, n in enumerate(needs):  # lost before the batch: revived now, from Redis, and asked again
-            if isinstance(n, WorkerLostError) and self.revive is not None and self.revive(w):
-                needs[w] = self.pool.gather([self.pool.expire(w, cutoff)])[0]
-        # A worker lost and not revived here refills nothing: the batch's call to it fails too,
-        # and its revival after the batch rebuilds its lists over the live objects (Reviver.collect).
-        needs = [QueryColumns.of([]) if isinstance(n, WorkerLostError) else n for n in needs]
+        needs = [due.take(cutoff) for due in self.due]
         self.refill_parts_ms = {"expire": (time.perf_counter() - t0) * 1e3, "search": 0.0, "routing": 0.0}
         refills = self._refill(needs, route_now=False)  # merged into the table once the batch is sent
         return batch, n_late, cutoff, refills, (time.perf_counter() - t0) * 1e3
+
+    def settle(self, d: DispatchedBatch) -> None:
+        """Wait for ``d``'s workers (not their writes); learn their announced deadlines; send
+        ``d`` again to each worker that returned lists short (:attr:`WorkerReport.short`), with
+        their refills over the live objects but ``d``'s own and every object of ``d`` (the
+        refills widen regions the batch was routed by). ``d.pending`` then holds the reports;
+        a lost worker's call is left to fail in :meth:`collect`. Once per batch."""
+        if d.number in self._settled or d.cutoff is None:
+            return
+        self._settled.add(d.number)
+        while len(self._settled) > 8:
+            self._settled.discard(min(self._settled))
+        out = self.pool.gather_each(d.pending)
+        for i, r in enumerate(out):
+            while isinstance(r, WorkerReport) and r.short is not None:
+                w = r.worker
+                self.due[w].absorb(r.due)
+                t0 = time.perf_counter()
+                refills = self._refill([QueryColumns.of([])] * w + [r.short], d.ids).get(w)
+                self.short_refills += len(r.short.ids)
+                call = self.pool.process(w, d.shared, np.arange(d.objects, dtype=np.int64), cutoff=d.cutoff,
+                                         refills=refills)
+                self.refill_parts_ms["short"] = self.refill_parts_ms.get("short", 0.0) + (time.perf_counter() - t0) * 1e3
+                earlier, r = r.refilled, self.pool.gather_each([call])[0]
+                if isinstance(r, WorkerReport):
+                    r = replace(r, refilled=r.refilled + earlier)
+                    d.pending[i] = Pending(w, self.pool.share(r))
+                else:
+                    d.pending[i] = call
+            if isinstance(r, WorkerReport):
+                self.due[r.worker].absorb(r.due)
 
     def _refill(self, needs: list[QueryColumns], exclude: frozenset[str] = frozenset(), *,
                 route_now: bool = True) -> dict[int, Refills]:
@@ -254,6 +285,8 @@ class Dispatcher:
         batch, dup = self.drop_seen(batch, admitted)
         n_late, cutoff, refills, refill_ms = 0, None, {}, 0.0
         if self.window is not None:
+            if self._last is not None:  # (its deadlines, and no batch behind it if one goes again)
+                self.settle(self._last)
             batch, n_late, cutoff, refills, refill_ms = self._expire(batch)
         table, pair_obj, pair_code, masks = self._route(batch)
         number = self.next_batch
@@ -277,8 +310,10 @@ class Dispatcher:
         route_cpu_ms = (time.thread_time() - c0) * 1e3  # not inflated by workers already running
         self.objects.append(batch)
         ids = frozenset(batch.column("id").to_pylist()) if cutoff is not None else frozenset()
-        return DispatchedBatch(number, batch.num_rows, dup, sent, pending, t0, route_ms, route_cpu_ms, shared, rows,
-                               n_late, refill_ms, cutoff, ids)
+        d = DispatchedBatch(number, batch.num_rows, dup, sent, pending, t0, route_ms, route_cpu_ms, shared, rows,
+                            n_late, refill_ms, cutoff, ids)
+        self._last = d if cutoff is not None else None
+        return d
 
     def collect(self, d: DispatchedBatch) -> BatchReport:
         """Wait for a dispatched batch's workers and their writes; its :class:`BatchReport`.
@@ -290,6 +325,7 @@ class Dispatcher:
         StoreUnavailableError
             A worker's write failed after every retry.
         """
+        self.settle(d)
         reports: list[WorkerReport] = self.pool.gather(d.pending)
         route_ms, route_cpu_ms = d.route_ms, d.route_cpu_ms
         if self.pool.inline:  # the workers ran inside the dispatch: not routing (the write

@@ -214,12 +214,12 @@ class Runtime:
         self.upkeep = RoutingUpkeep(self.plan.routing, self.plan.model, self.pool, c.routing_entries)
         self._exit.callback(self.upkeep.close)
 
-        def in_place(worker: int) -> bool:  # (the dispatcher's and the rebalancer's way to revive a worker)
+        def in_place(worker: int) -> bool:  # (the rebalancer's way to revive a worker)
             return self.revive_idle(worker) is not None
 
         self.dispatcher = Dispatcher(self.pool, self.plan.routing, self.objects, p.initial.column("id"),
                                      seen_times=t, window=window, rects=self.plan.model.rects,
-                                     first_batch=p.first_batch, revive=in_place)
+                                     first_batch=p.first_batch)
         if c.rebalance is not None:
             ids = p.queries.column("id").to_pylist()
             set_of = dict(zip(ids, self.plan.plan.set_of.tolist())) if len(self.plan.plan.set_of) == len(ids) else {}

@@ -5,6 +5,8 @@
   :class:`~knnmon.workers.result_writer.ResultWriter`;
 - :class:`Refills`: with a window, the exact kNN of the results an expiry emptied below ``k``,
   from the coordinator's live objects to the worker holding them;
+- :class:`DueLists`: with a window, the lists whose reserve runs out soon, from the worker holding
+  them to the coordinator (which sends their :class:`Refills` with the batch that needs them);
 - :class:`QueryHandover`: queries with their kNN, moving between workers (re-balancing);
 - what a worker measured and reports (:class:`~knnmon.reports.WorkerReport`, ...) is in
   :mod:`knnmon.reports`.
@@ -20,8 +22,9 @@ import numpy as np
 
 from knnmon.arrays import runs
 from knnmon.arrow_ipc import ipc_of_table, table_of_ipc
+from knnmon.query import QueryColumns
 
-__all__ = ["BatchChanges", "KnnColumns", "ObjectBatch", "ObjectColumns", "ObjectInfo", "QueryHandover", "Refills"]
+__all__ = ["BatchChanges", "DueLists", "KnnColumns", "NEVER", "ObjectBatch", "ObjectColumns", "ObjectInfo", "QueryHandover", "Refills"]
 
 
 @dataclass(frozen=True)
@@ -385,6 +388,33 @@ class Refills:
     qids: Sequence[str]
     topk: KnnColumns
     objects: ObjectColumns
+
+
+#: A deadline that never comes (int64 epoch ms): a list that holds every match, or none.
+NEVER = np.iinfo(np.int64).max
+
+
+@dataclass(frozen=True)
+class DueLists:
+    """What a worker announces after a windowed batch: the lists whose refill deadline changed
+    and now falls within its horizon (:data:`~knnmon.workers.window_lists.DUE_HORIZON_MS` past
+    the batch's cutoff), or left it.
+
+    A list's deadline is the smallest cutoff at which an expiry leaves it short
+    (:meth:`~knnmon.workers.window_lists.WindowLists.expire`): the ``k``-th largest time among
+    its members strictly within ``r_q``, or its oldest member's time when fewer than ``k`` lie
+    there (Mouratidis et al., SIGMOD 2006, §4: every expiry time is known on arrival).
+
+    Attributes
+    ----------
+    queries : QueryColumns
+        The ``m`` queries, ``k`` holding the neighbours a refill searches (``k + reserve``).
+    deadline_ms : numpy.ndarray
+        ``(m,)`` int64 epoch ms; :data:`NEVER`: no longer due within the horizon (withdrawn).
+    """
+
+    queries: QueryColumns
+    deadline_ms: np.ndarray
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from knnmon.batch import DueLists
+from knnmon.query import QueryColumns
+
 __all__ = ["KeptReport", "LoadResult", "WorkerReport", "WorkerStats", "WriteFigures"]
 
 
@@ -120,6 +123,12 @@ class WorkerReport:
     index_merges, handle_compactions : int
         The query index's full merges (its ``compactions``) and the object handles'
         compactions during the batch: a worker's one-off steps, within ``index_s``.
+    due : DueLists or None
+        With a window: the lists whose refill deadline changed within the horizon.
+    short : QueryColumns or None
+        With a window: lists the batch's expiry left short that no refill came for (an
+        announcement the coordinator had not seen). The batch was **not applied**: the
+        coordinator sends it again with their refills (``k`` holds ``k + reserve``).
     """
 
     worker: int
@@ -137,6 +146,8 @@ class WorkerReport:
     refilled: int = 0
     index_merges: int = 0
     handle_compactions: int = 0
+    due: DueLists | None = None
+    short: QueryColumns | None = None
 
     def with_write(self, w: WriteFigures) -> WorkerReport:
         """This report with its queued write's figures: the writing thread's CPU and the

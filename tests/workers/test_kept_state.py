@@ -1,12 +1,14 @@
 """What a worker that outlived its service says of its state (``workers/kept_state.py``): equal
 to Redis's (its marker is its last write) after loads and batches, not after a failed write; an
-expiry's queries to refill asked for again until its batch comes; which objects its lists hold; a new session once kept."""
+expiry's queries to refill asked for again until its batch comes with their refills; which objects its lists hold; a new session once kept."""
 
 from __future__ import annotations
 
 import numpy as np
 import redis
 
+from knnmon.batch import KnnColumns, ObjectColumns, Refills
+from knnmon.geo import haversine_m
 from knnmon.keys import Keys
 from knnmon.query import QueryColumns
 from knnmon.workers.worker import KnnWorker
@@ -37,7 +39,15 @@ def test_a_worker_says_when_its_state_equals_what_redis_holds(redis_url, namespa
     need = w.expire(1500)
     assert len(need.ids) and list(w.expire(1500).ids) == list(need.ids)
     assert set(w.expire(1600).ids) >= set(need.ids)
-    _batch(w, 1, [], [], cutoff=1600)
+    # The batch without their refills is not applied: it names them (the coordinator sends it again).
+    short = _batch(w, 1, [], [], cutoff=1600).short
+    assert short is not None and set(short.ids) == set(w.expire(1600).ids)
+    assert w.kept_state().marker == f"{w.state.writer.session}:0"
+    lon = np.array([-70.999, -70.998, -70.997])
+    live = ObjectColumns(["o2", "o3", "o4"], lon, np.full(3, 42.0), np.array([2000, 3000, 4000]), [["cafe"]] * 3)
+    d = [haversine_m(lon, np.full(3, 42.0), np.full(3, x), np.full(3, 42.0)).tolist() for x in short.lon]
+    top = KnnColumns([3] * len(d), ["o2", "o3", "o4"] * len(d), np.array([x for row in d for x in row]))
+    assert _batch(w, 1, [], [], cutoff=1600, refills=Refills(list(short.ids), top, live)).short is None
     assert not len(w.expire(1600).ids)
     state = w.kept_state()
     assert state.why is None and state.marker == r.get(keys.worker_batch(0)) == f"{w.state.writer.session}:1"
