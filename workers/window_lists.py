@@ -53,6 +53,7 @@ class WindowLists:
         self.expired = self.refills = 0
         self.deadline = np.empty(0, dtype=np.int64)  # per slot, epoch ms (:meth:`deadlines`)
         self.announced = np.empty(0, dtype=np.int64)  # per slot, the deadline last announced (NEVER: none)
+        self.oldest = np.empty(0, dtype=np.int64)  # per slot, its oldest member's time (NEVER: none)
         self.touched: list[np.ndarray] = []  # slots whose list changed since the last announcement
         self.horizon_ms = DUE_HORIZON_MS  # how far past the cutoff deadlines are announced
 
@@ -62,18 +63,20 @@ class WindowLists:
         self.touched = [np.searchsorted(keep, x[np.isin(x, keep)]) for x in self.touched]
         self.deadline = self.deadline[keep[keep < len(self.deadline)]]  # (the rest are computed anew)
         self.announced = self.announced[keep[keep < len(self.announced)]]
+        self.oldest = self.oldest[keep[keep < len(self.oldest)]]
 
-    def deadlines(self, slots: np.ndarray) -> np.ndarray:
-        """``(m,)`` int64: each of ``slots``' deadline, epoch ms: the smallest cutoff at which
-        :meth:`expire` asks to refill it. With ``W`` its members strictly within ``r_q``: the
-        ``k``-th largest time in ``W`` when ``W`` holds ``k``, else its oldest member's time (the
-        first expiry that touches it); :data:`~knnmon.batch.NEVER` without a finite ``r_q`` or a
-        member. O(sum of k + reserve) over ``slots``."""
+    def deadlines(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(m,)`` int64 each: ``slots``' deadlines and their oldest members' times, epoch ms.
+        A deadline is the smallest cutoff at which :meth:`expire` asks to refill the list. With
+        ``W`` its members strictly within ``r_q``: the ``k``-th largest time in ``W`` when ``W``
+        holds ``k``, else its oldest member's time (the first expiry that touches it);
+        :data:`~knnmon.batch.NEVER` without a finite ``r_q`` or a member. O(sum of k + reserve)
+        over ``slots``."""
         q, L = self.state.queries, self.state.lists
         out = np.full(len(slots), NEVER, dtype=np.int64)
         c = L.count[slots]
         if not c.sum():
-            return out
+            return out, out.copy()
         g = np.repeat(np.arange(len(slots)), c)
         at = L.places(slots, c)
         t = self.state.handles.t[L.h[at]]
@@ -89,7 +92,7 @@ class WindowLists:
         kth[has] = tw[(np.cumsum(nw) - nw)[has] + q.k[slots][has] - 1]
         out[:] = np.where(has, kth, oldest)
         out[~np.isfinite(q.radius[slots])] = NEVER
-        return out
+        return out, oldest
 
     def announce(self) -> DueLists:
         """The deadlines that changed within :attr:`horizon_ms` of the last cutoff, or left it,
@@ -98,14 +101,14 @@ class WindowLists:
         q = self.state.queries
         n, had = len(q.k), len(self.deadline)
         if had < n:
-            self.deadline = np.concatenate([self.deadline, np.full(n - had, NEVER, dtype=np.int64)])
-            self.announced = np.concatenate([self.announced, np.full(n - len(self.announced), NEVER,
-                                                                     dtype=np.int64)])
+            self.deadline, self.announced, self.oldest = (
+                np.concatenate([a, np.full(n - len(a), NEVER, dtype=np.int64)])
+                for a in (self.deadline, self.announced, self.oldest))
         touched = np.unique(np.concatenate([np.arange(had, n), *self.touched])).astype(np.int64)
         self.touched = []
         live = touched[q.alive[touched]]
-        self.deadline[touched] = NEVER
-        self.deadline[live] = self.deadlines(live)
+        self.deadline[touched] = self.oldest[touched] = NEVER
+        self.deadline[live], self.oldest[live] = self.deadlines(live)
         limit = self.cutoff + self.horizon_ms if self.cutoff > np.iinfo(np.int64).min else NEVER
         want = np.where(self.deadline <= limit, self.deadline, NEVER)
         diff = np.flatnonzero(want != self.announced)
@@ -153,10 +156,12 @@ class WindowLists:
         if self.state.details is not None:
             self.state.details.drop(gone)
         q, L = self.state.queries, self.state.lists
-        held = L.h >= 0
+        cand = np.unique(np.concatenate([np.flatnonzero(self.oldest <= cutoff),
+                                         np.arange(len(self.oldest), len(q.k)), *self.touched])).astype(np.int64)
+        at = L.places(cand, L.count[cand])  # (only lists whose oldest member may have expired)
+        places = at[dead[L.h[at]]]
         hit = np.zeros(len(L.h), dtype=bool)
-        hit[held] = dead[L.h[held]]
-        places = np.flatnonzero(hit)
+        hit[places] = True
         if not len(places):
             return pending
         self.expired += len(places)
