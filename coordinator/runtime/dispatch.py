@@ -124,6 +124,7 @@ class Dispatcher:
         #: Lists refilled only when a worker returned them short (:meth:`settle`).
         self.short_refills = 0
         self._settled: set[int] = set()
+        self._late: dict[int, tuple[float, float]] = {}  # batch -> workers' (wall s, CPU s) in settle's calls
         self._last: DispatchedBatch | None = None  # with a window: the last batch sent
 
     def _expire(self, batch: pa.Table) -> tuple[pa.Table, int, int, dict[int, Refills], float]:
@@ -166,9 +167,12 @@ class Dispatcher:
                 call = self.pool.process(w, d.shared, np.arange(d.objects, dtype=np.int64), cutoff=d.cutoff,
                                          refills=refills)
                 self.refill_parts_ms["short"] = self.refill_parts_ms.get("short", 0.0) + (time.perf_counter() - t0) * 1e3
-                earlier, r = r.refilled, self.pool.gather_each([call])[0]
-                if isinstance(r, WorkerReport):
-                    r = replace(r, refilled=r.refilled + earlier)
+                first, r = r, self.pool.gather_each([call])[0]
+                if isinstance(r, WorkerReport):  # (in process the call ran here, not in the dispatch)
+                    late = self._late.get(d.number, (0.0, 0.0))
+                    self._late[d.number] = (late[0] + r.busy_s, late[1] + r.cpu_s - r.redis_server_s)
+                    r = replace(r, refilled=r.refilled + first.refilled, busy_s=r.busy_s + first.busy_s,
+                                cpu_s=r.cpu_s + first.cpu_s)
                     d.pending[i] = Pending(w, self.pool.share(r))
                 else:
                     d.pending[i] = call
@@ -330,8 +334,9 @@ class Dispatcher:
         route_ms, route_cpu_ms = d.route_ms, d.route_cpu_ms
         if self.pool.inline:  # the workers ran inside the dispatch: not routing (the write
             # thread's CPU joins the reports below, and was never the dispatching thread's)
-            route_cpu_ms -= sum(r.cpu_s - r.redis_server_s for r in reports) * 1e3
-            route_ms -= sum(r.busy_s for r in reports) * 1e3
+            late_s, late_cpu_s = self._late.pop(d.number, (0.0, 0.0))
+            route_cpu_ms -= (sum(r.cpu_s - r.redis_server_s for r in reports) - late_cpu_s) * 1e3
+            route_ms -= (sum(r.busy_s for r in reports) - late_s) * 1e3
         queued = [i for i, r in enumerate(reports) if r.write_queued]
         if queued:  # the batch is done when its writes are in Redis
             writes = self.pool.gather([self.pool.written(reports[i].worker, d.number) for i in queued])

@@ -168,7 +168,7 @@ def test_a_windowed_ray_worker_lost_between_batches_is_revived_from_redis(window
 
     import redis
 
-    from knnmon.coordinator.runtime import revival
+    from knnmon.coordinator.recovery import revival
     from knnmon.keys import Keys
 
     monkeypatch.setattr(revival, "CHUNK", 100)  # (several chunks)
