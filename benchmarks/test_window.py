@@ -34,6 +34,7 @@ def test_run_with_and_without_a_window(benchmark, objects_dir, queries_file, ray
 
     s = benchmark.pedantic(run, rounds=1, iterations=1)
     benchmark.extra_info.update(objects_per_s=s.objects_per_s, update_ms_mean=s.update_ms_mean,
+                                update_ms_p99=s.update_ms_p99,
                                 results_refilled=s.results_refilled, refill_ms_mean=s.refill_ms_mean)
     assert s.batches == SCALE.batches
 
@@ -42,7 +43,7 @@ def test_refill_waves_in_stream_order(benchmark, objects_dir, queries_file, ray_
     """The places in stream order (a region's together), one batch in flight: when a region's
     places expire every query there refills in the same few batches. ``extra_info``: update
     time p50 / p99 / max, batches over 1 s and 2 s, results refilled, the refill step's parts
-    (the expiry round trip, the search, the routing), seconds."""
+    (the store's expiry, the search, the routing, batches sent again for a short list), seconds."""
     from knnmon.coordinator.runtime.runtime import Runtime
 
     def run():

@@ -1,0 +1,29 @@
+"""The coordinator's table of announced refill deadlines (``coordinator/runtime/due_lists.py``):
+the latest announcement of a query wins, a withdrawal removes it, and a cutoff takes exactly the
+queries due by it, once."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from knnmon.batch import NEVER, DueLists
+from knnmon.coordinator.runtime.due_lists import DueTable
+from knnmon.query import QueryColumns
+
+
+def _due(ids: list[str], at: list[int]) -> DueLists:
+    n = len(ids)
+    return DueLists(QueryColumns(ids, np.zeros(n), np.zeros(n), [["cafe"]] * n, np.full(n, 3)),
+                    np.array(at, dtype=np.int64))
+
+
+def test_a_cutoff_takes_the_queries_due_by_it_once():
+    table = DueTable()
+    table.absorb(_due(["a", "b", "c"], [100, 200, 300]))
+    table.absorb(_due(["b", "c", "d"], [150, NEVER, 400]))  # b moved earlier, c withdrawn, d new
+    table.absorb(None)
+    assert len(table) == 3 and not len(table.take(99).ids)
+    got = table.take(150)
+    assert sorted(got.ids) == ["a", "b"] and got.k.tolist() == [3, 3] and got.keywords == [["cafe"]] * 2
+    assert not len(table.take(150).ids)  # taken: the batch that reached them refills them
+    assert list(table.take(10**6).ids) == ["d"] and len(table) == 0
