@@ -167,8 +167,9 @@ class BatchUpdate:
             self.state.shrink(changed)
         self.state.release_handles()
         due = None
-        if cutoff is not None:
+        if self.window.cutoff > np.iinfo(np.int64).min:  # windowed: their deadlines and oldest times anew
             self.window.touched.append(changed)
+        if cutoff is not None:
             due = self.window.announce()
         index_s = time.perf_counter() - t2
         return WorkerReport(worker=self.state.worker_id, batch=batch, objects=len(ids), candidates=len(obj),

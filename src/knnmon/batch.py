@@ -24,7 +24,8 @@ from knnmon.arrays import runs
 from knnmon.arrow_ipc import ipc_of_table, table_of_ipc
 from knnmon.query import QueryColumns
 
-__all__ = ["BatchChanges", "DueLists", "KnnColumns", "NEVER", "ObjectBatch", "ObjectColumns", "ObjectInfo", "QueryHandover", "Refills"]
+__all__ = ["BatchChanges", "DueLists", "KnnColumns", "NEVER", "ObjectBatch", "ObjectColumns", "ObjectInfo",
+           "QueryHandover", "Refills"]
 
 
 @dataclass(frozen=True)
@@ -397,8 +398,8 @@ NEVER = np.iinfo(np.int64).max
 @dataclass(frozen=True)
 class DueLists:
     """What a worker announces after a windowed batch: the lists whose refill deadline changed
-    and now falls within its horizon (:data:`~knnmon.workers.window_lists.DUE_HORIZON_MS` past
-    the batch's cutoff), or left it.
+    and now falls within its horizon past the batch's cutoff (at least
+    :data:`~knnmon.workers.window_lists.DUE_HORIZON_MS`), or left it.
 
     A list's deadline is the smallest cutoff at which an expiry leaves it short
     (:meth:`~knnmon.workers.window_lists.WindowLists.expire`): the ``k``-th largest time among
