@@ -7,8 +7,8 @@ VLDBJ 2017).
 
 Every expiry time is known when its object arrives, so each list also knows its **deadline**: the
 cutoff at which an expiry will leave it short (:meth:`WindowLists.deadlines`). After each batch
-the worker announces the deadlines that changed within :data:`DUE_HORIZON_MS` of the cutoff
-(:class:`~knnmon.batch.DueLists`); the coordinator sends the refills with the batch whose cutoff
+the worker announces the deadlines that changed within a horizon past the cutoff (at least
+:data:`DUE_HORIZON_MS`; :class:`~knnmon.batch.DueLists`); the coordinator sends the refills with the batch whose cutoff
 reaches them, so no call has to ask first. A batch whose expiry leaves a list short that no
 refill came for (the coordinator had not seen its announcement: a restart, a cutoff that jumped
 past the horizon, a list that changed between batches) is not applied: the worker returns the
