@@ -117,7 +117,8 @@ def batch_latencies(r: redis.Redis, keys: Keys, since: str) -> tuple[np.ndarray,
     costs: dict[str, float] = {k: sum(int(f.get(k, 0)) for _, f in rows) for k in BATCH_SUMS}
     costs.update(batches=len(rows), update_ms_max=max((float(f["update_ms"]) for _, f in rows), default=0.0),
                  **{key: sum(float(f.get(key, 0)) for _, f in rows)
-                    for key in ("refill_ms", "refill_expire_ms", "refill_search_ms", "refill_routing_ms")})
+                    for key in ("refill_ms", "refill_expire_ms", "refill_search_ms", "refill_routing_ms",
+                                "refill_short_ms")})
     return np.asarray(lat, dtype=np.float64), rows[-1][0] if rows else since, costs
 
 
