@@ -116,8 +116,9 @@ class WindowLists:
         return DueLists(q.columns(diff, q.cap), want[diff].copy())
 
     def unmet(self, refilled: np.ndarray) -> np.ndarray:
-        """The slots :meth:`expire` asked to refill that ``refilled`` (slots) does not hold."""
-        return np.setdiff1d(self.needs, refilled)
+        """The live slots :meth:`expire` asked to refill that ``refilled`` (slots) does not hold
+        (a query dropped since it was asked for needs nothing: its id names no slot now)."""
+        return np.setdiff1d(self.needs[self.state.queries.alive[self.needs]], refilled)
 
     def expire(self, cutoff: int) -> QueryColumns:
         """Remove the objects with ``t <= cutoff`` (epoch ms) from every list held here.

@@ -123,7 +123,7 @@ class Dispatcher:
         self.due = [DueTable() for _ in range(pool.size)]
         #: Lists refilled only when a worker returned them short (:meth:`settle`).
         self.short_refills = 0
-        self._settled: set[int] = set()
+        self._settled: list[list[Pending[WorkerReport]]] = []  # the last call lists settled
         self._late: dict[int, tuple[float, float]] = {}  # batch -> workers' (wall s, CPU s) in settle's calls
         self._last: DispatchedBatch | None = None  # with a window: the last batch sent
 
@@ -150,16 +150,27 @@ class Dispatcher:
         ``d`` again to each worker that returned lists short (:attr:`WorkerReport.short`), with
         their refills over the live objects but ``d``'s own and every object of ``d`` (the
         refills widen regions the batch was routed by). ``d.pending`` then holds the reports;
-        a lost worker's call is left to fail in :meth:`collect`. Once per batch."""
-        if d.number in self._settled or d.cutoff is None:
+        a lost worker's call is left to fail in :meth:`collect`. Once per list of calls (a
+        revival's replay of ``d`` has its own, and is checked too).
+
+        Raises
+        ------
+        RuntimeError
+            A worker returned lists short three times for one batch (its refills did not cover
+            what its expiry asks for: a defect, never to be written over).
+        """
+        if d.cutoff is None or any(p is d.pending for p in self._settled):
             return
-        self._settled.add(d.number)
-        while len(self._settled) > 8:
-            self._settled.discard(min(self._settled))
+        self._settled.append(d.pending)
+        del self._settled[:-8]
         out = self.pool.gather_each(d.pending)
         for i, r in enumerate(out):
+            tries = 0
             while isinstance(r, WorkerReport) and r.short is not None:
-                w = r.worker
+                w, tries = r.worker, tries + 1
+                if tries > 3:
+                    raise RuntimeError(f"worker {w} returned batch {d.number} short three times: "
+                                       f"{list(r.short.ids)[:5]}")
                 self.due[w].absorb(r.due)
                 t0 = time.perf_counter()
                 refills = self._refill([QueryColumns.of([])] * w + [r.short], d.ids).get(w)
@@ -331,6 +342,8 @@ class Dispatcher:
         """
         self.settle(d)
         reports: list[WorkerReport] = self.pool.gather(d.pending)
+        if any(r.short is not None for r in reports):  # (settle sends them again: never taken as done)
+            raise RuntimeError(f"batch {d.number}: a worker's lists were left short")
         route_ms, route_cpu_ms = d.route_ms, d.route_cpu_ms
         if self.pool.inline:  # the workers ran inside the dispatch: not routing (the write
             # thread's CPU joins the reports below, and was never the dispatching thread's)

@@ -68,3 +68,20 @@ def test_a_failed_write_means_the_state_is_not_redis(redis_url, namespace):
     w.state.writer._failed = True  # (as ResultWriter.apply leaves it when Redis stayed away)
     assert w.kept_state().why == "a write failed after its last one"
     assert KnnWorker(1).kept_state().why == "it writes no results"
+
+
+def test_a_query_dropped_after_its_expiry_needs_no_refill(redis_url, namespace):
+    """The expiry asked to refill q1 and q2, then q2 was unregistered (a service started anew on
+    a kept worker): the batch with q1's refill alone is applied, not returned short for q2."""
+    w = KnnWorker(0, WorkerSettings(redis_url, namespace, reserve=1))
+    q = QueryColumns(["q1", "q2"], np.array([-71.0, -71.5]), np.array([42.0, 42.0]), [("cafe",), ("bar", "cafe")],
+                     np.array([2, 1], dtype=np.int64))
+    w.load_queries(q, [[], []], {}, vocabulary={"cafe": 5, "bar": 9})
+    _batch(w, 0, ["o1", "o2", "o3", "o4"], [1000, 2000, 3000, 4000])
+    assert set(w.expire(1500).ids) == {"q1", "q2"}
+    assert w.unregister_query("q2")
+    lon = np.array([-70.998, -70.997])
+    live = ObjectColumns(["o3", "o4"], lon, np.full(2, 42.0), np.array([3000, 4000]), [["cafe"]] * 2)
+    top = KnnColumns([2], ["o3", "o4"], haversine_m(lon, np.full(2, 42.0), np.full(2, -71.0), np.full(2, 42.0)))
+    report = _batch(w, 1, [], [], cutoff=1500, refills=Refills(["q1"], top, live))
+    assert report.short is None and [o for o, _ in w.result("q1")] == ["o3", "o4"]
