@@ -177,7 +177,8 @@ class Dispatcher:
                 self.short_refills += len(r.short.ids)
                 call = self.pool.process(w, d.shared, np.arange(d.objects, dtype=np.int64), cutoff=d.cutoff,
                                          refills=refills)
-                self.refill_parts_ms["short"] = self.refill_parts_ms.get("short", 0.0) + (time.perf_counter() - t0) * 1e3
+                spent_ms = (time.perf_counter() - t0) * 1e3
+                self.refill_parts_ms["short"] = self.refill_parts_ms.get("short", 0.0) + spent_ms
                 first, r = r, self.pool.gather_each([call])[0]
                 if isinstance(r, WorkerReport):  # (in process the call ran here, not in the dispatch)
                     late = self._late.get(d.number, (0.0, 0.0))

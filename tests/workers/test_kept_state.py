@@ -1,6 +1,7 @@
 """What a worker that outlived its service says of its state (``workers/kept_state.py``): equal
 to Redis's (its marker is its last write) after loads and batches, not after a failed write; an
-expiry's queries to refill asked for again until its batch comes with their refills; which objects its lists hold; a new session once kept."""
+expiry's queries to refill asked for again until its batch comes with their refills (a query
+dropped meanwhile needs none); which objects its lists hold; a new session once kept."""
 
 from __future__ import annotations
 
