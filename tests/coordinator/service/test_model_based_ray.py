@@ -39,7 +39,7 @@ class RayServeMachine(ServeMachine):
         if c.window is not None:
             args += ["--window", f"{c.window}ms", "--set", f"window.allowed_lateness={c.allowed_lateness}ms"]
         if replan:
-            args.append("--replan")
+            args += ["--set", "serve.replan=true"]
         self.log_path = os.path.join(self.log_dir, f"serve-{time.monotonic_ns()}.log")
         log = open(self.log_path, "w")
         self.started_at = self.tally["steps"]
