@@ -29,7 +29,7 @@ from knnmon.geo import haversine_m, unit_vectors
 from knnmon.reports import WorkerReport
 from knnmon.workers import kernels
 from knnmon.workers.state import WorkerState
-from knnmon.workers.window_lists import WindowLists
+from knnmon.workers.window_lists import NO_CUTOFF, WindowLists
 
 __all__ = ["BatchUpdate", "Merge", "pairs_of_rows"]
 
@@ -136,18 +136,16 @@ class BatchUpdate:
             self.state.load.tick()
         if cutoff is not None:
             self.window.expire(cutoff)
-        if refills is not None:
-            self.window.refill(refills)
-        refilled = self.state.queries.slots(list(refills.qids)) if refills is not None else np.empty(0, np.int64)
+        refilled = self.window.refill(refills) if refills is not None else np.empty(0, np.int64)
+        n_refilled = len(refills.qids) if refills is not None else 0
         short = self.window.unmet(refilled)
         if len(short):  # not applied: sent again with these refills (knnmon.workers.window_lists)
             self.window.needs = short
             self.window.announced[:] = NEVER  # (the coordinator missed announcements: all again)
             q = self.state.queries
             return WorkerReport(worker=self.state.worker_id, batch=batch, busy_s=time.perf_counter() - t0,
-                                cpu_s=time.thread_time() - c0, refilled=len(refilled), short=q.columns(short, q.cap))
+                                cpu_s=time.thread_time() - c0, refilled=n_refilled, short=q.columns(short, q.cap))
         self.window.needs = np.empty(0, dtype=np.int64)
-        n_refilled = len(refills.qids) if refills is not None else 0
         obj = slot = np.empty(0, dtype=np.int64)
         if len(ids):
             po, pc_ = pairs if pairs is not None else self.state.vocabulary.encode(keywords)
@@ -167,7 +165,7 @@ class BatchUpdate:
             self.state.shrink(changed)
         self.state.release_handles()
         due = None
-        if self.window.cutoff > np.iinfo(np.int64).min:  # windowed: their deadlines and oldest times anew
+        if self.window.cutoff > NO_CUTOFF:  # windowed: their deadlines and oldest times anew
             self.window.touched.append(changed)
         if cutoff is not None:
             due = self.window.announce()

@@ -25,7 +25,10 @@ from knnmon.batch import NEVER, BatchChanges, DueLists, ObjectColumns, Refills
 from knnmon.query import QueryColumns
 from knnmon.workers.state import WorkerState
 
-__all__ = ["DUE_HORIZON_MS", "WindowLists"]
+__all__ = ["DUE_HORIZON_MS", "NO_CUTOFF", "WindowLists"]
+
+#: The cutoff before the first expiry (a worker that has seen none is not windowed yet).
+NO_CUTOFF = np.iinfo(np.int64).min
 
 #: How far past a batch's cutoff (event-time ms) the deadlines a worker announces reach at least;
 #: twice the cutoff's last step when that is more. A cutoff that moves further between two
@@ -47,7 +50,7 @@ class WindowLists:
     def __init__(self, state: WorkerState) -> None:
         self.state = state
         self.before: tuple[np.ndarray, np.ndarray] | None = None  # (slot, handle) results before an expiry
-        self.cutoff = np.iinfo(np.int64).min  # the last expiry's cutoff
+        self.cutoff = NO_CUTOFF  # the last expiry's cutoff
         self.needs = np.empty(0, dtype=np.int64)  # slots an expiry asked to refill, until the refills come
         self.refilled: dict[str, str] = {}  # details (text) of the objects a refill brought in
         self.expired = self.refills = 0
@@ -73,24 +76,23 @@ class WindowLists:
         :data:`~knnmon.batch.NEVER` without a finite ``r_q`` or a member. O(sum of k + reserve)
         over ``slots``."""
         q, L = self.state.queries, self.state.lists
-        out = np.full(len(slots), NEVER, dtype=np.int64)
         c = L.count[slots]
+        oldest = np.full(len(slots), NEVER, dtype=np.int64)
         if not c.sum():
-            return out, out.copy()
+            return oldest.copy(), oldest
         g = np.repeat(np.arange(len(slots)), c)
         at = L.places(slots, c)
         t = self.state.handles.t[L.h[at]]
         inw = L.d[at] < q.radius[slots][g]
-        start = np.cumsum(c) - c
-        order = np.lexsort((-t, g))  # each list's times, newest first
-        oldest = np.where(c > 0, t[order][np.maximum(start + c - 1, 0)], NEVER)
+        held = c > 0
+        oldest[held] = np.minimum.reduceat(t, (np.cumsum(c) - c)[held])
         gw, tw = g[inw], t[inw]
         nw = np.bincount(gw, minlength=len(slots))
         tw = tw[np.lexsort((-tw, gw))]
         has = nw >= q.k[slots]
         kth = np.full(len(slots), NEVER, dtype=np.int64)
         kth[has] = tw[(np.cumsum(nw) - nw)[has] + q.k[slots][has] - 1]
-        out[:] = np.where(has, kth, oldest)
+        out = np.where(has, kth, oldest)
         out[~np.isfinite(q.radius[slots])] = NEVER
         return out, oldest
 
@@ -109,7 +111,7 @@ class WindowLists:
         live = touched[q.alive[touched]]
         self.deadline[touched] = self.oldest[touched] = NEVER
         self.deadline[live], self.oldest[live] = self.deadlines(live)
-        limit = self.cutoff + self.horizon_ms if self.cutoff > np.iinfo(np.int64).min else NEVER
+        limit = self.cutoff + self.horizon_ms if self.cutoff > NO_CUTOFF else NEVER
         want = np.where(self.deadline <= limit, self.deadline, NEVER)
         diff = np.flatnonzero(want != self.announced)
         self.announced[diff] = want[diff]
@@ -145,7 +147,7 @@ class WindowLists:
         if cutoff <= self.cutoff:
             return pending
         before, self.cutoff = self.cutoff, int(cutoff)
-        if before > np.iinfo(np.int64).min:
+        if before > NO_CUTOFF:
             self.horizon_ms = max(DUE_HORIZON_MS, 2 * (self.cutoff - before))
         n = len(self.state.handles)
         t = self.state.handles.t[:n]
@@ -218,17 +220,18 @@ class WindowLists:
                 D[run], H[run] = D[by], H[by]
         L.d[at], L.h[at] = D, H
 
-    def refill(self, refills: Refills) -> None:
+    def refill(self, refills: Refills) -> np.ndarray:
         """Replace the results of :meth:`expire`'s queries with their exact kNN over the live
         objects; ``r_q`` grows back (the query is re-indexed with its larger region). Each list
         of ``refills.topk`` comes nearest first, ties by object id (as
         :meth:`~knnmon.coordinator.runtime.object_store.ObjectStore.knn_v` returns them); its
-        first ``k + reserve`` are kept. In columns: no Python step per query."""
+        first ``k + reserve`` are kept. In columns: no Python step per query. Returns the slots
+        refilled (``(m,)`` int64)."""
         q, L, top = self.state.queries, self.state.lists, refills.topk
         slots = q.slots(list(refills.qids))
         sel = np.flatnonzero(slots >= 0)  # (a query unregistered meanwhile has none)
         if not len(sel):
-            return
+            return slots[sel]
         slots = slots[sel]
         cap = q.cap[slots].astype(np.int64)
         n = np.minimum(top.counts[sel], cap)
@@ -264,6 +267,7 @@ class WindowLists:
         self.state.handles.key_new()
         self.state.refresh(slots)
         self.refills += len(slots)
+        return slots
 
     def changes(self, batch: ObjectColumns, m) -> tuple[BatchChanges, np.ndarray]:
         """The batch's changes when an expiry touched results or a reserve is kept: each touched

@@ -136,6 +136,6 @@ def require(value: object, key: str, flag: str) -> None:
         raise InvalidArgumentError(f"{flag} is required (or the setting {key})")
 
 
-def store_config(a: argparse.Namespace, *, durable: bool = False):
+def store_config(a: argparse.Namespace):
     """Where results live, as a verb's arguments ``a`` set it (:meth:`Settings.store_config`)."""
-    return settings_of(a).settings.store_config(durable=durable)
+    return settings_of(a).settings.store_config()
