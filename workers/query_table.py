@@ -135,6 +135,18 @@ class QueryTable:
         return {"lon": repr(float(self.lon[slot])), "lat": repr(float(self.lat[slot])),
                 "keywords": self.keywords[slot], "k": int(self.k[slot])}
 
+    def same(self, slots: np.ndarray, queries: QueryColumns) -> np.ndarray:
+        """``(m,)`` bool: whether each live slot of ``slots`` holds ``queries[j]`` as it is now
+        (location, keywords in order, ``k`` the places it keeps: ``cap``). A query re-registered
+        with other parameters has a slot of its own under the same id."""
+        slots = np.asarray(slots, dtype=np.int64)
+        same = (np.asarray(queries.lon, dtype=np.float64) == self.lon[slots]) & \
+            (np.asarray(queries.lat, dtype=np.float64) == self.lat[slots]) & \
+            (np.asarray(queries.k, dtype=np.int64) == self.cap[slots])
+        held = self.keywords.names(slots)
+        return same & np.fromiter((" ".join(w) == h for w, h in zip(queries.keywords, held)), dtype=bool,
+                                  count=len(slots))
+
     def columns(self, slots: np.ndarray, k: np.ndarray | None = None) -> QueryColumns:
         """:class:`QueryColumns` of ``slots`` (``k`` instead of their own if given)."""
         return QueryColumns(self.ids.names(slots), self.lon[slots].copy(), self.lat[slots].copy(),

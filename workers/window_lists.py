@@ -225,11 +225,14 @@ class WindowLists:
         objects; ``r_q`` grows back (the query is re-indexed with its larger region). Each list
         of ``refills.topk`` comes nearest first, ties by object id (as
         :meth:`~knnmon.coordinator.runtime.object_store.ObjectStore.knn_v` returns them); its
-        first ``k + reserve`` are kept. In columns: no Python step per query. Returns the slots
-        refilled (``(m,)`` int64)."""
+        first ``k + reserve`` are kept. A list searched for a query this worker no longer holds
+        as it was searched (unregistered, or registered again with other parameters since its
+        deadline was announced) is left out: an expiry that needs it asks again. In columns: no
+        Python step per query. Returns the slots refilled (``(m,)`` int64)."""
         q, L, top = self.state.queries, self.state.lists, refills.topk
         slots = q.slots(list(refills.qids))
         sel = np.flatnonzero(slots >= 0)  # (a query unregistered meanwhile has none)
+        sel = sel[q.same(slots[sel], refills.queries.take(sel))]
         if not len(sel):
             return slots[sel]
         slots = slots[sel]

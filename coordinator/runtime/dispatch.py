@@ -203,7 +203,7 @@ class Dispatcher:
         lat = np.concatenate([np.asarray(n.lat, dtype=np.float64) for n in needs])
         k = np.concatenate([np.asarray(n.k, dtype=np.int64) for n in needs])
         words = pa.array([kw for n in needs for kw in n.keywords], type=pa.list_(pa.string()))
-        qids = [q for n in needs for q in n.ids]
+        ids = np.array([q for n in needs for q in n.ids], dtype=object)
         t0 = time.perf_counter()
         topk, info = self.objects.knn_v(lon, lat, words, k, exclude=exclude)
         t1 = time.perf_counter()
@@ -221,7 +221,8 @@ class Dispatcher:
                 held = np.unique(mine.rows)
                 objects = info.take(held)
                 mine = KnnColumns(mine.counts, mine.ids, mine.dist, np.searchsorted(held, mine.rows))
-            out[w] = Refills([qids[i] for i in sel.tolist()], mine, objects)
+            out[w] = Refills(QueryColumns(ids[sel].tolist(), lon[sel], lat[sel], words.take(pa.array(sel)).to_pylist(),
+                                          k[sel]), mine, objects)
         return out
 
     def _merge_routing(self) -> None:

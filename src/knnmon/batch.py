@@ -382,13 +382,18 @@ class BatchChanges:
 
 @dataclass(frozen=True)
 class Refills:
-    """Refilled results for one worker: query ``qids[j]``'s exact kNN over the live objects is
+    """Refilled results for one worker: query ``queries[j]``'s exact kNN over the live objects is
     list ``j`` of ``topk`` (nearest first); ``objects`` holds the details of every object in
-    them."""
+    them. ``queries`` are the queries as searched (``k``: the neighbours searched, ``k +
+    reserve``): a worker takes a list only for a query it holds with those parameters now."""
 
-    qids: Sequence[str]
+    queries: QueryColumns
     topk: KnnColumns
     objects: ObjectColumns
+
+    @property
+    def qids(self) -> Sequence[str]:
+        return self.queries.ids
 
 
 #: A deadline that never comes (int64 epoch ms): a list that holds every match, or none.

@@ -1,7 +1,8 @@
 """What a worker that outlived its service says of its state (``workers/kept_state.py``): equal
 to Redis's (its marker is its last write) after loads and batches, not after a failed write; an
 expiry's queries to refill asked for again until its batch comes with their refills (a query
-dropped meanwhile needs none); which objects its lists hold; a new session once kept."""
+dropped meanwhile needs none; a refill searched for a query registered again since with other
+parameters is not taken); which objects its lists hold; a new session once kept."""
 
 from __future__ import annotations
 
@@ -20,6 +21,10 @@ def _batch(w: KnnWorker, number: int, ids: list[str], t: list[int], **kw):
     n = len(ids)
     return w.process_batch(number, ids, np.full(n, -71.0) + 0.001 * np.arange(n), np.full(n, 42.0), np.asarray(t),
                            [["cafe"]] * n, **kw)
+
+
+def _with_k(q: QueryColumns, k: int) -> QueryColumns:
+    return QueryColumns(q.ids, q.lon, q.lat, q.keywords, np.full(len(q), k, dtype=np.int64))
 
 
 def test_a_worker_says_when_its_state_equals_what_redis_holds(redis_url, namespace):
@@ -48,7 +53,7 @@ def test_a_worker_says_when_its_state_equals_what_redis_holds(redis_url, namespa
     live = ObjectColumns(["o2", "o3", "o4"], lon, np.full(3, 42.0), np.array([2000, 3000, 4000]), [["cafe"]] * 3)
     d = [haversine_m(lon, np.full(3, 42.0), np.full(3, x), np.full(3, 42.0)).tolist() for x in short.lon]
     top = KnnColumns([3] * len(d), ["o2", "o3", "o4"] * len(d), np.array([x for row in d for x in row]))
-    assert _batch(w, 1, [], [], cutoff=1600, refills=Refills(list(short.ids), top, live)).short is None
+    assert _batch(w, 1, [], [], cutoff=1600, refills=Refills(short, top, live)).short is None
     assert not len(w.expire(1600).ids)
     state = w.kept_state()
     assert state.why is None and state.marker == r.get(keys.worker_batch(0)) == f"{w.state.writer.session}:1"
@@ -84,5 +89,31 @@ def test_a_query_dropped_after_its_expiry_needs_no_refill(redis_url, namespace):
     lon = np.array([-70.998, -70.997])
     live = ObjectColumns(["o3", "o4"], lon, np.full(2, 42.0), np.array([3000, 4000]), [["cafe"]] * 2)
     top = KnnColumns([2], ["o3", "o4"], haversine_m(lon, np.full(2, 42.0), np.full(2, -71.0), np.full(2, 42.0)))
-    report = _batch(w, 1, [], [], cutoff=1500, refills=Refills(["q1"], top, live))
+    report = _batch(w, 1, [], [], cutoff=1500, refills=Refills(_with_k(q.take([0]), 3), top, live))
     assert report.short is None and [o for o, _ in w.result("q1")] == ["o3", "o4"]
+
+
+def test_a_refill_searched_before_a_query_changed_is_not_taken(redis_url, namespace):
+    """q1's deadline was announced with k = 1; q1 was registered again with k = 2 before the
+    batch that reaches the deadline, whose refill was still searched for k = 1 (+ reserve).
+    Taken, its 2 neighbours would fill q1's 3 places short, claim r_q = inf, and q1 would lose
+    o5 and o6 once o3 and o4 expire; the worker leaves it out and returns q1 short instead."""
+    w = KnnWorker(0, WorkerSettings(redis_url, namespace, reserve=1))
+    old = QueryColumns(["q1"], np.array([-71.0]), np.array([42.0]), [("cafe",)], np.array([1], dtype=np.int64))
+    w.load_queries(old, [[]], {}, vocabulary={"cafe": 5})
+    ids, t = [f"o{i}" for i in range(1, 7)], [1000 * i for i in range(1, 7)]
+    _batch(w, 0, ids, t)
+    lon = np.full(6, -71.0) + 0.001 * np.arange(6)
+    objects = ObjectColumns(ids, lon, np.full(6, 42.0), np.array(t), [["cafe"]] * 6)
+    d = haversine_m(lon, np.full(6, 42.0), np.full(6, -71.0), np.full(6, 42.0))
+    assert w.unregister_query("q1")
+    new = _with_k(old, 2)
+    w.register_queries(new, [[(o, float(x)) for o, x in zip(ids[:3], d[:3])]], objects.subset(ids[:3]))
+    stale = KnnColumns([2], ids[2:4], d[2:4])  # (k + reserve = 2 of the live o3..o6)
+    report = _batch(w, 1, [], [], cutoff=2500, refills=Refills(_with_k(old, 2), stale, objects.subset(ids[2:4])))
+    assert report.short is not None and list(report.short.ids) == ["q1"] and list(report.short.k) == [3]
+    fresh = KnnColumns([3], ids[2:5], d[2:5])
+    assert _batch(w, 1, [], [], cutoff=2500, refills=Refills(report.short, fresh, objects.subset(ids[2:5]))).short \
+        is None
+    assert [o for o, _ in w.result("q1")] == ["o3", "o4"]
+    assert list(w.expire(4500).ids) == ["q1"]  # (r_q is o5's distance, not inf: o6 may be needed)
