@@ -7,12 +7,14 @@ import json
 from collections import deque
 
 import numpy as np
+import psutil
 import pyarrow as pa
 import pytest
 
 from knnmon.connection import connect
 from knnmon.coordinator.runtime.config import RunConfig
 from knnmon.coordinator.recovery.reviver import Reviver
+from knnmon.coordinator.runtime.routing_upkeep import BUILD_NICE
 from knnmon.coordinator.runtime.runtime import Runtime
 from knnmon.errors import InvalidQueryError, WorkerLostError
 from knnmon.ingest.jobs import ingest_places
@@ -104,7 +106,7 @@ def small(places_slice, slice_queries):
 def test_a_bounded_routing_table_holds_pairs_as_rectangles_through_a_rebuild(small, redis_url, namespace, tmp_path):
     """A table bounded far below its pairs' cells holds the rest as rectangles (issue 37), at the
     plan and after a run-time rebuild (the rectangles recoded into the run's keyword codes): the
-    results stay exact."""
+    results stay exact. The rebuild runs in a process of its own at the lowest CPU priority."""
     objects_dir, queries, objects = small
     config = RunConfig(workers=3, initial=4000, batch=500, routing_entries=2000, executor="inline",
                        store=StoreConfig(redis_url, namespace, str(tmp_path)))
@@ -113,7 +115,10 @@ def test_a_bounded_routing_table_holds_pairs_as_rectangles_through_a_rebuild(sma
         assert len(routing.table.keys) <= 2000 and len(routing.table.regions) > 0
         for _, b in zip(range(4), rt.batches()):
             rt.process(b)
+        before = {p.pid for p in psutil.Process().children()}
         rt.upkeep.rebuild()
+        builders = [p for p in psutil.Process().children() if p.pid not in before and p.nice() == BUILD_NICE]
+        assert len(builders) == 1 and rt.upkeep.rebuilds == 1
         assert len(routing.table.regions) > 0
         words = {routing.table.vocabulary[c] for c in routing.table.regions.code.tolist()}
         assert words <= {w for kws in queries.column("keywords").to_pylist() for w in kws}
