@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
+import pyarrow as pa
 
 from knnmon.batch import ObjectBatch, ObjectInfo, QueryHandover, Refills
 from knnmon.query import QueryColumns
@@ -44,7 +45,7 @@ class WorkerApi(Protocol):
 
     def result(self, qid: str) -> list[tuple[str, float]]: ...
 
-    def regions(self) -> tuple[QueryColumns, np.ndarray]: ...
+    def regions(self) -> tuple[pa.Table, np.ndarray]: ...
 
     def stats(self) -> WorkerStats: ...
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from knnmon.arrays import runs
 from knnmon.errors import InvalidQueryError
@@ -146,6 +148,16 @@ class QueryTable:
         held = self.keywords.names(slots)
         return same & np.fromiter((" ".join(w) == h for w, h in zip(queries.keywords, held)), dtype=bool,
                                   count=len(slots))
+
+    def table(self, slots: np.ndarray) -> pa.Table:
+        """The query file's columns of ``slots`` (``id``, ``lon``, ``lat``, ``keywords``, ``k``:
+        :meth:`~knnmon.query.QueryColumns.to_table`'s schema), in Arrow from the columns'
+        buffers: no Python object per query."""
+        rows = pa.array(np.asarray(slots, dtype=np.int64))
+        words = pc.split_pattern(self.keywords.arrow().take(rows), " ")
+        return pa.table({"id": self.ids.arrow().take(rows).cast(pa.string()), "lon": self.lon[slots],
+                         "lat": self.lat[slots], "keywords": words.cast(pa.list_(pa.string())),
+                         "k": pa.array(self.k[slots], pa.int32())})
 
     def columns(self, slots: np.ndarray, k: np.ndarray | None = None) -> QueryColumns:
         """:class:`QueryColumns` of ``slots`` (``k`` instead of their own if given)."""

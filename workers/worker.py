@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from knnmon.batch import ObjectBatch, ObjectInfo, QueryHandover, Refills
 from knnmon.heap import resident_bytes
@@ -174,12 +175,13 @@ class KnnWorker:
             raise KeyError(qid)
         return sorted(self.state.result_row(slot), key=lambda e: (e[1], e[0]))
 
-    def regions(self) -> tuple[QueryColumns, np.ndarray]:
-        """The registered queries and their kNN radii ``r_q`` (``(m,)`` float64 meters, ``inf``
-        below ``k`` results): what the routing table must cover for this worker."""
+    def regions(self) -> tuple[pa.Table, np.ndarray]:
+        """The registered queries (the query file's columns, :meth:`QueryTable.table`) and their
+        kNN radii ``r_q`` (``(m,)`` float64 meters, ``inf`` below ``k`` results): what the
+        routing table must cover for this worker."""
         q = self.state.queries
         live = np.flatnonzero(q.alive)
-        return q.columns(live), q.radius[live].copy()
+        return q.table(live), q.radius[live].copy()
 
     def stats(self) -> WorkerStats:
         """This worker's :class:`~knnmon.reports.WorkerStats`: queries held, index entries, queries

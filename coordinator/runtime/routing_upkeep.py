@@ -53,7 +53,6 @@ from knnmon.assignment.workload import Workload
 from knnmon.coordinator.live_routing import LiveRouting
 from knnmon.coordinator.runtime.worker_pool import Pending, WorkerPool
 from knnmon.errors import WorkerLostError
-from knnmon.query import QueryColumns
 
 __all__ = ["MAX_REBUILD_S", "REBUILD_S", "RoutingUpkeep", "SLACK", "STALE_KEPT", "UNREGISTERED_SHARE", "next_period"]
 
@@ -247,7 +246,7 @@ class RoutingUpkeep:
                                                 initializer=_child_start, initargs=(self.model,))
         self._build = self._executor.submit(self._fresh_entries, pending, self._process)
 
-    def _fresh_entries(self, pending: list[Pending[tuple[QueryColumns, np.ndarray]]], process: ProcessPoolExecutor):
+    def _fresh_entries(self, pending: list[Pending[tuple[pa.Table, np.ndarray]]], process: ProcessPoolExecutor):
         """In the waiting thread: the workers' regions -> a fresh table's entries in the run's
         keyword codes, sorted, built by ``process`` (:func:`_entries`). Every keyword of a
         registered query has its code already (the registration gave it one before the
@@ -255,10 +254,10 @@ class RoutingUpkeep:
         the caller's thread adding new keywords)."""
         t0 = time.perf_counter()
         parts = self.pool.gather(pending)
-        workers = np.concatenate([np.full(len(c.ids), w, dtype=np.int32) for w, (c, _) in enumerate(parts)])
+        workers = np.concatenate([np.full(c.num_rows, w, dtype=np.int32) for w, (c, _) in enumerate(parts)])
         if not len(workers):
             return None, time.perf_counter() - t0, 0
-        queries = pa.concat_tables([c.to_table() for c, _ in parts])
+        queries = pa.concat_tables([c for c, _ in parts])
         radius = np.concatenate([rad for _, rad in parts])
         words = pc.unique(pc.list_flatten(queries.column("keywords").combine_chunks()))
         code, always, keys, masks, regions = process.submit(

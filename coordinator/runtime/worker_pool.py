@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 import numpy as np
+import pyarrow as pa
 
 from knnmon.batch import ObjectBatch, ObjectInfo, QueryHandover, Refills
 from knnmon.coordinator.runtime.config import RunConfig
@@ -132,7 +133,7 @@ class WorkerPool(ABC):
         """:meth:`KnnWorker.result`."""
         return self.call(worker, WorkerApi.result, qid)
 
-    def regions(self, worker: int) -> Pending[tuple[QueryColumns, np.ndarray]]:
+    def regions(self, worker: int) -> Pending[tuple[pa.Table, np.ndarray]]:
         """:meth:`KnnWorker.regions`: its queries and their kNN radii."""
         return self.call(worker, WorkerApi.regions)
 

@@ -98,7 +98,7 @@ def test_released_and_compacted_state_stays_exact(seed, steps):
         cols = QueryColumns(names, [live[n][0] for n in names], [live[n][1] for n in names],
                             [live[n][2] for n in names], [live[n][3] for n in names])
         rebuilt.load_queries(cols, [oracle.knn(*live[n]) for n in names], {})
-        radii = {name: dict(zip(q.ids, r.tolist())) for name, (q, r) in (("w", w.regions()),
+        radii = {name: dict(zip(q.column("id").to_pylist(), r.tolist())) for name, (q, r) in (("w", w.regions()),
                                                                          ("rebuilt", rebuilt.regions()))}
         assert sorted(radii["w"]) == names and radii["w"] == radii["rebuilt"]
     finally:

@@ -22,7 +22,7 @@ from knnmon.coordinator.runtime.runtime import Runtime
 from knnmon.coordinator.runtime.preparation import with_arrival_times
 from knnmon.ingest.reading import load_queries, read_objects, stream_order
 from knnmon.oracle import BruteForceKnn
-from knnmon.query import Query
+from knnmon.query import Query, QueryColumns
 from knnmon.store import StoreConfig
 from tests.support import assert_exact, redis_results
 
@@ -71,6 +71,8 @@ def test_exact_after_every_batch_with_expiry_and_refill(windowed, executor, rese
             if i == 6:  # announcements lost (a restarted service's): the lists come back short, refilled late
                 rt.dispatcher.due = [DueTable() for _ in rt.dispatcher.due]
                 late = rt.dispatcher.short_refills
+            if i in (3, 9) and rt.upkeep.building:  # (a build finished: swapped in at the next batch)
+                rt.upkeep._build.result()
             report = rt.process(batch)
             seen += batch.num_rows
             refilled += report.refilled
@@ -92,7 +94,7 @@ def test_exact_after_every_batch_with_expiry_and_refill(windowed, executor, rese
     assert refilled > 100
     # Refills go with the batch that needs them, announced; short ones after the start and the loss.
     assert 0 < short < refilled / 2 and short > late
-    assert rebuilds >= (5 if reserve != 0 else 0)
+    assert rebuilds >= (2 if reserve != 0 else 0)
     assert below_k_then_full  # results shrank below k when objects expired, and filled again
 
 
@@ -209,6 +211,7 @@ def test_a_windowed_ray_worker_lost_between_batches_is_revived_from_redis(window
         # The revived worker's lists are the results Redis held: each kNN radius is the distance of
         # the k-th live match (inf with fewer); the reserve comes back with the next refill.
         held, radii = rt.pool.gather([rt.pool.regions(w)])[0]
+        held = QueryColumns.of_table(held)
         checked = 0
         for i in range(0, len(held), 7):
             if held.ids[i] == "late" or details_lost:  # its k + reserve nearest (searched)
