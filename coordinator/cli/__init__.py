@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 
 from knnmon import __version__
+from knnmon import termination
 from knnmon.errors import KnnmonError
 
 __all__ = ["build_parser", "main"]
@@ -47,17 +48,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _terminated(signum: int, _frame) -> None:
-    raise SystemExit(128 + signum)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``knnmon``; returns the exit status (0 ok, 2 bad input or usage). SIGTERM (what
     systemd and Kubernetes send) unwinds a command as Ctrl-C does, so that what it started (an
     embedded Redis) stops: the exit status is then 143 (``knnmon serve`` handles it itself: it
     finishes its batch and exits 0)."""
     args = build_parser().parse_args(argv)
-    signal.signal(signal.SIGTERM, _terminated)
+    signal.signal(signal.SIGTERM, termination.on_sigterm)
     try:
         return int(args.func(args) or 0)
     except KnnmonError as ex:

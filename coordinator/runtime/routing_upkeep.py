@@ -18,7 +18,7 @@ regions kept 9 million entries through 8 such builds of 6-9 s each, each slowing
 beside it); a build that shrinks it, or that growth or unregisters made due, resets it
 (:func:`next_period`).
 
-The build takes seconds of CPU at 100 k queries (6-9 s in the chaos soak, docs/window.md). Run on
+The build takes seconds of CPU at 100 k queries (6-9 s in the chaos soak, docs/performance.md). Run on
 a thread of the service, it took the GIL and a core from the stream: batches beside it had a p99
 update time of 955 ms against 272 ms elsewhere. So the build runs in a child process of its own
 at the lowest CPU priority (``nice`` 19, :func:`_child_start`): it uses the time the stream leaves
@@ -100,7 +100,7 @@ def _entries(queries: pa.Table, radius: np.ndarray, workers: np.ndarray, size: i
     plan = Plan("upkeep", size, workers, np.zeros(len(workers), dtype=np.int32), [], np.empty(0, dtype=np.int32))
     fresh = RoutingTable.build(Workload.build(_MODEL, queries, radius), _MODEL, plan, max_entries)
     at = pc.fill_null(pc.index_in(pa.array(fresh.vocabulary, type=pa.string()), value_set=words), -1).to_numpy()
-    code = np.where(at >= 0, np.append(word_codes, -1)[at], -1)  # (a word of no query's: -1, never routed)
+    code = np.append(word_codes, -1)[at]  # (a word of no query's: -1, never routed)
     key_code = code[fresh.keys // n_cells]
     if (key_code < 0).any() or (code[fresh.always != 0] < 0).any() or (code[fresh.regions.code] < 0).any():
         raise RuntimeError("a routed keyword has no code in the run's table")
@@ -213,12 +213,17 @@ class RoutingUpkeep:
         return time.perf_counter() - t0
 
     def close(self, timeout_s: float = CLOSE_WAIT_S) -> None:
-        """Drop a build in flight and stop the thread, waiting up to ``timeout_s`` seconds for
-        the build to return: it may be waiting on the workers (their regions), and a Ray call
-        from another thread once Ray is shut down ends the process (``knnmon run --rebalance``
-        exited with status 1 and no summary when a re-plan's rebuild was in flight at the end)."""
+        """Drop a build in flight: the build process is killed (at the lowest priority on a busy
+        machine it may take minutes, and the interpreter's exit waits for a process pool's work),
+        and the thread is waited for up to ``timeout_s`` seconds: it may be waiting on the
+        workers (their regions), and a Ray call from another thread once Ray is shut down ends
+        the process (``knnmon run --rebalance`` exited with status 1 and no summary when a
+        re-plan's rebuild was in flight at the end)."""
         self.routing.journal(False)
         build, self._build = self._build, None
+        if self._process is not None:
+            for p in list(self._process._processes.values()):  # (no public way before Python 3.14)
+                p.kill()
         if build is not None:
             try:
                 build.result(timeout=timeout_s)

@@ -50,6 +50,7 @@ from knnmon.coordinator.service.config import ServeConfig
 from knnmon.coordinator.service.lifecycle import COUNTERS, Lifecycle
 from knnmon.coordinator.recovery.watch import Watch
 from knnmon.coordinator.recovery.outage import caused_by, is_infrastructure
+from knnmon import termination
 from knnmon.errors import Rejected, WorkerLostError
 from knnmon.logs import BATCH
 
@@ -181,6 +182,8 @@ class Service:
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self.stop)
             signal.signal(signal.SIGINT, self.stop)
+            if termination.asked():  # (a SIGTERM during the start, its SystemExit dropped: knnmon.termination)
+                self.stop()
 
     def _catch_up(self) -> None:
         """Apply what was delivered before Redis went away and never acknowledged (the replies
