@@ -202,8 +202,8 @@ class Dispatcher:
         lon = np.concatenate([np.asarray(n.lon, dtype=np.float64) for n in needs])
         lat = np.concatenate([np.asarray(n.lat, dtype=np.float64) for n in needs])
         k = np.concatenate([np.asarray(n.k, dtype=np.int64) for n in needs])
-        words = pa.array([kw for n in needs for kw in n.keywords], type=pa.list_(pa.string()))
-        ids = np.array([q for n in needs for q in n.ids], dtype=object)
+        asked = QueryColumns([q for n in needs for q in n.ids], lon, lat, [kw for n in needs for kw in n.keywords], k)
+        words = pa.array(asked.keywords, type=pa.list_(pa.string()))
         t0 = time.perf_counter()
         topk, info = self.objects.knn_v(lon, lat, words, k, exclude=exclude)
         t1 = time.perf_counter()
@@ -221,8 +221,7 @@ class Dispatcher:
                 held = np.unique(mine.rows)
                 objects = info.take(held)
                 mine = KnnColumns(mine.counts, mine.ids, mine.dist, np.searchsorted(held, mine.rows))
-            out[w] = Refills(QueryColumns(ids[sel].tolist(), lon[sel], lat[sel], words.take(pa.array(sel)).to_pylist(),
-                                          k[sel]), mine, objects)
+            out[w] = Refills(asked.take(sel), mine, objects)
         return out
 
     def _merge_routing(self) -> None:
