@@ -26,7 +26,7 @@ import numpy as np
 
 from knnmon.jit import jit as _jit
 
-__all__ = ["chord_pretest", "compile_kernels", "count_holders", "grid_hits", "merge_topk"]
+__all__ = ["chord_pretest", "compile_kernels", "count_holders", "grid_hits", "kth_latest", "merge_topk"]
 
 
 @_jit
@@ -398,6 +398,50 @@ def count_holders(counts: np.ndarray, e_h: np.ndarray, e_b: np.ndarray, l_h: np.
     return fresh[:kept], gone[:ng]
 
 
+@_jit
+def kth_latest(t: np.ndarray, within: np.ndarray, start: np.ndarray, count: np.ndarray, k: np.ndarray,
+               never: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each list's refill deadline and its oldest member's time, in one pass (no sort of every
+    entry: a list holds ``k + reserve`` at most).
+
+    Parameters
+    ----------
+    t
+        ``(E,)`` int64 epoch ms: the time of every entry of the lists, list after list.
+    within
+        ``(E,)`` bool: the entry lies strictly within its query's kNN radius.
+    start, count
+        ``(m,)`` int64: each list's first entry in ``t`` and its entries.
+    k
+        ``(m,)`` int64: each query's ``k``.
+    never
+        The value for "no such time" (:data:`knnmon.batch.NEVER`).
+
+    Returns
+    -------
+    kth, oldest : ``(m,)`` int64
+        The ``k``-th latest time among a list's entries within the radius (``never`` with fewer
+        than ``k``), and its oldest entry's time (``never`` when empty).
+    """
+    m = len(start)
+    kth, oldest = np.full(m, never, dtype=np.int64), np.full(m, never, dtype=np.int64)
+    buf = np.empty(0, dtype=np.int64)
+    for j in range(m):
+        a, n = start[j], count[j]
+        if n > len(buf):
+            buf = np.empty(2 * n, dtype=np.int64)
+        w = 0
+        for i in range(a, a + n):
+            if t[i] < oldest[j]:
+                oldest[j] = t[i]
+            if within[i]:
+                buf[w] = t[i]
+                w += 1
+        if w >= k[j]:
+            kth[j] = np.sort(buf[:w])[w - k[j]]
+    return kth, oldest
+
+
 def compile_kernels() -> None:
     """Compile (or load from the cache) every kernel for the dtypes the worker passes, so that
     no batch pays for compilation."""
@@ -406,3 +450,4 @@ def compile_kernels() -> None:
     grid_hits(i0, i0, i0, np.zeros(1, np.int64), i0, np.zeros(0, np.int32), np.zeros(0, np.int32))
     merge_topk(i0, i0, f0, u0, f0, i0, i0, i0, i0, f0, i0, u0, 0)
     count_holders(np.zeros((0, 1), np.int32), i0, i0, i0, i0)
+    kth_latest(i0, np.zeros(0, np.bool_), i0, i0, i0, 0)

@@ -23,6 +23,7 @@ import numpy as np
 from knnmon.arrays import members, runs
 from knnmon.batch import NEVER, BatchChanges, DueLists, ObjectColumns, Refills
 from knnmon.query import QueryColumns
+from knnmon.workers.kernels import kth_latest
 from knnmon.workers.state import WorkerState
 
 __all__ = ["DUE_HORIZON_MS", "NO_CUTOFF", "WindowLists"]
@@ -77,22 +78,11 @@ class WindowLists:
         over ``slots``."""
         q, L = self.state.queries, self.state.lists
         c = L.count[slots]
-        oldest = np.full(len(slots), NEVER, dtype=np.int64)
-        if not c.sum():
-            return oldest.copy(), oldest
-        g = np.repeat(np.arange(len(slots)), c)
         at = L.places(slots, c)
-        t = self.state.handles.t[L.h[at]]
-        inw = L.d[at] < q.radius[slots][g]
-        held = c > 0
-        oldest[held] = np.minimum.reduceat(t, (np.cumsum(c) - c)[held])
-        gw, tw = g[inw], t[inw]
-        nw = np.bincount(gw, minlength=len(slots))
-        tw = tw[np.lexsort((-tw, gw))]
-        has = nw >= q.k[slots]
-        kth = np.full(len(slots), NEVER, dtype=np.int64)
-        kth[has] = tw[(np.cumsum(nw) - nw)[has] + q.k[slots][has] - 1]
-        out = np.where(has, kth, oldest)
+        inw = L.d[at] < np.repeat(q.radius[slots], c)
+        kth, oldest = kth_latest(self.state.handles.t[L.h[at]], inw, np.cumsum(c) - c, c, q.k[slots].astype(np.int64),
+                                 NEVER)
+        out = np.where(kth != NEVER, kth, oldest)
         out[~np.isfinite(q.radius[slots])] = NEVER
         return out, oldest
 

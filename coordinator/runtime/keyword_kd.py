@@ -140,7 +140,7 @@ def kd_build(xyz: np.ndarray, rows: np.ndarray, dims: np.ndarray, box: np.ndarra
 @jit
 def kd_refit(xyz: np.ndarray, rows: np.ndarray, box: np.ndarray, ptr: np.ndarray, built: np.ndarray,
              alive: np.ndarray, gone_lo: np.ndarray, gone_hi: np.ndarray, group_ptr: np.ndarray,
-             group_codes: np.ndarray) -> int:
+             group_codes: np.ndarray) -> tuple[int, int]:
     """Shrink node boxes to their live entries (``alive``: ``(n,)`` bool over the objects; a
     node with none gets an empty box, which no search enters), around the objects that expired
     since the last fit.
@@ -153,9 +153,10 @@ def kd_refit(xyz: np.ndarray, rows: np.ndarray, box: np.ndarray, ptr: np.ndarray
 
     Boxes only shrink as objects expire, and a box read half rewritten lies between the old and
     the new one: it still holds every live entry, so a search running meanwhile stays exact.
-    Returns the nodes refitted (the fit's cost).
+    Returns the nodes refitted (the fit's cost) and those of them left empty that were not (its
+    yield: a search skips them now).
     """
-    visits = 0
+    visits = emptied = 0
     sa = np.empty(3 * _STACK, dtype=np.int64)
     sb = np.empty(3 * _STACK, dtype=np.int64)
     done = np.empty(3 * _STACK, dtype=np.bool_)
@@ -197,9 +198,11 @@ def kd_refit(xyz: np.ndarray, rows: np.ndarray, box: np.ndarray, ptr: np.ndarray
                         lo1, hi1 = min(lo1, box[j, 2]), max(hi1, box[j, 3])
                         lo2, hi2 = min(lo2, box[j, 4]), max(hi2, box[j, 5])
                 lo0, hi0, lo1, hi1, lo2, hi2 = _grow(xyz, rows, alive, lo, hi, lo0, hi0, lo1, hi1, lo2, hi2)
+                if lo0 > hi0 and box[k, 0] <= box[k, 1]:
+                    emptied += 1
                 box[k, 0], box[k, 1], box[k, 2], box[k, 3], box[k, 4], box[k, 5] = lo0, hi0, lo1, hi1, lo2, hi2
                 visits += 1
-    return visits
+    return visits, emptied
 
 
 @jit

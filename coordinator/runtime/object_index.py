@@ -186,14 +186,14 @@ class ObjectIndex:
             built[new] = True
         return xyz, rows, dims, box
 
-    def refit(self, alive: np.ndarray, expired: np.ndarray) -> int:
+    def refit(self, alive: np.ndarray, expired: np.ndarray) -> tuple[int, int]:
         """Shrink the built trees' node boxes to the live objects (``alive``: ``(n,)`` bool),
         visiting the nodes around ``expired`` (rows, int64: the objects expired since the last
         fit, taken :data:`REFIT_GROUP` at a time in Morton order), so that a search skips the
         space they held (:func:`~knnmon.coordinator.runtime.keyword_kd.kd_refit`; safe beside a
-        search). Returns the nodes refitted."""
+        search). Returns the nodes refitted and those of them it left empty."""
         if self._kd is None or not len(expired):
-            return 0
+            return 0, 0
         xyz, rows, _, box, built = self._kd
         expired = np.asarray(expired, dtype=np.int64)
         expired = expired[np.argsort(morton_codes(self.lon[expired], self.lat[expired]), kind="stable")]
