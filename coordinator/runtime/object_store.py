@@ -95,6 +95,7 @@ class ObjectStore:
         self._parts = [p for p in parts if p is not None] or [Part.of(self._main.slice(0, 0))]
         self._parts = self.compactor.poll(self._parts, cutoff)
         self.compactor.plan(self._parts)
+        self.compactor.fit(self._parts)
         kept = []
         for b in self._batches:
             t = b.column("t").to_numpy()

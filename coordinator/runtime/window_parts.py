@@ -1,10 +1,12 @@
 """A window's live objects in parts, each with its own index, merged and rebuilt off the search's
 path (:class:`~knnmon.coordinator.runtime.object_store.ObjectStore` with a window).
 
-The parts are in arrival order. The newest parts merge as in an LSM tree (a run of the newest
-merges while the newest holds at least ``1 / MERGE_RATIO`` as many live objects as the one
-before), so there are O(log(live / SEAL)) parts; a part is rebuilt from its live objects once
-fewer than half of it are live. Both cost a new :class:`ObjectIndex` and its trees, seconds for a
+The parts are in arrival order. They merge as in a size-tiered LSM tree: :data:`MERGE_RATIO`
+neighbouring parts of one size become one (each object is built again once per size, about
+log(live / SEAL) / log(MERGE_RATIO) times; merging the newest into the one before while it held a
+quarter as many built each object ~5 times, a third of a windowed coordinator's CPU), so there
+are O(MERGE_RATIO log(live / SEAL)) parts; a part is rebuilt from its live objects once fewer
+than half of it are live. Both cost a new :class:`ObjectIndex` and its trees, seconds for a
 large part (docs/window.md): a stall of the stream when a refill search waited for it. A
 :class:`Compactor` builds them on a thread of its own (the index's kernels and Arrow release
 the GIL), one at a time, while searches go on over the old parts; the new part replaces its
@@ -24,7 +26,7 @@ from knnmon.coordinator.runtime.object_index import ObjectIndex
 
 __all__ = ["Compactor", "FIT_BEFORE_SEARCHES", "MERGE_RATIO", "Part"]
 
-#: The newest parts merge while the newest holds at least 1 / MERGE_RATIO as many live objects.
+#: Neighbouring parts merge this many at a time, of one size (within this factor).
 MERGE_RATIO = 4
 #: A part is rebuilt from its live objects once fewer than this share of it are live.
 REBUILD_LIVE = 0.5
@@ -36,9 +38,9 @@ REBUILD_LIVE = 0.5
 #: ~10 ms here).
 REFIT_MIN, REFIT_NODES = 1000, 50_000
 #: A fit that left fewer than this share of the nodes it visited empty (objects expiring here and
-#: there, not a region's: no node's space emptied) makes the next wait :data:`REFIT_IDLE` times
-#: as many expired objects: on places in random order it cost 14 % of a windowed coordinator's
-#: CPU for no search it sped up.
+#: there, not a region's: no node's space emptied) makes the next wait twice as many expired
+#: objects, up to :data:`REFIT_IDLE` times; one that emptied more, the usual count again (on
+#: places in random order the fits cost 14 % of a windowed coordinator's CPU, and sped no search).
 REFIT_YIELD, REFIT_IDLE = 0.01, 16
 #: A search of this many queries or more (a refill wave: the queries of a region whose objects
 #: just expired) first fits every part with objects expired since its last fit, whatever their
@@ -57,7 +59,7 @@ class Part:
     alive: np.ndarray | None = None
     fitted: int | None = None  # the cutoff the index's boxes were last fitted to
     fit_nodes: int = 0  # the last fit's cost
-    fit_idle: bool = False  # the last fit emptied next to no node
+    fit_wait: int = 1  # the next fit waits this many times the usual count (idle fits before)
     cutoff: int | None = None  # the cutoff ``alive`` holds
 
     @classmethod
@@ -76,18 +78,46 @@ class Part:
         if self.t.min() > cutoff:
             return self
         self.alive, self.cutoff = self.t > cutoff, cutoff
-        self.fit(REFIT_MIN * max(1.0, self.fit_nodes / REFIT_NODES) * (REFIT_IDLE if self.fit_idle else 1))
         return self
 
-    def fit(self, least: float = 1) -> None:
-        """Fit the index's boxes to the live objects (``ObjectIndex.refit``) if at least
-        ``least`` objects expired since the last fit."""
+    @property
+    def fit_due(self) -> bool:
+        """Enough objects expired since the last fit for the next (:data:`REFIT_MIN`)."""
+        return self._since() >= REFIT_MIN * max(1.0, self.fit_nodes / REFIT_NODES) * self.fit_wait
+
+    def _since(self) -> int:
         if self.alive is None or self.fitted == self.cutoff:
+            return 0
+        return int(len(self.t) - self.alive.sum() if self.fitted is None else
+                   np.count_nonzero((self.t <= self.cutoff) & (self.t > self.fitted)))
+
+    def fit(self) -> None:
+        """Fit the index's boxes to the live objects (``ObjectIndex.refit``) if any expired
+        since the last fit. Safe beside a search, and on another thread than :meth:`expire`'s
+        (it fits to the ``alive`` it read first: a later expiry's objects wait for the next)."""
+        alive, cutoff, fitted = self.alive, self.cutoff, self.fitted
+        if alive is None or fitted == cutoff:
             return
-        since = ~self.alive if self.fitted is None else ~self.alive & (self.t > self.fitted)
-        if since.sum() >= least:
-            self.fit_nodes, emptied = self.index.refit(self.alive, np.flatnonzero(since))
-            self.fit_idle, self.fitted = emptied < REFIT_YIELD * self.fit_nodes, self.cutoff
+        since = ~alive if fitted is None else ~alive & (self.t > fitted)
+        if since.any():
+            nodes, emptied = self.index.refit(alive, np.flatnonzero(since))
+            self.fit_wait = min(REFIT_IDLE, 2 * self.fit_wait) if emptied < REFIT_YIELD * nodes else 1
+            self.fit_nodes, self.fitted = nodes, cutoff
+
+
+def _tier(parts: list[Part]) -> list[Part]:
+    """The newest run of :data:`MERGE_RATIO` or more neighbouring parts of one size (the largest
+    under ``MERGE_RATIO`` times the smallest), or none."""
+    end = len(parts)
+    while end >= MERGE_RATIO:
+        i, lo, hi = end - 1, parts[end - 1].live, parts[end - 1].live
+        while i >= 1 and max(hi, parts[i - 1].live) < MERGE_RATIO * min(lo, parts[i - 1].live):
+            i -= 1
+            lo, hi = min(lo, parts[i].live), max(hi, parts[i].live)
+        if end - i >= MERGE_RATIO:
+            return parts[i:end]
+        end = i
+    return []
 
 
 def _build(sources: list[tuple[pa.Table, np.ndarray | None]]) -> Part:
@@ -109,7 +139,9 @@ class Compactor:
 
     def __init__(self, background: bool = True) -> None:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="knnmon-parts") if background else None
+        self._fits = ThreadPoolExecutor(1, thread_name_prefix="knnmon-fit") if background else None
         self._job: tuple[list[Part], Future] | None = None
+        self._fitting: Future | None = None
         #: Parts built (merges and rebuilds) and swapped in.
         self.builds = 0
 
@@ -118,11 +150,7 @@ class Compactor:
         a rebuild of the first part under half live."""
         if self._job is not None:
             return
-        i, acc = len(parts) - 1, parts[-1].live if parts else 0
-        while i >= 1 and MERGE_RATIO * acc >= parts[i - 1].live:
-            i -= 1
-            acc += parts[i].live
-        sources = parts[i:] if len(parts) - i >= 2 else \
+        sources = _tier(parts) or \
             next(([p] for p in parts if p.alive is not None and p.live < REBUILD_LIVE * len(p.t)), [])
         if not sources:
             return
@@ -151,13 +179,30 @@ class Compactor:
         self.plan(parts)
         return parts
 
+    def fit(self, parts: list[Part]) -> None:
+        """Fit the parts due (:attr:`Part.fit_due`) on a thread of their own, unless a fit runs
+        (a fit of half a million objects' trees takes a second: not on the stream's path)."""
+        if self._fitting is not None:
+            if not self._fitting.done():
+                return
+            self._fitting.result()  # (raises what the last fit raised)
+        due = [p for p in parts if p.fit_due]
+        if self._fits is None or not due:
+            for p in due:
+                p.fit()
+            return
+        self._fitting = self._fits.submit(lambda: [p.fit() for p in due])
+
     def wait(self) -> None:
-        """Wait for the build in flight (tests; a shutdown)."""
+        """Wait for the build and the fit in flight (tests; a shutdown)."""
         if self._job is not None:
             self._job[1].result()
+        if self._fitting is not None:
+            self._fitting.result()
 
     def close(self) -> None:
-        """Stop the thread (a build in flight is dropped)."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-        self._job = None
+        """Stop the threads (a build in flight is dropped)."""
+        for pool in (self._pool, self._fits):
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
+        self._job = self._fitting = None

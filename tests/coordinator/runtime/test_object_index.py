@@ -222,10 +222,10 @@ def test_a_windowed_store_in_many_parts_equals_the_oracle_over_the_live_objects(
 
 @pytest.mark.parametrize("regional", (True, False), ids=("a region expires", "objects expire all over"))
 def test_a_fit_that_empties_no_node_makes_the_next_wait_longer(regional):
-    """A part's fit (``Part.fit``) that emptied next to no node of the trees (objects expiring
-    here and there) makes the next fit wait ``REFIT_IDLE`` times as many expired objects; a fit
-    that emptied a region's nodes does not."""
-    from knnmon.coordinator.runtime.window_parts import REFIT_MIN, Part
+    """A part's fit (``Compactor.fit``) that emptied next to no node of the trees (objects expiring
+    here and there) makes the next fit wait twice as many expired objects; a fit that emptied a
+    region's nodes does not."""
+    from knnmon.coordinator.runtime.window_parts import REFIT_MIN, REFIT_NODES, Compactor, Part
 
     n, rng = 8000, np.random.default_rng(5)
     east = np.arange(n) % 2 == 0  # two regions 30 degrees apart, objects alternating
@@ -234,7 +234,8 @@ def test_a_fit_that_empties_no_node_makes_the_next_wait_longer(regional):
                       "lat": 40.0 + rng.uniform(0, 1, n), "t": t, "keywords": [["cafe"]] * n})
     part = Part.of(table)
     part.index.build_trees()
-    part.expire(n // 2 - 1)  # half of them: the east region, or every other object of both
-    assert part.fitted == n // 2 - 1 and part.fit_idle is not regional
-    part.expire(n // 2 - 1 + 2 * REFIT_MIN)
-    assert (part.fitted == n // 2 - 1 + 2 * REFIT_MIN) is regional
+    fits = Compactor(background=False)
+    fits.fit([part.expire(n // 2 - 1)])  # half of them: the east region, or every other object of both
+    assert part.fitted == n // 2 - 1 and part.fit_wait == (1 if regional else 2) and part.fit_nodes < REFIT_NODES
+    fits.fit([part.expire(n // 2 - 1 + REFIT_MIN * 3 // 2)])
+    assert (part.fitted == n // 2 - 1 + REFIT_MIN * 3 // 2) is regional
