@@ -40,12 +40,12 @@ class ObjectStore:
     into the main index first.
 
     With a window (:meth:`expire`): parts in arrival order, each with its own index. The tail
-    becomes a part at :data:`SEAL` objects, and the newest parts merge as in an LSM tree, so
-    there are O(log(live / SEAL)) parts. An expiry drops the parts with no live object left and
-    marks the expired objects of the others (searches skip them); a part is rebuilt once fewer
-    than half of it are live: the memory and the search time follow the live objects, not
-    history. Merges and rebuilds run on a thread of their own and replace their sources when
-    done (:mod:`~knnmon.coordinator.runtime.window_parts`): no search waits for one.
+    becomes a part at :data:`SEAL` objects, and neighbouring parts of one size merge as in a
+    size-tiered LSM tree, so there are O(log(live / SEAL)) parts. An expiry drops the parts with
+    no live object left and marks the expired objects of the others (searches skip them); a part
+    is rebuilt once fewer than half of it are live: the memory and the search time follow the
+    live objects, not history. Merges, rebuilds and the parts' box fits run on threads of their
+    own (:mod:`~knnmon.coordinator.runtime.window_parts`): no search waits for one.
 
     Parameters
     ----------
