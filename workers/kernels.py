@@ -401,28 +401,11 @@ def count_holders(counts: np.ndarray, e_h: np.ndarray, e_b: np.ndarray, l_h: np.
 @_jit
 def kth_latest(t: np.ndarray, within: np.ndarray, start: np.ndarray, count: np.ndarray, k: np.ndarray,
                never: int) -> tuple[np.ndarray, np.ndarray]:
-    """Each list's refill deadline and its oldest member's time, in one pass (no sort of every
-    entry: a list holds ``k + reserve`` at most).
-
-    Parameters
-    ----------
-    t
-        ``(E,)`` int64 epoch ms: the time of every entry of the lists, list after list.
-    within
-        ``(E,)`` bool: the entry lies strictly within its query's kNN radius.
-    start, count
-        ``(m,)`` int64: each list's first entry in ``t`` and its entries.
-    k
-        ``(m,)`` int64: each query's ``k``.
-    never
-        The value for "no such time" (:data:`knnmon.batch.NEVER`).
-
-    Returns
-    -------
-    kth, oldest : ``(m,)`` int64
-        The ``k``-th latest time among a list's entries within the radius (``never`` with fewer
-        than ``k``), and its oldest entry's time (``never`` when empty).
-    """
+    """Each list's ``k``-th latest time among its entries within the kNN radius (``never`` with
+    fewer) and its oldest entry's time (``never`` when empty): ``(m,)`` int64 each, epoch ms
+    (:meth:`~knnmon.workers.window_lists.WindowLists.deadlines`). ``t``, ``within``: ``(E,)``
+    int64 times and bool of every entry, list after list; ``start``, ``count``, ``k``: ``(m,)``
+    int64 per list. One pass, a sort of a list's ``k + reserve`` at most."""
     m = len(start)
     kth, oldest = np.full(m, never, dtype=np.int64), np.full(m, never, dtype=np.int64)
     buf = np.empty(0, dtype=np.int64)

@@ -230,8 +230,9 @@ def test_a_fit_that_empties_no_node_makes_the_next_wait_longer(regional):
     n, rng = 8000, np.random.default_rng(5)
     east = np.arange(n) % 2 == 0  # two regions 30 degrees apart, objects alternating
     t = np.arange(n, dtype=np.int64) if not regional else np.where(east, np.arange(n) // 2, n // 2 + np.arange(n) // 2)
-    table = pa.table({"id": [f"o{i:05d}" for i in range(n)], "lon": np.where(east, -71.0, -101.0) + rng.uniform(0, 1, n),
-                      "lat": 40.0 + rng.uniform(0, 1, n), "t": t, "keywords": [["cafe"]] * n})
+    lon = np.where(east, -71.0, -101.0) + rng.uniform(0, 1, n)
+    table = pa.table({"id": [f"o{i:05d}" for i in range(n)], "lon": lon, "lat": 40.0 + rng.uniform(0, 1, n), "t": t,
+                      "keywords": [["cafe"]] * n})
     part = Part.of(table)
     part.index.build_trees()
     fits = Compactor(background=False)
