@@ -149,13 +149,6 @@ class ObjectIndex:
             self._id_keys = id_prefix_keys(self.ids.array)
         return self._id_keys
 
-    def postings(self, keyword: str) -> np.ndarray:
-        """Indices (int64) of the objects carrying ``keyword`` (empty if none)."""
-        c = self.code_of(keyword)
-        if c < 0:
-            return np.empty(0, dtype=np.int64)
-        return self._post[self._post_ptr[c]:self._post_ptr[c + 1]].astype(np.int64)
-
     @property
     def vocabulary(self) -> list[str]:
         """The objects' keywords, by code."""

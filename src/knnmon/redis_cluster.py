@@ -152,11 +152,6 @@ class LocalCluster:
         """The URL of the first master (any node's URL reaches the whole cluster)."""
         return self.servers[0].url
 
-    @property
-    def urls(self) -> list[str]:
-        """Every master's URL."""
-        return [s.url for s in self.servers]
-
     def start(self) -> LocalCluster:
         from knnmon.redis_server import EmbeddedRedis, free_port
 
