@@ -154,11 +154,6 @@ class ObjectIndex:
         """The objects' keywords, by code."""
         return self._vocab_array.to_pylist()
 
-    def code_of(self, keyword: str) -> int:
-        """``keyword``'s code (``-1``: no object has it)."""
-        c = pc.index_in(pa.array([keyword], type=pa.string()), value_set=self._vocab_array)[0].as_py()
-        return -1 if c is None else int(c)
-
     @property
     def trees_built(self) -> int:
         """How many keywords' trees are built."""
