@@ -134,12 +134,6 @@ class QueryColumns:
         return cls([q.id for q in queries], [q.lon for q in queries], [q.lat for q in queries],
                    [q.keywords for q in queries], [q.k for q in queries])
 
-    @classmethod
-    def of_table(cls, table) -> QueryColumns:
-        """The columns of a pyarrow table of :meth:`to_table`'s schema."""
-        return cls(table.column("id").to_pylist(), table.column("lon").to_numpy(), table.column("lat").to_numpy(),
-                   table.column("keywords").to_pylist(), table.column("k").to_numpy().astype("int64"))
-
     def to_table(self):
         """A pyarrow table of a query file's columns (``id`` string, ``lon``, ``lat`` float64,
         ``keywords`` list<string>, ``k`` int32). pyarrow is imported here only: the light client

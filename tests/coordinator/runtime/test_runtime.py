@@ -22,7 +22,7 @@ from knnmon.ingest.queries import QueryWorkload, generate_queries
 from knnmon.ingest.reading import load_queries, read_objects, stream_order
 from knnmon.keys import Keys
 from knnmon.oracle import BruteForceKnn
-from knnmon.query import Query, QueryColumns
+from knnmon.query import Query
 from knnmon.store import StoreConfig
 from tests.support import assert_applied_once, assert_exact, expected, head_lines
 
@@ -286,13 +286,14 @@ def test_a_killed_ray_worker_process_is_revived_mid_stream_and_stays_exact(small
         # The revived worker equals one that never died: the same queries, each with its exact kNN
         # in memory and the kNN radius of its k-th place.
         held, radii = rt.pool.gather([rt.pool.regions(1)])[0]
-        held = QueryColumns.of_table(held)
-        assert sorted(held.ids) == sorted(q for q, w in rt.registrar.query_worker.items() if w == 1)
+        held = held.to_pylist()
+        assert sorted(q["id"] for q in held) == sorted(q for q, w in rt.registrar.query_worker.items() if w == 1)
         for i in range(0, len(held), 5):
-            want = oracle.knn(held.lon[i], held.lat[i], held.keywords[i], int(held.k[i]))
-            got = rt.pool.gather([rt.pool.result(1, held.ids[i])])[0]
+            q = held[i]
+            want = oracle.knn(q["lon"], q["lat"], q["keywords"], q["k"])
+            got = rt.pool.gather([rt.pool.result(1, q["id"])])[0]
             assert got == want
-            assert radii[i] == (want[-1][1] if len(want) >= held.k[i] else np.inf)
+            assert radii[i] == (want[-1][1] if len(want) >= q["k"] else np.inf)
     assert_applied_once(client, keys)  # no batch applied twice
 
 

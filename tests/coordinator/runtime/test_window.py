@@ -22,7 +22,7 @@ from knnmon.coordinator.runtime.runtime import Runtime
 from knnmon.coordinator.runtime.preparation import with_arrival_times
 from knnmon.ingest.reading import load_queries, read_objects, stream_order
 from knnmon.oracle import BruteForceKnn
-from knnmon.query import Query, QueryColumns
+from knnmon.query import Query
 from knnmon.store import StoreConfig
 from tests.support import assert_exact, redis_results
 
@@ -211,14 +211,15 @@ def test_a_windowed_ray_worker_lost_between_batches_is_revived_from_redis(window
         # The revived worker's lists are the results Redis held: each kNN radius is the distance of
         # the k-th live match (inf with fewer); the reserve comes back with the next refill.
         held, radii = rt.pool.gather([rt.pool.regions(w)])[0]
-        held = QueryColumns.of_table(held)
+        held = held.to_pylist()
         checked = 0
         for i in range(0, len(held), 7):
-            if held.ids[i] == "late" or details_lost:  # its k + reserve nearest (searched)
+            q = held[i]
+            if q["id"] == "late" or details_lost:  # its k + reserve nearest (searched)
                 continue
-            want = oracle.knn(held.lon[i], held.lat[i], held.keywords[i], int(held.k[i]))
-            assert radii[i] == (want[-1][1] if len(want) == held.k[i] else np.inf), held.ids[i]
-            checked += len(want) == held.k[i]
+            want = oracle.knn(q["lon"], q["lat"], q["keywords"], q["k"])
+            assert radii[i] == (want[-1][1] if len(want) == q["k"] else np.inf), q["id"]
+            checked += len(want) == q["k"]
         assert checked > 10 or details_lost
         assert "details" in rt.reviver.seconds[-1] and ("search" in rt.reviver.seconds[-1]) == details_lost
         for b in batches[4:]:
