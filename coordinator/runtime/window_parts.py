@@ -60,6 +60,7 @@ class Part:
     fitted: int | None = None  # the cutoff the index's boxes were last fitted to
     fit_nodes: int = 0  # the last fit's cost
     fit_wait: int = 1  # the next fit waits this many times the usual count (idle fits before)
+    fit_expired: int = 0  # the objects expired at the last fit
     cutoff: int | None = None  # the cutoff ``alive`` holds
 
     @classmethod
@@ -83,13 +84,8 @@ class Part:
     @property
     def fit_due(self) -> bool:
         """Enough objects expired since the last fit for the next (:data:`REFIT_MIN`)."""
-        return self._since() >= REFIT_MIN * max(1.0, self.fit_nodes / REFIT_NODES) * self.fit_wait
-
-    def _since(self) -> int:
-        if self.alive is None or self.fitted == self.cutoff:
-            return 0
-        return int(len(self.t) - self.alive.sum() if self.fitted is None else
-                   np.count_nonzero((self.t <= self.cutoff) & (self.t > self.fitted)))
+        since = len(self.t) - self.live - self.fit_expired
+        return since >= REFIT_MIN * max(1.0, self.fit_nodes / REFIT_NODES) * self.fit_wait
 
     def fit(self) -> None:
         """Fit the index's boxes to the live objects (``ObjectIndex.refit``) if any expired
@@ -102,7 +98,7 @@ class Part:
         if since.any():
             nodes, emptied = self.index.refit(alive, np.flatnonzero(since))
             self.fit_wait = min(REFIT_IDLE, 2 * self.fit_wait) if emptied < REFIT_YIELD * nodes else 1
-            self.fit_nodes, self.fitted = nodes, cutoff
+            self.fit_nodes, self.fit_expired, self.fitted = nodes, len(self.t) - int(alive.sum()), cutoff
 
 
 def _tier(parts: list[Part]) -> list[Part]:
