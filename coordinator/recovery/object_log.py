@@ -11,6 +11,7 @@ import multiprocessing
 import time
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -26,6 +27,9 @@ from knnmon.limits import DEFAULT_LIMITS, Limits
 from knnmon.protocol import GROUP, group_info, redis_clock_ms, entry_order
 from knnmon.window import Window
 
+if TYPE_CHECKING:
+    from knnmon.coordinator.runtime.object_index import ObjectIndex
+
 __all__ = ["OBJECT_SCHEMA", "ObjectLog", "check_event_time", "checkpoint_watermark", "create_groups",
            "read_elsewhere", "read_object_log", "read_objects", "undelivered"]
 
@@ -38,7 +42,9 @@ class ObjectLog:
     preload and every entry delivered, with a window only the live ones at the watermark of all
     of them), the ``pending`` entry ids (delivered, not acknowledged) with the ``rejects`` among
     them, the entries ``read``, the ``spans`` (:attr:`Recovered.spans`) and ``unacked`` (the
-    pending entries parsed: ``(entry id, fields, t, object id)``)."""
+    pending entries parsed: ``(entry id, fields, t, object id)``); ``index``: an
+    :class:`~knnmon.coordinator.runtime.object_index.ObjectIndex` over ``objects`` made on the
+    reading thread (:func:`~knnmon.coordinator.recovery.rebuild.recover`), or ``None``."""
 
     objects: pa.Table
     pending: list[str]
@@ -47,6 +53,7 @@ class ObjectLog:
     spans: list[tuple[str, str, int | None]]
     unacked: list[tuple[str, dict, int, str]]
     seconds: float = 0.0
+    index: ObjectIndex | None = None
 
     @property
     def pending_ids(self) -> set[str]:

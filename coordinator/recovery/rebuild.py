@@ -28,6 +28,7 @@ import redis
 from knnmon.arrays import runs, segment_sums
 from knnmon.batch import BatchChanges
 from knnmon.coordinator.recovery.kept_start import kept_start, queries_of
+from knnmon.coordinator.runtime.object_index import ObjectIndex
 from knnmon.coordinator.runtime.object_store import ObjectStore
 from knnmon.coordinator.runtime.preparation import Prepared, prepare_tables
 from knnmon.coordinator.recovery.stored_start import StoredStart
@@ -108,6 +109,19 @@ class Recovered:
         """``(first entry id, last entry id, largest t)`` of the stream's entries read, in chunks
         (the checkpoints' record of what the live objects need)."""
         return self.objects_log.spans
+
+
+def _read_and_index(client: redis.Redis, keys: Keys, preload: pa.Table, limits: Limits, skip: frozenset[str],
+                    window: int | None, allowed_lateness: int) -> ObjectLog:
+    """:func:`read_objects`, with the :class:`ObjectIndex` of the objects read, and with a window
+    every keyword's tree built (the refills search them from the first batch on): made on the
+    reading thread, while the main one plans (the trees' kernels release the GIL)."""
+    got = read_objects(client, keys, preload, limits, skip, window, allowed_lateness)
+    if got.objects.num_rows:
+        got.index = ObjectIndex(got.objects)
+        if window is not None:
+            got.index.build_trees()
+    return got
 
 
 def _in_thread(read, url: str, *args) -> Future:
@@ -280,10 +294,11 @@ def recover(client: redis.Redis, url: str, namespace: str, preload: pa.Table, mo
     got: ObjectLog | Future
     keeping = why is None and pool is not None and bool(pool.kept)
     if keeping:  # read in a thread while the workers say what they hold (the checkpoints' chunks: ~1 s)
-        got = _in_thread(read_objects, url, keys, preload, limits, skip, window, allowed_lateness)
+        got = _in_thread(_read_and_index, url, keys, preload, limits, skip, window, allowed_lateness)
         kept, why_kept = kept_start(pool, client, keys, int(settings["workers"]), got, feed_version(client, keys) + 1)
         if kept is not None:
-            log.info("recovery: every worker is kept as it is (its state equals what Redis holds)")
+            log.info("recovery: every worker is kept as it is (its state equals what Redis holds; %s)",
+                     ", ".join(f"{k} {v:.1f} s" for k, v in kept.seconds.items()))
             seconds = {"workers": time.perf_counter() - t0, **{f"workers {k}": v for k, v in kept.seconds.items()}}
             return _from_stored(model, kept, queries_of(kept), got, _queries_read(client, keys), seconds)
         log.info("recovery: the workers taken from the service before are not kept: %s", why_kept)

@@ -135,7 +135,8 @@ class StoredStart:
         tm["plan_s"] = time.perf_counter() - t0
         t1 = time.perf_counter()
         loads = stored.send(runtime.pool, runtime.plan.routing)
-        p.initial = self.objects().objects  # (read meanwhile, in the recovery's child process)
+        got = self.objects()  # (read meanwhile, in the recovery's child process or thread)
+        p.initial, p.index = got.objects, got.index
         tm["objects_wait_s"] = time.perf_counter() - t1
         runtime.hold_objects(p)
         runtime.registrar.query_worker.update(zip(self.queries.ids, self.worker.tolist()))

@@ -170,6 +170,7 @@ def prepare_tables(model: Any, queries: pa.Table, initial: pa.Table, stream: pa.
     k = queries.column("k").to_numpy().astype(np.int64) + int(reserve)  # with a reserve, k + reserve
     if index is not None and len(lon):
         idx, counts, dist = index.knn_v(lon, lat, queries.column("keywords"), k, processes=processes)
+        index.drop_trees()  # built for the initial kNN; a registration builds its own
     else:
         idx, counts, dist = np.empty(0, np.int64), np.zeros(len(lon), np.int64), np.empty(0)
     ends = np.cumsum(counts)

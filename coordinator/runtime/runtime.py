@@ -250,8 +250,6 @@ class Runtime:
     def hold_objects(self, p: Prepared) -> None:
         """The object store over ``p.initial`` and the registrar (once :attr:`plan` is made)."""
         self.objects = self._exit.enter_context(ObjectStore(p.initial, p.index))
-        if p.index is not None:
-            p.index.drop_trees()  # built for the initial kNN; a registration builds its own
         self.registrar = Registrar(self.pool, self.plan, self.objects, self.config.places_reserved,
                                    feed_version=lambda: 0 if self.dispatcher is None else self.dispatcher.next_batch,
                                    revive_worker=self.revive_idle)

@@ -168,3 +168,18 @@ def test_a_plan_record_a_client_wrote_is_dropped_not_trusted(redis_url, namespac
                 {**good, "work": "x"}, {"worker": 1}, [1, 2], "not json"):
         r.hset(keys.plan, "set:0", bad if isinstance(bad, str) else json.dumps(bad))
         assert _recorded_sets(redis_url, namespace, np.array([0, -1]), 2)[0] == [], bad
+
+
+def test_a_kept_start_reads_each_query_set_as_a_placement_number(redis_url, namespace):
+    """A kept start reads the queries' ``set`` fields in one script call per chunk: a field any
+    client wrote reads as :func:`placement_number` reads it (``-1``: none), never indexes."""
+    from knnmon.coordinator.recovery.kept_start import _sets
+    from knnmon.workers.placements import placement_number
+
+    r, keys = redis.Redis.from_url(redis_url, decode_responses=True), Keys(namespace)
+    fields = ["0", "7", " 12 ", "2147483647", "2147483648", "99999999999999999999", "-3", "1.5", "junk", "", "\u0661"]
+    for i, v in enumerate(fields):
+        r.hset(keys.query(f"q{i}"), "set", v)
+    ids = [f"q{i}" for i in range(len(fields))] + ["absent"]
+    expected = [n if n is not None and n < 2 ** 31 else -1 for n in map(placement_number, fields)] + [-1]
+    assert _sets(r, keys, ids, chunk=4).tolist() == expected == [0, 7, 12, 2147483647] + [-1] * 8
