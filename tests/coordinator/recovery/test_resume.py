@@ -183,3 +183,18 @@ def test_a_kept_start_reads_each_query_set_as_a_placement_number(redis_url, name
     ids = [f"q{i}" for i in range(len(fields))] + ["absent"]
     expected = [n if n is not None and n < 2 ** 31 else -1 for n in map(placement_number, fields)] + [-1]
     assert _sets(r, keys, ids, chunk=4).tolist() == expected == [0, 7, 12, 2147483647] + [-1] * 8
+
+
+def test_the_feed_version_is_the_largest_readable_one_among_the_last_entries(redis_url, namespace, caplog):
+    """A restart continues the change feed's versions from the largest of its last entries, read by
+    a script; an entry any client wrote with an unreadable version is left out and counted."""
+    from knnmon.coordinator.recovery.rebuild import feed_version
+
+    r, keys = redis.Redis.from_url(redis_url, decode_responses=True), Keys(namespace)
+    assert feed_version(r, keys) == 0
+    for v in ("3", "12", "x", None, " 7 ", "99999999999999999999", "-40"):
+        r.xadd(keys.changes, {"query": "q"} if v is None else {"query": "q", "version": v})
+    with caplog.at_level("WARNING"):
+        assert feed_version(r, keys) == 12
+    assert "3 change feed entries with an unreadable version" in caplog.text
+    assert feed_version(r, keys, last=3) == 7
