@@ -17,6 +17,7 @@ unacknowledged query operations are applied again by the service (both are idemp
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -111,16 +112,21 @@ class Recovered:
         return self.objects_log.spans
 
 
+#: (object, keyword) pairs whose trees a start builds in one step (a search waits for one step at most).
+TREE_STEP = 65_536
+
+
 def _read_and_index(client: redis.Redis, keys: Keys, preload: pa.Table, limits: Limits, skip: frozenset[str],
                     window: int | None, allowed_lateness: int) -> ObjectLog:
-    """:func:`read_objects`, with the :class:`ObjectIndex` of the objects read, and with a window
-    every keyword's tree built (the refills search them from the first batch on): made on the
-    reading thread, while the main one plans (the trees' kernels release the GIL)."""
+    """:func:`read_objects`, with the :class:`ObjectIndex` of the objects read, made on the
+    reading thread while the main one plans; with a window, every keyword's tree is then built
+    on a thread of its own (the refills search them from the first batch on; the kernels release
+    the GIL), while the service starts and serves."""
     got = read_objects(client, keys, preload, limits, skip, window, allowed_lateness)
     if got.objects.num_rows:
         got.index = ObjectIndex(got.objects)
         if window is not None:
-            got.index.build_trees()
+            threading.Thread(target=got.index.build_trees, args=(TREE_STEP,), name="knnmon-trees", daemon=True).start()
     return got
 
 

@@ -17,6 +17,7 @@ between chord and haversine order cannot push a true top-k object out.
 from __future__ import annotations
 
 import multiprocessing
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -131,6 +132,7 @@ class ObjectIndex:
         self._obj_codes = code.astype(np.int32)
         del owner, code, order, codes
         self._kd: tuple[np.ndarray, ...] | None = None  # xyz, rows, dims, box, built
+        self._kd_lock = threading.Lock()  # (a tree is built by one thread: a search's or build_trees')
         compile_ranking()
         compile_kd()  # (loaded from numba's cache after the first time: no search pays for it)
         rank = np.empty(len(self.ids), dtype=np.int32)  # each object's place in id order (ties by id)
@@ -163,15 +165,17 @@ class ObjectIndex:
         """The objects' unit vectors ``(n, 3)``, the posting lists ``(E,)`` int32, split axes
         ``(E,)`` int8 and node boxes ``(E, 6)`` float64
         (:mod:`~knnmon.coordinator.runtime.keyword_kd`), with the trees of ``codes`` built."""
-        if self._kd is None:
-            self._kd = (unit_vectors(self.lon, self.lat), self._post.copy(), np.zeros(len(self._post), dtype=np.int8),
-                        np.zeros((len(self._post), 6)), np.zeros(self.n_keywords, dtype=bool))
-        xyz, rows, dims, box, built = self._kd
-        new = np.unique(np.asarray(codes, dtype=np.int64))
-        new = new[~built[new]]
-        if len(new):
-            kd_build(xyz, rows, dims, box, self._post_ptr, new)
-            built[new] = True
+        with self._kd_lock:
+            if self._kd is None:
+                self._kd = (unit_vectors(self.lon, self.lat), self._post.copy(),
+                            np.zeros(len(self._post), dtype=np.int8), np.zeros((len(self._post), 6)),
+                            np.zeros(self.n_keywords, dtype=bool))
+            xyz, rows, dims, box, built = self._kd
+            new = np.unique(np.asarray(codes, dtype=np.int64))
+            new = new[~built[new]]
+            if len(new):
+                kd_build(xyz, rows, dims, box, self._post_ptr, new)
+                built[new] = True
         return xyz, rows, dims, box
 
     def refit(self, alive: np.ndarray, expired: np.ndarray) -> tuple[int, int]:
@@ -193,16 +197,24 @@ class ObjectIndex:
                         np.minimum.reduceat(gone, starts, axis=0), np.maximum.reduceat(gone, starts, axis=0),
                         group_ptr, codes)
 
-    def build_trees(self) -> None:
+    def build_trees(self, postings: int | None = None) -> None:
         """Build every keyword's tree now (a window's part built off the search's path, so that
-        no search pays for it)."""
-        self._trees_for(np.arange(self.n_keywords, dtype=np.int64))
+        no search pays for it). ``postings``: build keywords of about this many (object,
+        keyword) pairs at a time, so that a search on another thread waits for one step at most
+        (``None``: all at once)."""
+        total = int(self._post_ptr[-1])
+        step = postings or max(total, 1)
+        ends = np.searchsorted(self._post_ptr, np.arange(step, total, step))
+        edges = np.unique(np.concatenate([[0], ends, [self.n_keywords]]))
+        for a, b in zip(edges[:-1].tolist(), edges[1:].tolist()):
+            self._trees_for(np.arange(a, b, dtype=np.int64))
 
     def drop_trees(self) -> None:
         """Forget every keyword's tree (built again on use), and the objects' unit vectors: after
         a start-up's search of every query, most of them serve nothing until a registration asks
         for their keyword."""
-        self._kd = None
+        with self._kd_lock:
+            self._kd = None
         give_back()
 
     def keyword_pairs(self, keywords) -> tuple[np.ndarray, np.ndarray]:
