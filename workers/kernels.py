@@ -405,23 +405,30 @@ def kth_latest(t: np.ndarray, within: np.ndarray, start: np.ndarray, count: np.n
     fewer) and its oldest entry's time (``never`` when empty): ``(m,)`` int64 each, epoch ms
     (:meth:`~knnmon.workers.window_lists.WindowLists.deadlines`). ``t``, ``within``: ``(E,)``
     int64 times and bool of every entry, list after list; ``start``, ``count``, ``k``: ``(m,)``
-    int64 per list. One pass, a sort of a list's ``k + reserve`` at most."""
+    int64 per list. One pass; a list's times within the radius are kept in decreasing order by
+    insertion (``k + reserve`` at most: no allocation per list)."""
     m = len(start)
     kth, oldest = np.full(m, never, dtype=np.int64), np.full(m, never, dtype=np.int64)
-    buf = np.empty(0, dtype=np.int64)
+    buf = np.empty(64, dtype=np.int64)
     for j in range(m):
         a, n = start[j], count[j]
         if n > len(buf):
             buf = np.empty(2 * n, dtype=np.int64)
-        w = 0
+        w, old = 0, never
         for i in range(a, a + n):
-            if t[i] < oldest[j]:
-                oldest[j] = t[i]
+            x = t[i]
+            if x < old:
+                old = x
             if within[i]:
-                buf[w] = t[i]
+                p = w
+                while p > 0 and buf[p - 1] < x:
+                    buf[p] = buf[p - 1]
+                    p -= 1
+                buf[p] = x
                 w += 1
+        oldest[j] = old
         if w >= k[j]:
-            kth[j] = np.sort(buf[:w])[w - k[j]]
+            kth[j] = buf[k[j] - 1]
     return kth, oldest
 
 

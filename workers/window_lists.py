@@ -288,10 +288,10 @@ class WindowLists:
         changed = np.union1d(new_slot[ent], old_slot[left])
         order = np.argsort(old_slot[left], kind="stable")
 
-        def texts(oids: list[str]) -> list[str | None]:  # (from the batch, else kept from before)
-            details = self.state.details
-            kept = details.get(oids) if details is not None else [self.refilled.get(o) for o in oids]
-            return [k if x is None else x for k, x in zip(kept, batch.texts(oids))]
+        def texts(oids: list[str]) -> list[str | None]:
+            if self.state.details is not None:  # (every object that entered a list is kept there: apply, refill)
+                return self.state.details.get(oids)
+            return [self.refilled.get(o) if x is None else x for o, x in zip(oids, batch.texts(oids))]
 
         changes = self.state.batch_changes(changed, new_slot[ent], new_h[ent], new_d[ent], old_slot[left][order],
                                            old_h[left][order], texts)

@@ -139,6 +139,27 @@ def test_count_holders_matches_counting_by_dict(seed, e, l_, buckets):
                                                          if want[h, b] == 0}
 
 
+@settings(max_examples=100, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), lists=st.integers(0, 12), longest=st.integers(0, 80))
+def test_kth_latest_equals_sorting_each_list(seed, lists, longest):
+    """Each list's k-th latest time within its radius (ties in time, lists longer than the
+    kernel's first buffer, empty ones) and its oldest entry's, against sorting each list."""
+    from knnmon.batch import NEVER
+
+    rng = np.random.default_rng(seed)
+    count = rng.integers(0, longest + 1, lists).astype(np.int64)
+    start = np.cumsum(count) - count
+    t = rng.integers(0, 8, int(count.sum())).astype(np.int64) * 1000  # (many ties)
+    within = rng.random(len(t)) < 0.7
+    k = rng.integers(1, 12, lists).astype(np.int64)
+    kth, oldest = kernels.kth_latest(t, within, start, count, k, NEVER)
+    for j in range(lists):
+        own = t[start[j]:start[j] + count[j]]
+        inside = np.sort(own[within[start[j]:start[j] + count[j]]])[::-1]
+        assert kth[j] == (inside[k[j] - 1] if len(inside) >= k[j] else NEVER)
+        assert oldest[j] == (own.min() if len(own) else NEVER)
+
+
 def test_the_kernels_agree_with_the_jit_disabled():
     """The kernel tests here and the worker's merge against the oracle, as plain Python."""
     here = Path(__file__).resolve().parent
