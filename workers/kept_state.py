@@ -30,10 +30,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from knnmon.batch import NEVER
 from knnmon.query import QueryColumns
 from knnmon.reports import KeptReport
 from knnmon.workers.handover import Handover
 from knnmon.workers.state import WorkerState
+from knnmon.workers.window_lists import WindowLists
 
 __all__ = ["KeptState"]
 
@@ -43,8 +45,8 @@ class KeptState:
     its :class:`~knnmon.workers.state.WorkerState`; a move cut short (the ``handover``'s queries
     handed over and not released) makes the state not one to keep."""
 
-    def __init__(self, state: WorkerState, handover: Handover) -> None:
-        self.state, self.handover = state, handover
+    def __init__(self, state: WorkerState, handover: Handover, window: WindowLists) -> None:
+        self.state, self.handover, self.window = state, handover, window
 
     def kept_state(self) -> KeptReport:
         """What this worker says of its state after its queued writes (:class:`KeptReport`)."""
@@ -83,8 +85,11 @@ class KeptState:
 
     def keep_for(self) -> int:
         """Become the worker of the next service as it is: its writes carry a new session (a batch
-        number of the new service never matches a tag written before); returns the number of
-        queries held."""
+        number of the new service never matches a tag written before), and with a window its
+        next announcement gives every deadline within the horizon (the next service has seen none:
+        it refills ahead from the first batch on, no batch comes back short); returns the number
+        of queries held."""
         if self.state.writer is not None:
             self.state.writer.session = uuid.uuid4().hex[:12]
+        self.window.announced[:] = NEVER  # (the next service knows no deadline: announce them all again)
         return int(self.state.queries.alive.sum())

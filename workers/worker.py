@@ -75,7 +75,7 @@ class KnnWorker:
         self.registration = Registration(self.state, self.window)
         self.update = BatchUpdate(self.state, self.window)
         self.handover = Handover(self.state, self.registration)
-        self.kept = KeptState(self.state, self.handover)
+        self.kept = KeptState(self.state, self.handover, self.window)
         _warm_up()
 
     # -- batches (BatchUpdate, WindowLists) ------------------------------------------------------

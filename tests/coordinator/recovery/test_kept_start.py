@@ -76,6 +76,9 @@ def test_a_restarted_service_keeps_the_workers_state_and_stays_exact(ray_instanc
             assert svc.runtime.timings.get("workers_kept") == 3 and svc.runtime.timings["replayed"] >= 200
             assert _pids(svc) == before  # the same processes, their queries kept
             svc.run(idle_exit_s=0.5, handle_signals=False)
+            # The kept workers announce every deadline again to the new service: no batch of it
+            # finds a list short that it did not refill ahead.
+            assert svc.runtime.dispatcher.short_refills == 0
         live = [p for p in places if p["t"] > places[-1]["t"] - WINDOW_MS]
         assert assert_exact(redis_url, namespace, pa.Table.from_pylist(queries),
                             BruteForceKnn(pa.Table.from_pylist(live))) == 300
