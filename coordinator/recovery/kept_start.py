@@ -39,7 +39,6 @@ from knnmon.coordinator.live_routing import LiveRouting
 from knnmon.coordinator.recovery.stored_start import StoredStart, StoredWorkers
 from knnmon.keys import Keys
 from knnmon.query import Query, QueryColumns
-from knnmon.workers.placements import placement_number
 
 if TYPE_CHECKING:
     from knnmon.coordinator.planning import PlanResult
