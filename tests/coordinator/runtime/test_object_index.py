@@ -41,24 +41,30 @@ def test_equals_the_oracle_on_real_places(places_slice):
         assert r[i] == (got[i][-1][1] if len(got[i]) == k[i] else np.inf)
 
 
+def _searches(places_slice, seed: int):
+    """The slice's objects, their index and oracle, a generator, and 300 searches at sampled
+    objects' places with up to 3 of their keywords: ``(lon, lat, keywords, k)``."""
+    objects = read_objects(str(places_slice), ["id", "lon", "lat", "keywords"])
+    rng = np.random.default_rng(seed)
+    rows = objects.take(pa.array(rng.choice(objects.num_rows, 300, replace=False))).to_pylist()
+    lon, lat = np.array([r["lon"] for r in rows]), np.array([r["lat"] for r in rows])
+    kws, k = [r["keywords"][:3] for r in rows], rng.integers(1, 12, size=len(rows))
+    return objects, ObjectIndex(objects), BruteForceKnn(objects), rng, (lon, lat, kws, k)
+
+
 def test_searches_beside_a_tree_build_in_steps_on_another_thread_equal_the_oracle(places_slice):
     """A start builds every tree on a thread of its own, a step of keywords at a time, while
     searches build the ones they need: every answer is exact, and every tree ends built."""
     import threading
 
-    objects = read_objects(str(places_slice), ["id", "lon", "lat", "keywords"])
-    index, oracle = ObjectIndex(objects), BruteForceKnn(objects)
-    rng = np.random.default_rng(8)
-    rows = objects.take(pa.array(rng.choice(objects.num_rows, 300, replace=False))).to_pylist()
-    lon, lat = np.array([r["lon"] for r in rows]), np.array([r["lat"] for r in rows])
-    kws, k = [r["keywords"][:3] for r in rows], rng.integers(1, 12, size=len(rows))
+    _, index, oracle, _, (lon, lat, kws, k) = _searches(places_slice, seed=8)
     build = threading.Thread(target=index.build_trees, args=(64,))
     build.start()
     got = [as_lists(*index.knn_v(lon[s:s + 10], lat[s:s + 10], kws[s:s + 10], k[s:s + 10]), index.ids)
-           for s in range(0, len(rows), 10)]
+           for s in range(0, len(lon), 10)]
     build.join()
     assert index.trees_built == index.n_keywords
-    for i in range(len(rows)):
+    for i in range(len(lon)):
         want = oracle.knn(lon[i], lat[i], kws[i], int(k[i]))
         assert [g[0] for g in got[i // 10][i % 10]] == [w[0] for w in want]
 
@@ -66,12 +72,7 @@ def test_searches_beside_a_tree_build_in_steps_on_another_thread_equal_the_oracl
 def test_trees_are_built_for_the_keywords_searched_and_again_after_they_are_dropped(places_slice):
     """A search builds the trees of its keywords only; after ``drop_trees`` they are built again
     on use; every answer equals the one before, with only live objects when told."""
-    objects = read_objects(str(places_slice), ["id", "lon", "lat", "keywords"])
-    index, oracle = ObjectIndex(objects), BruteForceKnn(objects)
-    rng = np.random.default_rng(5)
-    rows = objects.take(pa.array(rng.choice(objects.num_rows, 300, replace=False))).to_pylist()
-    lon, lat = np.array([r["lon"] for r in rows]), np.array([r["lat"] for r in rows])
-    kws, k = [r["keywords"][:3] for r in rows], rng.integers(1, 12, size=len(rows))
+    objects, index, oracle, rng, (lon, lat, kws, k) = _searches(places_slice, seed=5)
     want = as_lists(*index.knn_v(lon[:20], lat[:20], kws[:20], k[:20]), index.ids)
     assert 0 < index.trees_built == len({w for kw in kws[:20] for w in kw} & set(index.vocabulary))
     index.drop_trees()
@@ -80,7 +81,7 @@ def test_trees_are_built_for_the_keywords_searched_and_again_after_they_are_drop
     alive = rng.random(objects.num_rows) < 0.3  # a window's live objects
     live = BruteForceKnn(objects.filter(pa.array(alive)))
     got = as_lists(*index.knn_v(lon, lat, kws, k, alive=alive), index.ids)
-    for i in range(len(rows)):
+    for i in range(len(lon)):
         assert [g[0] for g in got[i]] == [w[0] for w in live.knn(lon[i], lat[i], kws[i], int(k[i]))]
     assert oracle.knn(lon[0], lat[0], kws[0], int(k[0])) == as_lists(*index.knn_v(lon[:1], lat[:1], kws[:1], k[:1]),
                                                                       index.ids)[0]
