@@ -39,6 +39,7 @@ from knnmon.coordinator.live_routing import LiveRouting
 from knnmon.coordinator.recovery.stored_start import StoredStart, StoredWorkers
 from knnmon.keys import Keys
 from knnmon.query import Query, QueryColumns
+from knnmon.workers.placements import placement_number
 
 if TYPE_CHECKING:
     from knnmon.coordinator.planning import PlanResult
@@ -174,25 +175,18 @@ def queries_of(start: KeptStart) -> list[Query]:
             for i, x, y, kw, k in zip(q.ids, q.lon.tolist(), q.lat.tolist(), q.keywords, q.k.tolist())]
 
 
-#: Each key's ``set`` field as a number (``-1``: absent, or not ASCII digits within blanks, or
-#: more than 10 of them), in one round trip per chunk (as
-#: :func:`~knnmon.workers.placements.placement_number` reads it; a kept start runs on one Redis
-#: server: :func:`~knnmon.coordinator.recovery.resume.why_not_resumable`).
-_SETS = """local out = {}
-for i, key in ipairs(KEYS) do
-  local v = redis.call('HGET', key, 'set')
-  local n = v and string.match(v, '^%s*(%d+)%s*$')
-  out[i] = (n and #n <= 10) and tonumber(n) or -1
-end
-return out"""
+#: Each key's ``set`` field (``nil``: none), in one round trip per chunk (a kept start runs on
+#: one Redis server: :func:`~knnmon.coordinator.recovery.resume.why_not_resumable`).
+_SETS = "local out = {} for i, key in ipairs(KEYS) do out[i] = redis.call('HGET', key, 'set') end return out"
 
 
 def _sets(client, keys: Keys, ids: list[str], chunk: int = 10_000) -> np.ndarray:
     """``(m,)`` int32: each query's set as its hash records it (``-1``: none, or not a number
-    below 2**31)."""
-    out = np.full(len(ids), -1, dtype=np.int64)
+    below 2**31: :func:`~knnmon.workers.placements.placement_number`)."""
+    out = np.full(len(ids), -1, dtype=np.int32)
     for s in range(0, len(ids), chunk):
         part = [keys.query(qid) for qid in ids[s:s + chunk]]
-        out[s:s + len(part)] = client.eval(_SETS, len(part), *part)
-    out[out >= 2 ** 31] = -1
-    return out.astype(np.int32)
+        for j, v in enumerate(client.eval(_SETS, len(part), *part)):
+            n = placement_number(v)
+            out[s + j] = n if n is not None and n < 2 ** 31 else -1
+    return out

@@ -41,6 +41,7 @@ from knnmon.keys import Keys
 from knnmon.limits import DEFAULT_LIMITS, Limits, check_keywords, parse_k, parse_point, parse_query_id
 from knnmon.results import ResultReader
 from knnmon.query import Query, QueryColumns
+from knnmon.workers.placements import placement_number, placement_of
 
 __all__ = ["Recovered", "feed_version", "read_queries", "reconcile", "recover"]
 
@@ -172,8 +173,6 @@ def read_queries(client: redis.Redis, keys: Keys, chunk: int = 10_000, limits: L
     valid query within ``limits`` (a client with write access to Redis may have written it) is
     logged and left out. ``placed``: filled with each query's placement as its hash holds it
     (:func:`~knnmon.workers.placements.placement_of`)."""
-    from knnmon.workers.placements import placement_of
-
     qids = sorted(client.smembers(keys.queries))
     queries = []
     for qid, h, _ in ResultReader(client, keys, chunk=chunk).many(qids, hashes=True, results=False):
@@ -189,27 +188,27 @@ def read_queries(client: redis.Redis, keys: Keys, chunk: int = 10_000, limits: L
     return queries
 
 
-#: The largest ``version`` among a stream's last ``ARGV[1]`` entries (fields of digits only,
-#: at most 15; others counted as unreadable): ``{largest, unreadable}``, read by Redis.
-_FEED_VERSION = """local best, bad = 0, 0
-for _, e in ipairs(redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', ARGV[1])) do
-  local v
-  for i = 1, #e[2], 2 do if e[2][i] == 'version' then v = e[2][i + 1] end end
-  local n = v and string.match(v, '^%s*(%d+)%s*$')
-  if n and #n <= 15 then best = math.max(best, tonumber(n)) elseif v then bad = bad + 1 end
-end
-return {best, bad}"""
+#: Change feed versions at or above this are unreadable: the write script's Lua numbers hold
+#: integers exactly below 2**53 only (any client may write the feed).
+MAX_VERSION = 10 ** 15
 
 
 def feed_version(client: redis.Redis, keys: Keys, last: int = 1000) -> int:
     """The largest change feed version among the feed's ``last`` entries (0 if empty): the
     stream batches a service applied before it stopped, so that a restart continues the
     versions (every entry of one batch carries the same one; batches are applied one at a time).
-    Read by a script, so that no entry crosses the network."""
-    best, unreadable = client.eval(_FEED_VERSION, 1, keys.changes, last)
+    A version that is not a number below :data:`MAX_VERSION` is left out and counted."""
+    best, unreadable = 0, 0
+    for _, fields in client.xrevrange(keys.changes, count=last):
+        if "version" in fields:
+            n = placement_number(fields["version"])
+            if n is None or n >= MAX_VERSION:
+                unreadable += 1
+            else:
+                best = max(best, n)
     if unreadable:
         log.warning("%d change feed entries with an unreadable version; left out", unreadable)
-    return int(best)
+    return best
 
 
 def reconcile(url: str, namespace: str, client: redis.Redis, prepared: Prepared, chunk: int = 10_000) -> int:
