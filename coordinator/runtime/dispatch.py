@@ -28,10 +28,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from knnmon.batch import KnnColumns, ObjectBatch, Refills
+from knnmon.batch import KnnColumns, ObjectBatch, ObjectColumns, Refills
 from knnmon.coordinator.live_routing import LiveRouting
 from knnmon.coordinator.runtime.due_lists import DueTable
 from knnmon.coordinator.runtime.metrics import BatchReport
+from knnmon.coordinator.runtime.nearest_first import skyband
 from knnmon.coordinator.runtime.object_store import ObjectStore
 from knnmon.coordinator.runtime.seen_ids import SeenIds
 from knnmon.coordinator.runtime.worker_pool import Pending, WorkerPool
@@ -39,7 +40,47 @@ from knnmon.query import QueryColumns
 from knnmon.reports import WorkerReport
 from knnmon.window import Window
 
-__all__ = ["Admission", "DispatchedBatch", "Dispatcher"]
+__all__ = ["Admission", "DispatchedBatch", "Dispatcher", "SKYBAND_SCAN", "refill_lists"]
+
+#: A refill searches this many times a list's places (``k + reserve``) and keeps their skyband.
+SKYBAND_SCAN = 4
+
+
+def refill_lists(objects: ObjectStore, lon: np.ndarray, lat: np.ndarray, words: pa.Array, cap: np.ndarray,
+                 reserve: int, exclude: frozenset[str] = frozenset()) -> tuple[KnnColumns, ObjectColumns]:
+    """The lists a window's refill installs: with a ``reserve``, each query's ``k``-skyband
+    over (distance, expiry) among its :data:`SKYBAND_SCAN` x ``cap`` nearest live objects, at
+    most ``cap`` places (:func:`~knnmon.coordinator.runtime.nearest_first.skyband`), so that the
+    places it keeps beyond its kNN are those that can still enter it before they expire (Mouratidis
+    et al., SIGMOD 2006, §4), not the next nearest, which in a stream that arrives a region at a
+    time expire with the kNN; without one, the exact ``cap`` nearest.
+
+    A list holds its exact kNN first and every skyband member strictly within its last distance
+    (or, below ``cap`` places, every skyband member): what the worker's expiry needs of a list
+    (:meth:`~knnmon.workers.window_lists.WindowLists.expire`).
+
+    Parameters
+    ----------
+    lon, lat
+        ``(m,)`` float64 degrees; ``words``: ``m`` keyword lists (Arrow).
+    cap
+        ``(m,)`` int64: the places each list keeps, ``k + reserve``.
+    exclude
+        Object ids left out (:meth:`ObjectStore.knn_v`).
+
+    Returns
+    -------
+    The lists, nearest first (:class:`KnnColumns`), and the details of the objects searched.
+    """
+    if not reserve:
+        return objects.knn_v(lon, lat, words, cap, exclude=exclude)
+    scan = cap * SKYBAND_SCAN
+    topk, info = objects.knn_v(lon, lat, words, scan, exclude=exclude)
+    t = info.t[topk.rows] if topk.rows is not None else info.times(topk.ids, 0)
+    keep = skyband(topk.counts, t, cap - reserve, cap, topk.counts >= scan)
+    counts = np.bincount(np.repeat(np.arange(len(cap)), topk.counts)[keep], minlength=len(cap))
+    ids = [topk.ids[j] for j in np.flatnonzero(keep).tolist()]
+    return KnnColumns(counts, ids, topk.dist[keep], None if topk.rows is None else topk.rows[keep]), info
 
 
 @dataclass(frozen=True)
@@ -105,12 +146,15 @@ class Dispatcher:
     first_batch
         The number of the first batch: the stream batches applied before (a resumed service's);
         batch ``b``'s changes carry the change feed's version ``b + 1``.
+    reserve
+        With a window, the neighbours each list keeps beyond its ``k`` (a refill's list is its
+        query's capped skyband: :func:`refill_lists`).
     """
 
     def __init__(self, pool: WorkerPool, routing: LiveRouting, objects: ObjectStore, seen: Sequence[str] | pa.Array, *,
                  seen_times: np.ndarray | None = None, window: Window | None = None, rects=None,
-                 first_batch: int = 0) -> None:
-        self.pool, self.routing, self.objects = pool, routing, objects
+                 first_batch: int = 0, reserve: int = 0) -> None:
+        self.pool, self.routing, self.objects, self.reserve = pool, routing, objects, reserve
         routing.prepare()  # (not in the first batch's routing time)
         self.seen = SeenIds(seen, seen_times, windowed=window is not None)
         self.window, self.rects = window, rects
@@ -205,7 +249,7 @@ class Dispatcher:
         asked = QueryColumns([q for n in needs for q in n.ids], lon, lat, [kw for n in needs for kw in n.keywords], k)
         words = pa.array(asked.keywords, type=pa.list_(pa.string()))
         t0 = time.perf_counter()
-        topk, info = self.objects.knn_v(lon, lat, words, k, exclude=exclude)
+        topk, info = refill_lists(self.objects, lon, lat, words, k, self.reserve, exclude)
         t1 = time.perf_counter()
         rect = self.rects(lon, lat, topk.kth(k))
         self.routing.add_many(self.routing.codes_of(words), rect.x0, rect.y0, rect.x1, rect.y1, workers,
