@@ -28,11 +28,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from knnmon.batch import KnnColumns, ObjectBatch, ObjectColumns, Refills
+from knnmon.batch import KnnColumns, ObjectBatch, Refills
 from knnmon.coordinator.live_routing import LiveRouting
 from knnmon.coordinator.runtime.due_lists import DueTable
 from knnmon.coordinator.runtime.metrics import BatchReport
-from knnmon.coordinator.runtime.nearest_first import skyband
 from knnmon.coordinator.runtime.object_store import ObjectStore
 from knnmon.coordinator.runtime.seen_ids import SeenIds
 from knnmon.coordinator.runtime.worker_pool import Pending, WorkerPool
@@ -40,47 +39,11 @@ from knnmon.query import QueryColumns
 from knnmon.reports import WorkerReport
 from knnmon.window import Window
 
-__all__ = ["Admission", "DispatchedBatch", "Dispatcher", "SKYBAND_SCAN", "refill_lists"]
+__all__ = ["Admission", "DispatchedBatch", "Dispatcher", "SKYBAND_SCAN"]
 
-#: A refill searches this many times a list's places (``k + reserve``) and keeps their skyband.
+#: A window's refill searches this many times a list's places (``k + reserve``) and keeps their
+#: skyband (:meth:`Dispatcher._refill`).
 SKYBAND_SCAN = 4
-
-
-def refill_lists(objects: ObjectStore, lon: np.ndarray, lat: np.ndarray, words: pa.Array, cap: np.ndarray,
-                 reserve: int, exclude: frozenset[str] = frozenset()) -> tuple[KnnColumns, ObjectColumns]:
-    """The lists a window's refill installs: with a ``reserve``, each query's ``k``-skyband
-    over (distance, expiry) among its :data:`SKYBAND_SCAN` x ``cap`` nearest live objects, at
-    most ``cap`` places (:func:`~knnmon.coordinator.runtime.nearest_first.skyband`), so that the
-    places it keeps beyond its kNN are those that can still enter it before they expire (Mouratidis
-    et al., SIGMOD 2006, §4), not the next nearest, which in a stream that arrives a region at a
-    time expire with the kNN; without one, the exact ``cap`` nearest.
-
-    A list holds its exact kNN first and every skyband member strictly within its last distance
-    (or, below ``cap`` places, every skyband member): what the worker's expiry needs of a list
-    (:meth:`~knnmon.workers.window_lists.WindowLists.expire`).
-
-    Parameters
-    ----------
-    lon, lat
-        ``(m,)`` float64 degrees; ``words``: ``m`` keyword lists (Arrow).
-    cap
-        ``(m,)`` int64: the places each list keeps, ``k + reserve``.
-    exclude
-        Object ids left out (:meth:`ObjectStore.knn_v`).
-
-    Returns
-    -------
-    The lists, nearest first (:class:`KnnColumns`), and the details of the objects searched.
-    """
-    if not reserve:
-        return objects.knn_v(lon, lat, words, cap, exclude=exclude)
-    scan = cap * SKYBAND_SCAN
-    topk, info = objects.knn_v(lon, lat, words, scan, exclude=exclude)
-    t = info.t[topk.rows] if topk.rows is not None else info.times(topk.ids, 0)
-    keep = skyband(topk.counts, t, cap - reserve, cap, topk.counts >= scan)
-    counts = np.bincount(np.repeat(np.arange(len(cap)), topk.counts)[keep], minlength=len(cap))
-    ids = [topk.ids[j] for j in np.flatnonzero(keep).tolist()]
-    return KnnColumns(counts, ids, topk.dist[keep], None if topk.rows is None else topk.rows[keep]), info
 
 
 @dataclass(frozen=True)
@@ -148,7 +111,7 @@ class Dispatcher:
         batch ``b``'s changes carry the change feed's version ``b + 1``.
     reserve
         With a window, the neighbours each list keeps beyond its ``k`` (a refill's list is its
-        query's capped skyband: :func:`refill_lists`).
+        query's capped skyband: :meth:`_refill`).
     """
 
     def __init__(self, pool: WorkerPool, routing: LiveRouting, objects: ObjectStore, seen: Sequence[str] | pa.Array, *,
@@ -237,7 +200,12 @@ class Dispatcher:
     def _refill(self, needs: list[QueryColumns], exclude: frozenset[str] = frozenset(), *,
                 route_now: bool = True) -> dict[int, Refills]:
         """Each worker's :class:`Refills`: one kNN search over the live objects for all (but
-        ``exclude``: a batch in the store already, replayed to a revived worker). Their regions
+        ``exclude``: a batch in the store already, replayed to a revived worker). With a reserve,
+        each list is its query's ``k``-skyband over (distance, expiry) among its
+        :data:`SKYBAND_SCAN` x ``(k + reserve)`` nearest, at most ``k + reserve`` places
+        (:meth:`ObjectStore.knn_v`): the places it keeps beyond its kNN are those that can still
+        enter it before they expire (Mouratidis et al., SIGMOD 2006, §4), not merely the next
+        nearest, which in a stream that arrives a region at a time expire with the kNN. Their regions
         join the routing table (they route the batch), merged into its sorted entries now or,
         with ``route_now=False``, by :meth:`_merge_routing` once the batch is sent."""
         workers = np.concatenate([np.full(len(n.ids), w, dtype=np.int64) for w, n in enumerate(needs)])
@@ -249,7 +217,10 @@ class Dispatcher:
         asked = QueryColumns([q for n in needs for q in n.ids], lon, lat, [kw for n in needs for kw in n.keywords], k)
         words = pa.array(asked.keywords, type=pa.list_(pa.string()))
         t0 = time.perf_counter()
-        topk, info = refill_lists(self.objects, lon, lat, words, k, self.reserve, exclude)
+        if self.reserve and not exclude:  # (a revived worker's replay: the plain k + reserve nearest)
+            topk, info = self.objects.knn_v(lon, lat, words, k * SKYBAND_SCAN, skyband=(k - self.reserve, k))
+        else:
+            topk, info = self.objects.knn_v(lon, lat, words, k, exclude=exclude)
         t1 = time.perf_counter()
         rect = self.rects(lon, lat, topk.kth(k))
         self.routing.add_many(self.routing.codes_of(words), rect.x0, rect.y0, rect.x1, rect.y1, workers,

@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 
 from knnmon.arrays import runs
-from knnmon.coordinator.runtime.nearest_first import nearest_first
+from knnmon.coordinator.runtime.nearest_first import nearest_first, skyband as skyband_of
 from knnmon.coordinator.runtime.object_index import ObjectIndex
 from knnmon.coordinator.runtime.window_parts import FIT_BEFORE_SEARCHES, Compactor, Part
 from knnmon.batch import KnnColumns, ObjectColumns
@@ -146,12 +146,15 @@ class ObjectStore:
         return self._tail
 
     def knn_v(self, lon: Sequence[float], lat: Sequence[float], keywords: Sequence[Sequence[str]],
-              k: Sequence[int], exclude: frozenset[str] = frozenset()) -> tuple[KnnColumns, ObjectColumns]:
+              k: Sequence[int], exclude: frozenset[str] = frozenset(), *,
+              skyband: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[KnnColumns, ObjectColumns]:
         """:meth:`_knn_v`, leaving out the objects ``exclude`` (ids): each query searched again
         with as many more neighbours as it lost to them, until none is short (a few queries,
-        a revived worker's refills)."""
+        a revived worker's refills). ``skyband``: see :meth:`_knn_v` (not with ``exclude``)."""
+        if skyband is not None and exclude:
+            raise ValueError("a skyband search leaves nothing out")
         k = np.asarray(k, dtype=np.int64)
-        topk, info = self._knn_v(lon, lat, keywords, k)
+        topk, info = self._knn_v(lon, lat, keywords, k, skyband)
         if not exclude:
             return topk, info
         extra = np.zeros(len(k), dtype=np.int64)
@@ -168,7 +171,8 @@ class ObjectStore:
         return kept, info.subset(kept.ids)
 
     def _knn_v(self, lon: Sequence[float], lat: Sequence[float], keywords: Sequence[Sequence[str]],
-               k: Sequence[int]) -> tuple[KnnColumns, ObjectColumns]:
+               k: Sequence[int], skyband: tuple[np.ndarray, np.ndarray] | None = None
+               ) -> tuple[KnnColumns, ObjectColumns]:
         """Exact kNN of ``m`` queries over every object seen (with a window: every live one).
 
         Parameters
@@ -184,6 +188,12 @@ class ObjectStore:
             where one is read), with each entry's row in ``info`` (``topk.rows``).
         info
             Details of every object in those lists, in columns.
+
+        With ``skyband = (k_q, cap)`` (``(m,)`` int64 each, ``1 <= k_q <= cap``), each list of
+        the ``k`` nearest keeps its ``k_q``-skyband over (distance, expiry), at most ``cap``
+        entries, filled up to ``cap`` with its nearest others where more objects lie beyond
+        (:func:`~knnmon.coordinator.runtime.nearest_first.skyband`): its first ``k_q`` are the
+        exact kNN, and it holds every skyband member strictly within its last distance.
 
         The parts are searched largest first, each within the ``k``-th distance found in the
         parts before it (nothing farther can be among a query's nearest), so that the smaller
@@ -220,6 +230,14 @@ class ObjectStore:
         take, counts, tied = nearest_first(Q, D, K, O, k)
         if tied.any():
             take = self._settle_ties(parts, take, counts, np.flatnonzero(tied), Q, D, O, k)
+        if skyband is not None:  # (before the ids and details, which cost more than the search)
+            t = np.empty(len(take), dtype=np.int64)
+            for p in np.unique(O[take] >> _PART_SHIFT).tolist():
+                sel = np.flatnonzero(O[take] >> _PART_SHIFT == p)
+                t[sel] = parts[p][0].column("t").to_numpy()[O[take][sel] & _ROW_MASK]
+            keep = skyband_of(counts, t, skyband[0], skyband[1], counts >= k)
+            counts = np.bincount(np.repeat(np.arange(m), counts)[keep], minlength=m)
+            take = take[keep]
         P, I = O[take] >> _PART_SHIFT, O[take] & _ROW_MASK
         ids, rows = _ids_of(parts, O[take]), np.empty(len(take), dtype=np.int64)
         tables, offset = [], 0
