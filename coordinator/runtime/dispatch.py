@@ -37,13 +37,14 @@ from knnmon.coordinator.runtime.seen_ids import SeenIds
 from knnmon.coordinator.runtime.worker_pool import Pending, WorkerPool
 from knnmon.query import QueryColumns
 from knnmon.reports import WorkerReport
+from knnmon.workers.window_lists import DUE_HORIZON_MS
 from knnmon.window import Window
 
 __all__ = ["Admission", "DispatchedBatch", "Dispatcher", "SKYBAND_SCAN"]
 
 #: A window's refill searches this many times a list's places (``k + reserve``) and keeps their
 #: skyband (:meth:`Dispatcher._refill`).
-SKYBAND_SCAN = 4
+SKYBAND_SCAN = 2
 
 
 @dataclass(frozen=True)
@@ -147,7 +148,7 @@ class Dispatcher:
             batch = batch.filter(pa.array(~late))
         self.objects.expire(cutoff)
         self.seen.forget(cutoff)
-        needs = [due.take(cutoff) for due in self.due]
+        needs = [due.take(cutoff, DUE_HORIZON_MS) for due in self.due]
         self.refill_parts_ms = {"expire": (time.perf_counter() - t0) * 1e3, "search": 0.0, "routing": 0.0}
         refills = self._refill(needs, route_now=False)  # merged into the table once the batch is sent
         return batch, n_late, cutoff, refills, (time.perf_counter() - t0) * 1e3
