@@ -37,7 +37,6 @@ from knnmon.coordinator.runtime.seen_ids import SeenIds
 from knnmon.coordinator.runtime.worker_pool import Pending, WorkerPool
 from knnmon.query import QueryColumns
 from knnmon.reports import WorkerReport
-from knnmon.workers.window_lists import DUE_HORIZON_MS
 from knnmon.window import Window
 
 __all__ = ["Admission", "DispatchedBatch", "Dispatcher", "SKYBAND_SCAN"]
@@ -148,7 +147,7 @@ class Dispatcher:
             batch = batch.filter(pa.array(~late))
         self.objects.expire(cutoff)
         self.seen.forget(cutoff)
-        needs = [due.take(cutoff, DUE_HORIZON_MS) for due in self.due]
+        needs = [due.take(cutoff) for due in self.due]
         self.refill_parts_ms = {"expire": (time.perf_counter() - t0) * 1e3, "search": 0.0, "routing": 0.0}
         refills = self._refill(needs, route_now=False)  # merged into the table once the batch is sent
         return batch, n_late, cutoff, refills, (time.perf_counter() - t0) * 1e3
