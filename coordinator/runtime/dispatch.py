@@ -39,11 +39,7 @@ from knnmon.query import QueryColumns
 from knnmon.reports import WorkerReport
 from knnmon.window import Window
 
-__all__ = ["Admission", "DispatchedBatch", "Dispatcher", "SKYBAND_SCAN"]
-
-#: A window's refill searches this many times a list's places (``k + reserve``) and keeps their
-#: skyband (:meth:`Dispatcher._refill`).
-SKYBAND_SCAN = 2
+__all__ = ["Admission", "DispatchedBatch", "Dispatcher"]
 
 
 @dataclass(frozen=True)
@@ -111,7 +107,7 @@ class Dispatcher:
         batch ``b``'s changes carry the change feed's version ``b + 1``.
     reserve
         With a window, the neighbours each list keeps beyond its ``k`` (a refill's list is its
-        query's capped skyband: :meth:`_refill`).
+        query's capped skyband, :meth:`_refill`).
     """
 
     def __init__(self, pool: WorkerPool, routing: LiveRouting, objects: ObjectStore, seen: Sequence[str] | pa.Array, *,
@@ -200,12 +196,8 @@ class Dispatcher:
     def _refill(self, needs: list[QueryColumns], exclude: frozenset[str] = frozenset(), *,
                 route_now: bool = True) -> dict[int, Refills]:
         """Each worker's :class:`Refills`: one kNN search over the live objects for all (but
-        ``exclude``: a batch in the store already, replayed to a revived worker). With a reserve,
-        each list is its query's ``k``-skyband over (distance, expiry) among its
-        :data:`SKYBAND_SCAN` x ``(k + reserve)`` nearest, at most ``k + reserve`` places
-        (:meth:`ObjectStore.knn_v`): the places it keeps beyond its kNN are those that can still
-        enter it before they expire (Mouratidis et al., SIGMOD 2006, §4), not merely the next
-        nearest, which in a stream that arrives a region at a time expire with the kNN. Their regions
+        ``exclude``: a batch in the store already, replayed to a revived worker), with a reserve
+        each list its query's capped skyband (``skyband_k`` of :meth:`ObjectStore.knn_v`). Their regions
         join the routing table (they route the batch), merged into its sorted entries now or,
         with ``route_now=False``, by :meth:`_merge_routing` once the batch is sent."""
         workers = np.concatenate([np.full(len(n.ids), w, dtype=np.int64) for w, n in enumerate(needs)])
@@ -217,10 +209,8 @@ class Dispatcher:
         asked = QueryColumns([q for n in needs for q in n.ids], lon, lat, [kw for n in needs for kw in n.keywords], k)
         words = pa.array(asked.keywords, type=pa.list_(pa.string()))
         t0 = time.perf_counter()
-        if self.reserve and not exclude:  # (a revived worker's replay: the plain k + reserve nearest)
-            topk, info = self.objects.knn_v(lon, lat, words, k * SKYBAND_SCAN, skyband=(k - self.reserve, k))
-        else:
-            topk, info = self.objects.knn_v(lon, lat, words, k, exclude=exclude)
+        skyband_k = k - self.reserve if self.reserve and not exclude else None  # (a replay: the plain nearest)
+        topk, info = self.objects.knn_v(lon, lat, words, k, exclude=exclude, skyband_k=skyband_k)
         t1 = time.perf_counter()
         rect = self.rects(lon, lat, topk.kth(k))
         self.routing.add_many(self.routing.codes_of(words), rect.x0, rect.y0, rect.x1, rect.y1, workers,

@@ -13,7 +13,11 @@ from knnmon.coordinator.runtime.object_index import ObjectIndex
 from knnmon.coordinator.runtime.window_parts import FIT_BEFORE_SEARCHES, Compactor, Part
 from knnmon.batch import KnnColumns, ObjectColumns
 
-__all__ = ["ObjectStore"]
+__all__ = ["SKYBAND_SCAN", "ObjectStore"]
+
+#: A window's search of a list's places (``k + reserve``) scans this many times as many nearest
+#: objects for its skyband (:meth:`ObjectStore.knn_v`; 4x cost more in the soak's waves).
+SKYBAND_SCAN = 2
 
 #: The columns of an object's details (what a worker writes to its details hash).
 _DETAILS = ["id", "lon", "lat", "t", "keywords"]
@@ -147,14 +151,27 @@ class ObjectStore:
 
     def knn_v(self, lon: Sequence[float], lat: Sequence[float], keywords: Sequence[Sequence[str]],
               k: Sequence[int], exclude: frozenset[str] = frozenset(), *,
-              skyband: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[KnnColumns, ObjectColumns]:
+              skyband_k: np.ndarray | None = None) -> tuple[KnnColumns, ObjectColumns]:
         """:meth:`_knn_v`, leaving out the objects ``exclude`` (ids): each query searched again
         with as many more neighbours as it lost to them, until none is short (a few queries,
-        a revived worker's refills). ``skyband``: see :meth:`_knn_v` (not with ``exclude``)."""
-        if skyband is not None and exclude:
+        a revived worker's refills).
+
+        With ``skyband_k`` (``(m,)`` int64, ``1 <= skyband_k <= k``: a window's lists, ``k`` their
+        places, ``k + reserve``), each list is its query's ``skyband_k``-skyband over (distance,
+        expiry) among its :data:`SKYBAND_SCAN` x ``k`` nearest, at most ``k`` places, filled up to
+        ``k`` with its nearest others where more objects lie beyond
+        (:func:`~knnmon.coordinator.runtime.nearest_first.skyband`): its first ``skyband_k`` are
+        the exact kNN, and it holds every skyband member strictly within its last distance; the
+        places kept beyond the kNN are those that can still enter it before they expire
+        (Mouratidis et al., SIGMOD 2006, §4), not merely the next nearest, which in a stream that
+        arrives a region at a time expire with the kNN (docs/window.md, "The reserve"). Not with
+        ``exclude`` (:class:`ValueError`)."""
+        if skyband_k is not None and exclude:
             raise ValueError("a skyband search leaves nothing out")
         k = np.asarray(k, dtype=np.int64)
-        topk, info = self._knn_v(lon, lat, keywords, k, skyband)
+        if skyband_k is not None:
+            return self._knn_v(lon, lat, keywords, k * SKYBAND_SCAN, (np.asarray(skyband_k, dtype=np.int64), k))
+        topk, info = self._knn_v(lon, lat, keywords, k)
         if not exclude:
             return topk, info
         extra = np.zeros(len(k), dtype=np.int64)
@@ -189,11 +206,8 @@ class ObjectStore:
         info
             Details of every object in those lists, in columns.
 
-        With ``skyband = (k_q, cap)`` (``(m,)`` int64 each, ``1 <= k_q <= cap``), each list of
-        the ``k`` nearest keeps its ``k_q``-skyband over (distance, expiry), at most ``cap``
-        entries, filled up to ``cap`` with its nearest others where more objects lie beyond
-        (:func:`~knnmon.coordinator.runtime.nearest_first.skyband`): its first ``k_q`` are the
-        exact kNN, and it holds every skyband member strictly within its last distance.
+        With ``skyband = (k_q, cap)`` (``(m,)`` int64 each), each list of the ``k`` nearest
+        keeps its capped ``k_q``-skyband (:meth:`knn_v`).
 
         The parts are searched largest first, each within the ``k``-th distance found in the
         parts before it (nothing farther can be among a query's nearest), so that the smaller
