@@ -105,15 +105,12 @@ class Dispatcher:
     first_batch
         The number of the first batch: the stream batches applied before (a resumed service's);
         batch ``b``'s changes carry the change feed's version ``b + 1``.
-    reserve
-        With a window, the neighbours each list keeps beyond its ``k`` (a refill's list is its
-        query's capped skyband, :meth:`_refill`).
     """
 
     def __init__(self, pool: WorkerPool, routing: LiveRouting, objects: ObjectStore, seen: Sequence[str] | pa.Array, *,
                  seen_times: np.ndarray | None = None, window: Window | None = None, rects=None,
-                 first_batch: int = 0, reserve: int = 0) -> None:
-        self.pool, self.routing, self.objects, self.reserve = pool, routing, objects, reserve
+                 first_batch: int = 0) -> None:
+        self.pool, self.routing, self.objects = pool, routing, objects
         routing.prepare()  # (not in the first batch's routing time)
         self.seen = SeenIds(seen, seen_times, windowed=window is not None)
         self.window, self.rects = window, rects
@@ -196,8 +193,7 @@ class Dispatcher:
     def _refill(self, needs: list[QueryColumns], exclude: frozenset[str] = frozenset(), *,
                 route_now: bool = True) -> dict[int, Refills]:
         """Each worker's :class:`Refills`: one kNN search over the live objects for all (but
-        ``exclude``: a batch in the store already, replayed to a revived worker), with a reserve
-        each list its query's capped skyband (``skyband_k`` of :meth:`ObjectStore.knn_v`). Their regions
+        ``exclude``: a batch in the store already, replayed to a revived worker). Their regions
         join the routing table (they route the batch), merged into its sorted entries now or,
         with ``route_now=False``, by :meth:`_merge_routing` once the batch is sent."""
         workers = np.concatenate([np.full(len(n.ids), w, dtype=np.int64) for w, n in enumerate(needs)])
@@ -209,8 +205,7 @@ class Dispatcher:
         asked = QueryColumns([q for n in needs for q in n.ids], lon, lat, [kw for n in needs for kw in n.keywords], k)
         words = pa.array(asked.keywords, type=pa.list_(pa.string()))
         t0 = time.perf_counter()
-        skyband_k = k - self.reserve if self.reserve and not exclude else None  # (a replay: the plain nearest)
-        topk, info = self.objects.knn_v(lon, lat, words, k, exclude=exclude, skyband_k=skyband_k)
+        topk, info = self.objects.knn_v(lon, lat, words, k, exclude=exclude)
         t1 = time.perf_counter()
         rect = self.rects(lon, lat, topk.kth(k))
         self.routing.add_many(self.routing.codes_of(words), rect.x0, rect.y0, rect.x1, rect.y1, workers,

@@ -16,7 +16,7 @@ import numpy as np
 
 from knnmon.jit import jit
 
-__all__ = ["compile_ranking", "nearest_first", "skyband"]
+__all__ = ["compile_ranking", "nearest_first"]
 
 
 @jit
@@ -109,64 +109,7 @@ def nearest_first(q: np.ndarray, d: np.ndarray, key: np.ndarray, obj: np.ndarray
     return take[:t], counts, tied
 
 
-@jit
-def skyband(counts: np.ndarray, t: np.ndarray, k: np.ndarray, cap: np.ndarray, cut: np.ndarray) -> np.ndarray:
-    """Which entries of nearest-first lists a sliding window's list keeps: each list's
-    ``k``-skyband over (rank, expiry), at most ``cap`` entries (Mouratidis, Bakiras and Papadias,
-    SIGMOD 2006, §4: an object that ``k`` nearer objects outlive never enters the top-k before
-    it expires, and stays so as objects expire).
-
-    An entry is kept when fewer than ``k`` entries kept before it (nearer, or as near and
-    before it by id) expire no earlier (``t >= `` its ``t``); the scan stops at ``cap`` kept.
-    A list that was ``cut`` (the search found more objects than it returned) and kept fewer than
-    ``cap`` keeps its nearest other entries too, up to ``cap``: it is then full, and its last
-    kept distance bounds every skyband member left out. Every list keeps its first ``k``.
-
-    Parameters
-    ----------
-    counts
-        ``(m,)`` int64: each list's entries, the lists one after another, nearest first.
-    t
-        ``(sum(counts),)`` int64 epoch ms: each entry's time (expiry order).
-    k, cap
-        ``(m,)`` int64: each list's ``k >= 1`` and the entries it may keep, ``cap >= k``.
-    cut
-        ``(m,)`` bool: the search stopped at the list's entries (others lie farther).
-
-    Returns
-    -------
-    ``(sum(counts),)`` bool: the entries kept, in their lists' order.
-    """
-    keep = np.zeros(len(t), dtype=np.bool_)
-    a = 0
-    for i in range(len(counts)):
-        b = a + counts[i]
-        held = np.empty(cap[i], dtype=np.int64)
-        n = 0
-        for j in range(a, b):
-            if n == cap[i]:
-                break
-            later = 0
-            for x in range(n):
-                if held[x] >= t[j]:
-                    later += 1
-            if later < k[i]:
-                held[n] = t[j]
-                n += 1
-                keep[j] = True
-        if cut[i]:
-            for j in range(a, b):
-                if n == cap[i]:
-                    break
-                if not keep[j]:
-                    keep[j] = True
-                    n += 1
-        a = b
-    return keep
-
-
 def compile_ranking() -> None:
-    """Compile (or load from the cache) the kernels before the first search needs them."""
+    """Compile (or load from the cache) the kernel before the first search needs it."""
     one = np.zeros(1, dtype=np.int64)
     nearest_first(one, np.zeros(1), np.zeros(1, dtype=np.uint64), one, np.ones(1, dtype=np.int64))
-    skyband(one + 1, one, one + 1, one + 1, np.zeros(1, dtype=np.bool_))

@@ -8,16 +8,12 @@ import numpy as np
 import pyarrow as pa
 
 from knnmon.arrays import runs
-from knnmon.coordinator.runtime.nearest_first import nearest_first, skyband as skyband_of
+from knnmon.coordinator.runtime.nearest_first import nearest_first
 from knnmon.coordinator.runtime.object_index import ObjectIndex
 from knnmon.coordinator.runtime.window_parts import FIT_BEFORE_SEARCHES, Compactor, Part
 from knnmon.batch import KnnColumns, ObjectColumns
 
-__all__ = ["SKYBAND_SCAN", "ObjectStore"]
-
-#: A window's search of a list's places (``k + reserve``) scans this many times as many nearest
-#: objects for its skyband (:meth:`ObjectStore.knn_v`; 4x cost more in the soak's waves).
-SKYBAND_SCAN = 2
+__all__ = ["ObjectStore"]
 
 #: The columns of an object's details (what a worker writes to its details hash).
 _DETAILS = ["id", "lon", "lat", "t", "keywords"]
@@ -150,27 +146,11 @@ class ObjectStore:
         return self._tail
 
     def knn_v(self, lon: Sequence[float], lat: Sequence[float], keywords: Sequence[Sequence[str]],
-              k: Sequence[int], exclude: frozenset[str] = frozenset(), *,
-              skyband_k: np.ndarray | None = None) -> tuple[KnnColumns, ObjectColumns]:
+              k: Sequence[int], exclude: frozenset[str] = frozenset()) -> tuple[KnnColumns, ObjectColumns]:
         """:meth:`_knn_v`, leaving out the objects ``exclude`` (ids): each query searched again
         with as many more neighbours as it lost to them, until none is short (a few queries,
-        a revived worker's refills).
-
-        With ``skyband_k`` (``(m,)`` int64, ``1 <= skyband_k <= k``: a window's lists, ``k`` their
-        places, ``k + reserve``), each list is its query's ``skyband_k``-skyband over (distance,
-        expiry) among its :data:`SKYBAND_SCAN` x ``k`` nearest, at most ``k`` places, filled up to
-        ``k`` with its nearest others where more objects lie beyond
-        (:func:`~knnmon.coordinator.runtime.nearest_first.skyband`): its first ``skyband_k`` are
-        the exact kNN, and it holds every skyband member strictly within its last distance; the
-        places kept beyond the kNN are those that can still enter it before they expire
-        (Mouratidis et al., SIGMOD 2006, §4), not merely the next nearest, which in a stream that
-        arrives a region at a time expire with the kNN (docs/window.md, "The reserve"). Not with
-        ``exclude`` (:class:`ValueError`)."""
-        if skyband_k is not None and exclude:
-            raise ValueError("a skyband search leaves nothing out")
+        a revived worker's refills)."""
         k = np.asarray(k, dtype=np.int64)
-        if skyband_k is not None:
-            return self._knn_v(lon, lat, keywords, k * SKYBAND_SCAN, (np.asarray(skyband_k, dtype=np.int64), k))
         topk, info = self._knn_v(lon, lat, keywords, k)
         if not exclude:
             return topk, info
@@ -188,8 +168,7 @@ class ObjectStore:
         return kept, info.subset(kept.ids)
 
     def _knn_v(self, lon: Sequence[float], lat: Sequence[float], keywords: Sequence[Sequence[str]],
-               k: Sequence[int], skyband: tuple[np.ndarray, np.ndarray] | None = None
-               ) -> tuple[KnnColumns, ObjectColumns]:
+               k: Sequence[int]) -> tuple[KnnColumns, ObjectColumns]:
         """Exact kNN of ``m`` queries over every object seen (with a window: every live one).
 
         Parameters
@@ -205,9 +184,6 @@ class ObjectStore:
             where one is read), with each entry's row in ``info`` (``topk.rows``).
         info
             Details of every object in those lists, in columns.
-
-        With ``skyband = (k_q, cap)`` (``(m,)`` int64 each), each list of the ``k`` nearest
-        keeps its capped ``k_q``-skyband (:meth:`knn_v`).
 
         The parts are searched largest first, each within the ``k``-th distance found in the
         parts before it (nothing farther can be among a query's nearest), so that the smaller
@@ -244,14 +220,6 @@ class ObjectStore:
         take, counts, tied = nearest_first(Q, D, K, O, k)
         if tied.any():
             take = self._settle_ties(parts, take, counts, np.flatnonzero(tied), Q, D, O, k)
-        if skyband is not None:  # (before the ids and details, which cost more than the search)
-            t = np.empty(len(take), dtype=np.int64)
-            for p in np.unique(O[take] >> _PART_SHIFT).tolist():
-                sel = np.flatnonzero(O[take] >> _PART_SHIFT == p)
-                t[sel] = parts[p][0].column("t").to_numpy()[O[take][sel] & _ROW_MASK]
-            keep = skyband_of(counts, t, skyband[0], skyband[1], counts >= k)
-            counts = np.bincount(np.repeat(np.arange(m), counts)[keep], minlength=m)
-            take = take[keep]
         P, I = O[take] >> _PART_SHIFT, O[take] & _ROW_MASK
         ids, rows = _ids_of(parts, O[take]), np.empty(len(take), dtype=np.int64)
         tables, offset = [], 0

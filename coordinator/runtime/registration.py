@@ -149,10 +149,9 @@ class Registrar:
             fresh.add(q.id)
         if not queries:
             return []
-        cap = [q.k + self.reserve for q in queries]  # with a reserve, its capped skyband (as a refill's)
+        cap = [q.k + self.reserve for q in queries]  # with a reserve, the k + reserve nearest
         topk, info = self.objects.knn_v([q.lon for q in queries], [q.lat for q in queries],
-                                        [q.keywords for q in queries], cap,
-                                        skyband_k=np.array([q.k for q in queries]) if self.reserve else None)
+                                        [q.keywords for q in queries], cap)
         radius = topk.kth(cap)
         rect = self.plan.model.rects(np.array([q.lon for q in queries]), np.array([q.lat for q in queries]), radius)
         routing = self.plan.routing

@@ -8,7 +8,7 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from knnmon.coordinator.runtime.nearest_first import nearest_first, skyband
+from knnmon.coordinator.runtime.nearest_first import nearest_first
 from knnmon.oracle import BruteForceKnn
 
 
@@ -37,30 +37,6 @@ def test_each_query_keeps_its_k_nearest_distinct_objects_ties_by_key(cands, ks, 
         assert tied[i] == any(a[:2] == b[:2] for a, b in zip(head, head[1:]))
         at += counts[i]
     assert at == len(take)
-
-
-@settings(max_examples=200, deadline=None)
-@given(lists=st.lists(st.tuples(st.lists(st.integers(0, 6), max_size=30), st.integers(1, 4), st.integers(0, 6),
-                                st.booleans()), min_size=1, max_size=5), jit=st.booleans())
-def test_a_refill_keeps_each_lists_capped_k_skyband(lists, jit):
-    """Against the definition read off the whole list (not the kept entries the kernel counts):
-    an entry is a skyband member when fewer than ``k`` entries before it expire no earlier. A
-    list keeps its first ``cap`` members, in order; a cut one fills up to ``cap`` with its
-    nearest others; the first ``k`` are always kept. Times from a few values (many equal)."""
-    counts = np.array([len(t) for t, _, _, _ in lists], dtype=np.int64)
-    t = np.array([x for ts, _, _, _ in lists for x in ts], dtype=np.int64)
-    k = np.array([kk for _, kk, _, _ in lists], dtype=np.int64)
-    cap = k + np.array([r for _, _, r, _ in lists], dtype=np.int64)
-    cut = np.array([c for _, _, _, c in lists], dtype=np.bool_)
-    keep = (skyband if jit else skyband.py_func)(counts, t, k, cap, cut)
-    at = 0
-    for (ts, kk, _, c), n, m in zip(lists, counts.tolist(), cap.tolist()):
-        members = [j for j in range(n) if sum(ts[i] >= ts[j] for i in range(j)) < kk][:m]
-        if c:
-            members = sorted(members + [j for j in range(n) if j not in members][:m - len(members)])
-        assert np.flatnonzero(keep[at:at + n]).tolist() == members
-        assert set(range(min(kk, n))) <= set(members) and len(members) <= m
-        at += n
 
 
 def test_parts_merge_ties_by_the_ids_where_their_first_8_bytes_are_equal(monkeypatch):
