@@ -9,6 +9,8 @@ that no longer needs a refill (unregistered, moved) costs one search.
 
 from __future__ import annotations
 
+import heapq
+
 import numpy as np
 
 from knnmon.batch import NEVER, DueLists
@@ -22,7 +24,10 @@ class DueTable:
 
     def __init__(self) -> None:
         self._due: dict[str, tuple[int, str, float, float, tuple[str, ...], int]] = {}
-        self._first = NEVER  # a lower bound of the earliest deadline held
+        # (deadline, query id) of every announcement, earliest first; one that a later
+        # announcement replaced or a take removed is skipped when it comes up (and dropped
+        # with a rebuild once they outnumber the live ones).
+        self._heap: list[tuple[int, str]] = []
 
     def __len__(self) -> int:
         return len(self._due)
@@ -37,17 +42,23 @@ class DueTable:
                 self._due.pop(qid, None)
             else:
                 self._due[qid] = (at, qid, float(lon), float(lat), tuple(words), int(k))
-                self._first = min(self._first, at)
+                heapq.heappush(self._heap, (at, qid))
+        if len(self._heap) > 2 * len(self._due) + 1024:
+            self._heap = [row[:2] for row in self._due.values()]
+            heapq.heapify(self._heap)
 
     def take(self, cutoff: int) -> QueryColumns:
-        """The queries due by ``cutoff`` (deadline <= cutoff, epoch ms), removed from the table:
-        the batch moving the window to ``cutoff`` refills them."""
-        if cutoff < self._first:
+        """The queries due by ``cutoff`` (deadline <= cutoff, epoch ms), earliest first, removed
+        from the table: the batch moving the window to ``cutoff`` refills them."""
+        due, heap = [], self._heap
+        while heap and heap[0][0] <= cutoff:  # O(taken log n): not a pass over every list held
+            at, qid = heapq.heappop(heap)
+            row = self._due.get(qid)
+            if row is not None and row[0] == at:
+                del self._due[qid]
+                due.append(row)
+        if not due:
             return QueryColumns.of([])
-        due = [row for row in self._due.values() if row[0] <= cutoff]
-        for row in due:
-            del self._due[row[1]]
-        self._first = min((row[0] for row in self._due.values()), default=NEVER)
         return QueryColumns([r[1] for r in due], np.array([r[2] for r in due], dtype=np.float64),
                             np.array([r[3] for r in due], dtype=np.float64), [list(r[4]) for r in due],
                             np.array([r[5] for r in due], dtype=np.int64))
