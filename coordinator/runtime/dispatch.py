@@ -218,9 +218,10 @@ class Dispatcher:
             if mine.rows is None:
                 objects = info.subset(mine.ids)
             else:  # (its lists' rows renumbered into the details it is sent)
-                held = np.unique(mine.rows)
-                objects = info.take(held)
-                mine = KnnColumns(mine.counts, mine.ids, mine.dist, np.searchsorted(held, mine.rows))
+                held = np.zeros(len(info), dtype=bool)
+                held[mine.rows] = True
+                objects = info.take(np.flatnonzero(held))
+                mine = KnnColumns(mine.counts, mine.ids, mine.dist, (np.cumsum(held) - 1)[mine.rows])
             out[w] = Refills(asked.take(sel), mine, objects)
         return out
 

@@ -233,7 +233,7 @@ class ObjectStore:
             offset += len(held)
         info = ObjectColumns.of_table(pa.concat_tables(tables).combine_chunks()) if tables else \
             ObjectColumns.of_infos({})
-        return KnnColumns(counts, ids.tolist(), D[take], rows), info
+        return KnnColumns(counts, ids, D[take], rows), info
 
     @staticmethod
     def _settle_ties(parts: list, take: np.ndarray, counts: np.ndarray, tied: np.ndarray, Q: np.ndarray,

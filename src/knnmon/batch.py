@@ -68,15 +68,15 @@ class ObjectColumns(Mapping[str, ObjectInfo]):
     Parameters
     ----------
     ids
-        ``n`` object ids (distinct).
+        ``n`` object ids (distinct); ``None`` with ``table`` (its ``id`` column).
     lon, lat, t
         ``(n,)`` float64 degrees, float64 degrees, int64 epoch ms.
     keywords
         ``n`` keyword lists.
     """
 
-    def __init__(self, ids: Sequence[str], lon: Any, lat: Any, t: Any, keywords: Sequence[Sequence[str]] | None,
-                 table: Any = None) -> None:
+    def __init__(self, ids: Sequence[str] | None, lon: Any, lat: Any, t: Any,
+                 keywords: Sequence[Sequence[str]] | None, table: Any = None) -> None:
         self._ids, self._keywords, self._table = ids, keywords, table
         self._lon, self._lat = np.asarray(lon, dtype=np.float64), np.asarray(lat, dtype=np.float64)
         self._t = np.asarray(t, dtype=np.int64)
@@ -85,9 +85,11 @@ class ObjectColumns(Mapping[str, ObjectInfo]):
     @classmethod
     def of_table(cls, table: Any) -> ObjectColumns:
         """From a ``pyarrow.Table`` with ``id``, ``lon``, ``lat``, ``t`` and ``keywords``
-        (:class:`ObjectBatch`'s columns), kept as it is."""
-        return cls(table.column("id").to_pylist(), table.column("lon").to_numpy(), table.column("lat").to_numpy(),
-                   table.column("t").to_numpy(), None, table.select(["lon", "lat", "t", "keywords"]))
+        (:class:`ObjectBatch`'s columns), kept as it is: taken and sent as the table (Arrow's
+        buffers), its ids made Python strings when first read."""
+        table = table.select(["id", "lon", "lat", "t", "keywords"])
+        return cls(None, table.column("lon").to_numpy(), table.column("lat").to_numpy(), table.column("t").to_numpy(),
+                   None, table)
 
     @classmethod
     def of_infos(cls, objects: Mapping[str, ObjectInfo]) -> ObjectColumns:
@@ -138,24 +140,26 @@ class ObjectColumns(Mapping[str, ObjectInfo]):
 
     def take(self, rows: Any) -> ObjectColumns:
         """The objects at ``rows`` (``(r,)`` int64 positions here, each once), in that order."""
-        sel = np.asarray(rows, dtype=np.int64).tolist()
         if self._table is not None:
             import pyarrow as pa
 
-            keywords, table = None, self._table.take(pa.array(sel, type=pa.int64()))
-        else:
-            keywords, table = [self._keywords[j] for j in sel], None
-        return ObjectColumns([self._ids[j] for j in sel], self._lon[sel], self._lat[sel], self._t[sel], keywords, table)
+            return ObjectColumns.of_table(self._table.take(pa.array(np.asarray(rows, dtype=np.int64))))
+        sel = np.asarray(rows, dtype=np.int64).tolist()
+        return ObjectColumns([self._ids[j] for j in sel], self._lon[sel], self._lat[sel], self._t[sel],
+                             [self._keywords[j] for j in sel])
 
     @property
     def _at(self) -> dict[str, int]:
         """Id -> position, made on first use (not sent with the columns)."""
         if self._index is None:
-            self._index = {oid: j for j, oid in enumerate(self._ids)}
+            self._index = {oid: j for j, oid in enumerate(self.ids)}
         return self._index
 
-    def __getstate__(self) -> dict:
-        return {**self.__dict__, "_index": None}
+    def __reduce__(self):
+        """Sent as the table alone where there is one (no Python string per object)."""
+        if self._table is not None:
+            return ObjectColumns.of_table, (self._table,)
+        return ObjectColumns, (self._ids, self._lon, self._lat, self._t, self._keywords)
 
     def _words(self, j: int) -> list[str]:
         if self._keywords is not None:
@@ -170,14 +174,16 @@ class ObjectColumns(Mapping[str, ObjectInfo]):
         return oid in self._at
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._ids)
+        return iter(self.ids)
 
     def __len__(self) -> int:
-        return len(self._ids)
+        return len(self._t)
 
     @property
     def ids(self) -> Sequence[str]:
         """The ``n`` ids, by row."""
+        if self._ids is None:
+            self._ids = self._table.column("id").to_pylist()
         return self._ids
 
     @property
@@ -192,8 +198,8 @@ class ObjectColumns(Mapping[str, ObjectInfo]):
         if oids is None:
             if self._table is not None:
                 return _arrow_texts(self._table)
-            oids = self._ids
-        if not len(self._ids):
+            oids = self.ids
+        if not len(self):
             return [None] * len(oids)
         rows = self._rows(oids)
         at, js = np.maximum(rows, 0), rows.tolist()
@@ -207,7 +213,7 @@ class ObjectColumns(Mapping[str, ObjectInfo]):
 
     def times(self, oids: Sequence[str], default: int) -> np.ndarray:
         """``(len(oids),)`` int64: the objects' times (epoch ms), ``default`` for an id not here."""
-        if not len(self._ids):
+        if not len(self):
             return np.full(len(oids), default, dtype=np.int64)
         rows = self._rows(oids)
         return np.where(rows >= 0, self._t[np.maximum(rows, 0)], default).astype(np.int64)
@@ -242,7 +248,7 @@ class KnnColumns(Sequence[list[tuple[str, float]]]):
     counts
         ``(m,)`` int64.
     ids
-        ``sum(counts)`` object ids.
+        ``sum(counts)`` object ids (kept as an object array).
     dist
         ``(sum(counts),)`` float64 meters.
     rows
@@ -252,7 +258,8 @@ class KnnColumns(Sequence[list[tuple[str, float]]]):
 
     def __init__(self, counts: Any, ids: Sequence[str], dist: Any, rows: Any = None) -> None:
         self.counts = np.asarray(counts, dtype=np.int64)
-        self.ids, self.dist = ids, np.asarray(dist, dtype=np.float64)
+        self.ids = np.asarray(ids, dtype=object).reshape(-1)
+        self.dist = np.asarray(dist, dtype=np.float64)
         self.rows = None if rows is None else np.asarray(rows, dtype=np.int64)
         self._ends = np.cumsum(self.counts)
 
@@ -261,8 +268,7 @@ class KnnColumns(Sequence[list[tuple[str, float]]]):
         rows = np.asarray(rows, dtype=np.int64)
         n = self.counts[rows]
         at = runs(self._ends[rows] - n, n)
-        return KnnColumns(n, [self.ids[j] for j in at.tolist()], self.dist[at],
-                          None if self.rows is None else self.rows[at])
+        return KnnColumns(n, self.ids[at], self.dist[at], None if self.rows is None else self.rows[at])
 
     def kth(self, k: Any) -> np.ndarray:
         """``(m,)`` float64: each list's ``k[i]``-th distance (meters), ``inf`` where it holds
@@ -394,6 +400,19 @@ class Refills:
     @property
     def qids(self) -> Sequence[str]:
         return self.queries.ids
+
+    def __reduce__(self):
+        """Sent without the lists' ids where they come by row (``topk.rows``): those are the
+        ids of ``objects`` at their rows, read back from there."""
+        top = self.topk
+        if top.rows is None:
+            return Refills, (self.queries, top, self.objects)
+        return _refills, (self.queries, top.counts, top.dist, top.rows, self.objects)
+
+
+def _refills(queries: QueryColumns, counts: Any, dist: Any, rows: Any, objects: ObjectColumns) -> Refills:
+    """:class:`Refills` unpickled, its lists' ids those of ``objects`` at ``rows``."""
+    return Refills(queries, KnnColumns(counts, np.asarray(objects.ids, dtype=object)[rows], dist, rows), objects)
 
 
 #: A deadline that never comes (int64 epoch ms): a list that holds every match, or none.
