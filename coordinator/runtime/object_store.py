@@ -62,7 +62,10 @@ class ObjectStore:
         # One chunk per column: a take from a table of several chunks concatenates them first
         # (26 ms for 1 M objects in 9 chunks, at every refill and every part of a load).
         initial = initial.combine_chunks()
-        self.initial = initial
+        #: The objects the store started with (counted; their details read by :meth:`initial_info`
+        #: until the stream starts: then the parts alone hold them, dropped as they expire).
+        self.initial_objects = initial.num_rows
+        self._initial: pa.Table | None = initial
         self._parts: list[Part] = [Part.of(initial, index)]
         self._batches: list[pa.Table] = []
         self._tail: tuple[pa.Table, ObjectIndex] | None = None
@@ -86,7 +89,7 @@ class ObjectStore:
     def append(self, batch: pa.Table) -> None:
         """Add streamed objects (same columns as ``initial``)."""
         self._batches.append(batch.select(self._main.column_names).cast(self._main.schema))
-        self._tail = None
+        self._tail, self._initial = None, None
 
     def expire(self, cutoff: int) -> None:
         """Forget the objects with ``t <= cutoff`` (epoch ms): a window's expired objects."""
@@ -106,9 +109,17 @@ class ObjectStore:
 
     def initial_info(self, rows: np.ndarray) -> ObjectColumns:
         """The details of initial objects by row (for the workers' details hashes), in columns
-        (each :class:`ObjectInfo` made when it is looked up)."""
+        (each :class:`ObjectInfo` made when it is looked up).
+
+        Raises
+        ------
+        RuntimeError
+            The stream has started (the initial objects are no longer kept apart).
+        """
+        if self._initial is None:
+            raise RuntimeError("the initial objects' details are read before the stream starts")
         rows = np.unique(np.asarray(rows, dtype=np.int64))
-        return ObjectColumns.of_table(self.initial.take(pa.array(rows, type=pa.int64())))
+        return ObjectColumns.of_table(self._initial.take(pa.array(rows, type=pa.int64())))
 
     def _seal(self) -> None:
         """With a window: the tail becomes a part (merged later: :class:`Compactor`)."""

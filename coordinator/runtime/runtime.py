@@ -233,6 +233,7 @@ class Runtime:
             self.timings["replayed"] = resumed.replay(self)
             self.timings["replay_s"] = time.perf_counter() - t0
             self.stored = None  # (the timings say it started so)
+        self.prepared = None  # (its objects and their index are the store's now, dropped as they expire)
         return self
 
     def _plan_and_load(self, p: Prepared) -> None:
@@ -363,7 +364,7 @@ class Runtime:
         times summed); ``with_stats`` also asks each worker for its stats."""
         wall = sum(r.update_ms for r in self.reports) / 1e3 if wall_s is None else wall_s
         return summarize_run(self.reports, wall, config=self.config, queries=len(self.registrar.query_worker),
-                             initial_objects=self.objects.initial.num_rows,
+                             initial_objects=self.objects.initial_objects,
                              predicted_worker_loads=self.plan.summary["worker_loads"], startup_s=self.timings,
                              results_store=self.store.describe(), workers_revived=self.workers_revived,
                              workers_stats=self.registrar.stats() if with_stats else None,

@@ -64,7 +64,7 @@ def test_exact_after_every_batch_with_expiry_and_refill(windowed, executor, rese
     below_k_then_full = set()
     was_below: set[str] = set()
     with Runtime(objects_dir, queries, config, reviver=Reviver) as rt:
-        assert rt.objects.initial.num_rows == 1500  # the initial objects older than the window are not live
+        assert rt.objects.initial_objects == 1500  # the initial objects older than the window are not live
         assert_exact(redis_url, namespace, queries, BruteForceKnn(live(objects, 3000, window)))
         seen, refilled = 3000, 0
         for i, batch in enumerate(rt.batches()):
@@ -88,6 +88,9 @@ def test_exact_after_every_batch_with_expiry_and_refill(windowed, executor, rese
                 held = len(np.unique(w.state.lists.h[w.state.lists.h >= 0]))
                 assert w.state.handles.live and len(w.state.handles) <= 2 * held + 64, (len(w.state.handles), held)
         assert len(rt.objects) == 1500  # the coordinator keeps the live objects only
+        assert rt.prepared is None  # (nor the initial objects apart from its parts, expired long ago)
+        with pytest.raises(RuntimeError, match="before the stream starts"):
+            rt.objects.initial_info(np.arange(3))
         assert len(rt.dispatcher.seen) <= 1500 + 10_000 + 250  # ids forgotten as their objects expire
         rebuilds = rt.upkeep.rebuilds
         short = rt.dispatcher.short_refills
