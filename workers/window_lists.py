@@ -234,16 +234,9 @@ class WindowLists:
         places = L.places(slots, n)
         dists = top.dist[src]
         L.d[places] = dists
-        objects = refills.objects
-        if top.rows is not None:  # each entry's row in the details: every object's handle at once, by row
-            by_row = self.state.handles.handles_of(objects.ids, objects.t)
-            L.h[places] = by_row[top.rows[src]]
-        else:
-            ids = [top.ids[j] for j in src.tolist()]
-            distinct = list(dict.fromkeys(ids))  # the objects' handles in bulk, new ones with their times
-            handle = dict(zip(distinct, self.state.handles.handles_in(distinct, objects).tolist()))
-            L.h[places] = np.fromiter((handle[o] for o in ids), dtype=np.int64, count=len(ids))
-            by_row = None
+        objects = refills.objects  # (each entry's row there: every object's handle at once, by row)
+        by_row = self.state.handles.handles_of(objects.ids, objects.t)
+        L.h[places] = by_row[top.rows[src]]
         L.count[slots] = n
         self.touched.append(slots)
         self.announced[slots[slots < len(self.announced)]] = NEVER  # (the coordinator took them off its list)

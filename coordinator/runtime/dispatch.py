@@ -215,14 +215,10 @@ class Dispatcher:
         for w in np.unique(workers).tolist():
             sel = np.flatnonzero(workers == w)
             mine = topk.take(sel)
-            if mine.rows is None:
-                objects = info.subset(mine.ids)
-            else:  # (its lists' rows renumbered into the details it is sent)
-                held = np.zeros(len(info), dtype=bool)
-                held[mine.rows] = True
-                objects = info.take(np.flatnonzero(held))
-                mine = KnnColumns(mine.counts, mine.ids, mine.dist, (np.cumsum(held) - 1)[mine.rows])
-            out[w] = Refills(asked.take(sel), mine, objects)
+            held = np.zeros(len(info), dtype=bool)  # (its lists' rows renumbered into the details it is sent)
+            held[mine.rows] = True
+            mine = KnnColumns(mine.counts, mine.ids, mine.dist, (np.cumsum(held) - 1)[mine.rows])
+            out[w] = Refills(asked.take(sel), mine, info.take(np.flatnonzero(held)))
         return out
 
     def _merge_routing(self) -> None:

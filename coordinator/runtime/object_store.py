@@ -160,23 +160,23 @@ class ObjectStore:
               k: Sequence[int], exclude: frozenset[str] = frozenset()) -> tuple[KnnColumns, ObjectColumns]:
         """:meth:`_knn_v`, leaving out the objects ``exclude`` (ids): each query searched again
         with as many more neighbours as it lost to them, until none is short (a few queries,
-        a revived worker's refills)."""
+        a revived worker's refills); each entry keeps its row in the details (``topk.rows``)."""
         k = np.asarray(k, dtype=np.int64)
-        topk, info = self._knn_v(lon, lat, keywords, k)
-        if not exclude:
-            return topk, info
-        extra = np.zeros(len(k), dtype=np.int64)
+        extra, gone = np.zeros(len(k), dtype=np.int64), np.asarray(sorted(exclude), dtype=object)
         while True:
-            lists = [[(o, d) for o, d in topk[i] if o not in exclude][:k[i]] for i in range(len(k))]
-            short = np.array([len(x) < k[i] and len(topk[i]) == k[i] + extra[i] for i, x in enumerate(lists)],
-                             dtype=bool)
+            topk, info = self._knn_v(lon, lat, keywords, k + extra)
+            if not exclude:
+                return topk, info
+            q = np.repeat(np.arange(len(k)), topk.counts)
+            out = np.isin(topk.ids, gone)
+            lost = np.bincount(q[out], minlength=len(k))
+            short = (topk.counts - lost < k) & (topk.counts == k + extra)  # (all searched were found)
             if not short.any():
                 break
-            extra[short] = [sum(o in exclude for o, _ in topk[i]) for i in np.flatnonzero(short)]
-            topk, info = self._knn_v(lon, lat, keywords, k + extra)
-        kept = KnnColumns([len(x) for x in lists], [o for x in lists for o, _ in x],
-                          np.array([d for x in lists for _, d in x], dtype=np.float64))
-        return kept, info.subset(kept.ids)
+            extra[short] = lost[short]
+        at = np.flatnonzero(~out)
+        at = at[np.arange(len(at)) - np.searchsorted(q[at], q[at]) < k[q[at]]]  # (each list's first k kept)
+        return KnnColumns(np.bincount(q[at], minlength=len(k)), topk.ids[at], topk.dist[at], topk.rows[at]), info
 
     def _knn_v(self, lon: Sequence[float], lat: Sequence[float], keywords: Sequence[Sequence[str]],
                k: Sequence[int]) -> tuple[KnnColumns, ObjectColumns]:

@@ -389,9 +389,10 @@ class BatchChanges:
 @dataclass(frozen=True)
 class Refills:
     """Refilled results for one worker: query ``queries[j]``'s exact kNN over the live objects is
-    list ``j`` of ``topk`` (nearest first); ``objects`` holds the details of every object in
-    them. ``queries`` are the queries as searched (``k``: the neighbours searched, ``k +
-    reserve``): a worker takes a list only for a query it holds with those parameters now."""
+    list ``j`` of ``topk`` (nearest first), each entry with its object's row in ``objects``
+    (``topk.rows``), the details of every object in them. ``queries`` are the queries as searched
+    (``k``: the neighbours searched, ``k + reserve``): a worker takes a list only for a query it
+    holds with those parameters now."""
 
     queries: QueryColumns
     topk: KnnColumns
@@ -402,12 +403,8 @@ class Refills:
         return self.queries.ids
 
     def __reduce__(self):
-        """Sent without the lists' ids where they come by row (``topk.rows``): those are the
-        ids of ``objects`` at their rows, read back from there."""
-        top = self.topk
-        if top.rows is None:
-            return Refills, (self.queries, top, self.objects)
-        return _refills, (self.queries, top.counts, top.dist, top.rows, self.objects)
+        """Sent without the lists' ids: those of ``objects`` at their rows, read back from there."""
+        return _refills, (self.queries, self.topk.counts, self.topk.dist, self.topk.rows, self.objects)
 
 
 def _refills(queries: QueryColumns, counts: Any, dist: Any, rows: Any, objects: ObjectColumns) -> Refills:

@@ -23,6 +23,12 @@ def _batch(w: KnnWorker, number: int, ids: list[str], t: list[int], **kw):
                            [["cafe"]] * n, **kw)
 
 
+def _refills(queries: QueryColumns, top: KnnColumns, objects: ObjectColumns) -> Refills:
+    """Refills as the coordinator sends them: each entry with its object's row in ``objects``."""
+    rows = [list(objects.ids).index(o) for o in top.ids]
+    return Refills(queries, KnnColumns(top.counts, top.ids, top.dist, rows), objects)
+
+
 def _with_k(q: QueryColumns, k: int) -> QueryColumns:
     return QueryColumns(q.ids, q.lon, q.lat, q.keywords, np.full(len(q), k, dtype=np.int64))
 
@@ -53,7 +59,7 @@ def test_a_worker_says_when_its_state_equals_what_redis_holds(redis_url, namespa
     live = ObjectColumns(["o2", "o3", "o4"], lon, np.full(3, 42.0), np.array([2000, 3000, 4000]), [["cafe"]] * 3)
     d = [haversine_m(lon, np.full(3, 42.0), np.full(3, x), np.full(3, 42.0)).tolist() for x in short.lon]
     top = KnnColumns([3] * len(d), ["o2", "o3", "o4"] * len(d), np.array([x for row in d for x in row]))
-    assert _batch(w, 1, [], [], cutoff=1600, refills=Refills(short, top, live)).short is None
+    assert _batch(w, 1, [], [], cutoff=1600, refills=_refills(short, top, live)).short is None
     assert not len(w.expire(1600).ids)
     state = w.kept_state()
     assert state.why is None and state.marker == r.get(keys.worker_batch(0)) == f"{w.state.writer.session}:1"
@@ -89,7 +95,7 @@ def test_a_query_dropped_after_its_expiry_needs_no_refill(redis_url, namespace):
     lon = np.array([-70.998, -70.997])
     live = ObjectColumns(["o3", "o4"], lon, np.full(2, 42.0), np.array([3000, 4000]), [["cafe"]] * 2)
     top = KnnColumns([2], ["o3", "o4"], haversine_m(lon, np.full(2, 42.0), np.full(2, -71.0), np.full(2, 42.0)))
-    report = _batch(w, 1, [], [], cutoff=1500, refills=Refills(_with_k(q.take([0]), 3), top, live))
+    report = _batch(w, 1, [], [], cutoff=1500, refills=_refills(_with_k(q.take([0]), 3), top, live))
     assert report.short is None and [o for o, _ in w.result("q1")] == ["o3", "o4"]
 
 
@@ -110,10 +116,10 @@ def test_a_refill_searched_before_a_query_changed_is_not_taken(redis_url, namesp
     new = _with_k(old, 2)
     w.register_queries(new, [[(o, float(x)) for o, x in zip(ids[:3], d[:3])]], objects.subset(ids[:3]))
     stale = KnnColumns([2], ids[2:4], d[2:4])  # (k + reserve = 2 of the live o3..o6)
-    report = _batch(w, 1, [], [], cutoff=2500, refills=Refills(_with_k(old, 2), stale, objects.subset(ids[2:4])))
+    report = _batch(w, 1, [], [], cutoff=2500, refills=_refills(_with_k(old, 2), stale, objects.subset(ids[2:4])))
     assert report.short is not None and list(report.short.ids) == ["q1"] and list(report.short.k) == [3]
     fresh = KnnColumns([3], ids[2:5], d[2:5])
-    assert _batch(w, 1, [], [], cutoff=2500, refills=Refills(report.short, fresh, objects.subset(ids[2:5]))).short \
+    assert _batch(w, 1, [], [], cutoff=2500, refills=_refills(report.short, fresh, objects.subset(ids[2:5]))).short \
         is None
     assert [o for o, _ in w.result("q1")] == ["o3", "o4"]
     assert list(w.expire(4500).ids) == ["q1"]  # (r_q is o5's distance, not inf: o6 may be needed)
