@@ -398,6 +398,10 @@ class Refills:
     topk: KnnColumns
     objects: ObjectColumns
 
+    def __post_init__(self) -> None:
+        if self.topk.rows is None:
+            raise ValueError("a refill's lists come with their objects' rows (topk.rows)")
+
     @property
     def qids(self) -> Sequence[str]:
         return self.queries.ids
