@@ -1,5 +1,11 @@
 """The routing table's periodic rebuild backs off while it shrinks nothing (routing_upkeep.next_period)."""
 
+import os
+import signal
+import subprocess
+import sys
+import time
+
 from knnmon.coordinator.runtime.routing_upkeep import MAX_REBUILD_S, REBUILD_S, STALE_KEPT, next_period
 
 
@@ -17,3 +23,41 @@ def test_a_build_that_shrinks_the_table_or_that_growth_made_due_resets_the_perio
     assert next_period(MAX_REBUILD_S, True, before, int(STALE_KEPT * before) - 1) == REBUILD_S
     assert next_period(MAX_REBUILD_S, False, before, before) == REBUILD_S
     assert next_period(REBUILD_S, True, before, int(STALE_KEPT * before)) == 2 * REBUILD_S
+
+
+_SERVICE = """
+import multiprocessing, os, sys
+from concurrent.futures import ProcessPoolExecutor
+from knnmon.coordinator.runtime.routing_upkeep import _child_start
+if __name__ == "__main__":
+    pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), initializer=_child_start,
+                               initargs=(None,))
+    print(pool.submit(os.getpid).result(), flush=True)
+    sys.stdin.read()
+"""
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # (a zombie no one reaps has ended)
+    except FileNotFoundError:
+        return False
+
+
+def test_the_build_process_ends_with_the_service_that_started_it():
+    """A SIGKILLed service's build process (its pool's both queue ends live there) ends by itself."""
+    service = subprocess.Popen([sys.executable, "-c", _SERVICE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               text=True)
+    build = int(service.stdout.readline())
+    try:
+        assert _running(build)
+        service.kill()
+        service.wait()
+        until = time.monotonic() + 60
+        while _running(build) and time.monotonic() < until:  # (waits for the process's end itself)
+            time.sleep(0.1)
+        assert not _running(build)
+    finally:
+        if _running(build):
+            os.kill(build, signal.SIGKILL)
