@@ -23,7 +23,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from knnmon.batch import NEVER, BatchChanges, ObjectBatch, ObjectColumns, Refills
+from knnmon.batch import BatchChanges, ObjectBatch, ObjectColumns
+from knnmon.refills import NEVER, Refills
 from knnmon.encoding import id_prefix_keys
 from knnmon.geo import haversine_m, unit_vectors
 from knnmon.reports import WorkerReport

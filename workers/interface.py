@@ -14,7 +14,8 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import pyarrow as pa
 
-from knnmon.batch import ObjectBatch, ObjectInfo, QueryHandover, Refills
+from knnmon.batch import ObjectBatch, ObjectInfo, QueryHandover
+from knnmon.refills import Refills
 from knnmon.query import QueryColumns
 from knnmon.reports import LoadResult, WorkerReport, WorkerStats, WriteFigures
 

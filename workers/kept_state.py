@@ -30,7 +30,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from knnmon.batch import NEVER
+from knnmon.refills import NEVER
 from knnmon.query import QueryColumns
 from knnmon.reports import KeptReport
 from knnmon.workers.handover import Handover

@@ -8,7 +8,7 @@ VLDBJ 2017).
 Every expiry time is known when its object arrives, so each list also knows its **deadline**: the
 cutoff at which an expiry will leave it short (:meth:`WindowLists.deadlines`). After each batch
 the worker announces the deadlines that changed within a horizon past the cutoff (at least
-:data:`DUE_HORIZON_MS`; :class:`~knnmon.batch.DueLists`); the coordinator sends the refills with the batch whose cutoff
+:data:`DUE_HORIZON_MS`; :class:`~knnmon.refills.DueLists`); the coordinator sends the refills with the batch whose cutoff
 reaches them, so no call has to ask first. A batch whose expiry leaves a list short that no
 refill came for (the coordinator had not seen its announcement: a restart, a cutoff that jumped
 past the horizon, a list that changed between batches) is not applied: the worker returns the
@@ -21,7 +21,8 @@ from __future__ import annotations
 import numpy as np
 
 from knnmon.arrays import members, runs
-from knnmon.batch import NEVER, BatchChanges, DueLists, ObjectColumns, Refills
+from knnmon.batch import BatchChanges, ObjectColumns
+from knnmon.refills import NEVER, DueLists, Refills
 from knnmon.query import QueryColumns
 from knnmon.workers.kernels import kth_latest
 from knnmon.workers.state import WorkerState
@@ -74,7 +75,7 @@ class WindowLists:
         A deadline is the smallest cutoff at which :meth:`expire` asks to refill the list. With
         ``W`` its members strictly within ``r_q``: the ``k``-th largest time in ``W`` when ``W``
         holds ``k``, else its oldest member's time (the first expiry that touches it);
-        :data:`~knnmon.batch.NEVER` without a finite ``r_q`` or a member. O(sum of k + reserve)
+        :data:`~knnmon.refills.NEVER` without a finite ``r_q`` or a member. O(sum of k + reserve)
         over ``slots``."""
         q, L = self.state.queries, self.state.lists
         c = L.count[slots]
@@ -88,7 +89,7 @@ class WindowLists:
 
     def announce(self) -> DueLists:
         """The deadlines that changed within :attr:`horizon_ms` of the last cutoff, or left it,
-        since the last call (:class:`~knnmon.batch.DueLists`): computed anew for the
+        since the last call (:class:`~knnmon.refills.DueLists`): computed anew for the
         lists changed since, and for slots new since."""
         q = self.state.queries
         n, had = len(q.k), len(self.deadline)

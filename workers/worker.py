@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from knnmon.batch import ObjectBatch, ObjectInfo, QueryHandover, Refills
+from knnmon.batch import ObjectBatch, ObjectInfo, QueryHandover
+from knnmon.refills import Refills
 from knnmon.heap import resident_bytes
 from knnmon.query import QueryColumns
 from knnmon.reports import KeptReport, LoadResult, WorkerReport, WorkerStats, WriteFigures

@@ -46,7 +46,8 @@ from typing import Any
 
 import numpy as np
 
-from knnmon.batch import KnnColumns, ObjectColumns, Refills
+from knnmon.batch import KnnColumns, ObjectColumns
+from knnmon.refills import Refills
 from knnmon.connection import connect, with_retries
 from knnmon.coordinator.runtime.dispatch import DispatchedBatch
 from knnmon.coordinator.runtime.object_store import ObjectStore

@@ -10,9 +10,9 @@ their queued writes, and measures the batch (:class:`~knnmon.coordinator.runtime
 With a window (:class:`~knnmon.window.Window`), a batch first moves the watermark: its late
 objects are dropped (counted), the expired objects leave the object store and the ids seen. Each
 worker announced after its last batch the lists whose reserve runs out soon, with their deadlines
-(:class:`~knnmon.batch.DueLists`); the coordinator searches the exact kNN of those due by the new
+(:class:`~knnmon.refills.DueLists`); the coordinator searches the exact kNN of those due by the new
 cutoff over the live objects (one vectorised search for all) and sends each worker its
-:class:`~knnmon.batch.Refills` with the batch, without asking first; the routing table learns
+:class:`~knnmon.refills.Refills` with the batch, without asking first; the routing table learns
 the refilled queries' larger regions. A worker whose expiry finds a list short that no refill
 came for returns it unapplied (:attr:`~knnmon.reports.WorkerReport.short`), and the batch goes
 to it again with that refill (:meth:`Dispatcher.settle`, before the next batch is sent).
@@ -28,7 +28,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from knnmon.batch import KnnColumns, ObjectBatch, Refills
+from knnmon.batch import KnnColumns, ObjectBatch
+from knnmon.refills import Refills
 from knnmon.coordinator.live_routing import LiveRouting
 from knnmon.coordinator.runtime.due_lists import DueTable
 from knnmon.coordinator.runtime.metrics import BatchReport

@@ -1,5 +1,5 @@
 """The coordinator's side of refill deadlines: what each worker announced
-(:class:`~knnmon.batch.DueLists`, :mod:`knnmon.workers.window_lists`), so that a windowed
+(:class:`~knnmon.refills.DueLists`, :mod:`knnmon.workers.window_lists`), so that a windowed
 batch carries the refills its cutoff needs without asking the workers first.
 
 The table is a hint, never the authority: a list missing from it (an announcement lost with a
@@ -13,7 +13,7 @@ import heapq
 
 import numpy as np
 
-from knnmon.batch import NEVER, DueLists
+from knnmon.refills import NEVER, DueLists
 from knnmon.query import QueryColumns
 
 __all__ = ["DueTable"]
@@ -33,7 +33,7 @@ class DueTable:
         return len(self._due)
 
     def absorb(self, due: DueLists | None) -> None:
-        """Apply a worker's announcement (a deadline of :data:`~knnmon.batch.NEVER` withdraws)."""
+        """Apply a worker's announcement (a deadline of :data:`~knnmon.refills.NEVER` withdraws)."""
         if due is None or not len(due.deadline_ms):
             return
         q = due.queries

@@ -21,7 +21,8 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 import pyarrow as pa
 
-from knnmon.batch import ObjectBatch, ObjectInfo, QueryHandover, Refills
+from knnmon.batch import ObjectBatch, ObjectInfo, QueryHandover
+from knnmon.refills import Refills
 from knnmon.coordinator.runtime.config import RunConfig
 from knnmon.errors import WorkerLostError
 from knnmon.query import QueryColumns

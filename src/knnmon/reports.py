@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from knnmon.batch import DueLists
+from knnmon.refills import DueLists
 from knnmon.query import QueryColumns
 
 __all__ = ["KeptReport", "LoadResult", "WorkerReport", "WorkerStats", "WriteFigures"]
@@ -119,7 +119,7 @@ class WorkerReport:
         The write went to the worker's write queue: ``redis_s`` and ``redis_server_s`` are 0
         here and come with :meth:`with_write`.
     refilled : int
-        Results refilled after a window's expiry (:class:`~knnmon.batch.Refills`).
+        Results refilled after a window's expiry (:class:`~knnmon.refills.Refills`).
     index_merges, handle_compactions : int
         The query index's full merges (its ``compactions``) and the object handles'
         compactions during the batch: a worker's one-off steps, within ``index_s``.

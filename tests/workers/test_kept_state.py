@@ -9,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 import redis
 
-from knnmon.batch import KnnColumns, ObjectColumns, Refills
+from knnmon.batch import KnnColumns, ObjectColumns
+from knnmon.refills import Refills
 from knnmon.geo import haversine_m
 from knnmon.keys import Keys
 from knnmon.query import QueryColumns

@@ -144,7 +144,7 @@ def test_count_holders_matches_counting_by_dict(seed, e, l_, buckets):
 def test_kth_latest_equals_sorting_each_list(seed, lists, longest):
     """Each list's k-th latest time within its radius (ties in time, lists longer than the
     kernel's first buffer, empty ones) and its oldest entry's, against sorting each list."""
-    from knnmon.batch import NEVER
+    from knnmon.refills import NEVER
 
     rng = np.random.default_rng(seed)
     count = rng.integers(0, longest + 1, lists).astype(np.int64)

@@ -10,7 +10,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from knnmon.batch import NEVER
+from knnmon.refills import NEVER
 from knnmon.query import QueryColumns
 from knnmon.workers.settings import WorkerSettings
 from knnmon.workers.worker import KnnWorker

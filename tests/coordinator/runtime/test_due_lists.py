@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from knnmon.batch import NEVER, DueLists
+from knnmon.refills import NEVER, DueLists
 from knnmon.coordinator.runtime.due_lists import DueTable
 from knnmon.query import QueryColumns
 
