@@ -24,9 +24,9 @@ from typing import ClassVar
 import numpy as np
 
 from knnmon.batch import BatchChanges, ObjectBatch, ObjectColumns
-from knnmon.refills import NEVER, Refills
 from knnmon.encoding import id_prefix_keys
 from knnmon.geo import haversine_m, unit_vectors
+from knnmon.refills import NEVER, Refills
 from knnmon.reports import WorkerReport
 from knnmon.workers import kernels
 from knnmon.workers.state import WorkerState

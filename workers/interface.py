@@ -15,8 +15,8 @@ import numpy as np
 import pyarrow as pa
 
 from knnmon.batch import ObjectBatch, ObjectInfo, QueryHandover
-from knnmon.refills import Refills
 from knnmon.query import QueryColumns
+from knnmon.refills import Refills
 from knnmon.reports import LoadResult, WorkerReport, WorkerStats, WriteFigures
 
 __all__ = ["WorkerApi"]

@@ -30,8 +30,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from knnmon.refills import NEVER
 from knnmon.query import QueryColumns
+from knnmon.refills import NEVER
 from knnmon.reports import KeptReport
 from knnmon.workers.handover import Handover
 from knnmon.workers.state import WorkerState

@@ -22,8 +22,8 @@ import numpy as np
 
 from knnmon.arrays import members, runs
 from knnmon.batch import BatchChanges, ObjectColumns
-from knnmon.refills import NEVER, DueLists, Refills
 from knnmon.query import QueryColumns
+from knnmon.refills import NEVER, DueLists, Refills
 from knnmon.workers.kernels import kth_latest
 from knnmon.workers.state import WorkerState
 

@@ -17,9 +17,9 @@ import numpy as np
 import pyarrow as pa
 
 from knnmon.batch import ObjectBatch, ObjectInfo, QueryHandover
-from knnmon.refills import Refills
 from knnmon.heap import resident_bytes
 from knnmon.query import QueryColumns
+from knnmon.refills import Refills
 from knnmon.reports import KeptReport, LoadResult, WorkerReport, WorkerStats, WriteFigures
 from knnmon.workers import grid_runs, kernels
 from knnmon.workers.batch_update import BatchUpdate

@@ -47,7 +47,6 @@ from typing import Any
 import numpy as np
 
 from knnmon.batch import KnnColumns, ObjectColumns
-from knnmon.refills import Refills
 from knnmon.connection import connect, with_retries
 from knnmon.coordinator.runtime.dispatch import DispatchedBatch
 from knnmon.coordinator.runtime.object_store import ObjectStore
@@ -57,6 +56,7 @@ from knnmon.coordinator.runtime.worker_pool import Pending, WorkerPool
 from knnmon.errors import WorkerLostError
 from knnmon.keys import Keys
 from knnmon.query import QueryColumns
+from knnmon.refills import Refills
 from knnmon.reports import WorkerReport
 from knnmon.results import ResultReader, StoredLists
 

@@ -29,7 +29,6 @@ import numpy as np
 import pyarrow as pa
 
 from knnmon.batch import KnnColumns, ObjectBatch
-from knnmon.refills import Refills
 from knnmon.coordinator.live_routing import LiveRouting
 from knnmon.coordinator.runtime.due_lists import DueTable
 from knnmon.coordinator.runtime.metrics import BatchReport
@@ -37,6 +36,7 @@ from knnmon.coordinator.runtime.object_store import ObjectStore
 from knnmon.coordinator.runtime.seen_ids import SeenIds
 from knnmon.coordinator.runtime.worker_pool import Pending, WorkerPool
 from knnmon.query import QueryColumns
+from knnmon.refills import Refills
 from knnmon.reports import WorkerReport
 from knnmon.window import Window
 

@@ -13,8 +13,8 @@ import heapq
 
 import numpy as np
 
-from knnmon.refills import NEVER, DueLists
 from knnmon.query import QueryColumns
+from knnmon.refills import NEVER, DueLists
 
 __all__ = ["DueTable"]
 

@@ -22,10 +22,10 @@ import numpy as np
 import pyarrow as pa
 
 from knnmon.batch import ObjectBatch, ObjectInfo, QueryHandover
-from knnmon.refills import Refills
 from knnmon.coordinator.runtime.config import RunConfig
 from knnmon.errors import WorkerLostError
 from knnmon.query import QueryColumns
+from knnmon.refills import Refills
 from knnmon.reports import KeptReport, LoadResult, WorkerReport, WorkerStats, WriteFigures
 from knnmon.workers.interface import WorkerApi
 from knnmon.workers.settings import WorkerSettings

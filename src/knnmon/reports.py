@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from knnmon.refills import DueLists
 from knnmon.query import QueryColumns
+from knnmon.refills import DueLists
 
 __all__ = ["KeptReport", "LoadResult", "WorkerReport", "WorkerStats", "WriteFigures"]
 

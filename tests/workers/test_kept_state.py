@@ -10,10 +10,10 @@ import numpy as np
 import redis
 
 from knnmon.batch import KnnColumns, ObjectColumns
-from knnmon.refills import Refills
 from knnmon.geo import haversine_m
 from knnmon.keys import Keys
 from knnmon.query import QueryColumns
+from knnmon.refills import Refills
 from knnmon.workers.worker import KnnWorker
 from knnmon.workers.settings import WorkerSettings
 

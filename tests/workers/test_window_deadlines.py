@@ -10,8 +10,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from knnmon.refills import NEVER
 from knnmon.query import QueryColumns
+from knnmon.refills import NEVER
 from knnmon.workers.settings import WorkerSettings
 from knnmon.workers.worker import KnnWorker
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from knnmon.refills import NEVER, DueLists
 from knnmon.coordinator.runtime.due_lists import DueTable
 from knnmon.query import QueryColumns
+from knnmon.refills import NEVER, DueLists
 
 
 def _due(ids: list[str], at: list[int]) -> DueLists:
