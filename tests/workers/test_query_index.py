@@ -45,7 +45,7 @@ class _State:
 
 @settings(max_examples=30, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 60),
-       steps=st.lists(st.sampled_from(["shrink", "add", "remove"]), min_size=1, max_size=12),
+       steps=st.lists(st.sampled_from(["shrink", "grow", "add", "remove"]), min_size=1, max_size=12),
        delta_min=st.sampled_from([1, 8, 1 << 16]), share=st.sampled_from([1, 16, 1 << 40]),
        part=st.sampled_from([1, 16, 1 << 16]))
 def test_refresh_equals_rebuild(seed, n, steps, delta_min, share, part):
@@ -64,6 +64,8 @@ def test_refresh_equals_rebuild(seed, n, steps, delta_min, share, part):
             changed = rng.choice(live, size=min(len(live), int(rng.integers(1, 6))), replace=False)
             if step == "shrink":
                 state.radius[changed] = np.minimum(state.radius[changed], 10 ** rng.uniform(0, 5, len(changed)))
+            elif step == "grow":  # (a refill)
+                state.radius[changed] *= 10 ** rng.uniform(0, 2, len(changed))
             else:
                 state.alive[changed] = False
         index.refresh(changed, *state.entries(changed))
@@ -102,7 +104,9 @@ def test_merge_drops_superseded_entries():
     assert index.compactions == 0 and index.entries > before  # new entries in the delta, old ones kept
     index.DELTA_MIN = 1
     index.PART_ENTRIES = 8  # (takes effect at the rebuild below: the base in parts of about 8 entries)
+    state.radius[shrunk] = 5_000.0
     index.rebuild(*state.entries(np.arange(50)))
+    state.radius[shrunk] = 50.0
     index.refresh(shrunk, *state.entries(shrunk))
     parts = len(index._base.parts)
     state.radius[1] = 40.0
@@ -118,6 +122,28 @@ def test_merge_drops_superseded_entries():
     assert index.compactions == 1 and index.entries == fresh.entries
     n = min(len(index._levels), len(fresh._levels))  # the level counts dropped the superseded entries
     assert (index._levels[:n] == fresh._levels[:n]).all() and not index._levels[n:].any()
+
+
+def test_a_region_listed_in_the_same_cells_keeps_its_entries():
+    """Most shrinks leave a query's region in the cells it is listed in: its entries stay, none
+    is added or superseded, and the candidates are those of an index built anew."""
+    state = _State(np.random.default_rng(4), 40)
+    state.radius[:] = 5_000.0
+    index = QueryIndex()
+    index.rebuild(*state.entries(np.arange(40)))
+    before = index.entries
+    state.radius[:20] = 4_999.999  # (the same cells)
+    state.radius[20:] = 5.0  # (smaller cells: new entries)
+    index.refresh(np.arange(40), *state.entries(np.arange(40)))
+    fresh = QueryIndex()
+    fresh.rebuild(*state.entries(np.arange(40)))
+    added = fresh.entries - QueryIndex._grid_entries(fresh, *state.entries(np.arange(20)))[0].size
+    assert index.entries == before + added
+    rng = np.random.default_rng(5)
+    lon, lat = rng.uniform(-1, 1, 300), rng.uniform(-1, 1, 300)
+    pair_obj, pair_code = np.arange(300), rng.integers(0, N_CODES, 300)
+    assert _pairs(*index.candidates(lon, lat, pair_obj, pair_code)) == _pairs(*fresh.candidates(lon, lat, pair_obj,
+                                                                                                  pair_code))
 
 
 def test_pickled_index_answers_the_same():
