@@ -51,6 +51,14 @@ class HeldTexts:
         self._row = with_capacity(self._row, len(self._handles))
         self._row[h[ok]] = np.arange(rows.start, rows.stop) + 1
 
+    def missing(self, handles: np.ndarray) -> np.ndarray:
+        """``(m,)`` bool: which of ``handles`` (``(m,)`` int64, each ``>= 0``) have no text kept
+        (an object's details never change: one kept is kept as it is)."""
+        h = np.asarray(handles, dtype=np.int64)
+        out = h >= len(self._row)
+        out[~out] = self._row[h[~out]] == 0
+        return out
+
     def get(self, oids: Sequence[str]) -> list[str | None]:
         """The texts of ``oids`` (``None`` where none is kept)."""
         return self.of_handles(self._handles.lookup(list(oids)))

@@ -245,12 +245,11 @@ class WindowLists:
         full = np.flatnonzero(n == cap)
         radii[full] = dists[np.cumsum(n)[full] - 1]
         q.set_radius(slots, radii)
-        held = list(objects.ids)
-        texts = objects.texts()
-        if self.state.details is not None:
-            self.state.details.set(held, texts, handles=by_row)
+        if self.state.details is not None:  # (the texts of the objects held already are kept)
+            new = np.flatnonzero(self.state.details.missing(by_row))
+            self.state.details.set((), objects.take(new).texts(), handles=by_row[new])
         else:
-            self.refilled.update(zip(held, texts))
+            self.refilled.update(zip(objects.ids, objects.texts()))
         self.state.handles.key_new()
         self.state.refresh(slots)
         self.refills += len(slots)
