@@ -60,7 +60,10 @@ def test_a_worker_says_when_its_state_equals_what_redis_holds(redis_url, namespa
     live = ObjectColumns(["o2", "o3", "o4"], lon, np.full(3, 42.0), np.array([2000, 3000, 4000]), [["cafe"]] * 3)
     d = [haversine_m(lon, np.full(3, 42.0), np.full(3, x), np.full(3, 42.0)).tolist() for x in short.lon]
     top = KnnColumns([3] * len(d), ["o2", "o3", "o4"] * len(d), np.array([x for row in d for x in row]))
+    texts, had = len(w.state.details._texts), set(w.holds_among(["o2", "o3", "o4"]))
     assert _batch(w, 1, [], [], cutoff=1600, refills=_refills(short, top, live)).short is None
+    # The texts of refilled objects held already are kept once, not appended again.
+    assert had and len(w.state.details._texts) == texts + 3 - len(had) and all(w.state.details.get(["o2", "o3", "o4"]))
     assert not len(w.expire(1600).ids)
     state = w.kept_state()
     assert state.why is None and state.marker == r.get(keys.worker_batch(0)) == f"{w.state.writer.session}:1"
