@@ -25,6 +25,7 @@ from knnmon.errors import PoisonedWatermarkError, Rejected, StoreUnavailableErro
 from knnmon.keys import Keys
 from knnmon.limits import DEFAULT_LIMITS, Limits
 from knnmon.protocol import GROUP, group_info, redis_clock_ms, entry_order
+from knnmon.termination import end_with_parent
 from knnmon.window import Window
 
 if TYPE_CHECKING:
@@ -274,8 +275,9 @@ def read_elsewhere(url: str, namespace: str, *args) -> Future:
     """The future of :func:`read_objects` (``args``: its arguments after the keys), read in a
     child process while this one reads the queries and loads the workers: the read is
     Python-bound, and a thread here would take turns with them. Spawned, not forked (Ray's
-    threads may run here)."""
-    executor = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+    threads may run here); it ends with this process (:func:`~knnmon.termination.end_with_parent`:
+    a service SIGKILLed during a recovery would otherwise leave it behind with what it read)."""
+    executor = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), initializer=end_with_parent)
     try:
         return executor.submit(_read_in_child, url, namespace, *args)
     finally:

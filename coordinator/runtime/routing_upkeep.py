@@ -38,7 +38,6 @@ import logging
 import multiprocessing
 import os
 import tempfile
-import threading
 import time
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -54,6 +53,7 @@ from knnmon.assignment.workload import Workload
 from knnmon.coordinator.live_routing import LiveRouting
 from knnmon.coordinator.runtime.worker_pool import Pending, WorkerPool
 from knnmon.errors import WorkerLostError
+from knnmon.termination import end_with_parent
 
 __all__ = ["MAX_REBUILD_S", "REBUILD_S", "RoutingUpkeep", "SLACK", "STALE_KEPT", "UNREGISTERED_SHARE", "next_period"]
 
@@ -81,19 +81,12 @@ _MODEL: LoadModel | None = None  # (in the child: the plan's load model, sent on
 
 def _child_start(model: LoadModel) -> None:
     """The build process's start: the lowest CPU priority, the model kept for every build, and
-    its end once the service is gone (a SIGKILLed service's pool leaves it waiting for builds for
-    good, ~500 MB at 100 k queries: both ends of its call queue live here)."""
+    its end once the service is gone (:func:`~knnmon.termination.end_with_parent`: ~500 MB at
+    100 k queries otherwise left behind by a SIGKILLed service)."""
     global _MODEL
     os.nice(BUILD_NICE)
     _MODEL = model
-    threading.Thread(target=_end_with, args=(os.getppid(),), daemon=True, name="knnmon-end-with-service").start()
-
-
-def _end_with(parent: int) -> None:
-    """End this process once ``parent`` (a pid) has (it is then another process's child)."""
-    while os.getppid() == parent:
-        time.sleep(1.0)
-    os._exit(0)
+    end_with_parent()
 
 
 def _entries(queries: pa.Table, radius: np.ndarray, workers: np.ndarray, size: int, max_entries: int,
