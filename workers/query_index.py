@@ -18,7 +18,8 @@ loop over objects or queries:
   14, so such a query is found by its keyword alone, with no spatial test.
 
 When ``r_q`` shrinks, the worker re-indexes the query (:meth:`QueryIndex.refresh`): its new,
-smaller entries go into the delta and its old ones are skipped until the next merge drops them.
+smaller entries go into the delta and its old ones are skipped until the next merge drops them;
+a region still listed in the same cells (most shrinks) keeps its entries.
 Candidates are then checked exactly against the current ``r_q`` by the worker.
 """
 
