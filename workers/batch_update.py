@@ -3,8 +3,9 @@ the changes to write, and ``r_q`` shrinking (``docs/concepts.md``, "The worker";
 §4.4):
 
 1. candidates: (object, query) pairs whose query region holds the object and shares a keyword,
-   from the worker's index (vectorised, no loop over objects);
-2. the chord pre-test, the exact haversine check against ``r_q`` (queries with fewer than ``k``
+   from the worker's index (vectorised, no loop over objects); the grid index applies the chord
+   pre-test as it finds them (most fail it: they are never written out);
+2. the chord pre-test (again, for every index), the exact haversine check against ``r_q`` (queries with fewer than ``k``
    results pass always) and the top-k merge ordered by ``(distance m, object id)``, in
    :mod:`~knnmon.workers.kernels`;
 3. ``r_q`` shrinks to the k-th distance and the query is re-indexed with its smaller region
@@ -148,9 +149,13 @@ class BatchUpdate:
                                 cpu_s=time.thread_time() - c0, refilled=n_refilled, short=q.columns(short, q.cap))
         self.window.needs = np.empty(0, dtype=np.int64)
         obj = slot = np.empty(0, dtype=np.int64)
+        found = 0
         if len(ids):
             po, pc_ = pairs if pairs is not None else self.state.vocabulary.encode(keywords)
-            obj, slot = self.state.index.candidates(lon, lat, po, pc_)
+            # Pre-tested as found, unless the load charges every pair found (re-balancing).
+            reach = None if self.state.settings.track_load else self.state.queries.reach
+            obj, slot = self.state.index.candidates(lon, lat, po, pc_, reach)
+            found = self.state.index.found
         m, changed, changes, written = self.apply(ids, lon, lat, t, keywords, obj, slot)
         busy_core = time.perf_counter() - t0
         t1 = time.perf_counter()
@@ -171,7 +176,7 @@ class BatchUpdate:
         if cutoff is not None:
             due = self.window.announce()
         index_s = time.perf_counter() - t2
-        return WorkerReport(worker=self.state.worker_id, batch=batch, objects=len(ids), candidates=len(obj),
+        return WorkerReport(worker=self.state.worker_id, batch=batch, objects=len(ids), candidates=found,
                             passed=m.passed if m is not None else 0, changed=len(written),
                             busy_s=busy_core + redis_s + index_s, cpu_s=time.thread_time() - c0 + server_s,
                             redis_s=redis_s, redis_server_s=server_s, index_s=index_s,

@@ -26,7 +26,8 @@ import numpy as np
 
 from knnmon.jit import jit as _jit
 
-__all__ = ["chord_pretest", "compile_kernels", "count_holders", "grid_hits", "kth_latest", "merge_topk"]
+__all__ = ["chord_pretest", "compile_kernels", "count_holders", "grid_hits", "grid_hits_within", "kth_latest",
+           "merge_topk"]
 
 
 @_jit
@@ -130,6 +131,39 @@ def grid_hits(probe: np.ndarray, owner: np.ndarray, ukeys: np.ndarray, ustart: n
                     obj[m], slot[m] = owner[i], s
                     m += 1
     return obj[:m], slot[:m]
+
+
+@_jit
+def grid_hits_within(probe: np.ndarray, owner: np.ndarray, ukeys: np.ndarray, ustart: np.ndarray,
+                     slots: np.ndarray, gens: np.ndarray, gen: np.ndarray, ox: np.ndarray, oy: np.ndarray,
+                     oz: np.ndarray, reach: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """:func:`grid_hits` and :func:`chord_pretest` in one pass: the pairs of the current entries
+    hit that pass the pre-test (``ox``, ``oy``, ``oz``: ``(n,)`` float64 unit vectors of the
+    objects ``owner`` names; ``reach``: ``(Q, 4)`` as there), and how many current entries were
+    hit. Most hits fail the pre-test (in stream order, 94 % of a windowed worker's), so they are
+    never written out.
+    """
+    at = _sorted_search(ukeys, probe)
+    total = 0
+    for i in range(len(probe)):
+        if at[i] < len(ukeys) and ukeys[at[i]] == probe[i]:
+            total += ustart[at[i] + 1] - ustart[at[i]]
+    obj = np.empty(total, dtype=np.int64)
+    slot = np.empty(total, dtype=np.int64)
+    m = hits = 0
+    for i in range(len(probe)):
+        u = at[i]
+        if u < len(ukeys) and ukeys[u] == probe[i]:
+            o = owner[i]
+            x, y, z = ox[o], oy[o], oz[o]
+            for e in range(ustart[u], ustart[u + 1]):
+                s = slots[e]
+                if gens[e] == gen[s]:
+                    hits += 1
+                    if x * reach[s, 0] + y * reach[s, 1] + z * reach[s, 2] + 0.5 * reach[s, 3] >= 1.0:
+                        obj[m], slot[m] = o, s
+                        m += 1
+    return obj[:m], slot[:m], hits
 
 
 @_jit
@@ -438,6 +472,8 @@ def compile_kernels() -> None:
     i0, f0, u0 = np.zeros(0, np.int64), np.zeros(0), np.zeros(0, np.uint64)
     chord_pretest(f0, f0, f0, i0, i0, np.zeros((0, 4)))
     grid_hits(i0, i0, i0, np.zeros(1, np.int64), i0, np.zeros(0, np.int32), np.zeros(0, np.int32))
+    grid_hits_within(i0, i0, i0, np.zeros(1, np.int64), i0, np.zeros(0, np.int32), np.zeros(0, np.int32), f0, f0, f0,
+                     np.zeros((0, 4)))
     merge_topk(i0, i0, f0, u0, f0, i0, i0, i0, i0, f0, i0, u0, 0)
     count_holders(np.zeros((0, 1), np.int32), i0, i0, i0, i0)
     kth_latest(i0, np.zeros(0, np.bool_), i0, i0, i0, 0)

@@ -26,7 +26,8 @@ class KeywordLists(QueryIndex):
         slot = np.asarray(slot, dtype=np.int64)
         return np.asarray(code, dtype=np.int64).copy(), slot, np.zeros(len(slot), dtype=np.int64)
 
-    def candidates(self, lon: np.ndarray, lat: np.ndarray, pair_obj: np.ndarray,
-                   pair_code: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Every (object, query slot) pair sharing a keyword (``(c,)`` int64 each)."""
+    def candidates(self, lon: np.ndarray, lat: np.ndarray, pair_obj: np.ndarray, pair_code: np.ndarray,
+                   reach: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Every (object, query slot) pair sharing a keyword (``(c,)`` int64 each; ``reach`` is
+        not used: the reference checks every pair)."""
         return self._grid_hits(np.asarray(pair_code, dtype=np.int64), np.asarray(pair_obj, dtype=np.int64))

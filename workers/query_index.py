@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 from knnmon.arrays import with_capacity
-from knnmon.geo import cap_bbox
+from knnmon.geo import cap_bbox, unit_vectors
 from knnmon.workers import kernels
 from knnmon.workers.grid_runs import GridRun, PartedBase, merge_current
 
@@ -113,6 +113,7 @@ class QueryIndex:
         self._covers = np.zeros(0, dtype=np.int64)  # per slot: its entries' packed cover + 1 (0: none)
         self._levels = np.zeros((0, LEVELS), dtype=np.int32)  # grid entries per (keyword code, level)
         self.compactions = 0
+        self.found = 0  # candidate pairs the last :meth:`candidates` found (before its pre-test)
 
     @property
     def entries(self) -> int:
@@ -233,10 +234,15 @@ class QueryIndex:
             self._fold_step()  # (more than one if the delta has grown large meanwhile)
             steps += 1
 
-    def _grid_hits(self, probe: np.ndarray, owner: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _grid_hits(self, probe: np.ndarray, owner: np.ndarray, within: tuple[np.ndarray, ...] | None = None
+                   ) -> tuple[np.ndarray, np.ndarray]:
         """``(owner, slot)`` ``(h,)`` int64 for every current grid entry whose key equals a probe
-        (``probe``, ``owner``: ``(m,)`` int64 keys, sorted or not, and the object each belongs to)."""
+        (``probe``, ``owner``: ``(m,)`` int64 keys, sorted or not, and the object each belongs to);
+        with ``within`` (the objects' unit vectors and the slots' ``reach``, as
+        :func:`~knnmon.workers.kernels.chord_pretest` takes them) only the pairs that pass its
+        pre-test. :attr:`found` counts them all."""
         objs, slots = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
+        self.found = 0
         if len(probe) > 1 and (probe[1:] < probe[:-1]).any():  # (each part takes the probes in its range)
             order = np.argsort(probe, kind="stable")
             probe, owner = probe[order], owner[order]
@@ -253,13 +259,19 @@ class QueryIndex:
             if skip is not None:
                 u0 = int(np.searchsorted(ukeys, skip, "left"))
                 ukeys, ustart = ukeys[u0:], ustart[u0:]
-            o, s = kernels.grid_hits(probe[a:b], owner[a:b], ukeys, ustart, run.slots, run.gens, self._gen)
+            if within is None:
+                o, s = kernels.grid_hits(probe[a:b], owner[a:b], ukeys, ustart, run.slots, run.gens, self._gen)
+                self.found += len(o)
+            else:
+                o, s, hits = kernels.grid_hits_within(probe[a:b], owner[a:b], ukeys, ustart, run.slots, run.gens,
+                                                      self._gen, *within)
+                self.found += hits
             objs.append(o)
             slots.append(s)
         return np.concatenate(objs), np.concatenate(slots)
 
-    def candidates(self, lon: np.ndarray, lat: np.ndarray, pair_obj: np.ndarray,
-                   pair_code: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def candidates(self, lon: np.ndarray, lat: np.ndarray, pair_obj: np.ndarray, pair_code: np.ndarray,
+                   reach: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Candidate (object, query slot) pairs of a batch.
 
         Parameters
@@ -268,14 +280,20 @@ class QueryIndex:
             ``(n,)`` float64 degrees of the batch's objects.
         pair_obj, pair_code
             ``(p,)`` int64: each (object, keyword code) pair of the batch.
+        reach
+            ``(Q, 4)`` float64 per slot (the worker's ``QueryTable.reach``): only the pairs that
+            pass :func:`~knnmon.workers.kernels.chord_pretest` are returned, tested as they are
+            found (default: every pair).
 
         Returns
         -------
         obj, slot
             ``(c,)`` int64 pairs whose query region holds the object and shares the keyword (a
             superset of the pairs that can change a result). A query sharing several keywords
-            with an object appears once per keyword.
+            with an object appears once per keyword. :attr:`found` counts them before the
+            pre-test.
         """
+        self.found = 0
         if not (self.entries and len(pair_obj)):
             return np.empty(0, np.int64), np.empty(0, np.int64)
         # Probe a (pair, level) only where the pair's keyword has grid entries at that level.
@@ -292,4 +310,8 @@ class QueryIndex:
             sel = np.flatnonzero(at_level[:, lv])
             probes.append(_key(lv, pcode[sel], cell[sel] >> (2 * lv)))
             owners.append(po[sel])
-        return self._grid_hits(np.concatenate(probes), np.concatenate(owners))
+        within = None
+        if reach is not None:
+            u = unit_vectors(lon, lat)
+            within = (*(np.ascontiguousarray(u[:, i]) for i in range(3)), reach)
+        return self._grid_hits(np.concatenate(probes), np.concatenate(owners), within)

@@ -77,6 +77,7 @@ class RTreeIndex:
         self._nent = np.zeros(0, dtype=np.int64)  # per slot: its current entries (0: not indexed)
         self._stale = 0  # entries superseded since the last merge (still in the trees)
         self.compactions = 0
+        self.found = 0  # candidate pairs the last :meth:`candidates` found
 
     @property
     def entries(self) -> int:
@@ -172,11 +173,12 @@ class RTreeIndex:
         cur = part.gen[node] == self._gen[s]
         return po[pair[cur]], s[cur]
 
-    def candidates(self, lon: np.ndarray, lat: np.ndarray, pair_obj: np.ndarray,
-                   pair_code: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def candidates(self, lon: np.ndarray, lat: np.ndarray, pair_obj: np.ndarray, pair_code: np.ndarray,
+                   reach: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`QueryIndex.candidates <knnmon.workers.query_index.QueryIndex.candidates>` (the
         query's indexed box for its region): one level-by-level traversal, each pair starting at
-        its keyword's entry points (:meth:`PackedRTree.entries_of`)."""
+        its keyword's entry points (:meth:`PackedRTree.entries_of`); ``reach`` is not used (the
+        worker's pre-test takes every pair)."""
         po, px, py, pc = self._points(lon, lat, pair_obj, pair_code)
         objs, slots = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
         for part in (self._base, self._delta):
@@ -184,4 +186,6 @@ class RTreeIndex:
             o, s = self._hits(part, pair, node, po)
             objs.append(o)
             slots.append(s)
-        return np.concatenate(objs), np.concatenate(slots)
+        obj = np.concatenate(objs)
+        self.found = len(obj)
+        return obj, np.concatenate(slots)

@@ -7,7 +7,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from knnmon.geo import haversine_m
+from knnmon.geo import chord2_bound, haversine_m, unit_vectors
+from knnmon.workers import kernels
 from knnmon.workers.query_index import QueryIndex
 
 N_CODES = 4
@@ -78,8 +79,16 @@ def test_refresh_equals_rebuild(seed, n, steps, delta_min, share, part):
         lat = np.r_[rng.uniform(-2, 2, m // 2), rng.uniform(87, 90, m // 2)]
         pair_obj = np.repeat(np.arange(m), 2)
         pair_code = rng.integers(0, N_CODES, 2 * m)
-        got = _pairs(*index.candidates(lon, lat, pair_obj, pair_code))
+        obj, slot = index.candidates(lon, lat, pair_obj, pair_code)
+        got = _pairs(obj, slot)
         assert got == _pairs(*fresh.candidates(lon, lat, pair_obj, pair_code)), step
+        # Pre-tested as found: the pairs that pass the worker's chord pre-test, all counted.
+        reach = np.column_stack([unit_vectors(state.lon, state.lat),
+                                 np.where(state.alive, chord2_bound(state.radius), -1.0)])
+        u = unit_vectors(lon, lat)
+        keep = kernels.chord_pretest(*(np.ascontiguousarray(u[:, i]) for i in range(3)), obj, slot, reach)
+        assert _pairs(*index.candidates(lon, lat, pair_obj, pair_code, reach)) == _pairs(obj[keep], slot[keep])
+        assert index.found == len(obj)
         assert index.entries >= fresh.entries  # superseded entries wait for a merge
 
         # No candidate is missed: every live query within r_q of an object sharing a keyword.
