@@ -26,8 +26,7 @@ import numpy as np
 
 from knnmon.jit import jit as _jit
 
-__all__ = ["chord_pretest", "compile_kernels", "count_holders", "grid_hits", "grid_hits_within", "kth_latest",
-           "merge_topk"]
+__all__ = ["chord_pretest", "compile_kernels", "count_holders", "grid_hits", "kth_latest", "merge_topk"]
 
 
 @_jit
@@ -91,7 +90,8 @@ def _sorted_search(keys: np.ndarray, probe: np.ndarray) -> np.ndarray:
 
 @_jit
 def grid_hits(probe: np.ndarray, owner: np.ndarray, ukeys: np.ndarray, ustart: np.ndarray, slots: np.ndarray,
-              gens: np.ndarray, gen: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+              gens: np.ndarray, gen: np.ndarray, ox: np.ndarray, oy: np.ndarray, oz: np.ndarray, reach: np.ndarray,
+              test: bool) -> tuple[np.ndarray, np.ndarray, int]:
     """The current entries of one sorted run of grid entries whose key equals a probe.
 
     Parameters
@@ -106,42 +106,19 @@ def grid_hits(probe: np.ndarray, owner: np.ndarray, ukeys: np.ndarray, ustart: n
         ``(e,)`` int64 and int32: each entry's query slot and the generation it belongs to.
     gen
         ``(Q,)`` int32: each slot's current generation (an entry of another one is superseded).
+    ox, oy, oz, reach, test
+        With ``test``, only the pairs that pass :func:`chord_pretest` (its arguments: the
+        objects' unit vectors ``(n,)`` float64, ``(Q, 4)`` float64 per slot): in stream order
+        94 % of a windowed worker's fail it, and are never written out.
 
     Returns
     -------
     obj, slot
-        ``(h,)`` int64: one pair per current entry hit, in probe order.
+        ``(h,)`` int64: one pair per current entry hit (that passes, with ``test``), in probe order.
+    hits
+        The current entries hit.
 
     Source: the grid inverted lists of Tsuruoka et al. 2019, §4.4 (:mod:`knnmon.workers.query_index`).
-    """
-    at = _sorted_search(ukeys, probe)
-    total = 0
-    for i in range(len(probe)):
-        if at[i] < len(ukeys) and ukeys[at[i]] == probe[i]:
-            total += ustart[at[i] + 1] - ustart[at[i]]
-    obj = np.empty(total, dtype=np.int64)
-    slot = np.empty(total, dtype=np.int64)
-    m = 0
-    for i in range(len(probe)):
-        u = at[i]
-        if u < len(ukeys) and ukeys[u] == probe[i]:
-            for e in range(ustart[u], ustart[u + 1]):
-                s = slots[e]
-                if gens[e] == gen[s]:
-                    obj[m], slot[m] = owner[i], s
-                    m += 1
-    return obj[:m], slot[:m]
-
-
-@_jit
-def grid_hits_within(probe: np.ndarray, owner: np.ndarray, ukeys: np.ndarray, ustart: np.ndarray,
-                     slots: np.ndarray, gens: np.ndarray, gen: np.ndarray, ox: np.ndarray, oy: np.ndarray,
-                     oz: np.ndarray, reach: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
-    """:func:`grid_hits` and :func:`chord_pretest` in one pass: the pairs of the current entries
-    hit that pass the pre-test (``ox``, ``oy``, ``oz``: ``(n,)`` float64 unit vectors of the
-    objects ``owner`` names; ``reach``: ``(Q, 4)`` as there), and how many current entries were
-    hit. Most hits fail the pre-test (in stream order, 94 % of a windowed worker's), so they are
-    never written out.
     """
     at = _sorted_search(ukeys, probe)
     total = 0
@@ -155,12 +132,12 @@ def grid_hits_within(probe: np.ndarray, owner: np.ndarray, ukeys: np.ndarray, us
         u = at[i]
         if u < len(ukeys) and ukeys[u] == probe[i]:
             o = owner[i]
-            x, y, z = ox[o], oy[o], oz[o]
             for e in range(ustart[u], ustart[u + 1]):
                 s = slots[e]
                 if gens[e] == gen[s]:
                     hits += 1
-                    if x * reach[s, 0] + y * reach[s, 1] + z * reach[s, 2] + 0.5 * reach[s, 3] >= 1.0:
+                    if not test or ox[o] * reach[s, 0] + oy[o] * reach[s, 1] + oz[o] * reach[s, 2] \
+                            + 0.5 * reach[s, 3] >= 1.0:
                         obj[m], slot[m] = o, s
                         m += 1
     return obj[:m], slot[:m], hits
@@ -471,9 +448,8 @@ def compile_kernels() -> None:
     no batch pays for compilation."""
     i0, f0, u0 = np.zeros(0, np.int64), np.zeros(0), np.zeros(0, np.uint64)
     chord_pretest(f0, f0, f0, i0, i0, np.zeros((0, 4)))
-    grid_hits(i0, i0, i0, np.zeros(1, np.int64), i0, np.zeros(0, np.int32), np.zeros(0, np.int32))
-    grid_hits_within(i0, i0, i0, np.zeros(1, np.int64), i0, np.zeros(0, np.int32), np.zeros(0, np.int32), f0, f0, f0,
-                     np.zeros((0, 4)))
+    grid_hits(i0, i0, i0, np.zeros(1, np.int64), i0, np.zeros(0, np.int32), np.zeros(0, np.int32), f0, f0, f0,
+              np.zeros((0, 4)), True)
     merge_topk(i0, i0, f0, u0, f0, i0, i0, i0, i0, f0, i0, u0, 0)
     count_holders(np.zeros((0, 1), np.int32), i0, i0, i0, i0)
     kth_latest(i0, np.zeros(0, np.bool_), i0, i0, i0, 0)

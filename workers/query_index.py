@@ -243,6 +243,8 @@ class QueryIndex:
         pre-test. :attr:`found` counts them all."""
         objs, slots = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
         self.found = 0
+        f0 = np.empty(0)
+        test = (f0, f0, f0, np.empty((0, 4)), False) if within is None else (*within, True)
         if len(probe) > 1 and (probe[1:] < probe[:-1]).any():  # (each part takes the probes in its range)
             order = np.argsort(probe, kind="stable")
             probe, owner = probe[order], owner[order]
@@ -259,13 +261,9 @@ class QueryIndex:
             if skip is not None:
                 u0 = int(np.searchsorted(ukeys, skip, "left"))
                 ukeys, ustart = ukeys[u0:], ustart[u0:]
-            if within is None:
-                o, s = kernels.grid_hits(probe[a:b], owner[a:b], ukeys, ustart, run.slots, run.gens, self._gen)
-                self.found += len(o)
-            else:
-                o, s, hits = kernels.grid_hits_within(probe[a:b], owner[a:b], ukeys, ustart, run.slots, run.gens,
-                                                      self._gen, *within)
-                self.found += hits
+            o, s, hits = kernels.grid_hits(probe[a:b], owner[a:b], ukeys, ustart, run.slots, run.gens, self._gen,
+                                           *test)
+            self.found += hits
             objs.append(o)
             slots.append(s)
         return np.concatenate(objs), np.concatenate(slots)
