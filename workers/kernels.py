@@ -1,8 +1,8 @@
 """The worker's compiled kernels (numba): one pass per step of a batch, no Python per pair.
 
 A batch's candidate (object, query) pairs come from the query index (:func:`grid_hits`: the
-grid lists' entries equal to each probe key, the superseded ones skipped); then (``docs/concepts.md``, "The
-worker"; Tsuruoka et al. 2019, §4.4, steps 2-3):
+grid lists' entries equal to each probe key, the superseded ones skipped, pre-tested as found);
+then (``docs/concepts.md``, "The worker"; Tsuruoka et al. 2019, §4.4, steps 2-3):
 
 1. :func:`chord_pretest` -- the cheap superset test of ``d(o, q) <= r_q`` on unit vectors
    (:func:`knnmon.geo.chord2_bound`);
@@ -50,8 +50,7 @@ def chord_pretest(ox: np.ndarray, oy: np.ndarray, oz: np.ndarray, obj: np.ndarra
         ``(p,)`` int64 positions in ``obj``/``slot`` of the pairs with ``2 - 2 o.q <=
         chord2_bound(r_q)``, i.e. ``(o, 1/2).(q, T) >= 1`` (a superset of ``d <= r_q``).
     """
-    out = np.empty(len(obj), dtype=np.int64)
-    m = 0
+    out, m = np.empty(len(obj), dtype=np.int64), 0
     for i in range(len(obj)):
         o, s = obj[i], slot[i]
         if ox[o] * reach[s, 0] + oy[o] * reach[s, 1] + oz[o] * reach[s, 2] + 0.5 * reach[s, 3] >= 1.0:
@@ -107,16 +106,13 @@ def grid_hits(probe: np.ndarray, owner: np.ndarray, ukeys: np.ndarray, ustart: n
     gen
         ``(Q,)`` int32: each slot's current generation (an entry of another one is superseded).
     ox, oy, oz, reach, test
-        With ``test``, only the pairs that pass :func:`chord_pretest` (its arguments: the
-        objects' unit vectors ``(n,)`` float64, ``(Q, 4)`` float64 per slot): in stream order
-        94 % of a windowed worker's fail it, and are never written out.
+        With ``test``, only the pairs that pass :func:`chord_pretest` (arguments as there; most
+        fail it: about 94 % of a windowed worker's in stream order, never written out).
 
     Returns
     -------
-    obj, slot
-        ``(h,)`` int64: one pair per current entry hit (that passes, with ``test``), in probe order.
-    hits
-        The current entries hit.
+    obj, slot, hits
+        ``(h,)`` int64: one pair per current entry hit (that passes), in probe order; entries hit.
 
     Source: the grid inverted lists of Tsuruoka et al. 2019, §4.4 (:mod:`knnmon.workers.query_index`).
     """
@@ -125,8 +121,7 @@ def grid_hits(probe: np.ndarray, owner: np.ndarray, ukeys: np.ndarray, ustart: n
     for i in range(len(probe)):
         if at[i] < len(ukeys) and ukeys[at[i]] == probe[i]:
             total += ustart[at[i] + 1] - ustart[at[i]]
-    obj = np.empty(total, dtype=np.int64)
-    slot = np.empty(total, dtype=np.int64)
+    obj, slot = np.empty(total, dtype=np.int64), np.empty(total, dtype=np.int64)
     m = hits = 0
     for i in range(len(probe)):
         u = at[i]
@@ -136,8 +131,8 @@ def grid_hits(probe: np.ndarray, owner: np.ndarray, ukeys: np.ndarray, ustart: n
                 s = slots[e]
                 if gens[e] == gen[s]:
                     hits += 1
-                    if not test or ox[o] * reach[s, 0] + oy[o] * reach[s, 1] + oz[o] * reach[s, 2] \
-                            + 0.5 * reach[s, 3] >= 1.0:
+                    if not test or (ox[o] * reach[s, 0] + oy[o] * reach[s, 1] + oz[o] * reach[s, 2]
+                                    + 0.5 * reach[s, 3] >= 1.0):
                         obj[m], slot[m] = o, s
                         m += 1
     return obj[:m], slot[:m], hits
@@ -447,9 +442,9 @@ def compile_kernels() -> None:
     """Compile (or load from the cache) every kernel for the dtypes the worker passes, so that
     no batch pays for compilation."""
     i0, f0, u0 = np.zeros(0, np.int64), np.zeros(0), np.zeros(0, np.uint64)
-    chord_pretest(f0, f0, f0, i0, i0, np.zeros((0, 4)))
-    grid_hits(i0, i0, i0, np.zeros(1, np.int64), i0, np.zeros(0, np.int32), np.zeros(0, np.int32), f0, f0, f0,
-              np.zeros((0, 4)), True)
+    g0, r0 = np.zeros(0, np.int32), np.zeros((0, 4))
+    chord_pretest(f0, f0, f0, i0, i0, r0)
+    grid_hits(i0, i0, i0, np.zeros(1, np.int64), i0, g0, g0, f0, f0, f0, r0, True)
     merge_topk(i0, i0, f0, u0, f0, i0, i0, i0, i0, f0, i0, u0, 0)
     count_holders(np.zeros((0, 1), np.int32), i0, i0, i0, i0)
     kth_latest(i0, np.zeros(0, np.bool_), i0, i0, i0, 0)
