@@ -5,9 +5,9 @@ the changes to write, and ``r_q`` shrinking (``docs/concepts.md``, "The worker";
 1. candidates: (object, query) pairs whose query region holds the object and shares a keyword,
    from the worker's index (vectorised, no loop over objects); the grid index applies the chord
    pre-test as it finds them (most fail it: they are never written out);
-2. the chord pre-test (again, for every index), the exact haversine check against ``r_q`` (queries with fewer than ``k``
-   results pass always) and the top-k merge ordered by ``(distance m, object id)``, in
-   :mod:`~knnmon.workers.kernels`;
+2. the chord pre-test (again, for every index), the exact haversine check against ``r_q``
+   (queries with fewer than ``k`` results pass always) and the top-k merge ordered by
+   ``(distance m, object id)``, in :mod:`~knnmon.workers.kernels`;
 3. ``r_q`` shrinks to the k-th distance and the query is re-indexed with its smaller region
    (:meth:`QueryIndex.refresh`, into a small delta run, no re-sort);
 4. every changed result, the objects now in results, and one ``changes`` entry per changed
