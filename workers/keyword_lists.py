@@ -20,11 +20,13 @@ __all__ = ["KeywordLists"]
 class KeywordLists(QueryIndex):
     """Keyword inverted lists over query slots (module docstring); regions are ignored."""
 
-    def _grid_entries(self, slot, code, lon, lat, radius_m) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """One entry per (query, keyword), keyed by the keyword code alone; one cover for every
-        region (a region's change changes no entry)."""
-        slot = np.asarray(slot, dtype=np.int64)
-        return np.asarray(code, dtype=np.int64).copy(), slot, np.zeros(len(slot), dtype=np.int64)
+    def _cover(self, lon, lat, radius_m) -> tuple[tuple[np.ndarray, ...], np.ndarray]:
+        """One cover for every region (a region's change changes no entry)."""
+        return (), np.zeros(len(np.atleast_1d(lon)), dtype=np.int64)
+
+    def _grid_entries(self, slot, code, cover: tuple[np.ndarray, ...]) -> tuple[np.ndarray, np.ndarray]:
+        """One entry per (query, keyword), keyed by the keyword code alone."""
+        return np.asarray(code, dtype=np.int64).copy(), np.asarray(slot, dtype=np.int64)
 
     def candidates(self, lon: np.ndarray, lat: np.ndarray, pair_obj: np.ndarray, pair_code: np.ndarray,
                    reach: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:

@@ -120,8 +120,7 @@ class QueryIndex:
         """Number of grid entries (superseded ones not yet merged away included)."""
         return len(self._base) + len(self._mid) + len(self._delta)
 
-    @staticmethod
-    def _cover(lon, lat, radius_m) -> tuple[np.ndarray, ...]:
+    def _cover(self, lon, lat, radius_m) -> tuple[tuple[np.ndarray, ...], np.ndarray]:
         """Per region: the level and the level's cell columns and rows ``(ax0, ay0, ax1, ay1)``
         of its bounding box (``(e,)`` int64 each; at most 2 x 2 cells: the class docstring), and
         all five packed in one int64 (two regions with one packed value are listed alike)."""
@@ -133,23 +132,23 @@ class QueryIndex:
             level[((bx1 >> lv) - (bx0 >> lv) <= 1) & ((by1 >> lv) - (by0 >> lv) <= 1)] = lv
         ax0, ay0, ax1, ay1 = bx0 >> level, by0 >> level, bx1 >> level, by1 >> level
         packed = (level << (4 * FINEST)) | (ax0 << (3 * FINEST)) | (ay0 << (2 * FINEST)) | (ax1 << FINEST) | ay1
-        return level, ax0, ay0, ax1, ay1, packed
+        return (level, ax0, ay0, ax1, ay1), packed
 
-    def _grid_entries(self, slot, code, lon, lat, radius_m) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(keys, slots)`` ``(e,)`` int64 of the grid entries, unsorted, and per given entry
-        its region's packed cover (:meth:`_cover`)."""
+    def _grid_entries(self, slot, code, cover: tuple[np.ndarray, ...]) -> tuple[np.ndarray, np.ndarray]:
+        """``(keys, slots)`` ``(e,)`` int64 of the grid entries of the given entries (``slot``,
+        ``code``, each region's :meth:`_cover`), unsorted."""
         slot = np.asarray(slot, dtype=np.int64)
         code = np.asarray(code, dtype=np.int64)
         if len(code) and code.max() >= (1 << _CODE_BITS):
             raise ValueError(f"keyword codes must be below 2**{_CODE_BITS}")
-        level, ax0, ay0, ax1, ay1, packed = self._cover(lon, lat, radius_m)
+        level, ax0, ay0, ax1, ay1 = cover
         keys, slots = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
         for dx in (0, 1):
             for dy in (0, 1):
                 ok = (ax0 + dx <= ax1) & (ay0 + dy <= ay1)
                 keys.append(_key(level[ok], code[ok], _morton(ax0[ok] + dx, ay0[ok] + dy)))
                 slots.append(slot[ok])
-        return np.concatenate(keys), np.concatenate(slots), packed
+        return np.concatenate(keys), np.concatenate(slots)
 
     def _count_levels(self, keys: np.ndarray, sign: int) -> None:
         """Add ``sign`` per grid key to the (keyword code, level) table that :meth:`candidates`
@@ -189,13 +188,14 @@ class QueryIndex:
         lon, lat, radius_m
             ``(e,)`` float64 per entry (the query's location in degrees and ``r_q`` in meters).
         """
-        keys, slots, cover = self._grid_entries(slot, code, lon, lat, radius_m)
+        cover, packed = self._cover(lon, lat, radius_m)
+        keys, slots = self._grid_entries(slot, code, cover)
         order = np.argsort(keys, kind="stable")
         self._gen = with_capacity(self._gen, int(np.max(slot, initial=-1)) + 1)
         self._gen[:] = 0
         self._covers = with_capacity(self._covers, len(self._gen))
         self._covers[:] = 0
-        self._covers[np.asarray(slot, dtype=np.int64)] = cover + 1
+        self._covers[np.asarray(slot, dtype=np.int64)] = packed + 1
         self._base = PartedBase(GridRun(keys[order], slots[order], np.zeros(len(keys), np.int32)),
                                 self.PART_ENTRIES)
         self._mid, self._delta, self._folding = GridRun.empty(), GridRun.empty(), -1
@@ -212,15 +212,15 @@ class QueryIndex:
         changed, slot = np.asarray(changed, dtype=np.int64), np.asarray(slot, dtype=np.int64)
         n = int(max(changed.max(initial=-1), slot.max(initial=-1))) + 1
         self._gen, self._covers = with_capacity(self._gen, n), with_capacity(self._covers, n)
-        keys, slots, cover = self._grid_entries(slot, code, lon, lat, radius_m)
+        cover, packed = self._cover(lon, lat, radius_m)
         same = np.zeros(len(self._covers), dtype=bool)
-        same[slot] = self._covers[slot] == cover + 1  # (a slot's entries share its region)
-        if same[slot].any():
-            keys, slots = keys[~same[slots]], slots[~same[slots]]
-            changed = changed[~same[changed]]
+        same[slot] = self._covers[slot] == packed + 1  # (a slot's entries share its region)
+        new = ~same[slot]
+        changed = changed[~same[changed]]
         self._covers[changed] = 0
-        self._covers[slot] = cover + 1
+        self._covers[slot] = packed + 1
         if len(changed):
+            keys, slots = self._grid_entries(slot[new], np.asarray(code)[new], tuple(c[new] for c in cover))
             self._gen[changed] += 1
             self._count_levels(keys, 1)
             order = np.argsort(keys, kind="stable")

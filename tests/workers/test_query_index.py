@@ -146,7 +146,8 @@ def test_a_region_listed_in_the_same_cells_keeps_its_entries():
     index.refresh(np.arange(40), *state.entries(np.arange(40)))
     fresh = QueryIndex()
     fresh.rebuild(*state.entries(np.arange(40)))
-    added = fresh.entries - QueryIndex._grid_entries(fresh, *state.entries(np.arange(20)))[0].size
+    slot, code, lon, lat, radius = state.entries(np.arange(20))
+    added = fresh.entries - fresh._grid_entries(slot, code, fresh._cover(lon, lat, radius)[0])[0].size
     assert index.entries == before + added
     rng = np.random.default_rng(5)
     lon, lat = rng.uniform(-1, 1, 300), rng.uniform(-1, 1, 300)
