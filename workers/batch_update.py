@@ -3,11 +3,10 @@ the changes to write, and ``r_q`` shrinking (``docs/concepts.md``, "The worker";
 §4.4):
 
 1. candidates: (object, query) pairs whose query region holds the object and shares a keyword,
-   from the worker's index (vectorised, no loop over objects); the grid index applies the chord
-   pre-test as it finds them (most fail it: they are never written out);
-2. the chord pre-test (again, for every index), the exact haversine check against ``r_q``
-   (queries with fewer than ``k`` results pass always) and the top-k merge ordered by
-   ``(distance m, object id)``, in :mod:`~knnmon.workers.kernels`;
+   from the worker's index (vectorised, no loop over objects), those that fail the chord pre-test
+   left out (the grid index tests them as it finds them: most fail, never written out);
+2. the exact haversine check against ``r_q`` (queries with fewer than ``k`` results pass always)
+   and the top-k merge ordered by ``(distance m, object id)``, in :mod:`~knnmon.workers.kernels`;
 3. ``r_q`` shrinks to the k-th distance and the query is re-indexed with its smaller region
    (:meth:`QueryIndex.refresh`, into a small delta run, no re-sort);
 4. every changed result, the objects now in results, and one ``changes`` entry per changed
@@ -26,10 +25,11 @@ import numpy as np
 
 from knnmon.batch import BatchChanges, ObjectBatch, ObjectColumns
 from knnmon.encoding import id_prefix_keys
-from knnmon.geo import haversine_m, unit_vectors
+from knnmon.geo import haversine_m
 from knnmon.refills import NEVER, Refills
 from knnmon.reports import WorkerReport
 from knnmon.workers import kernels
+from knnmon.workers.query_index import pretested
 from knnmon.workers.state import WorkerState
 from knnmon.workers.window_lists import NO_CUTOFF, WindowLists
 
@@ -228,15 +228,15 @@ class BatchUpdate:
     def _update(self, ids: Sequence[str], times: np.ndarray, lon: np.ndarray, lat: np.ndarray, obj: np.ndarray,
                 slot: np.ndarray) -> Merge | None:
         """Merge a batch's candidate pairs ``(obj, slot)`` (``(c,)`` int64 each, from the query
-        index) into the touched queries' top-k lists: the chord pre-test, the haversine distance
-        and the merge with ties by id, in :mod:`~knnmon.workers.kernels`; then handles for the
-        objects that entered. ``None`` if no pair lies within its ``r_q``."""
+        index) into the touched queries' top-k lists: the chord pre-test (when the index did not
+        apply it: re-balancing charges every pair), the haversine distance and the merge with
+        ties by id, in :mod:`~knnmon.workers.kernels`; then handles for the objects that entered.
+        ``None`` if no pair lies within its ``r_q``."""
         if not len(obj):
             return None
         q, L = self.state.queries, self.state.lists
-        u = unit_vectors(lon, lat)
-        sel = kernels.chord_pretest(*(np.ascontiguousarray(u[:, i]) for i in range(3)), obj, slot, q.reach)
-        obj, slot = obj[sel], slot[sel]
+        if self.state.settings.track_load:  # (else the index returned only pairs that pass it)
+            obj, slot = pretested(lon, lat, obj, slot, q.reach)
         d = haversine_m(lon[obj], lat[obj], q.lon[slot], q.lat[slot])
         within = np.unique(obj[d <= q.radius[slot]])
         if not len(within):

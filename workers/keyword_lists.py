@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from knnmon.workers.query_index import QueryIndex
+from knnmon.workers.query_index import QueryIndex, pretested
 
 __all__ = ["KeywordLists"]
 
@@ -30,6 +30,7 @@ class KeywordLists(QueryIndex):
 
     def candidates(self, lon: np.ndarray, lat: np.ndarray, pair_obj: np.ndarray, pair_code: np.ndarray,
                    reach: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """Every (object, query slot) pair sharing a keyword (``(c,)`` int64 each; ``reach`` is
-        not used: the reference checks every pair)."""
-        return self._grid_hits(np.asarray(pair_code, dtype=np.int64), np.asarray(pair_obj, dtype=np.int64))
+        """Every (object, query slot) pair sharing a keyword (``(c,)`` int64 each), with ``reach``
+        those that pass the pre-test (:meth:`QueryIndex.candidates`)."""
+        obj, slot = self._grid_hits(np.asarray(pair_code, dtype=np.int64), np.asarray(pair_obj, dtype=np.int64))
+        return (obj, slot) if reach is None else pretested(lon, lat, obj, slot, reach)

@@ -31,7 +31,7 @@ from knnmon.geo import cap_bbox, unit_vectors
 from knnmon.workers import kernels
 from knnmon.workers.grid_runs import GridRun, PartedBase, merge_current
 
-__all__ = ["FINEST", "LEVELS", "QueryIndex", "zorder"]
+__all__ = ["FINEST", "LEVELS", "QueryIndex", "pretested", "unit_columns", "zorder"]
 
 #: Grid levels 0..LEVELS-1; level l has 2**(FINEST - l) cells per side (the last: one cell).
 LEVELS = 15
@@ -71,6 +71,20 @@ def zorder(lon, lat) -> np.ndarray:
     sorting by it sorts the points along the Z curve at every level (the R-tree's packing order
     uses it too, :mod:`knnmon.workers.packed_rtree`)."""
     return _morton(*_cells0(lon, lat))
+
+
+def unit_columns(lon, lat) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The unit vectors of points in degrees (:func:`knnmon.geo.unit_vectors`) as three
+    contiguous ``(n,)`` float64 columns, as the pre-test takes them."""
+    u = unit_vectors(lon, lat)
+    return tuple(np.ascontiguousarray(u[:, i]) for i in range(3))
+
+
+def pretested(lon, lat, obj: np.ndarray, slot: np.ndarray, reach: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The pairs ``(obj, slot)`` (``(c,)`` int64) that pass :func:`~knnmon.workers.kernels.chord_pretest`
+    (objects at ``lon``, ``lat`` degrees; ``reach``: ``(Q, 4)`` per slot)."""
+    sel = kernels.chord_pretest(*unit_columns(lon, lat), obj, slot, reach)
+    return obj[sel], slot[sel]
 
 
 def _key(level, code, cell) -> np.ndarray:
@@ -281,7 +295,7 @@ class QueryIndex:
         reach
             ``(Q, 4)`` float64 per slot (the worker's ``QueryTable.reach``): only the pairs that
             pass :func:`~knnmon.workers.kernels.chord_pretest` are returned, tested as they are
-            found (default: every pair).
+            found (default: every pair). Every index takes it so.
 
         Returns
         -------
@@ -308,8 +322,5 @@ class QueryIndex:
             sel = np.flatnonzero(at_level[:, lv])
             probes.append(_key(lv, pcode[sel], cell[sel] >> (2 * lv)))
             owners.append(po[sel])
-        within = None
-        if reach is not None:
-            u = unit_vectors(lon, lat)
-            within = (*(np.ascontiguousarray(u[:, i]) for i in range(3)), reach)
+        within = None if reach is None else (*unit_columns(lon, lat), reach)
         return self._grid_hits(np.concatenate(probes), np.concatenate(owners), within)

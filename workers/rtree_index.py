@@ -25,6 +25,7 @@ import numpy as np
 from knnmon.arrays import with_capacity
 from knnmon.geo import cap_bbox
 from knnmon.workers.packed_rtree import PackedRTree
+from knnmon.workers.query_index import pretested
 
 __all__ = ["RTreeIndex"]
 
@@ -177,8 +178,8 @@ class RTreeIndex:
                    reach: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`QueryIndex.candidates <knnmon.workers.query_index.QueryIndex.candidates>` (the
         query's indexed box for its region): one level-by-level traversal, each pair starting at
-        its keyword's entry points (:meth:`PackedRTree.entries_of`); ``reach`` is not used (the
-        worker's pre-test takes every pair)."""
+        its keyword's entry points (:meth:`PackedRTree.entries_of`); with ``reach``, the pairs that
+        pass the pre-test."""
         po, px, py, pc = self._points(lon, lat, pair_obj, pair_code)
         objs, slots = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
         for part in (self._base, self._delta):
@@ -186,6 +187,6 @@ class RTreeIndex:
             o, s = self._hits(part, pair, node, po)
             objs.append(o)
             slots.append(s)
-        obj = np.concatenate(objs)
+        obj, slot = np.concatenate(objs), np.concatenate(slots)
         self.found = len(obj)
-        return obj, np.concatenate(slots)
+        return (obj, slot) if reach is None else pretested(lon, lat, obj, slot, reach)

@@ -44,6 +44,12 @@ class _State:
         return slot, code, self.lon[slot], self.lat[slot], self.radius[slot]
 
 
+def _reach(state: _State) -> np.ndarray:
+    """The worker's ``QueryTable.reach`` of ``state``: unit vector and chord bound, ``-1`` once removed."""
+    bound = np.where(state.alive, chord2_bound(state.radius), -1.0)
+    return np.column_stack([unit_vectors(state.lon, state.lat), bound])
+
+
 @settings(max_examples=30, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 60),
        steps=st.lists(st.sampled_from(["shrink", "grow", "add", "remove"]), min_size=1, max_size=12),
@@ -83,8 +89,7 @@ def test_refresh_equals_rebuild(seed, n, steps, delta_min, share, part):
         got = _pairs(obj, slot)
         assert got == _pairs(*fresh.candidates(lon, lat, pair_obj, pair_code)), step
         # Pre-tested as found: the pairs that pass the worker's chord pre-test, all counted.
-        reach = np.column_stack([unit_vectors(state.lon, state.lat),
-                                 np.where(state.alive, chord2_bound(state.radius), -1.0)])
+        reach = _reach(state)
         u = unit_vectors(lon, lat)
         keep = kernels.chord_pretest(*(np.ascontiguousarray(u[:, i]) for i in range(3)), obj, slot, reach)
         assert _pairs(*index.candidates(lon, lat, pair_obj, pair_code, reach)) == _pairs(obj[keep], slot[keep])

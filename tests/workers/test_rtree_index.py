@@ -10,10 +10,10 @@ from hypothesis import strategies as st
 
 from knnmon.geo import haversine_m
 from knnmon.workers.packed_rtree import PackedRTree
-from knnmon.workers.query_index import QueryIndex
+from knnmon.workers.query_index import QueryIndex, pretested
 from knnmon.workers.rtree_index import RTreeIndex
 
-from tests.workers.test_query_index import N_CODES, _State, _pairs
+from tests.workers.test_query_index import N_CODES, _State, _pairs, _reach
 
 
 def _probe(rng: np.random.Generator, m: int = 200):
@@ -98,9 +98,15 @@ def test_every_fanout_finds_the_same_pairs_as_the_grid(seed, n, fanout):
     index.refresh(extra, *state.entries(extra))
     grid.rebuild(*state.entries(np.arange(len(state.lon))))
     lon, lat, pair_obj, pair_code = _probe(rng, 120)
-    got = _within(state, lon, lat, _pairs(*index.candidates(lon, lat, pair_obj, pair_code)))
+    obj, slot = index.candidates(lon, lat, pair_obj, pair_code)
+    got = _within(state, lon, lat, _pairs(obj, slot))
     assert got == _within(state, lon, lat, _pairs(*grid.candidates(lon, lat, pair_obj, pair_code)))
     assert got == _exact(state, lon, lat, pair_obj, pair_code)
+    # With the slots' reach, the pairs that pass the pre-test, every pair found counted.
+    reach = _reach(state)
+    assert _pairs(*index.candidates(lon, lat, pair_obj, pair_code, reach)) == _pairs(*pretested(lon, lat, obj, slot,
+                                                                                                reach))
+    assert index.found == len(obj)
 
 
 def test_packed_rtree_search_against_brute_force():
