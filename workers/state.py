@@ -25,6 +25,7 @@ from knnmon.workers.query_table import QueryTable
 from knnmon.workers.result_writer import ResultWriter
 from knnmon.workers.rtree_index import RTreeIndex
 from knnmon.workers.settings import WorkerSettings
+from knnmon.workers.successor_lists import SuccessorLists
 from knnmon.workers.topk_lists import TopKLists
 from knnmon.workers.vocabulary import Vocabulary
 from knnmon.workers.write_queue import WriteQueue
@@ -51,7 +52,8 @@ class WorkerState:
 
     Rooms: the queries as columns (:class:`~knnmon.workers.query_table.QueryTable`, ``queries``),
     their top-k lists in flat arrays (:class:`~knnmon.workers.topk_lists.TopKLists`, ``lists``:
-    memory follows the sum of the queries' ``k`` + reserve), the objects the lists hold by handle
+    memory follows the sum of the queries' ``k`` + reserve; with a window, the successors searched ahead,
+    :class:`~knnmon.workers.successor_lists.SuccessorLists`, ``successors``), the objects the lists hold by handle
     (:class:`~knnmon.workers.object_handles.ObjectHandles`, ``handles``), the keyword codes
     (:class:`~knnmon.workers.vocabulary.Vocabulary`, ``vocabulary``), the query index (``index``,
     one of :data:`INDEXES`), each query's measured load (``load``), with a reserve the details of
@@ -75,6 +77,7 @@ class WorkerState:
         self.holders = self.writer.holders() if self.writer is not None else None  # of the written results
         self.queries = QueryTable()
         self.lists = TopKLists()
+        self.successors = SuccessorLists()  # with a window, lists searched ahead of their deadlines
         self.handles = ObjectHandles()
         self.vocabulary = Vocabulary()  # (each load, registration and hand-over brings its queries' codes)
         self.index = INDEXES[settings.index]()
@@ -90,7 +93,7 @@ class WorkerState:
         t0 = time.perf_counter()
         q = self.queries
         slot, code = q.entries(np.flatnonzero(q.alive))
-        self.index.rebuild(slot, code, q.lon[slot], q.lat[slot], q.radius[slot])
+        self.index.rebuild(slot, code, q.lon[slot], q.lat[slot], q.region(slot))
         return time.perf_counter() - t0
 
     def refresh(self, slots: np.ndarray) -> None:
@@ -99,7 +102,7 @@ class WorkerState:
         q = self.queries
         slots = np.asarray(slots, dtype=np.int64)
         slot, code = q.entries(slots[q.alive[slots]])
-        self.index.refresh(slots, slot, code, q.lon[slot], q.lat[slot], q.radius[slot])
+        self.index.refresh(slots, slot, code, q.lon[slot], q.lat[slot], q.region(slot))
         self.refreshed += len(slots)
 
     def shrink(self, changed: np.ndarray) -> None:
@@ -120,10 +123,13 @@ class WorkerState:
         self.handle_compactions += 1
         mark = np.zeros(len(self.handles), dtype=bool)  # (a mark per handle: no sort, no hash)
         mark[self.lists.h[self.lists.h >= 0]] = True
+        mark[self.successors.held()] = True
         if self.holders is not None:  # (a query handed over holds its objects until it is released)
             mark[np.asarray(self.holders.held(), dtype=np.int64)] = True
         used = np.flatnonzero(mark)
-        self.lists.renumber(self.handles.compact(used))
+        remap = self.handles.compact(used)
+        self.lists.renumber(remap)
+        self.successors.lists.renumber(remap)
         if self.details is not None:
             self.details.renumber(used)
         if self.holders is not None:

@@ -16,7 +16,17 @@ import numpy as np
 from knnmon.query import QueryColumns
 from knnmon.refills import NEVER, DueLists
 
-__all__ = ["DueTable"]
+__all__ = ["AHEAD_LISTS", "AHEAD_MS", "AHEAD_STEP_MS", "DueTable"]
+
+#: A batch searches successors (:class:`~knnmon.refills.Refills`, ``after_ms``) for the lists
+#: due within this many ms past its cutoff ...
+AHEAD_MS = 10_000
+#: ... at most this many, less the lists the batch refills (a quiet batch searches ahead; a wave's
+#: does not) ...
+AHEAD_LISTS = 2_000
+#: ... those due within this many ms of the earliest of them, searched at once over the objects
+#: after its deadline.
+AHEAD_STEP_MS = 500
 
 
 class DueTable:
@@ -47,18 +57,35 @@ class DueTable:
             self._heap = [row[:2] for row in self._due.values()]
             heapq.heapify(self._heap)
 
+    def first(self) -> int:
+        """The earliest deadline held (epoch ms), :data:`~knnmon.refills.NEVER` if none."""
+        heap = self._heap
+        while heap and self._due.get(heap[0][1], (None,))[0] != heap[0][0]:
+            heapq.heappop(heap)  # (replaced or taken)
+        return heap[0][0] if heap else NEVER
+
     def take(self, cutoff: int) -> QueryColumns:
         """The queries due by ``cutoff`` (deadline <= cutoff, epoch ms), earliest first, removed
         from the table: the batch moving the window to ``cutoff`` refills them."""
+        return self._pop(cutoff, None)[0]
+
+    def ahead(self, until_ms: int, limit: int) -> tuple[QueryColumns, np.ndarray]:
+        """The first ``limit`` queries due by ``until_ms`` (epoch ms), earliest first, and their
+        deadlines (``(m,)`` int64 epoch ms), removed from the table: their successors are
+        searched ahead (:class:`~knnmon.refills.Refills`, ``after_ms``)."""
+        return self._pop(until_ms, limit)
+
+    def _pop(self, until_ms: int, limit: int | None) -> tuple[QueryColumns, np.ndarray]:
         due, heap = [], self._heap
-        while heap and heap[0][0] <= cutoff:  # O(taken log n): not a pass over every list held
+        while heap and heap[0][0] <= until_ms and (limit is None or len(due) < limit):  # O(taken log n)
             at, qid = heapq.heappop(heap)
             row = self._due.get(qid)
             if row is not None and row[0] == at:
                 del self._due[qid]
                 due.append(row)
         if not due:
-            return QueryColumns.of([])
-        return QueryColumns([r[1] for r in due], np.array([r[2] for r in due], dtype=np.float64),
-                            np.array([r[3] for r in due], dtype=np.float64), [list(r[4]) for r in due],
-                            np.array([r[5] for r in due], dtype=np.int64))
+            return QueryColumns.of([]), np.empty(0, dtype=np.int64)
+        return (QueryColumns([r[1] for r in due], np.array([r[2] for r in due], dtype=np.float64),
+                             np.array([r[3] for r in due], dtype=np.float64), [list(r[4]) for r in due],
+                             np.array([r[5] for r in due], dtype=np.int64)),
+                np.array([r[0] for r in due], dtype=np.int64))
