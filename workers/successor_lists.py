@@ -27,8 +27,9 @@ __all__ = ["SuccessorLists"]
 class SuccessorLists:
     """At most one successor per query slot, in rows of flat lists (:class:`TopKLists`, a row's
     ``cap`` the query's): per slot ``row`` (``-1``: none); per row its ``slot`` (``-1``:
-    released), ``after`` (``T``, epoch ms) and ``radius`` (``r_s``, meters; ``inf`` below ``cap``
-    entries)."""
+    released), ``after`` (``T``, epoch ms), ``radius`` (``r_s``, meters; ``inf`` below ``cap``
+    entries) and ``deadline`` (its own, as a list's: kept by
+    :meth:`~knnmon.workers.window_lists.WindowLists.announce`)."""
 
     def __init__(self) -> None:
         self.row = np.empty(0, dtype=np.int64)
@@ -36,6 +37,7 @@ class SuccessorLists:
         self.after = np.empty(0, dtype=np.int64)
         self.radius = np.empty(0)
         self.cap = np.empty(0, dtype=np.int64)
+        self.deadline = np.empty(0, dtype=np.int64)
         self.lists = TopKLists()
 
     def __len__(self) -> int:
@@ -63,6 +65,7 @@ class SuccessorLists:
         self.after = np.concatenate([self.after, after])
         self.radius = np.concatenate([self.radius, radius])
         self.cap = np.concatenate([self.cap, cap])
+        self.deadline = np.concatenate([self.deadline, np.full(len(slots), np.iinfo(np.int64).min)])
         self.lists.append(cap, d, h, count)
 
     def release(self, rows: np.ndarray) -> None:
@@ -78,8 +81,8 @@ class SuccessorLists:
         if len(self.slot) > 1024 and (self.slot >= 0).sum() < len(self.slot) // 2:
             keep = np.flatnonzero(self.slot >= 0)
             self.lists.compact(keep, self.cap[keep])
-            self.slot, self.after, self.radius, self.cap = (a[keep] for a in (self.slot, self.after, self.radius,
-                                                                              self.cap))
+            self.slot, self.after, self.radius, self.cap, self.deadline = (
+                a[keep] for a in (self.slot, self.after, self.radius, self.cap, self.deadline))
             self.row[self.slot] = np.arange(len(keep))
 
     def due(self, cutoff: int) -> np.ndarray:

@@ -62,6 +62,7 @@ class WindowLists:
         self.oldest = np.empty(0, dtype=np.int64)  # per slot, its oldest member's time (NEVER: none)
         self.touched: list[np.ndarray] = []  # slots whose list changed since the last announcement
         self.horizon_ms = DUE_HORIZON_MS  # how far past the cutoff deadlines are announced
+        self.step_ms = 0  # the cutoff's last step
 
     def renumber(self, keep: np.ndarray) -> None:
         """The live slots ``keep`` (``(m,)`` int64, sorted) become ``0..m-1`` (a compaction)."""
@@ -125,11 +126,14 @@ class WindowLists:
         limit = self.cutoff + self.horizon_ms if self.cutoff > NO_CUTOFF else NEVER
         want = self.deadline.copy()
         S = self.state.successors
-        rows = np.flatnonzero(S.slot >= 0)
-        if len(rows):  # a list due after its successor's time: due when the successor is
-            slots = S.slot[rows]
-            later, _ = self._deadlines(S.lists, rows, S.radius[rows], q.k[slots])
-            want[slots] = np.where(want[slots] < S.after[rows], want[slots], np.maximum(later, S.after[rows]))
+        if len(S.slot):  # a list due after its successor's time: due then if the successor is short
+            rows = S.rows_of(touched)
+            rows = rows[rows >= 0]
+            S.deadline[rows] = self._deadlines(S.lists, rows, S.radius[rows], q.k[S.slot[rows]])[0]
+            rows = np.flatnonzero(S.slot >= 0)
+            slots, at = S.slot[rows], S.after[rows]
+            short = S.deadline[rows] <= at + 2 * self.step_ms  # (by the cutoff that swaps it in, or the next)
+            want[slots] = np.where(want[slots] < at, want[slots], np.where(short, at, NEVER))
         want[want > limit] = NEVER
         diff = np.flatnonzero(want != self.announced)
         self.announced[diff] = want[diff]
@@ -166,7 +170,8 @@ class WindowLists:
             return pending
         before, self.cutoff = self.cutoff, int(cutoff)
         if before > NO_CUTOFF:
-            self.horizon_ms = max(DUE_HORIZON_MS, 2 * (self.cutoff - before))
+            self.step_ms = self.cutoff - before
+            self.horizon_ms = max(DUE_HORIZON_MS, 2 * self.step_ms)
         swapped = self._swap(self.state.successors.due(cutoff))
         n = len(self.state.handles)
         t = self.state.handles.t[:n]

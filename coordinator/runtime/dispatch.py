@@ -151,16 +151,23 @@ class Dispatcher:
         refills = self._refill(needs, route_now=False, ahead=self._ahead(cutoff, sum(len(n.ids) for n in needs)))
         return batch, n_late, cutoff, refills, (time.perf_counter() - t0) * 1e3
 
-    def _ahead(self, cutoff: int, refilling: int) -> tuple[list[QueryColumns], int] | None:
-        """The lists whose successors this batch searches ahead (module docstring), each
-        worker's, and the time they are searched after (epoch ms): within :data:`AHEAD_LISTS`
-        less the batch's ``refilling`` lists, those due earliest within :data:`AHEAD_MS` past
-        ``cutoff`` and within :data:`AHEAD_STEP_MS` of the earliest; ``None``: none."""
+    def _ahead(self, cutoff: int, refilling: int) -> list[tuple[list[QueryColumns], int]]:
+        """The lists whose successors this batch searches ahead (module docstring), in groups of
+        each worker's lists and the time they are searched after (epoch ms): within
+        :data:`AHEAD_LISTS` less the batch's ``refilling`` lists, those due earliest within
+        :data:`AHEAD_MS` past ``cutoff``, a group those due within :data:`AHEAD_STEP_MS` of
+        its earliest."""
         budget = (AHEAD_LISTS - refilling) // len(self.due)
-        first = min(due.first() for due in self.due)
-        if budget <= 0 or first > cutoff + AHEAD_MS or not self.search_ahead:
-            return None
-        return [due.ahead(first + AHEAD_STEP_MS, budget)[0] for due in self.due], first
+        if not self.search_ahead or budget <= 0:
+            return []
+        taken = [due.ahead(cutoff + AHEAD_MS, budget) for due in self.due]
+        starts: list[int] = []
+        for at in np.unique(np.concatenate([d for _, d in taken])).tolist():
+            if not starts or at >= starts[-1] + AHEAD_STEP_MS:
+                starts.append(at)
+        group = [np.searchsorted(starts, d, side="right") - 1 for _, d in taken]
+        return [([q.take(np.flatnonzero(g == i)) for (q, _), g in zip(taken, group)], at)
+                for i, at in enumerate(starts)]
 
     def settle(self, d: DispatchedBatch) -> None:
         """Wait for ``d``'s workers (not their writes); learn their announced deadlines; send
@@ -208,14 +215,14 @@ class Dispatcher:
                 self.due[r.worker].absorb(r.due)
 
     def _refill(self, needs: list[QueryColumns], exclude: frozenset[str] = frozenset(), *,
-                route_now: bool = True, ahead: tuple[list[QueryColumns], int] | None = None) -> dict[int, Refills]:
+                route_now: bool = True, ahead: Sequence[tuple[list[QueryColumns], int]] = ()) -> dict[int, Refills]:
         """Each worker's :class:`Refills`: one kNN search over the live objects for all (but
         ``exclude``: a batch in the store already, replayed to a revived worker), and with
-        ``ahead`` (:meth:`_ahead`) one over the objects after its time for the successors. Their
+        ``ahead`` (:meth:`_ahead`) one per group over the objects after its time for the successors. Their
         regions join the routing table (they route the batch), merged into its sorted entries now
         or, with ``route_now=False``, by :meth:`_merge_routing` once the batch is sent."""
         found = [self._search(needs, exclude, None, route_now)]
-        found += [self._search(ahead[0], exclude, ahead[1], route_now)] if ahead else []
+        found += [self._search(lists, exclude, after_ms, route_now) for lists, after_ms in ahead]
         found = [f for f in found if f is not None]
         if not found:
             return {}
