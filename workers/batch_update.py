@@ -238,7 +238,7 @@ class BatchUpdate:
         if self.state.settings.track_load:  # (else the index returned only pairs that pass it)
             obj, slot = pretested(lon, lat, obj, slot, q.reach)
         d = haversine_m(lon[obj], lat[obj], q.lon[slot], q.lat[slot])
-        within = np.unique(obj[d <= q.region(slot)])  # (r_q, or a successor's radius: both lists take them)
+        within = np.unique(obj[d <= q.radius[slot]])
         if not len(within):
             return None
         okey = np.zeros(len(lon), dtype=np.uint64)
@@ -249,19 +249,12 @@ class BatchUpdate:
         m = Merge(int(passed[0]), changed, in_result, e_slot, e_obj, e_d, e_place, l_slot, l_h, b_slot, b_h)
         if len(fallback):
             m = m.plus(self._merge_by_ids(ids, fallback, f_slot, f_obj, f_d))
-        S = self.state.successors
-        s_obj, s_place, s_changed, s_shrunk = S.merge(obj, slot, d, okey, q.k, self.state.handles.key, len(lon))
-        uniq = np.unique(np.concatenate([m.e_obj, s_obj]))
+        uniq = np.unique(m.e_obj)
         handles = self.state.handles.handles_of([ids[j] for j in uniq.tolist()], times[uniq], okey[uniq])
         m.e_h = handles[np.searchsorted(uniq, m.e_obj)]
         m.entered_obj = uniq
         L.h[m.e_place] = m.e_h
-        S.lists.h[s_place] = handles[np.searchsorted(uniq, s_obj)]
         self.state.handles.key_new()
-        if len(s_changed):  # (its deadline announced anew; its region shrinks as it fills)
-            self.window.touched.append(s_changed)
-            q.set_outer(s_shrunk, S.radius[S.row[s_shrunk]])
-            self.state.refresh(s_shrunk)
         return m
 
     def _merge_by_ids(self, ids: Sequence[str], slots: np.ndarray, f_slot: np.ndarray, f_obj: np.ndarray,

@@ -124,10 +124,9 @@ class Handover:
         return len(slots), time.perf_counter() - t0
 
     def regions_with(self, keywords: Sequence[str]) -> tuple[np.ndarray, ...]:
-        """The live queries holding any of ``keywords``, with their regions' radii (``r_q``, or a
-        successor's when larger): what the routing table must still cover for this worker under
-        those keywords once queries left it (a move's source narrows its routing entries to
-        these, :mod:`~knnmon.coordinator.rebalance.migration`).
+        """The live queries holding any of ``keywords``, with their kNN radii: what the routing
+        table must still cover for this worker under those keywords once queries left it (a
+        move's source narrows its routing entries to these, :mod:`~knnmon.coordinator.rebalance.migration`).
 
         Returns
         -------
@@ -146,7 +145,7 @@ class Handover:
         slot, asked = slot[asked >= 0], asked[asked >= 0]
         rows, pair_query = np.unique(slot, return_inverse=True)
         q = self.state.queries
-        return q.lon[rows].copy(), q.lat[rows].copy(), q.region(rows), pair_query.astype(np.int64), asked
+        return q.lon[rows].copy(), q.lat[rows].copy(), q.radius[rows].copy(), pair_query.astype(np.int64), asked
 
     def release_handed(self) -> int:
         """Let go, in this worker's details hash, of the objects only the queries handed over

@@ -91,6 +91,5 @@ class KeptState:
         of queries held."""
         if self.state.writer is not None:
             self.state.writer.session = uuid.uuid4().hex[:12]
-        self.window.drop_successors()  # (nor routes their regions)
         self.window.announced[:] = NEVER  # (the next service knows no deadline: announce them all again)
         return int(self.state.queries.alive.sum())

@@ -29,10 +29,8 @@ class QueryTable:
 
     ``ids`` (:class:`~knnmon.id_table.IdTable`: slot -> id, and :meth:`slots` of ids); per
     slot ``lon``, ``lat`` (float64 degrees), ``k``, ``cap`` (int64: ``k`` + reserve, the places kept), ``radius`` (float64
-    meters: ``r_q``, ``inf`` below ``cap`` entries), ``outer`` (float64 meters: a successor
-    list's radius, :mod:`~knnmon.workers.successor_lists`; 0 without one), ``reach`` (``(Q, 4)``
-    float64: unit vector and :func:`~knnmon.geo.chord2_bound` of the region, ``max(r_q, outer)``,
-    ``-1`` once dropped), ``alive`` (bool),
+    meters: ``r_q``, ``inf`` below ``cap`` entries), ``reach`` (``(Q, 4)`` float64: unit vector
+    and :func:`~knnmon.geo.chord2_bound` of ``r_q``, ``-1`` once dropped), ``alive`` (bool),
     ``keywords`` (:class:`~knnmon.id_table.StringColumn`, space separated), ``kw_ptr`` /
     ``kw_code`` (int64 CSR of keyword codes).
     """
@@ -44,7 +42,6 @@ class QueryTable:
         self.k = np.empty(0, dtype=np.int64)
         self.cap = np.empty(0, dtype=np.int64)
         self.radius = np.empty(0)
-        self.outer = np.empty(0)
         self.reach = np.empty((0, 4))
         self.alive = np.empty(0, dtype=bool)
         self.keywords = StringColumn()
@@ -93,7 +90,6 @@ class QueryTable:
         self.cap = np.concatenate([self.cap, cap])
         self.alive = np.concatenate([self.alive, np.ones(n, dtype=bool)])
         self.radius = np.concatenate([self.radius, radius])
-        self.outer = np.concatenate([self.outer, np.zeros(n)])
         self.reach = np.concatenate([self.reach, np.column_stack([unit_vectors(lon, lat), chord2_bound(radius)])])
         return range(first, first + n)
 
@@ -105,20 +101,9 @@ class QueryTable:
         return np.repeat(slots, n), self.kw_code[runs(a, n)]
 
     def set_radius(self, slots: np.ndarray, radius: np.ndarray) -> None:
-        """``r_q`` of ``slots`` becomes ``radius`` (meters), with its region's pre-test bound."""
+        """``r_q`` of ``slots`` becomes ``radius`` (meters), with its pre-test bound."""
         self.radius[slots] = radius
-        self.reach[slots, 3] = chord2_bound(self.region(slots))
-
-    def set_outer(self, slots: np.ndarray, outer: np.ndarray) -> None:
-        """The successor radius of ``slots`` becomes ``outer`` (meters; 0: none), with the
-        region's pre-test bound (a dropped slot's stays ``-1``)."""
-        self.outer[slots] = outer
-        self.reach[slots, 3] = np.where(self.alive[slots], chord2_bound(self.region(slots)), -1.0)
-
-    def region(self, slots: np.ndarray) -> np.ndarray:
-        """``(m,)`` float64 meters: the radius of the region indexed and routed for ``slots``,
-        ``max(r_q, outer)``."""
-        return np.maximum(self.radius[slots], self.outer[slots])
+        self.reach[slots, 3] = chord2_bound(radius)
 
     def drop(self, qids: Sequence[str]) -> np.ndarray:
         """Kill the slots of ``qids`` (held ones); returns them.
@@ -141,7 +126,7 @@ class QueryTable:
         n_kw = self.kw_ptr[keep + 1] - self.kw_ptr[keep]
         self.kw_code = self.kw_code[runs(self.kw_ptr[keep], n_kw)]
         self.kw_ptr = np.concatenate([[0], np.cumsum(n_kw)]).astype(np.int64)
-        for name in ("lon", "lat", "k", "cap", "radius", "outer", "reach"):
+        for name in ("lon", "lat", "k", "cap", "radius", "reach"):
             setattr(self, name, getattr(self, name)[keep])
         self.alive = np.ones(len(keep), dtype=bool)
         self.ids.keep(keep)

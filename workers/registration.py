@@ -247,7 +247,6 @@ class Registration:
         if not len(qids):
             return
         slots = self.state.queries.drop(qids)
-        self.window.drop_successors(slots)
         self.state.lists.release(slots, self.state.queries.cap[slots])
         self.state.load.clear(slots)
         self.state.refresh(slots)

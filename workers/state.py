@@ -25,7 +25,6 @@ from knnmon.workers.query_table import QueryTable
 from knnmon.workers.result_writer import ResultWriter
 from knnmon.workers.rtree_index import RTreeIndex
 from knnmon.workers.settings import WorkerSettings
-from knnmon.workers.successor_lists import SuccessorLists
 from knnmon.workers.topk_lists import TopKLists
 from knnmon.workers.vocabulary import Vocabulary
 from knnmon.workers.write_queue import WriteQueue
@@ -52,8 +51,7 @@ class WorkerState:
 
     Rooms: the queries as columns (:class:`~knnmon.workers.query_table.QueryTable`, ``queries``),
     their top-k lists in flat arrays (:class:`~knnmon.workers.topk_lists.TopKLists`, ``lists``:
-    memory follows the sum of the queries' ``k`` + reserve; with a window, the successors searched ahead,
-    :class:`~knnmon.workers.successor_lists.SuccessorLists`, ``successors``), the objects the lists hold by handle
+    memory follows the sum of the queries' ``k`` + reserve), the objects the lists hold by handle
     (:class:`~knnmon.workers.object_handles.ObjectHandles`, ``handles``), the keyword codes
     (:class:`~knnmon.workers.vocabulary.Vocabulary`, ``vocabulary``), the query index (``index``,
     one of :data:`INDEXES`), each query's measured load (``load``), with a reserve the details of
@@ -77,7 +75,6 @@ class WorkerState:
         self.holders = self.writer.holders() if self.writer is not None else None  # of the written results
         self.queries = QueryTable()
         self.lists = TopKLists()
-        self.successors = SuccessorLists()  # with a window, lists searched ahead of their deadlines
         self.handles = ObjectHandles()
         self.vocabulary = Vocabulary()  # (each load, registration and hand-over brings its queries' codes)
         self.index = INDEXES[settings.index]()
@@ -93,7 +90,7 @@ class WorkerState:
         t0 = time.perf_counter()
         q = self.queries
         slot, code = q.entries(np.flatnonzero(q.alive))
-        self.index.rebuild(slot, code, q.lon[slot], q.lat[slot], q.region(slot))
+        self.index.rebuild(slot, code, q.lon[slot], q.lat[slot], q.radius[slot])
         return time.perf_counter() - t0
 
     def refresh(self, slots: np.ndarray) -> None:
@@ -102,7 +99,7 @@ class WorkerState:
         q = self.queries
         slots = np.asarray(slots, dtype=np.int64)
         slot, code = q.entries(slots[q.alive[slots]])
-        self.index.refresh(slots, slot, code, q.lon[slot], q.lat[slot], q.region(slot))
+        self.index.refresh(slots, slot, code, q.lon[slot], q.lat[slot], q.radius[slot])
         self.refreshed += len(slots)
 
     def shrink(self, changed: np.ndarray) -> None:
@@ -123,13 +120,10 @@ class WorkerState:
         self.handle_compactions += 1
         mark = np.zeros(len(self.handles), dtype=bool)  # (a mark per handle: no sort, no hash)
         mark[self.lists.h[self.lists.h >= 0]] = True
-        mark[self.successors.held()] = True
         if self.holders is not None:  # (a query handed over holds its objects until it is released)
             mark[np.asarray(self.holders.held(), dtype=np.int64)] = True
         used = np.flatnonzero(mark)
-        remap = self.handles.compact(used)
-        self.lists.renumber(remap)
-        self.successors.lists.renumber(remap)
+        self.lists.renumber(self.handles.compact(used))
         if self.details is not None:
             self.details.renumber(used)
         if self.holders is not None:

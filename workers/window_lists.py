@@ -26,7 +26,6 @@ from knnmon.query import QueryColumns
 from knnmon.refills import NEVER, DueLists, Refills
 from knnmon.workers.kernels import kth_latest
 from knnmon.workers.state import WorkerState
-from knnmon.workers.topk_lists import TopKLists
 
 __all__ = ["DUE_HORIZON_MS", "NO_CUTOFF", "WindowLists"]
 
@@ -56,13 +55,12 @@ class WindowLists:
         self.cutoff = NO_CUTOFF  # the last expiry's cutoff
         self.needs = np.empty(0, dtype=np.int64)  # slots an expiry asked to refill, until the refills come
         self.refilled: dict[str, str] = {}  # details (text) of the objects a refill brought in
-        self.expired = self.refills = self.swapped = 0
+        self.expired = self.refills = 0
         self.deadline = np.empty(0, dtype=np.int64)  # per slot, epoch ms (:meth:`deadlines`)
         self.announced = np.empty(0, dtype=np.int64)  # per slot, the deadline last announced (NEVER: none)
         self.oldest = np.empty(0, dtype=np.int64)  # per slot, its oldest member's time (NEVER: none)
         self.touched: list[np.ndarray] = []  # slots whose list changed since the last announcement
         self.horizon_ms = DUE_HORIZON_MS  # how far past the cutoff deadlines are announced
-        self.step_ms = 0  # the cutoff's last step
 
     def renumber(self, keep: np.ndarray) -> None:
         """The live slots ``keep`` (``(m,)`` int64, sorted) become ``0..m-1`` (a compaction)."""
@@ -71,21 +69,6 @@ class WindowLists:
         self.deadline = self.deadline[keep[keep < len(self.deadline)]]  # (the rest are computed anew)
         self.announced = self.announced[keep[keep < len(self.announced)]]
         self.oldest = self.oldest[keep[keep < len(self.oldest)]]
-        self.state.successors.renumber(keep)
-
-    def drop_successors(self, slots: np.ndarray | None = None) -> None:
-        """Drop the successors of ``slots`` (``(m,)`` int64; default: all), their regions back to
-        ``r_q`` (a dropped query's, or before a next service that knows none of them: their
-        deadlines are announced again)."""
-        S = self.state.successors
-        rows = np.flatnonzero(S.slot >= 0) if slots is None else S.rows_of(slots)
-        rows = rows[rows >= 0]
-        if len(rows):
-            slots = S.slot[rows]
-            S.release(rows)
-            S.tidy()
-            self.state.queries.set_outer(slots, np.zeros(len(slots)))
-            self.state.refresh(slots)
 
     def deadlines(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(m,)`` int64 each: ``slots``' deadlines and their oldest members' times, epoch ms.
@@ -94,18 +77,14 @@ class WindowLists:
         holds ``k``, else its oldest member's time (the first expiry that touches it);
         :data:`~knnmon.refills.NEVER` without a finite ``r_q`` or a member. O(sum of k + reserve)
         over ``slots``."""
-        q = self.state.queries
-        return self._deadlines(self.state.lists, slots, q.radius[slots], q.k[slots])
-
-    def _deadlines(self, L: TopKLists, rows: np.ndarray, radius: np.ndarray, k: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """:meth:`deadlines` of the lists ``rows`` of ``L`` (a :class:`TopKLists`), their radii
-        ``radius`` and ``k`` given (``(m,)`` each)."""
-        c = L.count[rows]
-        at = L.places(rows, c)
-        inw = L.d[at] < np.repeat(radius, c)
-        kth, oldest = kth_latest(self.state.handles.t[L.h[at]], inw, np.cumsum(c) - c, c, k.astype(np.int64), NEVER)
+        q, L = self.state.queries, self.state.lists
+        c = L.count[slots]
+        at = L.places(slots, c)
+        inw = L.d[at] < np.repeat(q.radius[slots], c)
+        kth, oldest = kth_latest(self.state.handles.t[L.h[at]], inw, np.cumsum(c) - c, c, q.k[slots].astype(np.int64),
+                                 NEVER)
         out = np.where(kth != NEVER, kth, oldest)
-        out[~np.isfinite(radius)] = NEVER
+        out[~np.isfinite(q.radius[slots])] = NEVER
         return out, oldest
 
     def announce(self) -> DueLists:
@@ -124,17 +103,7 @@ class WindowLists:
         self.deadline[touched] = self.oldest[touched] = NEVER
         self.deadline[live], self.oldest[live] = self.deadlines(live)
         limit = self.cutoff + self.horizon_ms if self.cutoff > NO_CUTOFF else NEVER
-        want = self.deadline.copy()
-        S = self.state.successors
-        if len(S.slot):  # a list due after its successor's time: due then if the successor is short
-            rows = S.rows_of(touched)
-            rows = rows[rows >= 0]
-            S.deadline[rows] = self._deadlines(S.lists, rows, S.radius[rows], q.k[S.slot[rows]])[0]
-            rows = np.flatnonzero(S.slot >= 0)
-            slots, at = S.slot[rows], S.after[rows]
-            short = S.deadline[rows] <= at + 2 * self.step_ms  # (by the cutoff that swaps it in, or the next)
-            want[slots] = np.where(want[slots] < at, want[slots], np.where(short, at, NEVER))
-        want[want > limit] = NEVER
+        want = np.where(self.deadline <= limit, self.deadline, NEVER)
         diff = np.flatnonzero(want != self.announced)
         self.announced[diff] = want[diff]
         return DueLists(q.columns(diff, q.cap), want[diff].copy())
@@ -170,14 +139,12 @@ class WindowLists:
             return pending
         before, self.cutoff = self.cutoff, int(cutoff)
         if before > NO_CUTOFF:
-            self.step_ms = self.cutoff - before
-            self.horizon_ms = max(DUE_HORIZON_MS, 2 * self.step_ms)
-        swapped = self._swap(self.state.successors.due(cutoff))
+            self.horizon_ms = max(DUE_HORIZON_MS, 2 * (self.cutoff - before))
         n = len(self.state.handles)
         t = self.state.handles.t[:n]
         dead = t <= cutoff
         if not n or not dead.any():
-            return self._short(swapped)
+            return pending
         gone = np.flatnonzero(dead & (t > before))
         self.state.handles.forget(gone)
         if self.state.details is not None:
@@ -190,7 +157,7 @@ class WindowLists:
         hit = np.zeros(len(L.h), dtype=bool)
         hit[places] = True
         if not len(places):
-            return self._short(swapped)
+            return pending
         self.expired += len(places)
         of = np.searchsorted(L.ptr, places, side="right") - 1
         slots = np.unique(of)
@@ -198,7 +165,12 @@ class WindowLists:
         # Results that lost an entry (not only their reserve): diffed at the write, re-sorted.
         in_res = np.unique(of[places - L.ptr[of] < np.minimum(L.count[of], q.k[of])])
         n_res = np.minimum(L.count[in_res], q.k[in_res])
-        self._keep_before(np.repeat(in_res, n_res), L.h[L.places(in_res, n_res)])
+        res_slot, res_h = np.repeat(in_res, n_res), L.h[L.places(in_res, n_res)]
+        if self.before is None:
+            self.before = (res_slot, res_h)
+        else:  # a second expiry before the write: the first one's results are what Redis holds
+            seen = members(res_slot, self.before[0])
+            self.before = tuple(np.concatenate([b, x[~seen]]) for b, x in zip(self.before, (res_slot, res_h)))
         c = L.count[slots]
         at = L.places(slots, c)
         keep = ~hit[at]
@@ -215,52 +187,12 @@ class WindowLists:
             tied = in_res[over[L.d[at - 1] == L.d[at]]]
             if len(tied):
                 self.sort_lists(tied)
-        return self._short(np.union1d(slots, swapped))
-
-    def _keep_before(self, res_slot: np.ndarray, res_h: np.ndarray) -> None:
-        """Keep the results ``(slot, handle)`` as Redis holds them until the write, but those
-        kept already (a second expiry before the write: the first one's are what Redis holds)."""
-        if self.before is None:
-            self.before = (res_slot, res_h)
-        else:
-            seen = members(res_slot, self.before[0])
-            self.before = tuple(np.concatenate([b, x[~seen]]) for b, x in zip(self.before, (res_slot, res_h)))
-
-    def _short(self, slots: np.ndarray) -> QueryColumns:
-        """The queries to refill (:meth:`expire`'s return): those asked for before and of
-        ``slots`` (sorted), those with fewer than ``k`` members strictly within a finite ``r_q``
-        (the docstring of :meth:`expire`)."""
-        q, L = self.state.queries, self.state.lists
-        c = L.count[slots]
-        at = L.places(slots, c)
-        s = np.repeat(slots, c)
-        below = np.bincount(np.searchsorted(slots, s[L.d[at] < q.radius[s]]), minlength=len(slots))
-        self.needs = np.union1d(self.needs, slots[np.isfinite(q.radius[slots]) & (below < q.k[slots])])
+        # Exact still iff k of what is left lie strictly within r_q (the docstring above).
+        r = q.radius[s_keep]
+        below = np.bincount(np.searchsorted(slots, s_keep[d_keep < r]), minlength=len(slots))
+        need = slots[np.isfinite(q.radius[slots]) & (below < q.k[slots])]
+        self.needs = np.union1d(self.needs, need)
         return q.columns(self.needs, q.cap)
-
-    def _swap(self, rows: np.ndarray) -> np.ndarray:
-        """Put the successors of ``rows`` (:meth:`SuccessorLists.due`) in their lists' places,
-        their ``r_s`` the lists' ``r_q`` (the results as Redis holds them kept for the write:
-        an expiry then drops their members expired); returns their slots, sorted."""
-        S, q, L = self.state.successors, self.state.queries, self.state.lists
-        if not len(rows):
-            return np.empty(0, dtype=np.int64)
-        rows = rows[np.argsort(S.slot[rows])]
-        slots = S.slot[rows]
-        n_res = np.minimum(L.count[slots], q.k[slots])
-        res_slot, res_h = np.repeat(slots, n_res), L.h[L.places(slots, n_res)]
-        self._keep_before(res_slot, res_h)
-        cap = q.cap[slots]
-        to, src = L.places(slots, cap), S.lists.places(rows, cap)
-        L.d[to], L.h[to], L.count[slots] = S.lists.d[src], S.lists.h[src], S.lists.count[rows]
-        q.set_outer(slots, np.zeros(len(slots)))
-        q.set_radius(slots, S.radius[rows])
-        S.release(rows)
-        S.tidy()
-        self.state.refresh(slots)
-        self.touched.append(slots)
-        self.swapped += len(slots)
-        return slots
 
     def sort_lists(self, slots: np.ndarray) -> None:
         """Order the held entries of ``slots`` by (distance, object id) in place."""
@@ -284,13 +216,10 @@ class WindowLists:
         objects; ``r_q`` grows back (the query is re-indexed with its larger region). Each list
         of ``refills.topk`` comes nearest first, ties by object id (as
         :meth:`~knnmon.coordinator.runtime.object_store.ObjectStore.knn_v` returns them); its
-        first ``k + reserve`` are kept. A list searched ahead (``refills.after_ms`` past the
-        cutoff) becomes its query's successor instead (:mod:`~knnmon.workers.successor_lists`;
-        without the objects' details kept, a reserve, it is dropped and its deadline announced
-        again). A list searched for a query this worker no longer holds as it was searched
-        (unregistered, or registered again with other parameters since its deadline was
-        announced) is left out: an expiry that needs it asks again. In columns: no Python step
-        per query. Returns the slots refilled (``(m,)`` int64)."""
+        first ``k + reserve`` are kept. A list searched for a query this worker no longer holds
+        as it was searched (unregistered, or registered again with other parameters since its
+        deadline was announced) is left out: an expiry that needs it asks again. In columns: no
+        Python step per query. Returns the slots refilled (``(m,)`` int64)."""
         q, L, top = self.state.queries, self.state.lists, refills.topk
         slots = q.slots(list(refills.qids))
         sel = np.flatnonzero(slots >= 0)  # (a query unregistered meanwhile has none)
@@ -298,45 +227,30 @@ class WindowLists:
         if not len(sel):
             return slots[sel]
         slots = slots[sel]
-        self.touched.append(slots)
-        self.announced[slots[slots < len(self.announced)]] = NEVER  # (the coordinator took them off its list)
-        after = refills.after_ms[sel] if refills.after_ms is not None else np.full(len(sel), NO_CUTOFF)
-        ahead = after > self.cutoff
-        if self.state.details is None:  # (a successor's texts would not be kept until it is swapped in)
-            sel, slots, after, ahead = sel[~ahead], slots[~ahead], after[~ahead], ahead[~ahead]
         cap = q.cap[slots].astype(np.int64)
         n = np.minimum(top.counts[sel], cap)
         src = runs(np.cumsum(top.counts)[sel] - top.counts[sel], n)  # the kept entries of topk
+        clear = L.places(slots, cap)
+        L.d[clear], L.h[clear] = np.inf, -1
+        places = L.places(slots, n)
         dists = top.dist[src]
+        L.d[places] = dists
         objects = refills.objects  # (each entry's row there: every object's handle at once, by row)
         by_row = self.state.handles.handles_of(objects.ids, objects.t)
-        handles = by_row[top.rows[src]]
+        L.h[places] = by_row[top.rows[src]]
+        L.count[slots] = n
+        self.touched.append(slots)
+        self.announced[slots[slots < len(self.announced)]] = NEVER  # (the coordinator took them off its list)
         radii = np.full(len(slots), np.inf)
         full = np.flatnonzero(n == cap)
         radii[full] = dists[np.cumsum(n)[full] - 1]
+        q.set_radius(slots, radii)
         if self.state.details is not None:  # (the texts of the objects held already are kept)
             new = np.flatnonzero(self.state.details.missing(by_row))
             self.state.details.set((), objects.take(new).texts(), handles=by_row[new])
         else:
             self.refilled.update(zip(objects.ids, objects.texts()))
         self.state.handles.key_new()
-        entry = np.repeat(ahead, n)
-        if ahead.any():  # successors
-            s, c, cp = slots[ahead], n[ahead], cap[ahead]
-            d, h = np.full(int(cp.sum()), np.inf), np.full(int(cp.sum()), -1, dtype=np.int64)
-            at = runs(np.cumsum(cp) - cp, c)
-            d[at], h[at] = dists[entry], handles[entry]
-            self.state.successors.install(s, cp, after[ahead], d, h, c, radii[ahead])
-            q.set_outer(s, radii[ahead])
-            self.state.refresh(s)
-        slots, n, cap = slots[~ahead], n[~ahead], cap[~ahead]
-        self.drop_successors(slots)  # (refilled: exact now, and searched after them)
-        clear = L.places(slots, cap)
-        L.d[clear], L.h[clear] = np.inf, -1
-        places = L.places(slots, n)
-        L.d[places], L.h[places] = dists[~entry], handles[~entry]
-        L.count[slots] = n
-        q.set_radius(slots, radii[~ahead])
         self.state.refresh(slots)
         self.refills += len(slots)
         return slots

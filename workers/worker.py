@@ -178,15 +178,15 @@ class KnnWorker:
 
     def regions(self) -> tuple[pa.Table, np.ndarray]:
         """The registered queries (the query file's columns, :meth:`QueryTable.table`) and their
-        regions' radii (``(m,)`` float64 meters: ``r_q``, ``inf`` below ``k`` results, or a
-        successor's when larger): what the routing table must cover for this worker."""
+        kNN radii ``r_q`` (``(m,)`` float64 meters, ``inf`` below ``k`` results): what the
+        routing table must cover for this worker."""
         q = self.state.queries
         live = np.flatnonzero(q.alive)
-        return q.table(live), q.region(live)
+        return q.table(live), q.radius[live].copy()
 
     def stats(self) -> WorkerStats:
         """This worker's :class:`~knnmon.reports.WorkerStats`: queries held, index entries, queries
-        re-indexed so far, list entries expired, results refilled and lists swapped so far (a window), this
+        re-indexed so far, list entries expired and results refilled so far (a window), this
         process's peak and current RSS and its current anonymous RSS (MB; the current ones
         ``None`` where there is no ``/proc``: :func:`~knnmon.heap.resident_bytes`), its process
         id, and the Ray node it runs on (``None`` outside Ray)."""
@@ -205,5 +205,4 @@ class KnnWorker:
                            expired=self.window.expired, refilled=self.window.refills, index_entries=st.index.entries,
                            refreshed=st.refreshed, keywords=len(st.vocabulary),
                            peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                           rss_mb=_mb(resident_bytes()), rss_anon_mb=_mb(resident_bytes("RssAnon")),
-                           swapped=self.window.swapped)
+                           rss_mb=_mb(resident_bytes()), rss_anon_mb=_mb(resident_bytes("RssAnon")))

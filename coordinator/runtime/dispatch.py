@@ -27,17 +27,16 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from knnmon.batch import KnnColumns, ObjectBatch, ObjectColumns
+from knnmon.batch import KnnColumns, ObjectBatch
 from knnmon.coordinator.live_routing import LiveRouting
-from knnmon.coordinator.runtime.due_lists import AHEAD_LISTS, AHEAD_MS, AHEAD_STEP_MS, DueTable
+from knnmon.coordinator.runtime.due_lists import DueTable
 from knnmon.coordinator.runtime.metrics import BatchReport
 from knnmon.coordinator.runtime.object_store import ObjectStore
 from knnmon.coordinator.runtime.seen_ids import SeenIds
 from knnmon.coordinator.runtime.worker_pool import Pending, WorkerPool
 from knnmon.query import QueryColumns
-from knnmon.refills import ALL_LIVE, Refills
+from knnmon.refills import Refills
 from knnmon.reports import WorkerReport
 from knnmon.window import Window
 
@@ -107,23 +106,19 @@ class Dispatcher:
     first_batch
         The number of the first batch: the stream batches applied before (a resumed service's);
         batch ``b``'s changes carry the change feed's version ``b + 1``.
-    ahead
-        With a window, search successors ahead of the lists' deadlines (workers that keep a
-        reserve keep the details they need).
     """
 
     def __init__(self, pool: WorkerPool, routing: LiveRouting, objects: ObjectStore, seen: Sequence[str] | pa.Array, *,
                  seen_times: np.ndarray | None = None, window: Window | None = None, rects=None,
-                 first_batch: int = 0, ahead: bool = True) -> None:
+                 first_batch: int = 0) -> None:
         self.pool, self.routing, self.objects = pool, routing, objects
         routing.prepare()  # (not in the first batch's routing time)
         self.seen = SeenIds(seen, seen_times, windowed=window is not None)
-        self.window, self.rects, self.search_ahead = window, rects, ahead
+        self.window, self.rects = window, rects
         self.next_batch = first_batch
         #: With a window, the last batch's refill step in parts (ms): ``expire`` (the store and
-        #: the seen ids), ``search`` (the refills' kNN), ``ahead`` (the successors' kNN),
-        #: ``routing`` (their regions added to the routing table), ``short`` (a batch sent again,
-        #: :meth:`settle`).
+        #: the seen ids), ``search`` (the refills' kNN), ``routing`` (their regions added to the
+        #: routing table), ``short`` (a batch sent again, :meth:`settle`).
         self.refill_parts_ms: dict[str, float] = {}
         #: Each worker's announced refill deadlines (:class:`DueTable`).
         self.due = [DueTable() for _ in range(pool.size)]
@@ -148,26 +143,8 @@ class Dispatcher:
         self.seen.forget(cutoff)
         needs = [due.take(cutoff) for due in self.due]
         self.refill_parts_ms = {"expire": (time.perf_counter() - t0) * 1e3, "search": 0.0, "routing": 0.0}
-        refills = self._refill(needs, route_now=False, ahead=self._ahead(cutoff, sum(len(n.ids) for n in needs)))
+        refills = self._refill(needs, route_now=False)  # merged into the table once the batch is sent
         return batch, n_late, cutoff, refills, (time.perf_counter() - t0) * 1e3
-
-    def _ahead(self, cutoff: int, refilling: int) -> list[tuple[list[QueryColumns], int]]:
-        """The lists whose successors this batch searches ahead (module docstring), in groups of
-        each worker's lists and the time they are searched after (epoch ms): within
-        :data:`AHEAD_LISTS` less the batch's ``refilling`` lists, those due earliest within
-        :data:`AHEAD_MS` past ``cutoff``, a group those due within :data:`AHEAD_STEP_MS` of
-        its earliest."""
-        budget = (AHEAD_LISTS - refilling) // len(self.due)
-        if not self.search_ahead or budget <= 0:
-            return []
-        taken = [due.ahead(cutoff + AHEAD_MS, budget) for due in self.due]
-        starts: list[int] = []
-        for at in np.unique(np.concatenate([d for _, d in taken])).tolist():
-            if not starts or at >= starts[-1] + AHEAD_STEP_MS:
-                starts.append(at)
-        group = [np.searchsorted(starts, d, side="right") - 1 for _, d in taken]
-        return [([q.take(np.flatnonzero(g == i)) for (q, _), g in zip(taken, group)], at)
-                for i, at in enumerate(starts)]
 
     def settle(self, d: DispatchedBatch) -> None:
         """Wait for ``d``'s workers (not their writes); learn their announced deadlines; send
@@ -215,30 +192,26 @@ class Dispatcher:
                 self.due[r.worker].absorb(r.due)
 
     def _refill(self, needs: list[QueryColumns], exclude: frozenset[str] = frozenset(), *,
-                route_now: bool = True, ahead: Sequence[tuple[list[QueryColumns], int]] = ()) -> dict[int, Refills]:
+                route_now: bool = True) -> dict[int, Refills]:
         """Each worker's :class:`Refills`: one kNN search over the live objects for all (but
-        ``exclude``: a batch in the store already, replayed to a revived worker), and with
-        ``ahead`` (:meth:`_ahead`) one per group over the objects after its time for the successors. Their
-        regions join the routing table (they route the batch), merged into its sorted entries now
-        or, with ``route_now=False``, by :meth:`_merge_routing` once the batch is sent."""
-        found = [self._search(needs, exclude, None, route_now)]
-        found += [self._search(lists, exclude, after_ms, route_now) for lists, after_ms in ahead]
-        found = [f for f in found if f is not None]
-        if not found:
+        ``exclude``: a batch in the store already, replayed to a revived worker). Their regions
+        join the routing table (they route the batch), merged into its sorted entries now or,
+        with ``route_now=False``, by :meth:`_merge_routing` once the batch is sent."""
+        workers = np.concatenate([np.full(len(n.ids), w, dtype=np.int64) for w, n in enumerate(needs)])
+        if not len(workers):
             return {}
-        workers, after = (np.concatenate([f[i] for f in found]) for i in (0, 1))
-        asked = QueryColumns([q for f in found for q in f[2].ids], np.concatenate([f[2].lon for f in found]),
-                             np.concatenate([f[2].lat for f in found]), [w for f in found for w in f[2].keywords],
-                             np.concatenate([f[2].k for f in found]))
-        offset = np.cumsum([0] + [len(f[4]) for f in found])
-        rows, info = np.concatenate([f[3].rows + o for f, o in zip(found, offset)]), found[0][4]
-        if len(found) > 1:  # (an object both searches found: its details once)
-            table = pa.concat_tables([f[4].table for f in found]).combine_chunks()
-            uniq = pc.unique(table.column("id"))
-            rows = pc.index_in(table.column("id"), value_set=uniq).to_numpy()[rows]
-            info = ObjectColumns.of_table(table.take(pc.index_in(uniq, value_set=table.column("id"))))
-        topk = KnnColumns(np.concatenate([f[3].counts for f in found]), np.concatenate([f[3].ids for f in found]),
-                          np.concatenate([f[3].dist for f in found]), rows)
+        lon = np.concatenate([np.asarray(n.lon, dtype=np.float64) for n in needs])
+        lat = np.concatenate([np.asarray(n.lat, dtype=np.float64) for n in needs])
+        k = np.concatenate([np.asarray(n.k, dtype=np.int64) for n in needs])
+        asked = QueryColumns([q for n in needs for q in n.ids], lon, lat, [kw for n in needs for kw in n.keywords], k)
+        words = pa.array(asked.keywords, type=pa.list_(pa.string()))
+        t0 = time.perf_counter()
+        topk, info = self.objects.knn_v(lon, lat, words, k, exclude=exclude)
+        t1 = time.perf_counter()
+        rect = self.rects(lon, lat, topk.kth(k))
+        self.routing.add_many(self.routing.codes_of(words), rect.x0, rect.y0, rect.x1, rect.y1, workers,
+                              merge=route_now)
+        self.refill_parts_ms.update(search=(t1 - t0) * 1e3, routing=(time.perf_counter() - t1) * 1e3)
         out = {}
         for w in np.unique(workers).tolist():
             sel = np.flatnonzero(workers == w)
@@ -246,32 +219,8 @@ class Dispatcher:
             held = np.zeros(len(info), dtype=bool)  # (its lists' rows renumbered into the details it is sent)
             held[mine.rows] = True
             mine = KnnColumns(mine.counts, mine.ids, mine.dist, (np.cumsum(held) - 1)[mine.rows])
-            out[w] = Refills(asked.take(sel), mine, info.take(np.flatnonzero(held)), after[sel])
+            out[w] = Refills(asked.take(sel), mine, info.take(np.flatnonzero(held)))
         return out
-
-    def _search(self, needs: list[QueryColumns], exclude: frozenset[str], after_ms: int | None, route_now: bool):
-        """:meth:`_refill`'s search of each worker's ``needs`` (over the objects of ``t >
-        after_ms`` if given), their regions routed: ``(worker, after_ms, queries, topk, details)``
-        or ``None`` without a query."""
-        workers = np.concatenate([np.full(len(n.ids), w, dtype=np.int64) for w, n in enumerate(needs)])
-        if not len(workers):
-            return None
-        lon = np.concatenate([np.asarray(n.lon, dtype=np.float64) for n in needs])
-        lat = np.concatenate([np.asarray(n.lat, dtype=np.float64) for n in needs])
-        k = np.concatenate([np.asarray(n.k, dtype=np.int64) for n in needs])
-        asked = QueryColumns([q for n in needs for q in n.ids], lon, lat, [kw for n in needs for kw in n.keywords], k)
-        words = pa.array(asked.keywords, type=pa.list_(pa.string()))
-        t0 = time.perf_counter()
-        topk, info = self.objects.knn_v(lon, lat, words, k, exclude=exclude, after_ms=after_ms)
-        t1 = time.perf_counter()
-        rect = self.rects(lon, lat, topk.kth(k))
-        self.routing.add_many(self.routing.codes_of(words), rect.x0, rect.y0, rect.x1, rect.y1, workers,
-                              merge=route_now)
-        parts, part = self.refill_parts_ms, "search" if after_ms is None else "ahead"
-        parts[part] = parts.get(part, 0.0) + (t1 - t0) * 1e3
-        parts["routing"] = parts.get("routing", 0.0) + (time.perf_counter() - t1) * 1e3
-        return workers, np.full(len(workers), ALL_LIVE if after_ms is None else after_ms, dtype=np.int64), asked, \
-            topk, info
 
     def _merge_routing(self) -> None:
         """Merge the refilled regions into the routing table's sorted entries (they route

@@ -157,16 +157,14 @@ class ObjectStore:
         return self._tail
 
     def knn_v(self, lon: Sequence[float], lat: Sequence[float], keywords: Sequence[Sequence[str]],
-              k: Sequence[int], exclude: frozenset[str] = frozenset(), after_ms: int | None = None
-              ) -> tuple[KnnColumns, ObjectColumns]:
-        """:meth:`_knn_v` (over the objects of ``t > after_ms`` only, if given), leaving out the
-        objects ``exclude`` (ids): each query searched again with as many more neighbours as it
-        lost to them, until none is short (a few queries, a revived worker's refills); each
-        entry keeps its row in the details (``topk.rows``)."""
+              k: Sequence[int], exclude: frozenset[str] = frozenset()) -> tuple[KnnColumns, ObjectColumns]:
+        """:meth:`_knn_v`, leaving out the objects ``exclude`` (ids): each query searched again
+        with as many more neighbours as it lost to them, until none is short (a few queries,
+        a revived worker's refills); each entry keeps its row in the details (``topk.rows``)."""
         k = np.asarray(k, dtype=np.int64)
         extra, gone = np.zeros(len(k), dtype=np.int64), np.asarray(sorted(exclude), dtype=object)
         while True:
-            topk, info = self._knn_v(lon, lat, keywords, k + extra, after_ms)
+            topk, info = self._knn_v(lon, lat, keywords, k + extra)
             if not exclude:
                 return topk, info
             q = np.repeat(np.arange(len(k)), topk.counts)
@@ -181,9 +179,8 @@ class ObjectStore:
         return KnnColumns(np.bincount(q[at], minlength=len(k)), topk.ids[at], topk.dist[at], topk.rows[at]), info
 
     def _knn_v(self, lon: Sequence[float], lat: Sequence[float], keywords: Sequence[Sequence[str]],
-               k: Sequence[int], after_ms: int | None = None) -> tuple[KnnColumns, ObjectColumns]:
-        """Exact kNN of ``m`` queries over every object seen (with a window: every live one; with
-        ``after_ms``, epoch ms, only those of ``t > after_ms``: the live objects at that cutoff).
+               k: Sequence[int]) -> tuple[KnnColumns, ObjectColumns]:
+        """Exact kNN of ``m`` queries over every object seen (with a window: every live one).
 
         Parameters
         ----------
@@ -214,15 +211,13 @@ class ObjectStore:
         tail = self._tail_index()
         parts = [(p.table, p.index, p.alive, p.live) for p in self._parts]
         parts += [(*tail, None, len(tail[1]))] if tail is not None else []
-        if after_ms is not None:  # the objects of t <= after_ms left out as if expired
-            parts = [_after(part, after_ms) for part in parts]
         parts.sort(key=lambda x: -x[3])
         words = keywords if isinstance(keywords, (pa.Array, pa.ChunkedArray)) else \
             pa.array([list(w) for w in keywords], type=pa.list_(pa.string()))
         Q, D, K, O = [np.empty(0, np.int64)], [np.empty(0)], [np.empty(0, np.uint64)], [np.empty(0, np.int64)]
         bound = np.full(m, np.inf)
-        for p, (_, index, alive, live) in enumerate(parts):
-            if not len(index) or not live:
+        for p, (_, index, alive, _) in enumerate(parts):
+            if not len(index):
                 continue
             idx, counts, dist = index.knn_v(lon, lat, words, k, alive=alive, bound_m=bound)
             full = np.flatnonzero(counts >= k)  # this part's k-th distance bounds the next parts
@@ -274,17 +269,6 @@ class ObjectStore:
         the objects' details."""
         topk, info = self.knn_v([lon], [lat], [list(keywords)], [k])
         return topk[0], info
-
-
-def _after(part: tuple, after_ms: int) -> tuple:
-    """A part as :meth:`ObjectStore._knn_v` lists it (``(table, index, alive, live)``) with its
-    objects of ``t <= after_ms`` marked dead too."""
-    table, index, alive, _ = part
-    t = table.column("t").to_numpy()
-    if not len(t) or t.min() > after_ms:
-        return part
-    alive = (t > after_ms) if alive is None else alive & (t > after_ms)
-    return table, index, alive, int(alive.sum())
 
 
 def _ids_of(parts: list, objects: np.ndarray) -> np.ndarray:

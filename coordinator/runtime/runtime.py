@@ -219,7 +219,7 @@ class Runtime:
 
         self.dispatcher = Dispatcher(self.pool, self.plan.routing, self.objects, p.initial.column("id"),
                                      seen_times=t, window=window, rects=self.plan.model.rects,
-                                     first_batch=p.first_batch, ahead=c.places_reserved > 0)
+                                     first_batch=p.first_batch)
         if c.rebalance is not None:
             ids = p.queries.column("id").to_pylist()
             set_of = dict(zip(ids, self.plan.plan.set_of.tolist())) if len(self.plan.plan.set_of) == len(ids) else {}

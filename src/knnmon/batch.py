@@ -145,11 +145,6 @@ class ObjectColumns(Mapping[str, ObjectInfo]):
                              [self._keywords[j] for j in sel])
 
     @property
-    def table(self) -> Any:
-        """The Arrow table these columns were made from (:meth:`of_table`), or ``None``."""
-        return self._table
-
-    @property
     def _at(self) -> dict[str, int]:
         """Id -> position, made on first use (not sent with the columns)."""
         if self._index is None:

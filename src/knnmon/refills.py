@@ -17,7 +17,7 @@ import numpy as np
 from knnmon.batch import KnnColumns, ObjectColumns
 from knnmon.query import QueryColumns
 
-__all__ = ["ALL_LIVE", "DueLists", "NEVER", "Refills"]
+__all__ = ["DueLists", "NEVER", "Refills"]
 
 
 @dataclass(frozen=True)
@@ -26,18 +26,11 @@ class Refills:
     list ``j`` of ``topk`` (nearest first), each entry with its object's row in ``objects``
     (``topk.rows``), the details of every object in them. ``queries`` are the queries as searched
     (``k``: the neighbours searched, ``k + reserve``): a worker takes a list only for a query it
-    holds with those parameters now.
-
-    ``after_ms`` (``(m,)`` int64 epoch ms, or ``None``): list ``j`` was searched over the objects
-    of ``t > after_ms[j]`` only. Where that is past the batch's cutoff, the list is a
-    **successor** searched ahead of its deadline: the worker keeps it beside the query's list,
-    merges arrivals into it, and puts it in the list's place at the first cutoff ``>=
-    after_ms[j]`` (:mod:`knnmon.workers.successor_lists`)."""
+    holds with those parameters now."""
 
     queries: QueryColumns
     topk: KnnColumns
     objects: ObjectColumns
-    after_ms: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if self.topk.rows is None:
@@ -49,20 +42,16 @@ class Refills:
 
     def __reduce__(self):
         """Sent without the lists' ids: those of ``objects`` at their rows, read back from there."""
-        return _refills, (self.queries, self.topk.counts, self.topk.dist, self.topk.rows, self.objects, self.after_ms)
+        return _refills, (self.queries, self.topk.counts, self.topk.dist, self.topk.rows, self.objects)
 
 
-def _refills(queries: QueryColumns, counts: Any, dist: Any, rows: Any, objects: ObjectColumns,
-             after_ms: Any = None) -> Refills:
+def _refills(queries: QueryColumns, counts: Any, dist: Any, rows: Any, objects: ObjectColumns) -> Refills:
     """:class:`Refills` unpickled, its lists' ids those of ``objects`` at ``rows``."""
-    return Refills(queries, KnnColumns(counts, np.asarray(objects.ids, dtype=object)[rows], dist, rows), objects,
-                   after_ms)
+    return Refills(queries, KnnColumns(counts, np.asarray(objects.ids, dtype=object)[rows], dist, rows), objects)
 
 
 #: A deadline that never comes (int64 epoch ms): a list that holds every match, or none.
 NEVER = np.iinfo(np.int64).max
-#: :attr:`Refills.after_ms` of a list searched over every live object.
-ALL_LIVE = np.iinfo(np.int64).min
 
 
 @dataclass(frozen=True)

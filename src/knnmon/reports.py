@@ -38,9 +38,8 @@ class WorkerStats:
         The Ray node it runs on (``None`` outside Ray).
     queries, index_entries, refreshed, keywords : int
         Queries held, query index entries, queries re-indexed so far, keywords it has codes of.
-    expired, refilled, swapped : int
-        With a window: list entries expired, results refilled and lists replaced by their
-        successors (searched ahead) so far.
+    expired, refilled : int
+        With a window: list entries expired and results refilled so far.
     peak_rss_mb : float
         The process's peak resident set size (MB).
     rss_mb, rss_anon_mb : float or None
@@ -59,7 +58,6 @@ class WorkerStats:
     peak_rss_mb: float
     rss_mb: float | None
     rss_anon_mb: float | None
-    swapped: int = 0
 
 
 @dataclass(frozen=True)

@@ -101,33 +101,6 @@ def test_exact_after_every_batch_with_expiry_and_refill(windowed, executor, rese
     assert below_k_then_full  # results shrank below k when objects expired, and filled again
 
 
-@pytest.mark.parametrize("reserve", [0, 2])
-def test_successors_searched_ahead_take_their_lists_places_exactly(windowed, reserve, redis_url, namespace, tmp_path):
-    """Objects 20 ms apart, a 30-s window: each batch moves the cutoff 5 s, so the lists due
-    within the next 10 s get successors searched ahead (with a reserve: without one the workers
-    keep no details for them, and none is searched), which take the lists' places when their
-    time comes: results stay exact after every batch, and no swapped list comes back short."""
-    objects_dir, queries, objects = windowed
-    window, arrival = 1500 * 20, 20
-    objects = with_arrival_times(stream_order(read_objects(objects_dir), None), arrival)
-    config = RunConfig(workers=2, initial=3000, batch=250, batches=16, executor="inline", window=window,
-                       arrival_ms=arrival, reserve=reserve, store=StoreConfig(redis_url, namespace, str(tmp_path)))
-    with Runtime(objects_dir, queries, config, reviver=Reviver) as rt:
-        seen, refilled = 3000, 0
-        for batch in rt.batches():
-            refilled += rt.process(batch).refilled
-            seen += batch.num_rows
-            assert_exact(redis_url, namespace, queries, BruteForceKnn(live(objects, seen, window)))
-        swapped = sum(w.stats().swapped for w in rt.pool.workers)
-        held = sum(len(w.state.successors) for w in rt.pool.workers)
-        short = rt.dispatcher.short_refills
-    if reserve:
-        assert swapped > 500 and held, (swapped, held)
-    else:
-        assert swapped == held == 0
-    assert short < refilled / 10, (short, refilled)
-
-
 def test_late_objects_are_counted_not_applied(windowed, redis_url, namespace, tmp_path):
     objects_dir, queries, objects = windowed
     window = 1000 * SECOND
