@@ -1,8 +1,9 @@
 """The chaos soak (:mod:`tests.system.chaos_soak`): ``knnmon serve --window 10m`` on a local
 3-node Ray cluster at 1,000 objects/s with 1 % hostile entries, while a worker is SIGKILLed every
 5 minutes, the service is SIGKILLed, Redis restarts and a node restarts. Its guarantees are
-asserted; the latency and memory targets issue 66 sets are asserted too, marked as not met yet
-(strict: a run that meets one fails until the mark is removed)."""
+asserted; the latency and memory targets issue 66 set are asserted too, marked as not met on this
+2-core machine (docs/performance.md, "Refill waves" and "The chaos soak"; strict: a run that meets
+one fails until the mark is removed)."""
 
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ pytestmark = pytest.mark.system
 
 #: Seconds of publishing (default 30 minutes: the faults come at 12, 17 and 22 minutes).
 CHAOS_S = float(os.environ.get("KNNMON_CHAOS_S", 1800))
-NOT_MET = pytest.mark.xfail(reason="issue 66: refill waves and the memory of replaced processes", strict=True,
-                            raises=AssertionError)
+NOT_MET = pytest.mark.xfail(reason="not met on 2 cores: refill waves, a replaced process's growth from its own start",
+                            strict=True, raises=AssertionError)
 
 
 @pytest.fixture(scope="module")
