@@ -40,10 +40,14 @@ class HeldTexts:
         """Handles with a text."""
         return int(np.count_nonzero(self._row))
 
-    def set(self, oids: Sequence[str], texts: Sequence[str | None], handles: np.ndarray | None = None) -> None:
+    def set(self, oids: Sequence[str], texts: Sequence[str | None]) -> None:
         """Keep the ``texts`` of ``oids`` (``None``: left as it was); ids without a handle are
-        skipped. ``handles``: the ids' handles (``(m,)`` int64), if the caller has them."""
-        h = self._handles.lookup(list(oids)) if handles is None else np.asarray(handles, dtype=np.int64)
+        skipped."""
+        self.keep(self._handles.lookup(list(oids)), texts)
+
+    def keep(self, handles: np.ndarray, texts: Sequence[str | None]) -> None:
+        """Keep the ``texts`` of ``handles`` (``(m,)`` int64; ``-1`` and a ``None`` text skipped)."""
+        h = np.asarray(handles, dtype=np.int64)
         ok = np.flatnonzero((h >= 0) & np.fromiter((x is not None for x in texts), dtype=bool, count=len(h)))
         if not len(ok):
             return

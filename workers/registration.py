@@ -111,8 +111,8 @@ class Registration:
         self.state.queries.set_radius(slots.start + full, top_d[start[full] + last[full] - 1])
         self.state.lists.append(cap, top_d, top_h, count)
         if self.state.details is not None and len(q):  # (the kept objects' handles are known: no lookup)
-            self.state.details.set(distinct, texts_of(objects)(distinct),
-                                   np.fromiter(handle.values(), dtype=np.int64, count=len(distinct)))
+            self.state.details.keep(np.fromiter(handle.values(), dtype=np.int64, count=len(distinct)),
+                                    texts_of(objects)(distinct))
         self.state.handles.key_new()
         self.state.handles.live = max(self.state.handles.live, len(self.state.handles))
         self.state.load.extend(slots.stop)

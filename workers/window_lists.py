@@ -247,7 +247,7 @@ class WindowLists:
         q.set_radius(slots, radii)
         if self.state.details is not None:  # (the texts of the objects held already are kept)
             new = np.flatnonzero(self.state.details.missing(by_row))
-            self.state.details.set((), objects.take(new).texts(), handles=by_row[new])
+            self.state.details.keep(by_row[new], objects.take(new).texts())
         else:
             self.refilled.update(zip(objects.ids, objects.texts()))
         self.state.handles.key_new()
