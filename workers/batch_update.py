@@ -215,7 +215,7 @@ class BatchUpdate:
         batch = ObjectColumns(ids, lon, lat, t, keywords)
         if m is not None and self.state.details is not None:
             entered = [ids[j] for j in m.entered_obj.tolist()]
-            self.state.details.set(entered, batch.texts(entered))
+            self.state.details.keep(self.state.handles.lookup(entered), batch.texts(entered))
         if self.state.settings.track_load:
             self.state.load.charge(obj, slot, changed)
         changes, written = None, changed

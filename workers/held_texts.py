@@ -40,13 +40,9 @@ class HeldTexts:
         """Handles with a text."""
         return int(np.count_nonzero(self._row))
 
-    def set(self, oids: Sequence[str], texts: Sequence[str | None]) -> None:
-        """Keep the ``texts`` of ``oids`` (``None``: left as it was); ids without a handle are
-        skipped."""
-        self.keep(self._handles.lookup(list(oids)), texts)
-
     def keep(self, handles: np.ndarray, texts: Sequence[str | None]) -> None:
-        """Keep the ``texts`` of ``handles`` (``(m,)`` int64; ``-1`` and a ``None`` text skipped)."""
+        """Keep the ``texts`` of ``handles`` (``(m,)`` int64; ``-1``, an id without a handle, and a
+        ``None`` text, left as it was, skipped)."""
         h = np.asarray(handles, dtype=np.int64)
         ok = np.flatnonzero((h >= 0) & np.fromiter((x is not None for x in texts), dtype=bool, count=len(h)))
         if not len(ok):

@@ -121,7 +121,7 @@ def test_held_texts_by_handle_equal_a_dict_through_expiry_and_compaction(steps):
             handles.handles_of(ids, np.zeros(len(ids), dtype=np.int64))
         elif op == "set":  # ids without a handle are skipped; a None leaves the text as it was
             values = [None if x % 3 == 0 else f"{x} {n} é" for x in xs[:len(ids)]] + [None] * (len(ids) - len(xs))
-            texts.set(ids, values)
+            texts.keep(handles.lookup(ids), values)
             model.update({o: v for o, v in zip(ids, values) if v is not None and o in handles})
         elif op == "drop":
             gone = handles.lookup(ids)
