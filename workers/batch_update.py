@@ -55,7 +55,8 @@ class Merge:
     the result (the first ``k``) of; entered ``e_slot``, ``e_obj`` (batch position), ``e_d``
     (meters), ``e_place`` (its place in the flat lists), ``e_h`` (its handle); left ``l_slot``,
     ``l_h``; ``b_slot``, ``b_h``: the changed lists' results before the merge;
-    ``entered_obj``: the sorted batch positions of the objects that entered.
+    ``entered_obj``, ``entered_h``: the sorted batch positions of the objects that entered, and
+    their handles.
     """
 
     ARRAYS: ClassVar[tuple[str, ...]] = ("changed", "in_result", "e_slot", "e_obj", "e_d", "e_place", "l_slot",
@@ -74,6 +75,7 @@ class Merge:
     b_h: np.ndarray
     e_h: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
     entered_obj: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+    entered_h: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
 
     @property
     def before(self) -> tuple[np.ndarray, np.ndarray]:
@@ -215,7 +217,7 @@ class BatchUpdate:
         batch = ObjectColumns(ids, lon, lat, t, keywords)
         if m is not None and self.state.details is not None:
             entered = [ids[j] for j in m.entered_obj.tolist()]
-            self.state.details.keep(self.state.handles.lookup(entered), batch.texts(entered))
+            self.state.details.keep(m.entered_h, batch.texts(entered))
         if self.state.settings.track_load:
             self.state.load.charge(obj, slot, changed)
         changes, written = None, changed
@@ -252,7 +254,7 @@ class BatchUpdate:
         uniq = np.unique(m.e_obj)
         handles = self.state.handles.handles_of([ids[j] for j in uniq.tolist()], times[uniq], okey[uniq])
         m.e_h = handles[np.searchsorted(uniq, m.e_obj)]
-        m.entered_obj = uniq
+        m.entered_obj, m.entered_h = uniq, handles
         L.h[m.e_place] = m.e_h
         self.state.handles.key_new()
         return m
